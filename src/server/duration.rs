@@ -1,0 +1,180 @@
+//! Go's `time.Duration` text format, which Consul uses on the wire (`"15s"`, `"15000ms"`,
+//! `"24h0m0s"`): parsing with Go's error messages and formatting like `Duration.String()`.
+//!
+//! Only the server needs this; the consumer sends durations it formats itself.
+
+use std::time::Duration;
+
+/// Parses a Go duration string (`"1h2m3.5s"`, `"15000ms"`, `"0"`). Negative values are
+/// rejected with Go's own wording for a bad number, since no caller here accepts them.
+pub fn parse(text: &str) -> Result<Duration, String> {
+    let invalid = || format!("time: invalid duration {}", quote(text));
+    let mut rest = text;
+    if let Some(stripped) = rest.strip_prefix('+') {
+        rest = stripped;
+    } else if rest.starts_with('-') {
+        // Go accepts a sign, but every duration Consul reads here must not be negative.
+        return Err(invalid());
+    }
+    if rest == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if rest.is_empty() {
+        return Err(invalid());
+    }
+    let mut total: u128 = 0;
+    while !rest.is_empty() {
+        let int_len = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let int_part = &rest[..int_len];
+        rest = &rest[int_len..];
+        let mut frac_part = "";
+        if let Some(after_dot) = rest.strip_prefix('.') {
+            let frac_len = after_dot
+                .find(|c: char| !c.is_ascii_digit())
+                .unwrap_or(after_dot.len());
+            frac_part = &after_dot[..frac_len];
+            rest = &after_dot[frac_len..];
+        }
+        if int_part.is_empty() && frac_part.is_empty() {
+            return Err(invalid());
+        }
+        let unit_len = rest
+            .find(|c: char| c == '.' || c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = &rest[..unit_len];
+        rest = &rest[unit_len..];
+        if unit.is_empty() {
+            return Err(format!("time: missing unit in duration {}", quote(text)));
+        }
+        let nanos_per_unit: u128 = match unit {
+            "ns" => 1,
+            "us" | "µs" | "μs" => 1_000,
+            "ms" => 1_000_000,
+            "s" => 1_000_000_000,
+            "m" => 60 * 1_000_000_000,
+            "h" => 3_600 * 1_000_000_000,
+            _ => {
+                return Err(format!(
+                    "time: unknown unit {} in duration {}",
+                    quote(unit),
+                    quote(text)
+                ))
+            }
+        };
+        let whole: u128 = if int_part.is_empty() {
+            0
+        } else {
+            int_part.parse().map_err(|_| invalid())?
+        };
+        let mut value = whole.checked_mul(nanos_per_unit).ok_or_else(invalid)?;
+        if !frac_part.is_empty() {
+            // Go keeps as many fractional digits as fit; nanosecond precision is enough.
+            let digits = &frac_part[..frac_part.len().min(18)];
+            let scale = 10u128.pow(digits.len() as u32);
+            let frac: u128 = digits.parse().map_err(|_| invalid())?;
+            value += frac * nanos_per_unit / scale;
+        }
+        total = total.checked_add(value).ok_or_else(invalid)?;
+    }
+    // Go durations are int64 nanoseconds.
+    if total > i64::MAX as u128 {
+        return Err(invalid());
+    }
+    Ok(Duration::from_nanos(total as u64))
+}
+
+/// Formats like Go's `Duration.String()`: `"0s"`, `"1.5s"`, `"100ms"`, `"24h0m0s"`.
+pub fn format(d: Duration) -> String {
+    let nanos = d.as_nanos();
+    if nanos == 0 {
+        return "0s".to_string();
+    }
+    if nanos < 1_000_000_000 {
+        let (unit, scale) = if nanos < 1_000 {
+            ("ns", 1)
+        } else if nanos < 1_000_000 {
+            ("µs", 1_000)
+        } else {
+            ("ms", 1_000_000)
+        };
+        return format!("{}{unit}", fixed(nanos, scale));
+    }
+    let hours = nanos / 3_600_000_000_000;
+    let minutes = (nanos / 60_000_000_000) % 60;
+    let sec_nanos = nanos % 60_000_000_000;
+    let seconds = fixed(sec_nanos, 1_000_000_000);
+    if hours > 0 {
+        format!("{hours}h{minutes}m{seconds}s")
+    } else if minutes > 0 {
+        format!("{minutes}m{seconds}s")
+    } else {
+        format!("{seconds}s")
+    }
+}
+
+/// `value / scale` as a decimal with trailing zeros removed.
+fn fixed(value: u128, scale: u128) -> String {
+    let whole = value / scale;
+    let frac = value % scale;
+    if frac == 0 {
+        return whole.to_string();
+    }
+    let width = scale.to_string().len() - 1;
+    let digits = format!("{frac:0width$}");
+    format!("{whole}.{}", digits.trim_end_matches('0'))
+}
+
+/// Go's `%q` for the strings that appear in error messages.
+pub fn quote(s: &str) -> String {
+    format!("{s:?}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The forms Consul clients send parse to the same durations Go would produce.
+    #[test]
+    fn parses_go_duration_forms() {
+        assert_eq!(parse("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse("15000ms"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse("1h2m3.5s"), Ok(Duration::from_millis(3_723_500)));
+        assert_eq!(parse("0"), Ok(Duration::ZERO));
+        assert_eq!(parse("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse("300us"), Ok(Duration::from_micros(300)));
+        assert_eq!(parse("2µs"), Ok(Duration::from_micros(2)));
+        assert_eq!(parse(".5s"), Ok(Duration::from_millis(500)));
+    }
+
+    /// Bad input gets Go's error wording, which Consul passes through to clients.
+    #[test]
+    fn rejects_bad_durations_with_go_messages() {
+        assert_eq!(
+            parse("10z"),
+            Err(r#"time: unknown unit "z" in duration "10z""#.to_string())
+        );
+        assert_eq!(
+            parse("5"),
+            Err(r#"time: missing unit in duration "5""#.to_string())
+        );
+        assert_eq!(parse(""), Err(r#"time: invalid duration """#.to_string()));
+        assert_eq!(parse("s"), Err(r#"time: invalid duration "s""#.to_string()));
+        assert!(parse("-1s").is_err());
+        assert!(parse("99999999999h").is_err());
+    }
+
+    /// Formatting matches Go's `Duration.String()`, used in Consul's TTL error text.
+    #[test]
+    fn formats_like_go() {
+        assert_eq!(format(Duration::ZERO), "0s");
+        assert_eq!(format(Duration::from_secs(10)), "10s");
+        assert_eq!(format(Duration::from_secs(86_400)), "24h0m0s");
+        assert_eq!(format(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(format(Duration::from_millis(100)), "100ms");
+        assert_eq!(format(Duration::from_secs(90)), "1m30s");
+        assert_eq!(format(Duration::from_nanos(1500)), "1.5µs");
+    }
+}

@@ -1,0 +1,2 @@
+pub mod duration;
+pub mod state;
