@@ -1,1 +1,6 @@
+//! leaderq: run N replicas of a worker and have exactly one, the elected leader, take work
+//! from a task queue in Consul's KV store.
+//!
+//! - [`server`]: the embedded, durable, single-node Consul-compatible server.
+
 pub mod server;

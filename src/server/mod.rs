@@ -1,2 +1,305 @@
+//! The embedded, single-node, durable Consul-compatible server (`leaderq server`).
+//!
+//! Wiring only: `run` opens the store, restores the state machine, registers the agent's
+//! node, starts the writer thread and serves HTTP until shutdown. The rules are in
+//! `state`, durability in `store`, the HTTP API in `http`, blocking reads in `watch`.
+//!
+//! Every write goes through one writer thread. It takes all writes that are waiting (group
+//! commit), applies them to the state under the write lock, persists the changes in one
+//! fsync'd commit, and only then answers the clients and wakes blocked queries. Readers
+//! therefore never see a write that is not yet on disk. The same thread fires timers
+//! (session TTLs, check TTLs, tombstone reaping) at the state's next deadline.
+
 pub mod duration;
+pub mod http;
 pub mod state;
+pub mod store;
+pub mod watch;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::net::TcpListener;
+use tokio::sync::{oneshot, watch as tokio_watch, RwLock};
+
+use state::{ApplyError, Command, Outcome, State};
+use store::{Store, StoreError};
+
+/// The datacenter name the server reports, Consul's default.
+pub const DATACENTER: &str = "dc1";
+/// The Consul API version the server presents itself as in `/v1/agent/self`.
+pub const CONSUL_VERSION: &str = "1.21.0";
+/// Upper bound on writes committed together, so one batch cannot hold the lock for long.
+const MAX_BATCH: usize = 1024;
+/// How long the writer sleeps when no timer is pending; any write wakes it earlier.
+const IDLE_TICK: Duration = Duration::from_secs(3600);
+
+/// Settings of `leaderq server`.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    pub node_name: String,
+    pub session_ttl_min: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("cannot serve HTTP: {0}")]
+    Serve(std::io::Error),
+    #[error("storage failed, server stopped so no unacknowledged write is served: {0}")]
+    Storage(StoreError),
+}
+
+/// Why a write was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum WriteError {
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    #[error("storage failure: {0}")]
+    Storage(String),
+    #[error("server is shutting down")]
+    Closed,
+}
+
+/// What the writer and the readers share.
+pub struct Core {
+    pub state: RwLock<State>,
+    /// The global index after each durable commit; blocked queries wait on it.
+    pub changed: tokio_watch::Sender<u64>,
+    closing: AtomicBool,
+    /// Set by the writer when storage fails; the server then stops serving.
+    failed: tokio_watch::Sender<bool>,
+}
+
+impl Core {
+    pub fn is_closing(&self) -> bool {
+        self.closing.load(Ordering::Relaxed)
+    }
+
+    /// Releases every blocked query so that shutdown does not wait minutes for them.
+    fn close(&self) {
+        self.closing.store(true, Ordering::Relaxed);
+        self.changed.send_modify(|_| {});
+    }
+}
+
+/// Facts about this agent that the HTTP API reports.
+#[derive(Clone, Debug)]
+pub struct Agent {
+    pub node_name: String,
+    pub node_id: String,
+    pub address: String,
+    pub port: u16,
+}
+
+/// Handle the HTTP layer uses: reads through `core`, writes through `write`.
+pub struct Shared {
+    pub core: Arc<Core>,
+    pub agent: Agent,
+    writes: mpsc::Sender<Write>,
+}
+
+impl Shared {
+    /// Applies a write and waits until it is durable.
+    pub async fn write(&self, command: Command) -> Result<Outcome, WriteError> {
+        let (reply, answer) = oneshot::channel();
+        self.writes
+            .send(Write { command, reply })
+            .map_err(|_| WriteError::Closed)?;
+        answer.await.map_err(|_| WriteError::Closed)?
+    }
+}
+
+struct Write {
+    command: Command,
+    reply: oneshot::Sender<Result<Outcome, WriteError>>,
+}
+
+/// A started server: the state is loaded and the writer runs; HTTP is served by `serve`.
+pub struct Server {
+    shared: Arc<Shared>,
+    writer: std::thread::JoinHandle<Result<(), StoreError>>,
+}
+
+impl Server {
+    /// Opens the data dir and starts the writer. Fails, naming the file, if the data dir
+    /// cannot be used; it never starts empty over data it could not read.
+    pub async fn start(config: &Config, listen: SocketAddr) -> Result<Server, ServerError> {
+        let data_dir = config.data_dir.clone();
+        let (store, snapshot) = tokio::task::spawn_blocking(move || Store::open(&data_dir))
+            .await
+            .expect("store open does not panic")?;
+        let node_id = snapshot
+            .node
+            .as_ref()
+            .filter(|node| node.name == config.node_name)
+            .map(|node| node.id.clone())
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+        let address = match listen.ip() {
+            ip if ip.is_unspecified() => "127.0.0.1".to_string(),
+            ip => ip.to_string(),
+        };
+        let agent = Agent {
+            node_name: config.node_name.clone(),
+            node_id,
+            address,
+            port: listen.port(),
+        };
+        let state = State::restore(
+            state::Config {
+                session_ttl_min: config.session_ttl_min,
+            },
+            snapshot,
+            Instant::now(),
+        );
+        let (changed, _) = tokio_watch::channel(state.index());
+        let core = Arc::new(Core {
+            state: RwLock::new(state),
+            changed,
+            closing: AtomicBool::new(false),
+            failed: tokio_watch::channel(false).0,
+        });
+        let (writes, queue) = mpsc::channel();
+        let writer_core = core.clone();
+        let writer = std::thread::Builder::new()
+            .name("leaderq-writer".into())
+            .spawn(move || writer_loop(&writer_core, &store, &queue))
+            .map_err(ServerError::Serve)?;
+        let shared = Arc::new(Shared {
+            core,
+            agent: agent.clone(),
+            writes,
+        });
+        shared
+            .write(Command::RegisterNode {
+                name: agent.node_name,
+                id: agent.node_id,
+                address: agent.address,
+            })
+            .await
+            .map_err(|err| {
+                ServerError::Storage(StoreError::Write {
+                    path: config.data_dir.join(store::DATA_FILE),
+                    reason: err.to_string(),
+                })
+            })?;
+        Ok(Server { shared, writer })
+    }
+
+    pub fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+
+    /// Serves the HTTP API on `listener` until `shutdown` resolves or storage fails, then
+    /// releases blocked queries, lets in-flight requests finish and stops the writer.
+    pub async fn serve(
+        self,
+        listener: TcpListener,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), ServerError> {
+        let Server { shared, writer } = self;
+        let core = shared.core.clone();
+        let app = http::router(shared);
+        let stop_core = core.clone();
+        let mut storage_failed = core.failed.subscribe();
+        let stop = async move {
+            tokio::select! {
+                _ = shutdown => {}
+                _ = storage_failed.wait_for(|failed| *failed) => {}
+            }
+            stop_core.close();
+        };
+        let served = axum::serve(listener, app)
+            .with_graceful_shutdown(stop)
+            .await;
+        core.close();
+        // The router (and with it the last write sender) is gone; the writer drains and ends.
+        let stored = tokio::task::spawn_blocking(move || writer.join())
+            .await
+            .expect("join does not panic")
+            .unwrap_or_else(|_| {
+                Err(StoreError::Write {
+                    path: PathBuf::new(),
+                    reason: "writer thread panicked".into(),
+                })
+            });
+        served.map_err(ServerError::Serve)?;
+        stored.map_err(ServerError::Storage)
+    }
+}
+
+/// Binds, starts and serves until `shutdown`: what `leaderq server` runs.
+pub async fn run(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    let listen = listener.local_addr().map_err(ServerError::Serve)?;
+    let server = Server::start(&config, listen).await?;
+    server.serve(listener, shutdown).await
+}
+
+fn writer_loop(
+    core: &Core,
+    store: &Store,
+    queue: &mpsc::Receiver<Write>,
+) -> Result<(), StoreError> {
+    let mut deadline: Option<Instant> = None;
+    loop {
+        let timeout = deadline
+            .map(|at| at.saturating_duration_since(Instant::now()))
+            .unwrap_or(IDLE_TICK);
+        let mut batch = Vec::new();
+        match queue.recv_timeout(timeout) {
+            Ok(first) => {
+                batch.push(first);
+                while batch.len() < MAX_BATCH {
+                    match queue.try_recv() {
+                        Ok(next) => batch.push(next),
+                        Err(_) => break,
+                    }
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
+        }
+
+        let mut state = core.state.blocking_write();
+        let now = Instant::now();
+        state.expire(now);
+        let mut answers = Vec::with_capacity(batch.len());
+        for write in batch {
+            let outcome = state.apply(write.command, now).map_err(WriteError::from);
+            answers.push((write.reply, outcome));
+        }
+        let changes = state.take_changes();
+        let persisted = store.persist(&state, &changes);
+        deadline = state.next_deadline();
+        let index = state.index();
+        drop(state);
+
+        if let Err(err) = persisted {
+            // The in-memory state is now ahead of the disk: refuse everything from here on.
+            tracing::error!(error = %err, "cannot persist writes; stopping the server");
+            for (reply, _) in answers {
+                let _ = reply.send(Err(WriteError::Storage(err.to_string())));
+            }
+            core.failed.send_replace(true);
+            return Err(err);
+        }
+        for (reply, outcome) in answers {
+            // A client that went away does not need its answer; the write still happened.
+            let _ = reply.send(outcome);
+        }
+        if !changes.is_empty() {
+            core.changed.send_replace(index);
+        }
+    }
+}
