@@ -1,0 +1,126 @@
+//! Helpers shared by the integration tests: real `leaderq server` processes on free ports
+//! with temporary data dirs, and a small HTTP client for them.
+
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+/// A running `leaderq server`; killed when dropped.
+pub struct ServerProcess {
+    child: Child,
+    pub addr: String,
+    pub data_dir: PathBuf,
+    _temp: Option<tempfile::TempDir>,
+}
+
+impl ServerProcess {
+    /// Starts a server on a free port with a fresh data dir and a 1s session TTL minimum.
+    pub fn start() -> ServerProcess {
+        let temp = tempfile::tempdir().expect("temp dir");
+        let dir = temp.path().join("data");
+        let mut server = ServerProcess::start_in(&dir, &[]).expect("server starts");
+        server._temp = Some(temp);
+        server
+    }
+
+    /// Starts a server on `data_dir`; returns the stderr text if it exits instead of listening.
+    pub fn start_in(data_dir: &Path, extra: &[&str]) -> Result<ServerProcess, String> {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_leaderq"))
+            .args([
+                "server",
+                "--listen",
+                "127.0.0.1:0",
+                "--node-name",
+                "test-node",
+            ])
+            .args(["--session-ttl-min", "1s", "--data-dir"])
+            .arg(data_dir)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn leaderq server");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().expect("stdout"))
+            .read_line(&mut line)
+            .expect("read stdout");
+        let Some(addr) = line
+            .trim()
+            .strip_prefix("leaderq server listening on http://")
+        else {
+            let mut stderr = String::new();
+            child
+                .stderr
+                .take()
+                .expect("stderr")
+                .read_to_string(&mut stderr)
+                .ok();
+            let _ = child.wait();
+            return Err(stderr);
+        };
+        Ok(ServerProcess {
+            addr: addr.to_string(),
+            child,
+            data_dir: data_dir.to_path_buf(),
+            _temp: None,
+        })
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// SIGKILL: no chance to flush anything.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then waits for the exit status.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        signal(self.child.id(), "TERM");
+        self.child.wait().expect("wait for server")
+    }
+
+    /// Hands the temp dir over so a restarted server can reuse the same data.
+    pub fn take_temp(&mut self) -> Option<tempfile::TempDir> {
+        self._temp.take()
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn signal(pid: u32, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{name} {pid} failed");
+}
+
+pub fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client")
+}
+
+/// The X-Consul-Index header of a response.
+pub fn index_of(response: &reqwest::Response) -> u64 {
+    response
+        .headers()
+        .get("X-Consul-Index")
+        .expect("X-Consul-Index header")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
