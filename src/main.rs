@@ -27,6 +27,22 @@ struct Cli {
 enum Cmd {
     /// Run the embedded single-node, durable, Consul-compatible KV/session/txn server.
     Server(ServerArgs),
+    /// Measure the embedded server: durable PUTs/s, blocking-query wake latency,
+    /// ?recurse latency and RSS. Starts its own server on a free port with a temp dir.
+    Bench(BenchArgs),
+}
+
+#[derive(clap::Args)]
+struct BenchArgs {
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// Seconds each throughput phase runs.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Keys held by the server when its RSS is read.
+    #[arg(long, default_value_t = 100_000)]
+    memory_keys: usize,
 }
 
 #[derive(clap::Args)]
@@ -63,6 +79,14 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Cmd::Server(args) => run_server(args).await,
+            Cmd::Bench(args) => {
+                let options = leaderq::bench::Options {
+                    seconds: args.seconds,
+                    memory_keys: args.memory_keys,
+                    ..Default::default()
+                };
+                leaderq::bench::run(options, args.json).await
+            }
         }
     });
     match result {
