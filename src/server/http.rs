@@ -1546,7 +1546,7 @@ mod tests {
     /// The hand-written listing is byte-for-byte what serde produces for the same entries.
     #[test]
     fn fast_listing_matches_serde() {
-        let entries = vec![
+        let entries = [
             (
                 "a/\"quoted\"".to_string(),
                 Entry {
