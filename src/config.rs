@@ -1,0 +1,309 @@
+//! Settings: compiled defaults (`config/default.toml`) < `--config FILE` < environment
+//! (`LEADERQ__SECTION__KEY`) < Consul's `CONSUL_HTTP_ADDR` and `CONSUL_HTTP_TOKEN`.
+//!
+//! Parsed and validated once at start; each component then receives only its own section.
+//! Unknown keys and bad values are errors that name the key.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Deserializer};
+
+use crate::server::duration;
+
+/// The defaults, compiled in so that the binary runs with no file at all.
+pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub consul: ConsulSettings,
+    pub election: ElectionSettings,
+    pub queue: QueueSettings,
+    pub data: DataSettings,
+    #[serde(default)]
+    pub handlers: BTreeMap<String, HandlerSettings>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsulSettings {
+    pub addresses: Vec<String>,
+    pub token: String,
+    pub ca_file: String,
+    #[serde(deserialize_with = "go_duration")]
+    pub wait: Duration,
+    #[serde(deserialize_with = "go_duration")]
+    pub request_timeout: Duration,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ElectionSettings {
+    pub leader_key: String,
+    pub node_id: String,
+    #[serde(deserialize_with = "go_duration")]
+    pub session_ttl: Duration,
+    #[serde(deserialize_with = "go_duration")]
+    pub lock_delay: Duration,
+    pub health_check: bool,
+    #[serde(deserialize_with = "go_duration")]
+    pub prefer_previous_leader: Duration,
+    #[serde(deserialize_with = "go_duration")]
+    pub retry_interval: Duration,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueueSettings {
+    pub prefix: String,
+    pub dead_prefix: String,
+    pub max_attempts: u32,
+    #[serde(deserialize_with = "go_duration")]
+    pub backoff_base: Duration,
+    #[serde(deserialize_with = "go_duration")]
+    pub backoff_max: Duration,
+    #[serde(deserialize_with = "go_duration")]
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataSettings {
+    pub dir: PathBuf,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum HandlerKind {
+    Exec,
+    Log,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandlerSettings {
+    pub kind: HandlerKind,
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// Exec handlers are killed after this long; none by default.
+    #[serde(default, deserialize_with = "optional_go_duration")]
+    pub timeout: Option<Duration>,
+}
+
+fn go_duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    duration::parse(&text)
+        .map_err(|e| serde::de::Error::custom(format!("{e} (use a duration such as \"15s\")")))
+}
+
+fn optional_go_duration<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Duration>, D::Error> {
+    go_duration(deserializer).map(Some)
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path} not found")]
+    NotFound { path: PathBuf },
+    #[error("invalid settings: {0}")]
+    Invalid(String),
+}
+
+/// Environment as the loader sees it, so tests can pass their own.
+pub type Env = Vec<(String, String)>;
+
+impl Settings {
+    /// Loads the layers in order and validates the result.
+    pub fn load(file: Option<&Path>, env: Env) -> Result<Settings, ConfigError> {
+        let mut builder = config::Config::builder().add_source(config::File::from_str(
+            DEFAULT_TOML,
+            config::FileFormat::Toml,
+        ));
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError::NotFound {
+                    path: path.to_path_buf(),
+                });
+            }
+            builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
+        }
+        let leaderq_env: std::collections::HashMap<String, String> = env
+            .iter()
+            .filter(|(key, _)| key.starts_with("LEADERQ__"))
+            .cloned()
+            .collect();
+        builder = builder.add_source(
+            config::Environment::with_prefix("LEADERQ")
+                .prefix_separator("__")
+                .separator("__")
+                .try_parsing(true)
+                .list_separator(",")
+                .with_list_parse_key("consul.addresses")
+                .source(Some(leaderq_env)),
+        );
+        let lookup = |name: &str| {
+            env.iter()
+                .find(|(key, _)| key == name)
+                .map(|(_, value)| value.clone())
+                .filter(|value| !value.is_empty())
+        };
+        if let Some(addr) = lookup("CONSUL_HTTP_ADDR") {
+            builder = builder
+                .set_override("consul.addresses", vec![addr])
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        }
+        if let Some(token) = lookup("CONSUL_HTTP_TOKEN") {
+            builder = builder
+                .set_override("consul.token", token)
+                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        }
+        let settings: Settings = builder
+            .build()
+            .and_then(|c| c.try_deserialize())
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+        if self.consul.addresses.is_empty() {
+            return invalid("consul.addresses is empty: give at least one Consul address".into());
+        }
+        for address in &self.consul.addresses {
+            if let Err(reason) = crate::consul::parse_address(address) {
+                return invalid(format!("consul.addresses: {reason}"));
+            }
+        }
+        if self.election.leader_key.is_empty() || self.election.leader_key.starts_with('/') {
+            return invalid(
+                "election.leader_key must be a non-empty key without a leading '/'".into(),
+            );
+        }
+        if self.election.session_ttl.is_zero() {
+            return invalid("election.session_ttl must be more than 0s".into());
+        }
+        if self.queue.prefix.is_empty() || self.queue.dead_prefix.is_empty() {
+            return invalid("queue.prefix and queue.dead_prefix must not be empty".into());
+        }
+        if self.queue.dead_prefix.starts_with(&self.queue.prefix)
+            || self.queue.prefix.starts_with(&self.queue.dead_prefix)
+        {
+            return invalid(format!(
+                "queue.prefix ({:?}) and queue.dead_prefix ({:?}) must not contain each other",
+                self.queue.prefix, self.queue.dead_prefix
+            ));
+        }
+        if self.queue.max_attempts == 0 {
+            return invalid("queue.max_attempts must be at least 1".into());
+        }
+        for (task_type, handler) in &self.handlers {
+            if handler.kind == HandlerKind::Exec && handler.command.is_empty() {
+                return invalid(format!(
+                    "handlers.{task_type}.command is empty: an exec handler needs an argv array such as [\"/usr/bin/my-task\"]"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// This replica's name: the configured node id, or hostname-pid.
+    pub fn node_id(&self) -> String {
+        if !self.election.node_id.is_empty() {
+            return self.election.node_id.clone();
+        }
+        format!("{}-{}", hostname(), std::process::id())
+    }
+}
+
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_string())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "leaderq".to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Env {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// The compiled-in defaults load and validate on their own.
+    #[test]
+    fn defaults_load() {
+        let settings = Settings::load(None, Env::new()).unwrap();
+        assert_eq!(settings.queue.prefix, "oracleTask/");
+        assert_eq!(settings.election.session_ttl, Duration::from_secs(15));
+        assert_eq!(settings.consul.addresses, vec!["http://127.0.0.1:8500"]);
+    }
+
+    /// A file overrides defaults, the environment overrides the file, Consul's variables
+    /// override both; handler names keep their case.
+    #[test]
+    fn layers_apply_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("leaderq.toml");
+        std::fs::write(
+            &file,
+            "[queue]\nmax_attempts = 7\nprefix = \"jobs/\"\n[handlers.CreateTableSpace]\nkind = \"log\"\n",
+        )
+        .unwrap();
+        let settings = Settings::load(
+            Some(&file),
+            env(&[
+                ("LEADERQ__QUEUE__MAX_ATTEMPTS", "3"),
+                ("CONSUL_HTTP_ADDR", "127.0.0.1:9999"),
+                ("CONSUL_HTTP_TOKEN", "secret"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(settings.queue.max_attempts, 3);
+        assert_eq!(settings.queue.prefix, "jobs/");
+        assert_eq!(settings.consul.addresses, vec!["127.0.0.1:9999"]);
+        assert_eq!(settings.consul.token, "secret");
+        assert!(
+            settings.handlers.contains_key("CreateTableSpace"),
+            "{:?}",
+            settings.handlers.keys()
+        );
+    }
+
+    /// Unknown keys and bad values are refused with the key named.
+    #[test]
+    fn unknown_keys_and_bad_values_name_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("bad.toml");
+        std::fs::write(&file, "[queue]\nmax_atempts = 3\n").unwrap();
+        let err = Settings::load(Some(&file), Env::new())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_atempts"), "{err}");
+        let err = Settings::load(None, env(&[("LEADERQ__ELECTION__SESSION_TTL", "15")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("session_ttl") && err.contains("missing unit"),
+            "{err}"
+        );
+        let err = Settings::load(None, env(&[("LEADERQ__QUEUE__MAX_ATTEMPTS", "0")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_attempts"), "{err}");
+        let missing = Settings::load(Some(Path::new("/nonexistent/leaderq.toml")), Env::new());
+        assert!(missing
+            .unwrap_err()
+            .to_string()
+            .contains("/nonexistent/leaderq.toml"));
+    }
+}

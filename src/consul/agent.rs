@@ -1,0 +1,62 @@
+//! The local agent's TTL checks: register, pass, deregister.
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::json;
+
+use super::{escape_key, status_error, Client, Error};
+use crate::server::duration;
+
+impl Client {
+    /// Registers a TTL check that starts passing, so a session can be bound to it at once.
+    pub async fn check_register(
+        &self,
+        id: &str,
+        name: &str,
+        ttl: Duration,
+        notes: &str,
+    ) -> Result<(), Error> {
+        let body = json!({
+            "ID": id,
+            "Name": name,
+            "TTL": duration::format(ttl),
+            "Status": "passing",
+            "Notes": notes,
+        });
+        let response = self
+            .send(
+                Method::PUT,
+                "/v1/agent/check/register",
+                Some(body.to_string().into_bytes()),
+                self.request_timeout,
+            )
+            .await?;
+        if response.status() != StatusCode::OK {
+            return Err(status_error(response).await);
+        }
+        Ok(())
+    }
+
+    pub async fn check_pass(&self, id: &str) -> Result<(), Error> {
+        let path = format!("/v1/agent/check/pass/{}", escape_key(id));
+        let response = self
+            .send(Method::PUT, &path, None, self.request_timeout)
+            .await?;
+        if response.status() != StatusCode::OK {
+            return Err(status_error(response).await);
+        }
+        Ok(())
+    }
+
+    pub async fn check_deregister(&self, id: &str) -> Result<(), Error> {
+        let path = format!("/v1/agent/check/deregister/{}", escape_key(id));
+        let response = self
+            .send(Method::PUT, &path, None, self.request_timeout)
+            .await?;
+        if response.status() != StatusCode::OK && response.status() != StatusCode::NOT_FOUND {
+            return Err(status_error(response).await);
+        }
+        Ok(())
+    }
+}

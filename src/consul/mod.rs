@@ -1,0 +1,319 @@
+//! A typed, async client for the part of Consul's HTTP API the consumer uses: KV, sessions,
+//! transactions and agent TTL checks, with blocking queries.
+//!
+//! Transport concerns live here: several addresses with failover on connection errors, 429
+//! and 503; the ACL token as `X-Consul-Token`; https with a CA file; request time-outs that
+//! outlast a blocking query's wait plus Consul's jitter. Knows nothing of tasks or leaders.
+
+mod agent;
+mod kv;
+mod session;
+mod txn;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+
+pub use kv::KvPair;
+pub use session::{SessionInfo, SessionRequest};
+pub use txn::{TxnError, TxnOp, TxnOutcome};
+
+/// Consul adds up to wait/16 to a blocking query's wait (structs.JitterFraction).
+const JITTER_FRACTION: u32 = 16;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot reach Consul at {address}: {source}")]
+    Transport {
+        address: String,
+        #[source]
+        source: reqwest::Error,
+    },
+    #[error("Consul answered {code}: {body}")]
+    Status { code: u16, body: String },
+    #[error("cannot decode Consul's answer: {0}")]
+    Decode(String),
+    #[error("cannot read CA file {path}: {reason}")]
+    CaFile { path: String, reason: String },
+    #[error("invalid Consul address: {0}")]
+    Address(String),
+}
+
+impl Error {
+    /// Whether trying again later may succeed (network trouble, overload, a 5xx).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Transport { .. } => true,
+            Error::Status { code, .. } => *code == 429 || *code >= 500,
+            _ => false,
+        }
+    }
+}
+
+/// Normalizes a Consul address as Consul's own clients do: `host:port` means http.
+pub fn parse_address(address: &str) -> Result<String, String> {
+    let address = address.trim().trim_end_matches('/');
+    if address.is_empty() {
+        return Err("empty address".into());
+    }
+    if address.starts_with("unix://") {
+        return Err(format!(
+            "{address}: unix sockets are not supported; use host:port"
+        ));
+    }
+    let url = if address.contains("://") {
+        address.to_string()
+    } else {
+        format!("http://{address}")
+    };
+    let parsed = reqwest::Url::parse(&url).map_err(|e| format!("{address}: {e}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(format!("{address}: scheme must be http or https"));
+    }
+    Ok(url)
+}
+
+/// Settings of the client; from `[consul]`.
+#[derive(Clone, Debug)]
+pub struct ClientConfig {
+    pub addresses: Vec<String>,
+    pub token: String,
+    pub ca_file: String,
+    pub request_timeout: Duration,
+}
+
+/// Query parameters of a read: `index` > 0 makes it a blocking query.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QueryOptions {
+    pub index: u64,
+    pub wait: Option<Duration>,
+}
+
+pub struct Client {
+    http: reqwest::Client,
+    addresses: Vec<String>,
+    /// The address that answered last; requests start there.
+    current: AtomicUsize,
+    token: Option<String>,
+    request_timeout: Duration,
+}
+
+impl Client {
+    pub fn new(config: &ClientConfig) -> Result<Client, Error> {
+        let addresses = config
+            .addresses
+            .iter()
+            .map(|a| parse_address(a).map_err(Error::Address))
+            .collect::<Result<Vec<_>, _>>()?;
+        if addresses.is_empty() {
+            return Err(Error::Address("no Consul address given".into()));
+        }
+        let mut builder = reqwest::Client::builder()
+            .pool_idle_timeout(Duration::from_secs(60))
+            .tcp_nodelay(true);
+        if !config.ca_file.is_empty() {
+            let pem = std::fs::read(&config.ca_file).map_err(|e| Error::CaFile {
+                path: config.ca_file.clone(),
+                reason: e.to_string(),
+            })?;
+            let certificate = reqwest::Certificate::from_pem(&pem).map_err(|e| Error::CaFile {
+                path: config.ca_file.clone(),
+                reason: e.to_string(),
+            })?;
+            builder = builder.add_root_certificate(certificate);
+        }
+        let http = builder.build().map_err(|e| Error::Address(e.to_string()))?;
+        Ok(Client {
+            http,
+            addresses,
+            current: AtomicUsize::new(0),
+            token: (!config.token.is_empty()).then(|| config.token.clone()),
+            request_timeout: config.request_timeout,
+        })
+    }
+
+    /// Sends a request, failing over to the next address on a connection error, a 429 or a
+    /// 503. Any other answer, success or not, is returned as it is.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<reqwest::Response, Error> {
+        let start = self.current.load(Ordering::Relaxed);
+        let mut last_error = None;
+        for attempt in 0..self.addresses.len() {
+            let slot = (start + attempt) % self.addresses.len();
+            let address = &self.addresses[slot];
+            let mut request = self
+                .http
+                .request(method.clone(), format!("{address}{path}"))
+                .timeout(timeout);
+            if let Some(token) = &self.token {
+                request = request.header("X-Consul-Token", token);
+            }
+            if let Some(body) = &body {
+                request = request.body(body.clone());
+            }
+            match request.send().await {
+                Ok(response)
+                    if response.status() == StatusCode::TOO_MANY_REQUESTS
+                        || response.status() == StatusCode::SERVICE_UNAVAILABLE =>
+                {
+                    last_error = Some(status_error(response).await);
+                }
+                Ok(response) => {
+                    self.current.store(slot, Ordering::Relaxed);
+                    return Ok(response);
+                }
+                // Only a connection that never opened is safe to resend elsewhere; a write
+                // that timed out may have been applied.
+                Err(err) if err.is_connect() => {
+                    last_error = Some(Error::Transport {
+                        address: address.clone(),
+                        source: err,
+                    });
+                }
+                Err(err) => {
+                    return Err(Error::Transport {
+                        address: address.clone(),
+                        source: err,
+                    })
+                }
+            }
+        }
+        Err(last_error.expect("at least one address was tried"))
+    }
+
+    /// Time-out for a request: a blocking query gets its wait plus Consul's jitter on top.
+    fn timeout_for(&self, options: &QueryOptions) -> Duration {
+        match (options.index, options.wait) {
+            (0, _) => self.request_timeout,
+            (_, Some(wait)) => wait + wait / JITTER_FRACTION + self.request_timeout,
+            (_, None) => Duration::from_secs(300) * 17 / 16 + self.request_timeout,
+        }
+    }
+
+    /// The address requests go to first now.
+    pub fn address(&self) -> &str {
+        &self.addresses[self.current.load(Ordering::Relaxed) % self.addresses.len()]
+    }
+}
+
+async fn status_error(response: reqwest::Response) -> Error {
+    let code = response.status().as_u16();
+    let body = response.text().await.unwrap_or_default();
+    Error::Status {
+        code,
+        body: body.trim().to_string(),
+    }
+}
+
+fn index_header(response: &reqwest::Response) -> u64 {
+    response
+        .headers()
+        .get("X-Consul-Index")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Appends `index` and `wait` to a query string as Consul's api client does.
+fn query_suffix(options: &QueryOptions, mut query: Vec<String>) -> String {
+    if options.index > 0 {
+        query.push(format!("index={}", options.index));
+        if let Some(wait) = options.wait {
+            query.push(format!("wait={}ms", wait.as_millis().max(1)));
+        }
+    }
+    if query.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", query.join("&"))
+    }
+}
+
+/// Percent-encodes a key for a URL path, keeping `/` as the separator.
+fn escape_key(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for byte in key.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                out.push(byte as char)
+            }
+            other => out.push_str(&format!("%{other:02X}")),
+        }
+    }
+    out
+}
+
+fn escape_query(value: &str) -> String {
+    escape_key(value).replace('/', "%2F")
+}
+
+/// The index to send on the next blocking query, following Consul's advice: never below 1
+/// for a blocking read, and back to 0 when the server's index goes backwards.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WatchIndex(u64);
+
+impl WatchIndex {
+    pub fn get(self) -> u64 {
+        self.0
+    }
+
+    /// Takes the index a read returned; returns whether it moved forward.
+    pub fn update(&mut self, returned: u64) -> bool {
+        if returned < self.0 {
+            // A reset (snapshot restore, tombstone reaping): start over with a plain read.
+            self.0 = 0;
+            return true;
+        }
+        let moved = returned > self.0;
+        self.0 = returned;
+        moved
+    }
+
+    pub fn reset(&mut self) {
+        self.0 = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Addresses are normalized like Consul's clients: bare host:port is http.
+    #[test]
+    fn addresses_normalize() {
+        assert_eq!(
+            parse_address("127.0.0.1:8500").unwrap(),
+            "http://127.0.0.1:8500"
+        );
+        assert_eq!(
+            parse_address("https://consul:8501/").unwrap(),
+            "https://consul:8501"
+        );
+        assert!(parse_address("unix:///tmp/consul.sock").is_err());
+        assert!(parse_address("ftp://x").is_err());
+    }
+
+    /// The watch index goes back to 0 when the server's index goes backwards.
+    #[test]
+    fn watch_index_resets_on_backwards_index() {
+        let mut index = WatchIndex::default();
+        assert!(index.update(10));
+        assert!(!index.update(10));
+        assert!(index.update(12));
+        assert!(index.update(3));
+        assert_eq!(index.get(), 0);
+    }
+
+    /// Keys keep their slashes; other reserved bytes are escaped.
+    #[test]
+    fn keys_are_escaped_for_paths() {
+        assert_eq!(escape_key("oracleTask/task 1"), "oracleTask/task%201");
+        assert_eq!(escape_query("a/b"), "a%2Fb");
+    }
+}
