@@ -4,11 +4,23 @@
 //! - [`server`]: the embedded, durable, single-node Consul-compatible server.
 //! - [`consul`]: a typed client for Consul's HTTP API (KV, sessions, txn, agent checks).
 //! - [`config`]: settings, layered from defaults, a file and the environment.
+//! - [`task`]: the producers' task format, parsed leniently.
+//! - [`handler`]: the `Handler` trait, the registry, the exec and log handlers.
+//! - [`election`]: sessions, lease and the leader key.
+//! - [`queue`]: the leader's claims, completions, retries and dead letters.
+//! - [`consumer`]: the service loop that joins them (`leaderq consume`).
+//! - [`admin`]: `leaderq enqueue` and `leaderq status`.
+//! - [`dev`]: `leaderq dev`, server plus replicas for the quick start.
 //! - [`bench`]: `leaderq bench`, measurements over real processes and HTTP.
 
+pub mod admin;
 pub mod bench;
 pub mod config;
 pub mod consul;
+pub mod consumer;
+pub mod dev;
+pub mod election;
 pub mod handler;
+pub mod queue;
 pub mod server;
 pub mod task;

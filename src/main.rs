@@ -25,6 +25,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Run one consumer replica: join the election and, while leading, run the queue's tasks.
+    Consume(ConsumeArgs),
+    /// Quick start: the embedded server plus N consumer replicas, with log handlers for the
+    /// example task types in tasks/.
+    Dev(DevArgs),
+    /// Enqueue tasks as a producer does: task files in the producers' format, or one task
+    /// built from --type and --para.
+    Enqueue(EnqueueArgs),
+    /// Show the leader, its fencing token, queue depth, tasks in flight and dead letters.
+    Status(StatusArgs),
     /// Run the embedded single-node, durable, Consul-compatible KV/session/txn server.
     Server(ServerArgs),
     /// Measure the embedded server: durable PUTs/s, blocking-query wake latency,
@@ -43,6 +53,65 @@ struct BenchArgs {
     /// Keys held by the server when its RSS is read.
     #[arg(long, default_value_t = 100_000)]
     memory_keys: usize,
+}
+
+#[derive(clap::Args)]
+struct ConfigArgs {
+    /// Settings file (TOML); see config/default.toml for every key. Environment variables
+    /// LEADERQ__SECTION__KEY, CONSUL_HTTP_ADDR and CONSUL_HTTP_TOKEN override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct ConsumeArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// This replica's name (election.node_id); default hostname-pid.
+    #[arg(long)]
+    node_id: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct DevArgs {
+    /// Number of consumer replicas.
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
+    /// Address of the embedded server.
+    #[arg(long, default_value = "127.0.0.1:8500")]
+    listen: SocketAddr,
+    /// Data for the server and the replicas.
+    #[arg(long, default_value = "./data")]
+    data_dir: PathBuf,
+    /// Settings file for the replicas instead of the generated one (data-dir/dev.toml).
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct EnqueueArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// taskType of a task built from flags.
+    #[arg(long = "type", conflicts_with = "files")]
+    task_type: Option<String>,
+    /// taskPara of that task, as JSON.
+    #[arg(long, requires = "task_type")]
+    para: Option<String>,
+    /// taskId of that task (default: a fresh one).
+    #[arg(long, requires = "task_type")]
+    id: Option<String>,
+    /// Task files (JSON objects in the producers' format).
+    files: Vec<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct StatusArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// Print one JSON object.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -78,6 +147,10 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            Cmd::Consume(args) => run_consume(args).await,
+            Cmd::Dev(args) => run_dev(args).await,
+            Cmd::Enqueue(args) => run_enqueue(args).await,
+            Cmd::Status(args) => run_status(args).await,
             Cmd::Server(args) => run_server(args).await,
             Cmd::Bench(args) => {
                 let options = leaderq::bench::Options {
@@ -108,6 +181,99 @@ fn init_logging() {
         .init();
 }
 
+fn load_settings(config: &ConfigArgs) -> anyhow::Result<leaderq::config::Settings> {
+    let env: Vec<(String, String)> = std::env::vars().collect();
+    Ok(leaderq::config::Settings::load(
+        config.config.as_deref(),
+        env,
+    )?)
+}
+
+async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
+    let mut settings = load_settings(&args.config)?;
+    if let Some(node_id) = args.node_id {
+        settings.election.node_id = node_id;
+    }
+    let registry = leaderq::handler::Registry::from_settings(&settings.handlers);
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let trigger = shutdown.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        trigger.cancel();
+    });
+    leaderq::consumer::run(settings, registry, shutdown).await?;
+    Ok(())
+}
+
+async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
+    let options = leaderq::dev::DevOptions {
+        replicas: args.replicas,
+        listen: args.listen,
+        data_dir: args.data_dir,
+        config: args.config,
+        tasks_dir: PathBuf::from("tasks"),
+    };
+    leaderq::dev::run(options, shutdown_signal()).await
+}
+
+async fn run_enqueue(args: EnqueueArgs) -> anyhow::Result<()> {
+    let settings = load_settings(&args.config)?;
+    let client = leaderq::consumer::client(&settings)?;
+    let tasks = match &args.task_type {
+        Some(task_type) => vec![leaderq::admin::task_from_flags(
+            task_type,
+            args.para.as_deref(),
+            args.id.as_deref(),
+        )?],
+        None if args.files.is_empty() => {
+            anyhow::bail!("nothing to enqueue: give task files, or --type TYPE [--para JSON]")
+        }
+        None => args
+            .files
+            .iter()
+            .map(|path| leaderq::admin::task_from_file(path))
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    let total = tasks.len();
+    for (n, task) in tasks.iter().enumerate() {
+        let key = leaderq::admin::enqueue(&client, &settings.queue.prefix, task).await?;
+        println!("[{}/{total}] enqueued {key}", n + 1);
+    }
+    Ok(())
+}
+
+async fn run_status(args: StatusArgs) -> anyhow::Result<()> {
+    let settings = load_settings(&args.config)?;
+    let client = leaderq::consumer::client(&settings)?;
+    let report = leaderq::admin::status(&client, &settings)
+        .await
+        .with_context(|| format!("cannot read the queue from Consul at {}", client.address()))?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+        return Ok(());
+    }
+    match &report.leader {
+        Some(leader) => println!(
+            "leader:        {} (session {}, since {})",
+            leader["node"].as_str().unwrap_or("?"),
+            leader["session"].as_str().unwrap_or("?"),
+            leader["since"].as_str().unwrap_or("?")
+        ),
+        None => println!("leader:        none"),
+    }
+    if let Some(token) = report.fencing_token {
+        println!("fencing token: {token}");
+    }
+    println!("pending:       {}", report.pending);
+    println!("delayed:       {}", report.delayed);
+    println!("in flight:     {}", report.in_flight);
+    println!("orphaned:      {}", report.orphaned);
+    println!("foreign:       {}", report.foreign);
+    println!("malformed:     {}", report.malformed);
+    println!("dead letters:  {}", report.dead);
+    Ok(())
+}
+
 async fn run_server(args: ServerArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -122,7 +288,7 @@ async fn run_server(args: ServerArgs) -> anyhow::Result<()> {
         .context("cannot read the bound address")?;
     let config = server::Config {
         data_dir: args.data_dir,
-        node_name: args.node_name.unwrap_or_else(hostname),
+        node_name: args.node_name.unwrap_or_else(leaderq::config::hostname),
         session_ttl_min: args.session_ttl_min,
     };
     let server = server::Server::start(&config, address)
@@ -158,13 +324,4 @@ async fn shutdown_signal() {
         _ = term => {}
     }
     tracing::info!("shutdown requested");
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|name| name.trim().to_string())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| "leaderq".to_string())
 }

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 
-pub use kv::KvPair;
+pub use kv::{KvPair, PutMode};
 pub use session::{SessionInfo, SessionRequest};
 pub use txn::{TxnError, TxnOp, TxnOutcome};
 

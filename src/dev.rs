@@ -1,0 +1,179 @@
+//! `leaderq dev`: the quick start. Runs the embedded server in this process and N
+//! `leaderq consume` replicas as child processes (so one can be killed to watch a
+//! standby take over), with the log handler for the example task types in `tasks/`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+use tokio::process::{Child, Command};
+
+use crate::server;
+
+/// Task types that always get the log handler in dev, besides those found in `tasks/`.
+const DEFAULT_TASK_TYPES: &[&str] = &["CreateTableSpace"];
+
+pub struct DevOptions {
+    pub replicas: usize,
+    pub listen: std::net::SocketAddr,
+    pub data_dir: PathBuf,
+    /// A settings file for the replicas instead of the generated one.
+    pub config: Option<PathBuf>,
+    pub tasks_dir: PathBuf,
+}
+
+/// The settings file the replicas get: log handlers for the example task types, and a
+/// short session TTL and lock-delay so that a killed leader is replaced quickly.
+fn dev_settings(task_types: &[String]) -> String {
+    let mut text = String::from(
+        "# Written by `leaderq dev` for its replicas.\n[election]\nsession_ttl = \"10s\"\nlock_delay = \"1s\"\n\n",
+    );
+    for task_type in task_types {
+        text.push_str(&format!("[handlers.{task_type}]\nkind = \"log\"\n\n"));
+    }
+    text
+}
+
+/// The distinct `taskType`s of the JSON files in `dir` (none if it does not exist).
+fn example_task_types(dir: &Path) -> Vec<String> {
+    let mut types: Vec<String> = DEFAULT_TASK_TYPES.iter().map(|t| t.to_string()).collect();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            let Ok(text) = std::fs::read(entry.path()) else {
+                continue;
+            };
+            let Ok(value) = serde_json::from_slice::<serde_json::Value>(&text) else {
+                continue;
+            };
+            if let Some(task_type) = value.get("taskType").and_then(|t| t.as_str()) {
+                let valid = !task_type.is_empty()
+                    && task_type
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+                if valid && !types.iter().any(|t| t == task_type) {
+                    types.push(task_type.to_string());
+                }
+            }
+        }
+    }
+    types.sort();
+    types
+}
+
+pub async fn run(
+    options: DevOptions,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(options.listen).await.with_context(|| {
+        format!(
+            "cannot listen on {} (is a server already running there? pick another with --listen)",
+            options.listen
+        )
+    })?;
+    let address = listener.local_addr()?;
+    let server_config = server::Config {
+        data_dir: options.data_dir.join("server"),
+        node_name: crate::config::hostname(),
+        session_ttl_min: server::state::DEFAULT_SESSION_TTL_MIN,
+    };
+    let server = server::Server::start(&server_config, address)
+        .await
+        .context("cannot start the embedded server")?;
+    let stop_server = tokio_util::sync::CancellationToken::new();
+    let server_task = {
+        let stop = stop_server.clone();
+        tokio::spawn(server.serve(listener, async move { stop.cancelled().await }))
+    };
+
+    let config_path = match &options.config {
+        Some(path) => path.clone(),
+        None => {
+            let path = options.data_dir.join("dev.toml");
+            let task_types = example_task_types(&options.tasks_dir);
+            std::fs::write(&path, dev_settings(&task_types))
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            path
+        }
+    };
+    let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
+    let mut children: Vec<(String, Child)> = Vec::new();
+    for n in 1..=options.replicas {
+        let node = format!("replica-{n}");
+        let child = Command::new(&exe)
+            .args(["consume", "--config"])
+            .arg(&config_path)
+            .env("CONSUL_HTTP_ADDR", address.to_string())
+            .env("LEADERQ__ELECTION__NODE_ID", &node)
+            .env("LEADERQ__DATA__DIR", options.data_dir.join(&node))
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start {node}"))?;
+        println!("{node}: pid {}", child.id().unwrap_or(0));
+        children.push((node, child));
+    }
+    println!(
+        "leaderq dev: server on http://{address}, {} replicas, settings {}",
+        options.replicas,
+        config_path.display()
+    );
+    println!("enqueue a task:");
+    println!(
+        "  curl -X PUT http://{address}/v1/kv/oracleTask/task_1 -d '{{\"taskId\":\"1\",\"taskTime\":\"1445599887\",\"taskTaken\":false,\"taskType\":\"CreateTableSpace\",\"taskPara\":{{\"name\":\"users\"}}}}'"
+    );
+    println!("see who leads: curl -s http://{address}/v1/kv/consumerLeader?raw   (kill that replica's pid to watch a standby take over)");
+
+    shutdown.await;
+    println!("leaderq dev: stopping replicas");
+    for (_, child) in &children {
+        if let Some(pid) = child.id() {
+            // SIGTERM, so each replica releases its lock and destroys its session.
+            let _ = std::process::Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status();
+        }
+    }
+    for (node, mut child) in children {
+        match tokio::time::timeout(Duration::from_secs(60), child.wait()).await {
+            Ok(_) => {}
+            Err(_) => {
+                tracing::warn!(%node, "replica did not stop in time; killing it");
+                let _ = child.kill().await;
+            }
+        }
+    }
+    stop_server.cancel();
+    server_task.await.context("server task")??;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Task types are collected from the example files, deduplicated, with the default.
+    #[test]
+    fn collects_example_task_types() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("a.json"),
+            r#"{"taskType":"DropTableSpace"}"#,
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("b.json"),
+            r#"{"taskType":"CreateTableSpace"}"#,
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("c.json"), "not json").unwrap();
+        assert_eq!(
+            example_task_types(dir.path()),
+            ["CreateTableSpace", "DropTableSpace"]
+        );
+        let settings = dev_settings(&example_task_types(dir.path()));
+        assert!(settings.contains("[handlers.DropTableSpace]\nkind = \"log\""));
+    }
+}

@@ -1,0 +1,583 @@
+//! The leader's work on the task queue: list pending tasks with a blocking query, claim
+//! them in `taskTime` order, run their handlers, then complete, retry or dead-letter them;
+//! requeue tasks whose replica died; dead-letter what cannot run.
+//!
+//! Every write is one transaction that first checks, with `check-session` on the leader key,
+//! that this replica still leads, so a deposed leader can never claim, complete or move a
+//! task. Leadership itself is `election.rs`'s business.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::QueueSettings;
+use crate::consul::{self, Client, KvPair, QueryOptions, TxnError, TxnOp, TxnOutcome, WatchIndex};
+use crate::election::{Leadership, Lease};
+use crate::handler::{Registry, TaskContext};
+use crate::task::{dead_letter, Status, Task};
+
+/// Back-off after Consul errors while leading, so an outage is not a hot loop.
+const ERROR_BACKOFF: Duration = Duration::from_secs(1);
+/// How many times a completion re-reads a task that a producer keeps rewriting.
+const RELEASE_ATTEMPTS: usize = 5;
+
+/// Why the leader stopped leading.
+#[derive(Debug, PartialEq, Eq)]
+pub enum LeadEnd {
+    Shutdown,
+    StepDown(String),
+}
+
+/// What the leader needs: the client, the queue settings, the handlers, who it is.
+pub struct Queue {
+    pub client: Arc<Client>,
+    pub settings: QueueSettings,
+    pub registry: Registry,
+    pub leader_key: String,
+    pub node_id: String,
+    pub wait: Duration,
+}
+
+/// The outcome of a transaction guarded by the leader check.
+enum Guarded {
+    Done(Vec<KvPair>),
+    /// The leader check failed: this replica no longer leads.
+    NotLeader,
+    /// Another check failed (the task changed, lock-delay): nothing was applied.
+    Conflict(Vec<TxnError>),
+}
+
+impl Queue {
+    /// Leads until shutdown, a lost lease or a lost leader check.
+    pub async fn lead(
+        &self,
+        leadership: &Leadership,
+        lease: &Lease,
+        shutdown: &CancellationToken,
+    ) -> LeadEnd {
+        let mut index = WatchIndex::default();
+        let mut foreign_logged: HashSet<String> = HashSet::new();
+        loop {
+            if shutdown.is_cancelled() {
+                return LeadEnd::Shutdown;
+            }
+            // "Renew between tasks": no claim unless the lease is known to be fresh.
+            if !lease.is_fresh() {
+                return LeadEnd::StepDown("session not renewed within its TTL".into());
+            }
+            let options = QueryOptions {
+                index: index.get(),
+                wait: Some(self.wait),
+            };
+            let listed = tokio::select! {
+                _ = shutdown.cancelled() => return LeadEnd::Shutdown,
+                _ = lease.expired() => return LeadEnd::StepDown("session not renewed within its TTL".into()),
+                listed = self.client.kv_list(&self.settings.prefix, options) => listed,
+            };
+            let (entries, returned) = match listed {
+                Ok(listed) => listed,
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot list the queue; retrying");
+                    index.reset();
+                    if self.pause(shutdown, ERROR_BACKOFF).await {
+                        return LeadEnd::Shutdown;
+                    }
+                    continue;
+                }
+            };
+            index.update(returned);
+            match self.pick(leadership, entries, &mut foreign_logged).await {
+                Ok(Pick::Run(task)) => {
+                    if let Some(end) = self.claim_and_run(leadership, lease, shutdown, task).await {
+                        return end;
+                    }
+                }
+                Ok(Pick::WaitUntil(at)) => {
+                    // Nothing runnable before `at`: block on the queue, but not past `at`.
+                    let until = (at - Utc::now()).to_std().unwrap_or_default();
+                    if until < self.wait {
+                        let options = QueryOptions {
+                            index: index.get(),
+                            wait: Some(until.max(Duration::from_millis(1))),
+                        };
+                        tokio::select! {
+                            _ = shutdown.cancelled() => return LeadEnd::Shutdown,
+                            _ = lease.expired() => return LeadEnd::StepDown("session not renewed within its TTL".into()),
+                            _ = self.client.kv_list(&self.settings.prefix, options) => {}
+                        }
+                        index.reset();
+                    }
+                }
+                Ok(Pick::Nothing) => {}
+                Ok(Pick::Again) => index.reset(),
+                Err(end) => return end,
+            }
+        }
+    }
+
+    async fn pause(&self, shutdown: &CancellationToken, period: Duration) -> bool {
+        tokio::select! {
+            _ = shutdown.cancelled() => true,
+            _ = tokio::time::sleep(period) => false,
+        }
+    }
+
+    /// Sorts the listing out: dead-letters what cannot run, requeues orphans, and returns
+    /// the first pending task in claim order.
+    async fn pick(
+        &self,
+        leadership: &Leadership,
+        entries: Vec<KvPair>,
+        foreign_logged: &mut HashSet<String>,
+    ) -> Result<Pick, LeadEnd> {
+        let now = Utc::now();
+        let mut pending: Vec<Task> = Vec::new();
+        let mut earliest: Option<DateTime<Utc>> = None;
+        let mut changed = false;
+        for pair in entries {
+            let task = match Task::parse(&pair) {
+                Ok(task) => task,
+                Err(invalid) => {
+                    if pair.session.is_none() {
+                        self.dead_letter(leadership, &pair, &invalid.to_string())
+                            .await?;
+                        changed = true;
+                    }
+                    continue;
+                }
+            };
+            match task.status(now) {
+                Status::Pending if self.registry.get(&task.task_type).is_none() => {
+                    let reason = format!("no handler for taskType {:?}", task.task_type);
+                    self.dead_letter(leadership, &pair, &reason).await?;
+                    changed = true;
+                }
+                Status::Pending => pending.push(task),
+                Status::Delayed(at) => earliest = Some(earliest.map_or(at, |e| e.min(at))),
+                Status::InFlight
+                    if task.session.as_deref() == Some(leadership.session.as_str()) =>
+                {
+                    // Locked by this very session, yet nothing runs here: a run cut short by a
+                    // restart that reused the session. Put it back as a failed attempt.
+                    self.requeue(
+                        leadership,
+                        &task,
+                        "the replica restarted while running the task",
+                    )
+                    .await?;
+                    changed = true;
+                }
+                Status::InFlight => {}
+                Status::Orphan => {
+                    self.requeue(leadership, &task, "the replica running the task died")
+                        .await?;
+                    changed = true;
+                }
+                Status::Foreign => {
+                    if foreign_logged.insert(task.key.clone()) {
+                        tracing::warn!(task_key = %task.key, "task is marked taken by a program other than leaderq; leaving it alone");
+                    }
+                }
+            }
+        }
+        pending.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+        if let Some(task) = pending.into_iter().next() {
+            return Ok(Pick::Run(Box::new(task)));
+        }
+        if changed {
+            return Ok(Pick::Again);
+        }
+        Ok(earliest.map_or(Pick::Nothing, Pick::WaitUntil))
+    }
+
+    /// Runs `ops` after the leader check, in one transaction.
+    async fn guarded(
+        &self,
+        leadership: &Leadership,
+        ops: Vec<TxnOp>,
+    ) -> Result<Guarded, consul::Error> {
+        let mut all = vec![TxnOp::CheckSession {
+            key: self.leader_key.clone(),
+            session: leadership.session.clone(),
+        }];
+        all.extend(ops);
+        match self.client.txn(&all).await? {
+            TxnOutcome::Committed(entries) => Ok(Guarded::Done(entries)),
+            TxnOutcome::RolledBack(errors) if errors.iter().any(|e| e.op_index == 0) => {
+                Ok(Guarded::NotLeader)
+            }
+            TxnOutcome::RolledBack(errors) => Ok(Guarded::Conflict(errors)),
+        }
+    }
+
+    /// A guarded write whose conflicts are not this replica's problem; a lost leader check
+    /// or a Consul error ends the leadership.
+    async fn guarded_or_step_down(
+        &self,
+        leadership: &Leadership,
+        ops: Vec<TxnOp>,
+        what: &str,
+    ) -> Result<Option<Vec<KvPair>>, LeadEnd> {
+        match self.guarded(leadership, ops).await {
+            Ok(Guarded::Done(entries)) => Ok(Some(entries)),
+            Ok(Guarded::NotLeader) => Err(LeadEnd::StepDown(format!(
+                "lost leadership while trying to {what}"
+            ))),
+            Ok(Guarded::Conflict(errors)) => {
+                tracing::debug!(
+                    ?errors,
+                    "{what}: the task changed meanwhile; will look again"
+                );
+                Ok(None)
+            }
+            Err(err) => Err(LeadEnd::StepDown(format!("cannot {what}: {err}"))),
+        }
+    }
+
+    fn dead_key(&self, key: &str) -> String {
+        let name = key.strip_prefix(&self.settings.prefix).unwrap_or(key);
+        format!("{}{name}", self.settings.dead_prefix)
+    }
+
+    async fn dead_letter(
+        &self,
+        leadership: &Leadership,
+        pair: &KvPair,
+        reason: &str,
+    ) -> Result<(), LeadEnd> {
+        let ops = vec![
+            TxnOp::DeleteCas {
+                key: pair.key.clone(),
+                index: pair.modify_index,
+            },
+            TxnOp::Set {
+                key: self.dead_key(&pair.key),
+                value: dead_letter(pair, reason, Utc::now()),
+            },
+        ];
+        if self
+            .guarded_or_step_down(leadership, ops, "dead-letter a task")
+            .await?
+            .is_some()
+        {
+            tracing::warn!(
+                task_key = %pair.key,
+                dead_key = %self.dead_key(&pair.key),
+                reason,
+                fencing_token = leadership.fencing_token,
+                "task moved to the dead-letter prefix"
+            );
+        }
+        Ok(())
+    }
+
+    /// Puts a task whose run was cut short back in the queue as a failed attempt (or
+    /// dead-letters it when its attempts are used up).
+    async fn requeue(
+        &self,
+        leadership: &Leadership,
+        task: &Task,
+        reason: &str,
+    ) -> Result<(), LeadEnd> {
+        let attempts = task.attempts + 1;
+        if attempts >= self.settings.max_attempts {
+            return self
+                .exhausted(leadership, task, task.modify_index, attempts, reason)
+                .await;
+        }
+        let mut ops = Vec::new();
+        let value = task.retried(attempts, reason, Utc::now());
+        match &task.session {
+            Some(session) => ops.push(TxnOp::Unlock {
+                key: task.key.clone(),
+                value,
+                session: session.clone(),
+            }),
+            None => ops.push(TxnOp::Cas {
+                key: task.key.clone(),
+                value,
+                index: task.modify_index,
+            }),
+        }
+        if task.session.is_some() {
+            ops.insert(
+                0,
+                TxnOp::CheckIndex {
+                    key: task.key.clone(),
+                    index: task.modify_index,
+                },
+            );
+        }
+        if self
+            .guarded_or_step_down(leadership, ops, "requeue a task")
+            .await?
+            .is_some()
+        {
+            tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt = attempts, reason, "task requeued");
+        }
+        Ok(())
+    }
+
+    /// Moves a task that used up its attempts to the dead-letter prefix.
+    async fn exhausted(
+        &self,
+        leadership: &Leadership,
+        task: &Task,
+        index: u64,
+        attempts: u32,
+        error: &str,
+    ) -> Result<(), LeadEnd> {
+        let pair = KvPair {
+            key: task.key.clone(),
+            value: task.with(&[
+                ("attempts", serde_json::json!(attempts)),
+                ("lastError", serde_json::Value::String(error.to_string())),
+            ]),
+            flags: 0,
+            session: None,
+            lock_index: 0,
+            create_index: task.create_index,
+            modify_index: index,
+        };
+        let reason = format!("failed {attempts} times; last error: {error}");
+        self.dead_letter(leadership, &pair, &reason).await
+    }
+
+    /// Claims `task`, runs its handler and settles the result. `Some` ends the leadership.
+    async fn claim_and_run(
+        &self,
+        leadership: &Leadership,
+        lease: &Lease,
+        shutdown: &CancellationToken,
+        task: Box<Task>,
+    ) -> Option<LeadEnd> {
+        let claimed_value = task.claimed(&leadership.session, &self.node_id, Utc::now());
+        let ops = vec![
+            TxnOp::CheckIndex {
+                key: task.key.clone(),
+                index: task.modify_index,
+            },
+            TxnOp::Lock {
+                key: task.key.clone(),
+                value: claimed_value.clone(),
+                session: leadership.session.clone(),
+            },
+        ];
+        let claim_index = match self.guarded(leadership, ops).await {
+            // The check-index result carries the old index; the lock's, which comes last,
+            // is the claim's.
+            Ok(Guarded::Done(entries)) => entries
+                .iter()
+                .rev()
+                .find(|e| e.key == task.key)
+                .map(|e| e.modify_index)
+                .unwrap_or(0),
+            Ok(Guarded::NotLeader) => {
+                return Some(LeadEnd::StepDown("lost leadership at claim".into()))
+            }
+            Ok(Guarded::Conflict(errors)) => {
+                tracing::debug!(task_key = %task.key, ?errors, "claim conflict; listing again");
+                return None;
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "claim failed");
+                return if self.pause(shutdown, ERROR_BACKOFF).await {
+                    Some(LeadEnd::Shutdown)
+                } else {
+                    None
+                };
+            }
+        };
+        let attempt = task.attempts + 1;
+        tracing::info!(
+            task_key = %task.key,
+            task_id = %task.id,
+            task_type = %task.task_type,
+            attempt,
+            fencing_token = leadership.fencing_token,
+            "task claimed"
+        );
+        let handler = self.registry.get(&task.task_type)?;
+        let cancel = CancellationToken::new();
+        let ctx = TaskContext {
+            key: task.key.clone(),
+            task_id: task.id.clone(),
+            task_type: task.task_type.clone(),
+            task_json: claimed_value,
+            attempt,
+            fencing_token: leadership.fencing_token,
+            cancel: cancel.clone(),
+        };
+        let started = std::time::Instant::now();
+        let mut run = handler.handle(&ctx);
+        let mut ending: Option<LeadEnd> = None;
+        let result = loop {
+            tokio::select! {
+                result = &mut run => break result,
+                _ = lease.expired(), if ending.is_none() => {
+                    // Another replica may lead soon: stop the handler now.
+                    cancel.cancel();
+                    ending = Some(LeadEnd::StepDown("session not renewed within its TTL".into()));
+                }
+                _ = shutdown.cancelled(), if ending.is_none() => {
+                    ending = Some(LeadEnd::Shutdown);
+                    let grace = self.settings.shutdown_grace;
+                    tracing::info!(task_key = %task.key, grace = %crate::server::duration::format(grace), "shutting down: waiting for the running handler");
+                    match tokio::time::timeout(grace, &mut run).await {
+                        Ok(result) => break result,
+                        Err(_) => cancel.cancel(),
+                    }
+                }
+            }
+        };
+        let elapsed_ms = started.elapsed().as_millis() as u64;
+        match (result, &ending) {
+            (Ok(()), _) => {
+                self.complete(leadership, &task, claim_index, elapsed_ms)
+                    .await;
+            }
+            (Err(err), Some(LeadEnd::Shutdown)) if cancel.is_cancelled() => {
+                // Cut short by us, not failed: back in the queue without using an attempt.
+                let value = task.retried(
+                    task.attempts,
+                    &format!("interrupted by shutdown: {err}"),
+                    Utc::now(),
+                );
+                self.settle(leadership, &task, claim_index, value, "put back")
+                    .await;
+            }
+            (Err(err), _) => {
+                tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt, fencing_token = leadership.fencing_token, error = %err, elapsed_ms, "task failed");
+                if attempt >= self.settings.max_attempts {
+                    if let Err(end) = self
+                        .exhausted(leadership, &task, claim_index, attempt, &err.0)
+                        .await
+                    {
+                        return Some(ending.unwrap_or(end));
+                    }
+                } else {
+                    let backoff = self.backoff(attempt);
+                    let not_before =
+                        Utc::now() + chrono::Duration::from_std(backoff).unwrap_or_default();
+                    let value = task.retried(attempt, &err.0, not_before);
+                    self.settle(leadership, &task, claim_index, value, "schedule a retry")
+                        .await;
+                }
+            }
+        }
+        ending
+    }
+
+    /// Deletes a finished task, but only the version this run claimed: a producer's newer
+    /// write under the same key is released back to the queue instead.
+    async fn complete(
+        &self,
+        leadership: &Leadership,
+        task: &Task,
+        claim_index: u64,
+        elapsed_ms: u64,
+    ) {
+        let ops = vec![TxnOp::DeleteCas {
+            key: task.key.clone(),
+            index: claim_index,
+        }];
+        match self.guarded(leadership, ops).await {
+            Ok(Guarded::Done(_)) => {
+                tracing::info!(task_key = %task.key, task_id = %task.id, task_type = %task.task_type, attempt = task.attempts + 1, fencing_token = leadership.fencing_token, elapsed_ms, "task completed");
+            }
+            Ok(Guarded::Conflict(_)) => {
+                tracing::info!(task_key = %task.key, "task completed, but a producer rewrote it meanwhile; the new version stays queued");
+                self.release_current(leadership, &task.key).await;
+            }
+            Ok(Guarded::NotLeader) => {
+                tracing::warn!(task_key = %task.key, "task completed after this replica lost leadership; the next leader will run it again");
+            }
+            Err(err) => {
+                tracing::warn!(task_key = %task.key, error = %err, "cannot delete the completed task; it will run again")
+            }
+        }
+    }
+
+    /// Writes `value` and unlocks the task, if it is still the version this run claimed.
+    async fn settle(
+        &self,
+        leadership: &Leadership,
+        task: &Task,
+        claim_index: u64,
+        value: Vec<u8>,
+        what: &str,
+    ) {
+        let ops = vec![
+            TxnOp::CheckIndex {
+                key: task.key.clone(),
+                index: claim_index,
+            },
+            TxnOp::Unlock {
+                key: task.key.clone(),
+                value,
+                session: leadership.session.clone(),
+            },
+        ];
+        match self.guarded(leadership, ops).await {
+            Ok(Guarded::Done(_)) => {}
+            Ok(Guarded::Conflict(_)) => self.release_current(leadership, &task.key).await,
+            Ok(Guarded::NotLeader) => {
+                tracing::warn!(task_key = %task.key, "cannot {what}: leadership lost; the task is requeued when this session ends")
+            }
+            Err(err) => {
+                tracing::warn!(task_key = %task.key, error = %err, "cannot {what}; the task is requeued when this session ends")
+            }
+        }
+    }
+
+    /// Unlocks a task a producer rewrote while it ran, keeping the producer's value.
+    async fn release_current(&self, leadership: &Leadership, key: &str) {
+        for _ in 0..RELEASE_ATTEMPTS {
+            let current = match self.client.kv_get(key, QueryOptions::default()).await {
+                Ok((Some(current), _)) => current,
+                Ok((None, _)) => return,
+                Err(err) => {
+                    tracing::warn!(task_key = %key, error = %err, "cannot read a rewritten task");
+                    return;
+                }
+            };
+            if current.session.as_deref() != Some(leadership.session.as_str()) {
+                return;
+            }
+            let ops = vec![
+                TxnOp::CheckIndex {
+                    key: key.to_string(),
+                    index: current.modify_index,
+                },
+                TxnOp::Unlock {
+                    key: key.to_string(),
+                    value: current.value.clone(),
+                    session: leadership.session.clone(),
+                },
+            ];
+            match self.guarded(leadership, ops).await {
+                Ok(Guarded::Conflict(_)) => continue,
+                _ => return,
+            }
+        }
+    }
+
+    /// base × 2^(attempt-1), capped, plus up to 20% jitter so retries do not bunch up.
+    fn backoff(&self, attempt: u32) -> Duration {
+        let exponent = attempt.saturating_sub(1).min(30);
+        let base = self.settings.backoff_base.saturating_mul(1u32 << exponent);
+        let capped = base.min(self.settings.backoff_max);
+        capped + capped.mul_f64(fastrand::f64() * 0.2)
+    }
+}
+
+enum Pick {
+    Run(Box<Task>),
+    WaitUntil(DateTime<Utc>),
+    /// Something was moved; list again at once.
+    Again,
+    Nothing,
+}
