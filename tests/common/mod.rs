@@ -27,14 +27,17 @@ impl ServerProcess {
 
     /// Starts a server on `data_dir`; returns the stderr text if it exits instead of listening.
     pub fn start_in(data_dir: &Path, extra: &[&str]) -> Result<ServerProcess, String> {
+        ServerProcess::start_at("127.0.0.1:0", data_dir, extra)
+    }
+
+    /// Starts a server on a given address (to restart one where its clients expect it).
+    pub fn start_at(
+        listen: &str,
+        data_dir: &Path,
+        extra: &[&str],
+    ) -> Result<ServerProcess, String> {
         let mut child = Command::new(env!("CARGO_BIN_EXE_leaderq"))
-            .args([
-                "server",
-                "--listen",
-                "127.0.0.1:0",
-                "--node-name",
-                "test-node",
-            ])
+            .args(["server", "--listen", listen, "--node-name", "test-node"])
             .args(["--session-ttl-min", "1s", "--data-dir"])
             .arg(data_dir)
             .args(extra)
@@ -123,4 +126,60 @@ pub fn index_of(response: &reqwest::Response) -> u64 {
         .unwrap()
         .parse()
         .unwrap()
+}
+
+/// A running `leaderq consume` replica; killed when dropped. Its log is `<dir>/<node>.log`.
+pub struct ConsumerProcess {
+    child: Child,
+    pub node: String,
+    pub log: PathBuf,
+}
+
+impl ConsumerProcess {
+    /// Starts a replica named `node` against `consul` with the settings in `config_toml`.
+    pub fn start(consul: &str, node: &str, dir: &Path, config_toml: &str) -> ConsumerProcess {
+        let config = dir.join(format!("{node}.toml"));
+        std::fs::write(&config, config_toml).expect("write config");
+        let log = dir.join(format!("{node}.log"));
+        let child = Command::new(env!("CARGO_BIN_EXE_leaderq"))
+            .args(["consume", "--config"])
+            .arg(&config)
+            .env("CONSUL_HTTP_ADDR", consul)
+            .env("LEADERQ__ELECTION__NODE_ID", node)
+            .env("LEADERQ__DATA__DIR", dir.join(node))
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("log file"))
+            .spawn()
+            .expect("spawn leaderq consume");
+        ConsumerProcess {
+            child,
+            node: node.to_string(),
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        signal(self.child.id(), "TERM");
+        self.child.wait().expect("wait for consumer")
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for ConsumerProcess {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }

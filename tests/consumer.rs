@@ -1,0 +1,501 @@
+//! Integration tests of `leaderq consume`: real `leaderq server` and consumer processes,
+//! real HTTP, handlers that append to a journal file; leaders killed with SIGTERM and
+//! SIGKILL. Short TTLs come from the server's `--session-ttl-min 1s` test knob.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use common::{client, index_of, ConsumerProcess, ServerProcess};
+use serde_json::{json, Value};
+
+/// Settings for test replicas: a short TTL (3s: short, yet not so short that a loaded CI
+/// machine stalls a renewal past it), short lock-delay, fast retries, and handlers that
+/// write `<event> <taskId> <fencing token> <node> <attempt>` lines to `journal`.
+fn settings(journal: &Path, ttl: &str) -> String {
+    let journal = journal.display();
+    format!(
+        r#"
+[consul]
+wait = "5s"
+[election]
+session_ttl = "{ttl}"
+lock_delay = "200ms"
+retry_interval = "100ms"
+[queue]
+max_attempts = 3
+backoff_base = "50ms"
+backoff_max = "200ms"
+shutdown_grace = "10s"
+[handlers.Work]
+kind = "exec"
+command = ["sh", "-c", "echo \"run $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {journal}"]
+[handlers.Slow]
+kind = "exec"
+command = ["sh", "-c", "echo \"start $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {journal}; sleep 1; echo \"end $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {journal}"]
+[handlers.Fail]
+kind = "exec"
+command = ["sh", "-c", "echo \"fail $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {journal}; echo boom >&2; exit 1"]
+"#
+    )
+}
+
+/// A test bed: a server, a directory, replicas whose handlers know their own name.
+struct Bed {
+    server: ServerProcess,
+    dir: tempfile::TempDir,
+    journal: PathBuf,
+    replicas: Vec<ConsumerProcess>,
+    ttl: &'static str,
+}
+
+impl Bed {
+    fn new() -> Bed {
+        let server = ServerProcess::start();
+        let dir = tempfile::tempdir().unwrap();
+        let journal = dir.path().join("journal");
+        std::fs::write(&journal, "").unwrap();
+        Bed {
+            server,
+            dir,
+            journal,
+            replicas: Vec::new(),
+            ttl: "3s",
+        }
+    }
+
+    /// A bed whose replicas use a 1s session TTL, for tests that wait for one to expire.
+    fn with_short_ttl() -> Bed {
+        Bed {
+            ttl: "1s",
+            ..Bed::new()
+        }
+    }
+
+    fn start_replica(&mut self, node: &str) {
+        let config = settings(&self.journal, self.ttl).replace("$NODE", node);
+        let replica = ConsumerProcess::start(&self.server.addr, node, self.dir.path(), &config);
+        self.replicas.push(replica);
+    }
+
+    fn journal(&self) -> Vec<Vec<String>> {
+        std::fs::read_to_string(&self.journal)
+            .unwrap()
+            .lines()
+            .map(|line| line.split_whitespace().map(str::to_string).collect())
+            .collect()
+    }
+
+    async fn put_task(&self, name: &str, task: Value) {
+        let response = client()
+            .put(self.server.url(&format!("/v1/kv/oracleTask/{name}")))
+            .body(task.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.text().await.unwrap(), "true");
+    }
+
+    /// Waits (on blocking queries) until nothing is left under `prefix`.
+    async fn wait_until_empty(&self, prefix: &str, limit: Duration) {
+        let started = Instant::now();
+        let mut index = 0;
+        loop {
+            let response = client()
+                .get(
+                    self.server
+                        .url(&format!("/v1/kv/{prefix}?recurse&index={index}&wait=2s")),
+                )
+                .send()
+                .await
+                .unwrap();
+            if response.status() == 404 {
+                return;
+            }
+            index = index_of(&response);
+            if started.elapsed() > limit {
+                let left: Value = response.json().await.unwrap();
+                let logs: Vec<String> = self.replicas.iter().map(|r| r.log_text()).collect();
+                panic!(
+                    "{prefix} not drained after {limit:?}: {left}\nlogs:\n{}",
+                    logs.join("\n----\n")
+                );
+            }
+        }
+    }
+
+    /// Waits until the journal has a line matching `predicate`.
+    async fn wait_for_line(
+        &self,
+        limit: Duration,
+        predicate: impl Fn(&[String]) -> bool,
+    ) -> Vec<String> {
+        let started = Instant::now();
+        loop {
+            if let Some(line) = self.journal().into_iter().find(|l| predicate(l)) {
+                return line;
+            }
+            assert!(
+                started.elapsed() < limit,
+                "journal line never appeared: {:?}",
+                self.journal()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn leader_node(&self) -> String {
+        let started = Instant::now();
+        loop {
+            let response = client()
+                .get(self.server.url("/v1/kv/consumerLeader"))
+                .send()
+                .await
+                .unwrap();
+            if response.status() == 200 {
+                let entries: Value = response.json().await.unwrap();
+                if entries[0].get("Session").is_some() {
+                    let value = base64::engine::general_purpose::STANDARD
+                        .decode(entries[0]["Value"].as_str().unwrap())
+                        .unwrap();
+                    let holder: Value = serde_json::from_slice(&value).unwrap();
+                    return holder["node"].as_str().unwrap().to_string();
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "no leader elected"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn replica(&mut self, node: &str) -> &mut ConsumerProcess {
+        self.replicas.iter_mut().find(|r| r.node == node).unwrap()
+    }
+
+    async fn dead_letters(&self) -> HashMap<String, Value> {
+        let response = client()
+            .get(self.server.url("/v1/kv/oracleTaskDead/?recurse"))
+            .send()
+            .await
+            .unwrap();
+        if response.status() == 404 {
+            return HashMap::new();
+        }
+        let entries: Value = response.json().await.unwrap();
+        entries
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                let value = base64::engine::general_purpose::STANDARD
+                    .decode(e["Value"].as_str().unwrap())
+                    .unwrap();
+                (
+                    e["Key"].as_str().unwrap().to_string(),
+                    serde_json::from_slice(&value).unwrap(),
+                )
+            })
+            .collect()
+    }
+}
+
+/// 200 tasks with taskTime as numbers, numeric strings and RFC 3339, queued before the
+/// replicas start: each runs exactly once, in taskTime order, on the leader only, and is
+/// deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_run_exactly_once_in_order_on_the_leader_only() {
+    let mut bed = Bed::new();
+    for n in 0..200u64 {
+        // Keys in reverse of time order, so order cannot come from key order.
+        let seconds = 1_445_599_887 + (n * 7919) % 200 * 10;
+        let time = match n % 3 {
+            0 => json!(seconds),
+            1 => json!(seconds.to_string()),
+            _ => json!(chrono::DateTime::from_timestamp(seconds as i64, 0)
+                .unwrap()
+                .to_rfc3339()),
+        };
+        let taken = if n % 2 == 0 {
+            json!(false)
+        } else {
+            json!("false")
+        };
+        bed.put_task(
+            &format!("task_{:03}", 199 - n),
+            json!({"taskId": format!("t{n}"), "taskTime": time, "taskTaken": taken, "taskType": "Work", "taskPara": {"n": n}}),
+        )
+        .await;
+    }
+    for node in ["r1", "r2", "r3"] {
+        bed.start_replica(node);
+    }
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(60))
+        .await;
+    let journal = bed.journal();
+    assert_eq!(journal.len(), 200, "every task runs exactly once");
+    let ids: Vec<u64> = journal.iter().map(|l| l[1][1..].parse().unwrap()).collect();
+    let mut unique = ids.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), 200);
+    let times: Vec<u64> = ids.iter().map(|n| (n * 7919) % 200).collect();
+    assert!(
+        times.windows(2).all(|w| w[0] <= w[1]),
+        "not in taskTime order: {times:?}"
+    );
+    let nodes: std::collections::HashSet<&String> = journal.iter().map(|l| &l[3]).collect();
+    assert_eq!(nodes.len(), 1, "followers ran handlers: {nodes:?}");
+    let leader = bed.leader_node().await;
+    assert!(nodes.contains(&leader));
+}
+
+/// The seed producer's exact curl command enqueues a task that runs and is deleted.
+#[tokio::test]
+async fn task_written_like_the_seed_producer_is_executed() {
+    let mut bed = Bed::new();
+    bed.start_replica("r1");
+    bed.leader_node().await;
+    let status = std::process::Command::new("curl")
+        .args(["-s", "-X", "PUT"])
+        .arg(bed.server.url("/v1/kv/oracleTask/task_1"))
+        .args(["-d", r#"{"taskId":"1","taskTime":"1445599887","taskTaken":false,"taskType":"Work","taskPara":{"name":"users"}}"#])
+        .status()
+        .expect("curl runs");
+    assert!(status.success());
+    let line = bed
+        .wait_for_line(Duration::from_secs(10), |l| l[0] == "run")
+        .await;
+    assert_eq!(line[1], "1");
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(10))
+        .await;
+}
+
+/// SIGTERM of the leader mid-queue: it finishes its running task, hands over, and the
+/// standby finishes the queue; nothing runs twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_hands_over_to_a_standby_that_finishes_the_queue() {
+    let mut bed = Bed::new();
+    bed.start_replica("r1");
+    bed.start_replica("r2");
+    let first = bed.leader_node().await;
+    for n in 0..6 {
+        bed.put_task(
+            &format!("task_{n}"),
+            json!({"taskId": format!("s{n}"), "taskTime": n, "taskType": "Slow"}),
+        )
+        .await;
+    }
+    bed.wait_for_line(Duration::from_secs(10), |l| l[0] == "start")
+        .await;
+    let status = bed.replica(&first).terminate();
+    assert!(status.success(), "leader exit status {status}");
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(60))
+        .await;
+    let journal = bed.journal();
+    let ends: Vec<&Vec<String>> = journal.iter().filter(|l| l[0] == "end").collect();
+    let mut ids: Vec<&str> = ends.iter().map(|l| l[1].as_str()).collect();
+    ids.sort();
+    assert_eq!(
+        ids,
+        ["s0", "s1", "s2", "s3", "s4", "s5"],
+        "each task completes once: {journal:?}"
+    );
+    assert_eq!(
+        journal.iter().filter(|l| l[0] == "start").count(),
+        6,
+        "no task started twice"
+    );
+    assert!(
+        ends.iter().any(|l| l[3] != first),
+        "the standby did not take over"
+    );
+    let tokens: Vec<u64> = ends.iter().map(|l| l[2].parse().unwrap()).collect();
+    assert!(
+        tokens.windows(2).all(|w| w[0] <= w[1]),
+        "fencing tokens went down: {tokens:?}"
+    );
+}
+
+/// SIGKILL of the leader mid-task: its session expires, the task is requeued and the new
+/// leader completes it with a higher fencing token; no task is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_task_requeues_it_for_the_new_leader() {
+    let mut bed = Bed::with_short_ttl();
+    bed.start_replica("r1");
+    bed.start_replica("r2");
+    let first = bed.leader_node().await;
+    bed.put_task(
+        "task_k",
+        json!({"taskId": "k", "taskTime": "1", "taskType": "Slow"}),
+    )
+    .await;
+    bed.put_task(
+        "task_after",
+        json!({"taskId": "after", "taskTime": "2", "taskType": "Work"}),
+    )
+    .await;
+    let started = bed
+        .wait_for_line(Duration::from_secs(10), |l| l[0] == "start" && l[1] == "k")
+        .await;
+    assert_eq!(started[3], first);
+    bed.replica(&first).kill();
+    let finished = bed
+        .wait_for_line(Duration::from_secs(30), |l| {
+            l[0] == "end" && l[1] == "k" && l[3] != first
+        })
+        .await;
+    assert!(finished[2].parse::<u64>().unwrap() > started[2].parse::<u64>().unwrap());
+    assert_eq!(finished[4], "2", "the interrupted run counts as an attempt");
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(30))
+        .await;
+    assert!(bed
+        .journal()
+        .iter()
+        .any(|l| l[0] == "run" && l[1] == "after"));
+}
+
+/// A failing handler is retried with backoff, then the task lands in dead-letter with its
+/// attempts and last error.
+#[tokio::test]
+async fn failing_task_is_retried_then_dead_lettered() {
+    let mut bed = Bed::new();
+    bed.start_replica("r1");
+    bed.put_task(
+        "task_f",
+        json!({"taskId": "f", "taskTime": 1, "taskType": "Fail", "keep": {"me": true}}),
+    )
+    .await;
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(20))
+        .await;
+    let attempts: Vec<String> = bed
+        .journal()
+        .iter()
+        .filter(|l| l[0] == "fail")
+        .map(|l| l[4].clone())
+        .collect();
+    assert_eq!(attempts, ["1", "2", "3"]);
+    let dead = bed.dead_letters().await;
+    let letter = &dead["oracleTaskDead/task_f"];
+    assert_eq!(letter["attempts"], 3);
+    assert!(
+        letter["lastError"].as_str().unwrap().contains("boom"),
+        "{letter}"
+    );
+    assert!(
+        letter["deadReason"]
+            .as_str()
+            .unwrap()
+            .starts_with("failed 3 times"),
+        "{letter}"
+    );
+    assert_eq!(letter["keep"], json!({"me": true}));
+    assert_eq!(letter["originalKey"], "oracleTask/task_f");
+}
+
+/// Malformed and unknown tasks go to dead-letter with their reasons, and a good task
+/// queued among them still runs.
+#[tokio::test]
+async fn malformed_tasks_are_dead_lettered_and_the_loop_goes_on() {
+    let mut bed = Bed::new();
+    let raw = |name: &str, body: &str| {
+        let url = bed.server.url(&format!("/v1/kv/oracleTask/{name}"));
+        let body = body.to_string();
+        async move { client().put(url).body(body).send().await.unwrap() }
+    };
+    raw("not_json", "this is not json").await;
+    raw("array", "[1,2]").await;
+    raw("no_type", r#"{"taskTime":1}"#).await;
+    raw("bad_time", r#"{"taskType":"Work","taskTime":"soon"}"#).await;
+    raw("unknown", r#"{"taskType":"Nope","taskTime":1}"#).await;
+    raw("good", r#"{"taskId":"g","taskType":"Work","taskTime":5}"#).await;
+    bed.start_replica("r1");
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(20))
+        .await;
+    assert!(bed.journal().iter().any(|l| l[0] == "run" && l[1] == "g"));
+    let dead = bed.dead_letters().await;
+    let reason = |name: &str| {
+        dead[&format!("oracleTaskDead/{name}")]["deadReason"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert!(reason("not_json").starts_with("value is not JSON"));
+    assert_eq!(reason("array"), "value is a JSON array, not an object");
+    assert_eq!(reason("no_type"), "taskType is missing");
+    assert!(reason("bad_time").starts_with("taskTime \"soon\""));
+    assert_eq!(reason("unknown"), "no handler for taskType \"Nope\"");
+    assert_eq!(
+        dead["oracleTaskDead/not_json"]["rawValue"],
+        "this is not json"
+    );
+}
+
+/// SIGKILL and restart of the server: the replicas ride it out and finish what is queued
+/// after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_recover_after_the_server_restarts() {
+    let mut bed = Bed::new();
+    bed.start_replica("r1");
+    bed.start_replica("r2");
+    bed.leader_node().await;
+    bed.put_task(
+        "task_before",
+        json!({"taskId": "before", "taskTime": 1, "taskType": "Work"}),
+    )
+    .await;
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(10))
+        .await;
+    let addr = bed.server.addr.clone();
+    let data_dir = bed.server.data_dir.clone();
+    let temp = bed.server.take_temp();
+    bed.server.kill();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    bed.server = ServerProcess::start_at(&addr, &data_dir, &[]).expect("restart on the same port");
+    for n in 0..5 {
+        bed.put_task(
+            &format!("task_after_{n}"),
+            json!({"taskId": format!("a{n}"), "taskTime": n, "taskType": "Work"}),
+        )
+        .await;
+    }
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(30))
+        .await;
+    let journal = bed.journal();
+    for n in 0..5 {
+        assert_eq!(
+            journal.iter().filter(|l| l[1] == format!("a{n}")).count(),
+            1,
+            "{journal:?}"
+        );
+    }
+    drop(temp);
+}
+
+/// A producer that re-PUTs a task while it runs never loses its new value: the run's
+/// completion leaves the new version queued, and it runs next.
+#[tokio::test]
+async fn producer_rewrite_during_a_run_is_not_lost() {
+    let mut bed = Bed::new();
+    bed.start_replica("r1");
+    bed.put_task(
+        "task_r",
+        json!({"taskId": "r1", "taskTime": 1, "taskType": "Slow"}),
+    )
+    .await;
+    bed.wait_for_line(Duration::from_secs(10), |l| l[0] == "start" && l[1] == "r1")
+        .await;
+    bed.put_task(
+        "task_r",
+        json!({"taskId": "r2", "taskTime": 1, "taskType": "Slow"}),
+    )
+    .await;
+    bed.wait_for_line(Duration::from_secs(20), |l| l[0] == "end" && l[1] == "r2")
+        .await;
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(10))
+        .await;
+}
