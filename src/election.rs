@@ -395,7 +395,17 @@ impl Election {
                 index.reset();
                 continue;
             }
-            // The key is free but the acquire was refused: lock-delay. Try again shortly.
+            // Refused. Either another replica won the race (then wait on it, at once) or
+            // the key is free but under lock-delay (then try again after a pause).
+            let (entry, returned) = self
+                .client
+                .kv_get(&self.settings.leader_key, QueryOptions::default())
+                .await?;
+            if entry.is_some_and(|e| e.session.is_some()) {
+                index = WatchIndex::default();
+                index.update(returned);
+                continue;
+            }
             tokio::select! {
                 _ = stop.cancelled() => return Ok(None),
                 _ = tokio::time::sleep(self.settings.retry_interval) => {}

@@ -37,8 +37,9 @@ enum Cmd {
     Status(StatusArgs),
     /// Run the embedded single-node, durable, Consul-compatible KV/session/txn server.
     Server(ServerArgs),
-    /// Measure the embedded server: durable PUTs/s, blocking-query wake latency,
-    /// ?recurse latency and RSS. Starts its own server on a free port with a temp dir.
+    /// Measure the server (durable PUTs/s, blocking-query wake, ?recurse, RSS) and the
+    /// consumer (dispatch latency, drain rate, handover, RSS). Starts its own servers on free
+    /// ports with temp dirs; takes a few minutes.
     Bench(BenchArgs),
 }
 
@@ -53,6 +54,9 @@ struct BenchArgs {
     /// Keys held by the server when its RSS is read.
     #[arg(long, default_value_t = 100_000)]
     memory_keys: usize,
+    /// Run one section only.
+    #[arg(long, value_parser = ["server", "consumer"])]
+    only: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -137,7 +141,12 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_logging();
+    // The benchmark runs replicas in-process; their per-task events would drown its table.
+    init_logging(if matches!(cli.command, Cmd::Bench(_)) {
+        "warn"
+    } else {
+        "info"
+    });
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -156,6 +165,7 @@ fn main() -> ExitCode {
                 let options = leaderq::bench::Options {
                     seconds: args.seconds,
                     memory_keys: args.memory_keys,
+                    only: args.only,
                     ..Default::default()
                 };
                 leaderq::bench::run(options, args.json).await
@@ -171,9 +181,9 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging() {
+fn init_logging(default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

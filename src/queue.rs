@@ -21,6 +21,9 @@ use crate::task::{dead_letter, Status, Task};
 
 /// Back-off after Consul errors while leading, so an outage is not a hot loop.
 const ERROR_BACKOFF: Duration = Duration::from_secs(1);
+/// Tasks claimed from one listing before listing again, so that a task queued meanwhile
+/// with an earlier taskTime waits at most this many runs.
+const MAX_TASKS_PER_LISTING: usize = 256;
 /// How many times a completion re-reads a task that a producer keeps rewriting.
 const RELEASE_ATTEMPTS: usize = 5;
 
@@ -90,8 +93,44 @@ impl Queue {
             };
             index.update(returned);
             match self.pick(leadership, entries, &mut foreign_logged).await {
-                Ok(Pick::Run(task)) => {
-                    if let Some(end) = self.claim_and_run(leadership, lease, shutdown, task).await {
+                Ok(Pick::Run(tasks)) => {
+                    // Work through this listing in order; each claim's check-index catches a
+                    // task that changed since, and a conflict sends us back to list again.
+                    let mut finished: Option<Finished> = None;
+                    let mut end = None;
+                    for task in tasks.into_iter().take(MAX_TASKS_PER_LISTING) {
+                        if shutdown.is_cancelled() {
+                            end = Some(LeadEnd::Shutdown);
+                        } else if !lease.is_fresh() {
+                            end = Some(LeadEnd::StepDown(
+                                "session not renewed within its TTL".into(),
+                            ));
+                        }
+                        if end.is_some() {
+                            break;
+                        }
+                        match self
+                            .claim_and_run(
+                                leadership,
+                                lease,
+                                shutdown,
+                                Box::new(task),
+                                &mut finished,
+                            )
+                            .await
+                        {
+                            Run::Next => {}
+                            Run::Relist => break,
+                            Run::End(ending) => {
+                                end = Some(ending);
+                                break;
+                            }
+                        }
+                    }
+                    if let Some(done) = finished {
+                        self.complete(leadership, &done).await;
+                    }
+                    if let Some(end) = end {
                         return end;
                     }
                 }
@@ -126,7 +165,7 @@ impl Queue {
     }
 
     /// Sorts the listing out: dead-letters what cannot run, requeues orphans, and returns
-    /// the first pending task in claim order.
+    /// the pending tasks in claim order.
     async fn pick(
         &self,
         leadership: &Leadership,
@@ -184,8 +223,8 @@ impl Queue {
             }
         }
         pending.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
-        if let Some(task) = pending.into_iter().next() {
-            return Ok(Pick::Run(Box::new(task)));
+        if !pending.is_empty() {
+            return Ok(Pick::Run(pending));
         }
         if changed {
             return Ok(Pick::Again);
@@ -346,27 +385,45 @@ impl Queue {
         self.dead_letter(leadership, &pair, &reason).await
     }
 
-    /// Claims `task`, runs its handler and settles the result. `Some` ends the leadership.
+    /// Claims `task`, runs its handler and settles the result.
     async fn claim_and_run(
         &self,
         leadership: &Leadership,
         lease: &Lease,
         shutdown: &CancellationToken,
         task: Box<Task>,
-    ) -> Option<LeadEnd> {
+        finished: &mut Option<Finished>,
+    ) -> Run {
         let claimed_value = task.claimed(&leadership.session, &self.node_id, Utc::now());
-        let ops = vec![
-            TxnOp::CheckIndex {
-                key: task.key.clone(),
-                index: task.modify_index,
-            },
-            TxnOp::Lock {
-                key: task.key.clone(),
-                value: claimed_value.clone(),
-                session: leadership.session.clone(),
-            },
-        ];
-        let claim_index = match self.guarded(leadership, ops).await {
+        let mut ops = Vec::with_capacity(3);
+        // The previous task's deletion rides in this claim's transaction: one commit per
+        // task instead of two. It is applied only if the whole claim is.
+        let carried = finished.take();
+        if let Some(done) = &carried {
+            ops.push(TxnOp::DeleteCas {
+                key: done.task.key.clone(),
+                index: done.claim_index,
+            });
+        }
+        ops.push(TxnOp::CheckIndex {
+            key: task.key.clone(),
+            index: task.modify_index,
+        });
+        ops.push(TxnOp::Lock {
+            key: task.key.clone(),
+            value: claimed_value.clone(),
+            session: leadership.session.clone(),
+        });
+        let claimed = self.guarded(leadership, ops).await;
+        if matches!(claimed, Ok(Guarded::Done(_))) {
+            if let Some(done) = &carried {
+                self.log_completed(leadership, done);
+            }
+        } else {
+            // Nothing was applied; the caller completes the carried task on its own.
+            *finished = carried;
+        }
+        let claim_index = match claimed {
             // The check-index result carries the old index; the lock's, which comes last,
             // is the claim's.
             Ok(Guarded::Done(entries)) => entries
@@ -376,18 +433,18 @@ impl Queue {
                 .map(|e| e.modify_index)
                 .unwrap_or(0),
             Ok(Guarded::NotLeader) => {
-                return Some(LeadEnd::StepDown("lost leadership at claim".into()))
+                return Run::End(LeadEnd::StepDown("lost leadership at claim".into()))
             }
             Ok(Guarded::Conflict(errors)) => {
                 tracing::debug!(task_key = %task.key, ?errors, "claim conflict; listing again");
-                return None;
+                return Run::Relist;
             }
             Err(err) => {
                 tracing::warn!(error = %err, "claim failed");
                 return if self.pause(shutdown, ERROR_BACKOFF).await {
-                    Some(LeadEnd::Shutdown)
+                    Run::End(LeadEnd::Shutdown)
                 } else {
-                    None
+                    Run::Relist
                 };
             }
         };
@@ -400,7 +457,10 @@ impl Queue {
             fencing_token = leadership.fencing_token,
             "task claimed"
         );
-        let handler = self.registry.get(&task.task_type)?;
+        let Some(handler) = self.registry.get(&task.task_type) else {
+            // Checked before the claim; the task is requeued as ours at the next listing.
+            return Run::Relist;
+        };
         let cancel = CancellationToken::new();
         let ctx = TaskContext {
             key: task.key.clone(),
@@ -436,8 +496,11 @@ impl Queue {
         let elapsed_ms = started.elapsed().as_millis() as u64;
         match (result, &ending) {
             (Ok(()), _) => {
-                self.complete(leadership, &task, claim_index, elapsed_ms)
-                    .await;
+                *finished = Some(Finished {
+                    task,
+                    claim_index,
+                    elapsed_ms,
+                });
             }
             (Err(err), Some(LeadEnd::Shutdown)) if cancel.is_cancelled() => {
                 // Cut short by us, not failed: back in the queue without using an attempt.
@@ -456,7 +519,7 @@ impl Queue {
                         .exhausted(leadership, &task, claim_index, attempt, &err.0)
                         .await
                     {
-                        return Some(ending.unwrap_or(end));
+                        return Run::End(ending.unwrap_or(end));
                     }
                 } else {
                     let backoff = self.backoff(attempt);
@@ -468,26 +531,35 @@ impl Queue {
                 }
             }
         }
-        ending
+        match ending {
+            Some(end) => Run::End(end),
+            None => Run::Next,
+        }
+    }
+
+    fn log_completed(&self, leadership: &Leadership, done: &Finished) {
+        let task = &done.task;
+        tracing::info!(
+            task_key = %task.key,
+            task_id = %task.id,
+            task_type = %task.task_type,
+            attempt = task.attempts + 1,
+            fencing_token = leadership.fencing_token,
+            elapsed_ms = done.elapsed_ms,
+            "task completed"
+        );
     }
 
     /// Deletes a finished task, but only the version this run claimed: a producer's newer
     /// write under the same key is released back to the queue instead.
-    async fn complete(
-        &self,
-        leadership: &Leadership,
-        task: &Task,
-        claim_index: u64,
-        elapsed_ms: u64,
-    ) {
+    async fn complete(&self, leadership: &Leadership, done: &Finished) {
+        let task = &done.task;
         let ops = vec![TxnOp::DeleteCas {
             key: task.key.clone(),
-            index: claim_index,
+            index: done.claim_index,
         }];
         match self.guarded(leadership, ops).await {
-            Ok(Guarded::Done(_)) => {
-                tracing::info!(task_key = %task.key, task_id = %task.id, task_type = %task.task_type, attempt = task.attempts + 1, fencing_token = leadership.fencing_token, elapsed_ms, "task completed");
-            }
+            Ok(Guarded::Done(_)) => self.log_completed(leadership, done),
             Ok(Guarded::Conflict(_)) => {
                 tracing::info!(task_key = %task.key, "task completed, but a producer rewrote it meanwhile; the new version stays queued");
                 self.release_current(leadership, &task.key).await;
@@ -575,9 +647,26 @@ impl Queue {
 }
 
 enum Pick {
-    Run(Box<Task>),
+    /// Pending tasks in claim order.
+    Run(Vec<Task>),
     WaitUntil(DateTime<Utc>),
     /// Something was moved; list again at once.
     Again,
     Nothing,
+}
+
+/// A task whose handler succeeded and whose deletion is still to be written.
+struct Finished {
+    task: Box<Task>,
+    claim_index: u64,
+    elapsed_ms: u64,
+}
+
+/// What the leader does after one claim attempt.
+enum Run {
+    /// Go on with the next task of the listing.
+    Next,
+    /// The listing is stale (a claim conflict or an error): list again.
+    Relist,
+    End(LeadEnd),
 }

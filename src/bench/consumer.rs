@@ -1,0 +1,403 @@
+//! Consumer measurements against a real `leaderq server` process: dispatch latency on an
+//! idle queue, drain throughput with 1 and 3 replicas, handover after a shutdown signal,
+//! and the RSS of an idle `leaderq consume` process.
+//!
+//! Latency and throughput replicas run in this process with a handler that records when
+//! it starts, which is exactly how a library user runs leaderq; the consumer code path is
+//! the same as `leaderq consume`'s. The RSS is read from a real child process.
+
+use std::collections::HashMap;
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::json;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::{mib, progress, rss_of, summarize, Options, Report, ServerChild, TempDir};
+use crate::config::Settings;
+use crate::handler::{Handler, HandlerFuture, Registry, TaskContext};
+
+const TASK_TYPE: &str = "Bench";
+/// Clients that enqueue the drain backlog concurrently.
+const ENQUEUE_CLIENTS: usize = 32;
+/// Steady flow during handover measurements: one task per this interval.
+const FLOW_INTERVAL: Duration = Duration::from_millis(2);
+
+/// A no-op handler that reports (task id, replica, start instant).
+struct Recorder {
+    replica: String,
+    starts: mpsc::UnboundedSender<(String, String, Instant)>,
+}
+
+impl Handler for Recorder {
+    fn handle<'a>(&'a self, ctx: &'a TaskContext) -> HandlerFuture<'a> {
+        let _ = self
+            .starts
+            .send((ctx.task_id.clone(), self.replica.clone(), Instant::now()));
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// An in-process replica with its own shutdown token.
+struct Replica {
+    name: String,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+fn settings(base: &str, name: &str, dir: &TempDir) -> anyhow::Result<Settings> {
+    let env = vec![
+        ("CONSUL_HTTP_ADDR".to_string(), base.to_string()),
+        ("LEADERQ__ELECTION__NODE_ID".to_string(), name.to_string()),
+        (
+            "LEADERQ__DATA__DIR".to_string(),
+            dir.0.join(name).display().to_string(),
+        ),
+    ];
+    Ok(Settings::load(None, env)?)
+}
+
+fn start_replica(
+    base: &str,
+    name: &str,
+    dir: &TempDir,
+    starts: &mpsc::UnboundedSender<(String, String, Instant)>,
+) -> anyhow::Result<Replica> {
+    let settings = settings(base, name, dir)?;
+    let mut registry = Registry::default();
+    registry.register(
+        TASK_TYPE,
+        Recorder {
+            replica: name.to_string(),
+            starts: starts.clone(),
+        },
+    );
+    let stop = CancellationToken::new();
+    let token = stop.clone();
+    let task = tokio::spawn(async move {
+        if let Err(err) = crate::consumer::run(settings, registry, token).await {
+            tracing::error!(error = %err, "bench replica failed");
+        }
+    });
+    Ok(Replica {
+        name: name.to_string(),
+        stop,
+        task,
+    })
+}
+
+async fn stop_all(replicas: Vec<Replica>) {
+    for replica in &replicas {
+        replica.stop.cancel();
+    }
+    for replica in replicas {
+        let _ = replica.task.await;
+    }
+}
+
+fn task_body(id: &str) -> String {
+    json!({"taskId": id, "taskTime": "1445599887", "taskTaken": false, "taskType": TASK_TYPE, "taskPara": {}})
+        .to_string()
+}
+
+async fn put_task(http: &reqwest::Client, base: &str, id: &str) -> anyhow::Result<()> {
+    let response = http
+        .put(format!("{base}/v1/kv/oracleTask/{id}"))
+        .body(task_body(id))
+        .send()
+        .await?;
+    if !response.status().is_success() {
+        bail!("enqueue failed: {}", response.status());
+    }
+    Ok(())
+}
+
+/// Waits until some replica holds the leader key; returns its node name.
+async fn leader(http: &reqwest::Client, base: &str) -> anyhow::Result<String> {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(30) {
+        let response = http
+            .get(format!("{base}/v1/kv/consumerLeader?raw"))
+            .send()
+            .await?;
+        if response.status().is_success() {
+            let holder: serde_json::Value = response.json().await.unwrap_or_default();
+            let locked = http
+                .get(format!("{base}/v1/kv/consumerLeader"))
+                .send()
+                .await?
+                .json::<serde_json::Value>()
+                .await
+                .ok()
+                .and_then(|v| v[0].get("Session").cloned())
+                .is_some();
+            if locked {
+                if let Some(node) = holder["node"].as_str() {
+                    return Ok(node.to_string());
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    bail!("no leader elected within 30s")
+}
+
+pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<()> {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()?;
+
+    // Dispatch latency on an idle queue.
+    let server = ServerChild::start()?;
+    let base = server.base.clone();
+    let dir = TempDir::new()?;
+    let (starts_tx, mut starts) = mpsc::unbounded_channel();
+    let replica = start_replica(&base, "bench-1", &dir, &starts_tx)?;
+    leader(&http, &base).await?;
+    progress(&format!(
+        "consumer: dispatch latency, {} tasks one at a time",
+        options.dispatches
+    ));
+    let mut samples = Vec::with_capacity(options.dispatches);
+    for n in 0..options.dispatches {
+        let id = format!("d{n}");
+        put_task(&http, &base, &id).await?;
+        let acknowledged = Instant::now();
+        let (started_id, _, at) = tokio::time::timeout(Duration::from_secs(10), starts.recv())
+            .await
+            .context("a task was not dispatched within 10s")?
+            .context("replica stopped")?;
+        if started_id != id {
+            bail!("dispatched {started_id}, expected {id}");
+        }
+        samples.push(at.saturating_duration_since(acknowledged));
+        // Let the completion land so that the next task meets an idle queue.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let dispatch = summarize(samples);
+    stop_all(vec![replica]).await;
+    drop(server);
+
+    // Drain throughput.
+    let mut drain = HashMap::new();
+    for replicas in [1usize, 3] {
+        let server = ServerChild::start()?;
+        let base = server.base.clone();
+        let dir = TempDir::new()?;
+        progress(&format!(
+            "consumer: enqueueing {} tasks",
+            options.drain_tasks
+        ));
+        enqueue_backlog(&http, &base, options.drain_tasks).await?;
+        progress(&format!("consumer: draining with {replicas} replica(s)"));
+        let (starts_tx, mut starts) = mpsc::unbounded_channel();
+        let started = Instant::now();
+        let mut running = Vec::new();
+        for n in 1..=replicas {
+            running.push(start_replica(
+                &base,
+                &format!("drain-{n}"),
+                &dir,
+                &starts_tx,
+            )?);
+        }
+        let mut seen = 0;
+        while seen < options.drain_tasks {
+            tokio::time::timeout(Duration::from_secs(60), starts.recv())
+                .await
+                .context("drain stalled for 60s")?
+                .context("replicas stopped")?;
+            seen += 1;
+        }
+        wait_until_empty(&http, &base).await?;
+        let rate = options.drain_tasks as f64 / started.elapsed().as_secs_f64();
+        drain.insert(replicas, rate);
+        stop_all(running).await;
+    }
+
+    // Handover after a shutdown signal, under a steady flow of tasks.
+    let server = ServerChild::start()?;
+    let base = server.base.clone();
+    let dir = TempDir::new()?;
+    let (starts_tx, mut starts) = mpsc::unbounded_channel();
+    let mut replicas = vec![
+        start_replica(&base, "h-0", &dir, &starts_tx)?,
+        start_replica(&base, "h-1", &dir, &starts_tx)?,
+    ];
+    let flow_stop = CancellationToken::new();
+    let flow = {
+        let http = http.clone();
+        let base = base.clone();
+        let stop = flow_stop.clone();
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.is_cancelled() {
+                let _ = put_task(&http, &base, &format!("f{n}")).await;
+                n += 1;
+                tokio::time::sleep(FLOW_INTERVAL).await;
+            }
+        })
+    };
+    let last_start: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    progress(&format!(
+        "consumer: {} handovers after a shutdown signal",
+        options.handovers
+    ));
+    let mut gaps = Vec::new();
+    for round in 0..options.handovers {
+        let old = leader(&http, &base).await?;
+        // Let the old leader run the flow for a moment.
+        let warm = Instant::now() + Duration::from_millis(200);
+        while Instant::now() < warm {
+            if let Ok(Some((_, replica, at))) =
+                tokio::time::timeout(Duration::from_millis(50), starts.recv()).await
+            {
+                last_start
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(replica, at);
+            }
+        }
+        let position = replicas
+            .iter()
+            .position(|r| r.name == old)
+            .context("leader is not ours")?;
+        let leaving = replicas.remove(position);
+        leaving.stop.cancel();
+        // The first start by anyone else ends the gap; the old leader's last start begins it.
+        let first_new = loop {
+            let (_, replica, at) = tokio::time::timeout(Duration::from_secs(30), starts.recv())
+                .await
+                .context("no task started after the handover within 30s")?
+                .context("replicas stopped")?;
+            if replica == old {
+                last_start
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(replica, at);
+            } else {
+                break at;
+            }
+        };
+        let _ = leaving.task.await;
+        let old_last = last_start
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&old)
+            .copied();
+        if let Some(old_last) = old_last {
+            gaps.push(first_new.saturating_duration_since(old_last));
+        }
+        replicas.push(start_replica(
+            &base,
+            &format!("h-{}", round + 2),
+            &dir,
+            &starts_tx,
+        )?);
+    }
+    flow_stop.cancel();
+    let _ = flow.await;
+    stop_all(replicas).await;
+    let handover = summarize(gaps);
+    drop(server);
+
+    // RSS of an idle `leaderq consume` process (leading an empty queue).
+    let server = ServerChild::start()?;
+    let dir = TempDir::new()?;
+    let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
+    let mut child = Command::new(exe)
+        .arg("consume")
+        .env("CONSUL_HTTP_ADDR", &server.base)
+        .env("LEADERQ__DATA__DIR", dir.0.join("idle"))
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("cannot start leaderq consume")?;
+    leader(&http, &server.base).await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (idle_rss, _) = rss_of(child.id()).unwrap_or((0, 0));
+    let _ = child.kill();
+    let _ = child.wait();
+
+    report.row(
+        "consumer: dispatch PUT -> handler start, ms p50/p99",
+        format!("{:.2}/{:.2}", dispatch.p50, dispatch.p99),
+        "<= 5 / 25",
+    );
+    report.row(
+        format!(
+            "consumer: drain {} no-op tasks, 1 replica, tasks/s",
+            options.drain_tasks
+        ),
+        format!("{:.0}", drain[&1]),
+        ">= 1000",
+    );
+    report.row(
+        format!(
+            "consumer: drain {} no-op tasks, 3 replicas, tasks/s",
+            options.drain_tasks
+        ),
+        format!("{:.0}", drain[&3]),
+        ">= 1000",
+    );
+    report.row(
+        format!(
+            "consumer: handover after shutdown signal, ms p50/max ({}x)",
+            options.handovers
+        ),
+        format!("{:.1}/{:.1}", handover.p50, handover.max),
+        "<= 100",
+    );
+    report.row(
+        "consumer: idle `leaderq consume` RSS, MiB",
+        format!("{:.1}", mib(idle_rss)),
+        "<= 30 MB",
+    );
+    report.json.insert(
+        "consumer".into(),
+        json!({
+            "dispatch_ms": {"p50": dispatch.p50, "p99": dispatch.p99, "max": dispatch.max, "tasks": options.dispatches},
+            "drain_tasks_per_sec": {"tasks": options.drain_tasks, "replicas_1": drain[&1].round(), "replicas_3": drain[&3].round()},
+            "handover_ms": {"p50": handover.p50, "max": handover.max, "runs": options.handovers},
+            "idle_rss_mib": mib(idle_rss),
+        }),
+    );
+    Ok(())
+}
+
+async fn enqueue_backlog(http: &reqwest::Client, base: &str, count: usize) -> anyhow::Result<()> {
+    let mut tasks = Vec::new();
+    for client in 0..ENQUEUE_CLIENTS {
+        let http = http.clone();
+        let base = base.to_string();
+        tasks.push(tokio::spawn(async move {
+            for n in (client..count).step_by(ENQUEUE_CLIENTS) {
+                put_task(&http, &base, &format!("b{n:06}")).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(())
+}
+
+async fn wait_until_empty(http: &reqwest::Client, base: &str) -> anyhow::Result<()> {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(60) {
+        let response = http
+            .get(format!("{base}/v1/kv/oracleTask/?keys"))
+            .send()
+            .await?;
+        if response.status() == reqwest::StatusCode::NOT_FOUND {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    bail!("queue not empty 60s after the last task started")
+}

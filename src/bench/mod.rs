@@ -1,0 +1,285 @@
+//! `leaderq bench`: measures leaderq as its users see it. It starts its own `leaderq server`
+//! processes on free ports with temporary data dirs, drives them over HTTP and prints a
+//! table (or one JSON object), each number next to its target.
+//!
+//! `server.rs` measures the embedded server, `consumer.rs` the consumer. Numbers only:
+//! nothing here fails on a missed target; people judge.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use serde_json::{json, Map, Value};
+
+mod consumer;
+mod server;
+
+/// Size of the values written by the load phases, as in the memory target.
+const VALUE_BYTES: usize = 300;
+
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// Seconds each throughput phase runs.
+    pub seconds: f64,
+    /// Keys loaded for the memory measurement.
+    pub memory_keys: usize,
+    /// Keys listed by the `?recurse` measurement.
+    pub recurse_keys: usize,
+    /// Blocking-query wake-ups measured.
+    pub wakes: usize,
+    /// Tasks drained by the throughput measurement.
+    pub drain_tasks: usize,
+    /// Tasks dispatched one at a time for the latency measurement.
+    pub dispatches: usize,
+    /// SIGTERM handovers measured.
+    pub handovers: usize,
+    /// Run only this section ("server" or "consumer").
+    pub only: Option<String>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            seconds: 3.0,
+            memory_keys: 100_000,
+            recurse_keys: 10_000,
+            wakes: 200,
+            drain_tasks: 10_000,
+            dispatches: 200,
+            handovers: 5,
+            only: None,
+        }
+    }
+}
+
+/// A `leaderq server` child process for the benchmark, killed on drop.
+struct ServerChild {
+    child: Child,
+    base: String,
+    _dir: TempDir,
+}
+
+impl ServerChild {
+    fn start() -> anyhow::Result<ServerChild> {
+        let dir = TempDir::new()?;
+        let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
+        let mut child = Command::new(exe)
+            .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&dir.0)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .context("cannot start leaderq server")?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().context("no stdout")?).read_line(&mut line)?;
+        let Some(addr) = line.trim().strip_prefix("leaderq server listening on ") else {
+            let _ = child.kill();
+            bail!("leaderq server did not start");
+        };
+        Ok(ServerChild {
+            base: addr.to_string(),
+            child,
+            _dir: dir,
+        })
+    }
+
+    /// Current and peak resident set size in bytes, from /proc.
+    fn rss(&self) -> Option<(u64, u64)> {
+        rss_of(self.child.id())
+    }
+}
+
+/// Current and peak resident set size of a process, in bytes, from /proc.
+fn rss_of(pid: u32) -> Option<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|line| line.starts_with(name))?
+            .split_whitespace()
+            .nth(1)?
+            .parse::<u64>()
+            .ok()
+            .map(|kib| kib * 1024)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+impl Drop for ServerChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A temporary directory removed on drop (the benchmark is a binary, not a test).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> anyhow::Result<TempDir> {
+        let path = std::env::temp_dir().join(format!("leaderq-bench-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&path)
+            .with_context(|| format!("cannot create {}", path.display()))?;
+        Ok(TempDir(path))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Latency summary in milliseconds.
+#[derive(Clone, Copy, Debug)]
+struct Latency {
+    p50: f64,
+    p99: f64,
+    max: f64,
+}
+
+fn summarize(mut samples: Vec<Duration>) -> Latency {
+    samples.sort();
+    let at = |q: f64| {
+        let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
+        samples[i].as_secs_f64() * 1000.0
+    };
+    Latency {
+        p50: at(0.5),
+        p99: at(0.99),
+        max: at(1.0),
+    }
+}
+
+fn progress(message: &str) {
+    eprintln!("bench: {message}");
+}
+
+/// The measurements, in the order they are printed.
+#[derive(Default)]
+struct Report {
+    rows: Vec<(String, String, String)>,
+    json: Map<String, Value>,
+}
+
+impl Report {
+    fn row(&mut self, name: impl Into<String>, result: impl Into<String>, target: &str) {
+        self.rows
+            .push((name.into(), result.into(), target.to_string()));
+    }
+
+    fn print(&self) {
+        println!("{:<52} {:>16}  target", "measurement", "result");
+        for (name, result, target) in &self.rows {
+            println!("{name:<52} {result:>16}  {target}");
+        }
+    }
+}
+
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+pub async fn run(options: Options, as_json: bool) -> anyhow::Result<()> {
+    let mut report = Report::default();
+    let wants = |section: &str| options.only.as_deref().is_none_or(|only| only == section);
+    if wants("server") {
+        server_section(&options, &mut report).await?;
+    }
+    if wants("consumer") {
+        consumer::section(&options, &mut report).await?;
+    }
+    if as_json {
+        println!("{}", Value::Object(report.json));
+    } else {
+        report.print();
+    }
+    Ok(())
+}
+
+async fn server_section(options: &Options, report: &mut Report) -> anyhow::Result<()> {
+    let server = ServerChild::start()?;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()?;
+    let base = Arc::new(server.base.clone());
+
+    progress(&format!(
+        "server: durable PUTs with 1 client for {}s",
+        options.seconds
+    ));
+    let put_1 = server::put_rate(&http, &base, 1, options.seconds).await?;
+    progress(&format!(
+        "server: durable PUTs with 32 clients for {}s",
+        options.seconds
+    ));
+    let put_32 = server::put_rate(&http, &base, 32, options.seconds).await?;
+    progress(&format!(
+        "server: blocking-query wake latency, {} wake-ups",
+        options.wakes
+    ));
+    let wake = server::wake_latency(&http, &base, options.wakes).await?;
+    progress(&format!(
+        "server: loading {} keys for ?recurse",
+        options.recurse_keys
+    ));
+    server::load_keys(&http, &base, "recurse/", options.recurse_keys).await?;
+    let recurse = server::recurse_latency(&http, &base, "recurse/", options.recurse_keys).await?;
+    drop(server);
+    // A fresh server, so that it holds exactly the keys the memory target names.
+    let server = ServerChild::start()?;
+    let base = Arc::new(server.base.clone());
+    progress(&format!(
+        "server: loading {} keys into a fresh server for RSS",
+        options.memory_keys
+    ));
+    server::load_keys(&http, &base, "memory/", options.memory_keys).await?;
+    let (rss, peak) = server.rss().unwrap_or((0, 0));
+
+    report.row(
+        "server: durable KV PUTs/s, 1 client",
+        format!("{put_1:.0}"),
+        "",
+    );
+    report.row(
+        "server: durable KV PUTs/s, 32 clients",
+        format!("{put_32:.0}"),
+        ">= 5000",
+    );
+    report.row(
+        "server: blocking-query wake after write, ms p50/p99",
+        format!("{:.2}/{:.2}", wake.p50, wake.p99),
+        "p50 < 1",
+    );
+    report.row(
+        format!(
+            "server: ?recurse over {} keys, ms p50/p99",
+            options.recurse_keys
+        ),
+        format!("{:.1}/{:.1}", recurse.p50, recurse.p99),
+        "< 20",
+    );
+    report.row(
+        format!(
+            "server: RSS with {} keys x {VALUE_BYTES} B, MiB",
+            options.memory_keys
+        ),
+        format!("{:.1}", mib(rss)),
+        "< 100 MB",
+    );
+    report.json.insert(
+        "server".into(),
+        json!({
+            "put_per_sec_1_client": put_1.round(),
+            "put_per_sec_32_clients": put_32.round(),
+            "wake_ms": {"p50": wake.p50, "p99": wake.p99, "max": wake.max},
+            "recurse_ms": {"keys": options.recurse_keys, "p50": recurse.p50, "p99": recurse.p99, "max": recurse.max},
+            "rss_mib": {"keys": options.memory_keys, "value_bytes": VALUE_BYTES, "rss": mib(rss), "peak": mib(peak)},
+        }),
+    );
+    Ok(())
+}
