@@ -499,3 +499,54 @@ async fn producer_rewrite_during_a_run_is_not_lost() {
     bed.wait_until_empty("oracleTask/", Duration::from_secs(10))
         .await;
 }
+
+/// A leader that is SIGKILLed and restarted at once reuses its persisted session: it leads
+/// again with the same fencing token, and the task it was running is put back and rerun.
+#[tokio::test]
+async fn quick_restart_reuses_the_session_and_requeues_the_cut_task() {
+    let mut bed = Bed::new();
+    bed.start_replica("r1");
+    bed.leader_node().await;
+    bed.put_task(
+        "task_q",
+        json!({"taskId": "q", "taskTime": 1, "taskType": "Slow"}),
+    )
+    .await;
+    let first = bed
+        .wait_for_line(Duration::from_secs(10), |l| l[0] == "start" && l[1] == "q")
+        .await;
+    bed.replica("r1").kill();
+    bed.replicas.clear();
+    bed.start_replica("r1");
+    let again = bed
+        .wait_for_line(Duration::from_secs(20), |l| {
+            l[0] == "end" && l[1] == "q" && l[4] == "2"
+        })
+        .await;
+    assert_eq!(
+        again[2], first[2],
+        "a reused session keeps the fencing token"
+    );
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(10))
+        .await;
+    assert!(bed.replicas[0].log_text().contains("reusing the session"));
+}
+
+/// Bad settings stop the start with the offending key named and a non-zero exit.
+#[test]
+fn bad_settings_stop_the_start_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bad.toml");
+    std::fs::write(&config, "[queue]\nmax_atempts = 3\n").unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_leaderq"))
+        .args(["consume", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("max_atempts") && stderr.contains("queue"),
+        "{stderr}"
+    );
+}

@@ -184,8 +184,36 @@ fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
+/// Raw `fdatasync` latency of 4 KiB appends in the temp dir, for `seconds`: the floor under
+/// every durable write, and on shared virtual disks the main source of run-to-run noise.
+fn disk_probe(seconds: f64) -> anyhow::Result<Latency> {
+    use std::io::Write as _;
+    let dir = TempDir::new()?;
+    let mut file = std::fs::File::create(dir.0.join("probe"))?;
+    let until = std::time::Instant::now() + Duration::from_secs_f64(seconds);
+    let mut samples = Vec::new();
+    while std::time::Instant::now() < until {
+        file.write_all(&[0u8; 4096])?;
+        let started = std::time::Instant::now();
+        file.sync_data()?;
+        samples.push(started.elapsed());
+    }
+    Ok(summarize(samples))
+}
+
 pub async fn run(options: Options, as_json: bool) -> anyhow::Result<()> {
     let mut report = Report::default();
+    progress("disk: fdatasync latency for 2s");
+    let disk = disk_probe(2.0)?;
+    report.row(
+        "disk: fdatasync of 4 KiB, ms p50/p99 (reference)",
+        format!("{:.2}/{:.2}", disk.p50, disk.p99),
+        "",
+    );
+    report.json.insert(
+        "disk_fdatasync_ms".into(),
+        json!({"p50": disk.p50, "p99": disk.p99, "max": disk.max}),
+    );
     let wants = |section: &str| options.only.as_deref().is_none_or(|only| only == section);
     if wants("server") {
         server_section(&options, &mut report).await?;
