@@ -1,5 +1,6 @@
 //! Operator commands over the Consul API: `leaderq enqueue` (what a producer does, from
-//! files or flags) and `leaderq status` (leader, fencing token, queue depth, dead letters).
+//! files or flags), `leaderq status` (leader, fencing token, queue depth, dead letters) and
+//! `leaderq tasks` (list, show, retry a dead letter, purge dead letters).
 
 use std::path::Path;
 
@@ -23,6 +24,16 @@ pub enum AdminError {
     Para(String),
     #[error("{key} already exists; tasks are enqueued only under new keys (delete it or pick another taskId)")]
     Exists { key: String },
+    #[error("no task {key} under the queue or dead-letter prefix (see `leaderq tasks list`)")]
+    NoSuchTask { key: String },
+    #[error("{key} is not a dead letter; only dead letters can be retried")]
+    NotDead { key: String },
+    #[error(
+        "{key} was not a task (not a JSON object with a taskType); fix it and enqueue it anew"
+    )]
+    NotRetryable { key: String },
+    #[error("cannot move the task back to {key}: {reason}")]
+    Conflict { key: String, reason: String },
 }
 
 /// A task ready to PUT: its key under the prefix and its JSON.
@@ -148,4 +159,203 @@ pub async fn status(client: &Client, settings: &Settings) -> Result<StatusReport
         .await?;
     report.dead = dead.len();
     Ok(report)
+}
+
+/// One row of `leaderq tasks list`.
+#[derive(Debug, Serialize)]
+pub struct TaskRow {
+    pub state: String,
+    pub key: String,
+    pub task_type: String,
+    /// Seconds since taskTime (queued tasks) or since deadAt (dead letters).
+    pub age_seconds: Option<i64>,
+    pub attempts: u64,
+    pub last_error: String,
+}
+
+/// Every task under the queue prefix and every dead letter, queue first, in claim order.
+pub async fn list(client: &Client, settings: &Settings) -> Result<Vec<TaskRow>, AdminError> {
+    let now = Utc::now();
+    let (queued, _) = client
+        .kv_list(&settings.queue.prefix, QueryOptions::default())
+        .await?;
+    let mut tasks: Vec<(Option<Task>, crate::consul::KvPair)> = queued
+        .into_iter()
+        .map(|pair| (Task::parse(&pair).ok(), pair))
+        .collect();
+    tasks.sort_by(|a, b| match (&a.0, &b.0) {
+        (Some(x), Some(y)) => x.order_key().cmp(&y.order_key()),
+        _ => a.1.key.cmp(&b.1.key),
+    });
+    let mut rows = Vec::new();
+    for (task, pair) in tasks {
+        rows.push(match task {
+            Some(task) => TaskRow {
+                state: match task.status(now) {
+                    Status::Pending => "pending",
+                    Status::Delayed(_) => "delayed",
+                    Status::InFlight => "in_flight",
+                    Status::Orphan => "orphaned",
+                    Status::Foreign => "foreign",
+                }
+                .into(),
+                key: pair.key,
+                task_type: task.task_type.clone(),
+                age_seconds: Some((now - task.time).num_seconds()),
+                attempts: u64::from(task.attempts),
+                last_error: task.last_error.clone().unwrap_or_default(),
+            },
+            None => TaskRow {
+                state: "malformed".into(),
+                key: pair.key,
+                task_type: String::new(),
+                age_seconds: None,
+                attempts: 0,
+                last_error: "not a valid task; the leader moves it to the dead-letter prefix"
+                    .into(),
+            },
+        });
+    }
+    let (dead, _) = client
+        .kv_list(&settings.queue.dead_prefix, QueryOptions::default())
+        .await?;
+    for pair in dead {
+        let value: Value = serde_json::from_slice(&pair.value).unwrap_or_default();
+        let dead_at = value
+            .get("deadAt")
+            .and_then(Value::as_str)
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok());
+        rows.push(TaskRow {
+            state: "dead".into(),
+            key: pair.key,
+            task_type: value
+                .get("taskType")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .into(),
+            age_seconds: dead_at.map(|t| (now - t.with_timezone(&Utc)).num_seconds()),
+            attempts: value.get("attempts").and_then(Value::as_u64).unwrap_or(0),
+            last_error: value
+                .get("deadReason")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .into(),
+        });
+    }
+    Ok(rows)
+}
+
+/// Finds a task by full key, or by name under the queue or the dead-letter prefix.
+pub async fn find(
+    client: &Client,
+    settings: &Settings,
+    key: &str,
+) -> Result<crate::consul::KvPair, AdminError> {
+    let candidates = [
+        key.to_string(),
+        format!("{}{key}", settings.queue.prefix),
+        format!("{}{key}", settings.queue.dead_prefix),
+    ];
+    for candidate in candidates {
+        if let (Some(pair), _) = client.kv_get(&candidate, QueryOptions::default()).await? {
+            return Ok(pair);
+        }
+    }
+    Err(AdminError::NoSuchTask {
+        key: key.to_string(),
+    })
+}
+
+/// Moves a dead letter back to the queue under its original key, with its attempts reset.
+/// Returns the queue key.
+pub async fn retry(client: &Client, settings: &Settings, key: &str) -> Result<String, AdminError> {
+    let pair = find(client, settings, key).await?;
+    if !pair.key.starts_with(&settings.queue.dead_prefix) {
+        return Err(AdminError::NotDead { key: pair.key });
+    }
+    let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(&pair.value) else {
+        return Err(AdminError::NotRetryable { key: pair.key });
+    };
+    if fields.contains_key("rawValue") || !fields.contains_key("taskType") {
+        return Err(AdminError::NotRetryable { key: pair.key });
+    }
+    let name = pair.key[settings.queue.dead_prefix.len()..].to_string();
+    let target = fields
+        .get("originalKey")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("{}{name}", settings.queue.prefix));
+    for field in [
+        "deadReason",
+        "deadAt",
+        "originalKey",
+        "attempts",
+        "lastError",
+        "notBefore",
+        "takenBy",
+        "takenAt",
+    ] {
+        fields.shift_remove(field);
+    }
+    fields.insert("taskTaken".into(), Value::Bool(false));
+    let value = serde_json::to_vec(&Value::Object(fields)).expect("task serializes");
+    let ops = [
+        crate::consul::TxnOp::DeleteCas {
+            key: pair.key.clone(),
+            index: pair.modify_index,
+        },
+        // Create only: a new task under the same key is never overwritten.
+        crate::consul::TxnOp::Cas {
+            key: target.clone(),
+            value,
+            index: 0,
+        },
+    ];
+    match client.txn(&ops).await? {
+        crate::consul::TxnOutcome::Committed(_) => Ok(target),
+        crate::consul::TxnOutcome::RolledBack(errors) => Err(AdminError::Conflict {
+            key: target,
+            reason: errors
+                .into_iter()
+                .map(|e| e.what)
+                .collect::<Vec<_>>()
+                .join("; "),
+        }),
+    }
+}
+
+/// Deletes dead letters, all of them or those dead for longer than `older_than`. Returns
+/// how many were deleted.
+pub async fn purge_dead(
+    client: &Client,
+    settings: &Settings,
+    older_than: Option<std::time::Duration>,
+) -> Result<usize, AdminError> {
+    let now = Utc::now();
+    let (dead, _) = client
+        .kv_list(&settings.queue.dead_prefix, QueryOptions::default())
+        .await?;
+    let mut purged = 0;
+    for pair in dead {
+        if let Some(limit) = older_than {
+            let dead_at = serde_json::from_slice::<Value>(&pair.value)
+                .ok()
+                .and_then(|v| v.get("deadAt")?.as_str().map(str::to_string))
+                .and_then(|t| chrono::DateTime::parse_from_rfc3339(&t).ok());
+            let old_enough = dead_at.is_some_and(|t| {
+                (now - t.with_timezone(&Utc)).to_std().unwrap_or_default() > limit
+            });
+            if !old_enough {
+                continue;
+            }
+        }
+        let ops = [crate::consul::TxnOp::DeleteCas {
+            key: pair.key.clone(),
+            index: pair.modify_index,
+        }];
+        if let crate::consul::TxnOutcome::Committed(_) = client.txn(&ops).await? {
+            purged += 1;
+        }
+    }
+    Ok(purged)
 }

@@ -22,6 +22,7 @@ pub struct Settings {
     pub election: ElectionSettings,
     pub queue: QueueSettings,
     pub data: DataSettings,
+    pub observe: ObserveSettings,
     #[serde(default)]
     pub handlers: BTreeMap<String, HandlerSettings>,
 }
@@ -66,6 +67,13 @@ pub struct QueueSettings {
     pub backoff_max: Duration,
     #[serde(deserialize_with = "go_duration")]
     pub shutdown_grace: Duration,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ObserveSettings {
+    pub enabled: bool,
+    pub listen: std::net::SocketAddr,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -16,6 +16,7 @@ use crate::config::Settings;
 use crate::consul::{self, Client, ClientConfig};
 use crate::election::{Election, ElectionError};
 use crate::handler::Registry;
+use crate::observe::{self, Metrics, Observed};
 use crate::queue::{LeadEnd, Queue};
 
 /// Back-off while Consul cannot be reached: doubles from the first to the last.
@@ -26,6 +27,8 @@ const BACKOFF_LAST: Duration = Duration::from_secs(10);
 pub enum ConsumerError {
     #[error(transparent)]
     Consul(#[from] consul::Error),
+    #[error("{0}")]
+    Observe(String),
 }
 
 pub fn client(settings: &Settings) -> Result<Client, consul::Error> {
@@ -51,6 +54,7 @@ pub async fn run(
         node_id.clone(),
         settings.data.dir.clone(),
     );
+    let metrics = Arc::new(Metrics::new(registry.task_types()));
     let queue = Queue {
         client: client.clone(),
         settings: settings.queue.clone(),
@@ -58,17 +62,45 @@ pub async fn run(
         leader_key: settings.election.leader_key.clone(),
         node_id: node_id.clone(),
         wait: settings.consul.wait,
+        metrics: metrics.clone(),
     };
     let task_types: Vec<&str> = registry.task_types().collect();
     tracing::info!(node = %node_id, consul = %client.address(), prefix = %settings.queue.prefix, ?task_types, "consumer starting");
 
     let tracker = TaskTracker::new();
     let stop_renewer = CancellationToken::new();
+    let observed = Arc::new(Observed {
+        metrics: metrics.clone(),
+        lease: election.lease(),
+        client: client.clone(),
+        leader_key: settings.election.leader_key.clone(),
+        alive: std::sync::atomic::AtomicBool::new(true),
+    });
+    if settings.observe.enabled {
+        let listener = observe::bind(settings.observe.listen)
+            .await
+            .map_err(ConsumerError::Observe)?;
+        let address = listener
+            .local_addr()
+            .map_err(|e| ConsumerError::Observe(e.to_string()))?;
+        tracing::info!(%address, "observe endpoints on http://{address} (/metrics, /health, /ready, /leader)");
+        let app = observe::router(observed.clone());
+        let stop = stop_renewer.clone();
+        tracker.spawn(async move {
+            let served = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stop.cancelled().await })
+                .await;
+            if let Err(err) = served {
+                tracing::warn!(error = %err, "observe endpoints stopped");
+            }
+        });
+    }
     tracker.spawn(Election::renew_until(
         client.clone(),
         election.lease(),
         settings.election.clone(),
         election.check_id().to_string(),
+        metrics.clone(),
         stop_renewer.clone(),
     ));
     tracker.close();
@@ -84,7 +116,10 @@ pub async fn run(
                 backoff = BACKOFF_FIRST;
                 tracing::info!(node = %node_id, session = %leadership.session, fencing_token = leadership.fencing_token, "became leader");
                 let lease = election.lease();
-                match queue.lead(&leadership, &lease, &shutdown).await {
+                metrics.leading(Some(leadership.fencing_token));
+                let end = queue.lead(&leadership, &lease, &shutdown).await;
+                metrics.leading(None);
+                match end {
                     LeadEnd::Shutdown => break,
                     LeadEnd::StepDown(reason) => {
                         tracing::warn!(node = %node_id, fencing_token = leadership.fencing_token, %reason, "stepping down");
@@ -100,6 +135,7 @@ pub async fn run(
                 election.drop_session().await;
             }
             Err(ElectionError::Consul(err)) => {
+                metrics.consul_error(&err);
                 tracing::warn!(error = %err, retry_in = ?backoff, "Consul request failed; retrying");
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
@@ -111,6 +147,9 @@ pub async fn run(
     }
     tracing::info!(node = %node_id, "shutting down: releasing leadership and session");
     election.resign().await;
+    observed
+        .alive
+        .store(false, std::sync::atomic::Ordering::Relaxed);
     stop_renewer.cancel();
     tracker.wait().await;
     tracing::info!(node = %node_id, "consumer stopped");

@@ -12,6 +12,8 @@ use tokio::process::{Child, Command};
 
 use crate::server;
 
+/// Replica 1 serves its metrics here, replica 2 on the next port, and so on.
+const FIRST_OBSERVE_PORT: u16 = 9464;
 /// Task types that always get the log handler in dev, besides those found in `tasks/`.
 const DEFAULT_TASK_TYPES: &[&str] = &["CreateTableSpace"];
 
@@ -34,6 +36,17 @@ fn dev_settings(task_types: &[String]) -> String {
         text.push_str(&format!("[handlers.{task_type}]\nkind = \"log\"\n\n"));
     }
     text
+}
+
+/// Replica n's observe address: 9464, 9465, … beside a server on 8500; a free port
+/// otherwise (as when tests and CI give the server port 0).
+fn observe_address(server: std::net::SocketAddr, n: usize) -> String {
+    let port = if server.port() == 8500 {
+        FIRST_OBSERVE_PORT + n as u16 - 1
+    } else {
+        0
+    };
+    format!("{}:{port}", server.ip())
 }
 
 /// The distinct `taskType`s of the JSON files in `dir` (none if it does not exist).
@@ -107,11 +120,22 @@ pub async fn run(
             .env("CONSUL_HTTP_ADDR", address.to_string())
             .env("LEADERQ__ELECTION__NODE_ID", &node)
             .env("LEADERQ__DATA__DIR", options.data_dir.join(&node))
+            .env("LEADERQ__OBSERVE__LISTEN", observe_address(address, n))
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .spawn()
             .with_context(|| format!("cannot start {node}"))?;
-        println!("{node}: pid {}", child.id().unwrap_or(0));
+        let observe = observe_address(address, n);
+        match observe.ends_with(":0") {
+            true => println!(
+                "{node}: pid {} (metrics on a free port, named in its log)",
+                child.id().unwrap_or(0)
+            ),
+            false => println!(
+                "{node}: pid {}, metrics http://{observe}/metrics",
+                child.id().unwrap_or(0)
+            ),
+        }
         children.push((node, child));
     }
     println!(

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ElectionSettings;
 use crate::consul::{self, Client, PutMode, QueryOptions, SessionRequest, WatchIndex};
+use crate::observe::Metrics;
 use crate::server::duration;
 use crate::task::rfc3339;
 
@@ -248,6 +249,7 @@ impl Election {
         lease: Arc<Lease>,
         settings: ElectionSettings,
         check_id: String,
+        metrics: Arc<Metrics>,
         stop: CancellationToken,
     ) {
         let period = settings.session_ttl / 3;
@@ -272,6 +274,7 @@ impl Election {
             }
             match renewed {
                 Ok(Some(_)) => {
+                    metrics.renewed(sent_at.elapsed());
                     lease.renewed(&session, sent_at);
                     next = sent_at + period;
                 }
@@ -281,6 +284,7 @@ impl Election {
                     next = Instant::now() + period;
                 }
                 Err(err) => {
+                    metrics.consul_error(&err);
                     tracing::warn!(error = %err, "session renewal failed; retrying");
                     next = Instant::now() + RENEW_RETRY;
                 }

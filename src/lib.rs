@@ -8,6 +8,7 @@
 //! - [`handler`]: the `Handler` trait, the registry, the exec and log handlers.
 //! - [`election`]: sessions, lease and the leader key.
 //! - [`queue`]: the leader's claims, completions, retries and dead letters.
+//! - [`observe`]: metrics and the /metrics, /health, /ready, /leader endpoints.
 //! - [`consumer`]: the service loop that joins them (`leaderq consume`).
 //! - [`admin`]: `leaderq enqueue` and `leaderq status`.
 //! - [`dev`]: `leaderq dev`, server plus replicas for the quick start.
@@ -21,6 +22,7 @@ pub mod consumer;
 pub mod dev;
 pub mod election;
 pub mod handler;
+pub mod observe;
 pub mod queue;
 pub mod server;
 pub mod task;

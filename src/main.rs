@@ -19,8 +19,17 @@ use leaderq::server;
     about = "Leader-elected task queue on Consul KV, with an embedded Consul-compatible server"
 )]
 struct Cli {
+    /// Log format on stderr; the level filter comes from RUST_LOG (default info).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Pretty)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Cmd,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Pretty,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -35,6 +44,8 @@ enum Cmd {
     Enqueue(EnqueueArgs),
     /// Show the leader, its fencing token, queue depth, tasks in flight and dead letters.
     Status(StatusArgs),
+    /// Inspect and repair the queue: list, show, retry a dead letter, purge dead letters.
+    Tasks(TasksArgs),
     /// Run the embedded single-node, durable, Consul-compatible KV/session/txn server.
     Server(ServerArgs),
     /// Measure the server (durable PUTs/s, blocking-query wake, ?recurse, RSS) and the
@@ -110,6 +121,35 @@ struct EnqueueArgs {
 }
 
 #[derive(clap::Args)]
+struct TasksArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    #[command(subcommand)]
+    command: TasksCmd,
+}
+
+#[derive(Subcommand)]
+enum TasksCmd {
+    /// Every task (pending, delayed, in flight, …) and dead letter, with age, attempts and
+    /// last error.
+    List {
+        /// One JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One task or dead letter, by key or by name.
+    Show { key: String },
+    /// Move a dead letter back to the queue under its original key, attempts reset.
+    Retry { key: String },
+    /// Delete dead letters (all, or those dead longer than --older-than).
+    PurgeDead {
+        /// Only dead letters older than this (a duration such as 24h).
+        #[arg(long, value_parser = parse_duration)]
+        older_than: Option<Duration>,
+    },
+}
+
+#[derive(clap::Args)]
 struct StatusArgs {
     #[command(flatten)]
     config: ConfigArgs,
@@ -142,11 +182,12 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The benchmark runs replicas in-process; their per-task events would drown its table.
-    init_logging(if matches!(cli.command, Cmd::Bench(_)) {
+    let level = if matches!(cli.command, Cmd::Bench(_)) {
         "warn"
     } else {
         "info"
-    });
+    };
+    init_logging(level, cli.log_format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -160,6 +201,7 @@ fn main() -> ExitCode {
             Cmd::Dev(args) => run_dev(args).await,
             Cmd::Enqueue(args) => run_enqueue(args).await,
             Cmd::Status(args) => run_status(args).await,
+            Cmd::Tasks(args) => run_tasks(args).await,
             Cmd::Server(args) => run_server(args).await,
             Cmd::Bench(args) => {
                 let options = leaderq::bench::Options {
@@ -181,14 +223,16 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(default_level: &str) {
+fn init_logging(default_level: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Pretty => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
 }
 
 fn load_settings(config: &ConfigArgs) -> anyhow::Result<leaderq::config::Settings> {
@@ -281,6 +325,60 @@ async fn run_status(args: StatusArgs) -> anyhow::Result<()> {
     println!("foreign:       {}", report.foreign);
     println!("malformed:     {}", report.malformed);
     println!("dead letters:  {}", report.dead);
+    Ok(())
+}
+
+async fn run_tasks(args: TasksArgs) -> anyhow::Result<()> {
+    let settings = load_settings(&args.config)?;
+    let client = leaderq::consumer::client(&settings)?;
+    match args.command {
+        TasksCmd::List { json } => {
+            let rows = leaderq::admin::list(&client, &settings).await?;
+            if json {
+                println!("{}", serde_json::to_string(&rows)?);
+                return Ok(());
+            }
+            println!(
+                "{:<10} {:<40} {:<20} {:>10} {:>8}  LAST ERROR",
+                "STATE", "KEY", "TYPE", "AGE", "ATTEMPTS"
+            );
+            for row in &rows {
+                let age = row
+                    .age_seconds
+                    .map(|s| server::duration::format(Duration::from_secs(s.max(0) as u64)))
+                    .unwrap_or_default();
+                let error: String = row.last_error.chars().take(80).collect();
+                println!(
+                    "{:<10} {:<40} {:<20} {:>10} {:>8}  {}",
+                    row.state, row.key, row.task_type, age, row.attempts, error
+                );
+            }
+            println!("{} task(s)", rows.len());
+        }
+        TasksCmd::Show { key } => {
+            let pair = leaderq::admin::find(&client, &settings, &key).await?;
+            let value: serde_json::Value =
+                serde_json::from_slice(&pair.value).unwrap_or_else(|_| {
+                    serde_json::Value::String(String::from_utf8_lossy(&pair.value).into_owned())
+                });
+            println!("key:          {}", pair.key);
+            println!(
+                "session:      {}",
+                pair.session.as_deref().unwrap_or("(none)")
+            );
+            println!("create index: {}", pair.create_index);
+            println!("modify index: {}", pair.modify_index);
+            println!("{}", serde_json::to_string_pretty(&value)?);
+        }
+        TasksCmd::Retry { key } => {
+            let target = leaderq::admin::retry(&client, &settings, &key).await?;
+            println!("requeued as {target}");
+        }
+        TasksCmd::PurgeDead { older_than } => {
+            let purged = leaderq::admin::purge_dead(&client, &settings, older_than).await?;
+            println!("purged {purged} dead letter(s)");
+        }
+    }
     Ok(())
 }
 

@@ -17,6 +17,7 @@ use crate::config::QueueSettings;
 use crate::consul::{self, Client, KvPair, QueryOptions, TxnError, TxnOp, TxnOutcome, WatchIndex};
 use crate::election::{Leadership, Lease};
 use crate::handler::{Registry, TaskContext};
+use crate::observe::Metrics;
 use crate::task::{dead_letter, Status, Task};
 
 /// Back-off after Consul errors while leading, so an outage is not a hot loop.
@@ -42,6 +43,7 @@ pub struct Queue {
     pub leader_key: String,
     pub node_id: String,
     pub wait: Duration,
+    pub metrics: Arc<Metrics>,
 }
 
 /// The outcome of a transaction guarded by the leader check.
@@ -83,6 +85,8 @@ impl Queue {
             let (entries, returned) = match listed {
                 Ok(listed) => listed,
                 Err(err) => {
+                    self.metrics.consul_error(&err);
+                    self.metrics.blocking_restarts.inc();
                     tracing::warn!(error = %err, "cannot list the queue; retrying");
                     index.reset();
                     if self.pause(shutdown, ERROR_BACKOFF).await {
@@ -91,6 +95,9 @@ impl Queue {
                     continue;
                 }
             };
+            if returned < index.get() {
+                self.metrics.blocking_restarts.inc();
+            }
             index.update(returned);
             match self.pick(leadership, entries, &mut foreign_logged).await {
                 Ok(Pick::Run(tasks)) => {
@@ -135,6 +142,7 @@ impl Queue {
                     }
                 }
                 Ok(Pick::WaitUntil(at)) => {
+                    self.count_dead().await;
                     // Nothing runnable before `at`: block on the queue, but not past `at`.
                     let until = (at - Utc::now()).to_std().unwrap_or_default();
                     if until < self.wait {
@@ -150,10 +158,23 @@ impl Queue {
                         index.reset();
                     }
                 }
-                Ok(Pick::Nothing) => {}
+                Ok(Pick::Nothing) => self.count_dead().await,
                 Ok(Pick::Again) => index.reset(),
                 Err(end) => return end,
             }
+        }
+    }
+
+    /// Refreshes the dead-letter depth; done when idle, off the dispatch path.
+    async fn count_dead(&self) {
+        let options = QueryOptions::default();
+        match self
+            .client
+            .kv_list(&self.settings.dead_prefix, options)
+            .await
+        {
+            Ok((dead, _)) => self.metrics.dead_depth(dead.len()),
+            Err(err) => self.metrics.consul_error(&err),
         }
     }
 
@@ -176,6 +197,7 @@ impl Queue {
         let mut pending: Vec<Task> = Vec::new();
         let mut earliest: Option<DateTime<Utc>> = None;
         let mut changed = false;
+        let (mut in_flight, mut delayed) = (0, 0);
         for pair in entries {
             let task = match Task::parse(&pair) {
                 Ok(task) => task,
@@ -195,7 +217,10 @@ impl Queue {
                     changed = true;
                 }
                 Status::Pending => pending.push(task),
-                Status::Delayed(at) => earliest = Some(earliest.map_or(at, |e| e.min(at))),
+                Status::Delayed(at) => {
+                    delayed += 1;
+                    earliest = Some(earliest.map_or(at, |e| e.min(at)));
+                }
                 Status::InFlight
                     if task.session.as_deref() == Some(leadership.session.as_str()) =>
                 {
@@ -209,7 +234,7 @@ impl Queue {
                     .await?;
                     changed = true;
                 }
-                Status::InFlight => {}
+                Status::InFlight => in_flight += 1,
                 Status::Orphan => {
                     self.requeue(leadership, &task, "the replica running the task died")
                         .await?;
@@ -222,6 +247,7 @@ impl Queue {
                 }
             }
         }
+        self.metrics.queue_depth(pending.len(), in_flight, delayed);
         pending.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
         if !pending.is_empty() {
             return Ok(Pick::Run(pending));
@@ -243,7 +269,12 @@ impl Queue {
             session: leadership.session.clone(),
         }];
         all.extend(ops);
-        match self.client.txn(&all).await? {
+        let outcome = self
+            .client
+            .txn(&all)
+            .await
+            .inspect_err(|err| self.metrics.consul_error(err))?;
+        match outcome {
             TxnOutcome::Committed(entries) => Ok(Guarded::Done(entries)),
             TxnOutcome::RolledBack(errors) if errors.iter().any(|e| e.op_index == 0) => {
                 Ok(Guarded::NotLeader)
@@ -302,6 +333,15 @@ impl Queue {
             .await?
             .is_some()
         {
+            let task_type = serde_json::from_slice::<serde_json::Value>(&pair.value)
+                .ok()
+                .and_then(|v| {
+                    v.get("taskType")
+                        .and_then(|t| t.as_str())
+                        .map(str::to_string)
+                })
+                .unwrap_or_default();
+            self.metrics.dead_lettered(&task_type);
             tracing::warn!(
                 task_key = %pair.key,
                 dead_key = %self.dead_key(&pair.key),
@@ -436,6 +476,7 @@ impl Queue {
                 return Run::End(LeadEnd::StepDown("lost leadership at claim".into()))
             }
             Ok(Guarded::Conflict(errors)) => {
+                self.metrics.claim_conflicts.inc();
                 tracing::debug!(task_key = %task.key, ?errors, "claim conflict; listing again");
                 return Run::Relist;
             }
@@ -449,6 +490,7 @@ impl Queue {
             }
         };
         let attempt = task.attempts + 1;
+        self.metrics.claimed(&task.task_type);
         tracing::info!(
             task_key = %task.key,
             task_id = %task.id,
@@ -513,6 +555,7 @@ impl Queue {
                     .await;
             }
             (Err(err), _) => {
+                self.metrics.failed(&task.task_type, started.elapsed());
                 tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt, fencing_token = leadership.fencing_token, error = %err, elapsed_ms, "task failed");
                 if attempt >= self.settings.max_attempts {
                     if let Err(end) = self
@@ -539,6 +582,8 @@ impl Queue {
 
     fn log_completed(&self, leadership: &Leadership, done: &Finished) {
         let task = &done.task;
+        self.metrics
+            .completed(&task.task_type, Duration::from_millis(done.elapsed_ms));
         tracing::info!(
             task_key = %task.key,
             task_id = %task.id,

@@ -36,6 +36,9 @@ command = ["sh", "-c", "echo \"run $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADER
 [handlers.Slow]
 kind = "exec"
 command = ["sh", "-c", "echo \"start $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {journal}; sleep 1; echo \"end $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {journal}"]
+[handlers.Flaky]
+kind = "exec"
+command = ["sh", "-c", "test -f {journal}.fixed && echo \"run $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {journal}"]
 [handlers.Fail]
 kind = "exec"
 command = ["sh", "-c", "echo \"fail $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {journal}; echo boom >&2; exit 1"]
@@ -549,4 +552,165 @@ fn bad_settings_stop_the_start_naming_the_key() {
         stderr.contains("max_atempts") && stderr.contains("queue"),
         "{stderr}"
     );
+}
+
+/// The address a replica logged for its observe endpoints.
+async fn observe_address(replica: &ConsumerProcess) -> String {
+    let started = Instant::now();
+    loop {
+        let log = replica.log_text();
+        if let Some(rest) = log.split("observe endpoints on http://").nth(1) {
+            return rest.split_whitespace().next().unwrap().to_string();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no observe address in log:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// /health, /ready, /leader and /metrics on a replica: the leader shows as leader, and the
+/// task counters move when a task runs. The server has its own /metrics.
+#[tokio::test]
+async fn observe_endpoints_show_leadership_and_counts() {
+    let mut bed = Bed::new();
+    bed.start_replica("r1");
+    let leader = bed.leader_node().await;
+    let observe = observe_address(&bed.replicas[0]).await;
+    let get = |path: &str| client().get(format!("http://{observe}{path}")).send();
+    assert_eq!(get("/health").await.unwrap().status(), 200);
+    assert_eq!(get("/ready").await.unwrap().status(), 200);
+    let holder: Value = get("/leader").await.unwrap().json().await.unwrap();
+    assert_eq!(holder["node"], json!(leader));
+    assert_eq!(holder["this_replica"], true);
+    bed.put_task(
+        "task_m",
+        json!({"taskId": "m", "taskTime": 1, "taskType": "Work"}),
+    )
+    .await;
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(10))
+        .await;
+    let started = Instant::now();
+    let metrics = loop {
+        let text = get("/metrics").await.unwrap().text().await.unwrap();
+        if text.contains(r#"leaderq_tasks_completed_total{task_type="Work"} 1"#) {
+            break text;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "completion not counted:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(metrics.contains("leaderq_leader 1"), "{metrics}");
+    assert!(metrics.contains(r#"leaderq_tasks_claimed_total{task_type="Work"} 1"#));
+    assert!(metrics.contains("leaderq_handler_duration_seconds_bucket"));
+    assert!(metrics.contains("leaderq_seconds_since_renewal"));
+    let server_metrics = client()
+        .get(bed.server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        server_metrics.contains("leaderq_server_http_requests_total"),
+        "{server_metrics}"
+    );
+    assert!(server_metrics.contains("leaderq_server_commit_seconds_bucket"));
+}
+
+/// An observe port already in use stops the start with the port and the setting named.
+#[test]
+fn taken_observe_port_is_a_clear_error() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_leaderq"))
+        .arg("consume")
+        .env("CONSUL_HTTP_ADDR", "127.0.0.1:1")
+        .env("LEADERQ__OBSERVE__LISTEN", format!("127.0.0.1:{port}"))
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains(&port.to_string()) && stderr.contains("observe.listen"),
+        "{stderr}"
+    );
+}
+
+fn leaderq(bed: &Bed, args: &[&str]) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_leaderq"))
+        .args(args)
+        .env("CONSUL_HTTP_ADDR", &bed.server.addr)
+        .output()
+        .unwrap()
+}
+
+/// `tasks list` shows a dead letter with its reason; `tasks retry` brings it back and it
+/// runs; unknown keys exit 1 with one line; `purge-dead` clears the prefix.
+#[tokio::test]
+async fn tasks_cli_lists_retries_and_purges_dead_letters() {
+    let mut bed = Bed::new();
+    bed.start_replica("r1");
+    bed.put_task(
+        "task_x",
+        json!({"taskId": "x", "taskTime": 1, "taskType": "Flaky"}),
+    )
+    .await;
+    bed.put_task(
+        "task_y",
+        json!({"taskId": "y", "taskTime": 2, "taskType": "Nope"}),
+    )
+    .await;
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(20))
+        .await;
+    let list = leaderq(&bed, &["tasks", "list"]);
+    let table = String::from_utf8_lossy(&list.stdout);
+    assert!(list.status.success(), "{table}");
+    assert!(
+        table.contains("oracleTaskDead/task_x") && table.contains("failed 3 times"),
+        "{table}"
+    );
+    assert!(table.contains("no handler for taskType"), "{table}");
+
+    let show = leaderq(&bed, &["tasks", "show", "task_x"]);
+    assert!(String::from_utf8_lossy(&show.stdout).contains("\"deadReason\""));
+
+    std::fs::write(format!("{}.fixed", bed.journal.display()), "").unwrap();
+    let retry = leaderq(&bed, &["tasks", "retry", "task_x"]);
+    assert!(
+        retry.status.success(),
+        "{}",
+        String::from_utf8_lossy(&retry.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&retry.stdout).trim(),
+        "requeued as oracleTask/task_x"
+    );
+    let ran = bed
+        .wait_for_line(Duration::from_secs(10), |l| l[0] == "run" && l[1] == "x")
+        .await;
+    assert_eq!(ran[4], "1", "attempts were reset");
+
+    let missing = leaderq(&bed, &["tasks", "show", "nope"]);
+    assert_eq!(missing.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&missing.stderr)
+            .trim()
+            .lines()
+            .count(),
+        1
+    );
+    let not_dead = leaderq(&bed, &["tasks", "retry", "task_zzz"]);
+    assert_eq!(not_dead.status.code(), Some(1));
+
+    let purge = leaderq(&bed, &["tasks", "purge-dead"]);
+    assert_eq!(
+        String::from_utf8_lossy(&purge.stdout).trim(),
+        "purged 1 dead letter(s)"
+    );
+    assert!(bed.dead_letters().await.is_empty());
 }

@@ -56,6 +56,7 @@ fn settings(base: &str, name: &str, dir: &TempDir) -> anyhow::Result<Settings> {
             "LEADERQ__DATA__DIR".to_string(),
             dir.0.join(name).display().to_string(),
         ),
+        ("LEADERQ__OBSERVE__ENABLED".to_string(), "false".to_string()),
     ];
     Ok(Settings::load(None, env)?)
 }
@@ -312,6 +313,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         .arg("consume")
         .env("CONSUL_HTTP_ADDR", &server.base)
         .env("LEADERQ__DATA__DIR", dir.0.join("idle"))
+        .env("LEADERQ__OBSERVE__LISTEN", "127.0.0.1:0")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())

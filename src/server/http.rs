@@ -251,10 +251,42 @@ fn find_route(path: &str) -> Option<(Endpoint, &'static str, &str)> {
 }
 
 async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: Request) -> Response {
-    match dispatch(&shared, request).await {
+    if request.uri().path() == "/metrics" {
+        return server_metrics(&shared).await;
+    }
+    let endpoint = find_route(request.uri().path())
+        .map(|(endpoint, _, _)| format!("{endpoint:?}"))
+        .unwrap_or_else(|| "unknown".to_string());
+    let response = match dispatch(&shared, request).await {
         Ok(response) => response,
         Err(err) => err.into_response(),
+    };
+    shared
+        .core
+        .metrics
+        .requests
+        .get_or_create(&super::metrics::RequestLabels {
+            endpoint,
+            status: response.status().as_u16(),
+        })
+        .inc();
+    response
+}
+
+/// Prometheus metrics of the server itself; not a Consul endpoint, so it lives outside /v1.
+async fn server_metrics(shared: &Shared) -> Response {
+    let metrics = &shared.core.metrics;
+    {
+        let state = shared.core.state.read().await;
+        metrics.sessions.set(state.sessions().count() as i64);
+        metrics.keys.set(state.kv_len() as i64);
     }
+    let mut response = metrics.encode().into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    response
 }
 
 async fn dispatch(shared: &Shared, request: Request) -> Reply {

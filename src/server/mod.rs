@@ -12,6 +12,7 @@
 
 pub mod duration;
 pub mod http;
+pub mod metrics;
 pub mod state;
 pub mod store;
 pub mod watch;
@@ -76,6 +77,7 @@ pub struct Core {
     closing: AtomicBool,
     /// Set by the writer when storage fails; the server then stops serving.
     failed: tokio_watch::Sender<bool>,
+    pub metrics: metrics::ServerMetrics,
 }
 
 impl Core {
@@ -165,6 +167,7 @@ impl Server {
             changed,
             closing: AtomicBool::new(false),
             failed: tokio_watch::channel(false).0,
+            metrics: metrics::ServerMetrics::default(),
         });
         let (writes, queue) = mpsc::channel();
         let writer_core = core.clone();
@@ -280,7 +283,14 @@ fn writer_loop(
             answers.push((write.reply, outcome));
         }
         let changes = state.take_changes();
+        let commit_started = Instant::now();
         let persisted = store.persist(&state, &changes);
+        if !changes.is_empty() {
+            core.metrics
+                .commit_seconds
+                .observe(commit_started.elapsed().as_secs_f64());
+            core.metrics.batch_size.observe(answers.len() as f64);
+        }
         deadline = state.next_deadline();
         let index = state.index();
         drop(state);

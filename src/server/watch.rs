@@ -69,13 +69,31 @@ pub async fn query<T>(
         if index > blocking.min_index || core.is_closing() {
             return (index, result);
         }
-        tokio::select! {
-            changed = changes.changed() => {
-                if changed.is_err() {
-                    return (index, result);
-                }
+        let woke = {
+            // Counted while waiting, also when the client goes away and the wait is dropped.
+            let _waiting = Waiting::new(&core.metrics.blocked_queries);
+            tokio::select! {
+                changed = changes.changed() => changed.is_ok(),
+                _ = tokio::time::sleep_until(deadline) => false,
             }
-            _ = tokio::time::sleep_until(deadline) => return (index, result),
+        };
+        if !woke {
+            return (index, result);
         }
+    }
+}
+
+struct Waiting<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+
+impl<'a> Waiting<'a> {
+    fn new(gauge: &'a prometheus_client::metrics::gauge::Gauge) -> Waiting<'a> {
+        gauge.inc();
+        Waiting(gauge)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

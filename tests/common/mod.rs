@@ -147,6 +147,7 @@ impl ConsumerProcess {
             .env("CONSUL_HTTP_ADDR", consul)
             .env("LEADERQ__ELECTION__NODE_ID", node)
             .env("LEADERQ__DATA__DIR", dir.join(node))
+            .env("LEADERQ__OBSERVE__LISTEN", "127.0.0.1:0")
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))

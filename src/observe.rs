@@ -1,0 +1,394 @@
+//! What operators see of a replica: Prometheus metrics and the `/metrics`, `/health`,
+//! `/ready` and `/leader` endpoints served on `[observe] listen`.
+//!
+//! The consumer's components record into `Metrics`; this module owns the names, the label
+//! sets (bounded: task types outside the configured ones count as "other") and the HTTP
+//! endpoints. It decides nothing about the queue or the election.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use serde_json::json;
+
+use crate::consul::{self, Client, QueryOptions};
+use crate::election::Lease;
+
+/// The label of task types that are not configured, so label count stays bounded.
+const OTHER_TASK_TYPE: &str = "other";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TaskLabels {
+    pub task_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: String,
+}
+
+/// A replica's metrics.
+pub struct Metrics {
+    registry: Registry,
+    known_types: HashSet<String>,
+    pub leader: Gauge,
+    pub fencing_token: Gauge,
+    seconds_since_renewal: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Unix milliseconds of the last successful renewal; 0 = never.
+    last_renewal_ms: AtomicI64,
+    pub renewal_seconds: Histogram,
+    claimed: Family<TaskLabels, Counter>,
+    completed: Family<TaskLabels, Counter>,
+    failed: Family<TaskLabels, Counter>,
+    dead_lettered: Family<TaskLabels, Counter>,
+    handler_seconds: Family<TaskLabels, Histogram>,
+    pub claim_conflicts: Counter,
+    queue_depth: Family<StateLabels, Gauge>,
+    consul_errors: Family<KindLabels, Counter>,
+    pub blocking_restarts: Counter,
+}
+
+impl Metrics {
+    pub fn new<'a>(task_types: impl IntoIterator<Item = &'a str>) -> Metrics {
+        let mut registry = Registry::with_prefix("leaderq");
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader key",
+            leader.clone(),
+        );
+        let fencing_token = Gauge::default();
+        registry.register(
+            "fencing_token",
+            "LockIndex of the leader key when this replica won it (0 when not leading)",
+            fencing_token.clone(),
+        );
+        let seconds_since_renewal = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "seconds_since_renewal",
+            "Seconds since this replica's session was last renewed",
+            seconds_since_renewal.clone(),
+        );
+        let renewal_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
+        registry.register(
+            "session_renewal_seconds",
+            "Latency of session renewals",
+            renewal_seconds.clone(),
+        );
+        let claimed = Family::<TaskLabels, Counter>::default();
+        registry.register(
+            "tasks_claimed",
+            "Tasks claimed by taskType",
+            claimed.clone(),
+        );
+        let completed = Family::<TaskLabels, Counter>::default();
+        registry.register(
+            "tasks_completed",
+            "Tasks completed and deleted by taskType",
+            completed.clone(),
+        );
+        let failed = Family::<TaskLabels, Counter>::default();
+        registry.register(
+            "tasks_failed",
+            "Handler runs that failed, by taskType",
+            failed.clone(),
+        );
+        let dead_lettered = Family::<TaskLabels, Counter>::default();
+        registry.register(
+            "tasks_dead_lettered",
+            "Tasks moved to the dead-letter prefix, by taskType",
+            dead_lettered.clone(),
+        );
+        let handler_seconds = Family::<TaskLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.001, 2.0, 20))
+        });
+        registry.register(
+            "handler_duration_seconds",
+            "Handler run time by taskType",
+            handler_seconds.clone(),
+        );
+        let claim_conflicts = Counter::default();
+        registry.register(
+            "claim_conflicts",
+            "Claims refused because the task changed since it was listed",
+            claim_conflicts.clone(),
+        );
+        let queue_depth = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "queue_depth",
+            "Tasks by state at the leader's last listing (pending, in_flight, delayed, dead)",
+            queue_depth.clone(),
+        );
+        let consul_errors = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "consul_request_errors",
+            "Failed Consul requests by kind",
+            consul_errors.clone(),
+        );
+        let blocking_restarts = Counter::default();
+        registry.register(
+            "blocking_query_restarts",
+            "Blocking queries restarted from index 0 (errors or an index that went backwards)",
+            blocking_restarts.clone(),
+        );
+        Metrics {
+            registry,
+            known_types: task_types.into_iter().map(str::to_string).collect(),
+            leader,
+            fencing_token,
+            seconds_since_renewal,
+            last_renewal_ms: AtomicI64::new(0),
+            renewal_seconds,
+            claimed,
+            completed,
+            failed,
+            dead_lettered,
+            handler_seconds,
+            claim_conflicts,
+            queue_depth,
+            consul_errors,
+            blocking_restarts,
+        }
+    }
+
+    fn labels(&self, task_type: &str) -> TaskLabels {
+        let task_type = if self.known_types.contains(task_type) {
+            task_type
+        } else {
+            OTHER_TASK_TYPE
+        };
+        TaskLabels {
+            task_type: task_type.to_string(),
+        }
+    }
+
+    pub fn claimed(&self, task_type: &str) {
+        self.claimed.get_or_create(&self.labels(task_type)).inc();
+    }
+
+    pub fn completed(&self, task_type: &str, elapsed: Duration) {
+        let labels = self.labels(task_type);
+        self.completed.get_or_create(&labels).inc();
+        self.handler_seconds
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub fn failed(&self, task_type: &str, elapsed: Duration) {
+        let labels = self.labels(task_type);
+        self.failed.get_or_create(&labels).inc();
+        self.handler_seconds
+            .get_or_create(&labels)
+            .observe(elapsed.as_secs_f64());
+    }
+
+    pub fn dead_lettered(&self, task_type: &str) {
+        self.dead_lettered
+            .get_or_create(&self.labels(task_type))
+            .inc();
+    }
+
+    pub fn queue_depth(&self, pending: usize, in_flight: usize, delayed: usize) {
+        for (state, value) in [
+            ("pending", pending),
+            ("in_flight", in_flight),
+            ("delayed", delayed),
+        ] {
+            self.queue_depth
+                .get_or_create(&StateLabels {
+                    state: state.into(),
+                })
+                .set(value as i64);
+        }
+    }
+
+    pub fn dead_depth(&self, dead: usize) {
+        self.queue_depth
+            .get_or_create(&StateLabels {
+                state: "dead".into(),
+            })
+            .set(dead as i64);
+    }
+
+    pub fn consul_error(&self, error: &consul::Error) {
+        let kind = match error {
+            consul::Error::Transport { .. } => "transport",
+            consul::Error::Status { code, .. } if *code >= 500 => "status_5xx",
+            consul::Error::Status { .. } => "status_4xx",
+            consul::Error::Decode(_) => "decode",
+            consul::Error::CaFile { .. } | consul::Error::Address(_) => "config",
+        };
+        self.consul_errors
+            .get_or_create(&KindLabels { kind: kind.into() })
+            .inc();
+    }
+
+    pub fn renewed(&self, latency: Duration) {
+        self.renewal_seconds.observe(latency.as_secs_f64());
+        self.last_renewal_ms
+            .store(chrono::Utc::now().timestamp_millis(), Ordering::Relaxed);
+    }
+
+    pub fn leading(&self, fencing_token: Option<u64>) {
+        self.leader.set(fencing_token.is_some() as i64);
+        self.fencing_token.set(fencing_token.unwrap_or(0) as i64);
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let last = self.last_renewal_ms.load(Ordering::Relaxed);
+        if last > 0 {
+            let since = (chrono::Utc::now().timestamp_millis() - last).max(0) as f64 / 1000.0;
+            self.seconds_since_renewal.set(since);
+        }
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+}
+
+/// What the endpoints read.
+pub struct Observed {
+    pub metrics: Arc<Metrics>,
+    pub lease: Arc<Lease>,
+    pub client: Arc<Client>,
+    pub leader_key: String,
+    /// Cleared when the consumer loop has ended.
+    pub alive: AtomicBool,
+}
+
+pub fn router(observed: Arc<Observed>) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/health", get(health))
+        .route("/ready", get(ready))
+        .route("/leader", get(leader))
+        .with_state(observed)
+}
+
+async fn metrics(State(observed): State<Arc<Observed>>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        observed.metrics.encode(),
+    )
+        .into_response()
+}
+
+async fn health(State(observed): State<Arc<Observed>>) -> Response {
+    if observed.alive.load(Ordering::Relaxed) {
+        (StatusCode::OK, "ok\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the consumer loop has stopped\n",
+        )
+            .into_response()
+    }
+}
+
+/// Ready when the session is known alive: renewed within its TTL, which also shows Consul
+/// was reachable. A standby is ready too.
+async fn ready(State(observed): State<Arc<Observed>>) -> Response {
+    if observed.lease.is_fresh() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not ready: no session renewed within its TTL (is Consul reachable?)\n",
+        )
+            .into_response()
+    }
+}
+
+/// The current holder of the leader key, read from Consul.
+async fn leader(State(observed): State<Arc<Observed>>) -> Response {
+    match observed
+        .client
+        .kv_get(&observed.leader_key, QueryOptions::default())
+        .await
+    {
+        Ok((Some(entry), _)) if entry.session.is_some() => {
+            let holder: serde_json::Value =
+                serde_json::from_slice(&entry.value).unwrap_or_default();
+            let body = json!({
+                "node": holder.get("node"),
+                "session": entry.session,
+                "fencing_token": entry.lock_index,
+                "since": holder.get("since"),
+                "this_replica": observed.lease.session().is_some() && observed.lease.session() == entry.session,
+            });
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                body.to_string(),
+            )
+                .into_response()
+        }
+        Ok(_) => (
+            StatusCode::NOT_FOUND,
+            [(header::CONTENT_TYPE, "application/json")],
+            json!({"node": null, "error": "no leader"}).to_string(),
+        )
+            .into_response(),
+        Err(err) => (
+            StatusCode::BAD_GATEWAY,
+            format!("cannot read the leader key: {err}\n"),
+        )
+            .into_response(),
+    }
+}
+
+/// Binds the observe address, naming the setting when it cannot.
+pub async fn bind(listen: SocketAddr) -> Result<tokio::net::TcpListener, String> {
+    tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+        format!(
+            "cannot listen on {listen} for the observe endpoints (observe.listen): {e}; set observe.listen (LEADERQ__OBSERVE__LISTEN) to a free address, or observe.enabled = false"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Unknown task types share one label, so label count stays bounded.
+    #[test]
+    fn unknown_task_types_share_one_label() {
+        let metrics = Metrics::new(["CreateTableSpace"]);
+        metrics.claimed("CreateTableSpace");
+        for n in 0..50 {
+            metrics.claimed(&format!("random-{n}"));
+        }
+        let text = metrics.encode();
+        assert!(
+            text.contains(r#"leaderq_tasks_claimed_total{task_type="CreateTableSpace"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"leaderq_tasks_claimed_total{task_type="other"} 50"#),
+            "{text}"
+        );
+        assert!(!text.contains("random-"));
+    }
+}

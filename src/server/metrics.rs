@@ -1,0 +1,79 @@
+//! The embedded server's Prometheus metrics, served on `/metrics` beside the Consul API:
+//! requests by endpoint and status, write batch sizes, commit latency, blocked queries,
+//! sessions and keys. Recording only; the server's behaviour does not depend on them.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// The route, not the path, so keys never become labels.
+    pub endpoint: String,
+    pub status: u16,
+}
+
+pub struct ServerMetrics {
+    registry: Registry,
+    pub requests: Family<RequestLabels, Counter>,
+    pub batch_size: Histogram,
+    pub commit_seconds: Histogram,
+    pub blocked_queries: Gauge,
+    pub sessions: Gauge,
+    pub keys: Gauge,
+}
+
+impl Default for ServerMetrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("leaderq_server");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "http_requests",
+            "HTTP requests by endpoint and status",
+            requests.clone(),
+        );
+        let batch_size = Histogram::new(exponential_buckets(1.0, 2.0, 11));
+        registry.register(
+            "write_batch_size",
+            "Writes committed together in one fsync",
+            batch_size.clone(),
+        );
+        let commit_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        registry.register(
+            "commit_seconds",
+            "Time to persist one batch (fsync included)",
+            commit_seconds.clone(),
+        );
+        let blocked_queries = Gauge::default();
+        registry.register(
+            "blocked_queries",
+            "Blocking queries waiting now",
+            blocked_queries.clone(),
+        );
+        let sessions = Gauge::default();
+        registry.register("sessions", "Live sessions", sessions.clone());
+        let keys = Gauge::default();
+        registry.register("kv_keys", "KV entries", keys.clone());
+        ServerMetrics {
+            registry,
+            requests,
+            batch_size,
+            commit_seconds,
+            blocked_queries,
+            sessions,
+            keys,
+        }
+    }
+}
+
+impl ServerMetrics {
+    pub fn encode(&self) -> String {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry)
+            .expect("writing to a String cannot fail");
+        text
+    }
+}
