@@ -315,3 +315,22 @@ mod tests {
             .contains("/nonexistent/leaderq.toml"));
     }
 }
+
+#[cfg(test)]
+mod example_files {
+    use super::*;
+
+    /// The example settings shipped in config/ load and validate.
+    #[test]
+    fn shipped_examples_are_valid() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("config");
+        for name in ["production.toml", "compose.toml"] {
+            let settings = Settings::load(Some(&dir.join(name)), Env::new())
+                .unwrap_or_else(|e| panic!("config/{name}: {e}"));
+            assert!(
+                !settings.handlers.is_empty(),
+                "config/{name} has no handlers"
+            );
+        }
+    }
+}
