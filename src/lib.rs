@@ -12,10 +12,12 @@
 //! - [`consumer`]: the service loop that joins them (`leaderq consume`).
 //! - [`admin`]: `leaderq enqueue` and `leaderq status`.
 //! - [`dev`]: `leaderq dev`, server plus replicas for the quick start.
+//! - [`chaos`]: `leaderq chaos`, a failure-injection run of real processes with an audit.
 //! - [`bench`]: `leaderq bench`, measurements over real processes and HTTP.
 
 pub mod admin;
 pub mod bench;
+pub mod chaos;
 pub mod config;
 pub mod consul;
 pub mod consumer;

@@ -455,9 +455,9 @@ impl Queue {
             session: leadership.session.clone(),
         });
         let claimed = self.guarded(leadership, ops).await;
-        if matches!(claimed, Ok(Guarded::Done(_))) {
+        if let Ok(Guarded::Done(entries)) = &claimed {
             if let Some(done) = &carried {
-                self.log_completed(leadership, done);
+                self.log_completed(leadership, done, entries);
             }
         } else {
             // Nothing was applied; the caller completes the carried task on its own.
@@ -580,8 +580,15 @@ impl Queue {
         }
     }
 
-    fn log_completed(&self, leadership: &Leadership, done: &Finished) {
+    /// `entries` are the committed transaction's results; the first is the leader key as
+    /// the commit saw it, so its LockIndex is the fencing token that was current when the
+    /// task was deleted. Logging both lets an audit prove no stale leader completed a task.
+    fn log_completed(&self, leadership: &Leadership, done: &Finished, entries: &[KvPair]) {
         let task = &done.task;
+        let leader_lock_index = entries
+            .first()
+            .filter(|entry| entry.key == self.leader_key)
+            .map_or(0, |entry| entry.lock_index);
         self.metrics
             .completed(&task.task_type, Duration::from_millis(done.elapsed_ms));
         tracing::info!(
@@ -591,6 +598,7 @@ impl Queue {
             attempt = task.attempts + 1,
             fencing_token = leadership.fencing_token,
             elapsed_ms = done.elapsed_ms,
+            leader_lock_index,
             "task completed"
         );
     }
@@ -604,7 +612,7 @@ impl Queue {
             index: done.claim_index,
         }];
         match self.guarded(leadership, ops).await {
-            Ok(Guarded::Done(_)) => self.log_completed(leadership, done),
+            Ok(Guarded::Done(entries)) => self.log_completed(leadership, done, &entries),
             Ok(Guarded::Conflict(_)) => {
                 tracing::info!(task_key = %task.key, "task completed, but a producer rewrote it meanwhile; the new version stays queued");
                 self.release_current(leadership, &task.key).await;

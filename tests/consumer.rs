@@ -714,3 +714,39 @@ async fn tasks_cli_lists_retries_and_purges_dead_letters() {
     );
     assert!(bed.dead_letters().await.is_empty());
 }
+
+/// The short chaos run: leaders SIGKILLed and paused past their TTL, the server killed and
+/// restarted, handlers failing and hanging; the audit's invariants must all hold.
+#[test]
+fn short_chaos_run_keeps_every_invariant() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_leaderq"))
+        .args(["chaos", "--short", "--json"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let audit: Value = serde_json::from_slice(&output.stdout)
+        .unwrap_or_else(|e| panic!("no audit ({e}); stderr:\n{stderr}"));
+    assert!(output.status.success(), "{audit:#}\n{stderr}");
+    assert_eq!(audit["lost"], json!([]), "{audit:#}");
+    assert_eq!(audit["stale_completions"], json!([]), "{audit:#}");
+    // Each task is deleted once; a replica killed between a commit and its log line may
+    // leave one completion unlogged per kill.
+    let (completions, tasks) = (
+        audit["completions"].as_u64().unwrap(),
+        audit["tasks"].as_u64().unwrap(),
+    );
+    let kills = audit["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e.as_str().unwrap().starts_with("kill"))
+        .count() as u64;
+    assert!(
+        completions <= tasks && completions + kills >= tasks,
+        "{audit:#}"
+    );
+    assert!(
+        audit["events"].as_array().unwrap().len() >= 3,
+        "too few chaos events happened: {audit:#}"
+    );
+}
