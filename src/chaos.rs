@@ -22,8 +22,8 @@ use serde_json::{json, Value};
 
 /// Replica settings for chaos: short TTL and lock-delay so failovers take seconds, a
 /// handler time-out that turns hangs into retries.
-const SESSION_TTL: &str = "2s";
-const LOCK_DELAY: &str = "1s";
+pub(crate) const SESSION_TTL: &str = "2s";
+pub(crate) const LOCK_DELAY: &str = "1s";
 /// The chaos handler's time-out (in the replicas' settings below).
 const HANDLER_TIMEOUT: Duration = Duration::from_secs(2);
 /// A replica or server killed by the chaos is started again after this long.
@@ -106,25 +106,25 @@ struct Event {
     kind: &'static str,
 }
 
-fn now_ns() -> u128 {
+pub(crate) fn now_ns() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default()
         .as_nanos()
 }
 
-fn signal_group(pgid: u32, signal: &str) {
+pub(crate) fn signal_group(pgid: u32, signal: &str) {
     let _ = Command::new("kill")
         .args([format!("-{signal}"), "--".into(), format!("-{pgid}")])
         .status();
 }
 
-struct Server {
-    child: Child,
-    addr: String,
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) addr: String,
 }
 
-fn start_server(exe: &Path, listen: &str, data_dir: &Path) -> anyhow::Result<Server> {
+pub(crate) fn start_server(exe: &Path, listen: &str, data_dir: &Path) -> anyhow::Result<Server> {
     let mut child = Command::new(exe)
         .args([
             "server",
@@ -150,9 +150,26 @@ fn start_server(exe: &Path, listen: &str, data_dir: &Path) -> anyhow::Result<Ser
     Ok(Server { child, addr })
 }
 
-struct Replica {
-    name: String,
-    child: Child,
+pub(crate) struct Replica {
+    pub(crate) name: String,
+    pub(crate) child: Child,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Replica {
+    /// Kills the replica's whole process group, its handler included.
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            signal_group(self.child.id(), "KILL");
+            let _ = self.child.wait();
+        }
+    }
 }
 
 fn handler_script(journal: &Path, replica: &str) -> String {
@@ -167,7 +184,7 @@ fn handler_script(journal: &Path, replica: &str) -> String {
     )
 }
 
-fn start_replica(
+pub(crate) fn start_replica(
     exe: &Path,
     dir: &Path,
     consul: &str,
@@ -227,7 +244,7 @@ async fn leader_session(http: &reqwest::Client, consul: &str) -> Option<(String,
 }
 
 /// Waits until a replica other than those in `not` leads; returns its name.
-async fn wait_for_leader(
+pub(crate) async fn wait_for_leader(
     http: &reqwest::Client,
     consul: &str,
     not: &[&str],

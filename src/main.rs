@@ -87,7 +87,7 @@ struct BenchArgs {
     #[arg(long, default_value_t = 100_000)]
     memory_keys: usize,
     /// Run one section only.
-    #[arg(long, value_parser = ["server", "consumer"])]
+    #[arg(long, value_parser = ["server", "consumer", "failover"])]
     only: Option<String>,
 }
 

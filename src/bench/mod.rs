@@ -15,6 +15,7 @@ use anyhow::{bail, Context};
 use serde_json::{json, Map, Value};
 
 mod consumer;
+mod failover;
 mod server;
 
 /// Size of the values written by the load phases, as in the memory target.
@@ -220,6 +221,9 @@ pub async fn run(options: Options, as_json: bool) -> anyhow::Result<()> {
     }
     if wants("consumer") {
         consumer::section(&options, &mut report).await?;
+    }
+    if wants("failover") {
+        failover::section(options.handovers, &mut report).await?;
     }
     if as_json {
         println!("{}", Value::Object(report.json));
