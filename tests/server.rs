@@ -26,6 +26,24 @@ async fn get(server: &ServerProcess, path: &str) -> reqwest::Response {
     client().get(server.url(path)).send().await.unwrap()
 }
 
+/// Follows a key with blocking queries until no session holds it (guarded against hangs).
+async fn wait_until_unlocked(server: &ServerProcess, key: &str) {
+    let started = Instant::now();
+    let mut index = index_of(&get(server, &format!("/v1/kv/{key}")).await);
+    loop {
+        let response = get(server, &format!("/v1/kv/{key}?index={index}&wait=10s")).await;
+        index = index_of(&response);
+        let entries: Value = response.json().await.unwrap();
+        if entries[0].get("Session").is_none() {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{key} stayed locked"
+        );
+    }
+}
+
 async fn create_session(server: &ServerProcess, body: Value) -> String {
     let response = put(server, "/v1/session/create", &body.to_string()).await;
     assert_eq!(response.status(), 200);
@@ -372,19 +390,7 @@ async fn session_expires_after_twice_its_ttl() {
     let started = Instant::now();
     let session = create_session(&server, json!({"TTL": "1s", "LockDelay": "0s"})).await;
     put(&server, &format!("/v1/kv/held?acquire={session}"), "x").await;
-    let mut index = index_of(&get(&server, "/v1/kv/held").await);
-    loop {
-        let response = get(&server, &format!("/v1/kv/held?index={index}&wait=10s")).await;
-        index = index_of(&response);
-        let entries: Value = response.json().await.unwrap();
-        if entries[0].get("Session").is_none() {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "session never expired"
-        );
-    }
+    wait_until_unlocked(&server, "held").await;
     assert!(
         started.elapsed() >= Duration::from_millis(1900),
         "expired before 2×TTL"
@@ -514,20 +520,7 @@ async fn ttl_checks_invalidate_bound_sessions() {
         200
     );
     // Stop passing: within the check's TTL it goes critical and the session dies.
-    let started = Instant::now();
-    let mut index = index_of(&get(&server, "/v1/kv/job").await);
-    loop {
-        let response = get(&server, &format!("/v1/kv/job?index={index}&wait=10s")).await;
-        index = index_of(&response);
-        let entries: Value = response.json().await.unwrap();
-        if entries[0].get("Session").is_none() {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "check never expired"
-        );
-    }
+    wait_until_unlocked(&server, "job").await;
     let checks: Value = get(&server, "/v1/agent/checks").await.json().await.unwrap();
     assert_eq!(checks["worker"]["Status"], "critical");
     assert!(checks["worker"]["Output"]

@@ -5,13 +5,11 @@
 //! `server.rs` measures the embedded server, `consumer.rs` the consumer. Numbers only:
 //! nothing here fails on a missed target; people judge.
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use serde_json::{json, Map, Value};
 
 mod consumer;
@@ -56,9 +54,10 @@ impl Default for Options {
     }
 }
 
-/// A `leaderq server` child process for the benchmark, killed on drop.
+/// A `leaderq server` child process for the benchmark with its temp data dir; the process
+/// is killed on drop.
 struct ServerChild {
-    child: Child,
+    server: crate::chaos::Server,
     base: String,
     _dir: TempDir,
 }
@@ -67,30 +66,17 @@ impl ServerChild {
     fn start() -> anyhow::Result<ServerChild> {
         let dir = TempDir::new()?;
         let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
-        let mut child = Command::new(exe)
-            .args(["server", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(&dir.0)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("cannot start leaderq server")?;
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().context("no stdout")?).read_line(&mut line)?;
-        let Some(addr) = line.trim().strip_prefix("leaderq server listening on ") else {
-            let _ = child.kill();
-            bail!("leaderq server did not start");
-        };
+        let server = crate::chaos::start_server(&exe, "127.0.0.1:0", &dir.0)?;
         Ok(ServerChild {
-            base: addr.to_string(),
-            child,
+            base: format!("http://{}", server.addr),
+            server,
             _dir: dir,
         })
     }
 
     /// Current and peak resident set size in bytes, from /proc.
     fn rss(&self) -> Option<(u64, u64)> {
-        rss_of(self.child.id())
+        rss_of(self.server.child.id())
     }
 }
 
@@ -108,13 +94,6 @@ fn rss_of(pid: u32) -> Option<(u64, u64)> {
             .map(|kib| kib * 1024)
     };
     Some((field("VmRSS:")?, field("VmHWM:")?))
-}
-
-impl Drop for ServerChild {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// A temporary directory removed on drop (the benchmark is a binary, not a test).

@@ -24,29 +24,17 @@ impl Client {
             "Status": "passing",
             "Notes": notes,
         });
-        let response = self
-            .send(
-                Method::PUT,
-                "/v1/agent/check/register",
-                Some(body.to_string().into_bytes()),
-                self.request_timeout,
-            )
-            .await?;
-        if response.status() != StatusCode::OK {
-            return Err(status_error(response).await);
-        }
-        Ok(())
+        self.send_expecting_ok(
+            Method::PUT,
+            "/v1/agent/check/register",
+            Some(body.to_string().into_bytes()),
+        )
+        .await
     }
 
     pub async fn check_pass(&self, id: &str) -> Result<(), Error> {
         let path = format!("/v1/agent/check/pass/{}", escape_key(id));
-        let response = self
-            .send(Method::PUT, &path, None, self.request_timeout)
-            .await?;
-        if response.status() != StatusCode::OK {
-            return Err(status_error(response).await);
-        }
-        Ok(())
+        self.send_expecting_ok(Method::PUT, &path, None).await
     }
 
     pub async fn check_deregister(&self, id: &str) -> Result<(), Error> {

@@ -148,16 +148,4 @@ impl Client {
             .map_err(|e| Error::Decode(e.to_string()))?;
         Ok(body.contains("true"))
     }
-
-    /// Deletes one key (missing keys are fine).
-    pub async fn kv_delete(&self, key: &str) -> Result<(), Error> {
-        let path = format!("/v1/kv/{}", escape_key(key));
-        let response = self
-            .send(Method::DELETE, &path, None, self.request_timeout)
-            .await?;
-        if response.status() != StatusCode::OK {
-            return Err(status_error(response).await);
-        }
-        Ok(())
-    }
 }

@@ -187,6 +187,20 @@ impl Client {
         Err(last_error.expect("at least one address was tried"))
     }
 
+    /// Sends a request whose only answer of interest is a 200.
+    async fn send_expecting_ok(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(), Error> {
+        let response = self.send(method, path, body, self.request_timeout).await?;
+        if response.status() != StatusCode::OK {
+            return Err(status_error(response).await);
+        }
+        Ok(())
+    }
+
     /// Time-out for a request: a blocking query gets its wait plus Consul's jitter on top.
     fn timeout_for(&self, options: &QueryOptions) -> Duration {
         match (options.index, options.wait) {

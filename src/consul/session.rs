@@ -93,12 +93,6 @@ impl Client {
 
     pub async fn session_destroy(&self, id: &str) -> Result<(), Error> {
         let path = format!("/v1/session/destroy/{}", escape_key(id));
-        let response = self
-            .send(Method::PUT, &path, None, self.request_timeout)
-            .await?;
-        if response.status() != StatusCode::OK {
-            return Err(status_error(response).await);
-        }
-        Ok(())
+        self.send_expecting_ok(Method::PUT, &path, None).await
     }
 }
