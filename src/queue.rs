@@ -22,6 +22,11 @@ use crate::task::{dead_letter, Status, Task};
 
 /// Back-off after Consul errors while leading, so an outage is not a hot loop.
 const ERROR_BACKOFF: Duration = Duration::from_secs(1);
+/// Tasks claimed in one transaction while handlers are fast: fewer commits per task on a
+/// backlog. 1 + 3 × 32 ops stays under Consul's 128-op limit per transaction.
+const CLAIM_BATCH: usize = 32;
+/// A handler run shorter than this lets the next claim take a batch.
+const FAST_HANDLER: Duration = Duration::from_millis(5);
 /// Tasks claimed from one listing before listing again, so that a task queued meanwhile
 /// with an earlier taskTime waits at most this many runs.
 const MAX_TASKS_PER_LISTING: usize = 256;
@@ -101,43 +106,7 @@ impl Queue {
             index.update(returned);
             match self.pick(leadership, entries, &mut foreign_logged).await {
                 Ok(Pick::Run(tasks)) => {
-                    // Work through this listing in order; each claim's check-index catches a
-                    // task that changed since, and a conflict sends us back to list again.
-                    let mut finished: Option<Finished> = None;
-                    let mut end = None;
-                    for task in tasks.into_iter().take(MAX_TASKS_PER_LISTING) {
-                        if shutdown.is_cancelled() {
-                            end = Some(LeadEnd::Shutdown);
-                        } else if !lease.is_fresh() {
-                            end = Some(LeadEnd::StepDown(
-                                "session not renewed within its TTL".into(),
-                            ));
-                        }
-                        if end.is_some() {
-                            break;
-                        }
-                        match self
-                            .claim_and_run(
-                                leadership,
-                                lease,
-                                shutdown,
-                                Box::new(task),
-                                &mut finished,
-                            )
-                            .await
-                        {
-                            Run::Next => {}
-                            Run::Relist => break,
-                            Run::End(ending) => {
-                                end = Some(ending);
-                                break;
-                            }
-                        }
-                    }
-                    if let Some(done) = finished {
-                        self.complete(leadership, &done).await;
-                    }
-                    if let Some(end) = end {
+                    if let Some(end) = self.work_through(leadership, lease, shutdown, tasks).await {
                         return end;
                     }
                 }
@@ -425,95 +394,221 @@ impl Queue {
         self.dead_letter(leadership, &pair, &reason).await
     }
 
-    /// Claims `task`, runs its handler and settles the result.
-    async fn claim_and_run(
+    /// Works through one listing's pending tasks in claim order. Tasks are claimed one at a
+    /// time, or in batches of up to CLAIM_BATCH while handlers finish fast; each claim's
+    /// check-index catches a task that changed since the listing, and a conflict sends the
+    /// leader back to list again. Finished tasks are deleted in the next claim's transaction.
+    async fn work_through(
         &self,
         leadership: &Leadership,
         lease: &Lease,
         shutdown: &CancellationToken,
-        task: Box<Task>,
-        finished: &mut Option<Finished>,
-    ) -> Run {
-        let claimed_value = task.claimed(&leadership.session, &self.node_id, Utc::now());
-        let mut ops = Vec::with_capacity(3);
-        // The previous task's deletion rides in this claim's transaction: one commit per
-        // task instead of two. It is applied only if the whole claim is.
-        let carried = finished.take();
-        if let Some(done) = &carried {
+        tasks: Vec<Task>,
+    ) -> Option<LeadEnd> {
+        let mut pending: std::collections::VecDeque<Task> =
+            tasks.into_iter().take(MAX_TASKS_PER_LISTING).collect();
+        let mut finished: Vec<Finished> = Vec::new();
+        let mut fast = false;
+        let mut end = None;
+        'listing: while !pending.is_empty() {
+            if let Some(stop) = self.must_stop(lease, shutdown) {
+                end = Some(stop);
+                break;
+            }
+            let size = if fast {
+                CLAIM_BATCH.min(pending.len())
+            } else {
+                1
+            };
+            let batch: Vec<Task> = pending.drain(..size).collect();
+            let claimed = match self.claim_batch(leadership, batch, &mut finished).await {
+                Claim::Claimed(claimed) => claimed,
+                Claim::Relist => break,
+                Claim::End(stop) => {
+                    end = Some(stop);
+                    break;
+                }
+            };
+            let mut claimed = claimed.into_iter();
+            while let Some((task, claim_index)) = claimed.next() {
+                // "Renew between tasks": a batch claimed ahead still runs only while the lease
+                // is fresh; what did not start goes back untouched.
+                let stop = match self.must_stop(lease, shutdown) {
+                    Some(stop) => Some(stop),
+                    None => {
+                        let run = self
+                            .run_claimed(
+                                leadership,
+                                lease,
+                                shutdown,
+                                task,
+                                claim_index,
+                                &mut finished,
+                            )
+                            .await;
+                        fast = run.elapsed < FAST_HANDLER;
+                        run.end
+                    }
+                };
+                if let Some(stop) = stop {
+                    self.release_unstarted(leadership, claimed.collect()).await;
+                    end = Some(stop);
+                    break 'listing;
+                }
+            }
+        }
+        self.complete_all(leadership, finished).await;
+        end
+    }
+
+    fn must_stop(&self, lease: &Lease, shutdown: &CancellationToken) -> Option<LeadEnd> {
+        if shutdown.is_cancelled() {
+            return Some(LeadEnd::Shutdown);
+        }
+        if !lease.is_fresh() {
+            return Some(LeadEnd::StepDown(
+                "session not renewed within its TTL".into(),
+            ));
+        }
+        None
+    }
+
+    /// Claims `batch` in one transaction that also deletes the `finished` tasks.
+    async fn claim_batch(
+        &self,
+        leadership: &Leadership,
+        batch: Vec<Task>,
+        finished: &mut Vec<Finished>,
+    ) -> Claim {
+        let now = Utc::now();
+        let values: Vec<Vec<u8>> = batch
+            .iter()
+            .map(|task| task.claimed(&leadership.session, &self.node_id, now))
+            .collect();
+        let mut ops = Vec::with_capacity(finished.len() + 2 * batch.len());
+        // Finished tasks are deleted in this claim's transaction: one commit, not two. It
+        // is applied only if the whole claim is.
+        for done in finished.iter() {
             ops.push(TxnOp::DeleteCas {
                 key: done.task.key.clone(),
                 index: done.claim_index,
             });
         }
-        ops.push(TxnOp::CheckIndex {
-            key: task.key.clone(),
-            index: task.modify_index,
-        });
-        ops.push(TxnOp::Lock {
-            key: task.key.clone(),
-            value: claimed_value.clone(),
-            session: leadership.session.clone(),
-        });
-        let claimed = self.guarded(leadership, ops).await;
-        if let Ok(Guarded::Done(entries)) = &claimed {
-            if let Some(done) = &carried {
-                self.log_completed(leadership, done, entries);
-            }
-        } else {
-            // Nothing was applied; the caller completes the carried task on its own.
-            *finished = carried;
+        for (task, value) in batch.iter().zip(&values) {
+            ops.push(TxnOp::CheckIndex {
+                key: task.key.clone(),
+                index: task.modify_index,
+            });
+            ops.push(TxnOp::Lock {
+                key: task.key.clone(),
+                value: value.clone(),
+                session: leadership.session.clone(),
+            });
         }
-        let claim_index = match claimed {
-            // The check-index result carries the old index; the lock's, which comes last,
-            // is the claim's.
-            Ok(Guarded::Done(entries)) => entries
-                .iter()
-                .rev()
-                .find(|e| e.key == task.key)
-                .map(|e| e.modify_index)
-                .unwrap_or(0),
+        let entries = match self.guarded(leadership, ops).await {
+            Ok(Guarded::Done(entries)) => entries,
+            // Nothing was applied; the finished tasks are completed on their own later.
             Ok(Guarded::NotLeader) => {
-                return Run::End(LeadEnd::StepDown("lost leadership at claim".into()))
+                return Claim::End(LeadEnd::StepDown("lost leadership at claim".into()))
             }
             Ok(Guarded::Conflict(errors)) => {
                 self.metrics.claim_conflicts.inc();
-                tracing::debug!(task_key = %task.key, ?errors, "claim conflict; listing again");
-                return Run::Relist;
+                tracing::debug!(?errors, "claim conflict; listing again");
+                return Claim::Relist;
             }
             Err(err) => {
                 tracing::warn!(error = %err, "claim failed");
-                return if self.pause(shutdown, ERROR_BACKOFF).await {
-                    Run::End(LeadEnd::Shutdown)
-                } else {
-                    Run::Relist
-                };
+                return Claim::Relist;
             }
         };
+        for done in finished.drain(..) {
+            self.log_completed(leadership, &done, &entries);
+        }
+        let mut claimed = Vec::with_capacity(batch.len());
+        for (task, value) in batch.into_iter().zip(values) {
+            // Each task's check-index result carries its old index; its lock result, which
+            // comes after, carries the claim's.
+            let claim_index = entries
+                .iter()
+                .rev()
+                .find(|e| e.key == task.key)
+                .map_or(0, |e| e.modify_index);
+            let attempt = task.attempts + 1;
+            self.metrics.claimed(&task.task_type);
+            tracing::info!(
+                task_key = %task.key,
+                task_id = %task.id,
+                task_type = %task.task_type,
+                attempt,
+                fencing_token = leadership.fencing_token,
+                "task claimed"
+            );
+            claimed.push((
+                Claimed {
+                    task: Box::new(task),
+                    value,
+                },
+                claim_index,
+            ));
+        }
+        Claim::Claimed(claimed)
+    }
+
+    /// Unlocks claimed tasks whose handlers never started, restoring their value, so they
+    /// go back to the queue without using an attempt. Only this session's own locks are
+    /// touched, so no leader check is needed.
+    async fn release_unstarted(&self, leadership: &Leadership, unstarted: Vec<(Claimed, u64)>) {
+        if unstarted.is_empty() {
+            return;
+        }
+        let mut ops = Vec::with_capacity(unstarted.len() * 2);
+        for (claimed, claim_index) in &unstarted {
+            let task = &claimed.task;
+            ops.push(TxnOp::CheckIndex {
+                key: task.key.clone(),
+                index: *claim_index,
+            });
+            ops.push(TxnOp::Unlock {
+                key: task.key.clone(),
+                value: task.with(&[]),
+                session: leadership.session.clone(),
+            });
+        }
+        if let Err(err) = self.client.txn(&ops).await {
+            tracing::warn!(error = %err, "cannot release tasks claimed but not started; the next leader requeues them");
+        }
+    }
+
+    /// Runs one claimed task's handler and settles a failure; a success joins `finished`.
+    async fn run_claimed(
+        &self,
+        leadership: &Leadership,
+        lease: &Lease,
+        shutdown: &CancellationToken,
+        claimed: Claimed,
+        claim_index: u64,
+        finished: &mut Vec<Finished>,
+    ) -> RunOutcome {
+        let Claimed { task, value } = claimed;
         let attempt = task.attempts + 1;
-        self.metrics.claimed(&task.task_type);
-        tracing::info!(
-            task_key = %task.key,
-            task_id = %task.id,
-            task_type = %task.task_type,
-            attempt,
-            fencing_token = leadership.fencing_token,
-            "task claimed"
-        );
+        let started = std::time::Instant::now();
         let Some(handler) = self.registry.get(&task.task_type) else {
             // Checked before the claim; the task is requeued as ours at the next listing.
-            return Run::Relist;
+            return RunOutcome {
+                elapsed: started.elapsed(),
+                end: None,
+            };
         };
         let cancel = CancellationToken::new();
         let ctx = TaskContext {
             key: task.key.clone(),
             task_id: task.id.clone(),
             task_type: task.task_type.clone(),
-            task_json: claimed_value,
+            task_json: value,
             attempt,
             fencing_token: leadership.fencing_token,
             cancel: cancel.clone(),
         };
-        let started = std::time::Instant::now();
         let mut run = handler.handle(&ctx);
         let mut ending: Option<LeadEnd> = None;
         let result = loop {
@@ -535,15 +630,15 @@ impl Queue {
                 }
             }
         };
-        let elapsed_ms = started.elapsed().as_millis() as u64;
+        drop(run);
+        let elapsed = started.elapsed();
+        let elapsed_ms = elapsed.as_millis() as u64;
         match (result, &ending) {
-            (Ok(()), _) => {
-                *finished = Some(Finished {
-                    task,
-                    claim_index,
-                    elapsed_ms,
-                });
-            }
+            (Ok(()), _) => finished.push(Finished {
+                task,
+                claim_index,
+                elapsed_ms,
+            }),
             (Err(err), Some(LeadEnd::Shutdown)) if cancel.is_cancelled() => {
                 // Cut short by us, not failed: back in the queue without using an attempt.
                 let value = task.retried(
@@ -555,14 +650,17 @@ impl Queue {
                     .await;
             }
             (Err(err), _) => {
-                self.metrics.failed(&task.task_type, started.elapsed());
+                self.metrics.failed(&task.task_type, elapsed);
                 tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt, fencing_token = leadership.fencing_token, error = %err, elapsed_ms, "task failed");
                 if attempt >= self.settings.max_attempts {
                     if let Err(end) = self
                         .exhausted(leadership, &task, claim_index, attempt, &err.0)
                         .await
                     {
-                        return Run::End(ending.unwrap_or(end));
+                        return RunOutcome {
+                            elapsed,
+                            end: Some(ending.unwrap_or(end)),
+                        };
                     }
                 } else {
                     let backoff = self.backoff(attempt);
@@ -574,9 +672,9 @@ impl Queue {
                 }
             }
         }
-        match ending {
-            Some(end) => Run::End(end),
-            None => Run::Next,
+        RunOutcome {
+            elapsed,
+            end: ending,
         }
     }
 
@@ -622,6 +720,35 @@ impl Queue {
             }
             Err(err) => {
                 tracing::warn!(task_key = %task.key, error = %err, "cannot delete the completed task; it will run again")
+            }
+        }
+    }
+
+    /// Deletes finished tasks in one transaction; if one of them was rewritten meanwhile,
+    /// each is completed on its own so the rewritten one is released, not deleted.
+    async fn complete_all(&self, leadership: &Leadership, finished: Vec<Finished>) {
+        match finished.len() {
+            0 => return,
+            1 => return self.complete(leadership, &finished[0]).await,
+            _ => {}
+        }
+        let ops = finished
+            .iter()
+            .map(|done| TxnOp::DeleteCas {
+                key: done.task.key.clone(),
+                index: done.claim_index,
+            })
+            .collect();
+        match self.guarded(leadership, ops).await {
+            Ok(Guarded::Done(entries)) => {
+                for done in &finished {
+                    self.log_completed(leadership, done, &entries);
+                }
+            }
+            _ => {
+                for done in &finished {
+                    self.complete(leadership, done).await;
+                }
             }
         }
     }
@@ -715,11 +842,23 @@ struct Finished {
     elapsed_ms: u64,
 }
 
-/// What the leader does after one claim attempt.
-enum Run {
-    /// Go on with the next task of the listing.
-    Next,
+/// A claimed task and the value its claim wrote (what the handler gets).
+struct Claimed {
+    task: Box<Task>,
+    value: Vec<u8>,
+}
+
+/// The result of one claim transaction.
+enum Claim {
+    /// Claimed, in order, each with its claim's ModifyIndex.
+    Claimed(Vec<(Claimed, u64)>),
     /// The listing is stale (a claim conflict or an error): list again.
     Relist,
     End(LeadEnd),
+}
+
+/// How one handler run went: how long it took, and whether leadership ends.
+struct RunOutcome {
+    elapsed: Duration,
+    end: Option<LeadEnd>,
 }
