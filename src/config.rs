@@ -12,6 +12,10 @@ use serde::{Deserialize, Deserializer};
 
 use crate::server::duration;
 
+/// The largest `queue.claim_batch`: a batch's transaction (leader check, deletions of the
+/// previous batch, a check and a lock per task) must stay within Consul's 128 operations.
+pub const MAX_CLAIM_BATCH: usize = 32;
+
 /// The defaults, compiled in so that the binary runs with no file at all.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
@@ -61,6 +65,7 @@ pub struct QueueSettings {
     pub prefix: String,
     pub dead_prefix: String,
     pub max_attempts: u32,
+    pub claim_batch: usize,
     #[serde(deserialize_with = "go_duration")]
     pub backoff_base: Duration,
     #[serde(deserialize_with = "go_duration")]
@@ -205,6 +210,11 @@ impl Settings {
                 self.queue.prefix, self.queue.dead_prefix
             ));
         }
+        if !(1..=MAX_CLAIM_BATCH).contains(&self.queue.claim_batch) {
+            return invalid(format!(
+                "queue.claim_batch must be between 1 and {MAX_CLAIM_BATCH} (one transaction holds at most 128 operations)"
+            ));
+        }
         if self.queue.max_attempts == 0 {
             return invalid("queue.max_attempts must be at least 1".into());
         }
@@ -308,6 +318,12 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("max_attempts"), "{err}");
+        for bad in ["0", "33"] {
+            let err = Settings::load(None, env(&[("LEADERQ__QUEUE__CLAIM_BATCH", bad)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("queue.claim_batch"), "{err}");
+        }
         let missing = Settings::load(Some(Path::new("/nonexistent/leaderq.toml")), Env::new());
         assert!(missing
             .unwrap_err()

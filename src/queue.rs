@@ -22,9 +22,6 @@ use crate::task::{dead_letter, Status, Task};
 
 /// Back-off after Consul errors while leading, so an outage is not a hot loop.
 const ERROR_BACKOFF: Duration = Duration::from_secs(1);
-/// Tasks claimed in one transaction while handlers are fast: fewer commits per task on a
-/// backlog. 1 + 3 × 32 ops stays under Consul's 128-op limit per transaction.
-const CLAIM_BATCH: usize = 32;
 /// A handler run shorter than this lets the next claim take a batch.
 const FAST_HANDLER: Duration = Duration::from_millis(5);
 /// Tasks claimed from one listing before listing again, so that a task queued meanwhile
@@ -70,6 +67,10 @@ impl Queue {
     ) -> LeadEnd {
         let mut index = WatchIndex::default();
         let mut foreign_logged: HashSet<String> = HashSet::new();
+        // Finished tasks whose deletion could not be recorded (Consul unreachable). They are
+        // still locked by this session, so until they are recorded the leader neither lists
+        // nor claims: a listing would take them for runs cut short and run them again.
+        let mut unrecorded: Vec<Finished> = Vec::new();
         loop {
             if shutdown.is_cancelled() {
                 return LeadEnd::Shutdown;
@@ -77,6 +78,16 @@ impl Queue {
             // "Renew between tasks": no claim unless the lease is known to be fresh.
             if !lease.is_fresh() {
                 return LeadEnd::StepDown("session not renewed within its TTL".into());
+            }
+            if !unrecorded.is_empty() {
+                unrecorded = self.complete_all(leadership, unrecorded).await;
+                if !unrecorded.is_empty() {
+                    if self.pause(shutdown, ERROR_BACKOFF).await {
+                        return LeadEnd::Shutdown;
+                    }
+                    continue;
+                }
+                index.reset();
             }
             let options = QueryOptions {
                 index: index.get(),
@@ -106,7 +117,9 @@ impl Queue {
             index.update(returned);
             match self.pick(leadership, entries, &mut foreign_logged).await {
                 Ok(Pick::Run(tasks)) => {
-                    if let Some(end) = self.work_through(leadership, lease, shutdown, tasks).await {
+                    let (end, left) = self.work_through(leadership, lease, shutdown, tasks).await;
+                    unrecorded = left;
+                    if let Some(end) = end {
                         return end;
                     }
                 }
@@ -395,7 +408,7 @@ impl Queue {
     }
 
     /// Works through one listing's pending tasks in claim order. Tasks are claimed one at a
-    /// time, or in batches of up to CLAIM_BATCH while handlers finish fast; each claim's
+    /// time, or in batches of up to `claim_batch` while handlers finish fast; each claim's
     /// check-index catches a task that changed since the listing, and a conflict sends the
     /// leader back to list again. Finished tasks are deleted in the next claim's transaction.
     async fn work_through(
@@ -404,7 +417,7 @@ impl Queue {
         lease: &Lease,
         shutdown: &CancellationToken,
         tasks: Vec<Task>,
-    ) -> Option<LeadEnd> {
+    ) -> (Option<LeadEnd>, Vec<Finished>) {
         let mut pending: std::collections::VecDeque<Task> =
             tasks.into_iter().take(MAX_TASKS_PER_LISTING).collect();
         let mut finished: Vec<Finished> = Vec::new();
@@ -416,7 +429,7 @@ impl Queue {
                 break;
             }
             let size = if fast {
-                CLAIM_BATCH.min(pending.len())
+                self.settings.claim_batch.min(pending.len())
             } else {
                 1
             };
@@ -457,8 +470,8 @@ impl Queue {
                 }
             }
         }
-        self.complete_all(leadership, finished).await;
-        end
+        let unrecorded = self.complete_all(leadership, finished).await;
+        (end, unrecorded)
     }
 
     fn must_stop(&self, lease: &Lease, shutdown: &CancellationToken) -> Option<LeadEnd> {
@@ -703,14 +716,16 @@ impl Queue {
 
     /// Deletes a finished task, but only the version this run claimed: a producer's newer
     /// write under the same key is released back to the queue instead.
-    async fn complete(&self, leadership: &Leadership, done: &Finished) {
+    /// Returns the task back when its deletion could not be recorded (Consul unreachable),
+    /// so that the caller retries it: a finished task is never mistaken for a cut-short one.
+    async fn complete(&self, leadership: &Leadership, done: Finished) -> Option<Finished> {
         let task = &done.task;
         let ops = vec![TxnOp::DeleteCas {
             key: task.key.clone(),
             index: done.claim_index,
         }];
         match self.guarded(leadership, ops).await {
-            Ok(Guarded::Done(entries)) => self.log_completed(leadership, done, &entries),
+            Ok(Guarded::Done(entries)) => self.log_completed(leadership, &done, &entries),
             Ok(Guarded::Conflict(_)) => {
                 tracing::info!(task_key = %task.key, "task completed, but a producer rewrote it meanwhile; the new version stays queued");
                 self.release_current(leadership, &task.key).await;
@@ -719,18 +734,27 @@ impl Queue {
                 tracing::warn!(task_key = %task.key, "task completed after this replica lost leadership; the next leader will run it again");
             }
             Err(err) => {
-                tracing::warn!(task_key = %task.key, error = %err, "cannot delete the completed task; it will run again")
+                tracing::warn!(task_key = %task.key, error = %err, "cannot record the completed task yet; retrying");
+                return Some(done);
             }
         }
+        None
     }
 
     /// Deletes finished tasks in one transaction; if one of them was rewritten meanwhile,
-    /// each is completed on its own so the rewritten one is released, not deleted.
-    async fn complete_all(&self, leadership: &Leadership, finished: Vec<Finished>) {
-        match finished.len() {
-            0 => return,
-            1 => return self.complete(leadership, &finished[0]).await,
-            _ => {}
+    /// each is completed on its own so the rewritten one is released, not deleted. Returns
+    /// those whose deletion could not be recorded yet.
+    async fn complete_all(
+        &self,
+        leadership: &Leadership,
+        finished: Vec<Finished>,
+    ) -> Vec<Finished> {
+        if finished.len() <= 1 {
+            let mut left = Vec::new();
+            for done in finished {
+                left.extend(self.complete(leadership, done).await);
+            }
+            return left;
         }
         let ops = finished
             .iter()
@@ -744,11 +768,14 @@ impl Queue {
                 for done in &finished {
                     self.log_completed(leadership, done, &entries);
                 }
+                Vec::new()
             }
             _ => {
-                for done in &finished {
-                    self.complete(leadership, done).await;
+                let mut left = Vec::new();
+                for done in finished {
+                    left.extend(self.complete(leadership, done).await);
                 }
+                left
             }
         }
     }
