@@ -546,8 +546,14 @@ fn audit(dir: &Path, journal: &Path, ids: &[String], events: &[Event]) -> anyhow
         }
         audit.completed += 1;
         if completed.len() > 1 {
-            let first = completed[0];
-            if hit_during(first) {
+            // The first run's completion was never recorded; that is allowed only if its
+            // replica was killed or paused after the run started and before the task ran
+            // again (a Consul outage is retried, never a reason).
+            let (first, second) = (completed[0], completed[1]);
+            let hit_before_rerun = events.iter().any(|e| {
+                e.replica == first.replica && e.at_ns >= first.start && e.at_ns <= second.start
+            });
+            if hit_before_rerun {
                 audit.repeats.insert(
                     id.clone(),
                     format!(

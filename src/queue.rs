@@ -460,6 +460,15 @@ impl Queue {
                             )
                             .await;
                         fast = run.elapsed < FAST_HANDLER;
+                        // Past a slow run, finished tasks are recorded at once rather than
+                        // at the next claim, which keeps the window in which a crash makes
+                        // them run again short.
+                        if !fast && !finished.is_empty() {
+                            let left = self
+                                .complete_all(leadership, std::mem::take(&mut finished))
+                                .await;
+                            finished = left;
+                        }
                         run.end
                     }
                 };
