@@ -190,19 +190,9 @@ impl Bed {
             return HashMap::new();
         }
         let entries: Value = response.json().await.unwrap();
-        entries
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| {
-                let value = base64::engine::general_purpose::STANDARD
-                    .decode(e["Value"].as_str().unwrap())
-                    .unwrap();
-                (
-                    e["Key"].as_str().unwrap().to_string(),
-                    serde_json::from_slice(&value).unwrap(),
-                )
-            })
+        common::values_by_key(&entries)
+            .into_iter()
+            .map(|(key, value)| (key, serde_json::from_slice(&value).unwrap()))
             .collect()
     }
 }

@@ -661,19 +661,9 @@ async fn acknowledged_writes_survive_sigkill() {
         let response = get(&restarted, "/v1/kv/load/?recurse").await;
         let index = index_of(&response);
         let entries: Value = response.json().await.unwrap();
-        let stored: std::collections::HashMap<String, String> = entries
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| {
-                let value = base64::engine::general_purpose::STANDARD
-                    .decode(e["Value"].as_str().unwrap())
-                    .unwrap();
-                (
-                    e["Key"].as_str().unwrap().to_string(),
-                    String::from_utf8(value).unwrap(),
-                )
-            })
+        let stored: std::collections::HashMap<String, String> = common::values_by_key(&entries)
+            .into_iter()
+            .map(|(key, value)| (key, String::from_utf8(value).unwrap()))
             .collect();
         for key in &acknowledged {
             assert_eq!(

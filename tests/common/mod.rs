@@ -184,3 +184,19 @@ impl Drop for ConsumerProcess {
         self.kill();
     }
 }
+
+/// A `?recurse` listing as key -> decoded value bytes.
+pub fn values_by_key(entries: &serde_json::Value) -> std::collections::HashMap<String, Vec<u8>> {
+    use base64::Engine as _;
+    entries
+        .as_array()
+        .expect("a listing is an array")
+        .iter()
+        .map(|e| {
+            let value = base64::engine::general_purpose::STANDARD
+                .decode(e["Value"].as_str().unwrap_or(""))
+                .expect("values are base64");
+            (e["Key"].as_str().unwrap().to_string(), value)
+        })
+        .collect()
+}
