@@ -360,16 +360,17 @@ async fn dispatch(shared: &Shared, request: Request) -> Reply {
         Endpoint::CheckFail => check_set(request, CheckStatus::Critical).await,
         Endpoint::CheckUpdate => check_update(request).await,
         Endpoint::CatalogNodes => catalog_nodes(request).await,
-        Endpoint::CatalogDatacenters => Ok(json_reply(&json!([DATACENTER]), &request.query, None)),
+        Endpoint::CatalogDatacenters => Ok(json_reply(
+            &json!([DATACENTER]),
+            request.query.has("pretty"),
+        )),
         Endpoint::StatusLeader => Ok(json_reply(
             &json!(leader_addr(shared)),
-            &request.query,
-            None,
+            request.query.has("pretty"),
         )),
         Endpoint::StatusPeers => Ok(json_reply(
             &json!([leader_addr(shared)]),
-            &request.query,
-            None,
+            request.query.has("pretty"),
         )),
     }
 }
@@ -922,11 +923,7 @@ async fn session_create(req: Req<'_>) -> Reply {
         return Err(HttpError::internal("Must provide Node"));
     }
     match shared.write(Command::SessionCreate(spec)).await? {
-        Outcome::SessionCreated(id) => Ok(json_reply(
-            &json!({ "ID": id }),
-            &Query::flag("pretty", pretty),
-            None,
-        )),
+        Outcome::SessionCreated(id) => Ok(json_reply(&json!({ "ID": id }), pretty)),
         other => Err(HttpError::internal(format!("unexpected outcome {other:?}"))),
     }
 }
@@ -1074,8 +1071,7 @@ async fn session_renew(req: Req<'_>) -> Reply {
     {
         Outcome::Renewed(Some(session)) => Ok(json_reply(
             &json!([session_json(&session)]),
-            &req.query,
-            None,
+            req.query.has("pretty"),
         )),
         Outcome::Renewed(None) => Err(HttpError::new(
             StatusCode::NOT_FOUND,
@@ -1156,7 +1152,7 @@ fn agent_self(req: &Req<'_>) -> Response {
         },
         "Meta": {"consul-network-segment": ""},
     });
-    json_reply(&body, &req.query, None)
+    json_reply(&body, req.query.has("pretty"))
 }
 
 fn check_json(agent_node: &str, check: &Check) -> Value {
@@ -1193,7 +1189,7 @@ async fn agent_checks(req: Req<'_>) -> Reply {
         })
         .collect();
     drop(state);
-    Ok(json_reply(&Value::Object(checks), &req.query, None))
+    Ok(json_reply(&Value::Object(checks), req.query.has("pretty")))
 }
 
 async fn check_register(req: Req<'_>) -> Reply {
@@ -1401,12 +1397,8 @@ fn json_body(body: Vec<u8>) -> Response {
     response
 }
 
-fn json_reply(value: &Value, query: &Query, index: Option<u64>) -> Response {
-    let response = json_body(to_json(value, query.has("pretty")));
-    match index {
-        Some(index) => with_meta(response, Some(index)),
-        None => response,
-    }
+fn json_reply(value: &Value, pretty: bool) -> Response {
+    json_body(to_json(value, pretty))
 }
 
 /// Consul's `setMeta`: the index (when the read has one) and the leader headers.
@@ -1503,14 +1495,6 @@ impl Query {
             })
             .collect();
         Query(pairs)
-    }
-
-    fn flag(name: &str, present: bool) -> Query {
-        Query(if present {
-            vec![(name.to_string(), String::new())]
-        } else {
-            Vec::new()
-        })
     }
 
     fn has(&self, name: &str) -> bool {
