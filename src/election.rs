@@ -322,9 +322,11 @@ impl Election {
         stop: &CancellationToken,
     ) -> Result<Option<Leadership>, ElectionError> {
         let mut index = WatchIndex::default();
+        let mut pacer = consul::Pacer::default();
         let mut deferred_to_previous = false;
         loop {
             let session = self.ensure_session().await?;
+            pacer.sent();
             let options = QueryOptions {
                 index: index.get(),
                 wait: Some(wait),
@@ -334,7 +336,7 @@ impl Election {
                 _ = self.lease.expired() => return Err(ElectionError::SessionLost(session)),
                 read = self.client.kv_get(&self.settings.leader_key, options) => read?,
             };
-            index.update(returned);
+            let moved = index.update(returned);
             match &entry {
                 Some(entry) if entry.session.as_deref() == Some(session.as_str()) => {
                     // Still ours: a restart reused the session that holds the key.
@@ -343,7 +345,10 @@ impl Election {
                         fencing_token: entry.lock_index,
                     }));
                 }
-                Some(entry) if entry.session.is_some() => continue,
+                Some(entry) if entry.session.is_some() => {
+                    pacer.settle(moved || options.index == 0).await;
+                    continue;
+                }
                 _ => {}
             }
             let grace = self.settings.prefer_previous_leader;

@@ -71,6 +71,7 @@ impl Queue {
         // still locked by this session, so until they are recorded the leader neither lists
         // nor claims: a listing would take them for runs cut short and run them again.
         let mut unrecorded: Vec<Finished> = Vec::new();
+        let mut pacer = crate::consul::Pacer::default();
         loop {
             if shutdown.is_cancelled() {
                 return LeadEnd::Shutdown;
@@ -93,6 +94,7 @@ impl Queue {
                 index: index.get(),
                 wait: Some(self.wait),
             };
+            pacer.sent();
             let listed = tokio::select! {
                 _ = shutdown.cancelled() => return LeadEnd::Shutdown,
                 _ = lease.expired() => return LeadEnd::StepDown("session not renewed within its TTL".into()),
@@ -114,7 +116,7 @@ impl Queue {
             if returned < index.get() {
                 self.metrics.blocking_restarts.inc();
             }
-            index.update(returned);
+            let moved = index.update(returned) || options.index == 0;
             match self.pick(leadership, entries, &mut foreign_logged).await {
                 Ok(Pick::Run(tasks)) => {
                     let (end, left) = self.work_through(leadership, lease, shutdown, tasks).await;
@@ -140,7 +142,10 @@ impl Queue {
                         index.reset();
                     }
                 }
-                Ok(Pick::Nothing) => self.count_dead().await,
+                Ok(Pick::Nothing) => {
+                    self.count_dead().await;
+                    pacer.settle(moved).await;
+                }
                 Ok(Pick::Again) => index.reset(),
                 Err(end) => return end,
             }

@@ -267,10 +267,33 @@ fn escape_query(value: &str) -> String {
     escape_key(value).replace('/', "%2F")
 }
 
+/// A blocking read that returns unchanged sooner than this after it was sent waits out the
+/// rest before the next read, so a server that answers early cannot cause a hot loop.
+pub const MIN_REQUERY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// The index to send on the next blocking query, following Consul's advice: never below 1
 /// for a blocking read, and back to 0 when the server's index goes backwards.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WatchIndex(u64);
+
+/// Paces blocking reads: call `sent` before a read and `settle` after it.
+#[derive(Debug, Default)]
+pub struct Pacer {
+    sent: Option<tokio::time::Instant>,
+}
+
+impl Pacer {
+    pub fn sent(&mut self) {
+        self.sent = Some(tokio::time::Instant::now());
+    }
+
+    /// Waits out MIN_REQUERY when the read came back unchanged sooner than that.
+    pub async fn settle(&self, moved: bool) {
+        if let (false, Some(sent)) = (moved, self.sent) {
+            tokio::time::sleep_until(sent + MIN_REQUERY).await;
+        }
+    }
+}
 
 impl WatchIndex {
     pub fn get(self) -> u64 {
@@ -322,6 +345,23 @@ mod tests {
         assert!(index.update(12));
         assert!(index.update(3));
         assert_eq!(index.get(), 0);
+    }
+
+    /// An unchanged read that came back early waits out MIN_REQUERY; a changed one does not.
+    #[tokio::test(start_paused = true)]
+    async fn pacer_slows_only_early_unchanged_reads() {
+        let mut pacer = Pacer::default();
+        pacer.sent();
+        let started = tokio::time::Instant::now();
+        pacer.settle(true).await;
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        pacer.settle(false).await;
+        assert_eq!(started.elapsed(), MIN_REQUERY);
+        pacer.sent();
+        tokio::time::advance(Duration::from_secs(5)).await;
+        let later = tokio::time::Instant::now();
+        pacer.settle(false).await;
+        assert_eq!(later.elapsed(), Duration::ZERO);
     }
 
     /// Keys keep their slashes; other reserved bytes are escaped.
