@@ -417,11 +417,19 @@ impl Req<'_> {
             .ok()
     }
 
+    /// Reads the body, refusing with 413 one whose Content-Length says it is over `limit`
+    /// before reading anything (as Consul does), or that turns out longer while read.
     async fn body(
         self,
         limit: usize,
         too_large: impl FnOnce(usize) -> String,
     ) -> Result<Bytes, HttpError> {
+        if let Some(length) = self.content_length().filter(|length| *length > limit) {
+            return Err(HttpError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                too_large(length),
+            ));
+        }
         axum::body::to_bytes(self.body, limit)
             .await
             .map_err(|_| HttpError::new(StatusCode::PAYLOAD_TOO_LARGE, too_large(limit + 1)))
@@ -663,14 +671,6 @@ async fn kv_put(req: Req<'_>, key: String) -> Reply {
             "Request body({n} bytes) too large, max size: {KV_MAX_VALUE_SIZE} bytes. See https://developer.hashicorp.com/docs/agent/config/config-files#kv_max_value_size."
         )
     };
-    if let Some(length) = req.content_length() {
-        if length > KV_MAX_VALUE_SIZE {
-            return Err(HttpError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                too_large(length),
-            ));
-        }
-    }
     let shared = req.shared;
     let value = req.body(KV_MAX_VALUE_SIZE, too_large).await?.to_vec();
     let command = if let Some(session) = acquire {
@@ -737,14 +737,6 @@ async fn txn(req: Req<'_>) -> Reply {
             "Request body({n} bytes) too large, max size: {limit} bytes. See https://developer.hashicorp.com/docs/agent/config/config-files#txn_max_req_len."
         )
     };
-    if let Some(length) = req.content_length() {
-        if length > limit {
-            return Err(HttpError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                too_large(length),
-            ));
-        }
-    }
     let shared = req.shared;
     let pretty = req.query.has("pretty");
     let body = req.body(limit, too_large).await?;

@@ -564,6 +564,10 @@ impl State {
         self.sessions.values()
     }
 
+    pub fn check(&self, id: &str) -> Option<&Check> {
+        self.checks.get(id)
+    }
+
     pub fn checks(&self) -> impl Iterator<Item = &Check> {
         self.checks.values()
     }

@@ -90,6 +90,20 @@ impl Store {
         }
     }
 
+    /// Writes `value` under `key`, or removes the key when there is no value any more.
+    fn write_or_remove(
+        &self,
+        table: &mut redb::Table<&str, &[u8]>,
+        key: &str,
+        value: Option<&[u8]>,
+    ) -> Result<(), StoreError> {
+        match value {
+            Some(value) => table.insert(key, value).map(drop),
+            None => table.remove(key).map(drop),
+        }
+        .map_err(|e| self.write_err(e))
+    }
+
     fn corrupt(&self, what: impl Into<String>) -> StoreError {
         StoreError::Corrupt {
             path: self.path.clone(),
@@ -193,61 +207,29 @@ impl Store {
             let mut kv = txn.open_table(KV).map_err(|e| self.write_err(e))?;
             let mut buf = Vec::new();
             for key in &changes.kv {
-                match state.kv_get(key) {
-                    Some(entry) => {
-                        encode_entry(entry, &mut buf);
-                        kv.insert(key.as_str(), buf.as_slice())
-                            .map_err(|e| self.write_err(e))?;
-                    }
-                    None => {
-                        kv.remove(key.as_str()).map_err(|e| self.write_err(e))?;
-                    }
-                }
+                let value = state.kv_get(key).map(|entry| {
+                    encode_entry(entry, &mut buf);
+                    buf.as_slice()
+                });
+                self.write_or_remove(&mut kv, key, value)?;
             }
             let mut tombstones = txn.open_table(TOMBSTONES).map_err(|e| self.write_err(e))?;
             for key in &changes.tombstones {
                 match state.tombstone(key) {
-                    Some(index) => {
-                        tombstones
-                            .insert(key.as_str(), index)
-                            .map_err(|e| self.write_err(e))?;
-                    }
-                    None => {
-                        tombstones
-                            .remove(key.as_str())
-                            .map_err(|e| self.write_err(e))?;
-                    }
+                    Some(index) => tombstones.insert(key.as_str(), index).map(drop),
+                    None => tombstones.remove(key.as_str()).map(drop),
                 }
+                .map_err(|e| self.write_err(e))?;
             }
             let mut sessions = txn.open_table(SESSIONS).map_err(|e| self.write_err(e))?;
             for id in &changes.sessions {
-                match state.session(id) {
-                    Some(session) => {
-                        let bytes = to_json(&SessionRecord::from(session));
-                        sessions
-                            .insert(id.as_str(), bytes.as_slice())
-                            .map_err(|e| self.write_err(e))?;
-                    }
-                    None => {
-                        sessions
-                            .remove(id.as_str())
-                            .map_err(|e| self.write_err(e))?;
-                    }
-                }
+                let record = state.session(id).map(|s| to_json(&SessionRecord::from(s)));
+                self.write_or_remove(&mut sessions, id, record.as_deref())?;
             }
             let mut checks = txn.open_table(CHECKS).map_err(|e| self.write_err(e))?;
             for id in &changes.checks {
-                match state.checks().find(|check| &check.id == id) {
-                    Some(check) => {
-                        let bytes = to_json(&CheckRecord::from(check));
-                        checks
-                            .insert(id.as_str(), bytes.as_slice())
-                            .map_err(|e| self.write_err(e))?;
-                    }
-                    None => {
-                        checks.remove(id.as_str()).map_err(|e| self.write_err(e))?;
-                    }
-                }
+                let record = state.check(id).map(|c| to_json(&CheckRecord::from(c)));
+                self.write_or_remove(&mut checks, id, record.as_deref())?;
             }
             let mut meta = txn.open_table(META).map_err(|e| self.write_err(e))?;
             if changes.meta || changes.node {
