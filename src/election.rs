@@ -439,10 +439,10 @@ impl Election {
     /// Destroys the session (releasing whatever it still holds) and forgets it, so that the
     /// next `ensure_session` creates a new one.
     pub async fn drop_session(&mut self) {
-        if let Some(session) = self.lease.session().or_else(|| {
-            let state = self.lease.lock();
-            state.session.clone()
-        }) {
+        // Also a session believed lost: destroying it again is harmless, and if Consul
+        // still has it this frees its locks at once.
+        let session = self.lease.lock().session.clone();
+        if let Some(session) = session {
             if let Err(err) = self.client.session_destroy(&session).await {
                 tracing::warn!(session = %session, error = %err, "cannot destroy the session; Consul will expire it");
             }

@@ -354,29 +354,27 @@ impl Queue {
                 .exhausted(leadership, task, task.modify_index, attempts, reason)
                 .await;
         }
-        let mut ops = Vec::new();
         let value = task.retried(attempts, reason, Utc::now());
-        match &task.session {
-            Some(session) => ops.push(TxnOp::Unlock {
-                key: task.key.clone(),
-                value,
-                session: session.clone(),
-            }),
-            None => ops.push(TxnOp::Cas {
-                key: task.key.clone(),
-                value,
-                index: task.modify_index,
-            }),
-        }
-        if task.session.is_some() {
-            ops.insert(
-                0,
+        // A task still locked (by this very session) is unlocked if unchanged; an orphan,
+        // whose lock went with its session, is rewritten with check-and-set.
+        let ops = match &task.session {
+            Some(session) => vec![
                 TxnOp::CheckIndex {
                     key: task.key.clone(),
                     index: task.modify_index,
                 },
-            );
-        }
+                TxnOp::Unlock {
+                    key: task.key.clone(),
+                    value,
+                    session: session.clone(),
+                },
+            ],
+            None => vec![TxnOp::Cas {
+                key: task.key.clone(),
+                value,
+                index: task.modify_index,
+            }],
+        };
         if self
             .guarded_or_step_down(leadership, ops, "requeue a task")
             .await?

@@ -17,6 +17,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{mib, progress, rss_of, summarize, Options, Report, ServerChild, TempDir};
+use crate::chaos::wait_for_leader;
 use crate::config::Settings;
 use crate::handler::{Handler, HandlerFuture, Registry, TaskContext};
 
@@ -116,35 +117,8 @@ async fn put_task(http: &reqwest::Client, base: &str, id: &str) -> anyhow::Resul
     Ok(())
 }
 
-/// Waits until some replica holds the leader key; returns its node name.
-async fn leader(http: &reqwest::Client, base: &str) -> anyhow::Result<String> {
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(30) {
-        let response = http
-            .get(format!("{base}/v1/kv/consumerLeader?raw"))
-            .send()
-            .await?;
-        if response.status().is_success() {
-            let holder: serde_json::Value = response.json().await.unwrap_or_default();
-            let locked = http
-                .get(format!("{base}/v1/kv/consumerLeader"))
-                .send()
-                .await?
-                .json::<serde_json::Value>()
-                .await
-                .ok()
-                .and_then(|v| v[0].get("Session").cloned())
-                .is_some();
-            if locked {
-                if let Some(node) = holder["node"].as_str() {
-                    return Ok(node.to_string());
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    bail!("no leader elected within 30s")
-}
+/// How long the bench waits for a replica to win the election.
+const LEADER_LIMIT: Duration = Duration::from_secs(30);
 
 pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     let http = reqwest::Client::builder()
@@ -157,7 +131,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
     let dir = TempDir::new()?;
     let (starts_tx, mut starts) = mpsc::unbounded_channel();
     let replica = start_replica(&base, "bench-1", &dir, &starts_tx)?;
-    leader(&http, &base).await?;
+    wait_for_leader(&http, &server.server.addr, &[], LEADER_LIMIT).await?;
     progress(&format!(
         "consumer: dispatch latency, {} tasks one at a time",
         options.dispatches
@@ -249,7 +223,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
     ));
     let mut gaps = Vec::new();
     for round in 0..options.handovers {
-        let old = leader(&http, &base).await?;
+        let old = wait_for_leader(&http, &server.server.addr, &[], LEADER_LIMIT).await?;
         // Let the old leader run the flow for a moment.
         let warm = Instant::now() + Duration::from_millis(200);
         while Instant::now() < warm {
@@ -319,7 +293,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         .stderr(Stdio::inherit())
         .spawn()
         .context("cannot start leaderq consume")?;
-    leader(&http, &server.base).await?;
+    wait_for_leader(&http, &server.server.addr, &[], LEADER_LIMIT).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (idle_rss, _) = rss_of(child.id()).unwrap_or((0, 0));
     let _ = child.kill();
