@@ -72,6 +72,8 @@ pub struct QueueSettings {
     pub backoff_max: Duration,
     #[serde(deserialize_with = "go_duration")]
     pub shutdown_grace: Duration,
+    /// Start even with no handler at all, which dead-letters every task.
+    pub allow_no_handlers: bool,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -196,6 +198,14 @@ impl Settings {
                 "election.leader_key must be a non-empty key without a leading '/'".into(),
             );
         }
+        if !self.election.node_id.is_empty() {
+            if let Err(reason) = crate::identity::validate_node_id(&self.election.node_id) {
+                return invalid(format!(
+                    "election.node_id {:?} {reason}",
+                    self.election.node_id
+                ));
+            }
+        }
         if self.election.session_ttl.is_zero() {
             return invalid("election.session_ttl must be more than 0s".into());
         }
@@ -226,14 +236,6 @@ impl Settings {
             }
         }
         Ok(())
-    }
-
-    /// This replica's name: the configured node id, or hostname-pid.
-    pub fn node_id(&self) -> String {
-        if !self.election.node_id.is_empty() {
-            return self.election.node_id.clone();
-        }
-        format!("{}-{}", hostname(), std::process::id())
     }
 }
 
@@ -314,6 +316,10 @@ mod tests {
             err.contains("session_ttl") && err.contains("missing unit"),
             "{err}"
         );
+        let err = Settings::load(None, env(&[("LEADERQ__ELECTION__NODE_ID", "a/b")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("election.node_id"), "{err}");
         let err = Settings::load(None, env(&[("LEADERQ__QUEUE__MAX_ATTEMPTS", "0")]))
             .unwrap_err()
             .to_string();

@@ -1,6 +1,10 @@
 //! The consumer service (`leaderq consume`): joins the election, leads the queue when it
 //! wins, stands by when it does not, and shuts down in order.
 //!
+//! Start: refuse settings that can never work (no handler at all, an exec handler whose
+//! program cannot run), lock the data dir and take the node id (`identity.rs`), remove
+//! checks older versions left behind; a session TTL the server refuses stops it too.
+//!
 //! Loop: make sure there is a session, campaign for the leader key, and while leading let
 //! `queue.rs` drain the queue. Stepping down destroys the session so nothing it locked stays
 //! locked. On shutdown: stop claiming, let the running handler finish within
@@ -16,6 +20,7 @@ use crate::config::Settings;
 use crate::consul::{self, Client, ClientConfig};
 use crate::election::{Election, ElectionError};
 use crate::handler::Registry;
+use crate::identity::{DataDir, IdentityError};
 use crate::observe::{self, Metrics, Observed};
 use crate::queue::{LeadEnd, Queue};
 
@@ -29,6 +34,36 @@ pub enum ConsumerError {
     Consul(#[from] consul::Error),
     #[error("{0}")]
     Observe(String),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    /// Settings that can never work; the message names the setting and what to do.
+    #[error("{0}")]
+    Settings(String),
+}
+
+/// Refuses to start a replica whose handlers can never work: none at all (unless
+/// `queue.allow_no_handlers`), or an exec handler whose program is missing or not
+/// executable. `path` is the `PATH` the handlers will be started with.
+pub fn check_handlers(
+    settings: &Settings,
+    registry: &Registry,
+    path: Option<&std::ffi::OsStr>,
+) -> Result<(), String> {
+    if registry.task_types().next().is_none() && !settings.queue.allow_no_handlers {
+        return Err("no handler is configured, so every task would be dead-lettered: add a [handlers.<taskType>] section (see config/default.toml), or set queue.allow_no_handlers = true if that is what you want".into());
+    }
+    for (task_type, handler) in &settings.handlers {
+        if handler.kind != crate::config::HandlerKind::Exec {
+            continue;
+        }
+        let program = handler.command.first().map(String::as_str).unwrap_or("");
+        if let Err(reason) = crate::handler::find_program(program, path) {
+            return Err(format!(
+                "handlers.{task_type}.command: the program cannot run: {reason}; install it, fix the path, or make it executable"
+            ));
+        }
+    }
+    Ok(())
 }
 
 pub fn client(settings: &Settings) -> Result<Client, consul::Error> {
@@ -46,13 +81,17 @@ pub async fn run(
     registry: Registry,
     shutdown: CancellationToken,
 ) -> Result<(), ConsumerError> {
+    check_handlers(&settings, &registry, std::env::var_os("PATH").as_deref())
+        .map_err(ConsumerError::Settings)?;
+    // Held until this function returns: the dir's session and node id are this replica's.
+    let data_dir = DataDir::lock(&settings.data.dir)?;
+    let node_id = data_dir.node_id(&settings.election.node_id)?;
     let client = Arc::new(client(&settings)?);
-    let node_id = settings.node_id();
     let mut election = Election::new(
         client.clone(),
         settings.election.clone(),
         node_id.clone(),
-        settings.data.dir.clone(),
+        data_dir.path().to_path_buf(),
     );
     let metrics = Arc::new(Metrics::new(registry.task_types()));
     let queue = Queue {
@@ -104,8 +143,10 @@ pub async fn run(
         stop_renewer.clone(),
     ));
     tracker.close();
+    election.remove_stale_checks().await;
 
     let mut backoff = BACKOFF_FIRST;
+    let mut refused = None;
     loop {
         if shutdown.is_cancelled() {
             break;
@@ -130,6 +171,10 @@ pub async fn run(
                     }
                 }
             }
+            Err(ElectionError::Refused(reason)) => {
+                refused = Some(reason);
+                break;
+            }
             Err(ElectionError::SessionLost(session)) => {
                 tracing::warn!(%session, "session lost; creating a new one");
                 election.drop_session().await;
@@ -152,6 +197,9 @@ pub async fn run(
         .store(false, std::sync::atomic::Ordering::Relaxed);
     stop_renewer.cancel();
     tracker.wait().await;
+    if let Some(reason) = refused {
+        return Err(ConsumerError::Settings(reason));
+    }
     tracing::info!(node = %node_id, "consumer stopped");
     Ok(())
 }

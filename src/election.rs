@@ -1,6 +1,12 @@
 //! Leadership: the replica's session (created, reused after a quick restart, renewed,
 //! destroyed), its TTL health check, and contending for the leader key.
 //!
+//! Session and check are named after the node id (`leaderq:<node-id>`, see `identity.rs`),
+//! so a restarted replica finds both again. It reuses the session its data dir names only
+//! if that session is still its own: same name, bound to its check, same TTL. If the reused
+//! session still holds the leader key, the replica takes the key again (release and acquire
+//! in one transaction), so its fencing token is higher than any an earlier run handed out.
+//!
 //! The lease is the replica's own view of whether its session is alive: fresh while the
 //! last successful renewal was *sent* less than one TTL ago. A leader that cannot say so
 //! stops claiming. What the leader does with its leadership is `queue.rs`'s business.
@@ -16,7 +22,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ElectionSettings;
-use crate::consul::{self, Client, PutMode, QueryOptions, SessionRequest, WatchIndex};
+use crate::consul::{
+    self, AgentCheck, Client, PutMode, QueryOptions, SessionInfo, SessionRequest, TxnOp,
+    TxnOutcome, WatchIndex,
+};
 use crate::observe::Metrics;
 use crate::server::duration;
 use crate::task::rfc3339;
@@ -30,6 +39,98 @@ pub enum ElectionError {
     Consul(#[from] consul::Error),
     #[error("session {0} is gone")]
     SessionLost(String),
+    /// A setting the server refuses, so retrying cannot help: the replica stops.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// What a restarted replica does with the session its data dir names.
+#[derive(Debug, PartialEq, Eq)]
+pub enum PreviousSession {
+    /// Alive, named after this node, bound to its check, with the TTL it would ask for now.
+    Reuse,
+    /// This node's, but not what it would create now (health check or TTL changed): give up
+    /// the leader key it may hold and destroy it, then create a new one.
+    Replace(&'static str),
+    /// Gone, or another node's: leave it alone and create a new one.
+    Ignore(&'static str),
+}
+
+/// Judges the session a restart found (`info`, `None` when the server no longer knows it)
+/// against the one this replica would create now (`wanted`).
+pub fn judge_previous_session(
+    info: Option<&SessionInfo>,
+    wanted: &SessionRequest,
+) -> PreviousSession {
+    let Some(info) = info else {
+        return PreviousSession::Ignore("it is gone");
+    };
+    if info.name != wanted.name {
+        return PreviousSession::Ignore("it belongs to another node id");
+    }
+    let mut bound: Vec<&str> = info
+        .node_checks
+        .iter()
+        .chain(&info.checks)
+        .map(String::as_str)
+        .collect();
+    bound.sort_unstable();
+    bound.dedup();
+    let mut checks: Vec<&str> = wanted.node_checks.iter().map(String::as_str).collect();
+    checks.sort_unstable();
+    if bound != checks {
+        return PreviousSession::Replace("it is not bound to this replica's checks");
+    }
+    let ttl = |text: &str| duration::parse(text).ok();
+    if ttl(&info.ttl).is_none() || ttl(&info.ttl) != ttl(&wanted.ttl) {
+        return PreviousSession::Replace("its TTL is not election.session_ttl");
+    }
+    PreviousSession::Reuse
+}
+
+/// The pid in a check id `leaderq:<host>-<pid>`, the default node id of versions before
+/// node ids were kept in the data dir, when `<host>` is `hostname`.
+pub fn old_style_check_pid(check_id: &str, hostname: &str) -> Option<u32> {
+    let pid = check_id
+        .strip_prefix("leaderq:")?
+        .strip_prefix(hostname)?
+        .strip_prefix('-')?;
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+/// What to do about a check that looks like an older version's replica on this host, given
+/// whether its pid runs here (`None`: cannot tell).
+#[derive(Debug, PartialEq, Eq)]
+pub enum StaleCheck {
+    /// Critical and its process gone: nothing will pass it again.
+    Deregister,
+    /// Critical, yet a process with its pid runs here (maybe another one that got the pid):
+    /// leave it and say so.
+    Report,
+    /// Passing: a live replica passes it, an older one or one whose configured node id
+    /// only looks like `<host>-<pid>`. A dead one's check goes critical within its TTL and
+    /// is removed by a later start.
+    Leave,
+}
+
+pub fn judge_stale_check(check: &AgentCheck, alive: Option<bool>) -> StaleCheck {
+    match (check.status.as_str(), alive) {
+        ("critical", Some(false)) => StaleCheck::Deregister,
+        ("critical", _) => StaleCheck::Report,
+        _ => StaleCheck::Leave,
+    }
+}
+
+/// Whether process `pid` runs on this host, read from /proc; `None` without a /proc.
+fn process_alive(pid: u32) -> Option<bool> {
+    let proc = std::path::Path::new("/proc");
+    if !proc.join("self").exists() {
+        return None;
+    }
+    Some(proc.join(pid.to_string()).exists())
 }
 
 /// Shared between the renewer and whoever needs to know the lease is still good.
@@ -202,34 +303,27 @@ impl Election {
                 )
                 .await?;
         }
+        let request = self.session_request();
         if !self.tried_persisted {
             self.tried_persisted = true;
-            if let Ok(previous) = std::fs::read_to_string(&self.session_file) {
-                let previous = previous.trim();
-                let sent_at = Instant::now();
-                if !previous.is_empty() && self.client.session_renew(previous).await?.is_some() {
-                    tracing::info!(
-                        session = previous,
-                        "reusing the session from before the restart"
-                    );
-                    self.lease.adopt(previous, sent_at);
-                    return Ok(previous.to_string());
-                }
+            if let Some(previous) = self.reusable_session(&request).await? {
+                return Ok(previous);
             }
         }
-        let mut node_checks = vec!["serfHealth".to_string()];
-        if self.settings.health_check {
-            node_checks.push(self.check_id.clone());
-        }
-        let request = SessionRequest {
-            name: format!("leaderq:{}", self.node_id),
-            ttl: duration::format(self.settings.session_ttl),
-            lock_delay: duration::format(self.settings.lock_delay),
-            behavior: "release".into(),
-            node_checks,
-        };
         let sent_at = Instant::now();
-        let session = self.client.session_create(&request).await?;
+        let session = match self.client.session_create(&request).await {
+            Ok(session) => session,
+            // Consul refuses a TTL outside [session_ttl_min, 24h] with this text; no retry
+            // can fix that, only the setting.
+            Err(consul::Error::Status { code: 500, body }) if body.contains("Session TTL") => {
+                return Err(ElectionError::Refused(format!(
+                    "election.session_ttl = \"{}\" is refused by Consul ({}): set it within the server's limits (on Consul at least 10s unless its session_ttl_min is lower, at most 24h)",
+                    request.ttl,
+                    body.trim()
+                )));
+            }
+            Err(err) => return Err(err.into()),
+        };
         if let Some(dir) = self.session_file.parent() {
             let _ = std::fs::create_dir_all(dir);
         }
@@ -239,6 +333,110 @@ impl Election {
         tracing::info!(session = %session, node = %self.node_id, "session created");
         self.lease.adopt(&session, sent_at);
         Ok(session)
+    }
+
+    /// The session this replica creates: named after its node, bound to its check.
+    fn session_request(&self) -> SessionRequest {
+        let mut node_checks = vec!["serfHealth".to_string()];
+        if self.settings.health_check {
+            node_checks.push(self.check_id.clone());
+        }
+        SessionRequest {
+            name: format!("leaderq:{}", self.node_id),
+            ttl: duration::format(self.settings.session_ttl),
+            lock_delay: duration::format(self.settings.lock_delay),
+            behavior: "release".into(),
+            node_checks,
+        }
+    }
+
+    /// The session the data dir names, renewed and adopted, if it is still this replica's
+    /// own (see `judge_previous_session`); a session of this node that no longer fits is
+    /// released and destroyed rather than left to hold the leader key until it expires.
+    async fn reusable_session(
+        &mut self,
+        wanted: &SessionRequest,
+    ) -> Result<Option<String>, ElectionError> {
+        let Ok(previous) = std::fs::read_to_string(&self.session_file) else {
+            return Ok(None);
+        };
+        let previous = previous.trim();
+        if previous.is_empty() {
+            return Ok(None);
+        }
+        let info = self.client.session_info(previous).await?;
+        match judge_previous_session(info.as_ref(), wanted) {
+            PreviousSession::Reuse => {
+                let sent_at = Instant::now();
+                if self.client.session_renew(previous).await?.is_some() {
+                    tracing::info!(
+                        session = previous,
+                        "reusing the session from before the restart"
+                    );
+                    self.lease.adopt(previous, sent_at);
+                    return Ok(Some(previous.to_string()));
+                }
+            }
+            PreviousSession::Replace(reason) => {
+                tracing::info!(
+                    session = previous,
+                    reason,
+                    "replacing the session from before the restart"
+                );
+                if let Err(err) = self.release(previous).await {
+                    tracing::warn!(error = %err, "cannot release the leader key from the old session");
+                }
+                if let Err(err) = self.client.session_destroy(previous).await {
+                    tracing::warn!(session = previous, error = %err, "cannot destroy the old session; Consul will expire it");
+                }
+            }
+            PreviousSession::Ignore(reason) => {
+                tracing::info!(
+                    session = previous,
+                    reason,
+                    "not reusing the session from before the restart"
+                );
+            }
+        }
+        Ok(None)
+    }
+
+    /// Deregisters the checks that replicas of older versions on this host left behind
+    /// (`leaderq:<host>-<pid>`, their default node id) once they are critical and their
+    /// process is gone: nothing passes them any more, so they would stay critical for ever.
+    /// A critical one whose pid runs here is only reported: the pid may have been reused.
+    /// Failures are logged; they do not stop the start.
+    pub async fn remove_stale_checks(&self) {
+        let checks = match self.client.agent_checks().await {
+            Ok(checks) => checks,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot list the agent's checks to remove stale ones");
+                return;
+            }
+        };
+        let host = crate::config::hostname();
+        for (id, check) in &checks {
+            let Some(pid) = old_style_check_pid(id, &host) else {
+                continue;
+            };
+            if *id == self.check_id {
+                continue;
+            }
+            match judge_stale_check(check, process_alive(pid)) {
+                StaleCheck::Deregister => match self.client.check_deregister(id).await {
+                    Ok(()) => {
+                        tracing::info!(check = %id, status = %check.status, "deregistered the check of an older replica whose process is gone")
+                    }
+                    Err(err) => {
+                        tracing::warn!(check = %id, error = %err, "cannot deregister a stale check")
+                    }
+                },
+                StaleCheck::Report => {
+                    tracing::warn!(check = %id, pid, "a critical check of an older replica is left: a process with its pid runs on this host; if no leaderq replica runs as pid {pid}, deregister it (PUT /v1/agent/check/deregister/{id})")
+                }
+                StaleCheck::Leave => {}
+            }
+        }
     }
 
     /// Renews the session every TTL/3 (and passes the health check) until `stop`; a failed
@@ -339,11 +537,17 @@ impl Election {
             let moved = index.update(returned);
             match &entry {
                 Some(entry) if entry.session.as_deref() == Some(session.as_str()) => {
-                    // Still ours: a restart reused the session that holds the key.
-                    return Ok(Some(Leadership {
-                        session,
-                        fencing_token: entry.lock_index,
-                    }));
+                    // Held by this very session: a restart reused it, or this run acquired
+                    // the key and could not read it back. An earlier run may have handed
+                    // out this LockIndex, so take the key again for a higher one.
+                    if let Some(fencing_token) = self.reacquire(&session).await? {
+                        return Ok(Some(Leadership {
+                            session,
+                            fencing_token,
+                        }));
+                    }
+                    index.reset();
+                    continue;
                 }
                 Some(entry) if entry.session.is_some() => {
                     pacer.settle(moved || options.index == 0).await;
@@ -423,6 +627,41 @@ impl Election {
         }
     }
 
+    /// Releases and acquires again the leader key this session holds, in one transaction:
+    /// the acquire of an unlocked key raises its LockIndex by one, a release sets no
+    /// lock-delay, and no other replica can take the key in between. The new LockIndex, or
+    /// `None` if the session no longer holds the key.
+    async fn reacquire(&self, session: &str) -> Result<Option<u64>, ElectionError> {
+        let key = self.settings.leader_key.clone();
+        let value = self.holder_value(session);
+        let ops = [
+            TxnOp::Unlock {
+                key: key.clone(),
+                value: value.clone(),
+                session: session.to_string(),
+            },
+            TxnOp::Lock {
+                key: key.clone(),
+                value,
+                session: session.to_string(),
+            },
+        ];
+        match self.client.txn(&ops).await? {
+            TxnOutcome::Committed(entries) => Ok(entries
+                .iter()
+                .rev()
+                .find(|entry| entry.key == key)
+                .map(|entry| entry.lock_index)),
+            TxnOutcome::RolledBack(errors) => {
+                tracing::info!(
+                    ?errors,
+                    "the reused session lost the leader key before taking it again"
+                );
+                Ok(None)
+            }
+        }
+    }
+
     /// Gives up the leader key (a release, so no lock-delay applies) if this session holds it.
     pub async fn release(&self, session: &str) -> Result<(), ElectionError> {
         let value = self.holder_value(session);
@@ -491,6 +730,142 @@ mod tests {
         lease.mark_lost("s");
         assert!(!lease.is_fresh());
         assert_eq!(lease.session(), None);
+    }
+
+    fn wanted() -> SessionRequest {
+        SessionRequest {
+            name: "leaderq:web-1".into(),
+            ttl: "15s".into(),
+            lock_delay: "15s".into(),
+            behavior: "release".into(),
+            node_checks: vec!["serfHealth".into(), "leaderq:web-1".into()],
+        }
+    }
+
+    fn info(name: &str, ttl: &str, node_checks: &[&str]) -> SessionInfo {
+        SessionInfo {
+            id: "s".into(),
+            name: name.into(),
+            ttl: ttl.into(),
+            node_checks: node_checks.iter().map(|c| c.to_string()).collect(),
+            checks: Vec::new(),
+        }
+    }
+
+    /// A previous session is reused only while alive, named after this node and bound to
+    /// exactly its checks with its TTL; one of this node's that does not fit is replaced;
+    /// another node's (or one gone) is ignored.
+    #[test]
+    fn previous_session_is_reused_only_when_it_is_this_replicas_own() {
+        let wanted = wanted();
+        let own = ["serfHealth", "leaderq:web-1"];
+        let judge = |info: Option<SessionInfo>| judge_previous_session(info.as_ref(), &wanted);
+        assert_eq!(
+            judge(Some(info("leaderq:web-1", "15s", &own))),
+            PreviousSession::Reuse
+        );
+        // Go's formatting of the same TTL, and checks in another order, still fit.
+        assert_eq!(
+            judge(Some(info(
+                "leaderq:web-1",
+                "15.000s",
+                &["leaderq:web-1", "serfHealth"]
+            ))),
+            PreviousSession::Reuse
+        );
+        assert!(matches!(judge(None), PreviousSession::Ignore(_)));
+        // The session of another process that shared the data dir, or of an old default
+        // node id: not this node's.
+        assert!(matches!(
+            judge(Some(info(
+                "leaderq:web-1-4242",
+                "15s",
+                &["serfHealth", "leaderq:web-1-4242"]
+            ))),
+            PreviousSession::Ignore(_)
+        ));
+        // Bound to a dead process's check, or to none while the health check is on.
+        assert!(matches!(
+            judge(Some(info(
+                "leaderq:web-1",
+                "15s",
+                &["serfHealth", "leaderq:web-1-4242"]
+            ))),
+            PreviousSession::Replace(_)
+        ));
+        assert!(matches!(
+            judge(Some(info("leaderq:web-1", "15s", &["serfHealth"]))),
+            PreviousSession::Replace(_)
+        ));
+        // Legacy `Checks` count as bindings too.
+        let mut legacy = info("leaderq:web-1", "15s", &[]);
+        legacy.checks = own.iter().map(|c| c.to_string()).collect();
+        assert_eq!(judge(Some(legacy)), PreviousSession::Reuse);
+        // The TTL changed since: the lease would be judged against the wrong TTL.
+        assert!(matches!(
+            judge(Some(info("leaderq:web-1", "30s", &own))),
+            PreviousSession::Replace(_)
+        ));
+        assert!(matches!(
+            judge(Some(info("leaderq:web-1", "", &own))),
+            PreviousSession::Replace(_)
+        ));
+    }
+
+    /// Only `leaderq:<this host>-<digits>` names an older replica's check on this host.
+    #[test]
+    fn old_style_check_ids_name_a_pid_on_this_host() {
+        assert_eq!(
+            old_style_check_pid("leaderq:web-1-4242", "web-1"),
+            Some(4242)
+        );
+        assert_eq!(old_style_check_pid("leaderq:web-1-4242", "web-2"), None);
+        assert_eq!(old_style_check_pid("leaderq:web-1-0000beef", "web-1"), None);
+        assert_eq!(old_style_check_pid("leaderq:web-1-", "web-1"), None);
+        assert_eq!(old_style_check_pid("leaderq:web-1", "web-1"), None);
+        assert_eq!(old_style_check_pid("other:web-1-12", "web-1"), None);
+        assert_eq!(
+            old_style_check_pid("leaderq:web-1-99999999999", "web-1"),
+            None
+        );
+    }
+
+    /// A stale check goes once it is critical and its process gone; a critical one whose
+    /// pid runs is reported; a passing one (a live replica passes it) is left alone.
+    #[test]
+    fn stale_checks_go_only_when_critical_and_their_process_is_gone() {
+        let check = |status: &str| AgentCheck {
+            name: "leaderq web-1-4242".into(),
+            status: status.into(),
+        };
+        assert_eq!(
+            judge_stale_check(&check("critical"), Some(false)),
+            StaleCheck::Deregister
+        );
+        assert_eq!(
+            judge_stale_check(&check("passing"), Some(false)),
+            StaleCheck::Leave
+        );
+        assert_eq!(
+            judge_stale_check(&check("warning"), Some(false)),
+            StaleCheck::Leave
+        );
+        assert_eq!(
+            judge_stale_check(&check("critical"), Some(true)),
+            StaleCheck::Report
+        );
+        assert_eq!(
+            judge_stale_check(&check("critical"), None),
+            StaleCheck::Report
+        );
+        assert_eq!(
+            judge_stale_check(&check("passing"), Some(true)),
+            StaleCheck::Leave
+        );
+        assert_eq!(
+            judge_stale_check(&check("passing"), None),
+            StaleCheck::Leave
+        );
     }
 
     /// `expired` resolves when the TTL passes without a renewal, not before.

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::Stdio;
 use std::sync::Arc;
@@ -100,6 +101,93 @@ impl Registry {
 
     pub fn task_types(&self) -> impl Iterator<Item = &str> {
         self.handlers.keys().map(String::as_str)
+    }
+}
+
+/// The file an exec handler's `program` (its `command[0]`) would run, looked up as the
+/// spawn will: a name with a '/' as a path (relative to the working dir), any other name in
+/// each directory of `path` (the `PATH` variable) in turn, skipping files that are not
+/// executable. The error says why it cannot run, for a message at start.
+pub fn find_program(program: &str, path: Option<&std::ffi::OsStr>) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let executable = |file: &Path| -> Result<(), String> {
+        let metadata = std::fs::metadata(file).map_err(|err| match err.kind() {
+            std::io::ErrorKind::NotFound => format!("{} not found", file.display()),
+            _ => format!("cannot read {}: {err}", file.display()),
+        })?;
+        if !metadata.is_file() {
+            return Err(format!("{} is not a file", file.display()));
+        }
+        if metadata.permissions().mode() & 0o111 == 0 {
+            return Err(format!(
+                "{} is not executable (chmod +x it)",
+                file.display()
+            ));
+        }
+        Ok(())
+    };
+    if program.is_empty() {
+        return Err("the program name is empty".into());
+    }
+    if program.contains('/') {
+        let file = PathBuf::from(program);
+        return executable(&file).map(|()| file);
+    }
+    let mut refused = None;
+    for dir in std::env::split_paths(path.unwrap_or_default()) {
+        // An empty PATH entry means the working dir for a shell, but not for Rust's spawn.
+        if dir.as_os_str().is_empty() {
+            continue;
+        }
+        let file = dir.join(program);
+        match executable(&file) {
+            Ok(()) => return Ok(file),
+            Err(reason) if file.exists() => refused = Some(reason),
+            Err(_) => {}
+        }
+    }
+    Err(refused.unwrap_or_else(|| {
+        format!(
+            "{program} not found in PATH ({})",
+            path.unwrap_or_default().to_string_lossy()
+        )
+    }))
+}
+
+#[cfg(test)]
+mod find_program_tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt as _;
+
+    /// Paths are checked as given, names through PATH; missing, non-executable and
+    /// directory entries are refused with the reason.
+    #[test]
+    fn programs_are_found_like_the_spawn_finds_them() {
+        let temp = tempfile::tempdir().unwrap();
+        let bin = temp.path().join("bin");
+        std::fs::create_dir(&bin).unwrap();
+        let tool = bin.join("tool");
+        std::fs::write(&tool, "#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let plain = bin.join("plain");
+        std::fs::write(&plain, "").unwrap();
+        std::fs::set_permissions(&plain, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let path = std::env::join_paths([temp.path().join("nowhere"), bin.clone()]).unwrap();
+        let path = Some(path.as_os_str());
+
+        assert_eq!(find_program("tool", path), Ok(tool.clone()));
+        assert_eq!(find_program(tool.to_str().unwrap(), None), Ok(tool));
+        let err = find_program("missing", path).unwrap_err();
+        assert!(err.contains("missing not found in PATH"), "{err}");
+        let err = find_program("plain", path).unwrap_err();
+        assert!(err.contains("not executable"), "{err}");
+        let err = find_program(plain.to_str().unwrap(), path).unwrap_err();
+        assert!(err.contains("not executable"), "{err}");
+        let err = find_program("/nonexistent/tool", path).unwrap_err();
+        assert!(err.contains("/nonexistent/tool not found"), "{err}");
+        let err = find_program(bin.to_str().unwrap(), path).unwrap_err();
+        assert!(err.contains("is not a file"), "{err}");
+        assert!(find_program("sh", std::env::var_os("PATH").as_deref()).is_ok());
     }
 }
 

@@ -6,6 +6,7 @@
 //! - [`config`]: settings, layered from defaults, a file and the environment.
 //! - [`task`]: the producers' task format, parsed leniently.
 //! - [`handler`]: the `Handler` trait, the registry, the exec and log handlers.
+//! - [`identity`]: the replica's hold on its data dir and its stable node id.
 //! - [`election`]: sessions, lease and the leader key.
 //! - [`queue`]: the leader's claims, completions, retries and dead letters.
 //! - [`observe`]: metrics and the /metrics, /health, /ready, /leader endpoints.
@@ -24,6 +25,7 @@ pub mod consumer;
 pub mod dev;
 pub mod election;
 pub mod handler;
+pub mod identity;
 pub mod observe;
 pub mod queue;
 pub mod server;

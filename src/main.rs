@@ -103,9 +103,13 @@ struct ConfigArgs {
 struct ConsumeArgs {
     #[command(flatten)]
     config: ConfigArgs,
-    /// This replica's name (election.node_id); default hostname-pid.
+    /// This replica's name (election.node_id); default: generated once and kept in the
+    /// data dir.
     #[arg(long)]
     node_id: Option<String>,
+    /// Where this replica keeps its node id and session (data.dir); one replica per dir.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -258,7 +262,18 @@ fn init_logging(default_level: &str, format: LogFormat) {
 }
 
 fn load_settings(config: &ConfigArgs) -> anyhow::Result<leaderq::config::Settings> {
-    let env: Vec<(String, String)> = std::env::vars().collect();
+    load_settings_with(config, Vec::new())
+}
+
+/// Loads the settings with `overrides` (flags) on top of the environment, so that they are
+/// validated like any other setting.
+fn load_settings_with(
+    config: &ConfigArgs,
+    overrides: Vec<(String, String)>,
+) -> anyhow::Result<leaderq::config::Settings> {
+    let mut env: Vec<(String, String)> = std::env::vars().collect();
+    env.retain(|(key, _)| !overrides.iter().any(|(flag, _)| flag == key));
+    env.extend(overrides);
     Ok(leaderq::config::Settings::load(
         config.config.as_deref(),
         env,
@@ -266,10 +281,17 @@ fn load_settings(config: &ConfigArgs) -> anyhow::Result<leaderq::config::Setting
 }
 
 async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
-    let mut settings = load_settings(&args.config)?;
+    let mut overrides = Vec::new();
     if let Some(node_id) = args.node_id {
-        settings.election.node_id = node_id;
+        overrides.push(("LEADERQ__ELECTION__NODE_ID".to_string(), node_id));
     }
+    if let Some(dir) = &args.data_dir {
+        overrides.push((
+            "LEADERQ__DATA__DIR".to_string(),
+            dir.to_string_lossy().into_owned(),
+        ));
+    }
+    let settings = load_settings_with(&args.config, overrides)?;
     let registry = leaderq::handler::Registry::from_settings(&settings.handlers);
     let shutdown = tokio_util::sync::CancellationToken::new();
     let trigger = shutdown.clone();

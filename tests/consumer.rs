@@ -3,6 +3,8 @@
 //! SIGKILL. Short TTLs come from the server's `--session-ttl-min 1s` test knob.
 
 mod common;
+#[path = "consumer/identity.rs"]
+mod identity;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -494,7 +496,8 @@ async fn producer_rewrite_during_a_run_is_not_lost() {
 }
 
 /// A leader that is SIGKILLed and restarted at once reuses its persisted session: it leads
-/// again with the same fencing token, and the task it was running is put back and rerun.
+/// again at once under a higher fencing token, and the task it was running is put back and
+/// rerun under it.
 #[tokio::test]
 async fn quick_restart_reuses_the_session_and_requeues_the_cut_task() {
     let mut bed = Bed::new();
@@ -516,9 +519,9 @@ async fn quick_restart_reuses_the_session_and_requeues_the_cut_task() {
             l[0] == "end" && l[1] == "q" && l[4] == "2"
         })
         .await;
-    assert_eq!(
-        again[2], first[2],
-        "a reused session keeps the fencing token"
+    assert!(
+        again[2].parse::<u64>().unwrap() > first[2].parse::<u64>().unwrap(),
+        "a restart must not reuse a fencing token: {first:?} then {again:?}"
     );
     bed.wait_until_empty("oracleTask/", Duration::from_secs(10))
         .await;
@@ -617,10 +620,13 @@ async fn observe_endpoints_show_leadership_and_counts() {
 fn taken_observe_port_is_a_clear_error() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port();
+    let data = tempfile::tempdir().unwrap();
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_leaderq"))
         .arg("consume")
         .env("CONSUL_HTTP_ADDR", "127.0.0.1:1")
         .env("LEADERQ__OBSERVE__LISTEN", format!("127.0.0.1:{port}"))
+        .env("LEADERQ__QUEUE__ALLOW_NO_HANDLERS", "true")
+        .env("LEADERQ__DATA__DIR", data.path())
         .output()
         .unwrap();
     assert!(!output.status.success());

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 
+pub use agent::AgentCheck;
 pub use kv::{KvPair, PutMode};
 pub use session::{SessionInfo, SessionRequest};
 pub use txn::{TxnError, TxnOp, TxnOutcome};

@@ -28,6 +28,18 @@ pub struct SessionInfo {
     pub name: String,
     #[serde(default, rename = "TTL")]
     pub ttl: String,
+    /// The checks whose failure invalidates the session (null when none).
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub node_checks: Vec<String>,
+    /// The same, in the field older Consul versions used.
+    #[serde(default, deserialize_with = "null_as_empty")]
+    pub checks: Vec<String>,
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Vec<String>, D::Error> {
+    Ok(Option::<Vec<String>>::deserialize(deserializer)?.unwrap_or_default())
 }
 
 #[derive(Deserialize)]

@@ -31,14 +31,21 @@ impl ServerProcess {
     }
 
     /// Starts a server on a given address (to restart one where its clients expect it).
+    /// The TTL minimum is 1s unless `extra` gives its own `--session-ttl-min`.
     pub fn start_at(
         listen: &str,
         data_dir: &Path,
         extra: &[&str],
     ) -> Result<ServerProcess, String> {
+        let ttl_min: &[&str] = if extra.contains(&"--session-ttl-min") {
+            &[]
+        } else {
+            &["--session-ttl-min", "1s"]
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_leaderq"))
             .args(["server", "--listen", listen, "--node-name", "test-node"])
-            .args(["--session-ttl-min", "1s", "--data-dir"])
+            .args(ttl_min)
+            .arg("--data-dir")
             .arg(data_dir)
             .args(extra)
             .env("RUST_LOG", "warn")
