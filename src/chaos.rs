@@ -184,6 +184,21 @@ fn handler_script(journal: &Path, replica: &str) -> String {
     )
 }
 
+/// A replica's election settings, and whether its node id is configured (as `name`) or
+/// left to the replica (generated and kept in its data dir).
+pub(crate) struct ReplicaSetup {
+    pub(crate) session_ttl: &'static str,
+    pub(crate) lock_delay: &'static str,
+    pub(crate) configured_node_id: bool,
+}
+
+/// The chaos replicas' setup: short TTL and lock-delay, node id = replica name.
+pub(crate) const CHAOS_SETUP: ReplicaSetup = ReplicaSetup {
+    session_ttl: SESSION_TTL,
+    lock_delay: LOCK_DELAY,
+    configured_node_id: true,
+};
+
 pub(crate) fn start_replica(
     exe: &Path,
     dir: &Path,
@@ -191,13 +206,27 @@ pub(crate) fn start_replica(
     name: &str,
     journal: &Path,
 ) -> anyhow::Result<Replica> {
+    start_replica_with(exe, dir, consul, name, journal, &CHAOS_SETUP)
+}
+
+/// A replica named `name` (its settings, log and data dir are `<dir>/<name>…`) as a process
+/// in its own group, with the journalling chaos handler.
+pub(crate) fn start_replica_with(
+    exe: &Path,
+    dir: &Path,
+    consul: &str,
+    name: &str,
+    journal: &Path,
+    setup: &ReplicaSetup,
+) -> anyhow::Result<Replica> {
     use std::os::unix::process::CommandExt as _;
     let config = dir.join(format!("{name}.toml"));
     let command = serde_json::to_string(&["sh", "-c", &handler_script(journal, name)])?;
+    let (ttl, lock_delay) = (setup.session_ttl, setup.lock_delay);
     std::fs::write(
         &config,
         format!(
-            "[election]\nsession_ttl = \"{SESSION_TTL}\"\nlock_delay = \"{LOCK_DELAY}\"\nretry_interval = \"200ms\"\n\
+            "[election]\nsession_ttl = \"{ttl}\"\nlock_delay = \"{lock_delay}\"\nretry_interval = \"200ms\"\n\
              [consul]\nwait = \"5s\"\nrequest_timeout = \"3s\"\n\
              [queue]\nmax_attempts = 5\nbackoff_base = \"50ms\"\nbackoff_max = \"500ms\"\nshutdown_grace = \"5s\"\n\
              [observe]\nenabled = false\n\
@@ -208,13 +237,17 @@ pub(crate) fn start_replica(
         .create(true)
         .append(true)
         .open(dir.join(format!("{name}.log")))?;
-    let child = Command::new(exe)
+    let mut command = Command::new(exe);
+    command
         .args(["--log-format", "json", "consume", "--config"])
         .arg(&config)
         .env("CONSUL_HTTP_ADDR", consul)
-        .env("LEADERQ__ELECTION__NODE_ID", name)
         .env("LEADERQ__DATA__DIR", dir.join(name))
-        .env("RUST_LOG", "info")
+        .env("RUST_LOG", "info");
+    if setup.configured_node_id {
+        command.env("LEADERQ__ELECTION__NODE_ID", name);
+    }
+    let child = command
         .stdout(Stdio::null())
         .stderr(log)
         .process_group(0)

@@ -2,6 +2,12 @@
 //! under a steady flow of tasks; the leader gets SIGTERM (handover) or SIGKILL of its
 //! process group (failover), and the gap is the time from the old leader's last task start
 //! to the new leader's first, read from the handlers' journal.
+//!
+//! The third hit, SIGKILL and an immediate restart of the same replica on its data dir, runs
+//! with the default TTL and lock-delay (15s) and no configured node id, as a user's replica
+//! would. What matters there is every gap until the dead process's session and check would
+//! have run out, not only the first: the longest time without a task start from the kill
+//! until TTL + lock-delay + 5s after it.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -10,25 +16,123 @@ use anyhow::{bail, Context};
 use serde_json::json;
 
 use super::{progress, summarize, Latency, TempDir};
-use crate::chaos::{self, now_ns, signal_group, start_replica, start_server, wait_for_leader};
+use crate::chaos::{
+    self, now_ns, signal_group, start_replica_with, start_server, wait_for_leader, ReplicaSetup,
+};
 use crate::server::duration;
 
 /// One task every this often while the leader is hit.
 const FLOW_INTERVAL: Duration = Duration::from_millis(10);
 /// How long the leader runs the flow before it is hit.
 const WARM_UP: Duration = Duration::from_millis(400);
+/// Restarts measured: each watches TTL + lock-delay + 5s (35s), so fewer than the others.
+const RESTART_RUNS: usize = 3;
+/// A restart may take this much longer than a handover: the new process's start, its
+/// session's renewal and the leader key taken again.
+const RESTART_ALLOWANCE: Duration = Duration::from_millis(100);
+/// The restart runs with the defaults of config/default.toml and a generated node id.
+const RESTART_SETUP: ReplicaSetup = ReplicaSetup {
+    session_ttl: "15s",
+    lock_delay: "15s",
+    configured_node_id: false,
+};
+/// After a restart, gaps are looked for until TTL + lock-delay + this: by then a session
+/// or check of the killed process would have run out and its lock-delay passed.
+const RESTART_WATCH_MARGIN: Duration = Duration::from_secs(5);
+
+/// How the leader is hit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hit {
+    /// SIGTERM to the leader process: a handover.
+    Term,
+    /// SIGKILL to the leader's process group: a standby takes over when the lease ends.
+    Kill,
+    /// SIGKILL to the leader's process group, then the same replica started again at once
+    /// on its data dir.
+    KillRestart,
+}
+
+impl Hit {
+    fn setup(self) -> &'static ReplicaSetup {
+        match self {
+            Hit::Term | Hit::Kill => &chaos::CHAOS_SETUP,
+            Hit::KillRestart => &RESTART_SETUP,
+        }
+    }
+}
+
+/// Task starts in the journal: (replica, time in ns since the epoch).
+fn starts(journal: &Path) -> Option<Vec<(String, u128)>> {
+    let text = std::fs::read_to_string(journal).ok()?;
+    Some(
+        text.lines()
+            .filter_map(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                (f.len() >= 5 && f[0] == "S")
+                    .then(|| Some((f[3].to_string(), f[4].parse().ok()?)))?
+            })
+            .collect(),
+    )
+}
+
+/// The longest time without a task start from the last start at or before `hit_ns` until
+/// `until_ns`; the time from the last start to `until_ns` counts if nothing started since.
+fn longest_gap(journal: &Path, hit_ns: u128, until_ns: u128) -> Option<Duration> {
+    let mut times: Vec<u128> = starts(journal)?.into_iter().map(|(_, at)| at).collect();
+    times.sort_unstable();
+    let first = times.iter().rposition(|at| *at <= hit_ns)?;
+    let mut window: Vec<u128> = times[first..]
+        .iter()
+        .copied()
+        .filter(|at| *at <= until_ns)
+        .collect();
+    window.push(until_ns);
+    let longest = window.windows(2).map(|w| w[1] - w[0]).max()?;
+    Some(Duration::from_nanos(longest as u64))
+}
+
+/// The pid in the leader key's holder value, if it is held.
+async fn leader_pid(http: &reqwest::Client, consul: &str) -> Option<u32> {
+    let response = http
+        .get(format!("http://{consul}/v1/kv/consumerLeader"))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .ok()?;
+    let entries: serde_json::Value = response.json().await.ok()?;
+    entries[0].get("Session")?;
+    let value = base64::Engine::decode(
+        &base64::engine::general_purpose::STANDARD,
+        entries[0]["Value"].as_str()?,
+    )
+    .ok()?;
+    let holder: serde_json::Value = serde_json::from_slice(&value).ok()?;
+    holder["pid"].as_u64().map(|pid| pid as u32)
+}
+
+/// Waits until one of `replicas` holds the leader key; its index.
+async fn wait_for_leading_replica(
+    http: &reqwest::Client,
+    consul: &str,
+    replicas: &[chaos::Replica],
+    limit: Duration,
+) -> anyhow::Result<usize> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if let Some(pid) = leader_pid(http, consul).await {
+            if let Some(index) = replicas.iter().position(|r| r.child.id() == pid) {
+                return Ok(index);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bail!("none of the replicas leads within {limit:?}")
+}
 
 /// The time from the old leader's last task start (around `hit_ns`) to the first start by
 /// another replica after it, from the journal.
 fn gap(journal: &Path, old: &str, hit_ns: u128) -> Option<Duration> {
-    let text = std::fs::read_to_string(journal).ok()?;
-    let starts: Vec<(&str, u128)> = text
-        .lines()
-        .filter_map(|line| {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            (f.len() >= 5 && f[0] == "S").then(|| Some((f[3], f[4].parse().ok()?)))?
-        })
-        .collect();
+    let starts = starts(journal)?;
     // A SIGTERMed leader may still start tasks while it drains; a SIGKILLed one cannot.
     let last_old = starts
         .iter()
@@ -43,17 +147,18 @@ fn gap(journal: &Path, old: &str, hit_ns: u128) -> Option<Duration> {
     Some(Duration::from_nanos((first_new - last_old) as u64))
 }
 
-/// Runs `runs` hits of `signal` ("TERM" to the process, "KILL" to its group).
-async fn measure(exe: &Path, signal: &str, runs: usize) -> anyhow::Result<Latency> {
+/// Runs `runs` hits of the leader.
+async fn measure(exe: &Path, hit: Hit, runs: usize) -> anyhow::Result<Latency> {
     let dir = TempDir::new()?;
     let journal = dir.0.join("journal");
     std::fs::write(&journal, "")?;
     let server = start_server(exe, "127.0.0.1:0", &dir.0.join("server"))?;
     let consul = server.addr.clone();
     let http = reqwest::Client::new();
+    let setup = hit.setup();
     let mut replicas = vec![
-        start_replica(exe, &dir.0, &consul, "fo-a", &journal)?,
-        start_replica(exe, &dir.0, &consul, "fo-b", &journal)?,
+        start_replica_with(exe, &dir.0, &consul, "fo-a", &journal, setup)?,
+        start_replica_with(exe, &dir.0, &consul, "fo-b", &journal, setup)?,
     ];
     let stop = tokio_util::sync::CancellationToken::new();
     let flow = {
@@ -75,35 +180,57 @@ async fn measure(exe: &Path, signal: &str, runs: usize) -> anyhow::Result<Latenc
     let mut gaps = Vec::new();
     let mut result = Ok(());
     for _ in 0..runs {
-        let old = match wait_for_leader(&http, &consul, &[], Duration::from_secs(60)).await {
-            Ok(old) => old,
+        let index = match wait_for_leading_replica(
+            &http,
+            &consul,
+            &replicas,
+            Duration::from_secs(60),
+        )
+        .await
+        {
+            Ok(index) => index,
             Err(err) => {
                 result = Err(err);
                 break;
             }
         };
         tokio::time::sleep(WARM_UP).await;
-        let index = replicas
-            .iter()
-            .position(|r| r.name == old)
-            .context("leader is not ours")?;
         let mut leaving = replicas.remove(index);
+        let old = leaving.name.clone();
         let hit_ns = now_ns();
-        let hit = Instant::now();
-        match signal {
-            "TERM" => {
+        let hit_at = Instant::now();
+        match hit {
+            Hit::Term => {
                 let _ = std::process::Command::new("kill")
                     .args(["-TERM", &leaving.child.id().to_string()])
                     .status();
             }
-            _ => signal_group(leaving.child.id(), "KILL"),
+            Hit::Kill | Hit::KillRestart => signal_group(leaving.child.id(), "KILL"),
+        }
+        if hit == Hit::KillRestart {
+            let _ = leaving.child.wait();
+            replicas.push(start_replica_with(
+                exe, &dir.0, &consul, &old, &journal, setup,
+            )?);
+            let ttl = duration::parse(setup.session_ttl).unwrap_or_default();
+            let lock_delay = duration::parse(setup.lock_delay).unwrap_or_default();
+            let watch = ttl + lock_delay + RESTART_WATCH_MARGIN;
+            tokio::time::sleep(watch.saturating_sub(hit_at.elapsed())).await;
+            match longest_gap(&journal, hit_ns, hit_ns + watch.as_nanos()) {
+                Some(gap) => gaps.push(gap),
+                None => {
+                    result = Err(anyhow::anyhow!("no task started before the kill"));
+                    break;
+                }
+            }
+            continue;
         }
         if let Err(err) = wait_for_leader(&http, &consul, &[&old], Duration::from_secs(60)).await {
             result = Err(err);
             break;
         }
         // Let the new leader start a few tasks, then read the gap from the journal.
-        while hit.elapsed() < Duration::from_secs(30) {
+        while hit_at.elapsed() < Duration::from_secs(30) {
             tokio::time::sleep(Duration::from_millis(100)).await;
             if let Some(gap) = gap(&journal, &old, hit_ns) {
                 gaps.push(gap);
@@ -111,7 +238,9 @@ async fn measure(exe: &Path, signal: &str, runs: usize) -> anyhow::Result<Latenc
             }
         }
         let _ = leaving.child.wait();
-        replicas.push(start_replica(exe, &dir.0, &consul, &old, &journal)?);
+        replicas.push(start_replica_with(
+            exe, &dir.0, &consul, &old, &journal, setup,
+        )?);
     }
     stop.cancel();
     let _ = flow.await;
@@ -122,7 +251,7 @@ async fn measure(exe: &Path, signal: &str, runs: usize) -> anyhow::Result<Latenc
     drop(server);
     result?;
     if gaps.is_empty() {
-        bail!("no {signal} gap could be measured");
+        bail!("no {hit:?} gap could be measured");
     }
     Ok(summarize(gaps))
 }
@@ -134,13 +263,23 @@ pub async fn section(runs: usize, report: &mut super::Report) -> anyhow::Result<
     progress(&format!(
         "failover: {runs} SIGTERM handovers (replicas as processes)"
     ));
-    let handover = measure(&exe, "TERM", runs).await?;
+    let handover = measure(&exe, Hit::Term, runs).await?;
     progress(&format!(
         "failover: {runs} SIGKILL failovers (TTL {}, lock-delay {})",
         duration::format(ttl),
         duration::format(lock_delay)
     ));
-    let failover = measure(&exe, "KILL", runs).await?;
+    let failover = measure(&exe, Hit::Kill, runs).await?;
+    let restart_runs = runs.min(RESTART_RUNS);
+    let restart_ttl = duration::parse(RESTART_SETUP.session_ttl).unwrap_or_default();
+    let restart_lock_delay = duration::parse(RESTART_SETUP.lock_delay).unwrap_or_default();
+    progress(&format!(
+        "failover: {restart_runs} SIGKILLs + immediate restarts (TTL {}, lock-delay {}, about {} s each)",
+        RESTART_SETUP.session_ttl,
+        RESTART_SETUP.lock_delay,
+        (restart_ttl + restart_lock_delay + RESTART_WATCH_MARGIN).as_secs() + 1
+    ));
+    let restart = measure(&exe, Hit::KillRestart, restart_runs).await?;
     let budget = ttl * 2 + lock_delay;
     let check_budget = ttl + lock_delay;
     report.row(
@@ -160,14 +299,51 @@ pub async fn section(runs: usize, report: &mut super::Report) -> anyhow::Result<
             (budget + Duration::from_secs(1)).as_secs_f64()
         ),
     );
+    let restart_budget = handover.max + RESTART_ALLOWANCE.as_secs_f64() * 1000.0;
+    report.row(
+        format!(
+            "failover: SIGKILL + immediate restart, TTL {} lock-delay {}, longest gap ms p50/max ({restart_runs}x)",
+            RESTART_SETUP.session_ttl, RESTART_SETUP.lock_delay
+        ),
+        format!("{:.1}/{:.1}", restart.p50, restart.max),
+        &format!(
+            "<= {restart_budget:.0} (SIGTERM max + {} ms)",
+            RESTART_ALLOWANCE.as_millis()
+        ),
+    );
     report.json.insert(
         "failover".into(),
         json!({
             "sigterm_handover_ms": {"p50": handover.p50, "max": handover.max, "runs": runs},
             "sigkill_failover_ms": {"p50": failover.p50, "max": failover.max, "runs": runs},
+            "sigkill_restart_longest_gap_ms": {"p50": restart.p50, "max": restart.max, "runs": restart_runs, "session_ttl": RESTART_SETUP.session_ttl, "lock_delay": RESTART_SETUP.lock_delay, "budget_ms": restart_budget},
             "settings": {"session_ttl": duration::format(ttl), "lock_delay": duration::format(lock_delay), "health_check": true},
             "budget_ms": {"two_ttl_plus_lock_delay": budget.as_millis() as u64, "with_health_check_ttl_plus_lock_delay": check_budget.as_millis() as u64},
         }),
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The longest gap runs from the last start before the hit through every later start
+    /// to the end of the watch, so an outage long after a quick restart is not missed.
+    #[test]
+    fn longest_gap_covers_the_whole_watch() {
+        let temp = tempfile::tempdir().unwrap();
+        let journal = temp.path().join("journal");
+        let line = |at: u128| format!("S t 1 fo-a {at} 1\n");
+        let text: String = [100, 990, 1_010, 1_020, 1_500, 1_600].map(line).concat();
+        std::fs::write(&journal, text + "E t 1 fo-a 5000 1\n").unwrap();
+        let ns = Duration::from_nanos;
+        // The kill at 1,000: 990 → 1,010 → 1,020 → 1,500 (the longest) → 1,600 → 1,700.
+        assert_eq!(longest_gap(&journal, 1_000, 1_700), Some(ns(480)));
+        // Nothing started after 1,600 until the end of a longer watch.
+        assert_eq!(longest_gap(&journal, 1_000, 3_000), Some(ns(1_400)));
+        assert_eq!(longest_gap(&journal, 100, 3_000), Some(ns(1_400)));
+        // No start before the hit: nothing to measure from.
+        assert_eq!(longest_gap(&journal, 50, 3_000), None);
+    }
 }
