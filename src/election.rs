@@ -540,11 +540,18 @@ impl Election {
                     // Held by this very session: a restart reused it, or this run acquired
                     // the key and could not read it back. An earlier run may have handed
                     // out this LockIndex, so take the key again for a higher one.
-                    if let Some(fencing_token) = self.reacquire(&session).await? {
-                        return Ok(Some(Leadership {
-                            session,
-                            fencing_token,
-                        }));
+                    let used = entry.lock_index;
+                    match self.reacquire(&session).await? {
+                        Some(fencing_token) if fencing_token > used => {
+                            return Ok(Some(Leadership {
+                                session,
+                                fencing_token,
+                            }));
+                        }
+                        // A server whose transaction kept LockIndex: release the key and
+                        // acquire it on the next round like any free key.
+                        Some(_) => self.release(&session).await?,
+                        None => {}
                     }
                     index.reset();
                     continue;
