@@ -53,20 +53,41 @@ enum Cmd {
     /// ports with temp dirs; takes a few minutes.
     Bench(BenchArgs),
     /// Run thousands of tasks on a server and three replicas (real processes) while leaders
-    /// are SIGKILLed and paused and the server is restarted, then audit the invariants:
-    /// nothing lost, no unexplained repeat, no completion by a stale leader. Exits 1 if one
-    /// breaks.
+    /// are SIGKILLed (process group, PID only, PID only with an immediate restart), paused
+    /// past their lease and partitioned away, and the server is restarted; the handler
+    /// forks a worker that journals its own runs. Then audit the invariants: nothing lost,
+    /// no two runs of a task at once, no work under two fencing tokens at once, no token
+    /// reused by a restarted replica, no unexplained repeat, no completion by a stale
+    /// leader. Exits 1 if one breaks.
     Chaos(ChaosArgs),
 }
 
 #[derive(clap::Args)]
 struct ChaosArgs {
-    /// Tasks to run (default 10,000; 300 with --short).
+    /// Tasks to run (default 10,000; 400 with --short).
     #[arg(long)]
     tasks: Option<usize>,
-    /// The short run: a few hundred tasks, two kills, one pause, one server restart.
+    /// The short run: a few hundred tasks and one event of each kind.
     #[arg(long)]
     short: bool,
+    /// SIGKILLs of the leader's process group (default 2; 1 with --short).
+    #[arg(long)]
+    kills: Option<usize>,
+    /// SIGKILLs of the leader's PID only, its handlers left to leaderq (default 2; 1).
+    #[arg(long)]
+    pid_kills: Option<usize>,
+    /// SIGKILLs of the leader's PID followed by an immediate restart (default 2; 1).
+    #[arg(long)]
+    restarts: Option<usize>,
+    /// SIGSTOPs of the leader's PID past its lease, then SIGCONT (default 2; 1).
+    #[arg(long)]
+    pauses: Option<usize>,
+    /// Partitions of the leader from the server through its proxy (default 2; 1).
+    #[arg(long)]
+    partitions: Option<usize>,
+    /// SIGKILL-and-restarts of the server (default 2; 1).
+    #[arg(long)]
+    server_restarts: Option<usize>,
     /// Seed of the event schedule.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -432,8 +453,19 @@ async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
     } else {
         leaderq::chaos::ChaosOptions::full()
     };
-    if let Some(tasks) = args.tasks {
-        options.tasks = tasks;
+    let counts = [
+        (args.tasks, &mut options.tasks),
+        (args.kills, &mut options.kills),
+        (args.pid_kills, &mut options.pid_kills),
+        (args.restarts, &mut options.restarts),
+        (args.pauses, &mut options.pauses),
+        (args.partitions, &mut options.partitions),
+        (args.server_restarts, &mut options.server_restarts),
+    ];
+    for (given, option) in counts {
+        if let Some(given) = given {
+            *option = given;
+        }
     }
     options.seed = args.seed;
     let audit = leaderq::chaos::run(options).await?;

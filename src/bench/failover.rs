@@ -157,8 +157,8 @@ async fn measure(exe: &Path, hit: Hit, runs: usize) -> anyhow::Result<Latency> {
     let http = reqwest::Client::new();
     let setup = hit.setup();
     let mut replicas = vec![
-        start_replica_with(exe, &dir.0, &consul, "fo-a", &journal, setup)?,
-        start_replica_with(exe, &dir.0, &consul, "fo-b", &journal, setup)?,
+        start_replica_with(exe, &dir.0, &consul, "fo-a", 0, &journal, setup)?,
+        start_replica_with(exe, &dir.0, &consul, "fo-b", 0, &journal, setup)?,
     ];
     let stop = tokio_util::sync::CancellationToken::new();
     let flow = {
@@ -210,7 +210,7 @@ async fn measure(exe: &Path, hit: Hit, runs: usize) -> anyhow::Result<Latency> {
         if hit == Hit::KillRestart {
             let _ = leaving.child.wait();
             replicas.push(start_replica_with(
-                exe, &dir.0, &consul, &old, &journal, setup,
+                exe, &dir.0, &consul, &old, 0, &journal, setup,
             )?);
             let ttl = duration::parse(setup.session_ttl).unwrap_or_default();
             let lock_delay = duration::parse(setup.lock_delay).unwrap_or_default();
@@ -239,7 +239,7 @@ async fn measure(exe: &Path, hit: Hit, runs: usize) -> anyhow::Result<Latency> {
         }
         let _ = leaving.child.wait();
         replicas.push(start_replica_with(
-            exe, &dir.0, &consul, &old, &journal, setup,
+            exe, &dir.0, &consul, &old, 0, &journal, setup,
         )?);
     }
     stop.cancel();

@@ -1,0 +1,494 @@
+//! `leaderq chaos`: a cluster of real processes (one `leaderq server`, three
+//! `leaderq consume` replicas, each behind a proxy that can cut it off) runs thousands of
+//! tasks while leaders are SIGKILLed (process group, or PID only, or PID only and restarted
+//! at once), paused past their lease, partitioned away, and the server is killed and
+//! restarted; then the run is audited (`audit.rs`).
+//!
+//! The handler forks, as wrapper scripts do: `sh -c` starts a worker and waits for it, and
+//! the worker journals its own start, heartbeats and end with its fencing token. So the
+//! audit sees what the work did, not what leaderq believes it did, and a handler that
+//! outlives its leader shows up as an overlap.
+
+mod audit;
+mod procs;
+mod proxy;
+
+use std::collections::HashMap;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+
+pub use audit::Audit;
+use audit::Event;
+use procs::signal_pid;
+pub(crate) use procs::{
+    now_ns, signal_group, start_replica_with, start_server, Replica, ReplicaSetup, Server,
+    CHAOS_SETUP, LOCK_DELAY, SESSION_TTL,
+};
+use proxy::Proxy;
+
+/// A replica or server killed by the chaos is started again after this long.
+const RESTART_AFTER: Duration = Duration::from_millis(500);
+/// How long a hit waits for the leader to be inside a slow run, so that the hit cuts a
+/// running handler rather than the gap between two.
+const BUSY_WAIT: Duration = Duration::from_secs(3);
+
+#[derive(Clone, Debug)]
+pub struct ChaosOptions {
+    pub tasks: usize,
+    /// SIGKILLs of the leader's process group (a machine failure).
+    pub kills: usize,
+    /// SIGKILLs of the leader's process alone (the OOM killer, `kill -9 <pid>`).
+    pub pid_kills: usize,
+    /// SIGKILLs of the leader's process alone, restarted at once on the same data dir.
+    pub restarts: usize,
+    /// SIGSTOPs of the leader's process past its lease, then SIGCONT.
+    pub pauses: usize,
+    /// The leader cut off the server (its proxy blackholes) until another replica leads.
+    pub partitions: usize,
+    /// Server SIGKILL-and-restarts.
+    pub server_restarts: usize,
+    /// Every this many tasks, one works for half a second (so hits find a handler running).
+    pub slow_every: usize,
+    /// Seconds between chaos events: a random pick from this range.
+    pub interval: (f64, f64),
+    pub seed: u64,
+}
+
+impl ChaosOptions {
+    pub fn full() -> ChaosOptions {
+        ChaosOptions {
+            tasks: 10_000,
+            kills: 2,
+            pid_kills: 2,
+            restarts: 2,
+            pauses: 2,
+            partitions: 2,
+            server_restarts: 2,
+            slow_every: 100,
+            interval: (2.0, 5.0),
+            seed: 1,
+        }
+    }
+
+    pub fn short() -> ChaosOptions {
+        ChaosOptions {
+            tasks: 400,
+            kills: 1,
+            pid_kills: 1,
+            restarts: 1,
+            pauses: 1,
+            partitions: 1,
+            server_restarts: 1,
+            slow_every: 10,
+            interval: (0.3, 0.8),
+            seed: 1,
+        }
+    }
+}
+
+async fn leader_session(http: &reqwest::Client, consul: &str) -> Option<(String, String)> {
+    let response = http
+        .get(format!("http://{consul}/v1/kv/consumerLeader"))
+        .timeout(Duration::from_secs(2))
+        .send()
+        .await
+        .ok()?;
+    let entries: Value = response.json().await.ok()?;
+    let session = entries[0].get("Session")?.as_str()?.to_string();
+    let value = entries[0]["Value"].as_str()?;
+    let holder: Value = serde_json::from_slice(
+        &base64::Engine::decode(&base64::engine::general_purpose::STANDARD, value).ok()?,
+    )
+    .ok()?;
+    Some((holder["node"].as_str()?.to_string(), session))
+}
+
+/// Waits until a replica other than those in `not` leads; returns its name.
+pub(crate) async fn wait_for_leader(
+    http: &reqwest::Client,
+    consul: &str,
+    not: &[&str],
+    limit: Duration,
+) -> anyhow::Result<String> {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if let Some((node, _)) = leader_session(http, consul).await {
+            if !not.contains(&node.as_str()) {
+                return Ok(node);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    bail!("no new leader within {limit:?}")
+}
+
+async fn enqueue(
+    http: &reqwest::Client,
+    consul: &str,
+    count: usize,
+    slow_every: usize,
+) -> anyhow::Result<Vec<String>> {
+    let ids: Vec<String> = (0..count)
+        .map(|n| {
+            let suffix = if n % 97 == 5 {
+                "f"
+            } else if n % 331 == 7 {
+                "h"
+            } else if n % slow_every.max(1) == 3 {
+                "s"
+            } else {
+                ""
+            };
+            format!("c{n:05}{suffix}")
+        })
+        .collect();
+    let chunks: Vec<Vec<String>> = ids
+        .chunks(count.div_ceil(16).max(1))
+        .map(|c| c.to_vec())
+        .collect();
+    let mut tasks = Vec::new();
+    for chunk in chunks {
+        let http = http.clone();
+        let consul = consul.to_string();
+        tasks.push(tokio::spawn(async move {
+            for id in chunk {
+                let body = json!({"taskId": id, "taskTime": id[1..6].parse::<u64>().unwrap_or(0), "taskType": "Chaos"});
+                let response = http
+                    .put(format!("http://{consul}/v1/kv/oracleTask/{id}"))
+                    .body(body.to_string())
+                    .send()
+                    .await?;
+                if !response.status().is_success() {
+                    bail!("enqueue failed: {}", response.status());
+                }
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
+    Ok(ids)
+}
+
+async fn queue_is_empty(http: &reqwest::Client, consul: &str) -> bool {
+    matches!(
+        http.get(format!("http://{consul}/v1/kv/oracleTask/?keys"))
+            .timeout(Duration::from_secs(2))
+            .send()
+            .await,
+        Ok(response) if response.status() == reqwest::StatusCode::NOT_FOUND
+    )
+}
+
+pub async fn run(options: ChaosOptions) -> anyhow::Result<Audit> {
+    let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
+    let dir = std::env::temp_dir().join(format!("leaderq-chaos-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir)?;
+    let result = run_in(&exe, &dir, options).await;
+    if result.as_ref().is_ok_and(Audit::passed) {
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        eprintln!("chaos: kept the run's files in {}", dir.display());
+    }
+    result
+}
+
+/// Waits (up to `BUSY_WAIT`) until the journal's newest record is a slow run of `leader`
+/// under way, so the hit lands while a handler works.
+async fn wait_until_busy(journal: &Path, leader: &str) {
+    let started = Instant::now();
+    while started.elapsed() < BUSY_WAIT {
+        if last_record(journal).is_some_and(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            f.len() >= 4 && matches!(f[0], "S" | "H") && f[1].ends_with('s') && f[3] == leader
+        }) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn last_record(journal: &Path) -> Option<String> {
+    let mut file = std::fs::File::open(journal).ok()?;
+    let len = file.metadata().ok()?.len();
+    file.seek(SeekFrom::Start(len.saturating_sub(512))).ok()?;
+    let mut tail = String::new();
+    file.read_to_string(&mut tail).ok()?;
+    tail.lines().last().map(str::to_string)
+}
+
+/// The replicas by name, each with the proxy it talks through and how often it started.
+struct Cluster<'a> {
+    exe: &'a Path,
+    dir: &'a Path,
+    journal: &'a Path,
+    replicas: Vec<Replica>,
+    proxies: HashMap<String, Proxy>,
+}
+
+impl Cluster<'_> {
+    fn start(&mut self, name: &str, incarnation: u32) -> anyhow::Result<()> {
+        let proxy = &self.proxies[name];
+        let replica = start_replica_with(
+            self.exe,
+            self.dir,
+            &proxy.addr,
+            name,
+            incarnation,
+            self.journal,
+            &CHAOS_SETUP,
+        )?;
+        self.replicas.push(replica);
+        Ok(())
+    }
+
+    fn take(&mut self, name: &str) -> anyhow::Result<Replica> {
+        let index = self
+            .replicas
+            .iter()
+            .position(|r| r.name == name)
+            .context("unknown leader")?;
+        Ok(self.replicas.remove(index))
+    }
+
+    fn get(&self, name: &str) -> anyhow::Result<&Replica> {
+        self.replicas
+            .iter()
+            .find(|r| r.name == name)
+            .context("unknown leader")
+    }
+}
+
+async fn run_in(exe: &Path, dir: &Path, options: ChaosOptions) -> anyhow::Result<Audit> {
+    let started = Instant::now();
+    let journal = dir.join("journal");
+    std::fs::write(&journal, "")?;
+    let server_dir = dir.join("server");
+    let mut server = start_server(exe, "127.0.0.1:0", &server_dir)?;
+    let consul = server.addr.clone();
+    let http = reqwest::Client::new();
+    eprintln!("chaos: enqueueing {} tasks", options.tasks);
+    let ids = enqueue(&http, &consul, options.tasks, options.slow_every).await?;
+
+    let mut cluster = Cluster {
+        exe,
+        dir,
+        journal: &journal,
+        replicas: Vec::new(),
+        proxies: HashMap::new(),
+    };
+    for name in ["chaos-1", "chaos-2", "chaos-3"] {
+        let proxy = Proxy::start(consul.clone()).await?;
+        cluster.proxies.insert(name.to_string(), proxy);
+        cluster.start(name, 0)?;
+    }
+    let mut events: Vec<Event> = Vec::new();
+    let mut max_without_leader = Duration::ZERO;
+    let mut rng = fastrand::Rng::with_seed(options.seed);
+    let mut plan: Vec<&'static str> = Vec::new();
+    plan.extend(std::iter::repeat_n("kill", options.kills));
+    plan.extend(std::iter::repeat_n("kill-pid", options.pid_kills));
+    plan.extend(std::iter::repeat_n("restart", options.restarts));
+    plan.extend(std::iter::repeat_n("pause", options.pauses));
+    plan.extend(std::iter::repeat_n("partition", options.partitions));
+    plan.extend(std::iter::repeat_n("server", options.server_restarts));
+    rng.shuffle(&mut plan);
+    wait_for_leader(&http, &consul, &[], Duration::from_secs(30)).await?;
+
+    for kind in plan {
+        let pause = options.interval.0 + rng.f64() * (options.interval.1 - options.interval.0);
+        tokio::time::sleep(Duration::from_secs_f64(pause)).await;
+        if queue_is_empty(&http, &consul).await {
+            eprintln!("chaos: queue drained before every event ran");
+            break;
+        }
+        let Some((leader, _)) = leader_session(&http, &consul).await else {
+            continue;
+        };
+        if kind != "server" {
+            wait_until_busy(&journal, &leader).await;
+        }
+        let hit = Instant::now();
+        let at_ns = now_ns();
+        let incarnation = match kind {
+            "server" => 0,
+            _ => cluster.get(&leader)?.incarnation,
+        };
+        match kind {
+            "kill" | "kill-pid" | "restart" => {
+                let mut replica = cluster.take(&leader)?;
+                eprintln!("chaos: {kind} leader {leader}");
+                match kind {
+                    "kill" => signal_group(replica.child.id(), "KILL"),
+                    _ => signal_pid(replica.child.id(), "KILL"),
+                }
+                let _ = replica.child.wait();
+                if kind == "restart" {
+                    cluster.start(&leader, incarnation + 1)?;
+                    wait_for_leader(&http, &consul, &[], Duration::from_secs(60)).await?;
+                } else {
+                    wait_for_leader(&http, &consul, &[&leader], Duration::from_secs(60)).await?;
+                    max_without_leader = max_without_leader.max(hit.elapsed());
+                    tokio::time::sleep(RESTART_AFTER).await;
+                    cluster.start(&leader, incarnation + 1)?;
+                }
+            }
+            "pause" | "partition" => {
+                let pid = cluster.get(&leader)?.child.id();
+                eprintln!("chaos: {kind} leader {leader} past its lease");
+                match kind {
+                    "pause" => signal_pid(pid, "STOP"),
+                    _ => cluster.proxies[&leader].partition(true),
+                }
+                wait_for_leader(&http, &consul, &[&leader], Duration::from_secs(60)).await?;
+                max_without_leader = max_without_leader.max(hit.elapsed());
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                match kind {
+                    "pause" => signal_pid(pid, "CONT"),
+                    _ => cluster.proxies[&leader].partition(false),
+                }
+            }
+            _ => {
+                eprintln!("chaos: SIGKILL and restart the server");
+                let _ = server.child.kill();
+                let _ = server.child.wait();
+                tokio::time::sleep(RESTART_AFTER).await;
+                server = start_server(exe, &consul, &server_dir)?;
+                wait_for_leader(&http, &consul, &[], Duration::from_secs(60)).await?;
+            }
+        }
+        events.push(Event {
+            at_ns,
+            replica: if kind == "server" {
+                "server".into()
+            } else {
+                leader
+            },
+            incarnation,
+            kind,
+        });
+    }
+
+    eprintln!("chaos: waiting for the queue to drain");
+    let drain_started = Instant::now();
+    while !queue_is_empty(&http, &consul).await {
+        if drain_started.elapsed() > Duration::from_secs(600) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let dead: usize = match http
+        .get(format!("http://{consul}/v1/kv/oracleTaskDead/?keys"))
+        .send()
+        .await
+    {
+        Ok(response) if response.status().is_success() => response
+            .json::<Vec<String>>()
+            .await
+            .map(|k| k.len())
+            .unwrap_or(0),
+        _ => 0,
+    };
+    for replica in &cluster.replicas {
+        signal_pid(replica.child.id(), "TERM");
+    }
+    for mut replica in cluster.replicas.drain(..) {
+        let _ = replica.child.wait();
+    }
+    let _ = server.child.kill();
+    let _ = server.child.wait();
+
+    let mut audit = audit::audit(dir, &journal, &ids, &events)?;
+    audit.dead_letters = dead;
+    audit.max_without_leader_ms = max_without_leader.as_millis() as u64;
+    audit.seconds = started.elapsed().as_secs_f64();
+    audit.events = events
+        .iter()
+        .map(|e| format!("{} {}", e.kind, e.replica))
+        .collect();
+    Ok(audit)
+}
+
+/// Prints the audit as a report.
+pub fn print(audit: &Audit) {
+    println!(
+        "chaos run: {} tasks in {:.0}s; events: {}",
+        audit.tasks,
+        audit.seconds,
+        audit.events.join(", ")
+    );
+    let verdict = |ok: bool| if ok { "ok" } else { "FAILED" };
+    println!(
+        "  tasks lost:                               {:>6}  {}",
+        audit.lost.len(),
+        verdict(audit.lost.is_empty())
+    );
+    println!(
+        "  tasks dead-lettered:                      {:>6}  {}",
+        audit.dead_letters,
+        verdict(audit.dead_letters == 0)
+    );
+    println!(
+        "  tasks completed more than once:           {:>6}  ({} unexplained) {}",
+        audit.repeats.len(),
+        audit.unexplained_repeats.len(),
+        verdict(audit.unexplained_repeats.is_empty())
+    );
+    for (id, why) in audit.repeats.iter().take(10) {
+        println!("    {id}: {why}");
+    }
+    println!(
+        "  handler runs (recorded by the workers):   {:>6}",
+        audit.runs
+    );
+    println!(
+        "  runs of one task alive at once:           {:>6}  {}",
+        audit.overlaps,
+        verdict(audit.overlaps == 0)
+    );
+    for overlap in audit.overlap_details.iter().take(10) {
+        println!("    {overlap}");
+    }
+    println!(
+        "  work under two tokens at once:            {:>6}  {}",
+        audit.leader_overlaps.len(),
+        verdict(audit.leader_overlaps.is_empty())
+    );
+    for overlap in audit.leader_overlaps.iter().take(10) {
+        println!("    {overlap}");
+    }
+    println!(
+        "  tokens used by two replica processes:     {:>6}  {}",
+        audit.shared_tokens.len(),
+        verdict(audit.shared_tokens.is_empty())
+    );
+    for shared in audit.shared_tokens.iter().take(10) {
+        println!("    {shared}");
+    }
+    println!(
+        "  completions audited:                      {:>6}",
+        audit.completions
+    );
+    println!(
+        "  completions under a stale fencing token:  {:>6}  {}",
+        audit.stale_completions.len(),
+        verdict(audit.stale_completions.is_empty())
+    );
+    println!(
+        "  longest time without a working leader:    {:>6} ms",
+        audit.max_without_leader_ms
+    );
+    println!(
+        "  verdict: {}",
+        if audit.passed() {
+            "all invariants hold"
+        } else {
+            "INVARIANT BROKEN"
+        }
+    );
+}
