@@ -197,11 +197,37 @@ struct ServerArgs {
     /// Smallest session TTL accepted, like Consul's `session_ttl_min`; lower it only in tests.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     session_ttl_min: Duration,
+    /// Connections open at once from one client address, like Consul's
+    /// `http_max_conns_per_client`; more get 429 and are closed. 0 means no cap.
+    #[arg(long, default_value_t = server::serve::DEFAULT_MAX_CONNS_PER_CLIENT)]
+    http_max_conns_per_client: usize,
+    /// Time to receive a request's head; the connection is closed after it.
+    #[arg(long, default_value = "30s", value_parser = parse_timeout)]
+    http_header_timeout: Duration,
+    /// Time to receive a request's body; answered 408 after it.
+    #[arg(long, default_value = "60s", value_parser = parse_timeout)]
+    http_body_timeout: Duration,
+    /// Time a keep-alive connection may wait for its next request (not a blocking query in
+    /// progress), or take to read an answer.
+    #[arg(long, default_value = "2m", value_parser = parse_timeout)]
+    http_idle_timeout: Duration,
+    /// On SIGTERM or Ctrl-C, time in-flight requests get before their connections are
+    /// dropped and the data file is closed.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    shutdown_timeout: Duration,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
     server::duration::parse(text)
         .map_err(|e| format!("{e} (use a Go duration such as 10s or 500ms)"))
+}
+
+/// A duration that must be more than zero: a zero timeout would cut every connection.
+fn parse_timeout(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        duration if duration.is_zero() => Err("must be more than 0s".into()),
+        duration => Ok(duration),
+    }
 }
 
 /// Exit status when stdout's reader went away: 128 + SIGPIPE, what a shell reports for a
@@ -515,6 +541,13 @@ async fn run_server(args: ServerArgs) -> anyhow::Result<()> {
         data_dir: args.data_dir,
         node_name: args.node_name.unwrap_or_else(leaderq::config::hostname),
         session_ttl_min: args.session_ttl_min,
+        limits: server::Limits {
+            max_conns_per_client: args.http_max_conns_per_client,
+            header_timeout: args.http_header_timeout,
+            body_timeout: args.http_body_timeout,
+            idle_timeout: args.http_idle_timeout,
+            shutdown_timeout: args.shutdown_timeout,
+        },
     };
     let server = server::Server::start(&config, address)
         .await
