@@ -435,6 +435,11 @@ pub async fn purge_dead(
         .await?;
     let mut purged = 0;
     for pair in dead {
+        // A listing is by byte prefix, so this always holds; checked so that not even a
+        // misbehaving server can make purge delete anything else.
+        if !pair.key.starts_with(&settings.queue.dead_prefix) {
+            continue;
+        }
         if let Some(limit) = older_than {
             let dead_at = serde_json::from_slice::<Value>(&pair.value)
                 .ok()
