@@ -1,6 +1,10 @@
 //! Operator commands over the Consul API: `leaderq enqueue` (what a producer does, from
 //! files or flags), `leaderq status` (leader, fencing token, queue depth, dead letters) and
 //! `leaderq tasks` (list, show, retry a dead letter, purge dead letters).
+//!
+//! Every key these commands write or read by name is a [`Key`] under the queue or the
+//! dead-letter prefix: ids and keys from the command line and `originalKey` from a dead
+//! letter are validated, and refused with a message before anything is sent.
 
 use std::path::Path;
 
@@ -10,6 +14,7 @@ use serde_json::{json, Value};
 
 use crate::config::Settings;
 use crate::consul::{self, Client, PutMode, QueryOptions};
+use crate::key::{self, Key};
 use crate::task::{Status, Task};
 
 #[derive(Debug, thiserror::Error)]
@@ -34,17 +39,55 @@ pub enum AdminError {
     NotRetryable { key: String },
     #[error("cannot move the task back to {key}: {reason}")]
     Conflict { key: String, reason: String },
+    #[error("{what} {value:?} cannot name a task: {reason}")]
+    InvalidId {
+        what: String,
+        value: String,
+        reason: key::Invalid,
+    },
+    #[error("{key:?} is neither a key under {prefixes} nor a task name: {reason}")]
+    InvalidKey {
+        key: String,
+        prefixes: String,
+        reason: key::Invalid,
+    },
+    #[error("{key} holds originalKey {original:?}, which retry will not write to: {reason}; fix the record, or enqueue the task anew")]
+    BadOriginalKey {
+        key: String,
+        original: String,
+        reason: String,
+    },
 }
 
-/// A task ready to PUT: its key under the prefix and its JSON.
+impl AdminError {
+    /// Input from the command line refused before anything was sent.
+    pub fn is_refused_input(&self) -> bool {
+        matches!(
+            self,
+            AdminError::InvalidId { .. } | AdminError::InvalidKey { .. }
+        )
+    }
+}
+
+/// A task ready to PUT: its name under the prefix and its JSON.
 #[derive(Clone, Debug)]
 pub struct NewTask {
     pub name: String,
     pub value: Vec<u8>,
 }
 
+/// `task_<id>`, once `id` passed [`key::check_id`]; `what` names where the id came from.
+fn task_name(id: &str, what: impl FnOnce() -> String) -> Result<String, AdminError> {
+    key::check_id(id).map_err(|reason| AdminError::InvalidId {
+        what: what(),
+        value: id.to_string(),
+        reason,
+    })?;
+    Ok(format!("task_{id}"))
+}
+
 /// Reads a task file in the producers' format. Its key is `task_<taskId>`, or the file's
-/// name when it has no taskId.
+/// name when it has no taskId; either must be a valid key segment.
 pub fn task_from_file(path: &Path) -> Result<NewTask, AdminError> {
     let shown = path.display().to_string();
     let text = std::fs::read(path).map_err(|e| AdminError::Read {
@@ -68,22 +111,37 @@ pub fn task_from_file(path: &Path) -> Result<NewTask, AdminError> {
         });
     }
     let name = match fields.get("taskId") {
-        Some(Value::String(id)) if !id.is_empty() => format!("task_{id}"),
-        Some(Value::Number(id)) => format!("task_{id}"),
-        _ => path
-            .file_stem()
-            .map(|s| s.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "task".into()),
+        Some(Value::String(id)) if !id.is_empty() => {
+            task_name(id, || format!("taskId in {shown}"))?
+        }
+        Some(Value::Number(id)) => task_name(&id.to_string(), || format!("taskId in {shown}"))?,
+        _ => {
+            let stem = path
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| "task".into());
+            key::check_id(&stem).map_err(|reason| AdminError::InvalidId {
+                what: format!("the name of {shown} (it has no taskId)"),
+                value: stem.clone(),
+                reason,
+            })?;
+            stem
+        }
     };
     Ok(NewTask { name, value: text })
 }
 
-/// Builds a task from flags: now as `taskTime`, a fresh id unless one is given.
+/// Builds a task from flags: now as `taskTime`, a fresh id unless one is given. A given id
+/// must be a valid key segment; it is refused, not escaped, so a task's key is always
+/// `task_<its id>`.
 pub fn task_from_flags(
     task_type: &str,
     para: Option<&str>,
     id: Option<&str>,
 ) -> Result<NewTask, AdminError> {
+    let name = id
+        .map(|id| task_name(id, || "--id".to_string()))
+        .transpose()?;
     let para: Value = match para {
         Some(text) => serde_json::from_str(text).map_err(|e| AdminError::Para(e.to_string()))?,
         None => json!({}),
@@ -100,7 +158,7 @@ pub fn task_from_flags(
         "taskPara": para,
     });
     Ok(NewTask {
-        name: format!("task_{id}"),
+        name: name.unwrap_or_else(|| format!("task_{id}")),
         value: value.to_string().into_bytes(),
     })
 }
@@ -108,11 +166,18 @@ pub fn task_from_flags(
 /// PUTs a task under `prefix` only if the key is new (cas=0), so a running task is never
 /// overwritten by accident. Returns the key.
 pub async fn enqueue(client: &Client, prefix: &str, task: &NewTask) -> Result<String, AdminError> {
-    let key = format!("{prefix}{}", task.name);
-    if !client.kv_put(&key, &task.value, PutMode::Cas(0)).await? {
-        return Err(AdminError::Exists { key });
+    let key = Key::under(prefix, &task.name).map_err(|reason| AdminError::InvalidKey {
+        key: task.name.clone(),
+        prefixes: prefix.to_string(),
+        reason,
+    })?;
+    if !client
+        .kv_put(key.as_str(), &task.value, PutMode::Cas(0))
+        .await?
+    {
+        return Err(AdminError::Exists { key: key.into() });
     }
-    Ok(key)
+    Ok(key.into())
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -245,19 +310,35 @@ pub async fn list(client: &Client, settings: &Settings) -> Result<Vec<TaskRow>, 
     Ok(rows)
 }
 
-/// Finds a task by full key, or by name under the queue or the dead-letter prefix.
+/// Finds a task by full key, or by name under the queue or the dead-letter prefix. Reads
+/// nothing else: a key outside both prefixes is taken as a name under them, and one that is
+/// not a valid key there is refused.
 pub async fn find(
     client: &Client,
     settings: &Settings,
     key: &str,
 ) -> Result<crate::consul::KvPair, AdminError> {
-    let candidates = [
-        key.to_string(),
-        format!("{}{key}", settings.queue.prefix),
-        format!("{}{key}", settings.queue.dead_prefix),
+    let prefixes = [
+        settings.queue.prefix.as_str(),
+        settings.queue.dead_prefix.as_str(),
     ];
+    let candidates = match Key::within(key, &prefixes) {
+        Ok(full) => vec![full],
+        Err(_) => prefixes
+            .iter()
+            .map(|prefix| Key::under(prefix, key))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|reason| AdminError::InvalidKey {
+                key: key.to_string(),
+                prefixes: prefixes.join(" or "),
+                reason,
+            })?,
+    };
     for candidate in candidates {
-        if let (Some(pair), _) = client.kv_get(&candidate, QueryOptions::default()).await? {
+        let (found, _) = client
+            .kv_get(candidate.as_str(), QueryOptions::default())
+            .await?;
+        if let Some(pair) = found {
             return Ok(pair);
         }
     }
@@ -267,7 +348,8 @@ pub async fn find(
 }
 
 /// Moves a dead letter back to the queue under its original key, with its attempts reset.
-/// Returns the queue key.
+/// The original key must be a valid key under the queue prefix: a record is data, and a
+/// crafted one must not make this write anywhere else. Returns the queue key.
 pub async fn retry(client: &Client, settings: &Settings, key: &str) -> Result<String, AdminError> {
     let pair = find(client, settings, key).await?;
     if !pair.key.starts_with(&settings.queue.dead_prefix) {
@@ -279,12 +361,28 @@ pub async fn retry(client: &Client, settings: &Settings, key: &str) -> Result<St
     if fields.contains_key("rawValue") || !fields.contains_key("taskType") {
         return Err(AdminError::NotRetryable { key: pair.key });
     }
-    let name = pair.key[settings.queue.dead_prefix.len()..].to_string();
-    let target = fields
-        .get("originalKey")
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("{}{name}", settings.queue.prefix));
+    let prefix = settings.queue.prefix.as_str();
+    let refuse = |original: &str, reason: String| AdminError::BadOriginalKey {
+        key: pair.key.clone(),
+        original: original.to_string(),
+        reason,
+    };
+    let target = match fields.get("originalKey") {
+        Some(Value::String(original)) => Key::within(original, &[prefix])
+            .map_err(|reason| refuse(original, reason.to_string()))?,
+        Some(other) => {
+            return Err(refuse(&other.to_string(), "it is not a string".into()));
+        }
+        None => {
+            let name = &pair.key[settings.queue.dead_prefix.len()..];
+            Key::under(prefix, name).map_err(|reason| AdminError::InvalidKey {
+                key: name.to_string(),
+                prefixes: prefix.to_string(),
+                reason,
+            })?
+        }
+    };
+    let target = String::from(target);
     for field in [
         "deadReason",
         "deadAt",
@@ -337,6 +435,11 @@ pub async fn purge_dead(
         .await?;
     let mut purged = 0;
     for pair in dead {
+        // A listing is by byte prefix, so this always holds; checked so that not even a
+        // misbehaving server can make purge delete anything else.
+        if !pair.key.starts_with(&settings.queue.dead_prefix) {
+            continue;
+        }
         if let Some(limit) = older_than {
             let dead_at = serde_json::from_slice::<Value>(&pair.value)
                 .ok()

@@ -206,6 +206,31 @@ impl Settings {
                 ));
             }
         }
+        for (name, prefix) in [
+            ("queue.prefix", &self.queue.prefix),
+            ("queue.dead_prefix", &self.queue.dead_prefix),
+        ] {
+            if let Err(reason) = crate::key::check_prefix(prefix) {
+                return invalid(format!(
+                    "{name} {prefix:?} is not a valid key prefix: {reason}"
+                ));
+            }
+        }
+        if let Err(reason) = crate::key::check(&self.election.leader_key) {
+            return invalid(format!(
+                "election.leader_key {:?} is not a valid key: {reason}",
+                self.election.leader_key
+            ));
+        }
+        if [&self.queue.prefix, &self.queue.dead_prefix]
+            .iter()
+            .any(|prefix| self.election.leader_key.starts_with(prefix.as_str()))
+        {
+            return invalid(format!(
+                "election.leader_key {:?} lies under queue.prefix or queue.dead_prefix, where it would be taken for a task",
+                self.election.leader_key
+            ));
+        }
         if self.election.session_ttl.is_zero() {
             return invalid("election.session_ttl must be more than 0s".into());
         }
@@ -353,6 +378,47 @@ mod example_files {
                 !settings.handlers.is_empty(),
                 "config/{name} has no handlers"
             );
+        }
+    }
+}
+
+#[cfg(test)]
+mod key_settings {
+    use super::*;
+
+    /// Prefixes and the leader key are checked by the key rule at start; the leader key may
+    /// not lie under a queue prefix.
+    #[test]
+    fn bad_prefixes_and_leader_keys_stop_the_start() {
+        for (name, value, named) in [
+            ("LEADERQ__QUEUE__PREFIX", "../jobs/", "queue.prefix"),
+            ("LEADERQ__QUEUE__PREFIX", "/jobs/", "queue.prefix"),
+            ("LEADERQ__QUEUE__DEAD_PREFIX", "dead//", "queue.dead_prefix"),
+            (
+                "LEADERQ__QUEUE__DEAD_PREFIX",
+                "dead letters/",
+                "queue.dead_prefix",
+            ),
+            (
+                "LEADERQ__ELECTION__LEADER_KEY",
+                "a/../leader",
+                "election.leader_key",
+            ),
+            (
+                "LEADERQ__ELECTION__LEADER_KEY",
+                "leader/",
+                "election.leader_key",
+            ),
+            (
+                "LEADERQ__ELECTION__LEADER_KEY",
+                "oracleTask/leader",
+                "election.leader_key",
+            ),
+        ] {
+            let err = Settings::load(None, vec![(name.to_string(), value.to_string())])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(named), "{value:?}: {err}");
         }
     }
 }

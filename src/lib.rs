@@ -5,16 +5,18 @@
 //! - [`consul`]: a typed client for Consul's HTTP API (KV, sessions, txn, agent checks).
 //! - [`config`]: settings, layered from defaults, a file and the environment.
 //! - [`task`]: the producers' task format, parsed leniently.
+//! - [`key`]: the key rule, and keys proven to lie under a configured prefix.
 //! - [`handler`]: the `Handler` trait, the registry, the exec and log handlers.
 //! - [`identity`]: the replica's hold on its data dir and its stable node id.
 //! - [`election`]: sessions, lease and the leader key.
 //! - [`queue`]: the leader's claims, completions, retries and dead letters.
 //! - [`observe`]: metrics and the /metrics, /health, /ready, /leader endpoints.
 //! - [`consumer`]: the service loop that joins them (`leaderq consume`).
-//! - [`admin`]: `leaderq enqueue` and `leaderq status`.
+//! - [`admin`]: `leaderq enqueue`, `leaderq status` and `leaderq tasks`.
 //! - [`dev`]: `leaderq dev`, server plus replicas for the quick start.
 //! - [`chaos`]: `leaderq chaos`, a failure-injection run of real processes with an audit.
 //! - [`bench`]: `leaderq bench`, measurements over real processes and HTTP.
+//! - [`logging`]: the log subscriber, and the escaping that keeps one event on one line.
 
 pub mod admin;
 pub mod bench;
@@ -26,6 +28,8 @@ pub mod dev;
 pub mod election;
 pub mod handler;
 pub mod identity;
+pub mod key;
+pub mod logging;
 pub mod observe;
 pub mod queue;
 pub mod server;

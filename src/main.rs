@@ -1,7 +1,10 @@
 //! The `leaderq` binary: parses the command line, sets up logging and calls the library.
-//! Every error ends here as one message on stderr and a non-zero exit code.
+//! Every error ends here as one message on stderr and a non-zero exit code: 2 for input
+//! refused before anything was sent (like clap's usage errors), 1 for other failures, and
+//! 141, quietly, when stdout's reader went away (`leaderq tasks list | head -1`), the
+//! status a shell shows for a Unix tool killed by SIGPIPE.
 
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,6 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+use leaderq::logging::escape;
 use leaderq::server;
 
 #[derive(Parser)]
@@ -218,6 +222,24 @@ struct ServerArgs {
     /// Smallest session TTL accepted, like Consul's `session_ttl_min`; lower it only in tests.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     session_ttl_min: Duration,
+    /// Connections open at once from one client address, like Consul's
+    /// `http_max_conns_per_client`; more get 429 and are closed. 0 means no cap.
+    #[arg(long, default_value_t = server::serve::DEFAULT_MAX_CONNS_PER_CLIENT)]
+    http_max_conns_per_client: usize,
+    /// Time to receive a request's head; the connection is closed after it.
+    #[arg(long, default_value = "30s", value_parser = parse_timeout)]
+    http_header_timeout: Duration,
+    /// Time to receive a request's body; answered 408 after it.
+    #[arg(long, default_value = "60s", value_parser = parse_timeout)]
+    http_body_timeout: Duration,
+    /// Time a keep-alive connection may wait for its next request (not a blocking query in
+    /// progress), or take to read an answer.
+    #[arg(long, default_value = "2m", value_parser = parse_timeout)]
+    http_idle_timeout: Duration,
+    /// On SIGTERM or Ctrl-C, time in-flight requests get before their connections are
+    /// dropped and the data file is closed.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    shutdown_timeout: Duration,
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -225,7 +247,61 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{e} (use a Go duration such as 10s or 500ms)"))
 }
 
+/// A duration that must be more than zero: a zero timeout would cut every connection.
+fn parse_timeout(text: &str) -> Result<Duration, String> {
+    match parse_duration(text)? {
+        duration if duration.is_zero() => Err("must be more than 0s".into()),
+        duration => Ok(duration),
+    }
+}
+
+/// Exit status when stdout's reader went away: 128 + SIGPIPE, what a shell reports for a
+/// tool killed by the signal (Rust ignores SIGPIPE, so writes fail with EPIPE instead).
+const BROKEN_PIPE_EXIT: u8 = 141;
+/// Exit status for input refused before anything was sent: clap's usage-error status.
+const REFUSED_INPUT_EXIT: u8 = 2;
+
+/// Stdout's reader went away; `main` exits quietly on it.
+#[derive(Debug, thiserror::Error)]
+#[error("stdout was closed")]
+struct StdoutClosed;
+
+/// Writes one line to stdout, returning `StdoutClosed` if its reader went away.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        writeln!(std::io::stdout().lock(), $($arg)*).map_err(stdout_error)
+    };
+}
+
+fn stdout_error(err: std::io::Error) -> anyhow::Error {
+    if err.kind() == std::io::ErrorKind::BrokenPipe {
+        anyhow::Error::new(StdoutClosed)
+    } else {
+        anyhow::Error::new(err).context("cannot write to stdout")
+    }
+}
+
+/// Library code prints with `println!`, which panics when stdout's reader went away; that one
+/// panic becomes the same quiet exit as `StdoutClosed`. Every other panic is reported as
+/// usual.
+fn exit_quietly_on_broken_pipe_panics() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if message.starts_with("failed printing to std") && message.contains("Broken pipe") {
+            std::process::exit(BROKEN_PIPE_EXIT.into());
+        }
+        report(info);
+    }));
+}
+
 fn main() -> ExitCode {
+    exit_quietly_on_broken_pipe_panics();
     let cli = Cli::parse();
     // The benchmark runs replicas in-process; their per-task events would drown its table.
     let level = if matches!(cli.command, Cmd::Bench(_)) {
@@ -233,7 +309,11 @@ fn main() -> ExitCode {
     } else {
         "info"
     };
-    init_logging(level, cli.log_format);
+    let format = match cli.log_format {
+        LogFormat::Pretty => leaderq::logging::Format::Pretty,
+        LogFormat::Json => leaderq::logging::Format::Json,
+    };
+    leaderq::logging::init(level, format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -263,22 +343,27 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            ExitCode::FAILURE
+        Err(err) if err.downcast_ref::<StdoutClosed>().is_some() => {
+            ExitCode::from(BROKEN_PIPE_EXIT)
         }
-    }
-}
-
-fn init_logging(default_level: &str, format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Pretty => builder.with_ansi(std::io::stderr().is_terminal()).init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+        Err(err) => {
+            // The message may quote stored keys or texts: keep it one line, free of escapes.
+            let message = format!("{err:#}");
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "error: {}",
+                leaderq::logging::escape(&message)
+            );
+            let refused = err
+                .chain()
+                .filter_map(|cause| cause.downcast_ref::<leaderq::admin::AdminError>())
+                .any(leaderq::admin::AdminError::is_refused_input);
+            if refused {
+                ExitCode::from(REFUSED_INPUT_EXIT)
+            } else {
+                ExitCode::FAILURE
+            }
+        }
     }
 }
 
@@ -356,7 +441,7 @@ async fn run_enqueue(args: EnqueueArgs) -> anyhow::Result<()> {
     let total = tasks.len();
     for (n, task) in tasks.iter().enumerate() {
         let key = leaderq::admin::enqueue(&client, &settings.queue.prefix, task).await?;
-        println!("[{}/{total}] enqueued {key}", n + 1);
+        outln!("[{}/{total}] enqueued {key}", n + 1)?;
     }
     Ok(())
 }
@@ -368,28 +453,32 @@ async fn run_status(args: StatusArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot read the queue from Consul at {}", client.address()))?;
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        outln!("{}", serde_json::to_string(&report)?)?;
         return Ok(());
     }
+    // The holder value is written by whoever holds the key: shown escaped.
+    let field = |leader: &serde_json::Value, name: &str| {
+        escape(leader[name].as_str().unwrap_or("?")).into_owned()
+    };
     match &report.leader {
-        Some(leader) => println!(
+        Some(leader) => outln!(
             "leader:        {} (session {}, since {})",
-            leader["node"].as_str().unwrap_or("?"),
-            leader["session"].as_str().unwrap_or("?"),
-            leader["since"].as_str().unwrap_or("?")
-        ),
-        None => println!("leader:        none"),
+            field(leader, "node"),
+            field(leader, "session"),
+            field(leader, "since")
+        )?,
+        None => outln!("leader:        none")?,
     }
     if let Some(token) = report.fencing_token {
-        println!("fencing token: {token}");
+        outln!("fencing token: {token}")?;
     }
-    println!("pending:       {}", report.pending);
-    println!("delayed:       {}", report.delayed);
-    println!("in flight:     {}", report.in_flight);
-    println!("orphaned:      {}", report.orphaned);
-    println!("foreign:       {}", report.foreign);
-    println!("malformed:     {}", report.malformed);
-    println!("dead letters:  {}", report.dead);
+    outln!("pending:       {}", report.pending)?;
+    outln!("delayed:       {}", report.delayed)?;
+    outln!("in flight:     {}", report.in_flight)?;
+    outln!("orphaned:      {}", report.orphaned)?;
+    outln!("foreign:       {}", report.foreign)?;
+    outln!("malformed:     {}", report.malformed)?;
+    outln!("dead letters:  {}", report.dead)?;
     Ok(())
 }
 
@@ -400,25 +489,35 @@ async fn run_tasks(args: TasksArgs) -> anyhow::Result<()> {
         TasksCmd::List { json } => {
             let rows = leaderq::admin::list(&client, &settings).await?;
             if json {
-                println!("{}", serde_json::to_string(&rows)?);
+                outln!("{}", serde_json::to_string(&rows)?)?;
                 return Ok(());
             }
-            println!(
+            outln!(
                 "{:<10} {:<40} {:<20} {:>10} {:>8}  LAST ERROR",
-                "STATE", "KEY", "TYPE", "AGE", "ATTEMPTS"
-            );
+                "STATE",
+                "KEY",
+                "TYPE",
+                "AGE",
+                "ATTEMPTS"
+            )?;
             for row in &rows {
                 let age = row
                     .age_seconds
                     .map(|s| server::duration::format(Duration::from_secs(s.max(0) as u64)))
                     .unwrap_or_default();
-                let error: String = row.last_error.chars().take(80).collect();
-                println!(
+                // Keys, types and errors are stored text: shown escaped.
+                let error: String = escape(&row.last_error).chars().take(80).collect();
+                outln!(
                     "{:<10} {:<40} {:<20} {:>10} {:>8}  {}",
-                    row.state, row.key, row.task_type, age, row.attempts, error
-                );
+                    row.state,
+                    escape(&row.key),
+                    escape(&row.task_type),
+                    age,
+                    row.attempts,
+                    error
+                )?;
             }
-            println!("{} task(s)", rows.len());
+            outln!("{} task(s)", rows.len())?;
         }
         TasksCmd::Show { key } => {
             let pair = leaderq::admin::find(&client, &settings, &key).await?;
@@ -426,22 +525,22 @@ async fn run_tasks(args: TasksArgs) -> anyhow::Result<()> {
                 serde_json::from_slice(&pair.value).unwrap_or_else(|_| {
                     serde_json::Value::String(String::from_utf8_lossy(&pair.value).into_owned())
                 });
-            println!("key:          {}", pair.key);
-            println!(
+            outln!("key:          {}", escape(&pair.key))?;
+            outln!(
                 "session:      {}",
-                pair.session.as_deref().unwrap_or("(none)")
-            );
-            println!("create index: {}", pair.create_index);
-            println!("modify index: {}", pair.modify_index);
-            println!("{}", serde_json::to_string_pretty(&value)?);
+                escape(pair.session.as_deref().unwrap_or("(none)"))
+            )?;
+            outln!("create index: {}", pair.create_index)?;
+            outln!("modify index: {}", pair.modify_index)?;
+            outln!("{}", serde_json::to_string_pretty(&value)?)?;
         }
         TasksCmd::Retry { key } => {
             let target = leaderq::admin::retry(&client, &settings, &key).await?;
-            println!("requeued as {target}");
+            outln!("requeued as {target}")?;
         }
         TasksCmd::PurgeDead { older_than } => {
             let purged = leaderq::admin::purge_dead(&client, &settings, older_than).await?;
-            println!("purged {purged} dead letter(s)");
+            outln!("purged {purged} dead letter(s)")?;
         }
     }
     Ok(())
@@ -470,7 +569,7 @@ async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
     options.seed = args.seed;
     let audit = leaderq::chaos::run(options).await?;
     if args.json {
-        println!("{}", serde_json::to_string(&audit)?);
+        outln!("{}", serde_json::to_string(&audit)?)?;
     } else {
         leaderq::chaos::print(&audit);
     }
@@ -496,14 +595,21 @@ async fn run_server(args: ServerArgs) -> anyhow::Result<()> {
         data_dir: args.data_dir,
         node_name: args.node_name.unwrap_or_else(leaderq::config::hostname),
         session_ttl_min: args.session_ttl_min,
+        limits: server::Limits {
+            max_conns_per_client: args.http_max_conns_per_client,
+            header_timeout: args.http_header_timeout,
+            body_timeout: args.http_body_timeout,
+            idle_timeout: args.http_idle_timeout,
+            shutdown_timeout: args.shutdown_timeout,
+        },
     };
     let server = server::Server::start(&config, address)
         .await
         .context("cannot start the server")?;
     tracing::info!(%address, data_dir = %config.data_dir.display(), node = %config.node_name, "leaderq server ready");
     // One plain line on stdout so scripts and tests can find the port when --listen used 0.
-    println!("leaderq server listening on http://{address}");
-    let _ = std::io::stdout().flush();
+    // A server keeps serving if nobody reads it.
+    let _ = outln!("leaderq server listening on http://{address}");
     server.serve(listener, shutdown_signal()).await?;
     tracing::info!("leaderq server stopped");
     Ok(())

@@ -235,6 +235,7 @@ impl Metrics {
             consul::Error::Status { .. } => "status_4xx",
             consul::Error::Decode(_) => "decode",
             consul::Error::CaFile { .. } | consul::Error::Address(_) => "config",
+            consul::Error::Key(_) => "key",
         };
         self.consul_errors
             .get_or_create(&KindLabels { kind: kind.into() })

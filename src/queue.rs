@@ -17,6 +17,7 @@ use crate::config::QueueSettings;
 use crate::consul::{self, Client, KvPair, QueryOptions, TxnError, TxnOp, TxnOutcome, WatchIndex};
 use crate::election::{Leadership, Lease};
 use crate::handler::{Registry, TaskContext};
+use crate::key::Key;
 use crate::observe::Metrics;
 use crate::task::{dead_letter, Status, Task};
 
@@ -186,6 +187,16 @@ impl Queue {
         let mut changed = false;
         let (mut in_flight, mut delayed) = (0, 0);
         for pair in entries {
+            // A key that breaks the key rule could not be addressed safely (a `..` segment
+            // resolves elsewhere in a URL): such a task is not run but dead-lettered.
+            if let Err(invalid) = Key::within(&pair.key, &[&self.settings.prefix]) {
+                if pair.session.is_none() {
+                    let reason = format!("the key is not a valid task key: {invalid}");
+                    self.dead_letter(leadership, &pair, &reason).await?;
+                    changed = true;
+                }
+                continue;
+            }
             let task = match Task::parse(&pair) {
                 Ok(task) => task,
                 Err(invalid) => {
@@ -295,8 +306,7 @@ impl Queue {
     }
 
     fn dead_key(&self, key: &str) -> String {
-        let name = key.strip_prefix(&self.settings.prefix).unwrap_or(key);
-        format!("{}{name}", self.settings.dead_prefix)
+        crate::key::dead_letter_key(&self.settings.prefix, &self.settings.dead_prefix, key).into()
     }
 
     async fn dead_letter(

@@ -2,6 +2,8 @@
 //! free port with a temporary data dir and talks to it as a Consul client would.
 
 mod common;
+#[path = "server/edges.rs"]
+mod edges;
 
 use std::time::{Duration, Instant};
 

@@ -5,7 +5,7 @@ use reqwest::{Method, StatusCode};
 use serde::Deserialize;
 
 use super::{
-    escape_key, escape_query, index_header, query_suffix, status_error, Client, Error, QueryOptions,
+    escape_query, index_header, kv_path, query_suffix, status_error, Client, Error, QueryOptions,
 };
 
 /// One KV entry as Consul returns it.
@@ -84,11 +84,7 @@ impl Client {
         key: &str,
         options: QueryOptions,
     ) -> Result<(Option<KvPair>, u64), Error> {
-        let path = format!(
-            "/v1/kv/{}{}",
-            escape_key(key),
-            query_suffix(&options, Vec::new())
-        );
+        let path = format!("{}{}", kv_path(key)?, query_suffix(&options, Vec::new()));
         let response = self
             .send(Method::GET, &path, None, self.timeout_for(&options))
             .await?;
@@ -107,8 +103,8 @@ impl Client {
         options: QueryOptions,
     ) -> Result<(Vec<KvPair>, u64), Error> {
         let path = format!(
-            "/v1/kv/{}{}",
-            escape_key(prefix),
+            "{}{}",
+            kv_path(prefix)?,
             query_suffix(&options, vec!["recurse".into()])
         );
         let response = self
@@ -130,7 +126,7 @@ impl Client {
             PutMode::Acquire(session) => format!("?acquire={}", escape_query(session)),
             PutMode::Release(session) => format!("?release={}", escape_query(session)),
         };
-        let path = format!("/v1/kv/{}{query}", escape_key(key));
+        let path = format!("{}{query}", kv_path(key)?);
         let response = self
             .send(
                 Method::PUT,

@@ -39,6 +39,8 @@ pub enum Error {
     CaFile { path: String, reason: String },
     #[error("invalid Consul address: {0}")]
     Address(String),
+    #[error("key {0:?} cannot be sent in a URL: a '.' or '..' segment would address another key")]
+    Key(String),
 }
 
 impl Error {
@@ -250,6 +252,18 @@ fn query_suffix(options: &QueryOptions, mut query: Vec<String>) -> String {
     }
 }
 
+/// The URL path of a KV key. A `.` or `..` segment is refused: URL parsing resolves it, so
+/// `a/../b` would read or write `b`. (`%2E%2E` is resolved too, so escaping cannot help.)
+fn kv_path(key: &str) -> Result<String, Error> {
+    if key
+        .split('/')
+        .any(|segment| segment == "." || segment == "..")
+    {
+        return Err(Error::Key(key.to_string()));
+    }
+    Ok(format!("/v1/kv/{}", escape_key(key)))
+}
+
 /// Percent-encodes a key for a URL path, keeping `/` as the separator.
 fn escape_key(key: &str) -> String {
     let mut out = String::with_capacity(key.len());
@@ -370,5 +384,14 @@ mod tests {
     fn keys_are_escaped_for_paths() {
         assert_eq!(escape_key("oracleTask/task 1"), "oracleTask/task%201");
         assert_eq!(escape_query("a/b"), "a%2Fb");
+    }
+
+    /// A key whose URL would address another key is refused before anything is sent.
+    #[test]
+    fn kv_paths_refuse_dot_segments() {
+        assert_eq!(kv_path("a/..b/c.").unwrap(), "/v1/kv/a/..b/c.");
+        for key in ["a/../b", "..", "./a", "a/."] {
+            assert!(matches!(kv_path(key), Err(Error::Key(_))), "{key}");
+        }
     }
 }

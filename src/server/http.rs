@@ -46,6 +46,8 @@ pub struct HttpError {
     status: StatusCode,
     body: String,
     allow: Option<&'static str>,
+    /// Close the connection after this answer (the request was not read to its end).
+    close: bool,
 }
 
 impl HttpError {
@@ -54,6 +56,7 @@ impl HttpError {
             status,
             body: body.into(),
             allow: None,
+            close: false,
         }
     }
 
@@ -77,6 +80,11 @@ impl IntoResponse for HttpError {
             response
                 .headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static(allow));
+        }
+        if self.close {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
     }
@@ -327,6 +335,7 @@ async fn dispatch(shared: &Shared, request: Request) -> Reply {
             status: StatusCode::METHOD_NOT_ALLOWED,
             body: format!("method {method} not allowed"),
             allow: Some(allow),
+            close: false,
         });
     }
     if let Some(dc) = query.get("dc") {
@@ -418,7 +427,8 @@ impl Req<'_> {
     }
 
     /// Reads the body, refusing with 413 one whose Content-Length says it is over `limit`
-    /// before reading anything (as Consul does), or that turns out longer while read.
+    /// before reading anything (as Consul does), or that turns out longer while read, and
+    /// with 408 (closing the connection) one that does not arrive within the body timeout.
     async fn body(
         self,
         limit: usize,
@@ -430,9 +440,21 @@ impl Req<'_> {
                 too_large(length),
             ));
         }
-        axum::body::to_bytes(self.body, limit)
-            .await
-            .map_err(|_| HttpError::new(StatusCode::PAYLOAD_TOO_LARGE, too_large(limit + 1)))
+        let timeout = self.shared.limits.body_timeout;
+        match tokio::time::timeout(timeout, axum::body::to_bytes(self.body, limit)).await {
+            Ok(read) => read
+                .map_err(|_| HttpError::new(StatusCode::PAYLOAD_TOO_LARGE, too_large(limit + 1))),
+            Err(_) => Err(HttpError {
+                close: true,
+                ..HttpError::new(
+                    StatusCode::REQUEST_TIMEOUT,
+                    format!(
+                        "request body not received within {}",
+                        duration::format(timeout)
+                    ),
+                )
+            }),
+        }
     }
 }
 

@@ -2,7 +2,12 @@
 //!
 //! Wiring only: `run` opens the store, restores the state machine, registers the agent's
 //! node, starts the writer thread and serves HTTP until shutdown. The rules are in
-//! `state`, durability in `store`, the HTTP API in `http`, blocking reads in `watch`.
+//! `state`, durability in `store`, the HTTP API in `http`, blocking reads in `watch`,
+//! connections (per-client cap, timeouts, shutdown deadline) in `serve`.
+//!
+//! Shutdown: blocked queries are released, connections get `shutdown_timeout` to finish
+//! their requests and are then dropped, and only then is the writer told to stop; it
+//! commits what it holds and closes the data file, so a new server can open it at once.
 //!
 //! Every write goes through one writer thread. It takes all writes that are waiting (group
 //! commit), applies them to the state under the write lock, persists the changes in one
@@ -13,6 +18,7 @@
 pub mod duration;
 pub mod http;
 pub mod metrics;
+pub mod serve;
 pub mod state;
 pub mod store;
 pub mod watch;
@@ -28,6 +34,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::{oneshot, watch as tokio_watch, RwLock};
 
+pub use serve::Limits;
 use state::{ApplyError, Command, Outcome, State};
 use store::{Store, StoreError};
 
@@ -46,6 +53,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub node_name: String,
     pub session_ttl_min: Duration,
+    /// Connection limits and timeouts; `Limits::default()` is Consul's cap and our timeouts.
+    pub limits: Limits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,7 +114,8 @@ pub struct Agent {
 pub struct Shared {
     pub core: Arc<Core>,
     pub agent: Agent,
-    writes: mpsc::Sender<Write>,
+    pub limits: Limits,
+    writes: mpsc::Sender<ToWriter>,
 }
 
 impl Shared {
@@ -113,7 +123,7 @@ impl Shared {
     pub async fn write(&self, command: Command) -> Result<Outcome, WriteError> {
         let (reply, answer) = oneshot::channel();
         self.writes
-            .send(Write { command, reply })
+            .send(ToWriter::Write(Write { command, reply }))
             .map_err(|_| WriteError::Closed)?;
         answer.await.map_err(|_| WriteError::Closed)?
     }
@@ -124,16 +134,29 @@ struct Write {
     reply: oneshot::Sender<Result<Outcome, WriteError>>,
 }
 
+/// What the writer thread receives: writes, and at the end the order to stop.
+// Every message but the last is a Write, so boxing it would only add an allocation per write.
+#[allow(clippy::large_enum_variant)]
+enum ToWriter {
+    Write(Write),
+    /// Commit what came before, close the store and end the thread.
+    Stop,
+}
+
 /// A started server: the state is loaded and the writer runs; HTTP is served by `serve`.
 pub struct Server {
     shared: Arc<Shared>,
     writer: std::thread::JoinHandle<Result<(), StoreError>>,
+    stop_writer: mpsc::Sender<ToWriter>,
 }
 
 impl Server {
     /// Opens the data dir and starts the writer. Fails, naming the file, if the data dir
     /// cannot be used; it never starts empty over data it could not read.
     pub async fn start(config: &Config, listen: SocketAddr) -> Result<Server, ServerError> {
+        if let Some(limit) = serve::raise_open_files_limit() {
+            tracing::debug!(limit, "open-files limit");
+        }
         let data_dir = config.data_dir.clone();
         let (store, snapshot) = tokio::task::spawn_blocking(move || Store::open(&data_dir))
             .await
@@ -178,7 +201,8 @@ impl Server {
         let shared = Arc::new(Shared {
             core,
             agent: agent.clone(),
-            writes,
+            limits: config.limits.clone(),
+            writes: writes.clone(),
         });
         shared
             .write(Command::RegisterNode {
@@ -193,7 +217,11 @@ impl Server {
                     reason: err.to_string(),
                 })
             })?;
-        Ok(Server { shared, writer })
+        Ok(Server {
+            shared,
+            writer,
+            stop_writer: writes,
+        })
     }
 
     pub fn shared(&self) -> Arc<Shared> {
@@ -201,14 +229,20 @@ impl Server {
     }
 
     /// Serves the HTTP API on `listener` until `shutdown` resolves or storage fails, then
-    /// releases blocked queries, lets in-flight requests finish and stops the writer.
+    /// releases blocked queries, lets in-flight requests finish within the shutdown timeout,
+    /// drops the connections left, and stops the writer, which closes the store.
     pub async fn serve(
         self,
         listener: TcpListener,
         shutdown: impl Future<Output = ()> + Send + 'static,
     ) -> Result<(), ServerError> {
-        let Server { shared, writer } = self;
+        let Server {
+            shared,
+            writer,
+            stop_writer,
+        } = self;
         let core = shared.core.clone();
+        let limits = shared.limits.clone();
         let app = http::router(shared);
         let stop_core = core.clone();
         let mut storage_failed = core.failed.subscribe();
@@ -219,11 +253,11 @@ impl Server {
             }
             stop_core.close();
         };
-        let served = axum::serve(listener, app)
-            .with_graceful_shutdown(stop)
-            .await;
+        serve::run(listener, app, limits, stop).await;
         core.close();
-        // The router (and with it the last write sender) is gone; the writer drains and ends.
+        // No connection is left to write; the writer commits what it holds and ends, even if
+        // some other holder of `Shared` is still around.
+        let _ = stop_writer.send(ToWriter::Stop);
         let stored = tokio::task::spawn_blocking(move || writer.join())
             .await
             .expect("join does not panic")
@@ -233,7 +267,6 @@ impl Server {
                     reason: "writer thread panicked".into(),
                 })
             });
-        served.map_err(ServerError::Serve)?;
         stored.map_err(ServerError::Storage)
     }
 }
@@ -252,21 +285,31 @@ pub async fn run(
 fn writer_loop(
     core: &Core,
     store: &Store,
-    queue: &mpsc::Receiver<Write>,
+    queue: &mpsc::Receiver<ToWriter>,
 ) -> Result<(), StoreError> {
     let mut deadline: Option<Instant> = None;
+    let mut stopping = false;
     loop {
+        if stopping {
+            return Ok(());
+        }
         let timeout = deadline
             .map(|at| at.saturating_duration_since(Instant::now()))
             .unwrap_or(IDLE_TICK);
         let mut batch = Vec::new();
         match queue.recv_timeout(timeout) {
             Ok(first) => {
-                batch.push(first);
-                while batch.len() < MAX_BATCH {
-                    match queue.try_recv() {
-                        Ok(next) => batch.push(next),
-                        Err(_) => break,
+                let mut next = Some(first);
+                while let Some(message) = next.take() {
+                    match message {
+                        ToWriter::Write(write) => batch.push(write),
+                        ToWriter::Stop => {
+                            stopping = true;
+                            break;
+                        }
+                    }
+                    if batch.len() < MAX_BATCH {
+                        next = queue.try_recv().ok();
                     }
                 }
             }

@@ -25,6 +25,15 @@ impl ServerProcess {
         server
     }
 
+    /// Starts a server with extra flags on a free port with a fresh data dir.
+    pub fn start_in_temp(extra: &[&str]) -> ServerProcess {
+        let temp = tempfile::tempdir().expect("temp dir");
+        let dir = temp.path().join("data");
+        let mut server = ServerProcess::start_in(&dir, extra).expect("server starts");
+        server._temp = Some(temp);
+        server
+    }
+
     /// Starts a server on `data_dir`; returns the stderr text if it exits instead of listening.
     pub fn start_in(data_dir: &Path, extra: &[&str]) -> Result<ServerProcess, String> {
         ServerProcess::start_at("127.0.0.1:0", data_dir, extra)
@@ -93,6 +102,25 @@ impl ServerProcess {
     pub fn terminate(&mut self) -> std::process::ExitStatus {
         signal(self.child.id(), "TERM");
         self.child.wait().expect("wait for server")
+    }
+
+    /// SIGTERM, then waits up to `limit` for the exit; `None` if it is still running (it is
+    /// then killed when dropped).
+    pub fn terminate_within(
+        &mut self,
+        limit: std::time::Duration,
+    ) -> Option<std::process::ExitStatus> {
+        signal(self.child.id(), "TERM");
+        let started = std::time::Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait for server") {
+                return Some(status);
+            }
+            if started.elapsed() > limit {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 
     /// Hands the temp dir over so a restarted server can reuse the same data.
