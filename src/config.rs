@@ -72,6 +72,9 @@ pub struct QueueSettings {
     pub backoff_max: Duration,
     #[serde(deserialize_with = "go_duration")]
     pub shutdown_grace: Duration,
+    /// Between SIGTERM and SIGKILL of a handler's process group.
+    #[serde(deserialize_with = "go_duration")]
+    pub kill_grace: Duration,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -103,6 +106,15 @@ pub struct HandlerSettings {
     /// Exec handlers are killed after this long; none by default.
     #[serde(default, deserialize_with = "optional_go_duration")]
     pub timeout: Option<Duration>,
+    /// Variables set for an exec handler, on top of the allow-listed ones.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Names of this replica's own environment variables passed on to an exec handler.
+    #[serde(default)]
+    pub pass_env: Vec<String>,
+    /// Working directory of an exec handler; the replica's own by default.
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
 }
 
 fn go_duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
@@ -223,6 +235,50 @@ impl Settings {
                 return invalid(format!(
                     "handlers.{task_type}.command is empty: an exec handler needs an argv array such as [\"/usr/bin/my-task\"]"
                 ));
+            }
+        }
+        self.validate_supervision()
+    }
+
+    /// Handler supervision: the kill sequence fits in the lease, and each handler's
+    /// environment and working directory can be used as given.
+    fn validate_supervision(&self) -> Result<(), ConfigError> {
+        let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+        let ttl = self.election.session_ttl;
+        let margin = crate::supervise::lease_margin(ttl);
+        // Right before a renewal is due (every TTL/3) the lease has 2/3 of a TTL left; a
+        // kill sequence longer than that would stop healthy handlers every time.
+        let room = ttl - ttl / 3;
+        if self.queue.kill_grace + margin >= room {
+            return invalid(format!(
+                "queue.kill_grace ({}) plus the lease margin ({}, a tenth of election.session_ttl) must be less than 2/3 of election.session_ttl ({}), so that a handler is killed before its lease could end; lower queue.kill_grace below {} or raise election.session_ttl",
+                duration::format(self.queue.kill_grace),
+                duration::format(margin),
+                duration::format(room),
+                duration::format(room - margin),
+            ));
+        }
+        for (task_type, handler) in &self.handlers {
+            let names = handler.env.keys().chain(handler.pass_env.iter());
+            for name in names {
+                if name.is_empty() || name.contains(['=', '\0']) {
+                    return invalid(format!(
+                        "handlers.{task_type}: {name:?} is not a valid environment variable name"
+                    ));
+                }
+            }
+            if let Some(value) = handler.env.values().find(|v| v.contains('\0')) {
+                return invalid(format!(
+                    "handlers.{task_type}.env: the value {value:?} contains a NUL byte"
+                ));
+            }
+            if let Some(cwd) = &handler.cwd {
+                if !cwd.is_dir() {
+                    return invalid(format!(
+                        "handlers.{task_type}.cwd: {} is not a directory; create it or fix the path",
+                        cwd.display()
+                    ));
+                }
             }
         }
         Ok(())

@@ -19,6 +19,11 @@ use crate::handler::Registry;
 use crate::observe::{self, Metrics, Observed};
 use crate::queue::{LeadEnd, Queue};
 
+/// Beyond the kill grace, how long a starting replica waits for the handlers of a previous
+/// process on its data dir: their supervisors kill them at once when that process dies,
+/// so only a stuck kill takes longer.
+const PREVIOUS_HANDLERS_SLACK: Duration = Duration::from_secs(5);
+
 /// Back-off while Consul cannot be reached: doubles from the first to the last.
 const BACKOFF_FIRST: Duration = Duration::from_millis(500);
 const BACKOFF_LAST: Duration = Duration::from_secs(10);
@@ -29,6 +34,8 @@ pub enum ConsumerError {
     Consul(#[from] consul::Error),
     #[error("{0}")]
     Observe(String),
+    #[error("{0}")]
+    PreviousHandlers(String),
 }
 
 pub fn client(settings: &Settings) -> Result<Client, consul::Error> {
@@ -47,6 +54,14 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), ConsumerError> {
     let client = Arc::new(client(&settings)?);
+    // A process that ran on this data dir before may have left handlers that its
+    // supervisors are still killing: do nothing before they are gone.
+    crate::supervise::lock::wait_for_previous_handlers(
+        &crate::supervise::lock::lock_file(&settings.data.dir),
+        settings.queue.kill_grace + PREVIOUS_HANDLERS_SLACK,
+    )
+    .await
+    .map_err(ConsumerError::PreviousHandlers)?;
     let node_id = settings.node_id();
     let mut election = Election::new(
         client.clone(),

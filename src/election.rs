@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use serde_json::{json, Value};
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -37,6 +37,9 @@ pub struct Lease {
     ttl: Duration,
     state: Mutex<LeaseState>,
     changed: Notify,
+    /// The deadline as it moves, for those who enforce it outside this process (handler
+    /// supervisors).
+    deadline: watch::Sender<Option<Instant>>,
 }
 
 #[derive(Default)]
@@ -52,7 +55,20 @@ impl Lease {
             ttl,
             state: Mutex::new(LeaseState::default()),
             changed: Notify::new(),
+            deadline: watch::Sender::new(None),
         }
+    }
+
+    /// Wakes the waiters and publishes the deadline after every change of state.
+    fn announce(&self) {
+        self.deadline.send_replace(self.deadline());
+        self.changed.notify_waiters();
+    }
+
+    /// Follows the lease deadline: when the lease stops being fresh unless renewed again;
+    /// `None` while there is no fresh lease.
+    pub fn deadline_watch(&self) -> watch::Receiver<Option<Instant>> {
+        self.deadline.subscribe()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LeaseState> {
@@ -75,7 +91,7 @@ impl Lease {
             lost: false,
         };
         drop(state);
-        self.changed.notify_waiters();
+        self.announce();
     }
 
     /// Records a successful renewal sent at `sent_at` (not when the answer came).
@@ -85,7 +101,7 @@ impl Lease {
             state.renewed_at = Some(state.renewed_at.map_or(sent_at, |at| at.max(sent_at)));
         }
         drop(state);
-        self.changed.notify_waiters();
+        self.announce();
     }
 
     pub fn mark_lost(&self, session: &str) {
@@ -94,12 +110,12 @@ impl Lease {
             state.lost = true;
         }
         drop(state);
-        self.changed.notify_waiters();
+        self.announce();
     }
 
     fn forget(&self) {
         *self.lock() = LeaseState::default();
-        self.changed.notify_waiters();
+        self.announce();
     }
 
     /// When the lease stops being fresh, if nothing renews it.

@@ -6,6 +6,7 @@
 //! - [`config`]: settings, layered from defaults, a file and the environment.
 //! - [`task`]: the producers' task format, parsed leniently.
 //! - [`handler`]: the `Handler` trait, the registry, the exec and log handlers.
+//! - [`supervise`]: exec handlers' processes, killed before their lease could end.
 //! - [`election`]: sessions, lease and the leader key.
 //! - [`queue`]: the leader's claims, completions, retries and dead letters.
 //! - [`observe`]: metrics and the /metrics, /health, /ready, /leader endpoints.
@@ -27,4 +28,5 @@ pub mod handler;
 pub mod observe;
 pub mod queue;
 pub mod server;
+pub mod supervise;
 pub mod task;

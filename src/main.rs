@@ -201,6 +201,8 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 fn main() -> ExitCode {
+    // A handler supervisor is this executable started with a hidden first argument.
+    leaderq::supervise::run_if_supervisor();
     let cli = Cli::parse();
     // The benchmark runs replicas in-process; their per-task events would drown its table.
     let level = if matches!(cli.command, Cmd::Bench(_)) {
@@ -270,7 +272,7 @@ async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
     if let Some(node_id) = args.node_id {
         settings.election.node_id = node_id;
     }
-    let registry = leaderq::handler::Registry::from_settings(&settings.handlers);
+    let registry = leaderq::handler::Registry::from_settings(&settings);
     let shutdown = tokio_util::sync::CancellationToken::new();
     let trigger = shutdown.clone();
     tokio::spawn(async move {

@@ -3,6 +3,8 @@
 //! SIGKILL. Short TTLs come from the server's `--session-ttl-min 1s` test knob.
 
 mod common;
+#[path = "consumer/supervise.rs"]
+mod supervise;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -30,6 +32,7 @@ max_attempts = 3
 backoff_base = "50ms"
 backoff_max = "200ms"
 shutdown_grace = "10s"
+kill_grace = "200ms"
 [handlers.Work]
 kind = "exec"
 command = ["sh", "-c", "echo \"run $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {journal}"]
