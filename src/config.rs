@@ -389,6 +389,74 @@ mod tests {
 }
 
 #[cfg(test)]
+mod supervision_tests {
+    use super::*;
+
+    fn load(pairs: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        Settings::load(
+            None,
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    /// The kill grace defaults to 5s, which fits Consul's smallest TTL (10s: 5s + 1s margin
+    /// < 6.67s); one that could outlast the lease is refused with what to do.
+    #[test]
+    fn kill_grace_must_end_before_the_lease_could() {
+        assert_eq!(load(&[]).unwrap().queue.kill_grace, Duration::from_secs(5));
+        load(&[("LEADERQ__ELECTION__SESSION_TTL", "10s")]).unwrap();
+        let err = load(&[("LEADERQ__ELECTION__SESSION_TTL", "3s")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("queue.kill_grace") && err.contains("lower queue.kill_grace below 1.7s"),
+            "{err}"
+        );
+        load(&[
+            ("LEADERQ__ELECTION__SESSION_TTL", "3s"),
+            ("LEADERQ__QUEUE__KILL_GRACE", "1.6s"),
+        ])
+        .unwrap();
+    }
+
+    /// A handler's env names must be usable, and its cwd must exist.
+    #[test]
+    fn handler_env_and_cwd_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("h.toml");
+        let write = |handler: &str| {
+            std::fs::write(
+                &file,
+                format!("[handlers.T]\nkind = \"exec\"\ncommand = [\"true\"]\n{handler}"),
+            )
+            .unwrap();
+            Settings::load(Some(&file), Env::new()).map_err(|e| e.to_string())
+        };
+        let ok = write(&format!(
+            "env = {{ A = \"1\" }}\npass_env = [\"B\"]\ncwd = {:?}\n",
+            dir.path().display().to_string()
+        ))
+        .unwrap();
+        assert_eq!(ok.handlers["T"].env["A"], "1");
+        assert_eq!(ok.handlers["T"].pass_env, vec!["B"]);
+        let err = write("env = { \"A=B\" = \"1\" }\n").unwrap_err();
+        assert!(err.contains("handlers.T") && err.contains("A=B"), "{err}");
+        let err = write("pass_env = [\"\"]\n").unwrap_err();
+        assert!(err.contains("handlers.T"), "{err}");
+        let err = write("cwd = \"/nonexistent/dir\"\n").unwrap_err();
+        assert!(
+            err.contains("handlers.T.cwd") && err.contains("/nonexistent/dir"),
+            "{err}"
+        );
+        let err = write("envv = { A = \"1\" }\n").unwrap_err();
+        assert!(err.contains("envv"), "{err}");
+    }
+}
+
+#[cfg(test)]
 mod example_files {
     use super::*;
 

@@ -509,6 +509,33 @@ mod tests {
         assert_eq!(lease.session(), None);
     }
 
+    /// The deadline watch follows adoption, renewals and loss: what handler supervisors
+    /// enforce.
+    #[tokio::test(start_paused = true)]
+    async fn deadline_watch_follows_the_lease() {
+        let ttl = Duration::from_secs(15);
+        let lease = Lease::new(ttl);
+        let mut watch = lease.deadline_watch();
+        assert_eq!(*watch.borrow(), None);
+        let start = Instant::now();
+        lease.adopt("s", start);
+        assert!(watch.has_changed().unwrap());
+        assert_eq!(*watch.borrow_and_update(), Some(start + ttl));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        lease.renewed("s", Instant::now());
+        assert_eq!(
+            *watch.borrow_and_update(),
+            Some(start + Duration::from_secs(20))
+        );
+        lease.renewed("other", Instant::now() + Duration::from_secs(1));
+        assert_eq!(
+            *watch.borrow_and_update(),
+            Some(start + Duration::from_secs(20))
+        );
+        lease.mark_lost("s");
+        assert_eq!(*watch.borrow_and_update(), None);
+    }
+
     /// `expired` resolves when the TTL passes without a renewal, not before.
     #[tokio::test(start_paused = true)]
     async fn lease_expiry_wakes_waiters() {

@@ -276,6 +276,66 @@ async fn shutdown_kills_the_whole_handler_group_before_exit() {
     assert!(living.is_empty(), "{living:?} outlived the replica");
 }
 
+/// A worker that leaves the handler's process group and session (`setsid`) is still
+/// killed before the task is retried: the supervisor is its subreaper.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escaped_workers_are_killed_too() {
+    let mut bed = Bed::new();
+    let command =
+        forking_handler(&bed.journal, "r1", "").replace("sleep 30 &", "setsid sleep 30 &");
+    let config = replica_settings(
+        "3s",
+        "",
+        &format!("[handlers.Fork]\nkind = \"exec\"\ncommand = {command}\ntimeout = \"500ms\"\n"),
+    );
+    let replica = ConsumerProcess::start(&bed.server.addr, "r1", bed.dir.path(), &config);
+    bed.replicas.push(replica);
+    bed.put_task(
+        "task_x",
+        json!({"taskId": "x", "taskTime": 1, "taskType": "Fork"}),
+    )
+    .await;
+    let first = wait_for_start(&bed, "x", "1", Duration::from_secs(10)).await;
+    wait_for_start(&bed, "x", "2", Duration::from_secs(10)).await;
+    assert_eq!(overlaps(&bed), Vec::<Vec<String>>::new(), "runs overlapped");
+    assert!(pids(&first).iter().all(|p| !alive(*p)));
+}
+
+/// If the supervisor itself is killed, the leader kills the handler's process group, and
+/// the task is retried only after that.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_supervisor_leaves_the_leader_to_kill_the_handler() {
+    let mut bed = Bed::new();
+    let config = fork_settings(&bed, "r1", "3s", "", "");
+    let replica = ConsumerProcess::start(&bed.server.addr, "r1", bed.dir.path(), &config);
+    bed.replicas.push(replica);
+    bed.put_task(
+        "task_v",
+        json!({"taskId": "v", "taskTime": 1, "taskType": "Fork"}),
+    )
+    .await;
+    let first = wait_for_start(&bed, "v", "1", Duration::from_secs(10)).await;
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", first[3])).unwrap();
+    let supervisor: u32 = stat
+        .rsplit_once(')')
+        .unwrap()
+        .1
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let cmdline = std::fs::read(format!("/proc/{supervisor}/cmdline")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&cmdline).contains("__supervise"),
+        "the handler's parent is not a supervisor"
+    );
+    common::signal(supervisor, "KILL");
+    wait_dead(&pids(&first), Duration::from_secs(2)).await;
+    wait_for_start(&bed, "v", "2", Duration::from_secs(10)).await;
+    assert_eq!(overlaps(&bed), Vec::<Vec<String>>::new(), "runs overlapped");
+}
+
 /// A replica started as its own process group, like a shell job, with extra environment.
 struct Job {
     child: Child,
