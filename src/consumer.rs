@@ -3,9 +3,8 @@
 //!
 //! At start it waits until no handler of a previous process on its data dir is alive
 //! (`supervise/lock.rs`). Loop: make sure there is a session, campaign for the leader key,
-//! and while leading let
-//! `queue.rs` drain the queue. Stepping down destroys the session so nothing it locked stays
-//! locked. On shutdown: stop claiming, let the running handler finish within
+//! and while leading let `queue.rs` drain the queue. Stepping down destroys the session so
+//! nothing it locked stays locked. On shutdown: stop claiming, let the running handler finish within
 //! `shutdown_grace`, release the leader key, destroy the session, deregister the check.
 
 use std::sync::Arc;
