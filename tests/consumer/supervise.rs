@@ -201,6 +201,84 @@ async fn sigstop_of_the_leader_kills_its_handler_by_the_lease_deadline() {
     common::signal(pid, "CONT");
 }
 
+/// A TCP proxy between one replica and the server that can be cut, as a network partition.
+struct Partition {
+    pub addr: String,
+    cut: tokio_util::sync::CancellationToken,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Partition {
+    async fn start(server: &str) -> Partition {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let cut = tokio_util::sync::CancellationToken::new();
+        let server = server.to_string();
+        let stop = cut.clone();
+        let accept = tokio::spawn(async move {
+            let tracker = tokio_util::task::TaskTracker::new();
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if stop.is_cancelled() {
+                    continue;
+                }
+                let server = server.clone();
+                let stop = stop.clone();
+                tracker.spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&server).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                    }
+                });
+            }
+        });
+        Partition { addr, cut, accept }
+    }
+
+    /// Drops every connection through the proxy and refuses new ones.
+    fn cut(&self) {
+        self.cut.cancel();
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        self.cut.cancel();
+        self.accept.abort();
+    }
+}
+
+/// A partitioned leader whose handler forks: the handler and its worker are killed before
+/// the standby (on the other side of the partition) takes over and runs the task again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_leader_kills_its_forking_handler_before_the_takeover() {
+    let mut bed = Bed::new();
+    let partition = Partition::start(&bed.server.addr).await;
+    let config = fork_settings(&bed, "r1", "2s", "", "");
+    let replica = ConsumerProcess::start(&partition.addr, "r1", bed.dir.path(), &config);
+    bed.replicas.push(replica);
+    assert_eq!(bed.leader_node().await, "r1");
+    let config = fork_settings(&bed, "r2", "2s", "", "");
+    let replica = ConsumerProcess::start(&bed.server.addr, "r2", bed.dir.path(), &config);
+    bed.replicas.push(replica);
+    bed.put_task(
+        "task_p",
+        json!({"taskId": "p", "taskTime": 1, "taskType": "Fork"}),
+    )
+    .await;
+    let start = wait_for_start(&bed, "p", "1", Duration::from_secs(10)).await;
+    partition.cut();
+    // The last renewal that got through was sent before the cut: the lease deadline is
+    // within one TTL (2s) of it.
+    let took = wait_dead(&pids(&start), Duration::from_secs(2)).await;
+    eprintln!("handler group gone {took:?} after the partition");
+    let again = wait_for_start(&bed, "p", "2", Duration::from_secs(20)).await;
+    assert_eq!(again[5], "r2");
+    assert_eq!(overlaps(&bed), Vec::<Vec<String>>::new(), "runs overlapped");
+}
+
 /// A time-out kills the handler's whole process group before the task is retried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_kills_the_whole_handler_group_before_the_retry() {
