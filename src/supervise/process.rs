@@ -187,7 +187,9 @@ fn supervise(
             Event::HandlerExited(status) => {
                 wait_status = Some(status);
                 // Whatever it left behind runs outside any run: stop it too.
-                progress.stop(now, None);
+                if !(group_gone(group) && children().is_empty()) {
+                    progress.stop(now, None);
+                }
             }
             Event::NoChildren => no_children = true,
         }
@@ -265,9 +267,31 @@ fn signal_all(group: Pid, signal: Signal) {
     }
 }
 
-/// This process's children, from /proc. Only children: their pids cannot be reused
-/// before we reap them, so signalling them never hits a stranger.
+/// This process's children. Only children: their pids cannot be reused before we reap
+/// them, so signalling them never hits a stranger. Each thread's `children` file lists
+/// its own (orphans may be adopted by any thread); without those files (a kernel built
+/// without CONFIG_PROC_CHILDREN), every process's parent is read instead.
 fn children() -> Vec<Pid> {
+    match children_by_thread() {
+        Some(children) => children,
+        None => children_by_parent(),
+    }
+}
+
+fn children_by_thread() -> Option<Vec<Pid>> {
+    let mut children = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path().join("children");
+        let list = std::fs::read_to_string(path).ok()?;
+        children.extend(
+            list.split_whitespace()
+                .filter_map(|pid| Pid::from_raw(pid.parse().ok()?)),
+        );
+    }
+    Some(children)
+}
+
+fn children_by_parent() -> Vec<Pid> {
     let me = rustix::process::getpid().as_raw_nonzero().get();
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -296,6 +320,20 @@ fn parent_of(stat: &str) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Both ways of listing children find a child of this process.
+    #[test]
+    fn children_are_found() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let pid = Pid::from_raw(child.id() as i32).unwrap();
+        assert!(children_by_thread().unwrap().contains(&pid));
+        assert!(children_by_parent().contains(&pid));
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
 
     /// The parent pid is read after the last parenthesis, whatever the command name holds.
     #[test]
