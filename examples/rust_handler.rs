@@ -44,11 +44,17 @@ impl Handler for CreateTableSpace {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // Exec handlers from the settings run under a supervisor, which is this very program
+    // started with a hidden argument: let it do that job before anything else.
+    leaderq::supervise::run_if_supervisor();
+    tokio::runtime::Runtime::new()?.block_on(consume())
+}
+
+async fn consume() -> anyhow::Result<()> {
     tracing_subscriber::fmt().with_env_filter("info").init();
     let settings = Settings::load(None, std::env::vars().collect())?;
-    let mut registry = Registry::from_settings(&settings.handlers);
+    let mut registry = Registry::from_settings(&settings);
     registry.register("CreateTableSpace", CreateTableSpace);
 
     let shutdown = CancellationToken::new();

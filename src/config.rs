@@ -74,6 +74,9 @@ pub struct QueueSettings {
     pub shutdown_grace: Duration,
     /// Start even with no handler at all, which dead-letters every task.
     pub allow_no_handlers: bool,
+    /// Between SIGTERM and SIGKILL of a handler's process group.
+    #[serde(deserialize_with = "go_duration")]
+    pub kill_grace: Duration,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -105,6 +108,15 @@ pub struct HandlerSettings {
     /// Exec handlers are killed after this long; none by default.
     #[serde(default, deserialize_with = "optional_go_duration")]
     pub timeout: Option<Duration>,
+    /// Variables set for an exec handler, on top of the allow-listed ones.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Names of this replica's own environment variables passed on to an exec handler.
+    #[serde(default)]
+    pub pass_env: Vec<String>,
+    /// Working directory of an exec handler; the replica's own by default.
+    #[serde(default)]
+    pub cwd: Option<PathBuf>,
 }
 
 fn go_duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
@@ -260,6 +272,50 @@ impl Settings {
                 ));
             }
         }
+        self.validate_supervision()
+    }
+
+    /// Handler supervision: the kill sequence fits in the lease, and each handler's
+    /// environment and working directory can be used as given.
+    fn validate_supervision(&self) -> Result<(), ConfigError> {
+        let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+        let ttl = self.election.session_ttl;
+        let margin = crate::supervise::lease_margin(ttl);
+        // Right before a renewal is due (every TTL/3) the lease has 2/3 of a TTL left; a
+        // kill sequence longer than that would stop healthy handlers every time.
+        let room = ttl - ttl / 3;
+        if self.queue.kill_grace + margin >= room {
+            return invalid(format!(
+                "queue.kill_grace ({}) plus the lease margin ({}, a tenth of election.session_ttl) must be less than 2/3 of election.session_ttl ({}), so that a handler is killed before its lease could end; lower queue.kill_grace below {} or raise election.session_ttl",
+                duration::format(self.queue.kill_grace),
+                duration::format(margin),
+                duration::format(room),
+                duration::format(room - margin),
+            ));
+        }
+        for (task_type, handler) in &self.handlers {
+            let names = handler.env.keys().chain(handler.pass_env.iter());
+            for name in names {
+                if name.is_empty() || name.contains(['=', '\0']) {
+                    return invalid(format!(
+                        "handlers.{task_type}: {name:?} is not a valid environment variable name"
+                    ));
+                }
+            }
+            if let Some(value) = handler.env.values().find(|v| v.contains('\0')) {
+                return invalid(format!(
+                    "handlers.{task_type}.env: the value {value:?} contains a NUL byte"
+                ));
+            }
+            if let Some(cwd) = &handler.cwd {
+                if !cwd.is_dir() {
+                    return invalid(format!(
+                        "handlers.{task_type}.cwd: {} is not a directory; create it or fix the path",
+                        cwd.display()
+                    ));
+                }
+            }
+        }
         Ok(())
     }
 }
@@ -360,6 +416,74 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("/nonexistent/leaderq.toml"));
+    }
+}
+
+#[cfg(test)]
+mod supervision_tests {
+    use super::*;
+
+    fn load(pairs: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+        Settings::load(
+            None,
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        )
+    }
+
+    /// The kill grace defaults to 5s, which fits Consul's smallest TTL (10s: 5s + 1s margin
+    /// < 6.67s); one that could outlast the lease is refused with what to do.
+    #[test]
+    fn kill_grace_must_end_before_the_lease_could() {
+        assert_eq!(load(&[]).unwrap().queue.kill_grace, Duration::from_secs(5));
+        load(&[("LEADERQ__ELECTION__SESSION_TTL", "10s")]).unwrap();
+        let err = load(&[("LEADERQ__ELECTION__SESSION_TTL", "3s")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("queue.kill_grace") && err.contains("lower queue.kill_grace below 1.7s"),
+            "{err}"
+        );
+        load(&[
+            ("LEADERQ__ELECTION__SESSION_TTL", "3s"),
+            ("LEADERQ__QUEUE__KILL_GRACE", "1.6s"),
+        ])
+        .unwrap();
+    }
+
+    /// A handler's env names must be usable, and its cwd must exist.
+    #[test]
+    fn handler_env_and_cwd_are_checked() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("h.toml");
+        let write = |handler: &str| {
+            std::fs::write(
+                &file,
+                format!("[handlers.T]\nkind = \"exec\"\ncommand = [\"true\"]\n{handler}"),
+            )
+            .unwrap();
+            Settings::load(Some(&file), Env::new()).map_err(|e| e.to_string())
+        };
+        let ok = write(&format!(
+            "env = {{ A = \"1\" }}\npass_env = [\"B\"]\ncwd = {:?}\n",
+            dir.path().display().to_string()
+        ))
+        .unwrap();
+        assert_eq!(ok.handlers["T"].env["A"], "1");
+        assert_eq!(ok.handlers["T"].pass_env, vec!["B"]);
+        let err = write("env = { \"A=B\" = \"1\" }\n").unwrap_err();
+        assert!(err.contains("handlers.T") && err.contains("A=B"), "{err}");
+        let err = write("pass_env = [\"\"]\n").unwrap_err();
+        assert!(err.contains("handlers.T"), "{err}");
+        let err = write("cwd = \"/nonexistent/dir\"\n").unwrap_err();
+        assert!(
+            err.contains("handlers.T.cwd") && err.contains("/nonexistent/dir"),
+            "{err}"
+        );
+        let err = write("envv = { A = \"1\" }\n").unwrap_err();
+        assert!(err.contains("envv"), "{err}");
     }
 }
 

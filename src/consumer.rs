@@ -5,6 +5,9 @@
 //! program cannot run), lock the data dir and take the node id (`identity.rs`), remove
 //! checks older versions left behind; a session TTL the server refuses stops it too.
 //!
+//! Then it waits until no handler of a previous process on its data dir is alive
+//! (`supervise/lock.rs`).
+//!
 //! Loop: make sure there is a session, campaign for the leader key, and while leading let
 //! `queue.rs` drain the queue. Stepping down destroys the session so nothing it locked stays
 //! locked. On shutdown: stop claiming, let the running handler finish within
@@ -24,6 +27,11 @@ use crate::identity::{DataDir, IdentityError};
 use crate::observe::{self, Metrics, Observed};
 use crate::queue::{LeadEnd, Queue};
 
+/// Beyond the kill grace, how long a starting replica waits for the handlers of a previous
+/// process on its data dir: their supervisors kill them at once when that process dies,
+/// so only a stuck kill takes longer.
+const PREVIOUS_HANDLERS_SLACK: Duration = Duration::from_secs(5);
+
 /// Back-off while Consul cannot be reached: doubles from the first to the last.
 const BACKOFF_FIRST: Duration = Duration::from_millis(500);
 const BACKOFF_LAST: Duration = Duration::from_secs(10);
@@ -39,6 +47,8 @@ pub enum ConsumerError {
     /// Settings that can never work; the message names the setting and what to do.
     #[error("{0}")]
     Settings(String),
+    #[error("{0}")]
+    PreviousHandlers(String),
 }
 
 /// Refuses to start a replica whose handlers can never work: none at all (unless
@@ -87,6 +97,14 @@ pub async fn run(
     let data_dir = DataDir::lock(&settings.data.dir)?;
     let node_id = data_dir.node_id(&settings.election.node_id)?;
     let client = Arc::new(client(&settings)?);
+    // A process that ran on this data dir before may have left handlers that its
+    // supervisors are still killing: do nothing before they are gone.
+    crate::supervise::lock::wait_for_previous_handlers(
+        &crate::supervise::lock::lock_file(&settings.data.dir),
+        settings.queue.kill_grace + PREVIOUS_HANDLERS_SLACK,
+    )
+    .await
+    .map_err(ConsumerError::PreviousHandlers)?;
     let mut election = Election::new(
         client.clone(),
         settings.election.clone(),

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use chrono::Utc;
 use serde_json::{json, Value};
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -138,6 +138,9 @@ pub struct Lease {
     ttl: Duration,
     state: Mutex<LeaseState>,
     changed: Notify,
+    /// The deadline as it moves, for those who enforce it outside this process (handler
+    /// supervisors).
+    deadline: watch::Sender<Option<Instant>>,
 }
 
 #[derive(Default)]
@@ -153,7 +156,25 @@ impl Lease {
             ttl,
             state: Mutex::new(LeaseState::default()),
             changed: Notify::new(),
+            deadline: watch::Sender::new(None),
         }
+    }
+
+    /// Wakes the waiters and publishes the deadline after every change of state.
+    fn announce(&self) {
+        let deadline = self.deadline();
+        self.deadline.send_if_modified(|published| {
+            let moved = *published != deadline;
+            *published = deadline;
+            moved
+        });
+        self.changed.notify_waiters();
+    }
+
+    /// Follows the lease deadline: when the lease stops being fresh unless renewed again;
+    /// `None` while there is no fresh lease.
+    pub fn deadline_watch(&self) -> watch::Receiver<Option<Instant>> {
+        self.deadline.subscribe()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, LeaseState> {
@@ -176,7 +197,7 @@ impl Lease {
             lost: false,
         };
         drop(state);
-        self.changed.notify_waiters();
+        self.announce();
     }
 
     /// Records a successful renewal sent at `sent_at` (not when the answer came).
@@ -186,7 +207,7 @@ impl Lease {
             state.renewed_at = Some(state.renewed_at.map_or(sent_at, |at| at.max(sent_at)));
         }
         drop(state);
-        self.changed.notify_waiters();
+        self.announce();
     }
 
     pub fn mark_lost(&self, session: &str) {
@@ -195,12 +216,12 @@ impl Lease {
             state.lost = true;
         }
         drop(state);
-        self.changed.notify_waiters();
+        self.announce();
     }
 
     fn forget(&self) {
         *self.lock() = LeaseState::default();
-        self.changed.notify_waiters();
+        self.announce();
     }
 
     /// When the lease stops being fresh, if nothing renews it.
@@ -873,6 +894,33 @@ mod tests {
             judge_stale_check(&check("passing"), None),
             StaleCheck::Leave
         );
+    }
+
+    /// The deadline watch follows adoption, renewals and loss: what handler supervisors
+    /// enforce.
+    #[tokio::test(start_paused = true)]
+    async fn deadline_watch_follows_the_lease() {
+        let ttl = Duration::from_secs(15);
+        let lease = Lease::new(ttl);
+        let mut watch = lease.deadline_watch();
+        assert_eq!(*watch.borrow(), None);
+        let start = Instant::now();
+        lease.adopt("s", start);
+        assert!(watch.has_changed().unwrap());
+        assert_eq!(*watch.borrow_and_update(), Some(start + ttl));
+        tokio::time::advance(Duration::from_secs(5)).await;
+        lease.renewed("s", Instant::now());
+        assert_eq!(
+            *watch.borrow_and_update(),
+            Some(start + Duration::from_secs(20))
+        );
+        lease.renewed("other", Instant::now() + Duration::from_secs(1));
+        assert!(
+            !watch.has_changed().unwrap(),
+            "another session's renewal moved it"
+        );
+        lease.mark_lost("s");
+        assert_eq!(*watch.borrow_and_update(), None);
     }
 
     /// `expired` resolves when the TTL passes without a renewal, not before.

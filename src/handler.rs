@@ -2,23 +2,37 @@
 //! the built-in handlers configured in `[handlers.<taskType>]`: `exec` (an external command
 //! that gets the task on stdin) and `log`.
 //!
+//! An exec handler's process runs under a supervisor (`supervise/`) that kills it and
+//! everything it started before the lease could end; this module decides what the command
+//! gets (argv, a clean environment, a working directory) and turns its end into a result.
 //! A handler only runs a task; claiming, retrying and deleting are `queue.rs`'s business.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{HandlerKind, HandlerSettings};
+use crate::config::{HandlerKind, HandlerSettings, Settings};
+use crate::supervise::leader::{Asked, Job, RunError};
+use crate::supervise::plan::StopReason;
+use crate::supervise::{self, Supervision};
 
-/// How much of an exec handler's stderr becomes `lastError`.
-const STDERR_TAIL_BYTES: usize = 2048;
+/// The replica's environment variables an exec handler gets: what programs need to find
+/// their tools, their home, their locale, their time zone and a temp dir. Anything else
+/// (tokens, LEADERQ__ settings) reaches a handler only through `env` or `pass_env`.
+pub const ENV_ALLOW_LIST: &[&str] = &[
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+];
+/// Besides the allow-list, every locale variable (`LC_ALL`, `LC_CTYPE`, …) is passed.
+pub const ENV_ALLOW_PREFIX: &str = "LC_";
+/// PATH for a handler when the replica has none.
+const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
 /// Everything a handler knows about the run it is asked to do.
 #[derive(Clone, Debug)]
@@ -36,6 +50,19 @@ pub struct TaskContext {
     /// Cancelled when this replica stops leading or its shutdown grace runs out; a handler
     /// should stop promptly. The task is retried.
     pub cancel: CancellationToken,
+    /// The deadline of the lease this run is bound to, as renewals move it (`None`: not
+    /// confirmed). Exec handlers are killed by it even if this process is paused; an
+    /// in-process handler runs inside this process and so stops with it.
+    pub lease_deadline: watch::Receiver<Option<Instant>>,
+}
+
+impl TaskContext {
+    /// A lease deadline that never comes, for running a handler outside a leader (tests,
+    /// tools): `watch::Receiver` of a deadline far in the future.
+    pub fn unbounded_lease() -> watch::Receiver<Option<Instant>> {
+        const FAR: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+        watch::channel(Some(Instant::now() + FAR)).1
+    }
 }
 
 /// Why a run failed; becomes the task's `lastError`.
@@ -70,12 +97,20 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// The built-in handlers named in the settings.
-    pub fn from_settings(
-        settings: &std::collections::BTreeMap<String, HandlerSettings>,
-    ) -> Registry {
+    /// The built-in handlers named in the settings. Exec handlers are supervised by this
+    /// executable (see `supervise::run_if_supervisor`) and get the environment built from
+    /// this process's own by `handler_env`.
+    pub fn from_settings(settings: &Settings) -> Registry {
+        let lock_file = std::path::absolute(supervise::lock::lock_file(&settings.data.dir)).ok();
+        let supervision = Supervision {
+            program: supervise::leader::this_program(),
+            kill_grace: settings.queue.kill_grace,
+            margin: supervise::lease_margin(settings.election.session_ttl),
+            lock_file,
+        };
+        let parent: Vec<(String, String)> = std::env::vars().collect();
         let mut registry = Registry::default();
-        for (task_type, handler) in settings {
+        for (task_type, handler) in &settings.handlers {
             match handler.kind {
                 HandlerKind::Log => registry.register(task_type, LogHandler),
                 HandlerKind::Exec => registry.register(
@@ -83,6 +118,9 @@ impl Registry {
                     ExecHandler {
                         command: handler.command.clone(),
                         timeout: handler.timeout,
+                        env: handler_env(&parent, handler),
+                        cwd: handler.cwd.clone(),
+                        supervision: supervision.clone(),
                     },
                 ),
             }
@@ -191,6 +229,41 @@ mod find_program_tests {
     }
 }
 
+/// An exec handler's environment before the task's variables: the allow-listed variables
+/// of `parent` (the replica's environment), then those named in `pass_env`, then `env`.
+pub fn handler_env(
+    parent: &[(String, String)],
+    settings: &HandlerSettings,
+) -> Vec<(String, String)> {
+    let mut env: BTreeMap<String, String> = parent
+        .iter()
+        .filter(|(name, _)| {
+            ENV_ALLOW_LIST.contains(&name.as_str())
+                || name.starts_with(ENV_ALLOW_PREFIX)
+                || settings.pass_env.contains(name)
+        })
+        .cloned()
+        .collect();
+    env.entry("PATH".into())
+        .or_insert_with(|| DEFAULT_PATH.into());
+    env.extend(settings.env.clone());
+    env.into_iter().collect()
+}
+
+/// The task's own variables, which come last and so win over any configured ones.
+pub fn task_env(ctx: &TaskContext) -> [(String, String); 5] {
+    [
+        ("TASK_ID".into(), ctx.task_id.clone()),
+        ("TASK_TYPE".into(), ctx.task_type.clone()),
+        ("TASK_KEY".into(), ctx.key.clone()),
+        ("LEADERQ_ATTEMPT".into(), ctx.attempt.to_string()),
+        (
+            "LEADERQ_FENCING_TOKEN".into(),
+            ctx.fencing_token.to_string(),
+        ),
+    ]
+}
+
 /// Logs the task and succeeds: for trying leaderq out and for task types that only need
 /// to be acknowledged.
 pub struct LogHandler;
@@ -212,12 +285,18 @@ impl Handler for LogHandler {
     }
 }
 
-/// Runs an external command: argv (never a shell), the task JSON on stdin, the task's
-/// identity in the environment; exit 0 is success, anything else a failure whose stderr
-/// tail becomes `lastError`. Killed on time-out and on cancellation.
+/// Runs an external command under a supervisor: argv (never a shell), the task JSON on
+/// stdin, a clean environment plus the task's identity; exit 0 is success, anything else
+/// a failure whose stderr tail becomes `lastError`. On time-out, cancellation or a lease
+/// that is not confirmed in time, its whole process group gets SIGTERM, then SIGKILL after
+/// the kill grace; the run ends only once every process it started is gone.
 pub struct ExecHandler {
     pub command: Vec<String>,
     pub timeout: Option<Duration>,
+    /// The command's environment before the task's variables (see `handler_env`).
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<PathBuf>,
+    pub supervision: Supervision,
 }
 
 impl Handler for ExecHandler {
@@ -228,76 +307,56 @@ impl Handler for ExecHandler {
 
 impl ExecHandler {
     async fn run(&self, ctx: &TaskContext) -> Result<(), HandlerError> {
-        let (program, args) = self
+        let program = self
             .command
-            .split_first()
+            .first()
             .ok_or_else(|| HandlerError("exec handler has an empty command".into()))?;
-        let mut child = tokio::process::Command::new(program)
-            .args(args)
-            .env("TASK_ID", &ctx.task_id)
-            .env("TASK_TYPE", &ctx.task_type)
-            .env("TASK_KEY", &ctx.key)
-            .env("LEADERQ_ATTEMPT", ctx.attempt.to_string())
-            .env("LEADERQ_FENCING_TOKEN", ctx.fencing_token.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::inherit())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| HandlerError(format!("cannot start {program}: {e}")))?;
-
-        let mut stdin = child.stdin.take().expect("stdin is piped");
-        let input = ctx.task_json.clone();
-        let feed = async move {
-            // A command that does not read stdin closes it early; that is not an error.
-            let _ = stdin.write_all(&input).await;
-            drop(stdin);
+        let mut env = self.env.clone();
+        env.retain(|(name, _)| !task_env(ctx).iter().any(|(task, _)| task == name));
+        env.extend(task_env(ctx));
+        let job = Job {
+            command: &self.command,
+            env,
+            cwd: self.cwd.as_deref(),
+            task_json: &ctx.task_json,
+            timeout: self.timeout,
+            cancel: &ctx.cancel,
+            lease_deadline: ctx.lease_deadline.clone(),
         };
-        let mut stderr = child.stderr.take().expect("stderr is piped");
-        let collect = async move {
-            let mut tail = Vec::new();
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = stderr.read(&mut buf).await {
-                if n == 0 {
-                    break;
+        let ended = supervise::leader::run(&self.supervision, job)
+            .await
+            .map_err(|err| match err {
+                RunError::NotStarted(reason) | RunError::SupervisorLost(reason) => {
+                    HandlerError(reason)
                 }
-                tail.extend_from_slice(&buf[..n]);
-                if tail.len() > STDERR_TAIL_BYTES * 2 {
-                    tail.drain(..tail.len() - STDERR_TAIL_BYTES);
-                }
+            })?;
+        match (ended.asked, ended.stopped) {
+            (Some(Asked::TimedOut), _) => {
+                return Err(HandlerError(format!(
+                    "{program} timed out after {}",
+                    crate::server::duration::format(self.timeout.unwrap_or_default())
+                )))
             }
-            tail
-        };
-        let timeout = async {
-            match self.timeout {
-                Some(limit) => tokio::time::sleep(limit).await,
-                None => std::future::pending().await,
+            (Some(Asked::Cancelled), _) => {
+                return Err(HandlerError(format!("{program} was cancelled")))
             }
-        };
-        let run = async {
-            let (_, tail, status) = tokio::join!(feed, collect, child.wait());
-            (tail, status)
-        };
-        tokio::select! {
-            (tail, status) = run => {
-                let status = status.map_err(|e| HandlerError(format!("cannot wait for {program}: {e}")))?;
-                if status.success() {
-                    return Ok(());
-                }
-                let start = tail.len().saturating_sub(STDERR_TAIL_BYTES);
-                let text = String::from_utf8_lossy(&tail[start..]).trim().to_string();
-                Err(HandlerError(match text.is_empty() {
-                    true => format!("{program} failed with {status}"),
-                    false => format!("{program} failed with {status}: {text}"),
-                }))
+            (None, Some(StopReason::Lease)) => {
+                return Err(HandlerError(format!(
+                    "{program} was killed: the lease was not confirmed in time"
+                )))
             }
-            _ = timeout => Err(HandlerError(format!(
-                "{program} timed out after {}",
-                crate::server::duration::format(self.timeout.unwrap_or_default())
-            ))),
-            _ = ctx.cancel.cancelled() => Err(HandlerError(format!("{program} was cancelled"))),
+            _ => {}
         }
-        // Leaving the select drops `run`, and with it the child, which kill_on_drop kills.
+        if ended.status.success() {
+            return Ok(());
+        }
+        let text = String::from_utf8_lossy(&ended.stderr_tail)
+            .trim()
+            .to_string();
+        Err(HandlerError(match text.is_empty() {
+            true => format!("{program} failed with {}", ended.status),
+            false => format!("{program} failed with {}: {text}", ended.status),
+        }))
     }
 }
 
@@ -305,84 +364,96 @@ impl ExecHandler {
 mod tests {
     use super::*;
 
-    fn ctx() -> TaskContext {
-        TaskContext {
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn exec_settings() -> HandlerSettings {
+        HandlerSettings {
+            kind: HandlerKind::Exec,
+            command: vec!["true".into()],
+            timeout: None,
+            env: BTreeMap::new(),
+            pass_env: Vec::new(),
+            cwd: None,
+        }
+    }
+
+    /// Only allow-listed variables of the replica pass; the Consul token and LEADERQ__
+    /// settings do not, unless named in `pass_env`; `env` wins over both.
+    #[test]
+    fn handler_env_is_the_allow_list_plus_what_is_configured() {
+        let parent = vars(&[
+            ("PATH", "/usr/bin"),
+            ("HOME", "/home/q"),
+            ("LC_TIME", "de_DE.UTF-8"),
+            ("CONSUL_HTTP_TOKEN", "secret"),
+            ("LEADERQ__CONSUL__TOKEN", "secret"),
+            ("DB_PASSWORD", "pw"),
+            ("TZ", "UTC"),
+        ]);
+        assert_eq!(
+            handler_env(&parent, &exec_settings()),
+            vars(&[
+                ("HOME", "/home/q"),
+                ("LC_TIME", "de_DE.UTF-8"),
+                ("PATH", "/usr/bin"),
+                ("TZ", "UTC"),
+            ])
+        );
+        let mut settings = exec_settings();
+        settings.pass_env = vec!["DB_PASSWORD".into(), "MISSING".into()];
+        settings.env = [("TZ", "Europe/Berlin"), ("CONSUL_HTTP_TOKEN", "given")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        assert_eq!(
+            handler_env(&parent, &settings),
+            vars(&[
+                ("CONSUL_HTTP_TOKEN", "given"),
+                ("DB_PASSWORD", "pw"),
+                ("HOME", "/home/q"),
+                ("LC_TIME", "de_DE.UTF-8"),
+                ("PATH", "/usr/bin"),
+                ("TZ", "Europe/Berlin"),
+            ])
+        );
+    }
+
+    /// A replica without PATH still gives its handlers one.
+    #[test]
+    fn handler_env_always_has_a_path() {
+        assert_eq!(
+            handler_env(&[], &exec_settings()),
+            vars(&[("PATH", DEFAULT_PATH)])
+        );
+    }
+
+    /// The task's variables carry its identity.
+    #[test]
+    fn task_env_names_the_run() {
+        let ctx = TaskContext {
             key: "oracleTask/t1".into(),
             task_id: "t1".into(),
             task_type: "Demo".into(),
-            task_json: br#"{"taskId":"t1"}"#.to_vec(),
+            task_json: Vec::new(),
             attempt: 2,
             fencing_token: 9,
             cancel: CancellationToken::new(),
-        }
-    }
-
-    fn sh(script: &str) -> ExecHandler {
-        ExecHandler {
-            command: vec!["sh".into(), "-c".into(), script.into()],
-            timeout: None,
-        }
-    }
-
-    /// The command gets the task on stdin and its identity in the environment.
-    #[tokio::test]
-    async fn exec_passes_task_on_stdin_and_env() {
-        let dir = tempfile::tempdir().unwrap();
-        let out = dir.path().join("out");
-        let script = format!(
-            "cat > {0}; echo \" $TASK_ID $TASK_TYPE $TASK_KEY $LEADERQ_ATTEMPT $LEADERQ_FENCING_TOKEN\" >> {0}",
-            out.display()
-        );
-        sh(&script).handle(&ctx()).await.unwrap();
+            lease_deadline: TaskContext::unbounded_lease(),
+        };
         assert_eq!(
-            std::fs::read_to_string(out).unwrap(),
-            "{\"taskId\":\"t1\"} t1 Demo oracleTask/t1 2 9\n"
+            task_env(&ctx).to_vec(),
+            vars(&[
+                ("TASK_ID", "t1"),
+                ("TASK_TYPE", "Demo"),
+                ("TASK_KEY", "oracleTask/t1"),
+                ("LEADERQ_ATTEMPT", "2"),
+                ("LEADERQ_FENCING_TOKEN", "9"),
+            ])
         );
-    }
-
-    /// A non-zero exit is a failure carrying the tail of stderr.
-    #[tokio::test]
-    async fn exec_failure_reports_stderr_tail() {
-        let err = sh("echo 'disk full' >&2; exit 3")
-            .handle(&ctx())
-            .await
-            .unwrap_err();
-        assert!(
-            err.0.contains("exit status: 3") && err.0.ends_with("disk full"),
-            "{err}"
-        );
-        let missing = ExecHandler {
-            command: vec!["/nonexistent/handler".into()],
-            timeout: None,
-        };
-        assert!(missing
-            .handle(&ctx())
-            .await
-            .unwrap_err()
-            .0
-            .contains("cannot start"));
-    }
-
-    /// Time-out and cancellation stop the command instead of waiting for it.
-    #[tokio::test]
-    async fn exec_timeout_and_cancel_kill_the_command() {
-        let slow = ExecHandler {
-            command: vec!["sleep".into(), "30".into()],
-            timeout: Some(Duration::from_millis(100)),
-        };
-        assert!(slow
-            .handle(&ctx())
-            .await
-            .unwrap_err()
-            .0
-            .contains("timed out"));
-        let context = ctx();
-        let cancel = context.cancel.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            cancel.cancel();
-        });
-        let err = sh("sleep 30").handle(&context).await.unwrap_err();
-        assert!(err.0.contains("cancelled"), "{err}");
     }
 }

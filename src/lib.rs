@@ -8,6 +8,7 @@
 //! - [`key`]: the key rule, and keys proven to lie under a configured prefix.
 //! - [`handler`]: the `Handler` trait, the registry, the exec and log handlers.
 //! - [`identity`]: the replica's hold on its data dir and its stable node id.
+//! - [`supervise`]: exec handlers' processes, killed before their lease could end.
 //! - [`election`]: sessions, lease and the leader key.
 //! - [`queue`]: the leader's claims, completions, retries and dead letters.
 //! - [`observe`]: metrics and the /metrics, /health, /ready, /leader endpoints.
@@ -33,4 +34,5 @@ pub mod logging;
 pub mod observe;
 pub mod queue;
 pub mod server;
+pub mod supervise;
 pub mod task;

@@ -301,6 +301,8 @@ fn exit_quietly_on_broken_pipe_panics() {
 }
 
 fn main() -> ExitCode {
+    // A handler supervisor is this executable started with a hidden first argument.
+    leaderq::supervise::run_if_supervisor();
     exit_quietly_on_broken_pipe_panics();
     let cli = Cli::parse();
     // The benchmark runs replicas in-process; their per-task events would drown its table.
@@ -398,7 +400,7 @@ async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
         ));
     }
     let settings = load_settings_with(&args.config, overrides)?;
-    let registry = leaderq::handler::Registry::from_settings(&settings.handlers);
+    let registry = leaderq::handler::Registry::from_settings(&settings);
     let shutdown = tokio_util::sync::CancellationToken::new();
     let trigger = shutdown.clone();
     tokio::spawn(async move {

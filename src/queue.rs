@@ -643,6 +643,7 @@ impl Queue {
             attempt,
             fencing_token: leadership.fencing_token,
             cancel: cancel.clone(),
+            lease_deadline: lease.deadline_watch(),
         };
         let mut run = handler.handle(&ctx);
         let mut ending: Option<LeadEnd> = None;

@@ -7,6 +7,8 @@ mod common;
 mod hostile_input;
 #[path = "consumer/identity.rs"]
 mod identity;
+#[path = "consumer/supervise.rs"]
+mod supervise;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -34,6 +36,7 @@ max_attempts = 3
 backoff_base = "50ms"
 backoff_max = "200ms"
 shutdown_grace = "10s"
+kill_grace = "200ms"
 [handlers.Work]
 kind = "exec"
 command = ["sh", "-c", "echo \"run $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {journal}"]

@@ -1,0 +1,345 @@
+//! The supervisor process (`<exe> __supervise`): runs one handler in a new process group
+//! and makes sure that group, and everything the handler started, is gone by the time the
+//! lease it runs under could end, whatever happens to the leader.
+//!
+//! Plain threads, no async runtime: a control thread reads the leader's messages (EOF: the
+//! leader is gone), a reaper thread waits for every child (as a child subreaper, orphaned
+//! descendants become its children too), and the main thread follows `plan.rs`.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt as _;
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use rustix::process::{Pid, Signal, WaitOptions};
+
+use super::plan::{Progress, Step, StopReason};
+use super::protocol::{self, boot_now, Control, Report, Start};
+
+/// While only members of the handler's group that are not our children remain (no
+/// subreaper), how often to look whether they are gone.
+const GROUP_POLL: Duration = Duration::from_millis(20);
+
+enum Event {
+    Control(Control),
+    LeaderGone,
+    HandlerExited(i32),
+    NoChildren,
+}
+
+/// Runs the supervisor over the control socket on stdin; returns the exit code.
+pub fn run() -> i32 {
+    let control = match std::io::stdin().as_fd().try_clone_to_owned() {
+        Ok(fd) => UnixStream::from(fd),
+        Err(err) => {
+            eprintln!("leaderq supervisor: no control socket on stdin: {err}");
+            return 2;
+        }
+    };
+    let mut reader = BufReader::new(match control.try_clone() {
+        Ok(stream) => stream,
+        Err(err) => {
+            eprintln!("leaderq supervisor: {err}");
+            return 2;
+        }
+    });
+    let mut first = String::new();
+    let start = match reader.read_line(&mut first) {
+        Ok(n) if n > 0 => match serde_json::from_str::<Control>(&first) {
+            Ok(Control::Start(start)) => *start,
+            _ => {
+                eprintln!(
+                    "leaderq supervisor: the first message is not a start: run by leaderq only"
+                );
+                return 2;
+            }
+        },
+        _ => return 2,
+    };
+    let mut report = control;
+    match supervise(start, reader, &mut report) {
+        Ok(()) => 0,
+        Err(reason) => {
+            let _ = report.write_all(&protocol::line(&Report::Refused { reason }));
+            0
+        }
+    }
+}
+
+/// Starts the handler and follows it to the end; `Err` when nothing was started.
+fn supervise(
+    start: Start,
+    reader: BufReader<UnixStream>,
+    report: &mut UnixStream,
+) -> Result<(), String> {
+    // Orphaned descendants of the handler become our children, so they can be found,
+    // killed and reaped. Linux only; without it the process group is all we can reach.
+    let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
+    let lock = match &start.lock_file {
+        Some(path) => Some(lock_shared(path)?),
+        None => None,
+    };
+    // The leader may have died before the lock was ours; then a restarted replica may
+    // already have checked the lock and be running: start nothing.
+    let parent = rustix::process::getppid().map_or(0, |pid| pid.as_raw_nonzero().get() as u32);
+    if parent != start.leader_pid {
+        return Err("the leader is gone".into());
+    }
+    let (program, args) = start
+        .command
+        .split_first()
+        .ok_or_else(|| "exec handler has an empty command".to_string())?;
+    let task = base64::engine::general_purpose::STANDARD
+        .decode(&start.task_base64)
+        .map_err(|e| format!("task is not base64: {e}"))?;
+    let mut command = Command::new(program);
+    command
+        .args(args)
+        .env_clear()
+        .envs(start.env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::inherit())
+        .stderr(Stdio::inherit())
+        .process_group(0);
+    if let Some(cwd) = &start.cwd {
+        command.current_dir(cwd);
+    }
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("cannot start {program}: {e}"))?;
+    // The handler holds the lock too (the spawn above inherited the lock's descriptor, see
+    // `lock_shared`): should this supervisor be killed, the lock still lasts as long as
+    // the handler, and a restarted replica keeps waiting for it. Ours is released when
+    // this function returns, after everything is gone.
+    let _lock = lock;
+    let pid = child.id();
+    let group = Pid::from_raw(pid as i32).expect("a child's pid is positive");
+    let _ = report.write_all(&protocol::line(&Report::Started { pid }));
+
+    let (events, inbox) = mpsc::channel();
+    let mut stdin = child.stdin.take().expect("stdin is piped");
+    // std's Child is never waited for: the reaper thread below reaps every child, this one
+    // included, so it must be the only one calling wait.
+    drop(child);
+    std::thread::spawn(move || {
+        // A handler that does not read its stdin closes it early; that is not an error.
+        let _ = stdin.write_all(&task);
+    });
+    let control_events = events.clone();
+    std::thread::spawn(move || read_control(reader, control_events));
+    std::thread::spawn(move || reap(pid as i32, events));
+
+    let kill_grace = Duration::from_millis(start.kill_grace_ms);
+    let mut progress = Progress {
+        kill_by: Duration::from_nanos(start.kill_by_ns),
+        ..Progress::default()
+    };
+    let mut wait_status: Option<i32> = None;
+    let mut stopped: Option<StopReason> = None;
+    let mut no_children = false;
+    loop {
+        if no_children && group_gone(group) {
+            break;
+        }
+        let now = boot_now();
+        let until = match progress.next(kill_grace, now) {
+            Step::Term(reason) => {
+                if wait_status.is_none() {
+                    stopped = reason;
+                }
+                progress.term_sent_at = Some(now);
+                signal_all(group, Signal::TERM);
+                continue;
+            }
+            Step::Kill => {
+                progress.last_kill_at = Some(now);
+                signal_all(group, Signal::KILL);
+                continue;
+            }
+            Step::SleepUntil(at) => at,
+        };
+        let mut timeout = until.saturating_sub(now);
+        if no_children {
+            timeout = timeout.min(GROUP_POLL);
+        }
+        let event = match inbox.recv_timeout(timeout) {
+            Ok(event) => event,
+            Err(mpsc::RecvTimeoutError::Timeout) => continue,
+            // Every sender gone: nothing more can happen but the schedule.
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                std::thread::sleep(timeout);
+                continue;
+            }
+        };
+        let now = boot_now();
+        match event {
+            Event::Control(Control::Lease { kill_by_ns }) => {
+                progress.kill_by = Duration::from_nanos(kill_by_ns);
+            }
+            Event::Control(Control::Stop) => progress.stop(now, Some(StopReason::Requested)),
+            Event::Control(Control::Start(_)) => {}
+            Event::LeaderGone => progress.stop(now, Some(StopReason::LeaderGone)),
+            Event::HandlerExited(status) => {
+                wait_status = Some(status);
+                // Whatever it left behind runs outside any run: stop it too.
+                if !(group_gone(group) && children().is_empty()) {
+                    progress.stop(now, None);
+                }
+            }
+            Event::NoChildren => no_children = true,
+        }
+    }
+    let exited = Report::Exited {
+        wait_status: wait_status.unwrap_or(0),
+        stopped,
+    };
+    let _ = report.write_all(&protocol::line(&exited));
+    Ok(())
+}
+
+/// Opens `path` and takes a shared lock on it, leaving the descriptor open across exec so
+/// that the handler inherits it (only the handler is spawned after this).
+fn lock_shared(path: &std::path::Path) -> Result<File, String> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| format!("cannot open {}: {e}", path.display()))?;
+    file.lock_shared()
+        .map_err(|e| format!("cannot lock {}: {e}", path.display()))?;
+    rustix::io::fcntl_setfd(&file, rustix::io::FdFlags::empty())
+        .map_err(|e| format!("cannot pass {} on to the handler: {e}", path.display()))?;
+    Ok(file)
+}
+
+fn read_control(reader: BufReader<UnixStream>, events: mpsc::Sender<Event>) {
+    for line in reader.lines() {
+        let Ok(line) = line else { break };
+        match serde_json::from_str::<Control>(&line) {
+            Ok(control) => {
+                if events.send(Event::Control(control)).is_err() {
+                    return;
+                }
+            }
+            Err(err) => eprintln!("leaderq supervisor: ignoring a bad control message: {err}"),
+        }
+    }
+    let _ = events.send(Event::LeaderGone);
+}
+
+/// Reaps every child until there is none left; reports the handler's own status.
+fn reap(handler: i32, events: mpsc::Sender<Event>) {
+    loop {
+        match rustix::process::wait(WaitOptions::empty()) {
+            Ok(Some((pid, status))) => {
+                if pid.as_raw_nonzero().get() == handler {
+                    let _ = events.send(Event::HandlerExited(status.as_raw()));
+                }
+            }
+            Ok(None) => {}
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => {
+                let _ = events.send(Event::NoChildren);
+                return;
+            }
+        }
+    }
+}
+
+/// Whether no process is left in the handler's group.
+fn group_gone(group: Pid) -> bool {
+    rustix::process::test_kill_process_group(group) == Err(rustix::io::Errno::SRCH)
+}
+
+/// Signals the handler's group, and each of our own children that left it.
+fn signal_all(group: Pid, signal: Signal) {
+    let _ = rustix::process::kill_process_group(group, signal);
+    for child in children() {
+        if child != group {
+            let _ = rustix::process::kill_process(child, signal);
+        }
+    }
+}
+
+/// This process's children. Only children: their pids cannot be reused before we reap
+/// them, so signalling them never hits a stranger. Each thread's `children` file lists
+/// its own (orphans may be adopted by any thread); without those files (a kernel built
+/// without CONFIG_PROC_CHILDREN), every process's parent is read instead.
+fn children() -> Vec<Pid> {
+    match children_by_thread() {
+        Some(children) => children,
+        None => children_by_parent(),
+    }
+}
+
+fn children_by_thread() -> Option<Vec<Pid>> {
+    let mut children = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path().join("children");
+        let list = std::fs::read_to_string(path).ok()?;
+        children.extend(
+            list.split_whitespace()
+                .filter_map(|pid| Pid::from_raw(pid.parse().ok()?)),
+        );
+    }
+    Some(children)
+}
+
+fn children_by_parent() -> Vec<Pid> {
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|entry| {
+            let pid: i32 = entry.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let parent: i32 = parent_of(&stat)?;
+            (parent == me).then(|| Pid::from_raw(pid)).flatten()
+        })
+        .collect()
+}
+
+/// The parent pid in a /proc/<pid>/stat line: the second field after the command name,
+/// which is in parentheses and may itself contain spaces and parentheses.
+fn parent_of(stat: &str) -> Option<i32> {
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Both ways of listing children find a child of this process.
+    #[test]
+    fn children_are_found() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let pid = Pid::from_raw(child.id() as i32).unwrap();
+        assert!(children_by_thread().unwrap().contains(&pid));
+        assert!(children_by_parent().contains(&pid));
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// The parent pid is read after the last parenthesis, whatever the command name holds.
+    #[test]
+    fn parent_pid_is_read_past_odd_command_names() {
+        assert_eq!(parent_of("42 (sleep) S 7 42 42 0"), Some(7));
+        assert_eq!(parent_of("42 (a) b (c) R 9 42"), Some(9));
+        assert_eq!(parent_of("garbage"), None);
+    }
+}
