@@ -1,0 +1,296 @@
+//! KV endpoints: `/v1/kv/<key>` GET (one key, `?recurse`, `?keys`, `?raw`), PUT (`?cas`,
+//! `?flags`, `?acquire`, `?release`) and DELETE (`?recurse`, `?cas`).
+
+use super::*;
+
+pub(super) async fn kv(req: Req<'_>) -> Reply {
+    let key = req.rest.clone();
+    if key.contains("../") || key.contains("..\\") {
+        return Err(HttpError::bad_request(
+            "URL path contains invalid traversal sequence",
+        ));
+    }
+    if key != key.trim_matches(' ') {
+        return Err(HttpError::bad_request(
+            "key must not begin or end with a space",
+        ));
+    }
+    match req.method {
+        Method::GET if req.query.has("keys") => kv_keys(req, key).await,
+        Method::GET => kv_get(req, key).await,
+        Method::PUT => kv_put(req, key).await,
+        _ => kv_delete(req, key).await,
+    }
+}
+
+/// One KV entry on the wire, in Consul's field order.
+#[derive(Serialize)]
+#[serde(rename_all = "PascalCase")]
+pub(super) struct DirEntry<'a> {
+    lock_index: u64,
+    key: &'a str,
+    flags: u64,
+    value: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session: Option<&'a str>,
+    create_index: u64,
+    modify_index: u64,
+}
+
+impl<'a> DirEntry<'a> {
+    pub(super) fn new(key: &'a str, entry: &'a Entry) -> DirEntry<'a> {
+        DirEntry {
+            lock_index: entry.lock_index,
+            key,
+            flags: entry.flags,
+            value: (!entry.value.is_empty())
+                .then(|| base64::engine::general_purpose::STANDARD.encode(&entry.value)),
+            session: entry.session.as_deref(),
+            create_index: entry.create_index,
+            modify_index: entry.modify_index,
+        }
+    }
+}
+
+pub(super) async fn kv_get(req: Req<'_>, key: String) -> Reply {
+    let recurse = req.query.has("recurse");
+    if !recurse && key.is_empty() {
+        return Err(HttpError::bad_request("Missing key name"));
+    }
+    let blocking = req.blocking()?;
+    let raw = req.query.has("raw") && !recurse;
+    let pretty = req.query.has("pretty");
+    let (index, body) = watch::query(&req.shared.core, blocking, |state| {
+        if recurse {
+            let body = if pretty {
+                let entries: Vec<DirEntry> = state
+                    .kv_list(&key)
+                    .map(|(k, e)| DirEntry::new(k, e))
+                    .collect();
+                (!entries.is_empty()).then(|| to_json(&entries, pretty))
+            } else {
+                write_entries(state.kv_list(&key))
+            };
+            (state.kv_prefix_index(&key), body)
+        } else {
+            let body = state.kv_get(&key).map(|entry| {
+                if raw {
+                    entry.value.clone()
+                } else {
+                    to_json(&[DirEntry::new(&key, entry)], pretty)
+                }
+            });
+            (state.kv_key_index(&key), body)
+        }
+    })
+    .await;
+    let Some(body) = body else {
+        return Ok(with_meta(
+            StatusCode::NOT_FOUND.into_response(),
+            Some(index),
+        ));
+    };
+    let mut response = if raw {
+        let mut response = body.into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+        headers.insert(
+            "X-Content-Type-Options",
+            HeaderValue::from_static("nosniff"),
+        );
+        headers.insert(
+            "Content-Security-Policy",
+            HeaderValue::from_static("sandbox"),
+        );
+        response
+    } else {
+        json_body(body)
+    };
+    response = with_meta(response, Some(index));
+    Ok(response)
+}
+
+/// The compact JSON of a `?recurse` listing, written straight into one buffer: listing
+/// 10,000 keys is the hot read of a task queue, and this skips a String per value.
+/// Produces the same bytes as serializing `DirEntry`s; `None` when there are none.
+pub(super) fn write_entries<'a>(
+    entries: impl Iterator<Item = (&'a String, &'a Entry)>,
+) -> Option<Vec<u8>> {
+    use std::io::Write as _;
+    let mut out = Vec::new();
+    for (key, entry) in entries {
+        out.push(if out.is_empty() { b'[' } else { b',' });
+        let _ = write!(out, "{{\"LockIndex\":{},\"Key\":", entry.lock_index);
+        serde_json::to_writer(&mut out, key).expect("strings serialize");
+        let _ = write!(out, ",\"Flags\":{},\"Value\":", entry.flags);
+        if entry.value.is_empty() {
+            out.extend_from_slice(b"null");
+        } else {
+            out.push(b'"');
+            let start = out.len();
+            out.resize(
+                start + base64::encoded_len(entry.value.len(), true).unwrap_or(0),
+                0,
+            );
+            let written = base64::engine::general_purpose::STANDARD
+                .encode_slice(&entry.value, &mut out[start..])
+                .expect("buffer sized for base64");
+            out.truncate(start + written);
+            out.push(b'"');
+        }
+        if let Some(session) = &entry.session {
+            out.extend_from_slice(b",\"Session\":");
+            serde_json::to_writer(&mut out, session).expect("strings serialize");
+        }
+        let _ = write!(
+            out,
+            ",\"CreateIndex\":{},\"ModifyIndex\":{}}}",
+            entry.create_index, entry.modify_index
+        );
+    }
+    if out.is_empty() {
+        return None;
+    }
+    out.push(b']');
+    Some(out)
+}
+
+pub(super) async fn kv_keys(req: Req<'_>, prefix: String) -> Reply {
+    let separator = req
+        .query
+        .get("separator")
+        .or_else(|| req.query.get("seperator"))
+        .unwrap_or("")
+        .to_string();
+    let blocking = req.blocking()?;
+    let pretty = req.query.has("pretty");
+    let (index, keys) = watch::query(&req.shared.core, blocking, |state| {
+        let mut keys: Vec<&str> = Vec::new();
+        for (key, _) in state.kv_list(&prefix) {
+            let rolled = if separator.is_empty() {
+                key.as_str()
+            } else {
+                match key[prefix.len()..].find(&separator) {
+                    Some(at) => &key[..prefix.len() + at + separator.len()],
+                    None => key.as_str(),
+                }
+            };
+            // Keys come sorted, so a rolled-up prefix repeats only right after itself.
+            if keys.last() != Some(&rolled) {
+                keys.push(rolled);
+            }
+        }
+        let body = (!keys.is_empty() || prefix.is_empty()).then(|| to_json(&keys, pretty));
+        (state.kv_prefix_index(&prefix), body)
+    })
+    .await;
+    match keys {
+        Some(body) => Ok(with_meta(json_body(body), Some(index))),
+        None => Ok(with_meta(
+            StatusCode::NOT_FOUND.into_response(),
+            Some(index),
+        )),
+    }
+}
+
+/// Fails with Consul's 400 when more than one of `flags` is present.
+pub(super) fn conflicting_flags(query: &Query, flags: &[&str]) -> Result<(), HttpError> {
+    if flags.iter().filter(|flag| query.has(flag)).count() > 1 {
+        return Err(HttpError::bad_request(format!(
+            "Conflicting flags: {}\n",
+            query.encode()
+        )));
+    }
+    Ok(())
+}
+
+/// Go's `strconv.ParseUint` with its error text, which Consul passes through as a 500.
+pub(super) fn parse_uint(value: &str) -> Result<u64, HttpError> {
+    value.parse::<u64>().map_err(|err| {
+        let reason = match err.kind() {
+            std::num::IntErrorKind::PosOverflow => "value out of range",
+            _ => "invalid syntax",
+        };
+        HttpError::internal(format!(
+            "strconv.ParseUint: parsing {}: {reason}",
+            duration::quote(value)
+        ))
+    })
+}
+
+pub(super) async fn kv_put(req: Req<'_>, key: String) -> Reply {
+    if key.is_empty() {
+        return Err(HttpError::bad_request("Missing key name"));
+    }
+    conflicting_flags(&req.query, &["cas", "acquire", "release"])?;
+    let flags = match req.query.get("flags") {
+        Some(flags) => parse_uint(flags)?,
+        None => 0,
+    };
+    let cas = match req.query.get("cas") {
+        Some(cas) => Some(parse_uint(cas)?),
+        None => None,
+    };
+    let acquire = req.query.get("acquire").map(str::to_string);
+    let release = req.query.get("release").map(str::to_string);
+    let too_large = |n: usize| {
+        format!(
+            "Request body({n} bytes) too large, max size: {KV_MAX_VALUE_SIZE} bytes. See https://developer.hashicorp.com/docs/agent/config/config-files#kv_max_value_size."
+        )
+    };
+    let shared = req.shared;
+    let value = req.body(KV_MAX_VALUE_SIZE, too_large).await?.to_vec();
+    let command = if let Some(session) = acquire {
+        Command::KvLock {
+            key,
+            value,
+            flags,
+            session,
+        }
+    } else if let Some(session) = release {
+        Command::KvUnlock {
+            key,
+            value,
+            flags,
+            session,
+        }
+    } else if let Some(index) = cas {
+        Command::KvCas {
+            key,
+            value,
+            flags,
+            index,
+        }
+    } else {
+        Command::KvSet { key, value, flags }
+    };
+    bool_reply(shared.write(command).await?)
+}
+
+pub(super) async fn kv_delete(req: Req<'_>, key: String) -> Reply {
+    conflicting_flags(&req.query, &["recurse", "cas"])?;
+    let command = if req.query.has("recurse") {
+        Command::KvDeleteTree { prefix: key }
+    } else if key.is_empty() {
+        return Err(HttpError::bad_request("Missing key name"));
+    } else if let Some(cas) = req.query.get("cas") {
+        Command::KvDeleteCas {
+            key,
+            index: parse_uint(cas)?,
+        }
+    } else {
+        Command::KvDelete { key }
+    };
+    bool_reply(req.shared.write(command).await?)
+}
+
+pub(super) fn bool_reply(outcome: Outcome) -> Reply {
+    match outcome {
+        Outcome::Bool(ok) => Ok(json_body(if ok {
+            b"true".to_vec()
+        } else {
+            b"false".to_vec()
+        })),
+        other => Err(HttpError::internal(format!("unexpected outcome {other:?}"))),
+    }
+}

@@ -1,0 +1,134 @@
+//! `/v1/txn`: the body's operations decoded and checked against Consul's limits, then
+//! applied all or nothing by the state machine.
+
+use super::*;
+
+pub(super) async fn txn(req: Req<'_>) -> Reply {
+    let limit = TXN_MAX_REQ_LEN.max(KV_MAX_VALUE_SIZE);
+    let too_large = move |n: usize| {
+        format!(
+            "Request body({n} bytes) too large, max size: {limit} bytes. See https://developer.hashicorp.com/docs/agent/config/config-files#txn_max_req_len."
+        )
+    };
+    let shared = req.shared;
+    let pretty = req.query.has("pretty");
+    let body = req.body(limit, too_large).await?;
+    let ops = parse_txn(&body)?;
+    let read_only = !ops.iter().any(TxnOp::is_write);
+    let outcome = shared.write(Command::Txn(ops)).await?;
+    let (status, body) = match outcome {
+        Outcome::TxnCommitted(results) => {
+            let results: Vec<Value> = results
+                .iter()
+                .map(|r| {
+                    json!({"KV": serde_json::to_value(DirEntry::new(&r.key, &r.entry)).expect("entries serialize")})
+                })
+                .collect();
+            (StatusCode::OK, json!({"Results": results, "Errors": null}))
+        }
+        Outcome::TxnFailed(errors) => {
+            let errors: Vec<Value> = errors
+                .iter()
+                .map(|e| json!({"OpIndex": e.op_index, "What": e.what}))
+                .collect();
+            (
+                StatusCode::CONFLICT,
+                json!({"Results": null, "Errors": errors}),
+            )
+        }
+        other => return Err(HttpError::internal(format!("unexpected outcome {other:?}"))),
+    };
+    let mut response = json_body(to_json(&body, pretty));
+    *response.status_mut() = status;
+    if read_only {
+        response = with_meta(response, None);
+    }
+    Ok(response)
+}
+
+pub(super) fn parse_txn(body: &[u8]) -> Result<Vec<TxnOp>, HttpError> {
+    let fail = |reason: String| HttpError::bad_request(format!("Failed to parse body: {reason}"));
+    let value: Value = serde_json::from_slice(body).map_err(|e| fail(e.to_string()))?;
+    let ops = match value {
+        Value::Array(ops) => ops,
+        Value::Null => Vec::new(),
+        other => {
+            return Err(fail(format!(
+                "json: cannot unmarshal {} into Go value of type api.TxnOps",
+                json_kind(&other)
+            )))
+        }
+    };
+    if ops.len() > TXN_MAX_OPS {
+        return Err(HttpError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "Transaction contains too many operations ({} > {TXN_MAX_OPS})",
+                ops.len()
+            ),
+        ));
+    }
+    let mut parsed = Vec::with_capacity(ops.len());
+    for op in &ops {
+        let Value::Object(op) = op else {
+            return Err(fail(format!(
+                "json: cannot unmarshal {} into Go value of type api.TxnOp",
+                json_kind(op)
+            )));
+        };
+        if let Some(other) = ["Node", "Service", "Check"]
+            .iter()
+            .find(|name| field(op, name).is_some_and(|v| !v.is_null()))
+        {
+            return Err(fail(format!(
+                "{other} operations are not supported by leaderq server; only KV operations are"
+            )));
+        }
+        let Some(Value::Object(kv)) = field(op, "KV") else {
+            return Err(fail("operation has no KV member".into()));
+        };
+        let text = |name: &str| -> Result<String, HttpError> {
+            match field(kv, name) {
+                None | Some(Value::Null) => Ok(String::new()),
+                Some(Value::String(s)) => Ok(s.clone()),
+                Some(other) => Err(fail(format!(
+                    "json: cannot unmarshal {} into Go struct field KVTxnOp.KV.{name} of type string",
+                    json_kind(other)
+                ))),
+            }
+        };
+        let number = |name: &str| -> Result<u64, HttpError> {
+            match field(kv, name) {
+                None | Some(Value::Null) => Ok(0),
+                Some(Value::Number(n)) if n.as_u64().is_some() => Ok(n.as_u64().unwrap_or(0)),
+                Some(other) => Err(fail(format!(
+                    "json: cannot unmarshal {} into Go struct field KVTxnOp.KV.{name} of type uint64",
+                    json_kind(other)
+                ))),
+            }
+        };
+        let key = text("Key")?;
+        let value = base64::engine::general_purpose::STANDARD
+            .decode(text("Value")?)
+            .map_err(|e| fail(format!("illegal base64 data: {e}")))?;
+        if value.len() > KV_MAX_VALUE_SIZE {
+            return Err(HttpError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "Value for key {} is too large ({} > {KV_MAX_VALUE_SIZE} bytes)",
+                    duration::quote(&key),
+                    value.len()
+                ),
+            ));
+        }
+        parsed.push(TxnOp {
+            verb: text("Verb")?,
+            key,
+            value,
+            flags: number("Flags")?,
+            index: number("Index")?,
+            session: text("Session")?,
+        });
+    }
+    Ok(parsed)
+}
