@@ -3,6 +3,7 @@
 //!
 //! - [`server`]: the embedded, durable, single-node Consul-compatible server.
 //! - [`consul`]: a typed client for Consul's HTTP API (KV, sessions, txn, agent checks).
+//! - [`coord`]: the coordinator seam: lease, leadership and queue in the domain's words.
 //! - [`config`]: settings, layered from defaults, a file and the environment.
 //! - [`task`]: the producers' task format, parsed leniently.
 //! - [`key`]: the key rule, and keys proven to lie under a configured prefix.
@@ -23,6 +24,7 @@ pub mod admin;
 pub mod bench;
 pub mod chaos;
 pub mod config;
+pub mod coord;
 pub mod consul;
 pub mod consumer;
 pub mod dev;

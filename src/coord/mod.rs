@@ -1,0 +1,284 @@
+//! The coordinator seam: what leaderq needs from Consul, ZooKeeper, Redis or etcd, said in
+//! the domain's words: a lease (open, keep alive, revoke), leadership (observe the holder,
+//! campaign, resign; winning yields a [`Leadership`] with a fencing token) and the queue
+//! (list tasks with a version, wait for changes, write a batch of task operations guarded
+//! by leadership). Every answer the caller branches on is a value ([`Campaign`],
+//! [`Written`]); only "the coordinator cannot be asked right now" and "it will never
+//! accept this" are errors ([`CoordError`]).
+//!
+//! A backend is one folder below this one and must guarantee, whatever its primitives:
+//! - **one leader**: at most one lease holds leadership at a time, and a lease that is not
+//!   kept alive loses it within its TTL (plus the backend's own delay, such as Consul's
+//!   lock-delay), never sooner than the holder's own view of the lease allows;
+//! - **fencing**: the token of each new leadership is strictly greater than every token
+//!   handed out before, across leases, restarts and coordinator restarts;
+//! - **guarded writes**: a [`Coordinator::write`] is applied all or nothing, and only while
+//!   the given leadership still holds; otherwise it answers [`Written::NotLeader`];
+//! - **versions**: every task carries a version that changes on every write to it, and a
+//!   write conditioned on a version that moved answers [`Written::Conflict`];
+//! - **no loss**: a task claimed by a lease that ends is still in the queue, marked held
+//!   by a lease that no longer exists, so the next leader can requeue it.
+//!
+//! How each backend provides them is written in ARCHITECTURE.md.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The future every coordinator call returns: boxed, so the seam can be a trait object
+/// chosen at start from the settings.
+pub type CoordFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, CoordError>> + Send + 'a>>;
+
+/// Why a coordinator call did not answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CoordError {
+    /// Unreachable, or an error that may pass (overload, leader election, restart):
+    /// try again after a pause.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A request the coordinator will never accept as configured (a TTL below its minimum,
+    /// a batch over its limits): retrying cannot help; the message says what to change.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// A position in the coordinator's history of changes, for waiting on the next one
+/// (Consul's index, etcd's revision, ZooKeeper's zxid). 0 means "now, without waiting".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version(pub u64);
+
+/// A lease's id as the coordinator knows it (Consul session, etcd lease, ZooKeeper
+/// session, Redis token).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseId(pub String);
+
+impl std::fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a replica asks for when it opens a lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseSpec {
+    /// The replica's stable node id: names the lease and whatever the backend ties to it.
+    pub node_id: String,
+    /// How long the lease lives without a keep-alive.
+    pub ttl: Duration,
+    /// How long leadership stays untaken after this lease dies (0: none).
+    pub lock_delay: Duration,
+    /// The lease this replica held before a restart, to take up again if the coordinator
+    /// still honours it and it is still this replica's own.
+    pub previous: Option<LeaseId>,
+}
+
+/// An open lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub lease: LeaseId,
+    /// Whether this is `LeaseSpec::previous`, taken up again.
+    pub reused: bool,
+}
+
+/// The answer to a keep-alive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    Alive,
+    /// The coordinator ended the lease (expired, revoked): whatever it held is gone.
+    Gone,
+}
+
+/// Who the leader says it is, stored with the leadership for operators and standbys.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderRecord {
+    pub node: String,
+    #[serde(default)]
+    pub host: String,
+    #[serde(default)]
+    pub pid: u32,
+    #[serde(default)]
+    pub session: String,
+    #[serde(default)]
+    pub since: String,
+}
+
+impl HolderRecord {
+    /// The record in a stored value; `None` for a value that is not one (another program's).
+    pub fn decode(value: &[u8]) -> Option<HolderRecord> {
+        serde_json::from_slice(value).ok()
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// The leadership as observed: who holds it (if anyone) and the last record written.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Holder {
+    /// The lease holding leadership now; `None` when it is free.
+    pub lease: Option<LeaseId>,
+    /// The last holder's record, kept after it let go (for `prefer_previous_leader`).
+    pub record: Option<HolderRecord>,
+    /// The current (or last) leadership's fencing token.
+    pub token: u64,
+}
+
+/// A won election: what the leader needs to act and to prove it still leads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leadership {
+    pub lease: LeaseId,
+    /// Strictly greater than every token handed out before.
+    pub fencing_token: u64,
+}
+
+/// The answer to one attempt at leadership.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Campaign {
+    Won(Leadership),
+    /// Another lease holds it: watch the holder and try when it is free.
+    Held,
+    /// It is free but may not be taken yet (Consul's lock-delay): try again after a pause.
+    Delayed,
+    /// The lease asked with is gone: open a new one.
+    LeaseGone,
+}
+
+/// A task as the coordinator stores it; parsing it is `task`'s business.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoredTask {
+    pub key: String,
+    pub value: Vec<u8>,
+    /// Changes on every write of the task (Consul `ModifyIndex`, etcd `mod_revision`).
+    pub version: u64,
+    /// When the task was first written, for ordering ties (Consul `CreateIndex`).
+    pub created: u64,
+    /// The lease holding the task's claim, if one still does.
+    pub holder: Option<LeaseId>,
+}
+
+/// One write to the queue. Each is conditioned on the version the leader last read; the
+/// whole batch is also conditioned on the leadership it is written under.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TaskOp {
+    /// Mark the task taken by this leadership's lease, writing `value`.
+    Claim {
+        key: String,
+        version: u64,
+        value: Vec<u8>,
+    },
+    /// Delete the task: its run finished.
+    Complete { key: String, version: u64 },
+    /// Write `value` and give up this lease's claim (a retry, a run put back).
+    Release {
+        key: String,
+        version: u64,
+        value: Vec<u8>,
+    },
+    /// Write `value` to a task no live lease holds (an orphan put back in the queue).
+    Rewrite {
+        key: String,
+        version: u64,
+        value: Vec<u8>,
+    },
+    /// Delete the task and write `value` under `to` (the dead-letter prefix).
+    Move {
+        key: String,
+        version: u64,
+        to: String,
+        value: Vec<u8>,
+    },
+}
+
+impl TaskOp {
+    pub fn key(&self) -> &str {
+        match self {
+            TaskOp::Claim { key, .. }
+            | TaskOp::Complete { key, .. }
+            | TaskOp::Release { key, .. }
+            | TaskOp::Rewrite { key, .. }
+            | TaskOp::Move { key, .. } => key,
+        }
+    }
+}
+
+/// The answer to a guarded write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Written {
+    /// Applied. `versions` holds each claimed or released task's new version, in the order
+    /// of the ops; `fencing_token` is the leadership's token as the commit saw it.
+    Done {
+        versions: Vec<(String, u64)>,
+        fencing_token: u64,
+    },
+    /// This leadership no longer holds: nothing was applied.
+    NotLeader,
+    /// A task's version moved (or it went): nothing was applied. The keys that failed.
+    Conflict(Vec<String>),
+}
+
+/// How much one [`Coordinator::write`] may carry: the planner keeps batches within it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteLimits {
+    /// Operations, counting the leadership guard as one.
+    pub max_ops: usize,
+    /// Bytes of values (before any encoding the backend adds) plus keys.
+    pub max_bytes: usize,
+}
+
+/// A coordinator: one implementation per backend. See the module header for what each
+/// must guarantee.
+pub trait Coordinator: Send + Sync {
+    /// Where it is (an address for logs and status).
+    fn describe(&self) -> String;
+
+    /// Opens a lease (or takes up `spec.previous`), after removing what earlier runs of
+    /// this node left behind that would get in the way.
+    fn open_lease<'a>(&'a self, spec: &'a LeaseSpec) -> CoordFuture<'a, Grant>;
+    /// Keeps the lease alive for another TTL.
+    fn keep_alive<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, Renewal>;
+    /// Ends the lease: its leadership and claims are freed at once (no lock-delay for a
+    /// leadership given up before).
+    fn revoke<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()>;
+    /// Ends the lease and whatever the backend tied to this node: the replica is leaving.
+    fn close<'a>(&'a self, lease: Option<&'a LeaseId>) -> CoordFuture<'a, ()>;
+
+    /// The holder once its version is past `after` (at once for `Version(0)`), or after
+    /// `wait` unchanged.
+    fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)>;
+    /// Takes leadership with `lease` if it is free. A lease that already holds it (a
+    /// restart that took up its lease) takes it anew, so its token rises.
+    fn campaign<'a>(
+        &'a self,
+        lease: &'a LeaseId,
+        record: &'a HolderRecord,
+    ) -> CoordFuture<'a, Campaign>;
+    /// Gives leadership up (no lock-delay applies), if `leadership` still holds it.
+    fn resign<'a>(&'a self, leadership: &'a Leadership) -> CoordFuture<'a, ()>;
+
+    /// The tasks under `prefix`, in key order, once the queue's version is past `after`
+    /// (at once for `Version(0)`), or after `wait` unchanged.
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Version,
+        wait: Duration,
+    ) -> CoordFuture<'a, (Vec<StoredTask>, Version)>;
+    /// The keys under `prefix` and the queue's version, without values: a cheap look.
+    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)>;
+    /// The tasks at `keys` that exist.
+    fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>>;
+    /// Applies `ops` all or nothing, only while `leadership` holds.
+    fn write<'a>(
+        &'a self,
+        leadership: &'a Leadership,
+        ops: &'a [TaskOp],
+    ) -> CoordFuture<'a, Written>;
+    /// Applies `ops` to tasks this lease itself holds, without the leadership guard: puts
+    /// back claimed tasks that never started, after leadership is lost.
+    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, ()>;
+    /// How much one write may carry.
+    fn limits(&self) -> WriteLimits;
+}
