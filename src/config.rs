@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
 
-use crate::server::duration;
+use crate::util::duration;
 
 /// The largest `queue.claim_batch`: a batch's transaction (leader check, deletions of the
 /// previous batch, a check and a lock per task) must stay within Consul's 128 operations.

@@ -27,7 +27,7 @@ use crate::consul::{
     TxnOutcome, WatchIndex,
 };
 use crate::observe::Metrics;
-use crate::server::duration;
+use crate::util::duration;
 use crate::task::rfc3339;
 
 /// After a failed renewal, try again this soon rather than a full TTL/3 later.

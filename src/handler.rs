@@ -334,7 +334,7 @@ impl ExecHandler {
             (Some(Asked::TimedOut), _) => {
                 return Err(HandlerError(format!(
                     "{program} timed out after {}",
-                    crate::server::duration::format(self.timeout.unwrap_or_default())
+                    crate::util::duration::format(self.timeout.unwrap_or_default())
                 )))
             }
             (Some(Asked::Cancelled), _) => {

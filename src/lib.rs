@@ -10,6 +10,7 @@
 //! - [`handler`]: the `Handler` trait, the registry, the exec and log handlers.
 //! - [`identity`]: the replica's hold on its data dir and its stable node id.
 //! - [`supervise`]: exec handlers' processes, killed before their lease could end.
+//! - [`leader`]: the lease and the campaign, on any coordinator; the pure gate.
 //! - [`election`]: sessions, lease and the leader key.
 //! - [`queue`]: the leader's claims, completions, retries and dead letters.
 //! - [`observe`]: metrics and the /metrics, /health, /ready, /leader endpoints.
@@ -18,6 +19,7 @@
 //! - [`dev`]: `leaderq dev`, server plus replicas for the quick start.
 //! - [`chaos`]: `leaderq chaos`, a failure-injection run of real processes with an audit.
 //! - [`bench`]: `leaderq bench`, measurements over real processes and HTTP.
+//! - [`util`]: Go's duration syntax, used everywhere.
 //! - [`logging`]: the log subscriber, and the escaping that keeps one event on one line.
 
 pub mod admin;
@@ -32,9 +34,11 @@ pub mod election;
 pub mod handler;
 pub mod identity;
 pub mod key;
+pub mod leader;
 pub mod logging;
 pub mod observe;
 pub mod queue;
 pub mod server;
 pub mod supervise;
 pub mod task;
+pub mod util;

@@ -243,7 +243,7 @@ struct ServerArgs {
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    server::duration::parse(text)
+    leaderq::util::duration::parse(text)
         .map_err(|e| format!("{e} (use a Go duration such as 10s or 500ms)"))
 }
 
@@ -505,7 +505,7 @@ async fn run_tasks(args: TasksArgs) -> anyhow::Result<()> {
             for row in &rows {
                 let age = row
                     .age_seconds
-                    .map(|s| server::duration::format(Duration::from_secs(s.max(0) as u64)))
+                    .map(|s| leaderq::util::duration::format(Duration::from_secs(s.max(0) as u64)))
                     .unwrap_or_default();
                 // Keys, types and errors are stored text: shown escaped.
                 let error: String = escape(&row.last_error).chars().take(80).collect();

@@ -242,6 +242,17 @@ impl Metrics {
             .inc();
     }
 
+    /// A coordinator call that did not answer, by kind (`unavailable`, `refused`).
+    pub fn coordinator_error(&self, error: &crate::coord::CoordError) {
+        let kind = match error {
+            crate::coord::CoordError::Unavailable(_) => "unavailable",
+            crate::coord::CoordError::Refused(_) => "refused",
+        };
+        self.consul_errors
+            .get_or_create(&KindLabels { kind: kind.into() })
+            .inc();
+    }
+
     pub fn renewed(&self, latency: Duration) {
         self.renewal_seconds.observe(latency.as_secs_f64());
         self.last_renewal_ms

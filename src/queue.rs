@@ -658,7 +658,7 @@ impl Queue {
                 _ = shutdown.cancelled(), if ending.is_none() => {
                     ending = Some(LeadEnd::Shutdown);
                     let grace = self.settings.shutdown_grace;
-                    tracing::info!(task_key = %task.key, grace = %crate::server::duration::format(grace), "shutting down: waiting for the running handler");
+                    tracing::info!(task_key = %task.key, grace = %crate::util::duration::format(grace), "shutting down: waiting for the running handler");
                     match tokio::time::timeout(grace, &mut run).await {
                         Ok(result) => break result,
                         Err(_) => cancel.cancel(),

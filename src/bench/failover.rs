@@ -19,7 +19,7 @@ use super::{progress, summarize, Latency, TempDir};
 use crate::chaos::{
     self, now_ns, signal_group, start_replica_with, start_server, wait_for_leader, ReplicaSetup,
 };
-use crate::server::duration;
+use crate::util::duration;
 
 /// One task every this often while the leader is hit.
 const FLOW_INTERVAL: Duration = Duration::from_millis(10);

@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::json;
 
 use super::{escape_key, status_error, Client, Error};
-use crate::server::duration;
+use crate::util::duration;
 
 /// What the consumer reads back about one of the agent's checks.
 #[derive(Clone, Debug, Deserialize)]

@@ -255,8 +255,8 @@ pub trait Coordinator: Send + Sync {
         lease: &'a LeaseId,
         record: &'a HolderRecord,
     ) -> CoordFuture<'a, Campaign>;
-    /// Gives leadership up (no lock-delay applies), if `leadership` still holds it.
-    fn resign<'a>(&'a self, leadership: &'a Leadership) -> CoordFuture<'a, ()>;
+    /// Gives leadership up (no lock-delay applies), if `lease` holds it.
+    fn resign<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()>;
 
     /// The tasks under `prefix`, in key order, once the queue's version is past `after`
     /// (at once for `Version(0)`), or after `wait` unchanged.

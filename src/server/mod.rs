@@ -15,7 +15,6 @@
 //! therefore never see a write that is not yet on disk. The same thread fires timers
 //! (session TTLs, check TTLs, tombstone reaping) at the state's next deadline.
 
-pub mod duration;
 pub mod http;
 pub mod metrics;
 pub mod serve;

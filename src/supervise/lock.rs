@@ -51,7 +51,7 @@ pub async fn wait_for_previous_handlers(path: &Path, bound: Duration) -> Result<
         if started.elapsed() >= bound {
             return Err(format!(
                 "handlers started by a previous leaderq process on this data dir still run after {}; stop them (`fuser -v {}` lists them) and start again",
-                crate::server::duration::format(bound),
+                crate::util::duration::format(bound),
                 path.display()
             ));
         }

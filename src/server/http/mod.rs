@@ -36,7 +36,7 @@ use base64::Engine as _;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use super::duration;
+use crate::util::duration;
 use super::state::{
     ApplyError, Check, CheckSpec, CheckStatus, Command, Entry, Outcome, ServiceCheck, Session,
     SessionSpec, State, TxnOp, DEFAULT_LOCK_DELAY, SERF_CHECK_ID,

@@ -10,7 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use super::duration;
+use crate::util::duration;
 
 /// Consul runs a session's timer for TTL times this (structs.SessionTTLMultiplier).
 pub const SESSION_TTL_MULTIPLIER: u32 = 2;

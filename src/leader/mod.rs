@@ -1,0 +1,262 @@
+//! Leadership, on any coordinator: the replica's lease (opened, taken up again after a
+//! quick restart, kept alive, revoked) and the campaign for leadership. Written once
+//! against [`Coordinator`]; what a lease or a leader key is on Consul, ZooKeeper, Redis or
+//! etcd is the backend's business (`coord/`).
+//!
+//! - `lease.rs`: the replica's own view of its lease and the deadline it publishes.
+//! - `gate.rs`: the pure decisions (watch, defer to the previous leader, campaign).
+//!
+//! The lease id is kept in the data dir (`session`), so a restarted replica asks the
+//! coordinator to take it up again; the backend decides whether it still may. What the
+//! leader does with its leadership is `queue`'s business.
+
+pub mod gate;
+pub mod lease;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::ElectionSettings;
+use crate::coord::{
+    Campaign, CoordError, Coordinator, HolderRecord, Leadership, LeaseId, LeaseSpec, Renewal,
+    Version,
+};
+use crate::observe::Metrics;
+use crate::task::rfc3339;
+use crate::util::duration;
+pub use lease::Lease;
+
+/// After a failed keep-alive, try again this soon rather than a full TTL/3 later.
+const RENEW_RETRY: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ElectionError {
+    #[error(transparent)]
+    Coord(#[from] CoordError),
+    #[error("lease {0} is gone")]
+    LeaseLost(LeaseId),
+}
+
+pub struct Election {
+    coord: Arc<dyn Coordinator>,
+    settings: ElectionSettings,
+    node_id: String,
+    lease_file: PathBuf,
+    lease: Arc<Lease>,
+    /// Whether the lease kept in the data dir has been offered since start.
+    tried_previous: bool,
+}
+
+impl Election {
+    pub fn new(
+        coord: Arc<dyn Coordinator>,
+        settings: ElectionSettings,
+        node_id: String,
+        data_dir: PathBuf,
+    ) -> Election {
+        Election {
+            coord,
+            lease: Arc::new(Lease::new(settings.session_ttl)),
+            lease_file: data_dir.join("session"),
+            node_id,
+            settings,
+            tried_previous: false,
+        }
+    }
+
+    pub fn lease(&self) -> Arc<Lease> {
+        self.lease.clone()
+    }
+
+    pub fn node_id(&self) -> &str {
+        &self.node_id
+    }
+
+    /// Makes sure the replica has a live lease: after a restart, the one its data dir
+    /// names if the coordinator lets it take it up, otherwise a new one.
+    pub async fn ensure_lease(&mut self) -> Result<LeaseId, ElectionError> {
+        if let Some(lease) = self.lease.id() {
+            return Ok(lease);
+        }
+        let previous = if self.tried_previous {
+            None
+        } else {
+            self.tried_previous = true;
+            std::fs::read_to_string(&self.lease_file)
+                .ok()
+                .map(|id| id.trim().to_string())
+                .filter(|id| !id.is_empty())
+                .map(LeaseId)
+        };
+        let spec = LeaseSpec {
+            node_id: self.node_id.clone(),
+            ttl: self.settings.session_ttl,
+            lock_delay: self.settings.lock_delay,
+            previous,
+        };
+        let sent_at = Instant::now();
+        let grant = self.coord.open_lease(&spec).await?;
+        if grant.reused {
+            tracing::info!(session = %grant.lease, "reusing the session from before the restart");
+        } else {
+            if let Some(dir) = self.lease_file.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            if let Err(err) = std::fs::write(&self.lease_file, &grant.lease.0) {
+                tracing::warn!(file = %self.lease_file.display(), error = %err, "cannot persist the session id; a restart will not reuse it");
+            }
+            tracing::info!(session = %grant.lease, node = %self.node_id, "session created");
+        }
+        self.lease.adopt(&grant.lease, sent_at);
+        Ok(grant.lease)
+    }
+
+    /// Keeps the lease alive every TTL/3 until `stop`; a failed keep-alive is retried after
+    /// a second. A lease the coordinator no longer honours is marked lost, so the loops
+    /// that depend on it notice at once.
+    pub async fn renew_until(
+        coord: Arc<dyn Coordinator>,
+        lease: Arc<Lease>,
+        ttl: Duration,
+        metrics: Arc<Metrics>,
+        stop: CancellationToken,
+    ) {
+        let period = ttl / 3;
+        let mut next = Instant::now() + period;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep_until(next) => {}
+            }
+            let Some(id) = lease.id() else {
+                // Between leases: the loop that opens the next one adopts it; look again soon.
+                next = Instant::now() + RENEW_RETRY;
+                continue;
+            };
+            let sent_at = Instant::now();
+            match coord.keep_alive(&id).await {
+                Ok(Renewal::Alive) => {
+                    metrics.renewed(sent_at.elapsed());
+                    lease.renewed(&id, sent_at);
+                    next = sent_at + period;
+                }
+                Ok(Renewal::Gone) => {
+                    tracing::warn!(session = %id, "session expired or was destroyed");
+                    lease.mark_lost(&id);
+                    next = Instant::now() + period;
+                }
+                Err(err) => {
+                    metrics.coordinator_error(&err);
+                    tracing::warn!(error = %err, "session renewal failed; retrying");
+                    next = Instant::now() + RENEW_RETRY;
+                }
+            }
+        }
+    }
+
+    fn record(&self, lease: &LeaseId) -> HolderRecord {
+        HolderRecord {
+            node: self.node_id.clone(),
+            host: crate::config::hostname(),
+            pid: std::process::id(),
+            session: lease.0.clone(),
+            since: rfc3339(Utc::now()),
+        }
+    }
+
+    /// Contends for leadership until this replica holds it (`Some`) or `stop` fires
+    /// (`None`). Followers wait on the holder and contest as soon as it is free; a refused
+    /// attempt on a free leadership (lock-delay) waits `retry_interval` before the next.
+    pub async fn campaign(
+        &mut self,
+        wait: Duration,
+        stop: &CancellationToken,
+    ) -> Result<Option<Leadership>, ElectionError> {
+        let mut after = Version::default();
+        let mut deferred = false;
+        loop {
+            let lease = self.ensure_lease().await?;
+            let (holder, version) = tokio::select! {
+                _ = stop.cancelled() => return Ok(None),
+                _ = self.lease.expired() => return Err(ElectionError::LeaseLost(lease)),
+                observed = self.coord.observe(after, wait) => observed?,
+            };
+            after = version;
+            let grace = self.settings.prefer_previous_leader;
+            match gate::next_step(&holder, &lease, &self.node_id, grace, deferred) {
+                gate::Step::Watch => continue,
+                gate::Step::Defer(grace) => {
+                    deferred = true;
+                    tracing::info!(grace = %duration::format(grace), "deferring to the previous leader");
+                    tokio::select! {
+                        _ = stop.cancelled() => return Ok(None),
+                        _ = tokio::time::sleep(grace) => {}
+                    }
+                    after = Version::default();
+                    continue;
+                }
+                gate::Step::Campaign => {}
+            }
+            let record = self.record(&lease);
+            match self.coord.campaign(&lease, &record).await? {
+                Campaign::Won(leadership) => return Ok(Some(leadership)),
+                // Another replica won the race: watch it from a fresh look.
+                Campaign::Held => after = Version::default(),
+                Campaign::Delayed => {
+                    tokio::select! {
+                        _ = stop.cancelled() => return Ok(None),
+                        _ = tokio::time::sleep(self.settings.retry_interval) => {}
+                    }
+                    after = Version::default();
+                }
+                Campaign::LeaseGone => {
+                    self.lease.mark_lost(&lease);
+                    return Err(ElectionError::LeaseLost(lease));
+                }
+            }
+        }
+    }
+
+    /// Gives leadership up (no lock-delay applies), then ends the lease so nothing it
+    /// claimed stays claimed; the next campaign opens a new one.
+    pub async fn step_down(&mut self, leadership: &Leadership) {
+        if let Err(err) = self.coord.resign(&leadership.lease).await {
+            tracing::warn!(error = %err, "cannot release the leader key");
+        }
+        self.drop_lease().await;
+    }
+
+    /// Revokes the lease (also one believed lost: revoking again is harmless, and if the
+    /// coordinator still has it this frees its claims at once) and forgets it.
+    pub async fn drop_lease(&mut self) {
+        let lease = self.lease.held();
+        if let Some(lease) = lease {
+            if let Err(err) = self.coord.revoke(&lease).await {
+                tracing::warn!(session = %lease, error = %err, "cannot destroy the session; it will expire");
+            }
+        }
+        self.lease.forget();
+        let _ = std::fs::remove_file(&self.lease_file);
+    }
+
+    /// Leaves for good: gives leadership up if this lease holds it, ends the lease and
+    /// whatever the backend tied to this replica (Consul: its health check).
+    pub async fn leave(&mut self) {
+        if let Some(lease) = self.lease.id() {
+            if let Err(err) = self.coord.resign(&lease).await {
+                tracing::warn!(error = %err, "cannot release the leader key");
+            }
+        }
+        let lease = self.lease.held();
+        if let Err(err) = self.coord.close(lease.as_ref()).await {
+            tracing::warn!(error = %err, "cannot close the session and its check");
+        }
+        self.lease.forget();
+        let _ = std::fs::remove_file(&self.lease_file);
+    }
+}
