@@ -485,3 +485,51 @@ async fn consul_restart_takes_up_its_session_under_a_higher_token() {
     let third = won(&changed, &grant.lease, "a").await;
     assert!(third.fencing_token > second.fencing_token);
 }
+
+/// A write at the coordinator's limits (the most operations, values up to the byte budget)
+/// is applied; one over Consul's own limits is `Refused`, not retried as if it could pass.
+#[tokio::test]
+async fn consul_writes_within_the_limits_apply_and_beyond_them_are_refused() {
+    let server = ServerProcess::start();
+    let coord = coordinator(&server, false);
+    let limits = coord.limits();
+    let count = limits.max_ops - 1;
+    let keys: Vec<String> = (0..count).map(|i| format!("{PREFIX}big-{i:02}")).collect();
+    for key in &keys {
+        put_raw(&server, key, "{}").await;
+    }
+    let key_bytes: usize = keys.iter().map(String::len).sum();
+    let value_len = (limits.max_bytes - key_bytes) / count;
+    let (tasks, _) = coord
+        .list(PREFIX, Version(0), Duration::from_secs(1))
+        .await
+        .unwrap();
+    let a = coord.open_lease(&spec("a")).await.unwrap().lease;
+    let leader = won(&coord, &a, "a").await;
+    let ops: Vec<TaskOp> = tasks
+        .iter()
+        .map(|task| TaskOp::Claim {
+            key: task.key.clone(),
+            version: task.version,
+            value: vec![b'x'; value_len],
+        })
+        .collect();
+    let counted: usize = ops.iter().map(|op| op.key().len() + value_len).sum();
+    assert!(counted <= limits.max_bytes && ops.len() < limits.max_ops);
+    let Written::Done { versions, .. } = coord.write(&leader, &ops).await.unwrap() else {
+        panic!("a write within the limits was not applied");
+    };
+    assert_eq!(versions.len(), count);
+
+    let too_many: Vec<TaskOp> = (0..100)
+        .map(|i| TaskOp::Complete {
+            key: format!("{PREFIX}none-{i}"),
+            version: 1,
+        })
+        .flat_map(|op| [op.clone(), op])
+        .collect();
+    match coord.write(&leader, &too_many).await {
+        Err(CoordError::Refused(message)) => assert!(message.contains("413"), "{message}"),
+        other => panic!("not refused: {other:?}"),
+    }
+}
