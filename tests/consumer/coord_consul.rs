@@ -280,7 +280,7 @@ async fn consul_queue_writes_are_guarded_by_the_leadership() {
     let b = coord.open_lease(&spec("b")).await.unwrap().lease;
     let leader = won(&coord, &a, "a").await;
 
-    let (tasks, listed) = coord
+    let (tasks, _) = coord
         .list(PREFIX, Version(0), Duration::from_secs(1))
         .await
         .unwrap();

@@ -110,6 +110,7 @@ pub enum StaleCheck {
     Leave,
 }
 
+/// Judges a check that [`old_style_check_pid`] named, given whether its pid runs here.
 pub fn judge_stale_check(check: &AgentCheck, alive: Option<bool>) -> StaleCheck {
     match (check.status.as_str(), alive) {
         ("critical", Some(false)) => StaleCheck::Deregister,

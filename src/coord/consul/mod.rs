@@ -29,13 +29,6 @@ use crate::coord::{
     LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteLimits, Written,
 };
 
-pub use leadership::{holder_of, next_version};
-pub use lease::{
-    judge_previous_session, judge_stale_check, old_style_check_pid, session_request,
-    PreviousSession, StaleCheck,
-};
-pub use queue::{stored_task, txn_ops, written};
-
 /// What the Consul coordinator needs beyond its client; from `[election]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConsulCoordSettings {
@@ -70,6 +63,8 @@ struct Tied {
 }
 
 impl ConsulCoordinator {
+    /// A coordinator on `client` (its addresses, token and time-outs are the `[consul]`
+    /// settings); nothing is asked of Consul before the first call.
     pub fn new(client: Arc<Client>, settings: ConsulCoordSettings) -> ConsulCoordinator {
         ConsulCoordinator {
             client,

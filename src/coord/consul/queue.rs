@@ -11,7 +11,8 @@ use std::time::Duration;
 use crate::consul::{KvPair, Pacer, QueryOptions, TxnOp, TxnOutcome};
 use crate::coord::{CoordError, Leadership, LeaseId, StoredTask, TaskOp, Version, Written};
 
-use super::{next_version, ConsulCoordinator};
+use super::leadership::next_version;
+use super::ConsulCoordinator;
 
 /// A KV entry as the queue sees it.
 pub fn stored_task(pair: KvPair) -> StoredTask {
