@@ -3,12 +3,12 @@
 //!
 //! - a lease is a session named `leaderq:<node-id>` with behaviour `release`, bound to
 //!   `serfHealth` and (with `health_check`) to a TTL check of the same name that the
-//!   replica passes at every keep-alive (`lease.rs`);
+//!   replica passes at every keep-alive (`lease.rs`, `leftovers.rs`);
 //! - leadership is the leader key acquired with that session; its `LockIndex` is the
 //!   fencing token, and the key's value the [`HolderRecord`] (`leadership.rs`);
 //! - the queue is the KV prefix; a task's `ModifyIndex` is its version, its lock `Session`
 //!   the lease holding its claim, and every guarded write one transaction whose first
-//!   operation is `check-session` on the leader key (`queue.rs`).
+//!   operation is `check-session` on the leader key (`queue.rs`, `txn.rs`).
 //!
 //! Consul's errors become [`CoordError`] in one place, the `From` below. What each
 //! guarantee of the seam rests on is written in ARCHITECTURE.md ("Coordinators"). Persisting
@@ -16,7 +16,9 @@
 
 mod leadership;
 mod lease;
+mod leftovers;
 mod queue;
+mod txn;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::AtomicBool;
