@@ -9,7 +9,9 @@
 
 use std::time::Duration;
 
-use crate::consul::{self, KvPair, Pacer, PutMode, QueryOptions, TxnOp, TxnOutcome};
+use tokio::time::Instant;
+
+use crate::consul::{self, KvPair, PutMode, QueryOptions, TxnOp, TxnOutcome, MIN_REQUERY};
 use crate::coord::{Campaign, CoordError, Holder, HolderRecord, Leadership, LeaseId, Version};
 
 use super::ConsulCoordinator;
@@ -22,6 +24,15 @@ pub fn next_version(after: Version, returned: u64) -> Version {
         Version(0)
     } else {
         Version(returned.max(1))
+    }
+}
+
+/// Waits out the rest of `consul::MIN_REQUERY` (but never more than the `wait` asked for)
+/// after a blocking read sent at `sent` came back unchanged, so a server that answers early
+/// cannot make the caller spin. A plain read (`after` 0) or a moved index returns at once.
+pub async fn settle(sent: Instant, wait: Duration, after: Version, next: Version) {
+    if after.0 != 0 && next == after {
+        tokio::time::sleep_until(sent + wait.min(MIN_REQUERY)).await;
     }
 }
 
@@ -53,9 +64,7 @@ fn after_acquire(lease: &LeaseId, entry: Option<&KvPair>) -> Campaign {
 }
 
 impl ConsulCoordinator {
-    /// `observe`: a blocking GET on the leader key at `after`. A read that comes back
-    /// unchanged sooner than `consul::MIN_REQUERY` waits out the rest, so a server that
-    /// answers early cannot make the caller spin.
+    /// `observe`: a blocking GET on the leader key at `after`, paced by [`settle`].
     pub(super) async fn watch_holder(
         &self,
         after: Version,
@@ -65,14 +74,13 @@ impl ConsulCoordinator {
             index: after.0,
             wait: Some(wait),
         };
-        let mut pacer = Pacer::default();
-        pacer.sent();
+        let sent = Instant::now();
         let (entry, returned) = self
             .client
             .kv_get(&self.settings.leader_key, options)
             .await?;
         let next = next_version(after, returned);
-        pacer.settle(after.0 == 0 || next != after).await;
+        settle(sent, wait, after, next).await;
         Ok((holder_of(entry), next))
     }
 
@@ -206,6 +214,22 @@ mod tests {
         assert_eq!(next_version(Version(17), 20), Version(20));
         assert_eq!(next_version(Version(17), 3), Version(0));
         assert_eq!(next_version(Version(0), 0), Version(1));
+    }
+
+    /// An unchanged blocking read waits out MIN_REQUERY, or the shorter wait asked for; a
+    /// moved one or a plain read does not wait.
+    #[tokio::test(start_paused = true)]
+    async fn unchanged_reads_are_paced_but_never_past_their_wait() {
+        let long = Duration::from_secs(5);
+        let sent = Instant::now();
+        settle(sent, long, Version(7), Version(8)).await;
+        settle(sent, long, Version(0), Version(8)).await;
+        settle(sent, long, Version(7), Version(0)).await;
+        assert_eq!(sent.elapsed(), Duration::ZERO);
+        settle(sent, Duration::from_millis(10), Version(7), Version(7)).await;
+        assert_eq!(sent.elapsed(), Duration::from_millis(10));
+        settle(sent, long, Version(7), Version(7)).await;
+        assert_eq!(sent.elapsed(), MIN_REQUERY);
     }
 
     /// The holder is the lock's session, the record the value if it is one, the token the

@@ -6,10 +6,12 @@
 
 use std::time::Duration;
 
-use crate::consul::{KvPair, Pacer, QueryOptions};
+use tokio::time::Instant;
+
+use crate::consul::{KvPair, QueryOptions};
 use crate::coord::{CoordError, Leadership, LeaseId, StoredTask, TaskOp, Version, Written};
 
-use super::leadership::next_version;
+use super::leadership::{next_version, settle};
 use super::txn::{txn_ops, written};
 use super::ConsulCoordinator;
 
@@ -36,11 +38,10 @@ impl ConsulCoordinator {
             index: after.0,
             wait: Some(wait),
         };
-        let mut pacer = Pacer::default();
-        pacer.sent();
+        let sent = Instant::now();
         let (entries, returned) = self.client.kv_list(prefix, options).await?;
         let next = next_version(after, returned);
-        pacer.settle(after.0 == 0 || next != after).await;
+        settle(sent, wait, after, next).await;
         Ok((entries.into_iter().map(stored_task).collect(), next))
     }
 
