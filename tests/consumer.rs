@@ -3,6 +3,8 @@
 //! SIGKILL. Short TTLs come from the server's `--session-ttl-min 1s` test knob.
 
 mod common;
+#[path = "consumer/coord_consul.rs"]
+mod coord_consul;
 #[path = "consumer/hostile_input.rs"]
 mod hostile_input;
 #[path = "consumer/identity.rs"]

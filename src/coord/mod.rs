@@ -21,6 +21,8 @@
 //!
 //! How each backend provides them is written in ARCHITECTURE.md.
 
+pub mod consul;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;

@@ -1,0 +1,260 @@
+//! The Consul coordinator: the [`Coordinator`] seam on Consul's HTTP API (a real cluster or
+//! `leaderq server`), through the typed client in [`crate::consul`].
+//!
+//! - a lease is a session named `leaderq:<node-id>` with behaviour `release`, bound to
+//!   `serfHealth` and (with `health_check`) to a TTL check of the same name that the
+//!   replica passes at every keep-alive (`lease.rs`, `leftovers.rs`);
+//! - leadership is the leader key acquired with that session; its `LockIndex` is the
+//!   fencing token, and the key's value the [`HolderRecord`] (`leadership.rs`);
+//! - the queue is the KV prefix; a task's `ModifyIndex` is its version, its lock `Session`
+//!   the lease holding its claim, and every guarded write one transaction whose first
+//!   operation is `check-session` on the leader key (`queue.rs`, `txn.rs`).
+//!
+//! Consul's errors become [`CoordError`] in one place, the `From` below. What each
+//! guarantee of the seam rests on is written in ARCHITECTURE.md ("Coordinators"). Persisting
+//! the lease id across restarts (for `LeaseSpec::previous`) is the caller's business.
+
+mod leadership;
+mod lease;
+mod leftovers;
+mod queue;
+mod txn;
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use crate::consul::{self, Client};
+use crate::coord::{
+    Campaign, CoordError, CoordFuture, Coordinator, Grant, Holder, HolderRecord, Leadership,
+    LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteLimits, Written,
+};
+
+/// What the Consul coordinator needs beyond its client; from `[election]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConsulCoordSettings {
+    /// The key whose lock is leadership (`election.leader_key`).
+    pub leader_key: String,
+    /// Bind each lease to a TTL check passed at every keep-alive (`election.health_check`),
+    /// so that a replica whose loop hangs loses its session, not only a dead node.
+    pub health_check: bool,
+}
+
+/// The Consul backend of the coordinator seam. One per replica; it may hold several leases
+/// (tests open more than one), and remembers what it tied to each: its check and the
+/// holder record it wrote to the leader key.
+pub struct ConsulCoordinator {
+    client: Arc<Client>,
+    settings: ConsulCoordSettings,
+    tied: Mutex<Tied>,
+    /// Whether the checks older versions left on this host were looked at (first open only).
+    stale_checks_looked_at: AtomicBool,
+}
+
+/// What this coordinator registered or wrote for its leases, to undo it when they end.
+#[derive(Default)]
+struct Tied {
+    /// Checks registered with the agent and not yet deregistered.
+    checks: BTreeSet<String>,
+    /// Each open lease and its check (none while health checks are off).
+    leases: HashMap<LeaseId, Option<String>>,
+    /// The holder record each lease wrote when it won, written back when it releases the
+    /// key, so that the last holder's record stays for standbys.
+    records: HashMap<LeaseId, Vec<u8>>,
+}
+
+impl ConsulCoordinator {
+    /// A coordinator on `client` (its addresses, token and time-outs are the `[consul]`
+    /// settings); nothing is asked of Consul before the first call.
+    pub fn new(client: Arc<Client>, settings: ConsulCoordSettings) -> ConsulCoordinator {
+        ConsulCoordinator {
+            client,
+            settings,
+            tied: Mutex::new(Tied::default()),
+            stale_checks_looked_at: AtomicBool::new(false),
+        }
+    }
+
+    /// Never held across an await: every use takes what it needs and lets go.
+    fn tied(&self) -> MutexGuard<'_, Tied> {
+        self.tied
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// The one place where Consul's errors become the seam's. Only what no retry can fix is
+/// `Refused`: a transaction over Consul's limits (413), a key that cannot travel in a URL,
+/// a client that cannot be set up. Everything else may pass (network, overload, a leader
+/// election, an ACL an operator is fixing) and is `Unavailable`, as the consumer has always
+/// retried it. A refused session TTL is mapped where the session is created (`lease.rs`).
+impl From<consul::Error> for CoordError {
+    fn from(err: consul::Error) -> CoordError {
+        match &err {
+            consul::Error::Status { code: 413, .. } => CoordError::Refused(format!(
+                "{err}: the write is over Consul's transaction limits; keep writes within Coordinator::limits"
+            )),
+            consul::Error::Key(_) => CoordError::Refused(format!(
+                "{err}; such a task can only be moved away, by a transaction (which carries keys in its body)"
+            )),
+            consul::Error::CaFile { .. } | consul::Error::Address(_) => {
+                CoordError::Refused(format!("{err}: fix the [consul] settings"))
+            }
+            consul::Error::Transport { .. }
+            | consul::Error::Status { .. }
+            | consul::Error::Decode(_) => CoordError::Unavailable(err.to_string()),
+        }
+    }
+}
+
+/// Operations in one transaction. Consul refuses more than 128 with a 413, and versions
+/// before 1.6 (still deployed) more than 64; 64 works with every version. (The same value
+/// as `consul::TXN_MAX_OPS` on branch i10-queue; defined here until that is merged.)
+const TXN_MAX_OPS: usize = 64;
+
+/// Encoded body bytes of one transaction: Consul refuses a body over `txn_max_req_len`
+/// (512 KiB by default) with a 413; the 32 KiB margin absorbs JSON escapes of a bad key
+/// being dead-lettered. (The same value as `consul::TXN_MAX_BODY` on branch i10-queue.)
+const TXN_MAX_BODY: usize = 480 * 1024;
+
+/// The most transaction operations one [`TaskOp`] becomes (a claim: check-index and lock;
+/// a release: check-index and unlock; a move: delete-cas and set).
+const OPS_PER_TASK_OP: usize = 2;
+
+/// JSON around one operation besides its key and value (`{"KV":{"Verb":"check-session",
+/// "Key":…,"Session":"<36>"}}`, a 20-digit index, a comma, base64 padding), rounded up.
+const OP_OVERHEAD: usize = 128;
+
+/// What one write may carry, counted as the planner counts: task operations plus the
+/// guard, and raw value and key bytes. Safe for any mix of operations: values grow by 4/3
+/// in base64 and a claim or release sends its key twice, so every counted byte costs at
+/// most two in the body.
+fn limits_for(leader_key: &str) -> WriteLimits {
+    let fixed = TXN_MAX_OPS * OP_OVERHEAD + leader_key.len();
+    WriteLimits {
+        max_ops: 1 + (TXN_MAX_OPS - 1) / OPS_PER_TASK_OP,
+        max_bytes: TXN_MAX_BODY.saturating_sub(fixed) / 2,
+    }
+}
+
+impl Coordinator for ConsulCoordinator {
+    fn describe(&self) -> String {
+        format!("Consul at {}", self.client.address())
+    }
+
+    fn open_lease<'a>(&'a self, spec: &'a LeaseSpec) -> CoordFuture<'a, Grant> {
+        Box::pin(self.open(spec))
+    }
+
+    fn keep_alive<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, Renewal> {
+        Box::pin(self.renew(lease))
+    }
+
+    fn revoke<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
+        Box::pin(self.destroy(lease))
+    }
+
+    fn close<'a>(&'a self, lease: Option<&'a LeaseId>) -> CoordFuture<'a, ()> {
+        Box::pin(self.leave(lease))
+    }
+
+    fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)> {
+        Box::pin(self.watch_holder(after, wait))
+    }
+
+    fn campaign<'a>(
+        &'a self,
+        lease: &'a LeaseId,
+        record: &'a HolderRecord,
+    ) -> CoordFuture<'a, Campaign> {
+        Box::pin(self.contend(lease, record))
+    }
+
+    fn resign<'a>(&'a self, leadership: &'a Leadership) -> CoordFuture<'a, ()> {
+        Box::pin(self.give_up(leadership))
+    }
+
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Version,
+        wait: Duration,
+    ) -> CoordFuture<'a, (Vec<StoredTask>, Version)> {
+        Box::pin(self.list_tasks(prefix, after, wait))
+    }
+
+    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)> {
+        Box::pin(self.list_keys(prefix))
+    }
+
+    fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>> {
+        Box::pin(self.get_tasks(keys))
+    }
+
+    fn write<'a>(
+        &'a self,
+        leadership: &'a Leadership,
+        ops: &'a [TaskOp],
+    ) -> CoordFuture<'a, Written> {
+        Box::pin(self.write_guarded(leadership, ops))
+    }
+
+    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, ()> {
+        Box::pin(self.write_unguarded(lease, ops))
+    }
+
+    fn limits(&self) -> WriteLimits {
+        limits_for(&self.settings.leader_key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Transient trouble is Unavailable; only a write over the limits, a key that cannot be
+    /// addressed or a client that cannot be set up is Refused.
+    #[test]
+    fn consul_errors_map_to_unavailable_unless_no_retry_can_help() {
+        let status = |code: u16| consul::Error::Status {
+            code,
+            body: "x".into(),
+        };
+        for err in [
+            status(429),
+            status(500),
+            status(503),
+            status(403),
+            consul::Error::Decode("eof".into()),
+        ] {
+            assert!(
+                matches!(CoordError::from(err), CoordError::Unavailable(_)),
+                "not unavailable"
+            );
+        }
+        for err in [
+            status(413),
+            consul::Error::Key("a/../b".into()),
+            consul::Error::Address("x".into()),
+        ] {
+            assert!(matches!(CoordError::from(err), CoordError::Refused(_)));
+        }
+    }
+
+    /// The limits leave room for the guard, and a batch at the limits fits the body even
+    /// when every counted byte is a key sent twice.
+    #[test]
+    fn limits_fit_one_transaction_whatever_the_mix() {
+        let limits = limits_for("consumerLeader");
+        assert_eq!(limits.max_ops, 32);
+        let task_ops = limits.max_ops - 1;
+        assert!(
+            task_ops * OPS_PER_TASK_OP < TXN_MAX_OPS,
+            "no room for the guard"
+        );
+        let worst_body = TXN_MAX_OPS * OP_OVERHEAD + "consumerLeader".len() + 2 * limits.max_bytes;
+        assert!(worst_body <= TXN_MAX_BODY);
+        assert!(limits.max_bytes > 200 * 1024, "{}", limits.max_bytes);
+    }
+}

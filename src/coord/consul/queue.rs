@@ -1,0 +1,154 @@
+//! The queue on Consul's KV store: list (a blocking `?recurse`), keys (`?keys`), get, and
+//! writes as one transaction each (built and read in `txn.rs`). A guarded write's first
+//! operation is `check-session` on the leader key, so it applies only while the
+//! leadership's session holds the key, and that operation's result carries the key's
+//! LockIndex as the commit saw it.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::consul::{KvPair, QueryOptions};
+use crate::coord::{CoordError, Leadership, LeaseId, StoredTask, TaskOp, Version, Written};
+
+use super::leadership::{next_version, settle};
+use super::txn::{txn_ops, written};
+use super::ConsulCoordinator;
+
+/// A KV entry as the queue sees it.
+pub fn stored_task(pair: KvPair) -> StoredTask {
+    StoredTask {
+        key: pair.key,
+        value: pair.value,
+        version: pair.modify_index,
+        created: pair.create_index,
+        holder: pair.session.map(LeaseId),
+    }
+}
+
+impl ConsulCoordinator {
+    /// `list`: a blocking `?recurse` on `prefix` at `after`, paced as `observe` is.
+    pub(super) async fn list_tasks(
+        &self,
+        prefix: &str,
+        after: Version,
+        wait: Duration,
+    ) -> Result<(Vec<StoredTask>, Version), CoordError> {
+        let options = QueryOptions {
+            index: after.0,
+            wait: Some(wait),
+        };
+        let sent = Instant::now();
+        let (entries, returned) = self.client.kv_list(prefix, options).await?;
+        let next = next_version(after, returned);
+        settle(sent, wait, after, next).await;
+        Ok((entries.into_iter().map(stored_task).collect(), next))
+    }
+
+    /// `keys`: `?keys` on `prefix`, no values.
+    pub(super) async fn list_keys(
+        &self,
+        prefix: &str,
+    ) -> Result<(Vec<String>, Version), CoordError> {
+        let (keys, index) = self.client.kv_keys(prefix, QueryOptions::default()).await?;
+        Ok((keys, next_version(Version(0), index)))
+    }
+
+    /// `get`: one GET per key. (A read-only transaction of `get` ops would do it in one
+    /// request; the client learns the `get` verb on branch i10-queue.)
+    pub(super) async fn get_tasks(&self, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {
+        let mut tasks = Vec::with_capacity(keys.len());
+        for key in keys {
+            if let (Some(pair), _) = self.client.kv_get(key, QueryOptions::default()).await? {
+                tasks.push(stored_task(pair));
+            }
+        }
+        Ok(tasks)
+    }
+
+    /// `write`: one transaction, guarded by `check-session` on the leader key.
+    pub(super) async fn write_guarded(
+        &self,
+        leadership: &Leadership,
+        ops: &[TaskOp],
+    ) -> Result<Written, CoordError> {
+        let leader_key = self.settings.leader_key.as_str();
+        let (txn, owners) = txn_ops(
+            Some((leader_key, &leadership.lease)),
+            &leadership.lease,
+            ops,
+        );
+        let outcome = self.client.txn(&txn).await?;
+        Ok(written(
+            outcome,
+            ops,
+            &owners,
+            leader_key,
+            leadership.fencing_token,
+        ))
+    }
+
+    /// `write_own`: the same transaction without the guard. A rollback (a task that moved
+    /// meanwhile) is not an error: the task is no longer this lease's to put back.
+    pub(super) async fn write_unguarded(
+        &self,
+        lease: &LeaseId,
+        ops: &[TaskOp],
+    ) -> Result<(), CoordError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let (txn, owners) = txn_ops(None, lease, ops);
+        let outcome = self.client.txn(&txn).await?;
+        if let Written::Conflict(keys) =
+            written(outcome, ops, &owners, &self.settings.leader_key, 0)
+        {
+            tracing::info!(
+                ?keys,
+                "tasks changed since they were claimed; left as they are"
+            );
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease() -> LeaseId {
+        LeaseId("s1".into())
+    }
+
+    fn pair(key: &str, modify_index: u64, lock_index: u64) -> KvPair {
+        KvPair {
+            key: key.into(),
+            value: Vec::new(),
+            flags: 0,
+            session: None,
+            lock_index,
+            create_index: 1,
+            modify_index,
+        }
+    }
+
+    /// A KV entry's ModifyIndex is the task's version, CreateIndex its creation, its lock
+    /// session the lease holding its claim.
+    #[test]
+    fn kv_entries_become_stored_tasks() {
+        let mut entry = pair("q/a", 9, 2);
+        entry.create_index = 4;
+        entry.value = b"{}".to_vec();
+        entry.session = Some("s1".into());
+        assert_eq!(
+            stored_task(entry),
+            StoredTask {
+                key: "q/a".into(),
+                value: b"{}".to_vec(),
+                version: 9,
+                created: 4,
+                holder: Some(lease()),
+            }
+        );
+    }
+}

@@ -1,0 +1,339 @@
+//! A write to the queue as one Consul transaction, and its answer in the seam's words:
+//! each [`TaskOp`] becomes Consul verbs (`txn_ops`), after the guard (`check-session` on
+//! the leader key) when there is one, and the transaction's outcome becomes a [`Written`]
+//! (`written`). Pure: nobody outside this file reads an op index.
+
+use crate::consul::{TxnOp, TxnOutcome};
+use crate::coord::{LeaseId, TaskOp, Written};
+
+/// The transaction for `ops`, written by `lease`: first the guard (`check-session` of the
+/// leader key with `guard`'s session) if any, then each op's verbs. Also returns, for each
+/// transaction op, the index in `ops` it came from (`None` for the guard).
+pub fn txn_ops(
+    guard: Option<(&str, &LeaseId)>,
+    lease: &LeaseId,
+    ops: &[TaskOp],
+) -> (Vec<TxnOp>, Vec<Option<usize>>) {
+    let mut txn = Vec::with_capacity(1 + 2 * ops.len());
+    let mut owners = Vec::with_capacity(txn.capacity());
+    if let Some((leader_key, leader)) = guard {
+        txn.push(TxnOp::CheckSession {
+            key: leader_key.to_string(),
+            session: leader.0.clone(),
+        });
+        owners.push(None);
+    }
+    for (i, op) in ops.iter().enumerate() {
+        let before = txn.len();
+        match op {
+            TaskOp::Claim {
+                key,
+                version,
+                value,
+            } => {
+                txn.push(TxnOp::CheckIndex {
+                    key: key.clone(),
+                    index: *version,
+                });
+                txn.push(TxnOp::Lock {
+                    key: key.clone(),
+                    value: value.clone(),
+                    session: lease.0.clone(),
+                });
+            }
+            TaskOp::Complete { key, version } => txn.push(TxnOp::DeleteCas {
+                key: key.clone(),
+                index: *version,
+            }),
+            TaskOp::Release {
+                key,
+                version,
+                value,
+            } => {
+                txn.push(TxnOp::CheckIndex {
+                    key: key.clone(),
+                    index: *version,
+                });
+                txn.push(TxnOp::Unlock {
+                    key: key.clone(),
+                    value: value.clone(),
+                    session: lease.0.clone(),
+                });
+            }
+            TaskOp::Rewrite {
+                key,
+                version,
+                value,
+            } => txn.push(TxnOp::Cas {
+                key: key.clone(),
+                value: value.clone(),
+                index: *version,
+            }),
+            TaskOp::Move {
+                key,
+                version,
+                to,
+                value,
+            } => {
+                txn.push(TxnOp::DeleteCas {
+                    key: key.clone(),
+                    index: *version,
+                });
+                txn.push(TxnOp::Set {
+                    key: to.clone(),
+                    value: value.clone(),
+                });
+            }
+        }
+        owners.extend(std::iter::repeat_n(Some(i), txn.len() - before));
+    }
+    (txn, owners)
+}
+
+/// The answer to a transaction built by [`txn_ops`] for `ops`. Committed: each claimed,
+/// released or rewritten task's version is the ModifyIndex of the last result for its key
+/// (a check-index result, which comes first, carries the old one), and the fencing token
+/// the LockIndex of the guard's result (`fallback_token` if there is none). Rolled back:
+/// a failed guard is `NotLeader`, whatever else failed; otherwise the failed ops' keys.
+pub fn written(
+    outcome: TxnOutcome,
+    ops: &[TaskOp],
+    owners: &[Option<usize>],
+    leader_key: &str,
+    fallback_token: u64,
+) -> Written {
+    match outcome {
+        TxnOutcome::Committed(entries) => {
+            let fencing_token = entries
+                .first()
+                .filter(|entry| owners.first() == Some(&None) && entry.key == leader_key)
+                .map_or(fallback_token, |entry| entry.lock_index);
+            let versions = ops
+                .iter()
+                .filter(|op| {
+                    matches!(
+                        op,
+                        TaskOp::Claim { .. } | TaskOp::Release { .. } | TaskOp::Rewrite { .. }
+                    )
+                })
+                .map(|op| {
+                    let version = entries
+                        .iter()
+                        .rev()
+                        .find(|entry| entry.key == op.key())
+                        .map_or(0, |entry| entry.modify_index);
+                    (op.key().to_string(), version)
+                })
+                .collect();
+            Written::Done {
+                versions,
+                fencing_token,
+            }
+        }
+        TxnOutcome::RolledBack(errors) => {
+            let failed: Vec<Option<usize>> = errors
+                .iter()
+                .map(|error| owners.get(error.op_index).copied().flatten())
+                .collect();
+            if errors
+                .iter()
+                .zip(&failed)
+                .any(|(error, owner)| owner.is_none() && error.op_index < owners.len())
+            {
+                return Written::NotLeader;
+            }
+            let mut indexes: Vec<usize> = failed.into_iter().flatten().collect();
+            if indexes.is_empty() {
+                // Rolled back without saying which op failed: every task may have moved.
+                indexes = (0..ops.len()).collect();
+            }
+            indexes.sort_unstable();
+            indexes.dedup();
+            let mut keys: Vec<String> = Vec::with_capacity(indexes.len());
+            for key in indexes.into_iter().map(|i| ops[i].key()) {
+                if !keys.iter().any(|k| k == key) {
+                    keys.push(key.to_string());
+                }
+            }
+            Written::Conflict(keys)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::consul::{KvPair, TxnError};
+
+    use super::*;
+
+    const LEADER: &str = "consumerLeader";
+
+    fn lease() -> LeaseId {
+        LeaseId("s1".into())
+    }
+
+    fn pair(key: &str, modify_index: u64, lock_index: u64) -> KvPair {
+        KvPair {
+            key: key.into(),
+            value: Vec::new(),
+            flags: 0,
+            session: None,
+            lock_index,
+            create_index: 1,
+            modify_index,
+        }
+    }
+
+    fn batch() -> Vec<TaskOp> {
+        vec![
+            TaskOp::Complete {
+                key: "q/done".into(),
+                version: 5,
+            },
+            TaskOp::Claim {
+                key: "q/a".into(),
+                version: 6,
+                value: b"claimed".to_vec(),
+            },
+            TaskOp::Release {
+                key: "q/b".into(),
+                version: 7,
+                value: b"retry".to_vec(),
+            },
+            TaskOp::Rewrite {
+                key: "q/c".into(),
+                version: 8,
+                value: b"requeued".to_vec(),
+            },
+            TaskOp::Move {
+                key: "q/d".into(),
+                version: 9,
+                to: "dead/d".into(),
+                value: b"dead".to_vec(),
+            },
+        ]
+    }
+
+    fn verbs(txn: &[TxnOp]) -> Vec<String> {
+        txn.iter()
+            .map(|op| match op {
+                TxnOp::Set { key, .. } => format!("set {key}"),
+                TxnOp::Cas { key, index, .. } => format!("cas {key} {index}"),
+                TxnOp::Lock { key, session, .. } => format!("lock {key} {session}"),
+                TxnOp::Unlock { key, session, .. } => format!("unlock {key} {session}"),
+                TxnOp::DeleteCas { key, index } => format!("delete-cas {key} {index}"),
+                TxnOp::CheckIndex { key, index } => format!("check-index {key} {index}"),
+                TxnOp::CheckSession { key, session } => format!("check-session {key} {session}"),
+            })
+            .collect()
+    }
+
+    /// A guarded batch opens with the leader check; each op becomes its verbs, conditioned
+    /// on the version it was read at, and every verb knows which op it came from.
+    #[test]
+    fn task_ops_become_consul_verbs_after_the_leader_check() {
+        let (txn, owners) = txn_ops(Some((LEADER, &lease())), &lease(), &batch());
+        assert_eq!(
+            verbs(&txn),
+            [
+                "check-session consumerLeader s1",
+                "delete-cas q/done 5",
+                "check-index q/a 6",
+                "lock q/a s1",
+                "check-index q/b 7",
+                "unlock q/b s1",
+                "cas q/c 8",
+                "delete-cas q/d 9",
+                "set dead/d",
+            ]
+        );
+        assert_eq!(
+            owners,
+            [
+                None,
+                Some(0),
+                Some(1),
+                Some(1),
+                Some(2),
+                Some(2),
+                Some(3),
+                Some(4),
+                Some(4)
+            ]
+        );
+        let (own, owners) = txn_ops(None, &lease(), &batch()[1..2]);
+        assert_eq!(verbs(&own), ["check-index q/a 6", "lock q/a s1"]);
+        assert_eq!(owners, [Some(0), Some(0)]);
+    }
+
+    /// A commit answers each claimed, released or rewritten task's new version (the last
+    /// result for its key, not its check-index) and the token the guard's result carries.
+    #[test]
+    fn a_commit_answers_new_versions_and_the_token_it_saw() {
+        let ops = batch();
+        let (_, owners) = txn_ops(Some((LEADER, &lease())), &lease(), &ops);
+        // Deletes add no result; check-index results carry the old index.
+        let entries = vec![
+            pair(LEADER, 3, 12),
+            pair("q/a", 6, 0),
+            pair("q/a", 20, 1),
+            pair("q/b", 7, 1),
+            pair("q/b", 20, 1),
+            pair("q/c", 20, 0),
+            pair("dead/d", 20, 0),
+        ];
+        let answer = written(TxnOutcome::Committed(entries), &ops, &owners, LEADER, 11);
+        assert_eq!(
+            answer,
+            Written::Done {
+                versions: vec![("q/a".into(), 20), ("q/b".into(), 20), ("q/c".into(), 20)],
+                fencing_token: 12,
+            }
+        );
+        // Without the guard's result, the leadership's own token stands.
+        let answer = written(TxnOutcome::Committed(Vec::new()), &[], &[None], LEADER, 11);
+        assert_eq!(
+            answer,
+            Written::Done {
+                versions: Vec::new(),
+                fencing_token: 11
+            }
+        );
+    }
+
+    /// A failed guard is NotLeader whatever else failed; otherwise the failed ops' keys,
+    /// each once, in the batch's order.
+    #[test]
+    fn a_rollback_is_not_leader_or_a_conflict_on_the_failed_keys() {
+        let ops = batch();
+        let (_, owners) = txn_ops(Some((LEADER, &lease())), &lease(), &ops);
+        let error = |op_index: usize| TxnError {
+            op_index,
+            what: "failed".into(),
+        };
+        let rolled_back = |errors: Vec<TxnError>| {
+            written(TxnOutcome::RolledBack(errors), &ops, &owners, LEADER, 11)
+        };
+        assert_eq!(rolled_back(vec![error(0), error(2)]), Written::NotLeader);
+        assert_eq!(
+            rolled_back(vec![error(7), error(3), error(2)]),
+            Written::Conflict(vec!["q/a".into(), "q/d".into()])
+        );
+        assert_eq!(
+            rolled_back(Vec::new()),
+            Written::Conflict(ops.iter().map(|op| op.key().to_string()).collect())
+        );
+        // Unguarded, op 0 is a task's like any other.
+        let (_, owners) = txn_ops(None, &lease(), &ops);
+        assert_eq!(
+            written(
+                TxnOutcome::RolledBack(vec![error(0)]),
+                &ops,
+                &owners,
+                LEADER,
+                0
+            ),
+            Written::Conflict(vec!["q/done".into()])
+        );
+    }
+}
