@@ -225,7 +225,7 @@ async fn consul_leadership_is_the_leader_key_with_a_rising_token() {
         tokio::spawn(async move { coord.observe(version, Duration::from_secs(20)).await })
     };
     let started = Instant::now();
-    coord.resign(&first).await.unwrap();
+    coord.resign(&first.lease).await.unwrap();
     let (released, after) = tokio::time::timeout(Duration::from_secs(5), watcher)
         .await
         .expect("the observer did not wake")
@@ -251,7 +251,7 @@ async fn consul_leadership_is_the_leader_key_with_a_rising_token() {
     let third = won_within(&coord, &a, "a", Duration::from_secs(5)).await;
     assert!(third.fencing_token > second.fencing_token);
 
-    coord.resign(&third).await.unwrap();
+    coord.resign(&third.lease).await.unwrap();
     assert_eq!(
         coord.campaign(&b, &record("b", &b)).await.unwrap(),
         Campaign::LeaseGone
@@ -402,7 +402,7 @@ async fn consul_queue_writes_are_guarded_by_the_leadership() {
     assert_eq!(dead_letters[0].key, dead);
 
     // Deposed: a's writes apply nothing, b's own claims can be put back without leading.
-    coord.resign(&leader).await.unwrap();
+    coord.resign(&leader.lease).await.unwrap();
     let second = won(&coord, &b, "b").await;
     let t2_now = left[0].clone();
     assert_eq!(
@@ -419,7 +419,7 @@ async fn consul_queue_writes_are_guarded_by_the_leadership() {
     else {
         panic!("the new leader's claim was not applied");
     };
-    coord.resign(&second).await.unwrap();
+    coord.resign(&second.lease).await.unwrap();
     coord
         .write_own(
             &b,

@@ -182,9 +182,9 @@ impl ConsulCoordinator {
     }
 
     /// `resign`: releases the key if the leadership's lease holds it (no lock-delay).
-    pub(super) async fn give_up(&self, leadership: &Leadership) -> Result<(), CoordError> {
-        self.release_leader_key(&leadership.lease).await?;
-        self.tied().records.remove(&leadership.lease);
+    pub(super) async fn give_up(&self, lease: &LeaseId) -> Result<(), CoordError> {
+        self.release_leader_key(lease).await?;
+        self.tied().records.remove(lease);
         Ok(())
     }
 }

@@ -11,7 +11,7 @@ use std::sync::atomic::Ordering;
 
 use crate::consul::{self, PutMode, QueryOptions, SessionRequest};
 use crate::coord::{CoordError, Grant, LeaseId, LeaseSpec, Renewal};
-use crate::server::duration;
+use crate::util::duration;
 
 use super::leftovers::{
     judge_previous_session, judge_stale_check, old_style_check_pid, process_alive, PreviousSession,

@@ -3,7 +3,7 @@
 //! whose node id was `<host>-<pid>`, left on this host's agent.
 
 use crate::consul::{AgentCheck, SessionInfo, SessionRequest};
-use crate::server::duration;
+use crate::util::duration;
 
 /// What a restarted replica does with the session it held before.
 #[derive(Debug, PartialEq, Eq)]

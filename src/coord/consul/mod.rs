@@ -171,8 +171,8 @@ impl Coordinator for ConsulCoordinator {
         Box::pin(self.contend(lease, record))
     }
 
-    fn resign<'a>(&'a self, leadership: &'a Leadership) -> CoordFuture<'a, ()> {
-        Box::pin(self.give_up(leadership))
+    fn resign<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
+        Box::pin(self.give_up(lease))
     }
 
     fn list<'a>(
