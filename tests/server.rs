@@ -4,6 +4,8 @@
 mod common;
 #[path = "server/edges.rs"]
 mod edges;
+#[path = "server/wire.rs"]
+mod wire;
 
 use std::time::{Duration, Instant};
 

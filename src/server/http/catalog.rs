@@ -25,5 +25,5 @@ pub(super) async fn catalog_nodes(req: Req<'_>) -> Reply {
         (state.tables().nodes.max(1), to_json(&nodes, pretty))
     })
     .await;
-    Ok(with_meta(json_body(body), Some(index)))
+    Ok(with_catalog_meta(json_body(body), index, &req.query))
 }
