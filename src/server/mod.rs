@@ -16,6 +16,7 @@
 //! (session TTLs, check TTLs, tombstone reaping) at the state's next deadline.
 
 pub mod duration;
+pub mod events;
 pub mod http;
 pub mod metrics;
 pub mod serve;
@@ -115,6 +116,8 @@ pub struct Shared {
     pub core: Arc<Core>,
     pub agent: Agent,
     pub limits: Limits,
+    /// The agent's recent user events (in memory, as on one Consul agent).
+    pub events: events::Events,
     writes: mpsc::Sender<ToWriter>,
 }
 
@@ -202,6 +205,7 @@ impl Server {
             core,
             agent: agent.clone(),
             limits: config.limits.clone(),
+            events: events::Events::default(),
             writes: writes.clone(),
         });
         shared

@@ -47,7 +47,16 @@ pub(super) fn agent_self(req: &Req<'_>) -> Response {
     json_reply(&body, req.query.has("pretty"))
 }
 
-pub(super) fn check_json(agent_node: &str, check: &Check) -> Value {
+/// A check as Consul's `structs.HealthCheck` writes it; a service's check carries the
+/// service's name and tags.
+pub(super) fn check_json(agent_node: &str, check: &Check, service: Option<&Service>) -> Value {
+    let kind = if is_maintenance_check(&check.id) {
+        "maintenance"
+    } else if check.ttl.is_some() {
+        "ttl"
+    } else {
+        ""
+    };
     json!({
         "Node": agent_node,
         "CheckID": check.id,
@@ -56,9 +65,9 @@ pub(super) fn check_json(agent_node: &str, check: &Check) -> Value {
         "Notes": check.notes,
         "Output": check.output,
         "ServiceID": check.service_id,
-        "ServiceName": "",
-        "ServiceTags": [],
-        "Type": if check.ttl.is_some() { "ttl" } else { "" },
+        "ServiceName": service.map_or("", |s| s.name.as_str()),
+        "ServiceTags": service.map_or(&[][..], |s| s.tags.as_slice()),
+        "Type": kind,
         "Interval": "",
         "Timeout": "",
         "ExposedPort": 0,
@@ -76,7 +85,11 @@ pub(super) async fn agent_checks(req: Req<'_>) -> Reply {
         .map(|check| {
             (
                 check.id.clone(),
-                check_json(&req.shared.agent.node_name, check),
+                check_json(
+                    &req.shared.agent.node_name,
+                    check,
+                    state.service(&check.service_id),
+                ),
             )
         })
         .collect();
@@ -113,7 +126,15 @@ pub(super) async fn check_register(req: Req<'_>) -> Reply {
         }
     };
     let service_id = text("ServiceID");
-    if !service_id.is_empty() {
+    if !service_id.is_empty()
+        && shared
+            .core
+            .state
+            .read()
+            .await
+            .service(&service_id)
+            .is_none()
+    {
         return Err(HttpError::new(
             StatusCode::NOT_FOUND,
             format!("ServiceID {} does not exist", duration::quote(&service_id)),

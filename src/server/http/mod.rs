@@ -12,14 +12,18 @@
 
 mod agent;
 mod catalog;
+mod event;
 mod kv;
+mod service;
 mod session;
 mod txn;
 mod wire;
 
 use agent::*;
 use catalog::*;
+use event::*;
 use kv::*;
+use service::*;
 use session::*;
 use txn::*;
 use wire::*;
@@ -37,9 +41,10 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use super::duration;
+use super::state::catalog::is_maintenance_check;
 use super::state::{
-    ApplyError, Check, CheckSpec, CheckStatus, Command, Entry, Outcome, ServiceCheck, Session,
-    SessionSpec, State, TxnOp, DEFAULT_LOCK_DELAY, SERF_CHECK_ID,
+    ApplyError, Check, CheckSpec, CheckStatus, Command, Entry, Outcome, Service, ServiceCheck,
+    Session, SessionSpec, State, TxnOp, DEFAULT_LOCK_DELAY, SERF_CHECK_ID,
 };
 use super::watch::{self, Blocking};
 use super::{Shared, WriteError, CONSUL_VERSION, DATACENTER};
@@ -114,10 +119,9 @@ impl IntoResponse for HttpError {
 impl From<WriteError> for HttpError {
     fn from(err: WriteError) -> HttpError {
         match err {
-            WriteError::Apply(ApplyError::UnknownCheck(id)) => HttpError::new(
-                StatusCode::NOT_FOUND,
-                ApplyError::UnknownCheck(id).to_string(),
-            ),
+            WriteError::Apply(
+                err @ (ApplyError::UnknownCheck(_) | ApplyError::UnknownService(_)),
+            ) => HttpError::new(StatusCode::NOT_FOUND, err.to_string()),
             WriteError::Apply(err) => HttpError::internal(err.to_string()),
             WriteError::Storage(err) => HttpError::internal(err),
             WriteError::Closed => {
@@ -150,6 +154,18 @@ enum Endpoint {
     CheckUpdate,
     CatalogNodes,
     CatalogDatacenters,
+    CatalogServices,
+    CatalogService,
+    HealthService,
+    HealthState,
+    AgentMembers,
+    AgentServices,
+    ServiceRegister,
+    ServiceDeregister,
+    ServiceMaintenance,
+    NodeMaintenance,
+    EventFire,
+    EventList,
     StatusLeader,
     StatusPeers,
 }
@@ -249,6 +265,68 @@ const ROUTES: &[(&str, bool, Endpoint, &str)] = &[
         Endpoint::CatalogDatacenters,
         "OPTIONS,GET",
     ),
+    (
+        "/v1/catalog/services",
+        false,
+        Endpoint::CatalogServices,
+        "OPTIONS,GET",
+    ),
+    (
+        "/v1/catalog/service/",
+        true,
+        Endpoint::CatalogService,
+        "OPTIONS,GET",
+    ),
+    (
+        "/v1/health/service/",
+        true,
+        Endpoint::HealthService,
+        "OPTIONS,GET",
+    ),
+    (
+        "/v1/health/state/",
+        true,
+        Endpoint::HealthState,
+        "OPTIONS,GET",
+    ),
+    (
+        "/v1/agent/members",
+        false,
+        Endpoint::AgentMembers,
+        "OPTIONS,GET",
+    ),
+    (
+        "/v1/agent/services",
+        false,
+        Endpoint::AgentServices,
+        "OPTIONS,GET",
+    ),
+    (
+        "/v1/agent/service/register",
+        false,
+        Endpoint::ServiceRegister,
+        "OPTIONS,PUT",
+    ),
+    (
+        "/v1/agent/service/deregister/",
+        true,
+        Endpoint::ServiceDeregister,
+        "OPTIONS,PUT",
+    ),
+    (
+        "/v1/agent/service/maintenance/",
+        true,
+        Endpoint::ServiceMaintenance,
+        "OPTIONS,PUT",
+    ),
+    (
+        "/v1/agent/maintenance",
+        false,
+        Endpoint::NodeMaintenance,
+        "OPTIONS,PUT",
+    ),
+    ("/v1/event/fire/", true, Endpoint::EventFire, "OPTIONS,PUT"),
+    ("/v1/event/list", false, Endpoint::EventList, "OPTIONS,GET"),
     (
         "/v1/status/leader",
         false,
@@ -412,6 +490,18 @@ async fn dispatch(shared: &Shared, request: Request) -> Reply {
         Endpoint::CheckFail => check_set(request, CheckStatus::Critical).await,
         Endpoint::CheckUpdate => check_update(request).await,
         Endpoint::CatalogNodes => catalog_nodes(request).await,
+        Endpoint::CatalogServices => catalog_services(request).await,
+        Endpoint::CatalogService => catalog_service(request).await,
+        Endpoint::HealthService => health_service(request).await,
+        Endpoint::HealthState => health_state(request).await,
+        Endpoint::AgentMembers => Ok(agent_members(&request)),
+        Endpoint::AgentServices => agent_services(request).await,
+        Endpoint::ServiceRegister => service_register(request).await,
+        Endpoint::ServiceDeregister => service_deregister(request).await,
+        Endpoint::ServiceMaintenance => service_maintenance(request).await,
+        Endpoint::NodeMaintenance => node_maintenance(request).await,
+        Endpoint::EventFire => event_fire(request).await,
+        Endpoint::EventList => event_list(request).await,
         Endpoint::CatalogDatacenters => Ok(json_reply(
             &json!([DATACENTER]),
             request.query.has("pretty"),

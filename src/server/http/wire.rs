@@ -398,6 +398,14 @@ impl Query {
         self.0.iter().any(|(key, _)| key == name)
     }
 
+    /// Every value of a repeated parameter (`?tag=a&tag=b`), in order.
+    pub(super) fn all<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        self.0
+            .iter()
+            .filter(move |(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+    }
+
     pub(super) fn get(&self, name: &str) -> Option<&str> {
         self.0
             .iter()
