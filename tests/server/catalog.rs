@@ -331,6 +331,40 @@ async fn members_list_the_agent() {
     assert_eq!(members[0]["Name"], "test-node");
     assert_eq!(members[0]["Status"], 1);
     assert_eq!(members[0]["Tags"]["role"], "consul");
+    let me: Value = json_of(&server, "/v1/agent/self").await;
+    assert_eq!(me["Member"], members[0]);
+    let wan = json_of(&server, "/v1/agent/members?wan=1").await;
+    assert_eq!(wan[0]["Name"], "test-node.dc1");
+    assert_eq!(wan[0]["Port"], 8302);
+}
+
+/// `/v1/health/checks/<service>` lists the checks of that service's instances only;
+/// `/v1/health/node/<node>` every check of the node.
+#[tokio::test]
+async fn health_checks_by_service_and_by_node() {
+    let server = ServerProcess::start();
+    register(
+        &server,
+        json!({"ID": "f", "Name": "foobar", "Check": {"TTL": "10s"}}),
+    )
+    .await;
+    let checks = json_of(&server, "/v1/health/checks/foobar").await;
+    assert_eq!(checks[0]["CheckID"], "service:f");
+    assert_eq!(checks.as_array().unwrap().len(), 1);
+    let node = json_of(&server, "/v1/health/node/test-node").await;
+    let ids: Vec<&str> = node
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["CheckID"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec!["serfHealth", "service:f"]);
+    assert_eq!(json_of(&server, "/v1/health/node/other").await, json!([]));
+    put(&server, "/v1/agent/service/deregister/f", "").await;
+    assert_eq!(
+        json_of(&server, "/v1/health/checks/foobar").await,
+        json!([])
+    );
 }
 
 /// Events: a fire answers with the event (ID, Version 1, LTime 0, payload in base64); the

@@ -23,15 +23,7 @@ pub(super) fn agent_self(req: &Req<'_>) -> Response {
         },
         "DebugConfig": {},
         "Coord": {"Vec": [0, 0, 0, 0, 0, 0, 0, 0], "Error": 1.5, "Adjustment": 0, "Height": 1e-5},
-        "Member": {
-            "Name": agent.node_name,
-            "Addr": agent.address,
-            "Port": 8301,
-            "Tags": {"dc": DATACENTER, "role": "consul", "id": agent.node_id, "build": CONSUL_VERSION},
-            "Status": 1,
-            "ProtocolMin": 1, "ProtocolMax": 5, "ProtocolCur": 2,
-            "DelegateMin": 2, "DelegateMax": 5, "DelegateCur": 4,
-        },
+        "Member": member_json(req.shared, false),
         "Stats": {
             "consul": {
                 "leader": "true",
@@ -43,6 +35,12 @@ pub(super) fn agent_self(req: &Req<'_>) -> Response {
             "agent": {"checks": "0", "services": "0"},
         },
         "Meta": {"consul-network-segment": ""},
+        // A Consul agent with its gRPC port on reports what Envoy versions it serves.
+        "xDS": {
+            "SupportedProxies": {"envoy": ["1.34.1", "1.33.2", "1.32.5", "1.31.8"]},
+            "Port": 8502,
+            "Ports": {"Plaintext": 8502, "TLS": -1},
+        },
     });
     json_reply(&body, req.query.has("pretty"))
 }

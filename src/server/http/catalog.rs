@@ -335,6 +335,39 @@ pub(super) async fn health_state(req: Req<'_>) -> Reply {
     Ok(with_catalog_meta(json_body(body), index, &req.query))
 }
 
+/// `/v1/health/node/<node>` (every check of the node, services' included) and
+/// `/v1/health/checks/<service>` (the checks of that service's instances).
+pub(super) async fn health_checks(req: Req<'_>, of_node: bool) -> Reply {
+    if req.rest.is_empty() {
+        return Err(HttpError::bad_request(if of_node {
+            "Missing node name"
+        } else {
+            "Missing service name"
+        }));
+    }
+    let blocking = req.blocking()?;
+    let pretty = req.query.has("pretty");
+    let node_name = &req.shared.agent.node_name;
+    let (index, body) = watch::query(&req.shared.core, blocking, |state: &State| {
+        let checks: Vec<Value> = state
+            .checks()
+            .filter(|c| {
+                if of_node {
+                    state.node().is_some_and(|n| n.name == req.rest)
+                } else {
+                    state
+                        .service(&c.service_id)
+                        .is_some_and(|s| s.name == req.rest)
+                }
+            })
+            .map(|c| health_check_json(state, node_name, c))
+            .collect();
+        (state.tables().checks.max(1), to_json(&checks, pretty))
+    })
+    .await;
+    Ok(with_catalog_meta(json_body(body), index, &req.query))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -403,13 +403,19 @@ pub(super) async fn agent_services(req: Req<'_>) -> Reply {
     ))
 }
 
-/// This agent as a member of its LAN pool (`serf.Member`).
-pub(super) fn member_json(shared: &Shared) -> Value {
+/// This agent as a member of its LAN pool (`serf.Member`), or of the WAN pool, where a
+/// server is named `<node>.<datacenter>` and gossips on port 8302.
+pub(super) fn member_json(shared: &Shared, wan: bool) -> Value {
     let agent = &shared.agent;
+    let (name, port) = if wan {
+        (format!("{}.{DATACENTER}", agent.node_name), 8302)
+    } else {
+        (agent.node_name.clone(), 8301)
+    };
     json!({
-        "Name": agent.node_name,
+        "Name": name,
         "Addr": agent.address,
-        "Port": 8301,
+        "Port": port,
         "Tags": {"build": CONSUL_VERSION, "dc": DATACENTER, "id": agent.node_id, "role": "consul"},
         "Status": 1,
         "ProtocolMin": 1, "ProtocolMax": 5, "ProtocolCur": 2,
@@ -417,8 +423,18 @@ pub(super) fn member_json(shared: &Shared) -> Value {
     })
 }
 
-pub(super) fn agent_members(req: &Req<'_>) -> Response {
-    json_reply(&json!([member_json(req.shared)]), req.query.has("pretty"))
+pub(super) fn agent_members(req: &Req<'_>) -> Reply {
+    let wan = req.query.get("wan").is_some_and(|w| !w.is_empty());
+    let segment = req.query.get("segment").unwrap_or("");
+    if wan && !segment.is_empty() && segment != "_all" {
+        return Err(HttpError::bad_request(
+            "Cannot provide a segment with wan=true",
+        ));
+    }
+    Ok(json_reply(
+        &json!([member_json(req.shared, wan)]),
+        req.query.has("pretty"),
+    ))
 }
 
 /// `?enable` as Consul reads it: required, and one of Go's boolean spellings.
