@@ -57,6 +57,9 @@ pub struct ElectionSettings {
     pub prefer_previous_leader: Duration,
     #[serde(deserialize_with = "go_duration")]
     pub retry_interval: Duration,
+    /// Register the replica in the agent's service catalog (`registration.rs`).
+    pub register_service: bool,
+    pub service_name: String,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -209,6 +212,12 @@ impl Settings {
             return invalid(
                 "election.leader_key must be a non-empty key without a leading '/'".into(),
             );
+        }
+        if crate::identity::validate_node_id(&self.election.service_name).is_err() {
+            return invalid(format!(
+                "election.service_name {:?} is not a valid service name: use 1 to 128 ASCII letters, digits, '.', '_' or '-'",
+                self.election.service_name
+            ));
         }
         if !self.election.node_id.is_empty() {
             if let Err(reason) = crate::identity::validate_node_id(&self.election.node_id) {
@@ -401,6 +410,10 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("election.node_id"), "{err}");
+        let err = Settings::load(None, env(&[("LEADERQ__ELECTION__SERVICE_NAME", "")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("election.service_name"), "{err}");
         let err = Settings::load(None, env(&[("LEADERQ__QUEUE__MAX_ATTEMPTS", "0")]))
             .unwrap_err()
             .to_string();

@@ -133,6 +133,7 @@ pub async fn run(
         leader_key: settings.election.leader_key.clone(),
         alive: std::sync::atomic::AtomicBool::new(true),
     });
+    let mut observe_address = None;
     if settings.observe.enabled {
         let listener = observe::bind(settings.observe.listen)
             .await
@@ -141,6 +142,7 @@ pub async fn run(
             .local_addr()
             .map_err(|e| ConsumerError::Observe(e.to_string()))?;
         tracing::info!(%address, "observe endpoints on http://{address} (/metrics, /health, /ready, /leader)");
+        observe_address = Some(address);
         let app = observe::router(observed.clone());
         let stop = stop_renewer.clone();
         tracker.spawn(async move {
@@ -160,6 +162,25 @@ pub async fn run(
         metrics.clone(),
         stop_renewer.clone(),
     ));
+    // In the service catalog with its role as tag, deregistered after `resign` below.
+    let (role, role_changes) = tokio::sync::watch::channel(crate::registration::Role::Standby);
+    if settings.election.register_service {
+        let check = settings.election.health_check.then(|| election.check_id());
+        let registration = crate::registration::registration(
+            &settings.election,
+            &node_id,
+            observe_address,
+            check,
+            crate::registration::Role::Standby,
+        );
+        tracker.spawn(crate::registration::keep_registered(
+            client.clone(),
+            registration,
+            role_changes,
+            settings.election.session_ttl / 3,
+            stop_renewer.clone(),
+        ));
+    }
     tracker.close();
     election.remove_stale_checks().await;
 
@@ -176,8 +197,10 @@ pub async fn run(
                 tracing::info!(node = %node_id, session = %leadership.session, fencing_token = leadership.fencing_token, "became leader");
                 let lease = election.lease();
                 metrics.leading(Some(leadership.fencing_token));
+                role.send_replace(crate::registration::Role::Leader);
                 let end = queue.lead(&leadership, &lease, &shutdown).await;
                 metrics.leading(None);
+                role.send_replace(crate::registration::Role::Standby);
                 match end {
                     LeadEnd::Shutdown => break,
                     LeadEnd::StepDown(reason) => {

@@ -2,7 +2,8 @@
 //! from a task queue in Consul's KV store.
 //!
 //! - [`server`]: the embedded, durable, single-node Consul-compatible server.
-//! - [`consul`]: a typed client for Consul's HTTP API (KV, sessions, txn, agent checks).
+//! - [`consul`]: a typed client for Consul's HTTP API (KV, sessions, txn, agent checks and
+//!   services).
 //! - [`coord`]: the coordinator seam: lease, leadership and queue in the domain's words.
 //! - [`config`]: settings, layered from defaults, a file and the environment.
 //! - [`task`]: the producers' task format, parsed leniently.
@@ -14,6 +15,7 @@
 //! - [`election`]: sessions, lease and the leader key.
 //! - [`queue`]: the leader's claims, completions, retries and dead letters.
 //! - [`observe`]: metrics and the /metrics, /health, /ready, /leader endpoints.
+//! - [`registration`]: the replica in the agent's service catalog, tagged with its role.
 //! - [`consumer`]: the service loop that joins them (`leaderq consume`).
 //! - [`admin`]: `leaderq enqueue`, `leaderq status` and `leaderq tasks`.
 //! - [`dev`]: `leaderq dev`, server plus replicas for the quick start.
@@ -38,6 +40,7 @@ pub mod leader;
 pub mod logging;
 pub mod observe;
 pub mod queue;
+pub mod registration;
 pub mod server;
 pub mod supervise;
 pub mod task;

@@ -2,6 +2,8 @@
 //! real HTTP, handlers that append to a journal file; leaders killed with SIGTERM and
 //! SIGKILL. Short TTLs come from the server's `--session-ttl-min 1s` test knob.
 
+#[path = "consumer/catalog.rs"]
+mod catalog;
 mod common;
 #[path = "consumer/coord_consul.rs"]
 mod coord_consul;

@@ -1,9 +1,13 @@
 //! Integration tests of `leaderq server` over real HTTP: each test starts the binary on a
 //! free port with a temporary data dir and talks to it as a Consul client would.
 
+#[path = "server/catalog.rs"]
+mod catalog;
 mod common;
 #[path = "server/edges.rs"]
 mod edges;
+#[path = "server/wire.rs"]
+mod wire;
 
 use std::time::{Duration, Instant};
 

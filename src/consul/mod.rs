@@ -1,5 +1,5 @@
 //! A typed, async client for the part of Consul's HTTP API the consumer uses: KV, sessions,
-//! transactions and agent TTL checks, with blocking queries.
+//! transactions, agent TTL checks and service registrations, with blocking queries.
 //!
 //! Transport concerns live here: several addresses with failover on connection errors, 429
 //! and 503; the ACL token as `X-Consul-Token`; https with a CA file; request time-outs that
@@ -7,6 +7,7 @@
 
 mod agent;
 mod kv;
+mod service;
 mod session;
 mod txn;
 
@@ -17,6 +18,7 @@ use reqwest::{Method, StatusCode};
 
 pub use agent::AgentCheck;
 pub use kv::{KvPair, PutMode};
+pub use service::{ServiceCheck, ServiceRegistration};
 pub use session::{SessionInfo, SessionRequest};
 pub use txn::{TxnError, TxnOp, TxnOutcome};
 

@@ -15,6 +15,7 @@
 //! therefore never see a write that is not yet on disk. The same thread fires timers
 //! (session TTLs, check TTLs, tombstone reaping) at the state's next deadline.
 
+pub mod events;
 pub mod http;
 pub mod metrics;
 pub mod serve;
@@ -114,6 +115,8 @@ pub struct Shared {
     pub core: Arc<Core>,
     pub agent: Agent,
     pub limits: Limits,
+    /// The agent's recent user events (in memory, as on one Consul agent).
+    pub events: events::Events,
     writes: mpsc::Sender<ToWriter>,
 }
 
@@ -201,6 +204,7 @@ impl Server {
             core,
             agent: agent.clone(),
             limits: config.limits.clone(),
+            events: events::Events::default(),
             writes: writes.clone(),
         });
         shared

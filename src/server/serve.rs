@@ -196,8 +196,11 @@ async fn serve_connection(
             response
         }
     });
+    // Header names go out as Go's net/http writes them (`X-Consul-Knownleader`): hyper's
+    // title case is Go's canonical MIME form for the lower-case names a HeaderMap holds.
     let connection = http1::Builder::new()
         .header_read_timeout(None)
+        .title_case_headers(true)
         .serve_connection(io, service);
     tokio::pin!(connection);
     let expired = expiry(watched, limits);

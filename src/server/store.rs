@@ -6,6 +6,8 @@
 //! into a `Snapshot`. Timers and lock-delays are not stored: they restart, as in Consul.
 //! This module knows nothing of HTTP; it reads the state only to copy out changed items.
 
+mod catalog;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -29,6 +31,7 @@ const KV: TableDefinition<&str, &[u8]> = TableDefinition::new("kv");
 const TOMBSTONES: TableDefinition<&str, u64> = TableDefinition::new("tombstones");
 const SESSIONS: TableDefinition<&str, &[u8]> = TableDefinition::new("sessions");
 const CHECKS: TableDefinition<&str, &[u8]> = TableDefinition::new("checks");
+const SERVICES: TableDefinition<&str, &[u8]> = TableDefinition::new("services");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +122,7 @@ impl Store {
             txn.open_table(TOMBSTONES).map_err(|e| self.write_err(e))?;
             txn.open_table(SESSIONS).map_err(|e| self.write_err(e))?;
             txn.open_table(CHECKS).map_err(|e| self.write_err(e))?;
+            txn.open_table(SERVICES).map_err(|e| self.write_err(e))?;
             let mut meta = txn.open_table(META).map_err(|e| self.write_err(e))?;
             let found = meta
                 .get("format")
@@ -179,6 +183,13 @@ impl Store {
                     .map_err(|e: String| self.corrupt(format!("check {:?}: {e}", key.value())))?,
             );
         }
+        let services = txn.open_table(SERVICES).map_err(|e| read_err(&e))?;
+        for item in services.iter().map_err(|e| read_err(&e))? {
+            let (key, value) = item.map_err(|e| read_err(&e))?;
+            let record: catalog::ServiceRecord = serde_json::from_slice(value.value())
+                .map_err(|e| self.corrupt(format!("service {:?}: {e}", key.value())))?;
+            snapshot.services.push(record.into());
+        }
         let meta = txn.open_table(META).map_err(|e| read_err(&e))?;
         if let Some(value) = meta.get("index").map_err(|e| read_err(&e))? {
             snapshot.index = decode_u64(value.value()).ok_or_else(|| self.corrupt("index"))?;
@@ -230,6 +241,13 @@ impl Store {
             for id in &changes.checks {
                 let record = state.check(id).map(|c| to_json(&CheckRecord::from(c)));
                 self.write_or_remove(&mut checks, id, record.as_deref())?;
+            }
+            let mut services = txn.open_table(SERVICES).map_err(|e| self.write_err(e))?;
+            for id in &changes.services {
+                let record = state
+                    .service(id)
+                    .map(|s| to_json(&catalog::ServiceRecord::from(s)));
+                self.write_or_remove(&mut services, id, record.as_deref())?;
             }
             let mut meta = txn.open_table(META).map_err(|e| self.write_err(e))?;
             if changes.meta || changes.node {
@@ -454,6 +472,9 @@ struct TablesRecord {
     sessions: u64,
     nodes: u64,
     checks: u64,
+    /// Absent in files written before services were stored.
+    #[serde(default)]
+    services: u64,
 }
 
 impl From<TableIndexes> for TablesRecord {
@@ -464,6 +485,7 @@ impl From<TableIndexes> for TablesRecord {
             sessions: t.sessions,
             nodes: t.nodes,
             checks: t.checks,
+            services: t.services,
         }
     }
 }
@@ -476,6 +498,7 @@ impl From<TablesRecord> for TableIndexes {
             sessions: r.sessions,
             nodes: r.nodes,
             checks: r.checks,
+            services: r.services,
         }
     }
 }

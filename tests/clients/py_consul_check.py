@@ -100,6 +100,48 @@ check("failing check destroys session", c.session.info(bound)[1] is None)
 check("failing check releases lock", "Session" not in c.kv.get("py/job")[1])
 check("deregister check", c.agent.check.deregister("py-worker") is True)
 
+# Services: the agent's registration with a TTL check, the catalog, health, maintenance.
+check(
+    "register service",
+    c.agent.service.register(
+        "py-web", service_id="py-web-1", port=8080, tags=["blue"], check=consul.Check.ttl("10s")
+    )
+    is True,
+)
+c.agent.service.register("py-web", service_id="py-web-2", port=8081, tags=["green"], check=consul.Check.ttl("10s"))
+check("agent services", sorted(c.agent.services()) == ["py-web-1", "py-web-2"])
+check("service check starts critical", c.agent.checks()["service:py-web-1"]["Status"] == "critical")
+check("pass service check", c.agent.check.ttl_pass("service:py-web-1") is True)
+_, services = c.catalog.services()
+check("catalog services", services.get("py-web") == ["blue", "green"] and "consul" in services)
+_, nodes = c.catalog.service("py-web", tag="green")
+check("catalog service by tag", [n["ServiceID"] for n in nodes] == ["py-web-2"])
+index, healthy = c.health.service("py-web", passing=True)
+check("health passing", [n["Service"]["ID"] for n in healthy] == ["py-web-1"])
+threading.Timer(0.3, lambda: c.agent.check.ttl_pass("service:py-web-2")).start()
+started = time.time()
+_, healthy = c.health.service("py-web", passing=True, index=index, wait="10s")
+check("blocking health wakes", len(healthy) == 2 and time.time() - started < 5)
+_, critical = c.health.state("critical")
+check("health state", all(ch["Status"] == "critical" for ch in critical))
+check("service maintenance", c.agent.service.maintenance("py-web-1", "true", reason="deploy") is True)
+_, healthy = c.health.service("py-web", passing=True)
+check("maintenance leaves passing", [n["Service"]["ID"] for n in healthy] == ["py-web-2"])
+c.agent.service.maintenance("py-web-1", "false")
+check("node maintenance", c.agent.maintenance("true") is True)
+check("node maintenance fails all", c.health.service("py-web", passing=True)[1] == [])
+c.agent.maintenance("false")
+check("members", c.agent.members()[0]["Status"] == 1)
+check("deregister service", c.agent.service.deregister("py-web-2") is True)
+check("deregistered", "py-web-2" not in c.agent.services())
+c.agent.service.deregister("py-web-1")
+
+# User events.
+fired = c.event.fire("py-deploy", "v1")
+check("event fire", fired["Name"] == "py-deploy" and len(fired["ID"]) == 36)
+index, events = c.event.list(name="py-deploy")
+check("event list", [e["ID"] for e in events] == [fired["ID"]] and events[0]["Payload"] == b"v1")
+
 check("recursive delete", c.kv.delete("py/", recurse=True) is True and c.kv.get("py/", recurse=True)[1] is None)
 c.session.destroy(a)
 print(f"{checks_run} passed, 0 failed")

@@ -23,15 +23,7 @@ pub(super) fn agent_self(req: &Req<'_>) -> Response {
         },
         "DebugConfig": {},
         "Coord": {"Vec": [0, 0, 0, 0, 0, 0, 0, 0], "Error": 1.5, "Adjustment": 0, "Height": 1e-5},
-        "Member": {
-            "Name": agent.node_name,
-            "Addr": agent.address,
-            "Port": 8301,
-            "Tags": {"dc": DATACENTER, "role": "consul", "id": agent.node_id, "build": CONSUL_VERSION},
-            "Status": 1,
-            "ProtocolMin": 1, "ProtocolMax": 5, "ProtocolCur": 2,
-            "DelegateMin": 2, "DelegateMax": 5, "DelegateCur": 4,
-        },
+        "Member": member_json(req.shared, false),
         "Stats": {
             "consul": {
                 "leader": "true",
@@ -43,11 +35,26 @@ pub(super) fn agent_self(req: &Req<'_>) -> Response {
             "agent": {"checks": "0", "services": "0"},
         },
         "Meta": {"consul-network-segment": ""},
+        // A Consul agent with its gRPC port on reports what Envoy versions it serves.
+        "xDS": {
+            "SupportedProxies": {"envoy": ["1.34.1", "1.33.2", "1.32.5", "1.31.8"]},
+            "Port": 8502,
+            "Ports": {"Plaintext": 8502, "TLS": -1},
+        },
     });
     json_reply(&body, req.query.has("pretty"))
 }
 
-pub(super) fn check_json(agent_node: &str, check: &Check) -> Value {
+/// A check as Consul's `structs.HealthCheck` writes it; a service's check carries the
+/// service's name and tags.
+pub(super) fn check_json(agent_node: &str, check: &Check, service: Option<&Service>) -> Value {
+    let kind = if is_maintenance_check(&check.id) {
+        "maintenance"
+    } else if check.ttl.is_some() {
+        "ttl"
+    } else {
+        ""
+    };
     json!({
         "Node": agent_node,
         "CheckID": check.id,
@@ -56,9 +63,9 @@ pub(super) fn check_json(agent_node: &str, check: &Check) -> Value {
         "Notes": check.notes,
         "Output": check.output,
         "ServiceID": check.service_id,
-        "ServiceName": "",
-        "ServiceTags": [],
-        "Type": if check.ttl.is_some() { "ttl" } else { "" },
+        "ServiceName": service.map_or("", |s| s.name.as_str()),
+        "ServiceTags": service.map_or(&[][..], |s| s.tags.as_slice()),
+        "Type": kind,
         "Interval": "",
         "Timeout": "",
         "ExposedPort": 0,
@@ -76,7 +83,11 @@ pub(super) async fn agent_checks(req: Req<'_>) -> Reply {
         .map(|check| {
             (
                 check.id.clone(),
-                check_json(&req.shared.agent.node_name, check),
+                check_json(
+                    &req.shared.agent.node_name,
+                    check,
+                    state.service(&check.service_id),
+                ),
             )
         })
         .collect();
@@ -113,7 +124,15 @@ pub(super) async fn check_register(req: Req<'_>) -> Reply {
         }
     };
     let service_id = text("ServiceID");
-    if !service_id.is_empty() {
+    if !service_id.is_empty()
+        && shared
+            .core
+            .state
+            .read()
+            .await
+            .service(&service_id)
+            .is_none()
+    {
         return Err(HttpError::new(
             StatusCode::NOT_FOUND,
             format!("ServiceID {} does not exist", duration::quote(&service_id)),

@@ -121,7 +121,7 @@ pub(super) fn write_entries<'a>(
     for (key, entry) in entries {
         out.push(if out.is_empty() { b'[' } else { b',' });
         let _ = write!(out, "{{\"LockIndex\":{},\"Key\":", entry.lock_index);
-        serde_json::to_writer(&mut out, key).expect("strings serialize");
+        write_json_string(&mut out, key);
         let _ = write!(out, ",\"Flags\":{},\"Value\":", entry.flags);
         if entry.value.is_empty() {
             out.extend_from_slice(b"null");
@@ -140,7 +140,7 @@ pub(super) fn write_entries<'a>(
         }
         if let Some(session) = &entry.session {
             out.extend_from_slice(b",\"Session\":");
-            serde_json::to_writer(&mut out, session).expect("strings serialize");
+            write_json_string(&mut out, session);
         }
         let _ = write!(
             out,

@@ -12,14 +12,18 @@
 
 mod agent;
 mod catalog;
+mod event;
 mod kv;
+mod service;
 mod session;
 mod txn;
 mod wire;
 
 use agent::*;
 use catalog::*;
+use event::*;
 use kv::*;
+use service::*;
 use session::*;
 use txn::*;
 use wire::*;
@@ -37,9 +41,10 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use crate::util::duration;
+use super::state::catalog::is_maintenance_check;
 use super::state::{
-    ApplyError, Check, CheckSpec, CheckStatus, Command, Entry, Outcome, ServiceCheck, Session,
-    SessionSpec, State, TxnOp, DEFAULT_LOCK_DELAY, SERF_CHECK_ID,
+    ApplyError, Check, CheckSpec, CheckStatus, Command, Entry, Outcome, Service, ServiceCheck,
+    Session, SessionSpec, State, TxnOp, DEFAULT_LOCK_DELAY, SERF_CHECK_ID,
 };
 use super::watch::{self, Blocking};
 use super::{Shared, WriteError, CONSUL_VERSION, DATACENTER};
@@ -54,6 +59,8 @@ const TXN_MAX_REQ_LEN: usize = 512 * 1024;
 const SMALL_BODY_LIMIT: usize = 64 * 1024;
 /// Below this, a numeric LockDelay is seconds, not nanoseconds (Consul's lockDelayMinThreshold).
 const LOCK_DELAY_MIN_THRESHOLD: u64 = 1000;
+/// What Consul's index page says when its UI is off (agent/http.go `Index`).
+const CONSUL_INDEX_TEXT: &str = "Consul Agent: UI disabled. To enable, set ui_config.enabled=true in the agent configuration and restart.";
 
 pub fn router(shared: Arc<Shared>) -> Router {
     Router::new().fallback(handle).with_state(shared)
@@ -112,10 +119,9 @@ impl IntoResponse for HttpError {
 impl From<WriteError> for HttpError {
     fn from(err: WriteError) -> HttpError {
         match err {
-            WriteError::Apply(ApplyError::UnknownCheck(id)) => HttpError::new(
-                StatusCode::NOT_FOUND,
-                ApplyError::UnknownCheck(id).to_string(),
-            ),
+            WriteError::Apply(
+                err @ (ApplyError::UnknownCheck(_) | ApplyError::UnknownService(_)),
+            ) => HttpError::new(StatusCode::NOT_FOUND, err.to_string()),
             WriteError::Apply(err) => HttpError::internal(err.to_string()),
             WriteError::Storage(err) => HttpError::internal(err),
             WriteError::Closed => {
@@ -148,6 +154,20 @@ enum Endpoint {
     CheckUpdate,
     CatalogNodes,
     CatalogDatacenters,
+    CatalogServices,
+    CatalogService,
+    HealthService,
+    HealthState,
+    HealthNode,
+    HealthChecks,
+    AgentMembers,
+    AgentServices,
+    ServiceRegister,
+    ServiceDeregister,
+    ServiceMaintenance,
+    NodeMaintenance,
+    EventFire,
+    EventList,
     StatusLeader,
     StatusPeers,
 }
@@ -248,6 +268,80 @@ const ROUTES: &[(&str, bool, Endpoint, &str)] = &[
         "OPTIONS,GET",
     ),
     (
+        "/v1/catalog/services",
+        false,
+        Endpoint::CatalogServices,
+        "OPTIONS,GET",
+    ),
+    (
+        "/v1/catalog/service/",
+        true,
+        Endpoint::CatalogService,
+        "OPTIONS,GET",
+    ),
+    (
+        "/v1/health/service/",
+        true,
+        Endpoint::HealthService,
+        "OPTIONS,GET",
+    ),
+    (
+        "/v1/health/state/",
+        true,
+        Endpoint::HealthState,
+        "OPTIONS,GET",
+    ),
+    (
+        "/v1/health/node/",
+        true,
+        Endpoint::HealthNode,
+        "OPTIONS,GET",
+    ),
+    (
+        "/v1/health/checks/",
+        true,
+        Endpoint::HealthChecks,
+        "OPTIONS,GET",
+    ),
+    (
+        "/v1/agent/members",
+        false,
+        Endpoint::AgentMembers,
+        "OPTIONS,GET",
+    ),
+    (
+        "/v1/agent/services",
+        false,
+        Endpoint::AgentServices,
+        "OPTIONS,GET",
+    ),
+    (
+        "/v1/agent/service/register",
+        false,
+        Endpoint::ServiceRegister,
+        "OPTIONS,PUT",
+    ),
+    (
+        "/v1/agent/service/deregister/",
+        true,
+        Endpoint::ServiceDeregister,
+        "OPTIONS,PUT",
+    ),
+    (
+        "/v1/agent/service/maintenance/",
+        true,
+        Endpoint::ServiceMaintenance,
+        "OPTIONS,PUT",
+    ),
+    (
+        "/v1/agent/maintenance",
+        false,
+        Endpoint::NodeMaintenance,
+        "OPTIONS,PUT",
+    ),
+    ("/v1/event/fire/", true, Endpoint::EventFire, "OPTIONS,PUT"),
+    ("/v1/event/list", false, Endpoint::EventList, "OPTIONS,GET"),
+    (
         "/v1/status/leader",
         false,
         Endpoint::StatusLeader,
@@ -284,9 +378,15 @@ async fn handle(AxumState(shared): AxumState<Arc<Shared>>, request: Request) -> 
     let endpoint = find_route(request.uri().path())
         .map(|(endpoint, _, _)| format!("{endpoint:?}"))
         .unwrap_or_else(|| "unknown".to_string());
+    let gzip = accepts_gzip(request.headers());
     let response = match dispatch(&shared, request).await {
         Ok(response) => response,
         Err(err) => err.into_response(),
+    };
+    let response = if response.extensions().get::<MuxAnswer>().is_some() {
+        response
+    } else {
+        wrap_endpoint_answer(response, gzip).await
     };
     shared
         .core
@@ -323,23 +423,39 @@ async fn dispatch(shared: &Shared, request: Request) -> Reply {
         .ok_or_else(|| HttpError::bad_request("Invalid URL path encoding"))?;
     let query = Query::parse(parts.uri.query().unwrap_or(""));
 
-    // Go's ServeMux redirects unclean paths (`//`, `/./`, `/../`) to their clean form.
+    // Go's ServeMux redirects unclean paths (`//`, `/./`, `/../`) to their clean form, and a
+    // path registered with a trailing slash but reached without it to the slashed path,
+    // keeping the query in both cases.
+    let with_query = |location: String| match parts.uri.query() {
+        Some(q) => format!("{location}?{q}"),
+        None => location,
+    };
     let cleaned = clean_path(&path);
     if cleaned != path {
-        let mut location = cleaned;
-        if let Some(q) = parts.uri.query() {
-            location = format!("{location}?{q}");
-        }
-        return Ok(redirect(&location));
+        return Ok(redirect(&with_query(cleaned), &parts.method));
     }
-    if path == "/v1/kv" {
-        return Ok(redirect("/v1/kv/"));
+    let slashed = format!("{path}/");
+    if ROUTES
+        .iter()
+        .any(|(route, prefix, _, _)| *prefix && *route == slashed)
+    {
+        return Ok(redirect(&with_query(slashed), &parts.method));
     }
     let Some((endpoint, allow, rest)) = find_route(&path) else {
-        return Err(HttpError::new(
-            StatusCode::NOT_FOUND,
-            "Invalid URL path: not a recognized HTTP API endpoint",
-        ));
+        // Consul's `Index` handler, which the mux falls back to.
+        return Ok(if path == "/" {
+            mux_text(StatusCode::OK, CONSUL_INDEX_TEXT)
+        } else if path.contains("/v1/") {
+            mux_text(
+                StatusCode::NOT_FOUND,
+                "Invalid URL path: not a recognized HTTP API endpoint\n",
+            )
+        } else {
+            mux_text(
+                StatusCode::NOT_FOUND,
+                "Invalid URL path: if attempting to use the HTTP API, ensure the path starts with '/v1/'\n",
+            )
+        });
     };
     let method = parts.method.clone();
     if method == Method::OPTIONS {
@@ -388,6 +504,20 @@ async fn dispatch(shared: &Shared, request: Request) -> Reply {
         Endpoint::CheckFail => check_set(request, CheckStatus::Critical).await,
         Endpoint::CheckUpdate => check_update(request).await,
         Endpoint::CatalogNodes => catalog_nodes(request).await,
+        Endpoint::CatalogServices => catalog_services(request).await,
+        Endpoint::CatalogService => catalog_service(request).await,
+        Endpoint::HealthService => health_service(request).await,
+        Endpoint::HealthState => health_state(request).await,
+        Endpoint::HealthNode => health_checks(request, true).await,
+        Endpoint::HealthChecks => health_checks(request, false).await,
+        Endpoint::AgentMembers => agent_members(&request),
+        Endpoint::AgentServices => agent_services(request).await,
+        Endpoint::ServiceRegister => service_register(request).await,
+        Endpoint::ServiceDeregister => service_deregister(request).await,
+        Endpoint::ServiceMaintenance => service_maintenance(request).await,
+        Endpoint::NodeMaintenance => node_maintenance(request).await,
+        Endpoint::EventFire => event_fire(request).await,
+        Endpoint::EventList => event_list(request).await,
         Endpoint::CatalogDatacenters => Ok(json_reply(
             &json!([DATACENTER]),
             request.query.has("pretty"),
@@ -496,6 +626,51 @@ mod tests {
             find_route("/v1/agent/check/pass/c1").map(|r| (r.0, r.2)),
             Some((Endpoint::CheckPass, "c1"))
         );
+    }
+
+    /// Go's encoder escapes `<`, `>`, `&`, U+2028 and U+2029 in strings, compact and pretty.
+    #[test]
+    fn json_escapes_like_gos_encoder() {
+        let value = json!({"k<": "a>&b\u{2028}\u{2029}\n\u{1}é"});
+        assert_eq!(
+            String::from_utf8(to_json(&value, false)).unwrap(),
+            r#"{"k\u003c":"a\u003e\u0026b\u2028\u2029\n\u0001é"}"#
+        );
+        assert_eq!(
+            String::from_utf8(to_json(&json!(["<"]), true)).unwrap(),
+            "[\n    \"\\u003c\"\n]\n"
+        );
+        let mut out = Vec::new();
+        write_json_string(&mut out, "x&y");
+        assert_eq!(out, br#""x\u0026y""#);
+    }
+
+    /// gziphandler accepts gzip when it is listed with a q-value above 0, in any case.
+    #[test]
+    fn accepts_gzip_reads_q_values() {
+        let accepts = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(
+                header::ACCEPT_ENCODING,
+                HeaderValue::from_str(value).unwrap(),
+            );
+            accepts_gzip(&headers)
+        };
+        assert!(accepts("gzip"));
+        assert!(accepts("deflate, GZIP;q=0.5"));
+        assert!(!accepts("gzip;q=0"));
+        assert!(!accepts("deflate, br"));
+        assert!(!accepts_gzip(&HeaderMap::new()));
+    }
+
+    /// The effective consistency follows `?consistent`, `?stale` and `?max_stale`.
+    #[test]
+    fn consistency_level_follows_the_query() {
+        assert_eq!(consistency_level(&Query::parse("")), "leader");
+        assert_eq!(consistency_level(&Query::parse("stale")), "stale");
+        assert_eq!(consistency_level(&Query::parse("consistent")), "consistent");
+        assert_eq!(consistency_level(&Query::parse("max_stale=5s")), "stale");
+        assert_eq!(consistency_level(&Query::parse("max_stale=0s")), "leader");
     }
 
     /// Unclean paths are detected so they can be redirected, trailing slash kept.

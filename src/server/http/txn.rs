@@ -38,6 +38,21 @@ pub(super) async fn txn(req: Req<'_>) -> Reply {
         }
         other => return Err(HttpError::internal(format!("unexpected outcome {other:?}"))),
     };
+    let mut body = body;
+    if read_only {
+        // Consul answers reads through `Txn.Read`, whose `TxnReadResponse` embeds the
+        // QueryMeta: its fields follow Results and Errors, as a leader fills them in (no
+        // index, since the read does not block).
+        if let Value::Object(fields) = &mut body {
+            fields.insert("Index".into(), json!(0));
+            fields.insert("LastContact".into(), json!(0));
+            fields.insert("KnownLeader".into(), json!(true));
+            fields.insert("ConsistencyLevel".into(), json!(""));
+            fields.insert("NotModified".into(), json!(false));
+            fields.insert("Backend".into(), json!(0));
+            fields.insert("ResultsFilteredByACLs".into(), json!(false));
+        }
+    }
     let mut response = json_body(to_json(&body, pretty));
     *response.status_mut() = status;
     if read_only {

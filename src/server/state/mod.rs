@@ -12,6 +12,9 @@ use std::time::{Duration, Instant};
 
 use crate::util::duration;
 
+pub mod catalog;
+pub use catalog::{Service, ServiceCheckSpec, ServiceSpec, Weights};
+
 /// Consul runs a session's timer for TTL times this (structs.SessionTTLMultiplier).
 pub const SESSION_TTL_MULTIPLIER: u32 = 2;
 /// The largest TTL a session may ask for (structs.SessionTTLMax).
@@ -212,6 +215,8 @@ pub struct TableIndexes {
     pub sessions: u64,
     pub nodes: u64,
     pub checks: u64,
+    /// The agent's services (`catalog.rs`).
+    pub services: u64,
 }
 
 /// One operation of a `/v1/txn` request (the `KV` member of an op).
@@ -308,6 +313,17 @@ pub enum Command {
         id: String,
         address: String,
     },
+    /// A service and its TTL checks (`catalog.rs`).
+    ServiceRegister(ServiceSpec),
+    ServiceDeregister {
+        id: String,
+    },
+    /// Node maintenance (`service: None`) or one service's, on or off.
+    Maintenance {
+        service: Option<String>,
+        enable: bool,
+        reason: String,
+    },
 }
 
 /// The expected results of a write. Failures a client caused are `ApplyError`s.
@@ -352,6 +368,8 @@ pub enum ApplyError {
     UnknownCheck(String),
     #[error("CheckID {} does not have associated TTL", duration::quote(.0))]
     NotTtlCheck(String),
+    #[error("Unknown service ID {}. Ensure that the service ID is passed, not the service name.", duration::quote(.0))]
+    UnknownService(String),
 }
 
 /// What changed since the last `take_changes`, by identity; `store.rs` writes the current
@@ -362,6 +380,7 @@ pub struct Changes {
     pub tombstones: BTreeSet<String>,
     pub sessions: BTreeSet<String>,
     pub checks: BTreeSet<String>,
+    pub services: BTreeSet<String>,
     pub node: bool,
     pub meta: bool,
 }
@@ -372,6 +391,7 @@ impl Changes {
             && self.tombstones.is_empty()
             && self.sessions.is_empty()
             && self.checks.is_empty()
+            && self.services.is_empty()
             && !self.node
             && !self.meta
     }
@@ -386,6 +406,7 @@ pub struct Snapshot {
     pub tombstones: Vec<(String, u64)>,
     pub sessions: Vec<Session>,
     pub checks: Vec<Check>,
+    pub services: Vec<Service>,
     pub node: Option<Node>,
 }
 
@@ -408,6 +429,8 @@ pub struct State {
     /// session id -> keys it holds, so invalidation does not scan the whole KV.
     held: HashMap<String, BTreeSet<String>>,
     checks: BTreeMap<String, Check>,
+    /// The agent's services by id (`catalog.rs`).
+    services: BTreeMap<String, Service>,
     node: Option<Node>,
     /// In memory only, like Consul's: lost on restart.
     lock_delays: HashMap<String, Instant>,
@@ -438,6 +461,11 @@ impl State {
             sessions: BTreeMap::new(),
             held: HashMap::new(),
             checks: BTreeMap::new(),
+            services: snapshot
+                .services
+                .into_iter()
+                .map(|service| (service.id.clone(), service))
+                .collect(),
             node: snapshot.node,
             lock_delays: HashMap::new(),
             session_deadlines: HashMap::new(),
@@ -678,6 +706,13 @@ impl State {
                 self.register_node(idx, name, id, address, now);
                 Ok(Outcome::Done)
             }
+            Command::ServiceRegister(spec) => Ok(self.service_register(idx, spec, now)),
+            Command::ServiceDeregister { id } => self.service_deregister(idx, &id, now),
+            Command::Maintenance {
+                service,
+                enable,
+                reason,
+            } => self.maintenance(idx, service.as_deref(), enable, reason, now),
         }
     }
 

@@ -785,6 +785,7 @@ fn restore_restarts_timers() {
         tombstones: Vec::new(),
         sessions: s.sessions().cloned().collect(),
         checks: s.checks().cloned().collect(),
+        services: s.services().cloned().collect(),
         node: s.node().cloned(),
     };
     let later = t0 + secs(100);
