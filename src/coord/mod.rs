@@ -21,6 +21,9 @@
 //!
 //! How each backend provides them is written in ARCHITECTURE.md.
 
+pub mod contract;
+pub mod memory;
+
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
