@@ -99,12 +99,14 @@ checks!(
     previous_lease_is_taken_up_only_if_alive_and_own,
     deposed_leader_writes_nothing,
     conflict_names_the_key_and_applies_nothing,
+    completing_or_moving_a_gone_task_conflicts,
     claim_and_complete_follow_versions,
     list_gives_versions_and_creation_order,
     list_and_observe_wait_for_a_change_or_the_wait,
     dead_lease_leaves_its_claims_unheld,
     move_and_rewrite_keep_the_data,
     write_own_touches_only_own_claims,
+    write_own_cannot_complete_or_move_what_it_does_not_hold,
     over_limit_writes_are_refused_whole,
     keep_alive_of_an_ended_lease_is_gone,
 );
@@ -409,7 +411,7 @@ pub async fn deposed_leader_writes_nothing(s: Subject) -> Result<(), String> {
 }
 
 /// A batch with one stale version answers `Conflict` naming that task alone and applies
-/// none of its ops; a task that went conflicts too.
+/// none of its ops.
 pub async fn conflict_names_the_key_and_applies_nothing(s: Subject) -> Result<(), String> {
     let a = open(&s, "node-a", Duration::ZERO).await?;
     let _renew = Renewer::start(&s, &a);
@@ -430,24 +432,51 @@ pub async fn conflict_names_the_key_and_applies_nothing(s: Subject) -> Result<()
     let after = get_one(&s, &k1).await?;
     ensure(after == t1, || {
         format!("the conflicting batch still changed {k1}: {t1:?} became {after:?}")
-    })?;
+    })
+}
 
-    let gone = format!("{}gone", s.queue_prefix);
+/// A task that went (completed by someone else) conflicts: completing or dead-lettering
+/// it again answers `Conflict` naming it and writes nothing, not even the dead letter.
+pub async fn completing_or_moving_a_gone_task_conflicts(s: Subject) -> Result<(), String> {
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let _renew = Renewer::start(&s, &a);
+    let leader = lead(&s, &a, "node-a").await?;
+    let key = put(&s, "t1", b"{\"n\":1}").await?;
+    let task = get_one(&s, &key).await?;
+    let complete = TaskOp::Complete {
+        key: key.clone(),
+        version: task.version,
+    };
     let written = s
         .coord
-        .write(
-            &leader,
-            &[TaskOp::Complete {
-                key: gone.clone(),
-                version: t1.version,
-            }],
-        )
+        .write(&leader, std::slice::from_ref(&complete))
         .await
         .ctx("write")?;
-    ensure(written == Written::Conflict(vec![gone.clone()]), || {
-        format!(
-            "completing a task that does not exist answered {written:?}, not Conflict([{gone:?}])"
-        )
+    ensure(matches!(written, Written::Done { .. }), || {
+        format!("completing a pending task answered {written:?}")
+    })?;
+    let dead = format!("{}t1", s.dead_prefix);
+    let moved = TaskOp::Move {
+        key: key.clone(),
+        version: task.version,
+        to: dead.clone(),
+        value: b"{\"n\":1}".to_vec(),
+    };
+    for op in [complete, moved] {
+        let written = s
+            .coord
+            .write(&leader, std::slice::from_ref(&op))
+            .await
+            .ctx("write")?;
+        ensure(written == Written::Conflict(vec![key.clone()]), || {
+            format!(
+                "{op:?} of a task already completed answered {written:?}, not Conflict([{key:?}])"
+            )
+        })?;
+    }
+    let written = get(&s, &[key.clone(), dead]).await?;
+    ensure(written.is_empty(), || {
+        format!("writes to a task that went left {written:?}")
     })
 }
 
@@ -784,8 +813,7 @@ pub async fn move_and_rewrite_keep_the_data(s: Subject) -> Result<(), String> {
 }
 
 /// Without leadership a lease can write only tasks it holds itself, all or nothing:
-/// another lease's claim, a batch with one task not its own, or a completion of a task it
-/// does not hold, changes nothing.
+/// another lease's claim, or a batch with one task not its own, changes nothing.
 pub async fn write_own_touches_only_own_claims(s: Subject) -> Result<(), String> {
     let a = open(&s, "node-a", Duration::ZERO).await?;
     let b = open(&s, "node-b", Duration::ZERO).await?;
@@ -860,22 +888,41 @@ pub async fn write_own_touches_only_own_claims(s: Subject) -> Result<(), String>
     let (after2, after3) = (get_one(&s, &k2).await?, get_one(&s, &k3).await?);
     ensure(after2 == t2_held && after3 == t3, || {
         format!("a batch with a task the lease does not hold was applied: {after2:?}, {after3:?}")
-    })?;
-
-    let complete = TaskOp::Complete {
-        key: k3.clone(),
-        version: t3.version,
-    };
-    s.coord
-        .write_own(&a, std::slice::from_ref(&complete))
-        .await
-        .ctx("write_own")?;
-    let after3 = get_one(&s, &k3).await.map_err(|why| {
-        format!("a lease without leadership completed a task it does not hold: {why}")
-    })?;
-    ensure(after3 == t3, || {
-        format!("completing a task the lease does not hold changed it: {after3:?}")
     })
+}
+
+/// Without leadership a lease cannot complete or dead-letter a task it does not hold.
+pub async fn write_own_cannot_complete_or_move_what_it_does_not_hold(
+    s: Subject,
+) -> Result<(), String> {
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let _renew = Renewer::start(&s, &a);
+    let key = put(&s, "t1", b"{\"n\":1}").await?;
+    let task = get_one(&s, &key).await?;
+    let dead = format!("{}t1", s.dead_prefix);
+    let ops = [
+        TaskOp::Complete {
+            key: key.clone(),
+            version: task.version,
+        },
+        TaskOp::Move {
+            key: key.clone(),
+            version: task.version,
+            to: dead.clone(),
+            value: b"{\"n\":1}".to_vec(),
+        },
+    ];
+    for op in ops {
+        s.coord
+            .write_own(&a, std::slice::from_ref(&op))
+            .await
+            .ctx("write_own")?;
+        let after = get(&s, &[key.clone(), dead.clone()]).await?;
+        ensure(after.len() == 1 && after[0] == task, || {
+            format!("{op:?} without leadership, of a task the lease does not hold, left {after:?}")
+        })?;
+    }
+    Ok(())
 }
 
 /// A write over the declared limits (operations, the guard counted, or bytes) is refused
