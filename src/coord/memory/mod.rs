@@ -28,6 +28,10 @@ use super::{
     LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteLimits, Written,
 };
 
+/// The longest a blocking `observe` or `list` waits, whatever it asks (Consul's cap); it
+/// also keeps `now + wait` from overflowing.
+const MAX_WAIT: Duration = Duration::from_secs(600);
+
 /// A coordinator held in this process's memory. Share it (`Arc`) between the replicas of
 /// one test; it runs nothing in the background.
 #[derive(Debug)]
@@ -115,14 +119,14 @@ impl MemoryCoordinator {
     }
 
     /// `read` once its version is past `after` (at once for `Version(0)`), or when `wait`
-    /// is over. Wakes on every change and at every lease deadline, to end that lease.
+    /// (at most [`MAX_WAIT`]) is over. Wakes on every change and at every lease deadline, to end that lease.
     async fn wait_for<T>(
         &self,
         after: Version,
         wait: Duration,
         read: impl Fn(&State) -> (T, Version),
     ) -> Result<(T, Version), CoordError> {
-        let end = Instant::now() + wait;
+        let end = Instant::now() + wait.min(MAX_WAIT);
         loop {
             let (mut changed, wake) = {
                 let (answer, next_deadline, changed) = self.with_state(|core, now| {

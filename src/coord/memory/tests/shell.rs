@@ -102,3 +102,13 @@ async fn the_expire_hook_frees_leadership_under_lock_delay() {
         Ok(Campaign::Won(_))
     ));
 }
+
+/// A wait longer than Consul's cap (even `Duration::MAX`) waits the cap, 10 minutes.
+#[tokio::test(start_paused = true)]
+async fn a_wait_is_capped_at_ten_minutes() {
+    let coord = shared();
+    let (_, version) = coord.list("q/", Version(0), Duration::ZERO).await.unwrap();
+    let started = Instant::now();
+    coord.list("q/", version, Duration::MAX).await.unwrap();
+    assert_eq!(started.elapsed(), secs(600));
+}
