@@ -22,6 +22,8 @@
 //! How each backend provides them is written in ARCHITECTURE.md.
 
 pub mod consul;
+pub mod contract;
+pub mod memory;
 
 use std::future::Future;
 use std::pin::Pin;

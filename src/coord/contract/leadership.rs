@@ -1,0 +1,267 @@
+//! The contract's checks of leases and leadership: one leader, rising tokens, lock-delay,
+//! taking up a previous lease, keep-alives of ended leases.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::support::*;
+use super::Subject;
+use crate::coord::{Campaign, Renewal, Version};
+
+/// Of several leases campaigning at once, exactly one wins; the others hear `Held`, and
+/// the holder observed is the winner, with its record and token.
+pub async fn one_leader_among_concurrent_campaigners(s: Subject) -> Result<(), String> {
+    const CAMPAIGNERS: usize = 5;
+    let mut leases = Vec::new();
+    for n in 0..CAMPAIGNERS {
+        leases.push(open(&s, &format!("node-{n}"), Duration::ZERO).await?);
+    }
+    let _renewers: Vec<Renewer> = leases.iter().map(|l| Renewer::start(&s, l)).collect();
+    let mut runs = Vec::new();
+    for (n, lease) in leases.iter().enumerate() {
+        let coord = s.coord.clone();
+        let lease = lease.clone();
+        runs.push(tokio::spawn(async move {
+            coord.campaign(&lease, &record(&format!("node-{n}"))).await
+        }));
+    }
+    let mut winners = Vec::new();
+    for (n, run) in runs.into_iter().enumerate() {
+        match run
+            .await
+            .map_err(|err| format!("campaign panicked: {err}"))?
+        {
+            Ok(Campaign::Won(leadership)) => winners.push((n, leadership)),
+            Ok(Campaign::Held) => {}
+            other => return Err(format!("a losing campaign answered {other:?}, not Held")),
+        }
+    }
+    let [(n, leadership)] = winners.as_slice() else {
+        return Err(format!("{} campaigns won, not one", winners.len()));
+    };
+    let (holder, _) = s
+        .coord
+        .observe(Version(0), Duration::ZERO)
+        .await
+        .ctx("observe")?;
+    ensure(holder.lease.as_ref() == Some(&leadership.lease), || {
+        format!("the holder observed is {holder:?}, not the winner {leadership:?}")
+    })?;
+    ensure(
+        holder.record.as_ref().map(|r| r.node.as_str()) == Some(format!("node-{n}").as_str()),
+        || {
+            format!(
+                "the holder's record is {:?}, not the winner's",
+                holder.record
+            )
+        },
+    )?;
+    ensure(holder.token == leadership.fencing_token, || {
+        format!(
+            "the holder's token is {}, the winner's {}",
+            holder.token, leadership.fencing_token
+        )
+    })
+}
+
+/// Every new leadership gets a token above all before it: after a resignation, a
+/// revocation, a re-campaign by the holder, a restart that took its lease up again, and
+/// the expiry of a lease not kept alive.
+pub async fn fencing_rises_across_leaders(s: Subject) -> Result<(), String> {
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let b = open(&s, "node-b", Duration::ZERO).await?;
+    let _renew_a = Renewer::start(&s, &a);
+    let _renew_b = Renewer::start(&s, &b);
+    let mut tokens = Vec::new();
+
+    let first = lead(&s, &a, "node-a").await?;
+    tokens.push(("first", first.fencing_token));
+    let again = lead(&s, &a, "node-a").await?;
+    tokens.push(("a re-campaign by the holder", again.fencing_token));
+    s.coord.resign(&again.lease).await.ctx("resign")?;
+    let by_b = lead(&s, &b, "node-b").await?;
+    tokens.push(("after a resignation", by_b.fencing_token));
+    s.coord.revoke(&b).await.ctx("revoke")?;
+    let by_a = lead(&s, &a, "node-a").await?;
+    tokens.push(("after a revocation", by_a.fencing_token));
+
+    let grant = s
+        .coord
+        .open_lease(&spec(&s, "node-a", Duration::ZERO, Some(a.clone())))
+        .await
+        .ctx("open_lease with the previous lease")?;
+    ensure(grant.reused && grant.lease == a, || {
+        format!("a live lease of the same node was not taken up: {grant:?}")
+    })?;
+    let restarted = lead(&s, &a, "node-a").await?;
+    tokens.push(("after a restart on the same lease", restarted.fencing_token));
+    let (holder, _) = s
+        .coord
+        .observe(Version(0), Duration::ZERO)
+        .await
+        .ctx("observe")?;
+    ensure(holder.token == restarted.fencing_token, || {
+        format!(
+            "the holder's token is {}, the leader's {}",
+            holder.token, restarted.fencing_token
+        )
+    })?;
+    s.coord.revoke(&a).await.ctx("revoke")?;
+
+    let e = open(&s, "node-e", Duration::ZERO).await?;
+    let by_e = lead(&s, &e, "node-e").await?;
+    tokens.push(("a lease left to expire", by_e.fencing_token));
+    wait_until_not_held_by(&s, &e).await?;
+    let f = open(&s, "node-f", Duration::ZERO).await?;
+    let by_f = lead(&s, &f, "node-f").await?;
+    tokens.push(("after an expiry", by_f.fencing_token));
+
+    for pair in tokens.windows(2) {
+        let ((_, before), (when, after)) = (pair[0], pair[1]);
+        ensure(after > before, || {
+            format!("the token {when} is {after}, not above {before}: tokens {tokens:?}")
+        })?;
+    }
+    Ok(())
+}
+
+/// A lease that dies holding leadership keeps it from being taken for its lock-delay
+/// (`Delayed`, then `Won`); a resignation frees it at once.
+pub async fn lock_delay_follows_a_death_not_a_resignation(s: Subject) -> Result<(), String> {
+    let delay = s.timing.ttl;
+    let a = open(&s, "node-a", delay).await?;
+    let b = open(&s, "node-b", delay).await?;
+    let _renew_a = Renewer::start(&s, &a);
+    let _renew_b = Renewer::start(&s, &b);
+    let by_a = lead(&s, &a, "node-a").await?;
+    s.coord.resign(&by_a.lease).await.ctx("resign")?;
+    lead(&s, &b, "node-b")
+        .await
+        .map_err(|why| format!("after a resignation: {why}"))?;
+
+    s.coord.revoke(&b).await.ctx("revoke")?;
+    let revoked = Instant::now();
+    match s
+        .coord
+        .campaign(&a, &record("node-a"))
+        .await
+        .ctx("campaign")?
+    {
+        Campaign::Delayed => {}
+        other => {
+            return Err(format!(
+            "a campaign right after the holder's lease was revoked answered {other:?}, not Delayed"
+        ))
+        }
+    }
+    loop {
+        match s.coord.campaign(&a, &record("node-a")).await.ctx("campaign")? {
+            Campaign::Won(_) => break,
+            Campaign::Delayed if revoked.elapsed() < delay + s.timing.expiry => {
+                tokio::time::sleep(delay / 4).await;
+            }
+            other => {
+                return Err(format!(
+                    "{:?} after the revocation a campaign answered {other:?}, with a lock-delay of {delay:?}",
+                    revoked.elapsed()
+                ))
+            }
+        }
+    }
+    ensure(revoked.elapsed() >= delay / 2, || {
+        format!(
+            "the lock-delay of {delay:?} ended after {:?}",
+            revoked.elapsed()
+        )
+    })
+}
+
+/// `open_lease` takes up the previous lease only if it is alive and this node's own; a
+/// campaign with an ended lease answers `LeaseGone`.
+pub async fn previous_lease_is_taken_up_only_if_alive_and_own(s: Subject) -> Result<(), String> {
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let _renew_a = Renewer::start(&s, &a);
+    let other = s
+        .coord
+        .open_lease(&spec(&s, "node-b", Duration::ZERO, Some(a.clone())))
+        .await
+        .ctx("open_lease")?;
+    ensure(!other.reused && other.lease != a, || {
+        format!("another node took up node-a's lease: {other:?}")
+    })?;
+    let own = s
+        .coord
+        .open_lease(&spec(&s, "node-a", Duration::ZERO, Some(a.clone())))
+        .await
+        .ctx("open_lease")?;
+    ensure(own.reused && own.lease == a, || {
+        format!("node-a did not take up its own live lease: {own:?}")
+    })?;
+    s.coord.revoke(&a).await.ctx("revoke")?;
+    let after = s
+        .coord
+        .open_lease(&spec(&s, "node-a", Duration::ZERO, Some(a.clone())))
+        .await
+        .ctx("open_lease")?;
+    ensure(!after.reused && after.lease != a, || {
+        format!("a revoked lease was taken up: {after:?}")
+    })?;
+    match s
+        .coord
+        .campaign(&a, &record("node-a"))
+        .await
+        .ctx("campaign")?
+    {
+        Campaign::LeaseGone => Ok(()),
+        other => Err(format!(
+            "a campaign with a revoked lease answered {other:?}, not LeaseGone"
+        )),
+    }
+}
+
+/// A keep-alive of a revoked lease, or of one left to expire, answers `Gone`; a lease
+/// kept alive lives on well past its TTL.
+pub async fn keep_alive_of_an_ended_lease_is_gone(s: Subject) -> Result<(), String> {
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let kept = open(&s, "node-k", Duration::ZERO).await?;
+    let renewer = Renewer::start(&s, &kept);
+    s.coord.revoke(&a).await.ctx("revoke")?;
+    let renewal = s.coord.keep_alive(&a).await.ctx("keep_alive")?;
+    ensure(renewal == Renewal::Gone, || {
+        format!("a keep-alive of a revoked lease answered {renewal:?}")
+    })?;
+
+    let e = open(&s, "node-e", Duration::ZERO).await?;
+    let started = Instant::now();
+    lead(&s, &e, "node-e").await?;
+    tokio::time::sleep(s.timing.ttl / 2).await;
+    let (holder, _) = s
+        .coord
+        .observe(Version(0), Duration::ZERO)
+        .await
+        .ctx("observe")?;
+    ensure(
+        holder.lease.as_ref() == Some(&e) || started.elapsed() >= s.timing.ttl,
+        || {
+            format!(
+                "a lease lost leadership {:?} after its last keep-alive, within its TTL {:?}",
+                started.elapsed(),
+                s.timing.ttl
+            )
+        },
+    )?;
+    wait_until_not_held_by(&s, &e).await?;
+    let renewal = s.coord.keep_alive(&e).await.ctx("keep_alive")?;
+    ensure(renewal == Renewal::Gone, || {
+        format!("a keep-alive of an expired lease answered {renewal:?}")
+    })?;
+    drop(renewer);
+    let renewal = s.coord.keep_alive(&kept).await.ctx("keep_alive")?;
+    ensure(renewal == Renewal::Alive, || {
+        format!(
+            "a lease kept alive through {:?} answered {renewal:?}",
+            started.elapsed()
+        )
+    })
+}

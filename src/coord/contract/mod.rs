@@ -1,0 +1,150 @@
+//! The contract every coordinator passes: the module header of [`crate::coord`] as checks
+//! that run against any [`Coordinator`], the in-memory one in unit tests and real servers
+//! (`leaderq server` through the Consul backend, later ZooKeeper, Redis, etcd) in the
+//! integration tests.
+//!
+//! Each check takes a fresh [`Subject`] (a coordinator nobody else uses, a producer to
+//! write tasks with, prefixes of its own and the timing to use) and answers `Ok(())` or
+//! what broke. [`CHECKS`] lists them all; [`run_all`] runs them at once and reports every
+//! failure. The checks only use the trait and wait with `tokio::time`, so a coordinator on
+//! tokio's paused clock runs the whole suite in no real time, and a real server with a 1 s
+//! TTL in a few seconds.
+
+mod leadership;
+mod queue;
+mod support;
+mod writes;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use self::leadership::*;
+pub use self::queue::*;
+pub use self::writes::*;
+use super::{CoordFuture, Coordinator};
+
+/// How the checks write tasks: as a producer does, outside the coordinator trait (a KV
+/// PUT on Consul).
+pub trait Producer: Send + Sync {
+    /// Creates the task at `key` or replaces its value.
+    fn put<'a>(&'a self, key: &'a str, value: &'a [u8]) -> CoordFuture<'a, ()>;
+}
+
+/// The times a run uses: the backend's shortest TTL keeps the suite fast.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timing {
+    /// The TTL of every lease the checks open; also the lock-delay where one is wanted.
+    pub ttl: Duration,
+    /// How long after its last keep-alive the backend may take to end a lease (Consul ends
+    /// a session after twice its TTL, and its timer may run a little late).
+    pub expiry: Duration,
+}
+
+impl Timing {
+    /// `ttl`, and an expiry bound of three TTLs.
+    pub fn new(ttl: Duration) -> Timing {
+        Timing {
+            ttl,
+            expiry: ttl * 3,
+        }
+    }
+}
+
+/// What one check runs against. Make a fresh one for every check: a coordinator with a
+/// leadership no one else contends for, and prefixes no other check writes under.
+#[derive(Clone)]
+pub struct Subject {
+    /// The coordinator under test.
+    pub coord: Arc<dyn Coordinator>,
+    /// Writes tasks into that same coordinator.
+    pub producer: Arc<dyn Producer>,
+    /// Where the checks' tasks live, e.g. `contract/<check>/queue/`.
+    pub queue_prefix: String,
+    /// Where they dead-letter tasks; must not lie under `queue_prefix`.
+    pub dead_prefix: String,
+    pub timing: Timing,
+}
+
+/// What a check returns: `Err` says what broke.
+pub type CheckFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+/// One check of the contract.
+#[derive(Clone, Copy)]
+pub struct Check {
+    /// The check's function name, a sentence of what it shows.
+    pub name: &'static str,
+    /// Runs the check on a fresh subject.
+    pub run: fn(Subject) -> CheckFuture,
+}
+
+impl std::fmt::Debug for Check {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+macro_rules! checks {
+    ($($name:ident),* $(,)?) => {
+        /// Every check of the contract, in the order of this module.
+        pub const CHECKS: &[Check] = &[
+            $(Check { name: stringify!($name), run: |subject| Box::pin($name(subject)) }),*
+        ];
+    };
+}
+
+checks!(
+    one_leader_among_concurrent_campaigners,
+    fencing_rises_across_leaders,
+    lock_delay_follows_a_death_not_a_resignation,
+    previous_lease_is_taken_up_only_if_alive_and_own,
+    deposed_leader_writes_nothing,
+    conflict_names_the_key_and_applies_nothing,
+    completing_or_moving_a_gone_task_conflicts,
+    claim_and_complete_follow_versions,
+    list_gives_versions_and_creation_order,
+    list_and_observe_wait_for_a_change_or_the_wait,
+    dead_lease_leaves_its_claims_unheld,
+    move_and_rewrite_keep_the_data,
+    write_own_touches_only_own_claims,
+    write_own_cannot_complete_or_move_what_it_does_not_hold,
+    over_limit_writes_are_refused_whole,
+    keep_alive_of_an_ended_lease_is_gone,
+);
+
+/// Runs every check at once, each on a subject from `make(check name)`, each bounded in
+/// time; `Err` lists every check that failed and why.
+pub async fn run_all<F, Fut>(make: F) -> Result<(), String>
+where
+    F: Fn(&'static str) -> Fut,
+    Fut: Future<Output = Subject>,
+{
+    let mut runs = Vec::new();
+    for check in CHECKS {
+        let subject = make(check.name).await;
+        runs.push((check.name, tokio::spawn(run_one(*check, subject))));
+    }
+    let mut failures = Vec::new();
+    for (name, run) in runs {
+        match run.await {
+            Ok(Ok(())) => {}
+            Ok(Err(why)) => failures.push(format!("{name}: {why}")),
+            Err(err) => failures.push(format!("{name}: panicked: {err}")),
+        }
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("\n"))
+    }
+}
+
+/// Runs one check, failing it if it takes far longer than its waits allow (a hang).
+pub async fn run_one(check: Check, subject: Subject) -> Result<(), String> {
+    let bound = subject.timing.expiry * 10 + Duration::from_secs(10);
+    match tokio::time::timeout(bound, (check.run)(subject)).await {
+        Ok(result) => result,
+        Err(_) => Err(format!("no answer within {bound:?}: a call hangs")),
+    }
+}

@@ -1,0 +1,385 @@
+//! The contract's checks of the queue: listing and waiting, claims of a dead lease,
+//! dead-letters and requeues, a lease's writes to its own claims.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::support::*;
+use super::Subject;
+use crate::coord::{TaskOp, Version, Written};
+
+/// `list` gives the tasks under the prefix in key order with their values, versions and
+/// creation order (kept across rewrites); `keys` and `get` agree with it.
+pub async fn list_gives_versions_and_creation_order(s: Subject) -> Result<(), String> {
+    let kb = put(&s, "b", b"{\"n\":\"b\"}").await?;
+    let ka = put(&s, "a", b"{\"n\":\"a\"}").await?;
+    let kc = put(&s, "c", b"{\"n\":\"c\"}").await?;
+    let dead = format!("{}a", s.dead_prefix);
+    s.producer.put(&dead, b"{}").await.ctx("put")?;
+    let (first, _) = list_now(&s).await?;
+    let a_first = first.iter().find(|t| t.key == ka).cloned();
+    s.producer
+        .put(&ka, b"{\"n\":\"a\",\"again\":true}")
+        .await
+        .ctx("put")?;
+    let (tasks, version) = list_now(&s).await?;
+    let keys: Vec<&str> = tasks.iter().map(|t| t.key.as_str()).collect();
+    ensure(keys == [ka.as_str(), kb.as_str(), kc.as_str()], || {
+        format!("list gave the keys {keys:?}, not a, b, c under the prefix")
+    })?;
+    let [a, b, c] = tasks.as_slice() else {
+        return Err(format!("list gave {tasks:?}"));
+    };
+    ensure(b.created < a.created && a.created < c.created, || {
+        format!("the creation order is not b, a, c: {tasks:?}")
+    })?;
+    ensure(
+        a.value == b"{\"n\":\"a\",\"again\":true}" && b.value == b"{\"n\":\"b\"}",
+        || format!("list gave other values than were written: {tasks:?}"),
+    )?;
+    let a_first = a_first.ok_or("the first list did not give a")?;
+    ensure(
+        a.version != a_first.version && a.created == a_first.created,
+        || {
+            format!(
+                "a rewrite should move the version and keep the creation: {a_first:?} became {a:?}"
+            )
+        },
+    )?;
+    ensure(
+        tasks
+            .iter()
+            .all(|t| t.version >= t.created && t.holder.is_none()),
+        || format!("a version before the creation, or a holder: {tasks:?}"),
+    )?;
+    let newest = tasks.iter().map(|t| t.version).max().unwrap_or(0);
+    ensure(version.0 >= newest, || {
+        format!("list's version {version:?} is below a task's version {newest}")
+    })?;
+    let (keys, _) = s.coord.keys(&s.queue_prefix).await.ctx("keys")?;
+    ensure(keys == [ka.clone(), kb.clone(), kc.clone()], || {
+        format!("keys gave {keys:?}")
+    })?;
+    let missing = format!("{}missing", s.queue_prefix);
+    let got = get(&s, &[kc.clone(), missing]).await?;
+    ensure(got.len() == 1 && got[0] == *c, || {
+        format!("get of c and a missing key gave {got:?}, not c alone")
+    })
+}
+
+/// A `list` or `observe` past the current version waits: it answers unchanged after the
+/// wait, and at once (well before the wait) when a task is written or the leader resigns.
+pub async fn list_and_observe_wait_for_a_change_or_the_wait(s: Subject) -> Result<(), String> {
+    let wait = s.timing.ttl / 2;
+    put(&s, "t1", b"{}").await?;
+    let (_, version) = list_now(&s).await?;
+    let started = Instant::now();
+    let (tasks, unchanged) = s
+        .coord
+        .list(&s.queue_prefix, version, wait)
+        .await
+        .ctx("list")?;
+    let tasks = seen(tasks);
+    ensure(started.elapsed() >= wait / 2 && tasks.len() == 1, || {
+        format!("a list with nothing to wait for answered after {:?} of a {wait:?} wait with {tasks:?} at {unchanged:?}", started.elapsed())
+    })?;
+
+    let long = s.timing.expiry * 4;
+    let coord = s.coord.clone();
+    let prefix = s.queue_prefix.clone();
+    let started = Instant::now();
+    let waiter = tokio::spawn(async move { coord.list(&prefix, version, long).await });
+    tokio::time::sleep(wait / 2).await;
+    let key = put(&s, "t2", b"{}").await?;
+    let (tasks, moved) = waiter
+        .await
+        .map_err(|err| format!("list panicked: {err}"))?
+        .ctx("list")?;
+    let tasks = seen(tasks);
+    ensure(
+        moved > version && tasks.iter().any(|t| t.key == key) && started.elapsed() < long / 2,
+        || {
+            format!("a list waiting past {version:?} answered after {:?} with version {moved:?} and {tasks:?}", started.elapsed())
+        },
+    )?;
+
+    // With a holder in place: on Consul a missing leader key answers the index of the
+    // whole KV store, which other writes may move while the check waits.
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let _renew = Renewer::start(&s, &a);
+    let by_a = lead(&s, &a, "node-a").await?;
+    let (holder, version) = s
+        .coord
+        .observe(Version(0), Duration::ZERO)
+        .await
+        .ctx("observe")?;
+    let started = Instant::now();
+    s.coord.observe(version, wait).await.ctx("observe")?;
+    ensure(started.elapsed() >= wait / 2, || {
+        format!("an observe with nothing to wait for answered after {:?} of a {wait:?} wait (holder {holder:?})", started.elapsed())
+    })?;
+    let coord = s.coord.clone();
+    let started = Instant::now();
+    let waiter = tokio::spawn(async move { coord.observe(version, long).await });
+    tokio::time::sleep(wait / 2).await;
+    s.coord.resign(&by_a.lease).await.ctx("resign")?;
+    let (holder, moved) = waiter
+        .await
+        .map_err(|err| format!("observe panicked: {err}"))?
+        .ctx("observe")?;
+    ensure(
+        moved > version && holder.lease.is_none() && started.elapsed() < long / 2,
+        || {
+            format!("an observe waiting past {version:?} answered after {:?} with {holder:?} at {moved:?}", started.elapsed())
+        },
+    )
+}
+
+/// A task claimed by a lease that then expires stays in the queue with its value, its
+/// version moved and no holder, and the next leader can requeue and claim it.
+pub async fn dead_lease_leaves_its_claims_unheld(s: Subject) -> Result<(), String> {
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let by_a = lead(&s, &a, "node-a").await?;
+    let key = put(&s, "t1", b"{\"n\":1}").await?;
+    let pending = get_one(&s, &key).await?;
+    let taken = b"{\"n\":1,\"taken\":true}";
+    let written = s
+        .coord
+        .write(&by_a, &[claim(&key, pending.version, taken)])
+        .await
+        .ctx("write")?;
+    ensure(matches!(written, Written::Done { .. }), || {
+        format!("the claim answered {written:?}")
+    })?;
+    let held = get_one(&s, &key).await?;
+    wait_until_not_held_by(&s, &a).await?;
+    let orphan = get_one(&s, &key).await?;
+    ensure(
+        orphan.holder.is_none() && orphan.value == taken && orphan.version != held.version,
+        || format!("after its lease expired the claimed task {held:?} is {orphan:?}"),
+    )?;
+
+    let b = open(&s, "node-b", Duration::ZERO).await?;
+    let _renew = Renewer::start(&s, &b);
+    let by_b = lead(&s, &b, "node-b").await?;
+    let requeued = b"{\"n\":1,\"attempts\":1}";
+    let written = s
+        .coord
+        .write(
+            &by_b,
+            &[TaskOp::Rewrite {
+                key: key.clone(),
+                version: orphan.version,
+                value: requeued.to_vec(),
+            }],
+        )
+        .await
+        .ctx("write")?;
+    ensure(matches!(written, Written::Done { .. }), || {
+        format!("requeueing the orphan answered {written:?}")
+    })?;
+    let back = get_one(&s, &key).await?;
+    let written = s
+        .coord
+        .write(&by_b, &[claim(&key, back.version, taken)])
+        .await
+        .ctx("write")?;
+    ensure(
+        back.value == requeued && matches!(written, Written::Done { .. }),
+        || format!("the requeued task is {back:?} and claiming it answered {written:?}"),
+    )
+}
+
+/// `Move` (dead-letter) and `Rewrite` (requeue) store the value given byte for byte: the
+/// moved task is gone from the queue and unheld at its new key, even if it was claimed;
+/// the rewritten one keeps its place in the creation order.
+pub async fn move_and_rewrite_keep_the_data(s: Subject) -> Result<(), String> {
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let _renew = Renewer::start(&s, &a);
+    let leader = lead(&s, &a, "node-a").await?;
+    let k1 = put(&s, "t1", b"{\"n\":1}").await?;
+    let k2 = put(&s, "t2", b"{\"n\":2}").await?;
+    let k3 = put(&s, "t3", b"{\"n\":3}").await?;
+    let t3 = get_one(&s, &k3).await?;
+    let written = s
+        .coord
+        .write(
+            &leader,
+            &[claim(&k3, t3.version, b"{\"n\":3,\"taken\":true}")],
+        )
+        .await
+        .ctx("write")?;
+    ensure(matches!(written, Written::Done { .. }), || {
+        format!("the claim answered {written:?}")
+    })?;
+    let (t1, t2, t3) = (
+        get_one(&s, &k1).await?,
+        get_one(&s, &k2).await?,
+        get_one(&s, &k3).await?,
+    );
+    let dead_value = "{\"n\":1,\"reason\":\"bad \\\"taskType\\\"\\n\",\"é\":\"✓\"}".as_bytes();
+    let requeued = b"{\"n\":2,\"attempts\":3,\"notBefore\":\"2030-01-01T00:00:00Z\"}";
+    let (d1, d3) = (
+        format!("{}t1", s.dead_prefix),
+        format!("{}t3", s.dead_prefix),
+    );
+    let ops = [
+        TaskOp::Move {
+            key: k1.clone(),
+            version: t1.version,
+            to: d1.clone(),
+            value: dead_value.to_vec(),
+        },
+        TaskOp::Rewrite {
+            key: k2.clone(),
+            version: t2.version,
+            value: requeued.to_vec(),
+        },
+        TaskOp::Move {
+            key: k3.clone(),
+            version: t3.version,
+            to: d3.clone(),
+            value: b"{\"n\":3}".to_vec(),
+        },
+    ];
+    let written = s.coord.write(&leader, &ops).await.ctx("write")?;
+    ensure(matches!(written, Written::Done { .. }), || {
+        format!("a dead-letter and a requeue answered {written:?}")
+    })?;
+    let (queue, _) = list_now(&s).await?;
+    let keys: Vec<&str> = queue.iter().map(|t| t.key.as_str()).collect();
+    ensure(keys == [k2.as_str()], || {
+        format!("after moving t1 and t3 the queue holds {keys:?}")
+    })?;
+    let t2_after = &queue[0];
+    ensure(
+        t2_after.value == requeued
+            && t2_after.created == t2.created
+            && t2_after.version != t2.version
+            && t2_after.holder.is_none(),
+        || format!("the requeued task {t2:?} became {t2_after:?}"),
+    )?;
+    let (dead, _) = list(&s, &s.dead_prefix).await?;
+    ensure(
+        dead.len() == 2
+            && dead[0].key == d1
+            && dead[0].value == dead_value
+            && dead[1].key == d3
+            && dead.iter().all(|t| t.holder.is_none()),
+        || format!("the dead letters are {dead:?}"),
+    )
+}
+
+/// Without leadership a lease can write only tasks it holds itself, all or nothing:
+/// another lease's claim, or a batch with one task not its own, changes nothing.
+pub async fn write_own_touches_only_own_claims(s: Subject) -> Result<(), String> {
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let b = open(&s, "node-b", Duration::ZERO).await?;
+    let _renew_a = Renewer::start(&s, &a);
+    let _renew_b = Renewer::start(&s, &b);
+    let by_a = lead(&s, &a, "node-a").await?;
+    let k1 = put(&s, "t1", b"{\"n\":1}").await?;
+    let k2 = put(&s, "t2", b"{\"n\":2}").await?;
+    let k3 = put(&s, "t3", b"{\"n\":3}").await?;
+    let (t1, t2) = (get_one(&s, &k1).await?, get_one(&s, &k2).await?);
+    let written = s
+        .coord
+        .write(
+            &by_a,
+            &[
+                claim(&k1, t1.version, b"{\"n\":1,\"taken\":true}"),
+                claim(&k2, t2.version, b"{\"n\":2,\"taken\":true}"),
+            ],
+        )
+        .await
+        .ctx("write")?;
+    let Written::Done { versions, .. } = written else {
+        return Err(format!("claiming two tasks answered {written:?}"));
+    };
+    s.coord.resign(&by_a.lease).await.ctx("resign")?;
+    lead(&s, &b, "node-b").await?;
+    let version_of = |key: &str| {
+        versions
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| *v)
+            .ok_or_else(|| format!("the claim answered no version for {key}: {versions:?}"))
+    };
+    let (v1, v2) = (version_of(&k1)?, version_of(&k2)?);
+    let t3 = get_one(&s, &k3).await?;
+    let release = |key: &str, version, value: &[u8]| TaskOp::Release {
+        key: key.to_string(),
+        version,
+        value: value.to_vec(),
+    };
+
+    s.coord
+        .write_own(&a, &[release(&k1, v1, b"{\"n\":1}")])
+        .await
+        .ctx("write_own")?;
+    let after = get_one(&s, &k1).await?;
+    ensure(
+        after.holder.is_none() && after.value == b"{\"n\":1}",
+        || format!("the lease's own release without leadership left {after:?}"),
+    )?;
+
+    let t2_held = get_one(&s, &k2).await?;
+    s.coord
+        .write_own(&b, &[release(&k2, v2, b"{\"n\":2}")])
+        .await
+        .ctx("write_own")?;
+    let after = get_one(&s, &k2).await?;
+    ensure(after == t2_held, || {
+        format!("another lease released a's claim: {t2_held:?} became {after:?}")
+    })?;
+
+    s.coord
+        .write_own(
+            &a,
+            &[
+                release(&k2, v2, b"{\"n\":2}"),
+                release(&k3, t3.version, b"{\"n\":3,\"x\":1}"),
+            ],
+        )
+        .await
+        .ctx("write_own")?;
+    let (after2, after3) = (get_one(&s, &k2).await?, get_one(&s, &k3).await?);
+    ensure(after2 == t2_held && after3 == t3, || {
+        format!("a batch with a task the lease does not hold was applied: {after2:?}, {after3:?}")
+    })
+}
+
+/// Without leadership a lease cannot complete or dead-letter a task it does not hold.
+pub async fn write_own_cannot_complete_or_move_what_it_does_not_hold(
+    s: Subject,
+) -> Result<(), String> {
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let _renew = Renewer::start(&s, &a);
+    let key = put(&s, "t1", b"{\"n\":1}").await?;
+    let task = get_one(&s, &key).await?;
+    let dead = format!("{}t1", s.dead_prefix);
+    let ops = [
+        TaskOp::Complete {
+            key: key.clone(),
+            version: task.version,
+        },
+        TaskOp::Move {
+            key: key.clone(),
+            version: task.version,
+            to: dead.clone(),
+            value: b"{\"n\":1}".to_vec(),
+        },
+    ];
+    for op in ops {
+        s.coord
+            .write_own(&a, std::slice::from_ref(&op))
+            .await
+            .ctx("write_own")?;
+        let after = get(&s, &[key.clone(), dead.clone()]).await?;
+        ensure(after.len() == 1 && after[0] == task, || {
+            format!("{op:?} without leadership, of a task the lease does not hold, left {after:?}")
+        })?;
+    }
+    Ok(())
+}

@@ -1,0 +1,269 @@
+//! The contract's checks of guarded writes: leadership, versions and conflicts, claims
+//! and completions, the write limits.
+
+use std::time::Duration;
+
+use super::support::*;
+use super::Subject;
+use crate::coord::{CoordError, TaskOp, Written};
+
+/// A leader that resigned, or whose lease was revoked, writes nothing: every write answers
+/// `NotLeader` and the task stays as it was.
+pub async fn deposed_leader_writes_nothing(s: Subject) -> Result<(), String> {
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let b = open(&s, "node-b", Duration::ZERO).await?;
+    let _renew_a = Renewer::start(&s, &a);
+    let _renew_b = Renewer::start(&s, &b);
+    let key = put(&s, "t1", b"{\"n\":1}").await?;
+    let before = get_one(&s, &key).await?;
+    let by_a = lead(&s, &a, "node-a").await?;
+    s.coord.resign(&by_a.lease).await.ctx("resign")?;
+    let by_b = lead(&s, &b, "node-b").await?;
+    let writes = |version| {
+        [
+            claim(&key, version, b"{\"taken\":true}"),
+            TaskOp::Complete {
+                key: key.clone(),
+                version,
+            },
+        ]
+    };
+    for op in writes(before.version) {
+        let written = s
+            .coord
+            .write(&by_a, std::slice::from_ref(&op))
+            .await
+            .ctx("write")?;
+        ensure(written == Written::NotLeader, || {
+            format!("{op:?} by a resigned leader answered {written:?}, not NotLeader")
+        })?;
+    }
+    s.coord.revoke(&b).await.ctx("revoke")?;
+    for op in writes(before.version) {
+        let written = s
+            .coord
+            .write(&by_b, std::slice::from_ref(&op))
+            .await
+            .ctx("write")?;
+        ensure(written == Written::NotLeader, || {
+            format!(
+                "{op:?} by a leader whose lease was revoked answered {written:?}, not NotLeader"
+            )
+        })?;
+    }
+    let after = get_one(&s, &key).await?;
+    ensure(after == before, || {
+        format!("writes by deposed leaders changed the task: {before:?} became {after:?}")
+    })
+}
+
+/// A batch with one stale version answers `Conflict` naming that task alone and applies
+/// none of its ops.
+pub async fn conflict_names_the_key_and_applies_nothing(s: Subject) -> Result<(), String> {
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let _renew = Renewer::start(&s, &a);
+    let leader = lead(&s, &a, "node-a").await?;
+    let k1 = put(&s, "t1", b"{\"n\":1}").await?;
+    let k2 = put(&s, "t2", b"{\"n\":2}").await?;
+    let t1 = get_one(&s, &k1).await?;
+    let stale = get_one(&s, &k2).await?;
+    put(&s, "t2", b"{\"n\":2,\"again\":true}").await?;
+    let ops = [
+        claim(&k1, t1.version, b"{\"taken\":1}"),
+        claim(&k2, stale.version, b"{\"taken\":2}"),
+    ];
+    let written = s.coord.write(&leader, &ops).await.ctx("write")?;
+    ensure(written == Written::Conflict(vec![k2.clone()]), || {
+        format!("a claim on a task rewritten since it was read answered {written:?}, not Conflict([{k2:?}])")
+    })?;
+    let after = get_one(&s, &k1).await?;
+    ensure(after == t1, || {
+        format!("the conflicting batch still changed {k1}: {t1:?} became {after:?}")
+    })
+}
+
+/// A task that went (completed by someone else) conflicts: completing or dead-lettering
+/// it again answers `Conflict` naming it and writes nothing, not even the dead letter.
+pub async fn completing_or_moving_a_gone_task_conflicts(s: Subject) -> Result<(), String> {
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let _renew = Renewer::start(&s, &a);
+    let leader = lead(&s, &a, "node-a").await?;
+    let key = put(&s, "t1", b"{\"n\":1}").await?;
+    let task = get_one(&s, &key).await?;
+    let complete = TaskOp::Complete {
+        key: key.clone(),
+        version: task.version,
+    };
+    let written = s
+        .coord
+        .write(&leader, std::slice::from_ref(&complete))
+        .await
+        .ctx("write")?;
+    ensure(matches!(written, Written::Done { .. }), || {
+        format!("completing a pending task answered {written:?}")
+    })?;
+    let dead = format!("{}t1", s.dead_prefix);
+    let moved = TaskOp::Move {
+        key: key.clone(),
+        version: task.version,
+        to: dead.clone(),
+        value: b"{\"n\":1}".to_vec(),
+    };
+    for op in [complete, moved] {
+        let written = s
+            .coord
+            .write(&leader, std::slice::from_ref(&op))
+            .await
+            .ctx("write")?;
+        ensure(written == Written::Conflict(vec![key.clone()]), || {
+            format!(
+                "{op:?} of a task already completed answered {written:?}, not Conflict([{key:?}])"
+            )
+        })?;
+    }
+    let written = get(&s, &[key.clone(), dead]).await?;
+    ensure(written.is_empty(), || {
+        format!("writes to a task that went left {written:?}")
+    })
+}
+
+/// A claim answers the task's new version and the leadership's token; the task is then
+/// held by the leader's lease; completing it with the version before the claim conflicts,
+/// with the claim's version it deletes the task.
+pub async fn claim_and_complete_follow_versions(s: Subject) -> Result<(), String> {
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let _renew = Renewer::start(&s, &a);
+    let leader = lead(&s, &a, "node-a").await?;
+    let key = put(&s, "t1", b"{\"n\":1}").await?;
+    let pending = get_one(&s, &key).await?;
+    let value = b"{\"n\":1,\"taken\":true}";
+    let written = s
+        .coord
+        .write(&leader, &[claim(&key, pending.version, value)])
+        .await
+        .ctx("write")?;
+    let Written::Done {
+        versions,
+        fencing_token,
+    } = written
+    else {
+        return Err(format!("a claim of a pending task answered {written:?}"));
+    };
+    ensure(fencing_token == leader.fencing_token, || {
+        format!(
+            "the claim saw token {fencing_token}, the leadership has {}",
+            leader.fencing_token
+        )
+    })?;
+    let [(claimed_key, claimed)] = versions.as_slice() else {
+        return Err(format!(
+            "a claim of one task answered versions {versions:?}"
+        ));
+    };
+    let held = get_one(&s, &key).await?;
+    ensure(
+        claimed_key == &key
+            && *claimed == held.version
+            && held.version != pending.version
+            && held.holder.as_ref() == Some(&a)
+            && held.value == value,
+        || {
+            format!("after a claim answering ({claimed_key}, {claimed}) the task is {held:?}, was {pending:?}")
+        },
+    )?;
+    let complete = |version| TaskOp::Complete {
+        key: key.clone(),
+        version,
+    };
+    let written = s
+        .coord
+        .write(&leader, &[complete(pending.version)])
+        .await
+        .ctx("write")?;
+    ensure(written == Written::Conflict(vec![key.clone()]), || {
+        format!("completing with the version before the claim answered {written:?}")
+    })?;
+    let written = s
+        .coord
+        .write(&leader, &[complete(held.version)])
+        .await
+        .ctx("write")?;
+    ensure(matches!(written, Written::Done { .. }), || {
+        format!("completing with the claim's version answered {written:?}")
+    })?;
+    let left = get(&s, std::slice::from_ref(&key)).await?;
+    ensure(left.is_empty(), || {
+        format!("a completed task is still there: {left:?}")
+    })
+}
+
+/// A write over the declared limits (operations, the guard counted, or bytes) is refused
+/// whole, and changes nothing; a write at the limits is accepted.
+pub async fn over_limit_writes_are_refused_whole(s: Subject) -> Result<(), String> {
+    let limits = s.coord.limits();
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let _renew = Renewer::start(&s, &a);
+    let leader = lead(&s, &a, "node-a").await?;
+    let key = put(&s, "t0", b"{}").await?;
+    let task = get_one(&s, &key).await?;
+
+    let filler = |count: usize| -> Vec<TaskOp> {
+        (1..count)
+            .map(|n| TaskOp::Complete {
+                key: format!("{}missing-{n}", s.queue_prefix),
+                version: 1,
+            })
+            .collect()
+    };
+    // The real task first, then ops on tasks that do not exist: with the guard, one op
+    // more than the limit allows.
+    let mut over = vec![TaskOp::Complete {
+        key: key.clone(),
+        version: task.version,
+    }];
+    over.extend(filler(limits.max_ops));
+    match s.coord.write(&leader, &over).await {
+        Err(CoordError::Refused(_)) => {}
+        other => {
+            return Err(format!(
+                "a write of {} ops and the guard, over the limit of {}, answered {other:?}",
+                over.len(),
+                limits.max_ops
+            ))
+        }
+    }
+    // At the limit: ops on missing tasks only, so that the task stays whatever they answer.
+    let at = filler(limits.max_ops);
+    match s.coord.write(&leader, &at).await {
+        // Conflict over the missing tasks; whether they conflict is another check's concern.
+        Ok(Written::Conflict(_) | Written::Done { .. }) => {}
+        other => {
+            return Err(format!(
+                "a write of {} ops and the guard, at the limit of {}, answered {other:?}",
+                at.len(),
+                limits.max_ops
+            ))
+        }
+    }
+
+    let big = |len: usize| claim(&key, task.version, &vec![b'x'; len - key.len()]);
+    let written = s.coord.write(&leader, &[big(limits.max_bytes + 1)]).await;
+    ensure(matches!(written, Err(CoordError::Refused(_))), || {
+        format!(
+            "a claim of {} bytes, over the limit of {}, answered {written:?}",
+            limits.max_bytes + 1,
+            limits.max_bytes
+        )
+    })?;
+    let after = get_one(&s, &key).await?;
+    ensure(after == task, || {
+        format!("refused writes changed the task: {task:?} became {after:?}")
+    })?;
+    let written = s.coord.write(&leader, &[big(limits.max_bytes)]).await;
+    ensure(matches!(written, Ok(Written::Done { .. })), || {
+        format!(
+            "a claim of {} bytes, at the limit, answered {written:?}",
+            limits.max_bytes
+        )
+    })
+}

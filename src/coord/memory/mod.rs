@@ -1,0 +1,282 @@
+//! The in-memory coordinator: every [`Coordinator`] guarantee inside one process, for fast
+//! deterministic tests of whatever sits on the seam.
+//!
+//! The rules live in `state.rs`, a pure state machine driven with `now`; this file is the
+//! thin async shell around it: one mutex, the clock (`tokio::time::Instant`, so tests can
+//! pause it), and the wake-ups of blocking `observe`/`list` calls. Leases end lazily: every
+//! call first ends the leases whose TTL ran out, and a blocked waiter sleeps no longer than
+//! the next lease's deadline, so a death is seen on time without any background task.
+//! Test hooks (`put`, `expire_lease`, `set_unavailable`) stand in for producers and
+//! faults. How it meets each guarantee is written in ARCHITECTURE.md ("Coordinators").
+
+mod state;
+#[cfg(test)]
+mod tests;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+pub use self::state::{MemoryConfig, DEFAULT_MAX_BYTES, DEFAULT_MAX_OPS, DEFAULT_TTL_MIN};
+use self::state::{Op, Outcome, State};
+use super::contract::Producer;
+use super::{
+    Campaign, CoordError, CoordFuture, Coordinator, Grant, Holder, HolderRecord, Leadership,
+    LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteLimits, Written,
+};
+
+/// The longest a blocking `observe` or `list` waits, whatever it asks (Consul's cap); it
+/// also keeps `now + wait` from overflowing.
+const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// A coordinator held in this process's memory. Share it (`Arc`) between the replicas of
+/// one test; it runs nothing in the background.
+#[derive(Debug)]
+pub struct MemoryCoordinator {
+    state: Mutex<State>,
+    /// The global version after every change, so blocked waiters look again.
+    changed: watch::Sender<u64>,
+    /// Set by a test: every call answers `CoordError::Unavailable`.
+    unavailable: AtomicBool,
+}
+
+impl Default for MemoryCoordinator {
+    fn default() -> Self {
+        MemoryCoordinator::new(MemoryConfig::default())
+    }
+}
+
+impl MemoryCoordinator {
+    /// An empty coordinator: no lease, no leader, no task.
+    pub fn new(config: MemoryConfig) -> MemoryCoordinator {
+        let core = State::new(config);
+        let (changed, _) = watch::channel(core.index());
+        MemoryCoordinator {
+            state: Mutex::new(core),
+            changed,
+            unavailable: AtomicBool::new(false),
+        }
+    }
+
+    /// Test support: writes a task as a producer does (no guard; a claim on it is kept).
+    pub fn put(&self, key: &str, value: &[u8]) -> Result<(), CoordError> {
+        self.apply(Op::Put {
+            key: key.to_string(),
+            value: value.to_vec(),
+        })
+        .map(drop)
+    }
+
+    /// Test support: ends `lease` now as if its TTL had run out (a replica that hung or
+    /// lost the network): lock-delay applies to what it held.
+    pub fn expire_lease(&self, lease: &LeaseId) -> Result<(), CoordError> {
+        self.apply(Op::Expire(lease.clone())).map(drop)
+    }
+
+    /// Test support: while set, every call answers `CoordError::Unavailable` (a waiter
+    /// blocked in `observe` or `list` too). Time goes on meanwhile: leases not kept alive
+    /// end on schedule.
+    pub fn set_unavailable(&self, unavailable: bool) {
+        self.unavailable.store(unavailable, Ordering::SeqCst);
+        // Wakes the waiters so they answer (or resume waiting) at once.
+        self.changed.send_modify(|_| {});
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state is left consistent between calls, so a panic elsewhere does not spoil it.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn available(&self) -> Result<(), CoordError> {
+        if self.unavailable.load(Ordering::SeqCst) {
+            return Err(CoordError::Unavailable(
+                "the in-memory coordinator is set unavailable by the test: try again later".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the state at the current instant, after ending the leases that ran out,
+    /// and wakes the waiters if anything they could see changed.
+    fn with_state<T>(&self, f: impl FnOnce(&mut State, Instant) -> T) -> Result<T, CoordError> {
+        self.available()?;
+        let mut core = self.lock();
+        let now = Instant::now();
+        let before = core.index();
+        core.expire(now);
+        let answer = f(&mut core, now);
+        if core.index() != before {
+            self.changed.send_replace(core.index());
+        }
+        Ok(answer)
+    }
+
+    fn apply(&self, op: Op) -> Result<Outcome, CoordError> {
+        self.with_state(|core, now| core.apply(op, now))?
+    }
+
+    /// `read` once its version is past `after` (at once for `Version(0)`), or when `wait`
+    /// (at most [`MAX_WAIT`]) is over. Wakes on every change and at every lease deadline, to end that lease.
+    async fn wait_for<T>(
+        &self,
+        after: Version,
+        wait: Duration,
+        read: impl Fn(&State) -> (T, Version),
+    ) -> Result<(T, Version), CoordError> {
+        let end = Instant::now() + wait.min(MAX_WAIT);
+        loop {
+            let (mut changed, wake) = {
+                let (answer, next_deadline, changed) = self.with_state(|core, now| {
+                    let (value, version) = read(core);
+                    let ready = after == Version(0) || version > after || now >= end;
+                    // Subscribed under the lock: no change can slip in before the wait.
+                    (
+                        ready.then_some((value, version)),
+                        core.next_deadline(),
+                        self.changed.subscribe(),
+                    )
+                })?;
+                if let Some(answer) = answer {
+                    return Ok(answer);
+                }
+                (changed, next_deadline.map_or(end, |at| at.min(end)))
+            };
+            tokio::select! {
+                _ = changed.changed() => {}
+                _ = tokio::time::sleep_until(wake) => {}
+            }
+        }
+    }
+}
+
+/// Picks the expected answer out of an [`Outcome`]; another one is a bug in this module.
+fn expect<T>(outcome: Outcome, pick: impl FnOnce(Outcome) -> Option<T>) -> Result<T, CoordError> {
+    let shown = format!("{outcome:?}");
+    pick(outcome).ok_or_else(|| {
+        CoordError::Unavailable(format!(
+            "the in-memory coordinator answered {shown} out of turn: report this bug"
+        ))
+    })
+}
+
+impl Coordinator for MemoryCoordinator {
+    fn describe(&self) -> String {
+        "in-memory coordinator".into()
+    }
+
+    fn open_lease<'a>(&'a self, spec: &'a LeaseSpec) -> CoordFuture<'a, Grant> {
+        Box::pin(async move {
+            expect(self.apply(Op::OpenLease(spec.clone()))?, |o| match o {
+                Outcome::Granted(grant) => Some(grant),
+                _ => None,
+            })
+        })
+    }
+
+    fn keep_alive<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, Renewal> {
+        Box::pin(async move {
+            expect(self.apply(Op::KeepAlive(lease.clone()))?, |o| match o {
+                Outcome::Renewed(renewal) => Some(renewal),
+                _ => None,
+            })
+        })
+    }
+
+    fn revoke<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
+        Box::pin(async move { self.apply(Op::Revoke(lease.clone())).map(drop) })
+    }
+
+    fn close<'a>(&'a self, lease: Option<&'a LeaseId>) -> CoordFuture<'a, ()> {
+        // Nothing else is tied to a node here: closing is revoking.
+        Box::pin(async move {
+            match lease {
+                Some(lease) => self.apply(Op::Revoke(lease.clone())).map(drop),
+                None => self.available(),
+            }
+        })
+    }
+
+    fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)> {
+        Box::pin(self.wait_for(after, wait, State::holder))
+    }
+
+    fn campaign<'a>(
+        &'a self,
+        lease: &'a LeaseId,
+        record: &'a HolderRecord,
+    ) -> CoordFuture<'a, Campaign> {
+        Box::pin(async move {
+            let op = Op::Campaign {
+                lease: lease.clone(),
+                record: record.clone(),
+            };
+            expect(self.apply(op)?, |o| match o {
+                Outcome::Campaigned(campaign) => Some(campaign),
+                _ => None,
+            })
+        })
+    }
+
+    fn resign<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
+        Box::pin(async move { self.apply(Op::Resign(lease.clone())).map(drop) })
+    }
+
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Version,
+        wait: Duration,
+    ) -> CoordFuture<'a, (Vec<StoredTask>, Version)> {
+        Box::pin(self.wait_for(after, wait, move |core| core.list(prefix)))
+    }
+
+    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)> {
+        Box::pin(async move { self.with_state(|core, _| core.keys(prefix)) })
+    }
+
+    fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>> {
+        Box::pin(async move { self.with_state(|core, _| core.get(keys)) })
+    }
+
+    fn write<'a>(
+        &'a self,
+        leadership: &'a Leadership,
+        ops: &'a [TaskOp],
+    ) -> CoordFuture<'a, Written> {
+        Box::pin(async move {
+            let op = Op::Write {
+                leadership: leadership.clone(),
+                ops: ops.to_vec(),
+            };
+            expect(self.apply(op)?, |o| match o {
+                Outcome::Written(written) => Some(written),
+                _ => None,
+            })
+        })
+    }
+
+    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, ()> {
+        Box::pin(async move {
+            let op = Op::WriteOwn {
+                lease: lease.clone(),
+                ops: ops.to_vec(),
+            };
+            // The trait passes no answer on: a batch that does not apply changes nothing,
+            // which the caller sees on its next list.
+            self.apply(op).map(drop)
+        })
+    }
+
+    fn limits(&self) -> WriteLimits {
+        self.lock().limits()
+    }
+}
+
+impl Producer for MemoryCoordinator {
+    fn put<'a>(&'a self, key: &'a str, value: &'a [u8]) -> CoordFuture<'a, ()> {
+        Box::pin(async move { MemoryCoordinator::put(self, key, value) })
+    }
+}

@@ -1,0 +1,244 @@
+//! The contract suite on the in-memory coordinator, one test per check, and coordinators
+//! with one fault each that the suite must catch.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::secs;
+use super::shell::shared;
+use crate::coord::contract::{self, Subject, Timing};
+use crate::coord::memory::MemoryCoordinator;
+use crate::coord::{
+    Campaign, CoordFuture, Coordinator, Grant, Holder, HolderRecord, Leadership, LeaseId,
+    LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteLimits, Written,
+};
+
+fn subject() -> Subject {
+    let coord = shared();
+    Subject {
+        coord: coord.clone(),
+        producer: coord,
+        queue_prefix: "queue/".into(),
+        dead_prefix: "dead/".into(),
+        timing: Timing::new(secs(1)),
+    }
+}
+
+macro_rules! contract_tests {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[doc = concat!("The contract's `", stringify!($name), "` on the in-memory coordinator.")]
+            #[tokio::test(start_paused = true)]
+            async fn $name() {
+                let check = contract::CHECKS
+                    .iter()
+                    .find(|check| check.name == stringify!($name))
+                    .expect("a check of that name");
+                if let Err(why) = contract::run_one(*check, subject()).await {
+                    panic!("{why}");
+                }
+            }
+        )*
+
+        /// Every check of the contract has its test here.
+        #[test]
+        fn every_contract_check_runs_on_the_memory_coordinator() {
+            let here = [$(stringify!($name)),*];
+            for check in contract::CHECKS {
+                assert!(here.contains(&check.name), "{} has no test here", check.name);
+            }
+        }
+    };
+}
+
+contract_tests!(
+    one_leader_among_concurrent_campaigners,
+    fencing_rises_across_leaders,
+    lock_delay_follows_a_death_not_a_resignation,
+    previous_lease_is_taken_up_only_if_alive_and_own,
+    deposed_leader_writes_nothing,
+    conflict_names_the_key_and_applies_nothing,
+    completing_or_moving_a_gone_task_conflicts,
+    claim_and_complete_follow_versions,
+    list_gives_versions_and_creation_order,
+    list_and_observe_wait_for_a_change_or_the_wait,
+    dead_lease_leaves_its_claims_unheld,
+    move_and_rewrite_keep_the_data,
+    write_own_touches_only_own_claims,
+    write_own_cannot_complete_or_move_what_it_does_not_hold,
+    over_limit_writes_are_refused_whole,
+    keep_alive_of_an_ended_lease_is_gone,
+);
+
+/// `run_all` runs every check and passes on a coordinator that keeps the contract.
+#[tokio::test(start_paused = true)]
+async fn run_all_passes_on_the_memory_coordinator() {
+    let result = contract::run_all(|_| async { subject() }).await;
+    assert_eq!(result, Ok(()));
+}
+
+/// What a [`Broken`] coordinator gets wrong.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    /// A campaign on held leadership wins too.
+    TwoLeaders,
+    /// Every leadership gets token 1.
+    SameToken,
+    /// A batch with a conflict still applies the ops that would succeed alone.
+    PartialWrites,
+    /// `list` and `observe` answer at once, whatever the version.
+    NoWaiting,
+}
+
+/// The in-memory coordinator with one fault, to show the contract catches it.
+struct Broken(MemoryCoordinator, Fault);
+
+impl Coordinator for Broken {
+    fn describe(&self) -> String {
+        format!("in-memory coordinator with {:?}", self.1)
+    }
+    fn open_lease<'a>(&'a self, spec: &'a LeaseSpec) -> CoordFuture<'a, Grant> {
+        self.0.open_lease(spec)
+    }
+    fn keep_alive<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, Renewal> {
+        self.0.keep_alive(lease)
+    }
+    fn revoke<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
+        self.0.revoke(lease)
+    }
+    fn close<'a>(&'a self, lease: Option<&'a LeaseId>) -> CoordFuture<'a, ()> {
+        self.0.close(lease)
+    }
+    fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)> {
+        match self.1 {
+            Fault::NoWaiting => self.0.observe(Version(0), wait),
+            _ => self.0.observe(after, wait),
+        }
+    }
+    fn campaign<'a>(
+        &'a self,
+        lease: &'a LeaseId,
+        record: &'a HolderRecord,
+    ) -> CoordFuture<'a, Campaign> {
+        Box::pin(async move {
+            let answer = self.0.campaign(lease, record).await?;
+            Ok(match (self.1, answer) {
+                (Fault::TwoLeaders, Campaign::Held) => Campaign::Won(Leadership {
+                    lease: lease.clone(),
+                    fencing_token: 1,
+                }),
+                (Fault::SameToken, Campaign::Won(leadership)) => Campaign::Won(Leadership {
+                    fencing_token: 1,
+                    ..leadership
+                }),
+                (_, answer) => answer,
+            })
+        })
+    }
+    fn resign<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
+        self.0.resign(lease)
+    }
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Version,
+        wait: Duration,
+    ) -> CoordFuture<'a, (Vec<StoredTask>, Version)> {
+        match self.1 {
+            Fault::NoWaiting => self.0.list(prefix, Version(0), wait),
+            _ => self.0.list(prefix, after, wait),
+        }
+    }
+    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)> {
+        self.0.keys(prefix)
+    }
+    fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>> {
+        self.0.get(keys)
+    }
+    fn write<'a>(
+        &'a self,
+        leadership: &'a Leadership,
+        ops: &'a [TaskOp],
+    ) -> CoordFuture<'a, Written> {
+        Box::pin(async move {
+            let answer = self.0.write(leadership, ops).await?;
+            if self.1 == Fault::PartialWrites && matches!(answer, Written::Conflict(_)) {
+                for op in ops {
+                    self.0.write(leadership, std::slice::from_ref(op)).await?;
+                }
+            }
+            Ok(answer)
+        })
+    }
+    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, ()> {
+        self.0.write_own(lease, ops)
+    }
+    fn limits(&self) -> WriteLimits {
+        self.0.limits()
+    }
+}
+
+async fn run_broken(fault: Fault, check: &str) -> Result<(), String> {
+    let check = contract::CHECKS
+        .iter()
+        .find(|c| c.name == check)
+        .expect("a check of that name");
+    let broken = Arc::new(Broken(MemoryCoordinator::default(), fault));
+    // Tasks go to the coordinator under test, not to another one.
+    let subject = Subject {
+        coord: broken.clone(),
+        producer: Arc::new(ProducerOf(broken)),
+        ..subject()
+    };
+    contract::run_one(*check, subject).await
+}
+
+/// Writes tasks through the inner coordinator of a [`Broken`] one.
+struct ProducerOf(Arc<Broken>);
+
+impl contract::Producer for ProducerOf {
+    fn put<'a>(&'a self, key: &'a str, value: &'a [u8]) -> CoordFuture<'a, ()> {
+        contract::Producer::put(&self.0 .0, key, value)
+    }
+}
+
+/// The contract catches two leaders, a token that does not rise, a batch applied in part
+/// and reads that do not wait, each in the check that is about it.
+#[tokio::test(start_paused = true)]
+async fn the_contract_catches_broken_coordinators() {
+    for (fault, check) in [
+        (Fault::TwoLeaders, "one_leader_among_concurrent_campaigners"),
+        (Fault::SameToken, "fencing_rises_across_leaders"),
+        (
+            Fault::PartialWrites,
+            "conflict_names_the_key_and_applies_nothing",
+        ),
+        (
+            Fault::NoWaiting,
+            "list_and_observe_wait_for_a_change_or_the_wait",
+        ),
+    ] {
+        let result = run_broken(fault, check).await;
+        assert!(result.is_err(), "{check} passed with {fault:?}");
+        println!("{fault:?}: {check}: {}", result.unwrap_err());
+    }
+}
+
+/// `run_all` names every check that fails.
+#[tokio::test(start_paused = true)]
+async fn run_all_names_the_failed_checks() {
+    let result = contract::run_all(|_| async {
+        let broken = Arc::new(Broken(MemoryCoordinator::default(), Fault::TwoLeaders));
+        Subject {
+            coord: broken.clone(),
+            producer: Arc::new(ProducerOf(broken)),
+            ..subject()
+        }
+    })
+    .await;
+    let failures = result.expect_err("two leaders pass the contract");
+    assert!(
+        failures.contains("one_leader_among_concurrent_campaigners: "),
+        "{failures}"
+    );
+}
