@@ -3,6 +3,8 @@
 //! SIGKILL. Short TTLs come from the server's `--session-ttl-min 1s` test knob.
 
 mod common;
+#[path = "consumer/queue_edges.rs"]
+mod queue_edges;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
