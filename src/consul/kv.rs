@@ -1,4 +1,4 @@
-//! KV reads and writes: get, recursive list, put (plain, cas, acquire, release), delete.
+//! KV reads and writes: get, recursive list, keys, put (plain, cas, acquire, release), delete.
 
 use base64::Engine as _;
 use reqwest::{Method, StatusCode};
@@ -118,6 +118,34 @@ impl Client {
         match response.status() {
             StatusCode::NOT_FOUND => Ok((Vec::new(), index)),
             StatusCode::OK => Ok((decode_entries(response).await?, index)),
+            _ => Err(status_error(response).await),
+        }
+    }
+
+    /// The keys under `prefix` (no values), in key order; empty when there is none.
+    pub async fn kv_keys(
+        &self,
+        prefix: &str,
+        options: QueryOptions,
+    ) -> Result<(Vec<String>, u64), Error> {
+        let path = format!(
+            "/v1/kv/{}{}",
+            escape_key(prefix),
+            query_suffix(&options, vec!["keys".into()])
+        );
+        let response = self
+            .send(Method::GET, &path, None, self.timeout_for(&options))
+            .await?;
+        let index = index_header(&response);
+        match response.status() {
+            StatusCode::NOT_FOUND => Ok((Vec::new(), index)),
+            StatusCode::OK => {
+                let keys = response
+                    .json()
+                    .await
+                    .map_err(|e| Error::Decode(e.to_string()))?;
+                Ok((keys, index))
+            }
             _ => Err(status_error(response).await),
         }
     }

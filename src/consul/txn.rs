@@ -1,4 +1,5 @@
-//! `/v1/txn`: several KV operations applied atomically, or none.
+//! `/v1/txn`: several KV operations applied atomically, or none, and the limits Consul puts
+//! on one transaction (operations, encoded body size), so that callers can plan within them.
 
 use base64::Engine as _;
 use reqwest::{Method, StatusCode};
@@ -7,6 +8,16 @@ use serde_json::{json, Value};
 
 use super::kv::WireEntry;
 use super::{status_error, Client, Error, KvPair};
+
+/// Operations in one transaction. Consul refuses more than 128 with a 413, and versions
+/// before 1.6 (still deployed) more than 64; staying within 64 works with every version.
+pub const TXN_MAX_OPS: usize = 64;
+
+/// Encoded body bytes leaderq puts in one transaction. Consul refuses a body over
+/// `txn_max_req_len` (512 KiB by default) with a 413; values travel base64-encoded (4/3 of
+/// their size). The 32 KiB margin keeps a body that an exact count puts just under the
+/// limit clear of a proxy's or a version's slightly different accounting.
+pub const TXN_MAX_BODY: usize = 480 * 1024;
 
 /// One KV operation of a transaction.
 #[derive(Clone, Debug)]
@@ -42,11 +53,39 @@ pub enum TxnOp {
         key: String,
         session: String,
     },
+    /// Reads a key (with its value); fails the transaction when the key does not exist.
+    Get {
+        key: String,
+    },
 }
 
 impl TxnOp {
     fn to_json(&self) -> Value {
-        let b64 = |value: &[u8]| base64::engine::general_purpose::STANDARD.encode(value);
+        self.to_json_with(&|value: &[u8]| base64::engine::general_purpose::STANDARD.encode(value))
+    }
+
+    /// The value this op writes, if any.
+    fn value(&self) -> Option<&[u8]> {
+        match self {
+            TxnOp::Set { value, .. }
+            | TxnOp::Cas { value, .. }
+            | TxnOp::Lock { value, .. }
+            | TxnOp::Unlock { value, .. } => Some(value),
+            _ => None,
+        }
+    }
+
+    /// Exactly how many bytes this op takes in the transaction's JSON body. The value is
+    /// counted by its base64 length (base64 needs no JSON escaping), so it is never encoded.
+    pub fn encoded_len(&self) -> usize {
+        let skeleton = self
+            .to_json_with(&|_: &[u8]| String::new())
+            .to_string()
+            .len();
+        skeleton + self.value().map_or(0, |value| value.len().div_ceil(3) * 4)
+    }
+
+    fn to_json_with(&self, b64: &dyn Fn(&[u8]) -> String) -> Value {
         let kv = match self {
             TxnOp::Set { key, value } => json!({"Verb": "set", "Key": key, "Value": b64(value)}),
             TxnOp::Cas { key, value, index } => {
@@ -75,9 +114,31 @@ impl TxnOp {
             TxnOp::CheckSession { key, session } => {
                 json!({"Verb": "check-session", "Key": key, "Session": session})
             }
+            TxnOp::Get { key } => json!({"Verb": "get", "Key": key}),
         };
         json!({ "KV": kv })
     }
+}
+
+/// The JSON body's length for ops whose encoded lengths are `lens`: `[`, the ops joined
+/// by commas, `]`.
+pub fn body_len(lens: impl IntoIterator<Item = usize>) -> usize {
+    let (count, sum) = lens
+        .into_iter()
+        .fold((0usize, 0usize), |(count, sum), len| (count + 1, sum + len));
+    2 + sum + count.saturating_sub(1)
+}
+
+/// Whether `ops` fit one transaction (operations and encoded bytes).
+pub fn fits(ops: &[TxnOp]) -> bool {
+    ops.len() <= TXN_MAX_OPS && body_len(ops.iter().map(TxnOp::encoded_len)) <= TXN_MAX_BODY
+}
+
+/// The largest value (raw bytes) that still fits when added, base64-encoded, to `ops`,
+/// whose own values are already counted.
+pub fn value_room(ops: &[TxnOp]) -> usize {
+    let used = body_len(ops.iter().map(TxnOp::encoded_len));
+    TXN_MAX_BODY.saturating_sub(used) / 4 * 3
 }
 
 /// A failed op of a rolled-back transaction.
@@ -140,5 +201,71 @@ impl Client {
             .map(KvPair::try_from)
             .collect::<Result<Vec<_>, _>>()?;
         Ok(TxnOutcome::Committed(entries))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn encoded(ops: &[TxnOp]) -> usize {
+        Value::Array(ops.iter().map(TxnOp::to_json).collect())
+            .to_string()
+            .len()
+    }
+
+    /// The counted length is exactly the encoded body's, whatever the value's length
+    /// modulo 3 and whatever the key needs escaped.
+    #[test]
+    fn encoded_len_is_exact() {
+        for n in [0, 1, 2, 3, 4, 5, 1000, 20_001] {
+            let ops = vec![
+                TxnOp::CheckSession {
+                    key: "leader".into(),
+                    session: "0b5c7a1e-3d2f-4c1b-9a8e-7f6d5c4b3a21".into(),
+                },
+                TxnOp::CheckIndex {
+                    key: "q/\"quoted\"\n\u{7f}é".into(),
+                    index: 123_456_789,
+                },
+                TxnOp::Lock {
+                    key: "q/a".into(),
+                    value: vec![b'x'; n],
+                    session: "s".into(),
+                },
+                TxnOp::DeleteCas {
+                    key: "q/b".into(),
+                    index: 7,
+                },
+                TxnOp::Get { key: "q/c".into() },
+            ];
+            assert_eq!(
+                body_len(ops.iter().map(TxnOp::encoded_len)),
+                encoded(&ops),
+                "{n}"
+            );
+        }
+        assert_eq!(body_len([]), 2);
+    }
+
+    /// A value gets the room left in the body, in raw bytes.
+    #[test]
+    fn value_room_is_what_base64_leaves() {
+        let ops = vec![TxnOp::Set {
+            key: "d/a".into(),
+            value: Vec::new(),
+        }];
+        let room = value_room(&ops);
+        let mut with = ops.clone();
+        with[0] = TxnOp::Set {
+            key: "d/a".into(),
+            value: vec![0; room],
+        };
+        assert!(fits(&with));
+        with[0] = TxnOp::Set {
+            key: "d/a".into(),
+            value: vec![0; room + 3],
+        };
+        assert!(!fits(&with));
     }
 }

@@ -169,7 +169,8 @@ async fn earlier_task_put_during_a_backlog_is_claimed_next() {
     );
     assert!(
         later.len() <= 1,
-        "later tasks started before the earlier one: {later:?}"
+        "later tasks started before the earlier one: {later:?}\n{}",
+        bed.replicas[0].log_text()
     );
     bed.wait_until_empty("oracleTask/", Duration::from_secs(30))
         .await;
@@ -209,7 +210,8 @@ async fn retry_that_becomes_due_during_a_backlog_is_claimed_next() {
     );
     assert!(
         later.len() <= 1,
-        "later tasks started before the due retry: {later:?}"
+        "later tasks started before the due retry: {later:?}\n{}",
+        bed.replicas[0].log_text()
     );
     bed.wait_until_empty("oracleTask/", Duration::from_secs(30))
         .await;
