@@ -135,6 +135,7 @@ impl Queue {
                 wait: Some(self.wait),
             };
             pacer.sent();
+            let list_started = Instant::now();
             let listed = tokio::select! {
                 _ = shutdown.cancelled() => return LeadEnd::Shutdown,
                 _ = lease.expired() => return LeadEnd::StepDown("session not renewed within its TTL".into()),
@@ -157,7 +158,17 @@ impl Queue {
                 self.metrics.blocking_restarts.inc();
             }
             let moved = index.update(returned) || options.index == 0;
-            match self.pick(leadership, entries, &mut warned).await {
+            // What listing cost, for spacing listings out: a listing that may have waited
+            // on the blocking query counts from its answer.
+            let listed_from = if options.index == 0 {
+                list_started
+            } else {
+                Instant::now()
+            };
+            match self
+                .pick(leadership, entries, &mut warned, listed_from)
+                .await
+            {
                 Ok(Pick::Run(backlog)) => {
                     let (end, left) = self
                         .work_through(leadership, lease, shutdown, backlog, &mut warned)
@@ -166,6 +177,8 @@ impl Queue {
                     if let Some(end) = end {
                         return end;
                     }
+                    // The leader's own writes moved the queue: list again without waiting.
+                    index.reset();
                 }
                 Ok(Pick::WaitUntil(at)) => {
                     self.count_dead().await;
@@ -215,19 +228,27 @@ impl Queue {
     }
 
     /// Sorts a listing out and says what to do with it: work through its pending tasks,
-    /// wait for the earliest retry, or list again.
+    /// wait for the earliest retry, or list again. `listed_from` is when the listing began
+    /// costing time.
     async fn pick(
         &self,
         leadership: &Leadership,
         entries: Vec<KvPair>,
         warned: &mut HashSet<String>,
+        listed_from: Instant,
     ) -> Result<Pick, LeadEnd> {
         let now = Utc::now();
         let sorted = self.sort_out(leadership, entries, warned, now).await?;
         self.metrics
             .queue_depth(sorted.pending.len(), sorted.in_flight, sorted.delayed.len());
         if !sorted.pending.is_empty() {
-            let backlog = Backlog::new(sorted.pending, sorted.delayed, sorted.keys, Utc::now());
+            let backlog = Backlog::new(
+                sorted.pending,
+                sorted.delayed,
+                sorted.keys,
+                Utc::now(),
+                listed_from.elapsed(),
+            );
             return Ok(Pick::Run(backlog));
         }
         if sorted.changed {

@@ -28,8 +28,12 @@ pub const LOOK_INTERVAL: Duration = Duration::from_millis(20);
 pub const LOOK_COST_FACTOR: u32 = 10;
 /// Tasks claimed from one listing before listing again. New keys and due retries are seen
 /// by the looks; only a pending task that a producer rewrote in place with an earlier
-/// taskTime (its key is not new) waits for the next listing, so at most this many claims.
+/// taskTime (its key is not new) waits for the next listing.
 pub const MAX_TASKS_PER_LISTING: usize = 256;
+/// A listing costs time in proportion to the queue's bytes (a backlog of large values is
+/// tens of MB); the leader lists again no sooner than this many times the last listing's
+/// duration, so that listing again takes at most a tenth of its time.
+pub const LIST_COST_FACTOR: u32 = 10;
 /// More new keys than this at one look: list the queue again rather than read them.
 pub const MAX_FETCH: usize = 256;
 
@@ -153,6 +157,13 @@ pub fn eligibility(task: &Task, now: DateTime<Utc>, horizon: chrono::Duration) -
     }
 }
 
+/// Whether `then` is at least `age` before `now`, or after it (the wall clock went back).
+fn older_than(now: DateTime<Utc>, then: DateTime<Utc>, age: Duration) -> bool {
+    now.signed_duration_since(then)
+        .to_std()
+        .map_or(true, |since| since >= age)
+}
+
 /// What the leader does next while working through a listing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Next {
@@ -182,24 +193,29 @@ pub struct Backlog {
     pending: VecDeque<Task>,
     delayed: Vec<Task>,
     known: HashSet<String>,
+    listed_at: DateTime<Utc>,
+    list_cost: Duration,
     last_look: DateTime<Utc>,
     look_cost: Duration,
     claimed: usize,
 }
 
 impl Backlog {
-    /// The picture a listing at `now` gave: `known` holds every key listed that is still
-    /// there (in flight, foreign and delayed ones included).
+    /// The picture a listing at `now` gave, which took `list_cost`: `known` holds every key
+    /// listed that is still there (in flight, foreign and delayed ones included).
     pub fn new(
         pending: Vec<Task>,
         delayed: Vec<Task>,
         known: HashSet<String>,
         now: DateTime<Utc>,
+        list_cost: Duration,
     ) -> Backlog {
         let mut backlog = Backlog {
             pending: VecDeque::with_capacity(pending.len()),
             delayed: Vec::new(),
             known,
+            listed_at: now,
+            list_cost,
             last_look: now,
             look_cost: Duration::ZERO,
             claimed: 0,
@@ -208,23 +224,25 @@ impl Backlog {
         backlog
     }
 
-    /// Decides the next step: list again after MAX_TASKS_PER_LISTING claims; move retries
-    /// that are due now among the pending ones; look at the keys when the last look is
-    /// LOOK_INTERVAL (or ten times its cost) old, or the clock went back; otherwise claim.
+    /// Decides the next step: list again after MAX_TASKS_PER_LISTING claims once the
+    /// listing is ten times its cost old; move retries that are due now among the pending
+    /// ones; look at the keys when the last look is LOOK_INTERVAL (or ten times its cost)
+    /// old; otherwise claim. A clock that went back counts as old enough.
     pub fn next(&mut self, now: DateTime<Utc>) -> Next {
-        if self.claimed >= MAX_TASKS_PER_LISTING {
+        if self.claimed >= MAX_TASKS_PER_LISTING
+            && older_than(now, self.listed_at, self.list_cost * LIST_COST_FACTOR)
+        {
             return Next::Relist;
         }
         self.promote(now);
         if self.pending.is_empty() {
             return Next::Done;
         }
-        let since = now.signed_duration_since(self.last_look);
         let spacing = LOOK_INTERVAL.max(self.look_cost * LOOK_COST_FACTOR);
-        match since.to_std() {
-            Ok(since) if since < spacing => Next::Claim,
-            // Old enough, or negative: the wall clock went back.
-            _ => Next::Look,
+        if older_than(now, self.last_look, spacing) {
+            Next::Look
+        } else {
+            Next::Claim
         }
     }
 
@@ -477,6 +495,7 @@ mod tests {
             vec![],
             known(&["q/a", "q/b"]),
             at(0),
+            Duration::ZERO,
         );
         assert_eq!(keys(&backlog), ["q/a", "q/b"]);
         assert_eq!(backlog.next(at(0)), Next::Claim);
@@ -493,7 +512,13 @@ mod tests {
     /// A costly look spaces the next one out to ten times its cost.
     #[test]
     fn costly_looks_are_spaced_out() {
-        let mut backlog = Backlog::new(vec![task("q/a", 1, None)], vec![], known(&["q/a"]), at(0));
+        let mut backlog = Backlog::new(
+            vec![task("q/a", 1, None)],
+            vec![],
+            known(&["q/a"]),
+            at(0),
+            Duration::ZERO,
+        );
         backlog.looked(vec!["q/a".into()], at(0), Duration::from_millis(8));
         assert_eq!(backlog.next(at(79)), Next::Claim);
         assert_eq!(backlog.next(at(80)), Next::Look);
@@ -512,6 +537,7 @@ mod tests {
             vec![],
             known(&["q/b", "q/c", "q/d", "q/running"]),
             at(0),
+            Duration::ZERO,
         );
         assert_eq!(backlog.take(1).len(), 1);
         let looked = backlog.looked(
@@ -534,7 +560,13 @@ mod tests {
     /// shows up: a producer's re-PUT of a finished task's key is not missed.
     #[test]
     fn a_forgotten_key_is_read_again() {
-        let mut backlog = Backlog::new(vec![task("q/a", 1, None)], vec![], known(&["q/a"]), at(0));
+        let mut backlog = Backlog::new(
+            vec![task("q/a", 1, None)],
+            vec![],
+            known(&["q/a"]),
+            at(0),
+            Duration::ZERO,
+        );
         let claimed = backlog.take(1);
         backlog.forget(&claimed[0].key);
         assert_eq!(
@@ -551,6 +583,7 @@ mod tests {
             vec![task("q/a", 1, Some(at(100)))],
             known(&["q/a", "q/b", "q/c"]),
             at(0),
+            Duration::ZERO,
         );
         assert_eq!(backlog.next(at(10)), Next::Claim);
         assert_eq!(keys(&backlog), ["q/b", "q/c"]);
@@ -570,7 +603,7 @@ mod tests {
         let tasks = (0..300)
             .map(|n| task(&format!("q/{n:03}"), n, None))
             .collect();
-        let mut backlog = Backlog::new(tasks, vec![], HashSet::new(), at(0));
+        let mut backlog = Backlog::new(tasks, vec![], HashSet::new(), at(0), Duration::ZERO);
         let taken = backlog.take(MAX_TASKS_PER_LISTING);
         assert_eq!(backlog.next(at(1)), Next::Relist);
         let mut taken = taken;
@@ -582,14 +615,40 @@ mod tests {
             vec![task("q/a", 1, Some(at(500)))],
             HashSet::new(),
             at(0),
+            Duration::ZERO,
         );
         assert_eq!(waiting.next(at(1)), Next::Done);
+    }
+
+    /// A costly listing (a backlog of large values) is repeated no sooner than ten times
+    /// its cost, however many tasks were claimed.
+    #[test]
+    fn costly_listings_are_spaced_out() {
+        let tasks = (0..300)
+            .map(|n| task(&format!("q/{n:03}"), n, None))
+            .collect();
+        let mut backlog = Backlog::new(
+            tasks,
+            vec![],
+            HashSet::new(),
+            at(0),
+            Duration::from_millis(200),
+        );
+        backlog.take(MAX_TASKS_PER_LISTING);
+        assert_eq!(backlog.next(at(10)), Next::Claim);
+        assert_eq!(backlog.next(at(2_000)), Next::Relist);
     }
 
     /// More new keys than MAX_FETCH at one look: list again.
     #[test]
     fn a_flood_of_new_keys_means_listing_again() {
-        let mut backlog = Backlog::new(vec![task("q/a", 1, None)], vec![], known(&["q/a"]), at(0));
+        let mut backlog = Backlog::new(
+            vec![task("q/a", 1, None)],
+            vec![],
+            known(&["q/a"]),
+            at(0),
+            Duration::ZERO,
+        );
         let flood = (0..=MAX_FETCH).map(|n| format!("q/n{n}")).collect();
         assert_eq!(
             backlog.looked(flood, at(30), Duration::ZERO),
