@@ -743,10 +743,9 @@ impl Queue {
         (end, unrecorded)
     }
 
-    /// Plans the next claim: prepares the claims of up to `max_tasks` pending tasks, then
-    /// takes as many as fit one transaction with as many of the `finished` deletions as
-    /// leave room; or, when the first task cannot be claimed even alone, takes that task
-    /// out of the backlog.
+    /// Plans the next claim: prepares claims of up to `max_tasks` pending tasks while they
+    /// fit one transaction, with as many of the `finished` deletions as leave room; or,
+    /// when the first task cannot be claimed even alone, takes that task out of the backlog.
     fn plan_batch(
         &self,
         leadership: &Leadership,
@@ -755,26 +754,41 @@ impl Queue {
         max_tasks: usize,
     ) -> Planned {
         let now = Utc::now();
-        let mut candidates: Vec<Candidate> = backlog
-            .pending()
-            .take(max_tasks)
-            .map(|task| Candidate::new(task, leadership, &self.node_id, now))
-            .collect();
         let deletions: Vec<usize> = finished
             .iter()
             .map(|done| done.deletion().encoded_len())
             .collect();
-        let claims: Vec<usize> = candidates.iter().map(Candidate::encoded_len).collect();
         let guard = self.guard(leadership).encoded_len();
-        match plan::plan_claim(guard, &deletions, &claims, max_tasks, TxnLimits::CONSUL) {
-            ClaimPlan::Take { finished, tasks } => {
-                candidates.truncate(tasks);
-                Planned::Batch {
-                    tasks: backlog.take(tasks),
-                    candidates,
-                    deletions: finished,
+        // Claims are prepared one at a time and only while they fit: preparing one writes
+        // the task's whole value, which is worth skipping for large values.
+        let mut candidates: Vec<Candidate> = Vec::new();
+        let mut claims: Vec<usize> = Vec::new();
+        let mut plan = ClaimPlan::Take {
+            finished: 0,
+            tasks: 0,
+        };
+        for task in backlog.pending().take(max_tasks) {
+            let candidate = Candidate::new(task, leadership, &self.node_id, now);
+            claims.push(candidate.encoded_len());
+            let next = plan::plan_claim(guard, &deletions, &claims, max_tasks, TxnLimits::CONSUL);
+            match next {
+                ClaimPlan::Take { tasks, .. } if tasks == claims.len() => {
+                    candidates.push(candidate);
+                    plan = next;
+                }
+                ClaimPlan::Take { .. } => break,
+                ClaimPlan::TooLarge { .. } => {
+                    plan = next;
+                    break;
                 }
             }
+        }
+        match plan {
+            ClaimPlan::Take { finished, tasks } => Planned::Batch {
+                tasks: backlog.take(tasks),
+                candidates,
+                deletions: finished,
+            },
             ClaimPlan::TooLarge { body } => match backlog.take_first() {
                 Some(task) => Planned::TooLarge {
                     task: Box::new(task),
