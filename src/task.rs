@@ -12,6 +12,7 @@
 //! makes the task due. How far ahead a notBefore is honoured is the queue's decision.
 
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
+use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{json, Map, Value};
 
 use crate::consul::KvPair;
@@ -166,17 +167,14 @@ impl Task {
         }
     }
 
-    /// The task's JSON with `updates` applied (a `Null` removes the field).
+    /// The task's JSON with `updates` applied (a `Null` removes the field). Written
+    /// straight from the fields, without copying them: values can be hundreds of KB.
     pub fn with(&self, updates: &[(&str, Value)]) -> Vec<u8> {
-        let mut fields = self.fields.clone();
-        for (name, value) in updates {
-            if value.is_null() {
-                fields.shift_remove(*name);
-            } else {
-                fields.insert((*name).to_string(), value.clone());
-            }
-        }
-        serde_json::to_vec(&Value::Object(fields)).expect("task JSON serializes")
+        serde_json::to_vec(&Rewritten {
+            fields: &self.fields,
+            updates,
+        })
+        .expect("task JSON serializes")
     }
 
     /// The value written when the leader claims the task.
@@ -201,6 +199,35 @@ impl Task {
             ("takenBy", Value::Null),
             ("takenAt", Value::Null),
         ])
+    }
+}
+
+/// A task's fields with updates applied, as they serialize: an updated field keeps its
+/// place, a new one comes last, a `Null` update removes the field; the last update of a
+/// name wins.
+struct Rewritten<'a> {
+    fields: &'a Map<String, Value>,
+    updates: &'a [(&'a str, Value)],
+}
+
+impl Serialize for Rewritten<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let update = |name: &str| self.updates.iter().rev().find(|(n, _)| *n == name);
+        let mut map = serializer.serialize_map(None)?;
+        for (name, value) in self.fields {
+            match update(name) {
+                Some((_, new)) if new.is_null() => {}
+                Some((_, new)) => map.serialize_entry(name, new)?,
+                None => map.serialize_entry(name, value)?,
+            }
+        }
+        for (i, (name, new)) in self.updates.iter().enumerate() {
+            let last = self.updates.iter().rposition(|(n, _)| n == name) == Some(i);
+            if last && !new.is_null() && !self.fields.contains_key(*name) {
+                map.serialize_entry(name, new)?;
+            }
+        }
+        map.end()
     }
 }
 
@@ -460,9 +487,25 @@ mod tests {
         assert!(retried.taken_by.is_none());
     }
 
-    /// Rewrites keep the producer's fields and their order.
+    /// Rewrites keep the producer's fields and their order; updated fields stay in place,
+    /// new ones come last, nulls remove, the last update of a name wins.
     #[test]
     fn rewrites_preserve_producer_fields_in_order() {
+        let task = Task::parse(&pair(
+            "q/t",
+            r#"{"a":1,"taskType":"x","taskTime":1,"takenBy":{"s":1},"b":2}"#,
+            1,
+        ))
+        .unwrap();
+        let text = String::from_utf8(task.with(&[
+            ("taskTime", json!(5)),
+            ("takenBy", Value::Null),
+            ("new", json!(1)),
+            ("new", json!(2)),
+            ("gone", Value::Null),
+        ]))
+        .unwrap();
+        assert_eq!(text, r#"{"a":1,"taskType":"x","taskTime":5,"b":2,"new":2}"#);
         let task = Task::parse(&pair(
             "q/t",
             r#"{"zeta":1,"taskType":"x","taskTime":1,"alpha":{"n":2}}"#,

@@ -4,7 +4,6 @@
 use base64::Engine as _;
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
-use serde_json::{json, Value};
 
 use super::kv::WireEntry;
 use super::{status_error, Client, Error, KvPair};
@@ -60,10 +59,6 @@ pub enum TxnOp {
 }
 
 impl TxnOp {
-    fn to_json(&self) -> Value {
-        self.to_json_with(&|value: &[u8]| base64::engine::general_purpose::STANDARD.encode(value))
-    }
-
     /// The value this op writes, if any.
     fn value(&self) -> Option<&[u8]> {
         match self {
@@ -78,46 +73,76 @@ impl TxnOp {
     /// Exactly how many bytes this op takes in the transaction's JSON body. The value is
     /// counted by its base64 length (base64 needs no JSON escaping), so it is never encoded.
     pub fn encoded_len(&self) -> usize {
-        let skeleton = self
-            .to_json_with(&|_: &[u8]| String::new())
-            .to_string()
-            .len();
-        skeleton + self.value().map_or(0, |value| value.len().div_ceil(3) * 4)
+        let mut skeleton = Vec::new();
+        self.write_json(&mut skeleton, false);
+        skeleton.len() + self.value().map_or(0, |value| value.len().div_ceil(3) * 4)
     }
 
-    fn to_json_with(&self, b64: &dyn Fn(&[u8]) -> String) -> Value {
-        let kv = match self {
-            TxnOp::Set { key, value } => json!({"Verb": "set", "Key": key, "Value": b64(value)}),
-            TxnOp::Cas { key, value, index } => {
-                json!({"Verb": "cas", "Key": key, "Value": b64(value), "Index": index})
-            }
-            TxnOp::Lock {
-                key,
-                value,
-                session,
-            } => {
-                json!({"Verb": "lock", "Key": key, "Value": b64(value), "Session": session})
-            }
-            TxnOp::Unlock {
-                key,
-                value,
-                session,
-            } => {
-                json!({"Verb": "unlock", "Key": key, "Value": b64(value), "Session": session})
-            }
-            TxnOp::DeleteCas { key, index } => {
-                json!({"Verb": "delete-cas", "Key": key, "Index": index})
-            }
-            TxnOp::CheckIndex { key, index } => {
-                json!({"Verb": "check-index", "Key": key, "Index": index})
-            }
-            TxnOp::CheckSession { key, session } => {
-                json!({"Verb": "check-session", "Key": key, "Session": session})
-            }
-            TxnOp::Get { key } => json!({"Verb": "get", "Key": key}),
+    /// Writes the op's JSON, Consul's `{"KV":{"Verb":…}}`, straight into `out`: values of
+    /// hundreds of KB are base64-encoded into place, with no intermediate JSON tree. With
+    /// `with_value` false the value is left empty (to measure the rest).
+    fn write_json(&self, out: &mut Vec<u8>, with_value: bool) {
+        let (verb, key) = match self {
+            TxnOp::Set { key, .. } => ("set", key),
+            TxnOp::Cas { key, .. } => ("cas", key),
+            TxnOp::Lock { key, .. } => ("lock", key),
+            TxnOp::Unlock { key, .. } => ("unlock", key),
+            TxnOp::DeleteCas { key, .. } => ("delete-cas", key),
+            TxnOp::CheckIndex { key, .. } => ("check-index", key),
+            TxnOp::CheckSession { key, .. } => ("check-session", key),
+            TxnOp::Get { key } => ("get", key),
         };
-        json!({ "KV": kv })
+        out.extend_from_slice(b"{\"KV\":{\"Verb\":\"");
+        out.extend_from_slice(verb.as_bytes());
+        out.extend_from_slice(b"\",\"Key\":");
+        write_string(out, key);
+        if let Some(value) = self.value() {
+            out.extend_from_slice(b",\"Value\":\"");
+            if with_value {
+                let start = out.len();
+                out.resize(start + value.len().div_ceil(3) * 4, 0);
+                let written = base64::engine::general_purpose::STANDARD
+                    .encode_slice(value, &mut out[start..])
+                    .expect("buffer sized for base64");
+                out.truncate(start + written);
+            }
+            out.push(b'"');
+        }
+        match self {
+            TxnOp::Cas { index, .. }
+            | TxnOp::DeleteCas { index, .. }
+            | TxnOp::CheckIndex { index, .. } => {
+                out.extend_from_slice(format!(",\"Index\":{index}").as_bytes());
+            }
+            TxnOp::Lock { session, .. }
+            | TxnOp::Unlock { session, .. }
+            | TxnOp::CheckSession { session, .. } => {
+                out.extend_from_slice(b",\"Session\":");
+                write_string(out, session);
+            }
+            TxnOp::Set { .. } | TxnOp::Get { .. } => {}
+        }
+        out.extend_from_slice(b"}}");
     }
+}
+
+/// A JSON string, escaped as serde_json escapes it.
+fn write_string(out: &mut Vec<u8>, text: &str) {
+    serde_json::to_writer(out, text).expect("a string serializes");
+}
+
+/// The transaction's JSON body: the ops as an array.
+fn body(ops: &[TxnOp]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body_len(ops.iter().map(TxnOp::encoded_len)));
+    out.push(b'[');
+    for (n, op) in ops.iter().enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        op.write_json(&mut out, true);
+    }
+    out.push(b']');
+    out
 }
 
 /// The JSON body's length for ops whose encoded lengths are `lens`: `[`, the ops joined
@@ -158,27 +183,26 @@ pub enum TxnOutcome {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase")]
-struct WireResponse {
-    #[serde(default)]
-    results: Option<Vec<WireResult>>,
+struct WireResponse<'a> {
+    #[serde(default, borrow)]
+    results: Option<Vec<WireResult<'a>>>,
     #[serde(default)]
     errors: Option<Vec<TxnError>>,
 }
 
 #[derive(Deserialize)]
-struct WireResult {
-    #[serde(rename = "KV")]
-    kv: Option<WireEntry>,
+struct WireResult<'a> {
+    #[serde(rename = "KV", borrow)]
+    kv: Option<WireEntry<'a>>,
 }
 
 impl Client {
     pub async fn txn(&self, ops: &[TxnOp]) -> Result<TxnOutcome, Error> {
-        let body = Value::Array(ops.iter().map(TxnOp::to_json).collect());
         let response = self
             .send(
                 Method::PUT,
                 "/v1/txn",
-                Some(body.to_string().into_bytes()),
+                Some(body(ops)),
                 self.request_timeout,
             )
             .await?;
@@ -186,10 +210,12 @@ impl Client {
         if status != StatusCode::OK && status != StatusCode::CONFLICT {
             return Err(status_error(response).await);
         }
-        let wire: WireResponse = response
-            .json()
+        let body = response
+            .bytes()
             .await
             .map_err(|e| Error::Decode(e.to_string()))?;
+        let wire: WireResponse =
+            serde_json::from_slice(&body).map_err(|e| Error::Decode(e.to_string()))?;
         if status == StatusCode::CONFLICT {
             return Ok(TxnOutcome::RolledBack(wire.errors.unwrap_or_default()));
         }
@@ -207,9 +233,42 @@ impl Client {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{json, Value};
+
+    /// Consul's op shape, built the plain way, as the reference for the direct writer.
+    fn reference(op: &TxnOp) -> Value {
+        let b64 = |value: &[u8]| base64::engine::general_purpose::STANDARD.encode(value);
+        let kv = match op {
+            TxnOp::Set { key, value } => json!({"Verb": "set", "Key": key, "Value": b64(value)}),
+            TxnOp::Cas { key, value, index } => {
+                json!({"Verb": "cas", "Key": key, "Value": b64(value), "Index": index})
+            }
+            TxnOp::Lock {
+                key,
+                value,
+                session,
+            } => json!({"Verb": "lock", "Key": key, "Value": b64(value), "Session": session}),
+            TxnOp::Unlock {
+                key,
+                value,
+                session,
+            } => json!({"Verb": "unlock", "Key": key, "Value": b64(value), "Session": session}),
+            TxnOp::DeleteCas { key, index } => {
+                json!({"Verb": "delete-cas", "Key": key, "Index": index})
+            }
+            TxnOp::CheckIndex { key, index } => {
+                json!({"Verb": "check-index", "Key": key, "Index": index})
+            }
+            TxnOp::CheckSession { key, session } => {
+                json!({"Verb": "check-session", "Key": key, "Session": session})
+            }
+            TxnOp::Get { key } => json!({"Verb": "get", "Key": key}),
+        };
+        json!({ "KV": kv })
+    }
 
     fn encoded(ops: &[TxnOp]) -> usize {
-        Value::Array(ops.iter().map(TxnOp::to_json).collect())
+        Value::Array(ops.iter().map(reference).collect())
             .to_string()
             .len()
     }
@@ -238,6 +297,20 @@ mod tests {
                     index: 7,
                 },
                 TxnOp::Get { key: "q/c".into() },
+                TxnOp::Set {
+                    key: "d/a".into(),
+                    value: vec![1; n],
+                },
+                TxnOp::Cas {
+                    key: "q/d".into(),
+                    value: vec![2; n],
+                    index: 9,
+                },
+                TxnOp::Unlock {
+                    key: "q/e".into(),
+                    value: vec![3; n],
+                    session: "s".into(),
+                },
             ];
             assert_eq!(
                 body_len(ops.iter().map(TxnOp::encoded_len)),
