@@ -32,6 +32,9 @@ const SIZED_DRAINS: [(&str, usize); 2] = [("300 B", 300), ("20 KB", 20_000)];
 /// A sized drain stops after this long and reports the rate so far, so that a stalling
 /// queue is measured instead of hanging the bench.
 const SIZED_DRAIN_LIMIT: Duration = Duration::from_secs(60);
+/// Rounds of the sized drains, alternating sizes; the best of each size is reported, which
+/// keeps a moment of load from elsewhere on the machine out of the comparison.
+const SIZED_ROUNDS: usize = 3;
 /// Backlog the order-window measurement PUTs earlier tasks into.
 const ORDER_BACKLOG: usize = 8_000;
 /// Pause between two earlier tasks of the order-window measurement.
@@ -225,13 +228,29 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
 
     // Drains of 300 B and 20 KB tasks, one replica: large values must not slow the claim
     // path down by more than their transfer costs.
-    let mut sized = Vec::new();
-    for (label, bytes) in SIZED_DRAINS {
-        sized.push((
-            label,
-            sized_drain(&http, options.sized_drain_tasks, bytes).await?,
-        ));
+    let mut sized: Vec<(&str, Vec<Drained>)> = SIZED_DRAINS
+        .iter()
+        .map(|(label, _)| (*label, Vec::new()))
+        .collect();
+    'rounds: for _ in 0..SIZED_ROUNDS {
+        for (n, (_, bytes)) in SIZED_DRAINS.iter().enumerate() {
+            let drained = sized_drain(&http, options.sized_drain_tasks, *bytes).await?;
+            let stalled = drained.seen < options.sized_drain_tasks;
+            sized[n].1.push(drained);
+            // A drain that stalls would stall again: one measurement of it is enough.
+            if stalled {
+                break 'rounds;
+            }
+        }
     }
+    let best = |runs: &[Drained]| -> (usize, f64) {
+        runs.iter()
+            .map(|d| (d.seen, d.rate))
+            .fold(
+                (0, 0.0),
+                |best, run| if run.1 > best.1 { run } else { best },
+            )
+    };
 
     let order = order_window(&http, options.order_probes).await?;
 
@@ -362,16 +381,18 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         format!("{:.0}", drain[&3]),
         ">= 1000",
     );
-    for (label, drained) in &sized {
-        let result = if drained.seen < options.sized_drain_tasks {
-            format!("{:.0} ({} in 60 s)", drained.rate, drained.seen)
+    for (label, runs) in &sized {
+        let (seen, rate) = best(runs);
+        let result = if seen < options.sized_drain_tasks {
+            format!("{rate:.0} ({seen} in 60 s)")
         } else {
-            format!("{:.0}", drained.rate)
+            format!("{rate:.0}")
         };
         report.row(
             format!(
-                "consumer: drain {} tasks of {label}, 1 replica, tasks/s",
-                options.sized_drain_tasks
+                "consumer: drain {} tasks of {label}, 1 replica, best of {}, tasks/s",
+                options.sized_drain_tasks,
+                runs.len()
             ),
             result,
             if *label == "20 KB" {
@@ -410,7 +431,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         json!({
             "dispatch_ms": {"p50": dispatch.p50, "p99": dispatch.p99, "max": dispatch.max, "tasks": options.dispatches},
             "drain_tasks_per_sec": {"tasks": options.drain_tasks, "replicas_1": drain[&1].round(), "replicas_3": drain[&3].round()},
-            "sized_drain_tasks_per_sec": sized.iter().map(|(label, d)| json!({"value": label, "tasks": options.sized_drain_tasks, "drained": d.seen, "rate": d.rate.round()})).collect::<Vec<_>>(),
+            "sized_drain_tasks_per_sec": sized.iter().map(|(label, runs)| json!({"value": label, "tasks": options.sized_drain_tasks, "best": best(runs).1.round(), "runs": runs.iter().map(|d| json!({"drained": d.seen, "rate": d.rate.round()})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
             "order_window": {"probes": order.probes, "ms_p50": order.latency.p50, "ms_max": order.latency.max, "later_tasks_started_max": order.max_later, "backlog": ORDER_BACKLOG},
             "handover_ms": {"p50": handover.p50, "max": handover.max, "runs": options.handovers},
             "idle_rss_mib": mib(idle_rss),
