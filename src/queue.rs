@@ -37,6 +37,10 @@ const RELEASE_ATTEMPTS: usize = 5;
 /// Added to the longest backoff (backoff_max + 20% jitter) before a notBefore is
 /// disbelieved: the clocks of replicas differ a little.
 const NOT_BEFORE_SLACK: Duration = Duration::from_secs(1);
+/// A task whose key is under another session's lock-delay is tried again after this long;
+/// the tasks after it are claimed meanwhile. (Consul does not say how long the delay lasts:
+/// the holder's session set it, 15 s by default, at most 60 s.)
+const LOCK_DELAY_RETRY: Duration = Duration::from_secs(1);
 /// The dead letter written when Consul refuses even the trimmed one: Consul's own limits
 /// are below leaderq's, and this is about the least that says what happened.
 const MINIMAL_DEAD_LETTER: usize = 4096;
@@ -648,6 +652,23 @@ impl Queue {
                     claimed
                 }
                 Claim::Relist => break,
+                Claim::LockDelayed(batch, refused) => {
+                    // Another session's lock-delay holds these keys: nothing was applied.
+                    // They step aside for a while, and the tasks after them go first.
+                    let (delayed, others): (Vec<_>, Vec<_>) = batch
+                        .into_iter()
+                        .enumerate()
+                        .partition(|(n, _)| refused.contains(n));
+                    let delayed: Vec<Task> = delayed.into_iter().map(|(_, task)| task).collect();
+                    for task in &delayed {
+                        tracing::info!(task_key = %task.key, retry_in = %crate::server::duration::format(LOCK_DELAY_RETRY), "task is under another session's lock-delay; claiming the next ones meanwhile");
+                    }
+                    backlog.put_back(others.into_iter().map(|(_, task)| task).collect());
+                    let until = Utc::now()
+                        + chrono::Duration::from_std(LOCK_DELAY_RETRY).unwrap_or_default();
+                    backlog.defer(delayed, until);
+                    continue;
+                }
                 Claim::End(stop) => {
                     end = Some(stop);
                     break;
@@ -685,43 +706,42 @@ impl Queue {
             let mut claimed = claimed.into_iter();
             while let Some((task, claim_index)) = claimed.next() {
                 // "Renew between tasks": a batch claimed ahead still runs only while the lease
-                // is fresh; what did not start goes back untouched.
-                let stop = match self.must_stop(lease, shutdown) {
-                    Some(stop) => Some(stop),
-                    None => {
-                        let key = task.task.key.clone();
-                        let finished_before = finished.len();
-                        let run = self
-                            .run_claimed(
-                                leadership,
-                                lease,
-                                shutdown,
-                                task,
-                                claim_index,
-                                &mut finished,
-                            )
-                            .await;
-                        if finished.len() == finished_before {
-                            // Not a success: a retry was written back or the task moved. The
-                            // next look reads the key again, so the retry is known when due.
-                            backlog.forget(&key);
-                        }
-                        fast = run.elapsed < FAST_HANDLER;
-                        // Past a slow run, finished tasks are recorded at once rather than
-                        // at the next claim, which keeps the window in which a crash makes
-                        // them run again short.
-                        if !fast && !finished.is_empty() {
-                            finished = self
-                                .complete_known(
-                                    leadership,
-                                    &mut backlog,
-                                    std::mem::take(&mut finished),
-                                )
-                                .await;
-                        }
-                        run.end
-                    }
-                };
+                // is fresh; what did not start (this task included) goes back untouched.
+                if let Some(stop) = self.must_stop(lease, shutdown) {
+                    let unstarted = std::iter::once((task, claim_index))
+                        .chain(claimed.by_ref())
+                        .collect();
+                    self.release_unstarted(leadership, unstarted).await;
+                    end = Some(stop);
+                    break 'listing;
+                }
+                let key = task.task.key.clone();
+                let finished_before = finished.len();
+                let run = self
+                    .run_claimed(
+                        leadership,
+                        lease,
+                        shutdown,
+                        task,
+                        claim_index,
+                        &mut finished,
+                    )
+                    .await;
+                if finished.len() == finished_before {
+                    // Not a success: a retry was written back or the task moved. The next
+                    // look reads the key again, so the retry is known when due.
+                    backlog.forget(&key);
+                }
+                fast = run.elapsed < FAST_HANDLER;
+                // Past a slow run, finished tasks are recorded at once rather than at the
+                // next claim, which keeps the window in which a crash makes them run again
+                // short.
+                if !fast && !finished.is_empty() {
+                    finished = self
+                        .complete_known(leadership, &mut backlog, std::mem::take(&mut finished))
+                        .await;
+                }
+                let stop = run.end;
                 if let Some(stop) = stop {
                     self.release_unstarted(leadership, claimed.collect()).await;
                     end = Some(stop);
@@ -899,6 +919,18 @@ impl Queue {
             }
             Ok(Guarded::Conflict(errors)) => {
                 self.metrics.claim_conflicts.inc();
+                // The guard is op 0, the deletions follow, then a check and a lock per task.
+                let first_claim = 1 + deletions;
+                let refused: Vec<usize> = errors
+                    .iter()
+                    .filter(|error| error.what.contains("lock delay"))
+                    .filter_map(|error| error.op_index.checked_sub(first_claim))
+                    .map(|op| op / 2)
+                    .filter(|&task| task < batch.len())
+                    .collect();
+                if !refused.is_empty() && refused.len() == errors.len() {
+                    return Claim::LockDelayed(batch, refused);
+                }
                 tracing::debug!(?errors, "claim conflict; listing again");
                 return Claim::Relist;
             }
@@ -1364,6 +1396,9 @@ enum Claim {
     Relist,
     /// Consul refused the transaction as too large; nothing was applied.
     TooLarge(Vec<Task>, String),
+    /// Only the locks of these tasks (indexes into the batch) failed, under another
+    /// session's lock-delay; nothing was applied.
+    LockDelayed(Vec<Task>, Vec<usize>),
     End(LeadEnd),
 }
 

@@ -191,7 +191,9 @@ pub enum Looked {
 #[derive(Debug)]
 pub struct Backlog {
     pending: VecDeque<Task>,
-    delayed: Vec<Task>,
+    /// Tasks not eligible before a time: a retry's notBefore, or a key under another
+    /// session's lock-delay. `None` means at once.
+    delayed: Vec<(Option<DateTime<Utc>>, Task)>,
     known: HashSet<String>,
     listed_at: DateTime<Utc>,
     list_cost: Duration,
@@ -278,7 +280,7 @@ impl Backlog {
         self.look_cost = cost;
         let present: HashSet<String> = keys.into_iter().collect();
         self.pending.retain(|task| present.contains(&task.key));
-        self.delayed.retain(|task| present.contains(&task.key));
+        self.delayed.retain(|(_, task)| present.contains(&task.key));
         self.known.retain(|key| present.contains(key));
         let mut new: Vec<String> = present
             .into_iter()
@@ -304,7 +306,7 @@ impl Backlog {
         }
         for task in delayed {
             self.known.insert(task.key.clone());
-            self.delayed.push(task);
+            self.delayed.push((task.not_before, task));
         }
     }
 
@@ -313,7 +315,15 @@ impl Backlog {
     pub fn forget(&mut self, key: &str) {
         self.known.remove(key);
         self.pending.retain(|task| task.key != key);
-        self.delayed.retain(|task| task.key != key);
+        self.delayed.retain(|(_, task)| task.key != key);
+    }
+
+    /// Puts tasks taken but refused by Consul for a while (their keys are under another
+    /// session's lock-delay) aside until `until`, so that the tasks after them go first.
+    pub fn defer(&mut self, tasks: Vec<Task>, until: DateTime<Utc>) {
+        self.claimed = self.claimed.saturating_sub(tasks.len());
+        self.delayed
+            .extend(tasks.into_iter().map(|task| (Some(until), task)));
     }
 
     /// Moves the delayed tasks that are due at `now` among the pending ones.
@@ -321,10 +331,11 @@ impl Backlog {
         if self.delayed.is_empty() {
             return;
         }
-        let (due, waiting): (Vec<Task>, Vec<Task>) = std::mem::take(&mut self.delayed)
+        let (due, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.delayed)
             .into_iter()
-            .partition(|task| task.not_before.is_none_or(|at| at <= now));
+            .partition(|(at, _)| at.is_none_or(|at| at <= now));
         self.delayed = waiting;
+        let due = due.into_iter().map(|(_, task)| task).collect();
         self.learn(Vec::new(), due, Vec::new());
     }
 }
@@ -594,6 +605,37 @@ mod tests {
         );
         assert_eq!(backlog.next(at(100)), Next::Claim);
         assert_eq!(keys(&backlog), ["q/a", "q/b", "q/c"]);
+    }
+
+    /// A task deferred (its key under lock-delay) lets the later ones go first and comes
+    /// back at the front when its time is up.
+    #[test]
+    fn a_deferred_task_steps_aside_until_its_time() {
+        let mut backlog = Backlog::new(
+            vec![
+                task("q/a", 1, None),
+                task("q/b", 2, None),
+                task("q/c", 3, None),
+            ],
+            vec![],
+            known(&["q/a", "q/b", "q/c"]),
+            at(0),
+            Duration::ZERO,
+        );
+        let mut taken = backlog.take(2);
+        let refused = taken.remove(0);
+        backlog.put_back(taken);
+        backlog.defer(vec![refused], at(1_000));
+        assert_eq!(backlog.next(at(10)), Next::Claim);
+        assert_eq!(keys(&backlog), ["q/b", "q/c"]);
+        backlog.looked(
+            vec!["q/a".into(), "q/b".into(), "q/c".into()],
+            at(990),
+            Duration::ZERO,
+        );
+        assert_eq!(backlog.next(at(1_000)), Next::Claim);
+        assert_eq!(keys(&backlog), ["q/a", "q/b", "q/c"]);
+        assert_eq!(backlog.take(3).len(), 3);
     }
 
     /// After MAX_TASKS_PER_LISTING claims the leader lists again; tasks put back unclaimed

@@ -280,3 +280,69 @@ async fn extreme_attempts_and_not_before_values_neither_wrap_nor_stall() {
     let log = bed.replicas[0].log_text();
     assert!(!log.contains("panicked"), "{log}");
 }
+
+/// A task whose key is under another session's lock-delay (its holder's session was just
+/// destroyed) cannot be claimed for a while: the tasks after it run meanwhile, and it runs
+/// once the delay is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_under_lock_delay_does_not_hold_up_the_others() {
+    let mut bed = Bed::new();
+    bed.start_replica("r1");
+    bed.leader_node().await;
+    let http = client();
+    let session: Value = http
+        .put(bed.server.url("/v1/session/create"))
+        .body(json!({"Name": "other-program", "LockDelay": "3s"}).to_string())
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let session = session["ID"].as_str().unwrap().to_string();
+    // Another program holds the first task's key, then its session ends: lock-delay starts.
+    let acquired = http
+        .put(
+            bed.server
+                .url(&format!("/v1/kv/oracleTask/task_delayed?acquire={session}")),
+        )
+        .body(json!({"taskId": "delayed", "taskTime": 1, "taskType": "Work"}).to_string())
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(acquired, "true");
+    let destroyed = http
+        .put(bed.server.url(&format!("/v1/session/destroy/{session}")))
+        .send()
+        .await
+        .unwrap();
+    assert!(destroyed.status().is_success());
+    let put_at = Instant::now();
+    for n in 0..5 {
+        bed.put_task(
+            &format!("task_{n}"),
+            json!({"taskId": format!("later{n}"), "taskTime": 10 + n, "taskType": "Work"}),
+        )
+        .await;
+    }
+    bed.wait_for_line(Duration::from_secs(20), |l| {
+        l[0] == "run" && l[1] == "later4"
+    })
+    .await;
+    let later_done = put_at.elapsed();
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(20))
+        .await;
+    let journal = bed.journal();
+    assert!(
+        later_done < Duration::from_secs(2),
+        "the later tasks waited {later_done:?} for the one under lock-delay: {journal:?}"
+    );
+    assert_eq!(
+        journal.iter().filter(|l| l[1] == "delayed").count(),
+        1,
+        "{journal:?}"
+    );
+}
