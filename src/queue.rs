@@ -12,7 +12,7 @@
 
 mod plan;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -82,11 +82,21 @@ enum Written {
     TooLarge(String),
 }
 
+/// What the leader remembers across listings while it leads.
+#[derive(Default)]
+struct Memory {
+    /// Warnings given once per key ("foreign …", "notBefore …").
+    warned: HashSet<String>,
+    /// Keys under another session's lock-delay, and when to try them again.
+    deferred: HashMap<String, DateTime<Utc>>,
+}
+
 /// Entries sorted out: what can be claimed now or later, and the keys left as they were.
 #[derive(Default)]
 struct Sorted {
     pending: Vec<Task>,
-    delayed: Vec<Task>,
+    /// Tasks not eligible before a time.
+    delayed: Vec<(DateTime<Utc>, Task)>,
     /// Keys of the entries left in place unchanged; those moved or rewritten are not here,
     /// so the next look reads them again.
     keys: HashSet<String>,
@@ -110,7 +120,7 @@ impl Queue {
         shutdown: &CancellationToken,
     ) -> LeadEnd {
         let mut index = WatchIndex::default();
-        let mut warned: HashSet<String> = HashSet::new();
+        let mut memory = Memory::default();
         // Finished tasks whose deletion could not be recorded (Consul unreachable). They are
         // still locked by this session, so until they are recorded the leader neither lists
         // nor claims: a listing would take them for runs cut short and run them again.
@@ -170,12 +180,12 @@ impl Queue {
                 Instant::now()
             };
             match self
-                .pick(leadership, entries, &mut warned, listed_from)
+                .pick(leadership, entries, &mut memory, listed_from)
                 .await
             {
                 Ok(Pick::Run(backlog)) => {
                     let (end, left) = self
-                        .work_through(leadership, lease, shutdown, backlog, &mut warned)
+                        .work_through(leadership, lease, shutdown, backlog, &mut memory)
                         .await;
                     unrecorded = left;
                     if let Some(end) = end {
@@ -238,11 +248,11 @@ impl Queue {
         &self,
         leadership: &Leadership,
         entries: Vec<KvPair>,
-        warned: &mut HashSet<String>,
+        memory: &mut Memory,
         listed_from: Instant,
     ) -> Result<Pick, LeadEnd> {
         let now = Utc::now();
-        let sorted = self.sort_out(leadership, entries, warned, now).await?;
+        let sorted = self.sort_out(leadership, entries, memory, now).await?;
         self.metrics
             .queue_depth(sorted.pending.len(), sorted.in_flight, sorted.delayed.len());
         if !sorted.pending.is_empty() {
@@ -258,7 +268,7 @@ impl Queue {
         if sorted.changed {
             return Ok(Pick::Again);
         }
-        let earliest = sorted.delayed.iter().filter_map(|t| t.not_before).min();
+        let earliest = sorted.delayed.iter().map(|(at, _)| *at).min();
         Ok(earliest.map_or(Pick::Nothing, Pick::WaitUntil))
     }
 
@@ -268,28 +278,32 @@ impl Queue {
         &self,
         leadership: &Leadership,
         entries: Vec<KvPair>,
-        warned: &mut HashSet<String>,
+        memory: &mut Memory,
         now: DateTime<Utc>,
     ) -> Result<Sorted, LeadEnd> {
         let horizon = self.not_before_horizon();
+        memory.deferred.retain(|_, until| *until > now);
         let mut sorted = Sorted::default();
         for pair in entries {
             let task = match Task::parse(&pair) {
                 Ok(task) => task,
                 Err(invalid) => {
                     // A locked entry is someone's run in progress: left alone until it ends.
-                    if pair.session.is_some()
-                        || !self
+                    if pair.session.is_none() {
+                        sorted.changed = true;
+                        if self
                             .dead_letter(leadership, &pair, &invalid.to_string())
                             .await?
-                    {
-                        sorted.keys.insert(pair.key);
+                        {
+                            continue;
+                        }
                     }
-                    sorted.changed = true;
+                    sorted.keys.insert(pair.key);
                     continue;
                 }
             };
-            match plan::eligibility(&task, now, horizon) {
+            let deferred = memory.deferred.get(&task.key).copied();
+            match plan::eligibility(&task, now, horizon, deferred) {
                 Status::Pending if self.registry.get(&task.task_type).is_none() => {
                     let reason = format!("no handler for taskType {:?}", task.task_type);
                     self.dead_letter(leadership, &pair, &reason).await?;
@@ -297,16 +311,16 @@ impl Queue {
                 }
                 Status::Pending => {
                     if let Status::Delayed(at) = task.status(now) {
-                        if warned.insert(format!("notBefore {}", task.key)) {
+                        if memory.warned.insert(format!("notBefore {}", task.key)) {
                             tracing::warn!(task_key = %task.key, not_before = %crate::task::rfc3339(at), "notBefore is further ahead than any backoff leaderq writes (a clock that jumped, or a crafted value); ignoring it");
                         }
                     }
                     sorted.keys.insert(task.key.clone());
                     sorted.pending.push(task);
                 }
-                Status::Delayed(_) => {
+                Status::Delayed(at) => {
                     sorted.keys.insert(task.key.clone());
-                    sorted.delayed.push(task);
+                    sorted.delayed.push((at, task));
                 }
                 Status::InFlight
                     if task.session.as_deref() == Some(leadership.session.as_str()) =>
@@ -331,7 +345,7 @@ impl Queue {
                     sorted.changed = true;
                 }
                 Status::Foreign => {
-                    if warned.insert(format!("foreign {}", task.key)) {
+                    if memory.warned.insert(format!("foreign {}", task.key)) {
                         tracing::warn!(task_key = %task.key, "task is marked taken by a program other than leaderq; leaving it alone");
                     }
                     sorted.keys.insert(task.key.clone());
@@ -578,7 +592,7 @@ impl Queue {
         lease: &Lease,
         shutdown: &CancellationToken,
         mut backlog: Backlog,
-        warned: &mut HashSet<String>,
+        memory: &mut Memory,
     ) -> (Option<LeadEnd>, Vec<Finished>) {
         let mut finished: Vec<Finished> = Vec::new();
         let mut fast = false;
@@ -593,7 +607,7 @@ impl Queue {
             }
             match backlog.next(Utc::now()) {
                 Next::Claim => {}
-                Next::Look => match self.look(leadership, &mut backlog, warned).await {
+                Next::Look => match self.look(leadership, &mut backlog, memory).await {
                     Ok(Look::Continue) => continue,
                     Ok(Look::Relist) => break,
                     Err(stop) => {
@@ -666,6 +680,9 @@ impl Queue {
                     backlog.put_back(others.into_iter().map(|(_, task)| task).collect());
                     let until = Utc::now()
                         + chrono::Duration::from_std(LOCK_DELAY_RETRY).unwrap_or_default();
+                    for task in &delayed {
+                        memory.deferred.insert(task.key.clone(), until);
+                    }
                     backlog.defer(delayed, until);
                     continue;
                 }
@@ -830,7 +847,7 @@ impl Queue {
         &self,
         leadership: &Leadership,
         backlog: &mut Backlog,
-        warned: &mut HashSet<String>,
+        memory: &mut Memory,
     ) -> Result<Look, LeadEnd> {
         let started = Instant::now();
         let keys = match self
@@ -870,7 +887,7 @@ impl Queue {
             }
         }
         let sorted = self
-            .sort_out(leadership, entries, warned, Utc::now())
+            .sort_out(leadership, entries, memory, Utc::now())
             .await?;
         backlog.learn(
             sorted.keys.into_iter().collect(),

@@ -147,13 +147,23 @@ pub fn chunks(
 /// The status the leader acts on. A `notBefore` further ahead than `horizon` (the longest
 /// backoff leaderq writes, plus slack for clocks) was not written by a leader with a sane
 /// clock under these settings, or was crafted: it is ignored and the task is due now, so
-/// that a clock that jumped ahead cannot park tasks for years.
-pub fn eligibility(task: &Task, now: DateTime<Utc>, horizon: chrono::Duration) -> Status {
-    match task.status(now) {
+/// that a clock that jumped ahead cannot park tasks for years. A pending task whose key is
+/// `deferred` (under another session's lock-delay) until a later time waits until then.
+pub fn eligibility(
+    task: &Task,
+    now: DateTime<Utc>,
+    horizon: chrono::Duration,
+    deferred: Option<DateTime<Utc>>,
+) -> Status {
+    let status = match task.status(now) {
         Status::Delayed(at) if now.checked_add_signed(horizon).is_some_and(|h| at > h) => {
             Status::Pending
         }
         status => status,
+    };
+    match (status, deferred) {
+        (Status::Pending, Some(until)) if until > now => Status::Delayed(until),
+        (status, _) => status,
     }
 }
 
@@ -192,8 +202,8 @@ pub enum Looked {
 pub struct Backlog {
     pending: VecDeque<Task>,
     /// Tasks not eligible before a time: a retry's notBefore, or a key under another
-    /// session's lock-delay. `None` means at once.
-    delayed: Vec<(Option<DateTime<Utc>>, Task)>,
+    /// session's lock-delay.
+    delayed: Vec<(DateTime<Utc>, Task)>,
     known: HashSet<String>,
     listed_at: DateTime<Utc>,
     list_cost: Duration,
@@ -207,7 +217,7 @@ impl Backlog {
     /// listed that is still there (in flight, foreign and delayed ones included).
     pub fn new(
         pending: Vec<Task>,
-        delayed: Vec<Task>,
+        delayed: Vec<(DateTime<Utc>, Task)>,
         known: HashSet<String>,
         now: DateTime<Utc>,
         list_cost: Duration,
@@ -295,7 +305,12 @@ impl Backlog {
 
     /// Adds what reading new keys found: every key read (whatever became of it) is known,
     /// pending tasks go in claim order, delayed ones wait for their time.
-    pub fn learn(&mut self, keys: Vec<String>, pending: Vec<Task>, delayed: Vec<Task>) {
+    pub fn learn(
+        &mut self,
+        keys: Vec<String>,
+        pending: Vec<Task>,
+        delayed: Vec<(DateTime<Utc>, Task)>,
+    ) {
         self.known.extend(keys);
         for task in pending {
             self.known.insert(task.key.clone());
@@ -304,9 +319,9 @@ impl Backlog {
                 .partition_point(|t| t.order_key() <= task.order_key());
             self.pending.insert(at, task);
         }
-        for task in delayed {
+        for (at, task) in delayed {
             self.known.insert(task.key.clone());
-            self.delayed.push((task.not_before, task));
+            self.delayed.push((at, task));
         }
     }
 
@@ -323,7 +338,7 @@ impl Backlog {
     pub fn defer(&mut self, tasks: Vec<Task>, until: DateTime<Utc>) {
         self.claimed = self.claimed.saturating_sub(tasks.len());
         self.delayed
-            .extend(tasks.into_iter().map(|task| (Some(until), task)));
+            .extend(tasks.into_iter().map(|task| (until, task)));
     }
 
     /// Moves the delayed tasks that are due at `now` among the pending ones.
@@ -333,7 +348,7 @@ impl Backlog {
         }
         let (due, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.delayed)
             .into_iter()
-            .partition(|(at, _)| at.is_none_or(|at| at <= now));
+            .partition(|(at, _)| *at <= now);
         self.delayed = waiting;
         let due = due.into_iter().map(|(_, task)| task).collect();
         self.learn(Vec::new(), due, Vec::new());
@@ -591,7 +606,7 @@ mod tests {
     fn a_retry_that_falls_due_goes_before_later_tasks() {
         let mut backlog = Backlog::new(
             vec![task("q/b", 20, None), task("q/c", 30, None)],
-            vec![task("q/a", 1, Some(at(100)))],
+            vec![(at(100), task("q/a", 1, Some(at(100))))],
             known(&["q/a", "q/b", "q/c"]),
             at(0),
             Duration::ZERO,
@@ -654,7 +669,7 @@ mod tests {
         assert_eq!(keys(&backlog)[0], "q/254");
         let mut waiting = Backlog::new(
             vec![],
-            vec![task("q/a", 1, Some(at(500)))],
+            vec![(at(500), task("q/a", 1, Some(at(500))))],
             HashSet::new(),
             at(0),
             Duration::ZERO,
@@ -705,11 +720,11 @@ mod tests {
         let horizon = chrono::Duration::seconds(360);
         let soon = task("q/a", 1, Some(at(300_000)));
         assert_eq!(
-            eligibility(&soon, at(0), horizon),
+            eligibility(&soon, at(0), horizon, None),
             Status::Delayed(at(300_000))
         );
         let far = task("q/b", 1, Some(at(361_000)));
-        assert_eq!(eligibility(&far, at(0), horizon), Status::Pending);
+        assert_eq!(eligibility(&far, at(0), horizon, None), Status::Pending);
         let year_9999 = task(
             "q/c",
             1,
@@ -717,13 +732,26 @@ mod tests {
                 .ok()
                 .map(|t| t.to_utc()),
         );
-        assert_eq!(eligibility(&year_9999, at(0), horizon), Status::Pending);
+        assert_eq!(
+            eligibility(&year_9999, at(0), horizon, None),
+            Status::Pending
+        );
         assert!(
             matches!(
-                eligibility(&year_9999, at(0), chrono::Duration::MAX),
+                eligibility(&year_9999, at(0), chrono::Duration::MAX, None),
                 Status::Delayed(_)
             ),
             "a horizon past the end of time believes every notBefore, without a panic"
+        );
+        let pending = task("q/d", 1, None);
+        assert_eq!(
+            eligibility(&pending, at(0), horizon, Some(at(1_000))),
+            Status::Delayed(at(1_000)),
+            "deferred under lock-delay"
+        );
+        assert_eq!(
+            eligibility(&pending, at(1_000), horizon, Some(at(1_000))),
+            Status::Pending
         );
     }
 }
