@@ -12,8 +12,9 @@ use serde::{Deserialize, Deserializer};
 
 use crate::util::duration;
 
-/// The largest `queue.claim_batch`: a batch's transaction (leader check, deletions of the
-/// previous batch, a check and a lock per task) must stay within Consul's 128 operations.
+/// The largest `queue.claim_batch`. A batch's transaction (leader check, deletions of the
+/// previous batch, a check and a lock per task) is further cut to what fits the limits in
+/// `consul::TXN_MAX_OPS` and `consul::TXN_MAX_BODY`.
 pub const MAX_CLAIM_BATCH: usize = 32;
 
 /// The defaults, compiled in so that the binary runs with no file at all.

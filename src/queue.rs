@@ -1,14 +1,20 @@
 //! The leader's work on the task queue: list pending tasks with a blocking query, claim
 //! them in `taskTime` order, run their handlers, then complete, retry or dead-letter them;
-//! requeue tasks whose replica died; dead-letter what cannot run.
+//! requeue tasks whose replica died; dead-letter what cannot run, a task too large to claim
+//! included.
 //!
 //! Every write is one transaction that first checks, with `check-session` on the leader key,
 //! that this replica still leads, so a deposed leader can never claim, complete or move a
-//! task. Leadership itself is `election.rs`'s business.
+//! task. Every transaction is planned within Consul's limits, and one that Consul still
+//! refuses as too large moves the task away instead of costing the leadership. The pure
+//! decisions (what to claim, when to look for newer tasks, when to list again) live in
+//! `plan.rs`; this file performs their I/O. Leadership itself is `election.rs`'s business.
 
-use std::collections::HashSet;
+mod plan;
+
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
@@ -19,17 +25,26 @@ use crate::election::{Leadership, Lease};
 use crate::handler::{Registry, TaskContext};
 use crate::key::Key;
 use crate::observe::Metrics;
-use crate::task::{dead_letter, Status, Task};
+use crate::task::{dead_letter_within, Status, Task};
+
+use plan::{Backlog, ClaimPlan, Looked, Next, TxnLimits};
 
 /// Back-off after Consul errors while leading, so an outage is not a hot loop.
 const ERROR_BACKOFF: Duration = Duration::from_secs(1);
 /// A handler run shorter than this lets the next claim take a batch.
 const FAST_HANDLER: Duration = Duration::from_millis(5);
-/// Tasks claimed from one listing before listing again, so that a task queued meanwhile
-/// with an earlier taskTime waits at most this many runs.
-const MAX_TASKS_PER_LISTING: usize = 256;
 /// How many times a completion re-reads a task that a producer keeps rewriting.
 const RELEASE_ATTEMPTS: usize = 5;
+/// Added to the longest backoff (backoff_max + 20% jitter) before a notBefore is
+/// disbelieved: the clocks of replicas differ a little.
+const NOT_BEFORE_SLACK: Duration = Duration::from_secs(1);
+/// A task whose key is under another session's lock-delay is tried again after this long;
+/// the tasks after it are claimed meanwhile. (Consul does not say how long the delay lasts:
+/// the holder's session set it, 15 s by default, at most 60 s.)
+const LOCK_DELAY_RETRY: Duration = Duration::from_secs(1);
+/// The dead letter written when Consul refuses even the trimmed one: Consul's own limits
+/// are below leaderq's, and this is about the least that says what happened.
+const MINIMAL_DEAD_LETTER: usize = 4096;
 
 /// Why the leader stopped leading.
 #[derive(Debug, PartialEq, Eq)]
@@ -56,6 +71,45 @@ enum Guarded {
     NotLeader,
     /// Another check failed (the task changed, lock-delay): nothing was applied.
     Conflict(Vec<TxnError>),
+    /// Too large for one transaction (found before sending, or Consul's 413): nothing was
+    /// applied, and sending it again cannot help.
+    TooLarge(String),
+}
+
+/// The outcome of a guarded write whose lost leadership ends the leading.
+enum Written {
+    Done,
+    Conflict,
+    TooLarge(String),
+}
+
+/// What the leader remembers across listings while it leads.
+#[derive(Default)]
+struct Memory {
+    /// Warnings given once per key ("foreign …", "notBefore …").
+    warned: HashSet<String>,
+    /// Keys under another session's lock-delay, and when to try them again.
+    deferred: HashMap<String, DateTime<Utc>>,
+}
+
+/// Entries sorted out: what can be claimed now or later, and the keys left as they were.
+#[derive(Default)]
+struct Sorted {
+    pending: Vec<Task>,
+    /// Tasks not eligible before a time.
+    delayed: Vec<(DateTime<Utc>, Task)>,
+    /// Keys of the entries left in place unchanged; those moved or rewritten are not here,
+    /// so the next look reads them again.
+    keys: HashSet<String>,
+    in_flight: usize,
+    /// Something was moved or rewritten.
+    changed: bool,
+}
+
+/// The result of a look at the keys.
+enum Look {
+    Continue,
+    Relist,
 }
 
 impl Queue {
@@ -67,7 +121,7 @@ impl Queue {
         shutdown: &CancellationToken,
     ) -> LeadEnd {
         let mut index = WatchIndex::default();
-        let mut foreign_logged: HashSet<String> = HashSet::new();
+        let mut memory = Memory::default();
         // Finished tasks whose deletion could not be recorded (Consul unreachable). They are
         // still locked by this session, so until they are recorded the leader neither lists
         // nor claims: a listing would take them for runs cut short and run them again.
@@ -96,6 +150,7 @@ impl Queue {
                 wait: Some(self.wait),
             };
             pacer.sent();
+            let list_started = Instant::now();
             let listed = tokio::select! {
                 _ = shutdown.cancelled() => return LeadEnd::Shutdown,
                 _ = lease.expired() => return LeadEnd::StepDown("session not renewed within its TTL".into()),
@@ -118,13 +173,27 @@ impl Queue {
                 self.metrics.blocking_restarts.inc();
             }
             let moved = index.update(returned) || options.index == 0;
-            match self.pick(leadership, entries, &mut foreign_logged).await {
-                Ok(Pick::Run(tasks)) => {
-                    let (end, left) = self.work_through(leadership, lease, shutdown, tasks).await;
+            // What listing cost, for spacing listings out: a listing that may have waited
+            // on the blocking query counts from its answer.
+            let listed_from = if options.index == 0 {
+                list_started
+            } else {
+                Instant::now()
+            };
+            match self
+                .pick(leadership, entries, &mut memory, listed_from)
+                .await
+            {
+                Ok(Pick::Run(backlog)) => {
+                    let (end, left) = self
+                        .work_through(leadership, lease, shutdown, backlog, &mut memory)
+                        .await;
                     unrecorded = left;
                     if let Some(end) = end {
                         return end;
                     }
+                    // The leader's own writes moved the queue: list again without waiting.
+                    index.reset();
                 }
                 Ok(Pick::WaitUntil(at)) => {
                     self.count_dead().await;
@@ -173,19 +242,49 @@ impl Queue {
         }
     }
 
-    /// Sorts the listing out: dead-letters what cannot run, requeues orphans, and returns
-    /// the pending tasks in claim order.
+    /// Sorts a listing out and says what to do with it: work through its pending tasks,
+    /// wait for the earliest retry, or list again. `listed_from` is when the listing began
+    /// costing time.
     async fn pick(
         &self,
         leadership: &Leadership,
         entries: Vec<KvPair>,
-        foreign_logged: &mut HashSet<String>,
+        memory: &mut Memory,
+        listed_from: Instant,
     ) -> Result<Pick, LeadEnd> {
         let now = Utc::now();
-        let mut pending: Vec<Task> = Vec::new();
-        let mut earliest: Option<DateTime<Utc>> = None;
-        let mut changed = false;
-        let (mut in_flight, mut delayed) = (0, 0);
+        let sorted = self.sort_out(leadership, entries, memory, now).await?;
+        self.metrics
+            .queue_depth(sorted.pending.len(), sorted.in_flight, sorted.delayed.len());
+        if !sorted.pending.is_empty() {
+            let backlog = Backlog::new(
+                sorted.pending,
+                sorted.delayed,
+                sorted.keys,
+                Utc::now(),
+                listed_from.elapsed(),
+            );
+            return Ok(Pick::Run(backlog));
+        }
+        if sorted.changed {
+            return Ok(Pick::Again);
+        }
+        let earliest = sorted.delayed.iter().map(|(at, _)| *at).min();
+        Ok(earliest.map_or(Pick::Nothing, Pick::WaitUntil))
+    }
+
+    /// Sorts entries of the queue out: dead-letters what cannot run, requeues orphans, and
+    /// returns the pending and delayed tasks (a listing's, or new keys' a look read).
+    async fn sort_out(
+        &self,
+        leadership: &Leadership,
+        entries: Vec<KvPair>,
+        memory: &mut Memory,
+        now: DateTime<Utc>,
+    ) -> Result<Sorted, LeadEnd> {
+        let horizon = self.not_before_horizon();
+        memory.deferred.retain(|_, until| *until > now);
+        let mut sorted = Sorted::default();
         for pair in entries {
             // A key that breaks the key rule could not be addressed safely (a `..` segment
             // resolves elsewhere in a URL): such a task is not run but dead-lettered.
@@ -193,31 +292,46 @@ impl Queue {
                 if pair.session.is_none() {
                     let reason = format!("the key is not a valid task key: {invalid}");
                     self.dead_letter(leadership, &pair, &reason).await?;
-                    changed = true;
+                    sorted.changed = true;
                 }
                 continue;
             }
             let task = match Task::parse(&pair) {
                 Ok(task) => task,
                 Err(invalid) => {
+                    // A locked entry is someone's run in progress: left alone until it ends.
                     if pair.session.is_none() {
-                        self.dead_letter(leadership, &pair, &invalid.to_string())
-                            .await?;
-                        changed = true;
+                        sorted.changed = true;
+                        if self
+                            .dead_letter(leadership, &pair, &invalid.to_string())
+                            .await?
+                        {
+                            continue;
+                        }
                     }
+                    sorted.keys.insert(pair.key);
                     continue;
                 }
             };
-            match task.status(now) {
+            let deferred = memory.deferred.get(&task.key).copied();
+            match plan::eligibility(&task, now, horizon, deferred) {
                 Status::Pending if self.registry.get(&task.task_type).is_none() => {
                     let reason = format!("no handler for taskType {:?}", task.task_type);
                     self.dead_letter(leadership, &pair, &reason).await?;
-                    changed = true;
+                    sorted.changed = true;
                 }
-                Status::Pending => pending.push(task),
+                Status::Pending => {
+                    if let Status::Delayed(at) = task.status(now) {
+                        if memory.warned.insert(format!("notBefore {}", task.key)) {
+                            tracing::warn!(task_key = %task.key, not_before = %crate::task::rfc3339(at), "notBefore is further ahead than any backoff leaderq writes (a clock that jumped, or a crafted value); ignoring it");
+                        }
+                    }
+                    sorted.keys.insert(task.key.clone());
+                    sorted.pending.push(task);
+                }
                 Status::Delayed(at) => {
-                    delayed += 1;
-                    earliest = Some(earliest.map_or(at, |e| e.min(at)));
+                    sorted.keys.insert(task.key.clone());
+                    sorted.delayed.push((at, task));
                 }
                 Status::InFlight
                     if task.session.as_deref() == Some(leadership.session.as_str()) =>
@@ -230,48 +344,74 @@ impl Queue {
                         "the replica restarted while running the task",
                     )
                     .await?;
-                    changed = true;
+                    sorted.changed = true;
                 }
-                Status::InFlight => in_flight += 1,
+                Status::InFlight => {
+                    sorted.in_flight += 1;
+                    sorted.keys.insert(task.key.clone());
+                }
                 Status::Orphan => {
                     self.requeue(leadership, &task, "the replica running the task died")
                         .await?;
-                    changed = true;
+                    sorted.changed = true;
                 }
                 Status::Foreign => {
-                    if foreign_logged.insert(task.key.clone()) {
+                    if memory.warned.insert(format!("foreign {}", task.key)) {
                         tracing::warn!(task_key = %task.key, "task is marked taken by a program other than leaderq; leaving it alone");
                     }
+                    sorted.keys.insert(task.key.clone());
                 }
             }
         }
-        self.metrics.queue_depth(pending.len(), in_flight, delayed);
-        pending.sort_by(|a, b| a.order_key().cmp(&b.order_key()));
-        if !pending.is_empty() {
-            return Ok(Pick::Run(pending));
-        }
-        if changed {
-            return Ok(Pick::Again);
-        }
-        Ok(earliest.map_or(Pick::Nothing, Pick::WaitUntil))
+        sorted
+            .pending
+            .sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+        Ok(sorted)
     }
 
-    /// Runs `ops` after the leader check, in one transaction.
+    /// How far ahead a notBefore is believed: the longest backoff leaderq writes
+    /// (backoff_max plus 20% jitter) plus NOT_BEFORE_SLACK.
+    fn not_before_horizon(&self) -> chrono::Duration {
+        let max = self.settings.backoff_max;
+        let longest = max.saturating_add(max / 5).saturating_add(NOT_BEFORE_SLACK);
+        chrono::Duration::from_std(longest).unwrap_or(chrono::Duration::MAX)
+    }
+
+    /// The leader check every guarded transaction starts with.
+    fn guard(&self, leadership: &Leadership) -> TxnOp {
+        TxnOp::CheckSession {
+            key: self.leader_key.clone(),
+            session: leadership.session.clone(),
+        }
+    }
+
+    /// Runs `ops` after the leader check, in one transaction, if they fit one.
     async fn guarded(
         &self,
         leadership: &Leadership,
         ops: Vec<TxnOp>,
     ) -> Result<Guarded, consul::Error> {
-        let mut all = vec![TxnOp::CheckSession {
-            key: self.leader_key.clone(),
-            session: leadership.session.clone(),
-        }];
+        let mut all = vec![self.guard(leadership)];
         all.extend(ops);
-        let outcome = self
-            .client
-            .txn(&all)
-            .await
-            .inspect_err(|err| self.metrics.consul_error(err))?;
+        if !consul::fits(&all) {
+            let body = consul::body_len(all.iter().map(TxnOp::encoded_len));
+            return Ok(Guarded::TooLarge(format!(
+                "the transaction would hold {} operations in {body} bytes encoded, over the {} operations or {} bytes leaderq puts in one",
+                all.len(),
+                consul::TXN_MAX_OPS,
+                consul::TXN_MAX_BODY
+            )));
+        }
+        let outcome = match self.client.txn(&all).await {
+            Ok(outcome) => outcome,
+            Err(err) => {
+                self.metrics.consul_error(&err);
+                if err.is_too_large() {
+                    return Ok(Guarded::TooLarge(err.to_string()));
+                }
+                return Err(err);
+            }
+        };
         match outcome {
             TxnOutcome::Committed(entries) => Ok(Guarded::Done(entries)),
             TxnOutcome::RolledBack(errors) if errors.iter().any(|e| e.op_index == 0) => {
@@ -282,15 +422,15 @@ impl Queue {
     }
 
     /// A guarded write whose conflicts are not this replica's problem; a lost leader check
-    /// or a Consul error ends the leadership.
+    /// or a Consul error ends the leadership. Too large is the caller's to handle.
     async fn guarded_or_step_down(
         &self,
         leadership: &Leadership,
         ops: Vec<TxnOp>,
         what: &str,
-    ) -> Result<Option<Vec<KvPair>>, LeadEnd> {
+    ) -> Result<Written, LeadEnd> {
         match self.guarded(leadership, ops).await {
-            Ok(Guarded::Done(entries)) => Ok(Some(entries)),
+            Ok(Guarded::Done(_)) => Ok(Written::Done),
             Ok(Guarded::NotLeader) => Err(LeadEnd::StepDown(format!(
                 "lost leadership while trying to {what}"
             ))),
@@ -299,8 +439,9 @@ impl Queue {
                     ?errors,
                     "{what}: the task changed meanwhile; will look again"
                 );
-                Ok(None)
+                Ok(Written::Conflict)
             }
+            Ok(Guarded::TooLarge(why)) => Ok(Written::TooLarge(why)),
             Err(err) => Err(LeadEnd::StepDown(format!("cannot {what}: {err}"))),
         }
     }
@@ -309,56 +450,82 @@ impl Queue {
         crate::key::dead_letter_key(&self.settings.prefix, &self.settings.dead_prefix, key).into()
     }
 
+    /// Moves an entry to the dead-letter prefix with `reason`, in one guarded transaction
+    /// that deletes it only if unchanged. A dead letter that would not fit the transaction
+    /// is trimmed to fit (its largest fields dropped, the reason and original key kept).
+    /// Returns whether the entry moved.
     async fn dead_letter(
         &self,
         leadership: &Leadership,
         pair: &KvPair,
         reason: &str,
-    ) -> Result<(), LeadEnd> {
-        let ops = vec![
-            TxnOp::DeleteCas {
-                key: pair.key.clone(),
-                index: pair.modify_index,
-            },
-            TxnOp::Set {
-                key: self.dead_key(&pair.key),
-                value: dead_letter(pair, reason, Utc::now()),
-            },
-        ];
-        if self
-            .guarded_or_step_down(leadership, ops, "dead-letter a task")
-            .await?
-            .is_some()
-        {
-            let task_type = serde_json::from_slice::<serde_json::Value>(&pair.value)
-                .ok()
-                .and_then(|v| {
-                    v.get("taskType")
-                        .and_then(|t| t.as_str())
-                        .map(str::to_string)
-                })
-                .unwrap_or_default();
-            self.metrics.dead_lettered(&task_type);
-            tracing::warn!(
-                task_key = %pair.key,
-                dead_key = %self.dead_key(&pair.key),
-                reason,
-                fencing_token = leadership.fencing_token,
-                "task moved to the dead-letter prefix"
-            );
+    ) -> Result<bool, LeadEnd> {
+        let dead_key = self.dead_key(&pair.key);
+        let ops = |value: Vec<u8>| {
+            vec![
+                TxnOp::DeleteCas {
+                    key: pair.key.clone(),
+                    index: pair.modify_index,
+                },
+                TxnOp::Set {
+                    key: dead_key.clone(),
+                    value,
+                },
+            ]
+        };
+        let mut shell = vec![self.guard(leadership)];
+        shell.extend(ops(Vec::new()));
+        let room = consul::value_room(&shell);
+        let (value, mut trimmed) = dead_letter_within(pair, reason, Utc::now(), room);
+        let mut written = self
+            .guarded_or_step_down(leadership, ops(value), "dead-letter a task")
+            .await?;
+        if let Written::TooLarge(why) = &written {
+            tracing::warn!(task_key = %pair.key, error = %why, "Consul refused the dead letter as too large; writing a minimal one");
+            let (value, _) = dead_letter_within(pair, reason, Utc::now(), MINIMAL_DEAD_LETTER);
+            trimmed = true;
+            written = self
+                .guarded_or_step_down(leadership, ops(value), "dead-letter a task")
+                .await?;
         }
-        Ok(())
+        match written {
+            Written::Done => {}
+            Written::Conflict => return Ok(false),
+            Written::TooLarge(why) => {
+                tracing::error!(task_key = %pair.key, error = %why, "cannot dead-letter a task: Consul refuses even a minimal record as too large; raise its txn_max_req_len");
+                return Ok(false);
+            }
+        }
+        let task_type = serde_json::from_slice::<serde_json::Value>(&pair.value)
+            .ok()
+            .and_then(|v| {
+                v.get("taskType")
+                    .and_then(|t| t.as_str())
+                    .map(str::to_string)
+            })
+            .unwrap_or_default();
+        self.metrics.dead_lettered(&task_type);
+        tracing::warn!(
+            task_key = %pair.key,
+            dead_key = %dead_key,
+            reason,
+            trimmed,
+            fencing_token = leadership.fencing_token,
+            "task moved to the dead-letter prefix"
+        );
+        Ok(true)
     }
 
     /// Puts a task whose run was cut short back in the queue as a failed attempt (or
-    /// dead-letters it when its attempts are used up).
+    /// dead-letters it when its attempts are used up, or when the rewritten task would be
+    /// too large to write back).
     async fn requeue(
         &self,
         leadership: &Leadership,
         task: &Task,
         reason: &str,
     ) -> Result<(), LeadEnd> {
-        let attempts = task.attempts + 1;
+        let attempts = task.run_number();
         if attempts >= self.settings.max_attempts {
             return self
                 .exhausted(leadership, task, task.modify_index, attempts, reason)
@@ -375,22 +542,29 @@ impl Queue {
                 },
                 TxnOp::Unlock {
                     key: task.key.clone(),
-                    value,
+                    value: value.clone(),
                     session: session.clone(),
                 },
             ],
             None => vec![TxnOp::Cas {
                 key: task.key.clone(),
-                value,
+                value: value.clone(),
                 index: task.modify_index,
             }],
         };
-        if self
+        match self
             .guarded_or_step_down(leadership, ops, "requeue a task")
             .await?
-            .is_some()
         {
-            tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt = attempts, reason, "task requeued");
+            Written::Done => {
+                tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt = attempts, reason, "task requeued");
+            }
+            Written::Conflict => {}
+            Written::TooLarge(why) => {
+                let pair = pair_of(task, value, task.modify_index);
+                let reason = format!("{reason}; cannot requeue it: {why}");
+                self.dead_letter(leadership, &pair, &reason).await?;
+            }
         }
         Ok(())
     }
@@ -404,96 +578,333 @@ impl Queue {
         attempts: u32,
         error: &str,
     ) -> Result<(), LeadEnd> {
-        let pair = KvPair {
-            key: task.key.clone(),
-            value: task.with(&[
-                ("attempts", serde_json::json!(attempts)),
-                ("lastError", serde_json::Value::String(error.to_string())),
-            ]),
-            flags: 0,
-            session: None,
-            lock_index: 0,
-            create_index: task.create_index,
-            modify_index: index,
-        };
+        let value = task.with(&[
+            ("attempts", serde_json::json!(attempts)),
+            ("lastError", serde_json::Value::String(error.to_string())),
+        ]);
+        let pair = pair_of(task, value, index);
         let reason = format!("failed {attempts} times; last error: {error}");
-        self.dead_letter(leadership, &pair, &reason).await
+        self.dead_letter(leadership, &pair, &reason).await?;
+        Ok(())
     }
 
-    /// Works through one listing's pending tasks in claim order. Tasks are claimed one at a
-    /// time, or in batches of up to `claim_batch` while handlers finish fast; each claim's
-    /// check-index catches a task that changed since the listing, and a conflict sends the
+    /// Works through a listing's backlog. Before each claim the plan decides: look at the
+    /// queue's keys (every LOOK_INTERVAL) for tasks that arrived and retries written back,
+    /// list again, or claim. Retries that fall due join the pending tasks, so the earliest
+    /// eligible task known is always claimed next. Tasks are claimed one at a time, or in
+    /// batches of up to `claim_batch` while handlers finish fast, each batch within the
+    /// transaction limits; a task too large to claim at all is dead-lettered. Each claim's
+    /// check-index catches a task that changed since it was read, and a conflict sends the
     /// leader back to list again. Finished tasks are deleted in the next claim's transaction.
     async fn work_through(
         &self,
         leadership: &Leadership,
         lease: &Lease,
         shutdown: &CancellationToken,
-        tasks: Vec<Task>,
+        mut backlog: Backlog,
+        memory: &mut Memory,
     ) -> (Option<LeadEnd>, Vec<Finished>) {
-        let mut pending: std::collections::VecDeque<Task> =
-            tasks.into_iter().take(MAX_TASKS_PER_LISTING).collect();
         let mut finished: Vec<Finished> = Vec::new();
         let mut fast = false;
+        // After Consul refused a batch as too large (its limits are below leaderq's), claim
+        // one task at a time, alone in its transaction, until the next listing.
+        let mut single = false;
         let mut end = None;
-        'listing: while !pending.is_empty() {
+        'listing: loop {
             if let Some(stop) = self.must_stop(lease, shutdown) {
                 end = Some(stop);
                 break;
             }
-            let size = if fast {
-                self.settings.claim_batch.min(pending.len())
+            match backlog.next(Utc::now()) {
+                Next::Claim => {}
+                Next::Look => match self.look(leadership, &mut backlog, memory).await {
+                    Ok(Look::Continue) => continue,
+                    Ok(Look::Relist) => break,
+                    Err(stop) => {
+                        end = Some(stop);
+                        break;
+                    }
+                },
+                Next::Relist | Next::Done => break,
+            }
+            let max_tasks = if fast && !single {
+                self.settings.claim_batch
             } else {
                 1
             };
-            let batch: Vec<Task> = pending.drain(..size).collect();
-            let claimed = match self.claim_batch(leadership, batch, &mut finished).await {
-                Claim::Claimed(claimed) => claimed,
+            let riders = &finished[..if single { 0 } else { finished.len() }];
+            let (batch, candidates, deletions) = match self.plan_batch(
+                leadership,
+                &mut backlog,
+                riders,
+                max_tasks,
+            ) {
+                Planned::Batch {
+                    tasks,
+                    candidates,
+                    deletions,
+                } => (tasks, candidates, deletions),
+                Planned::TooLarge { task, body } => {
+                    let reason = format!(
+                            "too large to claim: its claim transaction would be {body} bytes encoded (values travel base64-encoded), over the {} bytes leaderq puts in one transaction (Consul refuses more than 512 KiB); the task's value is {} bytes",
+                            consul::TXN_MAX_BODY,
+                            task.with(&[]).len()
+                        );
+                    let pair = pair_of(&task, task.with(&[]), task.modify_index);
+                    match self.dead_letter(leadership, &pair, &reason).await {
+                        Ok(_) => backlog.forget(&task.key),
+                        Err(stop) => {
+                            end = Some(stop);
+                            break;
+                        }
+                    }
+                    continue;
+                }
+            };
+            let deleted: Vec<String> = finished[..deletions]
+                .iter()
+                .map(|done| done.task.key.clone())
+                .collect();
+            let claimed = match self
+                .claim_batch(leadership, batch, candidates, &mut finished, deletions)
+                .await
+            {
+                Claim::Claimed(claimed) => {
+                    for key in &deleted {
+                        backlog.forget(key);
+                    }
+                    claimed
+                }
                 Claim::Relist => break,
+                Claim::LockDelayed(batch, refused) => {
+                    // Another session's lock-delay holds these keys: nothing was applied.
+                    // They step aside for a while, and the tasks after them go first.
+                    let (delayed, others): (Vec<_>, Vec<_>) = batch
+                        .into_iter()
+                        .enumerate()
+                        .partition(|(n, _)| refused.contains(n));
+                    let delayed: Vec<Task> = delayed.into_iter().map(|(_, task)| task).collect();
+                    for task in &delayed {
+                        tracing::info!(task_key = %task.key, retry_in = %crate::util::duration::format(LOCK_DELAY_RETRY), "task is under another session's lock-delay; claiming the next ones meanwhile");
+                    }
+                    backlog.put_back(others.into_iter().map(|(_, task)| task).collect());
+                    let until = Utc::now()
+                        + chrono::Duration::from_std(LOCK_DELAY_RETRY).unwrap_or_default();
+                    for task in &delayed {
+                        memory.deferred.insert(task.key.clone(), until);
+                    }
+                    backlog.defer(delayed, until);
+                    continue;
+                }
                 Claim::End(stop) => {
                     end = Some(stop);
                     break;
+                }
+                Claim::TooLarge(mut batch, why) => {
+                    if batch.len() > 1 || deletions > 0 || !single {
+                        tracing::warn!(error = %why, "Consul refused a claim as too large; claiming one task at a time");
+                        single = true;
+                        if !finished.is_empty() {
+                            finished = self
+                                .complete_known(
+                                    leadership,
+                                    &mut backlog,
+                                    std::mem::take(&mut finished),
+                                )
+                                .await;
+                        }
+                        backlog.put_back(batch);
+                        continue;
+                    }
+                    let Some(task) = batch.pop() else { continue };
+                    let reason =
+                        format!("too large to claim: Consul refused its claim transaction: {why}");
+                    let pair = pair_of(&task, task.with(&[]), task.modify_index);
+                    match self.dead_letter(leadership, &pair, &reason).await {
+                        Ok(_) => backlog.forget(&task.key),
+                        Err(stop) => {
+                            end = Some(stop);
+                            break;
+                        }
+                    }
+                    continue;
                 }
             };
             let mut claimed = claimed.into_iter();
             while let Some((task, claim_index)) = claimed.next() {
                 // "Renew between tasks": a batch claimed ahead still runs only while the lease
-                // is fresh; what did not start goes back untouched.
-                let stop = match self.must_stop(lease, shutdown) {
-                    Some(stop) => Some(stop),
-                    None => {
-                        let run = self
-                            .run_claimed(
-                                leadership,
-                                lease,
-                                shutdown,
-                                task,
-                                claim_index,
-                                &mut finished,
-                            )
-                            .await;
-                        fast = run.elapsed < FAST_HANDLER;
-                        // Past a slow run, finished tasks are recorded at once rather than
-                        // at the next claim, which keeps the window in which a crash makes
-                        // them run again short.
-                        if !fast && !finished.is_empty() {
-                            let left = self
-                                .complete_all(leadership, std::mem::take(&mut finished))
-                                .await;
-                            finished = left;
-                        }
-                        run.end
-                    }
-                };
+                // is fresh; what did not start (this task included) goes back untouched.
+                if let Some(stop) = self.must_stop(lease, shutdown) {
+                    let unstarted = std::iter::once((task, claim_index))
+                        .chain(claimed.by_ref())
+                        .collect();
+                    self.release_unstarted(leadership, unstarted).await;
+                    end = Some(stop);
+                    break 'listing;
+                }
+                let key = task.task.key.clone();
+                let finished_before = finished.len();
+                let run = self
+                    .run_claimed(
+                        leadership,
+                        lease,
+                        shutdown,
+                        task,
+                        claim_index,
+                        &mut finished,
+                    )
+                    .await;
+                if finished.len() == finished_before {
+                    // Not a success: a retry was written back or the task moved. The next
+                    // look reads the key again, so the retry is known when due.
+                    backlog.forget(&key);
+                }
+                fast = run.elapsed < FAST_HANDLER;
+                // Past a slow run, finished tasks are recorded at once rather than at the
+                // next claim, which keeps the window in which a crash makes them run again
+                // short.
+                if !fast && !finished.is_empty() {
+                    finished = self
+                        .complete_known(leadership, &mut backlog, std::mem::take(&mut finished))
+                        .await;
+                }
+                let stop = run.end;
                 if let Some(stop) = stop {
                     self.release_unstarted(leadership, claimed.collect()).await;
                     end = Some(stop);
                     break 'listing;
                 }
+                if !fast && claimed.len() > 0 {
+                    // The batch was claimed on the promise of fast runs. A slow one sends the
+                    // rest back unchanged, so that a batch of slow tasks never holds up an
+                    // earlier task that arrives or falls due; the next look reads them again.
+                    let rest: Vec<(Claimed, u64)> = claimed.by_ref().collect();
+                    for (unstarted, _) in &rest {
+                        backlog.forget(&unstarted.task.key);
+                    }
+                    self.release_unstarted(leadership, rest).await;
+                }
             }
         }
         let unrecorded = self.complete_all(leadership, finished).await;
         (end, unrecorded)
+    }
+
+    /// Plans the next claim: prepares claims of up to `max_tasks` pending tasks while they
+    /// fit one transaction, with as many of the `finished` deletions as leave room; or,
+    /// when the first task cannot be claimed even alone, takes that task out of the backlog.
+    fn plan_batch(
+        &self,
+        leadership: &Leadership,
+        backlog: &mut Backlog,
+        finished: &[Finished],
+        max_tasks: usize,
+    ) -> Planned {
+        let now = Utc::now();
+        let deletions: Vec<usize> = finished
+            .iter()
+            .map(|done| done.deletion().encoded_len())
+            .collect();
+        let guard = self.guard(leadership).encoded_len();
+        // Claims are prepared one at a time and only while they fit: preparing one writes
+        // the task's whole value, which is worth skipping for large values.
+        let mut candidates: Vec<Candidate> = Vec::new();
+        let mut claims: Vec<usize> = Vec::new();
+        let mut plan = ClaimPlan::Take {
+            finished: 0,
+            tasks: 0,
+        };
+        for task in backlog.pending().take(max_tasks) {
+            let candidate = Candidate::new(task, leadership, &self.node_id, now);
+            claims.push(candidate.encoded_len());
+            let next = plan::plan_claim(guard, &deletions, &claims, max_tasks, TxnLimits::CONSUL);
+            match next {
+                ClaimPlan::Take { tasks, .. } if tasks == claims.len() => {
+                    candidates.push(candidate);
+                    plan = next;
+                }
+                ClaimPlan::Take { .. } => break,
+                ClaimPlan::TooLarge { .. } => {
+                    plan = next;
+                    break;
+                }
+            }
+        }
+        match plan {
+            ClaimPlan::Take { finished, tasks } => Planned::Batch {
+                tasks: backlog.take(tasks),
+                candidates,
+                deletions: finished,
+            },
+            ClaimPlan::TooLarge { body } => match backlog.take_first() {
+                Some(task) => Planned::TooLarge {
+                    task: Box::new(task),
+                    body,
+                },
+                None => Planned::Batch {
+                    tasks: Vec::new(),
+                    candidates: Vec::new(),
+                    deletions: 0,
+                },
+            },
+        }
+    }
+
+    /// Looks at the queue's keys: drops tasks whose keys went away, reads the new keys
+    /// (tasks that arrived, retries written back, tasks released to a producer's newer
+    /// version) and adds what they hold to the backlog.
+    async fn look(
+        &self,
+        leadership: &Leadership,
+        backlog: &mut Backlog,
+        memory: &mut Memory,
+    ) -> Result<Look, LeadEnd> {
+        let started = Instant::now();
+        let keys = match self
+            .client
+            .kv_keys(&self.settings.prefix, QueryOptions::default())
+            .await
+        {
+            Ok((keys, _)) => keys,
+            Err(err) => {
+                self.metrics.consul_error(&err);
+                tracing::warn!(error = %err, "cannot read the queue's keys; listing again");
+                return Ok(Look::Relist);
+            }
+        };
+        let new = match backlog.looked(keys, Utc::now(), started.elapsed()) {
+            Looked::Relist => return Ok(Look::Relist),
+            Looked::New(new) => new,
+        };
+        if new.is_empty() {
+            return Ok(Look::Continue);
+        }
+        let mut entries = Vec::with_capacity(new.len());
+        for chunk in new.chunks(consul::TXN_MAX_OPS) {
+            let reads: Vec<TxnOp> = chunk
+                .iter()
+                .map(|key| TxnOp::Get { key: key.clone() })
+                .collect();
+            match self.client.txn(&reads).await {
+                Ok(TxnOutcome::Committed(found)) => entries.extend(found),
+                // A key went away meanwhile; the next look reads the others again.
+                Ok(TxnOutcome::RolledBack(_)) => {}
+                Err(err) => {
+                    self.metrics.consul_error(&err);
+                    tracing::warn!(error = %err, "cannot read new tasks; listing again");
+                    return Ok(Look::Relist);
+                }
+            }
+        }
+        let sorted = self
+            .sort_out(leadership, entries, memory, Utc::now())
+            .await?;
+        backlog.learn(
+            sorted.keys.into_iter().collect(),
+            sorted.pending,
+            sorted.delayed,
+        );
+        Ok(Look::Continue)
     }
 
     fn must_stop(&self, lease: &Lease, shutdown: &CancellationToken) -> Option<LeadEnd> {
@@ -508,37 +919,24 @@ impl Queue {
         None
     }
 
-    /// Claims `batch` in one transaction that also deletes the `finished` tasks.
+    /// Claims `batch` (with its prepared `candidates`) in one transaction that also deletes
+    /// the first `deletions` finished tasks.
     async fn claim_batch(
         &self,
         leadership: &Leadership,
         batch: Vec<Task>,
+        candidates: Vec<Candidate>,
         finished: &mut Vec<Finished>,
+        deletions: usize,
     ) -> Claim {
-        let now = Utc::now();
-        let values: Vec<Vec<u8>> = batch
-            .iter()
-            .map(|task| task.claimed(&leadership.session, &self.node_id, now))
-            .collect();
-        let mut ops = Vec::with_capacity(finished.len() + 2 * batch.len());
+        let mut ops = Vec::with_capacity(deletions + 2 * batch.len());
         // Finished tasks are deleted in this claim's transaction: one commit, not two. It
         // is applied only if the whole claim is.
-        for done in finished.iter() {
-            ops.push(TxnOp::DeleteCas {
-                key: done.task.key.clone(),
-                index: done.claim_index,
-            });
-        }
-        for (task, value) in batch.iter().zip(&values) {
-            ops.push(TxnOp::CheckIndex {
-                key: task.key.clone(),
-                index: task.modify_index,
-            });
-            ops.push(TxnOp::Lock {
-                key: task.key.clone(),
-                value: value.clone(),
-                session: leadership.session.clone(),
-            });
+        ops.extend(finished[..deletions].iter().map(Finished::deletion));
+        let mut values = Vec::with_capacity(candidates.len());
+        for candidate in candidates {
+            ops.extend(candidate.ops);
+            values.push(candidate.value);
         }
         let entries = match self.guarded(leadership, ops).await {
             Ok(Guarded::Done(entries)) => entries,
@@ -548,15 +946,28 @@ impl Queue {
             }
             Ok(Guarded::Conflict(errors)) => {
                 self.metrics.claim_conflicts.inc();
+                // The guard is op 0, the deletions follow, then a check and a lock per task.
+                let first_claim = 1 + deletions;
+                let refused: Vec<usize> = errors
+                    .iter()
+                    .filter(|error| error.what.contains("lock delay"))
+                    .filter_map(|error| error.op_index.checked_sub(first_claim))
+                    .map(|op| op / 2)
+                    .filter(|&task| task < batch.len())
+                    .collect();
+                if !refused.is_empty() && refused.len() == errors.len() {
+                    return Claim::LockDelayed(batch, refused);
+                }
                 tracing::debug!(?errors, "claim conflict; listing again");
                 return Claim::Relist;
             }
+            Ok(Guarded::TooLarge(why)) => return Claim::TooLarge(batch, why),
             Err(err) => {
                 tracing::warn!(error = %err, "claim failed");
                 return Claim::Relist;
             }
         };
-        for done in finished.drain(..) {
+        for done in finished.drain(..deletions) {
             self.log_completed(leadership, &done, &entries);
         }
         let mut claimed = Vec::with_capacity(batch.len());
@@ -568,7 +979,7 @@ impl Queue {
                 .rev()
                 .find(|e| e.key == task.key)
                 .map_or(0, |e| e.modify_index);
-            let attempt = task.attempts + 1;
+            let attempt = task.run_number();
             self.metrics.claimed(&task.task_type);
             tracing::info!(
                 task_key = %task.key,
@@ -596,21 +1007,30 @@ impl Queue {
         if unstarted.is_empty() {
             return;
         }
-        let mut ops = Vec::with_capacity(unstarted.len() * 2);
+        let mut groups: Vec<[TxnOp; 2]> = Vec::with_capacity(unstarted.len());
         for (claimed, claim_index) in &unstarted {
             let task = &claimed.task;
-            ops.push(TxnOp::CheckIndex {
-                key: task.key.clone(),
-                index: *claim_index,
-            });
-            ops.push(TxnOp::Unlock {
-                key: task.key.clone(),
-                value: task.with(&[]),
-                session: leadership.session.clone(),
-            });
+            groups.push([
+                TxnOp::CheckIndex {
+                    key: task.key.clone(),
+                    index: *claim_index,
+                },
+                TxnOp::Unlock {
+                    key: task.key.clone(),
+                    value: task.with(&[]),
+                    session: leadership.session.clone(),
+                },
+            ]);
         }
-        if let Err(err) = self.client.txn(&ops).await {
-            tracing::warn!(error = %err, "cannot release tasks claimed but not started; the next leader requeues them");
+        let lens: Vec<usize> = groups
+            .iter()
+            .map(|group| group.iter().map(TxnOp::encoded_len).sum())
+            .collect();
+        for range in plan::chunks(None, &lens, 2, TxnLimits::CONSUL) {
+            let ops: Vec<TxnOp> = groups[range].iter().flatten().cloned().collect();
+            if let Err(err) = self.client.txn(&ops).await {
+                tracing::warn!(error = %err, "cannot release tasks claimed but not started; the next leader requeues them");
+            }
         }
     }
 
@@ -729,7 +1149,7 @@ impl Queue {
             task_key = %task.key,
             task_id = %task.id,
             task_type = %task.task_type,
-            attempt = task.attempts + 1,
+            attempt = task.run_number(),
             fencing_token = leadership.fencing_token,
             elapsed_ms = done.elapsed_ms,
             leader_lock_index,
@@ -756,6 +1176,11 @@ impl Queue {
             Ok(Guarded::NotLeader) => {
                 tracing::warn!(task_key = %task.key, "task completed after this replica lost leadership; the next leader will run it again");
             }
+            Ok(Guarded::TooLarge(why)) => {
+                // One deletion cannot be too large for any Consul; should one refuse it, the
+                // task stays locked by this session and the next listing runs it again.
+                tracing::error!(task_key = %task.key, error = %why, "cannot record the completed task: Consul refused its deletion as too large");
+            }
             Err(err) => {
                 tracing::warn!(task_key = %task.key, error = %err, "cannot record the completed task yet; retrying");
                 return Some(done);
@@ -764,46 +1189,67 @@ impl Queue {
         None
     }
 
-    /// Deletes finished tasks in one transaction; if one of them was rewritten meanwhile,
-    /// each is completed on its own so the rewritten one is released, not deleted. Returns
-    /// those whose deletion could not be recorded yet.
+    /// Deletes finished tasks, as few transactions as the limits allow; if one of them was
+    /// rewritten meanwhile, each of its transaction's tasks is completed on its own so the
+    /// rewritten one is released, not deleted. Returns those whose deletion could not be
+    /// recorded yet.
     async fn complete_all(
         &self,
         leadership: &Leadership,
         finished: Vec<Finished>,
     ) -> Vec<Finished> {
+        let mut left = Vec::new();
         if finished.len() <= 1 {
-            let mut left = Vec::new();
             for done in finished {
                 left.extend(self.complete(leadership, done).await);
             }
             return left;
         }
-        let ops = finished
+        let lens: Vec<usize> = finished
             .iter()
-            .map(|done| TxnOp::DeleteCas {
-                key: done.task.key.clone(),
-                index: done.claim_index,
-            })
+            .map(|done| done.deletion().encoded_len())
             .collect();
-        match self.guarded(leadership, ops).await {
-            Ok(Guarded::Done(entries)) => {
-                for done in &finished {
-                    self.log_completed(leadership, done, &entries);
+        let guard = self.guard(leadership).encoded_len();
+        let mut finished = finished.into_iter();
+        for range in plan::chunks(Some(guard), &lens, 1, TxnLimits::CONSUL) {
+            let group: Vec<Finished> = finished.by_ref().take(range.len()).collect();
+            let ops = group.iter().map(Finished::deletion).collect();
+            match self.guarded(leadership, ops).await {
+                Ok(Guarded::Done(entries)) => {
+                    for done in &group {
+                        self.log_completed(leadership, done, &entries);
+                    }
                 }
-                Vec::new()
-            }
-            _ => {
-                let mut left = Vec::new();
-                for done in finished {
-                    left.extend(self.complete(leadership, done).await);
+                _ => {
+                    for done in group {
+                        left.extend(self.complete(leadership, done).await);
+                    }
                 }
-                left
             }
         }
+        left
+    }
+
+    /// Completes finished tasks, and forgets the keys whose outcome is recorded: deleted,
+    /// or released to a producer's newer version, which the next look then reads.
+    async fn complete_known(
+        &self,
+        leadership: &Leadership,
+        backlog: &mut Backlog,
+        finished: Vec<Finished>,
+    ) -> Vec<Finished> {
+        let keys: Vec<String> = finished.iter().map(|done| done.task.key.clone()).collect();
+        let left = self.complete_all(leadership, finished).await;
+        for key in keys {
+            if !left.iter().any(|done| done.task.key == key) {
+                backlog.forget(&key);
+            }
+        }
+        left
     }
 
     /// Writes `value` and unlocks the task, if it is still the version this run claimed.
+    /// A value too large to write back sends the task to dead-letter instead.
     async fn settle(
         &self,
         leadership: &Leadership,
@@ -819,13 +1265,20 @@ impl Queue {
             },
             TxnOp::Unlock {
                 key: task.key.clone(),
-                value,
+                value: value.clone(),
                 session: leadership.session.clone(),
             },
         ];
         match self.guarded(leadership, ops).await {
             Ok(Guarded::Done(_)) => {}
             Ok(Guarded::Conflict(_)) => self.release_current(leadership, &task.key).await,
+            Ok(Guarded::TooLarge(why)) => {
+                let pair = pair_of(task, value, claim_index);
+                let reason = format!("cannot {what}: the task is too large to write back: {why}");
+                if let Err(end) = self.dead_letter(leadership, &pair, &reason).await {
+                    tracing::warn!(task_key = %task.key, ?end, "cannot dead-letter a task too large to {what}; the task is requeued when this session ends");
+                }
+            }
             Ok(Guarded::NotLeader) => {
                 tracing::warn!(task_key = %task.key, "cannot {what}: leadership lost; the task is requeued when this session ends")
             }
@@ -877,8 +1330,8 @@ impl Queue {
 }
 
 enum Pick {
-    /// Pending tasks in claim order.
-    Run(Vec<Task>),
+    /// Pending tasks to work through.
+    Run(Backlog),
     WaitUntil(DateTime<Utc>),
     /// Something was moved; list again at once.
     Again,
@@ -890,6 +1343,71 @@ struct Finished {
     task: Box<Task>,
     claim_index: u64,
     elapsed_ms: u64,
+}
+
+impl Finished {
+    /// Deletes the version this run claimed, and only that one.
+    fn deletion(&self) -> TxnOp {
+        TxnOp::DeleteCas {
+            key: self.task.key.clone(),
+            index: self.claim_index,
+        }
+    }
+}
+
+/// The next claim, planned.
+enum Planned {
+    /// Claim `tasks` with their `candidates`; the first `deletions` finished tasks ride along.
+    Batch {
+        tasks: Vec<Task>,
+        candidates: Vec<Candidate>,
+        deletions: usize,
+    },
+    /// The first pending task, taken out of the backlog, cannot be claimed even alone: its
+    /// claim transaction would be `body` bytes.
+    TooLarge { task: Box<Task>, body: usize },
+}
+
+/// A task's claim, prepared: the value it writes and its two ops (the check that the task
+/// is as read, and the lock that writes the value).
+struct Candidate {
+    value: Vec<u8>,
+    ops: [TxnOp; 2],
+}
+
+impl Candidate {
+    fn new(task: &Task, leadership: &Leadership, node_id: &str, now: DateTime<Utc>) -> Candidate {
+        let value = task.claimed(&leadership.session, node_id, now);
+        let ops = [
+            TxnOp::CheckIndex {
+                key: task.key.clone(),
+                index: task.modify_index,
+            },
+            TxnOp::Lock {
+                key: task.key.clone(),
+                value: value.clone(),
+                session: leadership.session.clone(),
+            },
+        ];
+        Candidate { value, ops }
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.ops.iter().map(TxnOp::encoded_len).sum()
+    }
+}
+
+/// A task as an entry again, with `value` and at `index`, to move it to dead-letter.
+fn pair_of(task: &Task, value: Vec<u8>, index: u64) -> KvPair {
+    KvPair {
+        key: task.key.clone(),
+        value,
+        flags: 0,
+        session: None,
+        lock_index: 0,
+        create_index: task.create_index,
+        modify_index: index,
+    }
 }
 
 /// A claimed task and the value its claim wrote (what the handler gets).
@@ -904,6 +1422,11 @@ enum Claim {
     Claimed(Vec<(Claimed, u64)>),
     /// The listing is stale (a claim conflict or an error): list again.
     Relist,
+    /// Consul refused the transaction as too large; nothing was applied.
+    TooLarge(Vec<Task>, String),
+    /// Only the locks of these tasks (indexes into the batch) failed, under another
+    /// session's lock-delay; nothing was applied.
+    LockDelayed(Vec<Task>, Vec<usize>),
     End(LeadEnd),
 }
 

@@ -4,11 +4,33 @@
 //! Producers write `taskTime` as epoch seconds (number or string) or RFC 3339, and
 //! `taskTaken` as a bool or `"true"`/`"false"`; both are accepted. Every field leaderq does not
 //! own is preserved untouched, in the producer's order. Knows nothing of Consul transport.
+//!
+//! The fields leaderq owns are read defensively, since anyone can write them: `attempts` is
+//! a count that saturates (huge numbers, floats, numeric strings; negative or junk is 0) and
+//! never reaches u32::MAX, so the run number `attempts + 1` cannot overflow; `notBefore` is
+//! RFC 3339 or epoch seconds, and anything else (junk, out of range) is ignored, which
+//! makes the task due. How far ahead a notBefore is honoured is the queue's decision.
 
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
+use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{json, Map, Value};
 
 use crate::consul::KvPair;
+
+/// The largest `attempts` read from a task: one below u32::MAX, so that the run number
+/// (`attempts + 1`) saturates at u32::MAX instead of overflowing.
+pub const MAX_ATTEMPTS_READ: u32 = u32::MAX - 1;
+/// `lastError` is cut to this many bytes: a handler's error must not make the task's value
+/// too large to write back.
+pub const LAST_ERROR_MAX: usize = 4096;
+/// Fields of a dead letter that are kept when the record has to be trimmed to fit.
+const DEAD_LETTER_OWN: [&str; 5] = [
+    "deadReason",
+    "deadAt",
+    "originalKey",
+    "deadDropped",
+    "originalBytes",
+];
 
 /// A task as read from its KV entry.
 #[derive(Clone, Debug, PartialEq)]
@@ -92,15 +114,8 @@ impl Task {
             Some(Value::Number(n)) => n.to_string(),
             _ => pair.key.rsplit('/').next().unwrap_or(&pair.key).to_string(),
         };
-        let attempts = fields
-            .get("attempts")
-            .and_then(|v| v.as_u64().or_else(|| v.as_str()?.parse().ok()))
-            .unwrap_or(0) as u32;
-        let not_before = fields
-            .get("notBefore")
-            .and_then(Value::as_str)
-            .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
-            .map(|t| t.with_timezone(&Utc));
+        let attempts = fields.get("attempts").map_or(0, parse_attempts);
+        let not_before = fields.get("notBefore").and_then(parse_time);
         let taken_by = fields.get("takenBy").filter(|v| !v.is_null()).cloned();
         let last_error = fields
             .get("lastError")
@@ -121,6 +136,11 @@ impl Task {
             create_index: pair.create_index,
             modify_index: pair.modify_index,
         })
+    }
+
+    /// The number of the next run: attempts made so far plus one, saturating.
+    pub fn run_number(&self) -> u32 {
+        self.attempts.saturating_add(1)
     }
 
     /// Claim order: `taskTime`, then `CreateIndex`, then key.
@@ -147,17 +167,14 @@ impl Task {
         }
     }
 
-    /// The task's JSON with `updates` applied (a `Null` removes the field).
+    /// The task's JSON with `updates` applied (a `Null` removes the field). Written
+    /// straight from the fields, without copying them: values can be hundreds of KB.
     pub fn with(&self, updates: &[(&str, Value)]) -> Vec<u8> {
-        let mut fields = self.fields.clone();
-        for (name, value) in updates {
-            if value.is_null() {
-                fields.shift_remove(*name);
-            } else {
-                fields.insert((*name).to_string(), value.clone());
-            }
-        }
-        serde_json::to_vec(&Value::Object(fields)).expect("task JSON serializes")
+        serde_json::to_vec(&Rewritten {
+            fields: &self.fields,
+            updates,
+        })
+        .expect("task JSON serializes")
     }
 
     /// The value written when the leader claims the task.
@@ -174,7 +191,10 @@ impl Task {
         self.with(&[
             ("taskTaken", Value::Bool(false)),
             ("attempts", json!(attempts)),
-            ("lastError", Value::String(error.to_string())),
+            (
+                "lastError",
+                Value::String(cut(error, LAST_ERROR_MAX).to_string()),
+            ),
             ("notBefore", Value::String(rfc3339(not_before))),
             ("takenBy", Value::Null),
             ("takenAt", Value::Null),
@@ -182,9 +202,46 @@ impl Task {
     }
 }
 
+/// A task's fields with updates applied, as they serialize: an updated field keeps its
+/// place, a new one comes last, a `Null` update removes the field; the last update of a
+/// name wins.
+struct Rewritten<'a> {
+    fields: &'a Map<String, Value>,
+    updates: &'a [(&'a str, Value)],
+}
+
+impl Serialize for Rewritten<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let update = |name: &str| self.updates.iter().rev().find(|(n, _)| *n == name);
+        let mut map = serializer.serialize_map(None)?;
+        for (name, value) in self.fields {
+            match update(name) {
+                Some((_, new)) if new.is_null() => {}
+                Some((_, new)) => map.serialize_entry(name, new)?,
+                None => map.serialize_entry(name, value)?,
+            }
+        }
+        for (i, (name, new)) in self.updates.iter().enumerate() {
+            let last = self.updates.iter().rposition(|(n, _)| n == name) == Some(i);
+            if last && !new.is_null() && !self.fields.contains_key(*name) {
+                map.serialize_entry(name, new)?;
+            }
+        }
+        map.end()
+    }
+}
+
 /// The dead letter for an entry under the queue prefix: the task itself (or its raw value
 /// when it is not a JSON object) with the reason, the time and where it came from.
 pub fn dead_letter(pair: &KvPair, reason: &str, now: DateTime<Utc>) -> Vec<u8> {
+    encode(&dead_letter_fields(pair, reason, now))
+}
+
+fn encode(fields: &Map<String, Value>) -> Vec<u8> {
+    serde_json::to_vec(fields).expect("a JSON object serializes")
+}
+
+fn dead_letter_fields(pair: &KvPair, reason: &str, now: DateTime<Utc>) -> Map<String, Value> {
     let mut fields = match serde_json::from_slice::<Value>(&pair.value) {
         Ok(Value::Object(fields)) => fields,
         _ => {
@@ -199,7 +256,78 @@ pub fn dead_letter(pair: &KvPair, reason: &str, now: DateTime<Utc>) -> Vec<u8> {
     fields.insert("deadReason".into(), Value::String(reason.to_string()));
     fields.insert("deadAt".into(), Value::String(rfc3339(now)));
     fields.insert("originalKey".into(), Value::String(pair.key.clone()));
-    serde_json::to_vec(&Value::Object(fields)).expect("dead letter serializes")
+    fields
+}
+
+/// The dead letter for `pair`, no longer than `max_len` bytes: when the whole task does not
+/// fit (a value too large to move in one transaction), its largest fields are dropped,
+/// largest first, and named in `deadDropped` with the original size in `originalBytes`;
+/// the reason and the original key are always kept. Also says whether it trimmed.
+pub fn dead_letter_within(
+    pair: &KvPair,
+    reason: &str,
+    now: DateTime<Utc>,
+    max_len: usize,
+) -> (Vec<u8>, bool) {
+    let mut fields = dead_letter_fields(pair, reason, now);
+    let full = encode(&fields);
+    if full.len() <= max_len {
+        return (full, false);
+    }
+    let mut droppable: Vec<(String, usize)> = fields
+        .iter()
+        .filter(|(name, _)| !DEAD_LETTER_OWN.contains(&name.as_str()))
+        .map(|(name, value)| (name.clone(), name.len() + value.to_string().len()))
+        .collect();
+    droppable.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    fields.insert("originalBytes".into(), json!(pair.value.len()));
+    let mut dropped = Vec::new();
+    for (name, _) in droppable {
+        fields.shift_remove(&name);
+        dropped.push(Value::String(name));
+        fields.insert("deadDropped".into(), Value::Array(dropped.clone()));
+        let trimmed = encode(&fields);
+        if trimmed.len() <= max_len {
+            return (trimmed, true);
+        }
+    }
+    // Only the record's own fields are left: cut the reason, the one that can be long.
+    let over = encode(&fields).len().saturating_sub(max_len);
+    let reason = fields
+        .get("deadReason")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let kept = cut(&reason, reason.len().saturating_sub(over));
+    fields.insert("deadReason".into(), Value::String(kept.to_string()));
+    (encode(&fields), true)
+}
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// `attempts` as a saturating count: numbers and numeric strings, fractions rounded down,
+/// anything above MAX_ATTEMPTS_READ read as it; negative, not a number or junk is 0.
+fn parse_attempts(value: &Value) -> u32 {
+    let number = match value {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.trim().parse::<f64>().ok(),
+        _ => None,
+    };
+    match number {
+        // A float-to-int `as` saturates (and maps NaN to 0).
+        Some(n) if n > 0.0 => (n as u32).min(MAX_ATTEMPTS_READ),
+        _ => 0,
+    }
 }
 
 pub fn rfc3339(time: DateTime<Utc>) -> String {
@@ -359,9 +487,25 @@ mod tests {
         assert!(retried.taken_by.is_none());
     }
 
-    /// Rewrites keep the producer's fields and their order.
+    /// Rewrites keep the producer's fields and their order; updated fields stay in place,
+    /// new ones come last, nulls remove, the last update of a name wins.
     #[test]
     fn rewrites_preserve_producer_fields_in_order() {
+        let task = Task::parse(&pair(
+            "q/t",
+            r#"{"a":1,"taskType":"x","taskTime":1,"takenBy":{"s":1},"b":2}"#,
+            1,
+        ))
+        .unwrap();
+        let text = String::from_utf8(task.with(&[
+            ("taskTime", json!(5)),
+            ("takenBy", Value::Null),
+            ("new", json!(1)),
+            ("new", json!(2)),
+            ("gone", Value::Null),
+        ]))
+        .unwrap();
+        assert_eq!(text, r#"{"a":1,"taskType":"x","taskTime":5,"b":2,"new":2}"#);
         let task = Task::parse(&pair(
             "q/t",
             r#"{"zeta":1,"taskType":"x","taskTime":1,"alpha":{"n":2}}"#,
@@ -381,5 +525,115 @@ mod tests {
         let dead: Value = serde_json::from_slice(&dead).unwrap();
         assert_eq!(dead["rawValue"], "not json");
         assert_eq!(dead["originalKey"], "q/bad");
+    }
+
+    /// `attempts` saturates: never above MAX_ATTEMPTS_READ, so the run number is at most
+    /// u32::MAX; negative, fractional, textual and junk values read sanely.
+    #[test]
+    fn attempts_saturate_and_never_wrap() {
+        let attempts = |raw: &str| {
+            let json = format!(r#"{{"taskType":"x","taskTime":1,"attempts":{raw}}}"#);
+            Task::parse(&pair("q/t", &json, 1)).unwrap()
+        };
+        for (raw, read) in [
+            ("0", 0),
+            ("3", 3),
+            ("\"7\"", 7),
+            ("2.9", 2),
+            ("-3", 0),
+            ("-1e300", 0),
+            ("\"many\"", 0),
+            ("null", 0),
+            ("true", 0),
+            ("[1]", 0),
+            ("4294967294", MAX_ATTEMPTS_READ),
+            ("4294967295", MAX_ATTEMPTS_READ),
+            ("4294967297", MAX_ATTEMPTS_READ),
+            ("18446744073709551615", MAX_ATTEMPTS_READ),
+            ("1e30", MAX_ATTEMPTS_READ),
+            ("\"99999999999999999999999\"", MAX_ATTEMPTS_READ),
+        ] {
+            assert_eq!(attempts(raw).attempts, read, "attempts {raw}");
+        }
+        assert_eq!(attempts("4294967297").run_number(), u32::MAX);
+        assert_eq!(attempts("0").run_number(), 1);
+    }
+
+    /// notBefore is RFC 3339 or epoch seconds; junk and out-of-range values are ignored
+    /// (the task is due), and none of them panics.
+    #[test]
+    fn not_before_reads_times_and_ignores_the_rest() {
+        let not_before = |raw: &str| {
+            let json = format!(r#"{{"taskType":"x","taskTime":1,"notBefore":{raw}}}"#);
+            Task::parse(&pair("q/t", &json, 1)).unwrap().not_before
+        };
+        let far = not_before("\"9999-12-31T23:59:59Z\"").unwrap();
+        assert_eq!(far.timestamp(), 253_402_300_799);
+        assert_eq!(not_before("-5").unwrap().timestamp(), -5);
+        assert_eq!(
+            not_before("\"1700000000\"").unwrap().timestamp(),
+            1_700_000_000
+        );
+        for junk in [
+            "\"soon\"",
+            "1e300",
+            "-1e300",
+            "null",
+            "{}",
+            "\"+275760-09-13T00:00:01Z\"",
+        ] {
+            assert_eq!(not_before(junk), None, "{junk}");
+        }
+        let now = Utc::now();
+        let past = Task::parse(&pair(
+            "q/t",
+            r#"{"taskType":"x","taskTime":1,"notBefore":-5}"#,
+            1,
+        ))
+        .unwrap();
+        assert_eq!(past.status(now), Status::Pending);
+    }
+
+    /// A retry's lastError is cut to LAST_ERROR_MAX bytes on a character boundary.
+    #[test]
+    fn last_error_is_cut_to_its_limit() {
+        let task = Task::parse(&pair("q/t", r#"{"taskType":"x","taskTime":1}"#, 1)).unwrap();
+        let long = "é".repeat(LAST_ERROR_MAX);
+        let retried: Value = serde_json::from_slice(&task.retried(1, &long, Utc::now())).unwrap();
+        let error = retried["lastError"].as_str().unwrap();
+        assert!(error.len() <= LAST_ERROR_MAX && error.len() >= LAST_ERROR_MAX - 1);
+    }
+
+    /// A dead letter too large for its transaction drops its largest fields first and says
+    /// so; the reason, the original key and the small fields stay.
+    #[test]
+    fn dead_letter_within_drops_the_largest_fields_to_fit() {
+        let big = format!(
+            r#"{{"taskId":"h","taskType":"x","taskTime":1,"taskPara":{{"blob":"{}"}},"note":"{}"}}"#,
+            "x".repeat(10_000),
+            "y".repeat(500)
+        );
+        let entry = pair("q/h", &big, 1);
+        let now = Utc::now();
+        let (whole, trimmed) = dead_letter_within(&entry, "too large", now, 100_000);
+        assert!(!trimmed);
+        assert_eq!(whole, dead_letter(&entry, "too large", now));
+        let (value, trimmed) = dead_letter_within(&entry, "too large", now, 1_000);
+        assert!(trimmed && value.len() <= 1_000, "{}", value.len());
+        let letter: Value = serde_json::from_slice(&value).unwrap();
+        assert_eq!(letter["deadDropped"], json!(["taskPara"]));
+        assert_eq!(letter["note"].as_str().unwrap().len(), 500);
+        let (value, trimmed) = dead_letter_within(&entry, "too large", now, 400);
+        assert!(trimmed && value.len() <= 400, "{}", value.len());
+        let letter: Value = serde_json::from_slice(&value).unwrap();
+        assert_eq!(letter["originalKey"], "q/h");
+        assert_eq!(letter["deadReason"], "too large");
+        assert_eq!(letter["taskId"], "h");
+        assert_eq!(letter["deadDropped"], json!(["taskPara", "note"]));
+        assert_eq!(letter["originalBytes"], big.len());
+        let (value, _) = dead_letter_within(&entry, &"r".repeat(5_000), now, 300);
+        assert!(value.len() <= 300, "{}", value.len());
+        let letter: Value = serde_json::from_slice(&value).unwrap();
+        assert_eq!(letter["originalKey"], "q/h");
     }
 }

@@ -13,6 +13,8 @@ mod hostile_input;
 mod identity;
 #[path = "consumer/supervise.rs"]
 mod supervise;
+#[path = "consumer/queue_edges.rs"]
+mod queue_edges;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,7 @@
 //! Consumer measurements against a real `leaderq server` process: dispatch latency on an
-//! idle queue, drain throughput with 1 and 3 replicas, handover after a shutdown signal,
-//! and the RSS of an idle `leaderq consume` process.
+//! idle queue, drain throughput with 1 and 3 replicas, drains of 300 B and 20 KB tasks,
+//! the order window (how long an earlier task PUT during a backlog waits), handover after
+//! a shutdown signal, and the RSS of an idle `leaderq consume` process.
 //!
 //! Latency and throughput replicas run in this process with a handler that records when
 //! it starts, which is exactly how a library user runs leaderq; the consumer code path is
@@ -26,6 +27,20 @@ const TASK_TYPE: &str = "Bench";
 const ENQUEUE_CLIENTS: usize = 32;
 /// Steady flow during handover measurements: one task per this interval.
 const FLOW_INTERVAL: Duration = Duration::from_millis(2);
+/// Value sizes of the sized drains: the small and large tasks.
+const SIZED_DRAINS: [(&str, usize); 2] = [("300 B", 300), ("20 KB", 20_000)];
+/// A sized drain stops after this long and reports the rate so far, so that a stalling
+/// queue is measured instead of hanging the bench.
+const SIZED_DRAIN_LIMIT: Duration = Duration::from_secs(60);
+/// Rounds of the sized drains, alternating sizes; the best of each size is reported, which
+/// keeps a moment of load from elsewhere on the machine out of the comparison.
+const SIZED_ROUNDS: usize = 3;
+/// Backlog the order-window measurement PUTs earlier tasks into.
+const ORDER_BACKLOG: usize = 8_000;
+/// Pause between two earlier tasks of the order-window measurement.
+const ORDER_PROBE_INTERVAL: Duration = Duration::from_millis(10);
+/// The backlog's taskTime; the earlier tasks use 1 (1970).
+const BACKLOG_TASK_TIME: &str = "1445599887";
 
 /// A no-op handler that reports (task id, replica, start instant).
 struct Recorder {
@@ -101,14 +116,32 @@ async fn stop_all(replicas: Vec<Replica>) {
 }
 
 fn task_body(id: &str) -> String {
-    json!({"taskId": id, "taskTime": "1445599887", "taskTaken": false, "taskType": TASK_TYPE, "taskPara": {}})
+    json!({"taskId": id, "taskTime": BACKLOG_TASK_TIME, "taskTaken": false, "taskType": TASK_TYPE, "taskPara": {}})
+        .to_string()
+}
+
+/// A task whose JSON value is `bytes` long (padded in `taskPara`), at `task_time`.
+fn sized_task_body(id: &str, task_time: &str, bytes: usize) -> String {
+    let bare = json!({"taskId": id, "taskTime": task_time, "taskTaken": false, "taskType": TASK_TYPE, "taskPara": {"pad": ""}})
+        .to_string();
+    let pad = "x".repeat(bytes.saturating_sub(bare.len()));
+    json!({"taskId": id, "taskTime": task_time, "taskTaken": false, "taskType": TASK_TYPE, "taskPara": {"pad": pad}})
         .to_string()
 }
 
 async fn put_task(http: &reqwest::Client, base: &str, id: &str) -> anyhow::Result<()> {
+    put_body(http, base, id, task_body(id)).await
+}
+
+async fn put_body(
+    http: &reqwest::Client,
+    base: &str,
+    id: &str,
+    body: String,
+) -> anyhow::Result<()> {
     let response = http
         .put(format!("{base}/v1/kv/oracleTask/{id}"))
-        .body(task_body(id))
+        .body(body)
         .send()
         .await?;
     if !response.status().is_success() {
@@ -192,6 +225,34 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         drain.insert(replicas, rate);
         stop_all(running).await;
     }
+
+    // Drains of 300 B and 20 KB tasks, one replica: large values must not slow the claim
+    // path down by more than their transfer costs.
+    let mut sized: Vec<(&str, Vec<Drained>)> = SIZED_DRAINS
+        .iter()
+        .map(|(label, _)| (*label, Vec::new()))
+        .collect();
+    'rounds: for _ in 0..SIZED_ROUNDS {
+        for (n, (_, bytes)) in SIZED_DRAINS.iter().enumerate() {
+            let drained = sized_drain(&http, options.sized_drain_tasks, *bytes).await?;
+            let stalled = drained.seen < options.sized_drain_tasks;
+            sized[n].1.push(drained);
+            // A drain that stalls would stall again: one measurement of it is enough.
+            if stalled {
+                break 'rounds;
+            }
+        }
+    }
+    let best = |runs: &[Drained]| -> (usize, f64) {
+        runs.iter()
+            .map(|d| (d.seen, d.rate))
+            .fold(
+                (0, 0.0),
+                |best, run| if run.1 > best.1 { run } else { best },
+            )
+    };
+
+    let order = order_window(&http, options.order_probes).await?;
 
     // Handover after a shutdown signal, under a steady flow of tasks.
     let server = ServerChild::start()?;
@@ -320,6 +381,38 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         format!("{:.0}", drain[&3]),
         ">= 1000",
     );
+    for (label, runs) in &sized {
+        let (seen, rate) = best(runs);
+        let result = if seen < options.sized_drain_tasks {
+            format!("{rate:.0} ({seen} in 60 s)")
+        } else {
+            format!("{rate:.0}")
+        };
+        report.row(
+            format!(
+                "consumer: drain {} tasks of {label}, 1 replica, best of {}, tasks/s",
+                options.sized_drain_tasks,
+                runs.len()
+            ),
+            result,
+            if *label == "20 KB" {
+                ">= 1/3 of 300 B"
+            } else {
+                ""
+            },
+        );
+    }
+    report.row(
+        format!(
+            "consumer: order window, earlier task during a backlog ({}x): ms p50/max, later tasks started max",
+            order.probes
+        ),
+        format!(
+            "{:.1}/{:.1}, {}",
+            order.latency.p50, order.latency.max, order.max_later
+        ),
+        "one batch or 50 ms",
+    );
     report.row(
         format!(
             "consumer: handover after shutdown signal, ms p50/max ({}x)",
@@ -338,10 +431,148 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         json!({
             "dispatch_ms": {"p50": dispatch.p50, "p99": dispatch.p99, "max": dispatch.max, "tasks": options.dispatches},
             "drain_tasks_per_sec": {"tasks": options.drain_tasks, "replicas_1": drain[&1].round(), "replicas_3": drain[&3].round()},
+            "sized_drain_tasks_per_sec": sized.iter().map(|(label, runs)| json!({"value": label, "tasks": options.sized_drain_tasks, "best": best(runs).1.round(), "runs": runs.iter().map(|d| json!({"drained": d.seen, "rate": d.rate.round()})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
+            "order_window": {"probes": order.probes, "ms_p50": order.latency.p50, "ms_max": order.latency.max, "later_tasks_started_max": order.max_later, "backlog": ORDER_BACKLOG},
             "handover_ms": {"p50": handover.p50, "max": handover.max, "runs": options.handovers},
             "idle_rss_mib": mib(idle_rss),
         }),
     );
+    Ok(())
+}
+
+/// How far a sized drain got, and its rate.
+struct Drained {
+    seen: usize,
+    rate: f64,
+}
+
+/// Drains `count` tasks of `bytes` with one replica on a fresh server.
+async fn sized_drain(
+    http: &reqwest::Client,
+    count: usize,
+    bytes: usize,
+) -> anyhow::Result<Drained> {
+    let server = ServerChild::start()?;
+    let base = server.base.clone();
+    let dir = TempDir::new()?;
+    progress(&format!("consumer: enqueueing {count} tasks of {bytes} B"));
+    enqueue_sized(http, &base, count, bytes).await?;
+    progress(&format!("consumer: draining {count} tasks of {bytes} B"));
+    let (starts_tx, mut starts) = mpsc::unbounded_channel();
+    let started = Instant::now();
+    let replica = start_replica(&base, "sized-1", &dir, &starts_tx)?;
+    let mut seen = 0;
+    while seen < count {
+        let left = SIZED_DRAIN_LIMIT.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, starts.recv()).await {
+            Ok(Some(_)) => seen += 1,
+            Ok(None) => bail!("replica stopped"),
+            Err(_) => break,
+        }
+    }
+    let rate = seen as f64 / started.elapsed().as_secs_f64();
+    stop_all(vec![replica]).await;
+    Ok(Drained { seen, rate })
+}
+
+/// How long earlier tasks PUT during a backlog waited.
+struct OrderWindow {
+    probes: usize,
+    latency: super::Latency,
+    /// The most backlog tasks that started after an earlier task's PUT was acknowledged
+    /// and before it started.
+    max_later: usize,
+}
+
+/// PUTs `probes` tasks with an earlier taskTime, one every ORDER_PROBE_INTERVAL, while one
+/// replica drains a backlog of no-op tasks; measures how long each waited and how many
+/// later tasks started meanwhile.
+async fn order_window(http: &reqwest::Client, probes: usize) -> anyhow::Result<OrderWindow> {
+    let server = ServerChild::start()?;
+    let base = server.base.clone();
+    let dir = TempDir::new()?;
+    progress(&format!(
+        "consumer: order window, {probes} earlier tasks during a backlog of {ORDER_BACKLOG}"
+    ));
+    enqueue_backlog(http, &base, ORDER_BACKLOG).await?;
+    let (starts_tx, mut starts) = mpsc::unbounded_channel();
+    let replica = start_replica(&base, "order-1", &dir, &starts_tx)?;
+    let mut events: Vec<(String, Instant)> = Vec::new();
+    let (id, _, at) = tokio::time::timeout(Duration::from_secs(30), starts.recv())
+        .await
+        .context("the backlog did not start within 30s")?
+        .context("replica stopped")?;
+    events.push((id, at));
+    let mut acknowledged = Vec::with_capacity(probes);
+    for n in 0..probes {
+        let id = format!("e{n:03}");
+        put_body(http, &base, &id, sized_task_body(&id, "1", 0)).await?;
+        acknowledged.push((id, Instant::now()));
+        let until = Instant::now() + ORDER_PROBE_INTERVAL;
+        while let Ok(Some((id, _, at))) = tokio::time::timeout_at(until.into(), starts.recv()).await
+        {
+            events.push((id, at));
+        }
+    }
+    let mut early_left = acknowledged
+        .iter()
+        .filter(|(id, _)| !events.iter().any(|(e, _)| e == id))
+        .count();
+    while early_left > 0 {
+        let (id, _, at) = tokio::time::timeout(Duration::from_secs(60), starts.recv())
+            .await
+            .context("an earlier task did not start within 60s")?
+            .context("replica stopped")?;
+        if id.starts_with('e') {
+            early_left -= 1;
+        }
+        events.push((id, at));
+    }
+    stop_all(vec![replica]).await;
+    let mut samples = Vec::with_capacity(probes);
+    let mut max_later = 0;
+    for (id, put_at) in &acknowledged {
+        let started_at = events
+            .iter()
+            .find(|(e, _)| e == id)
+            .map(|(_, at)| *at)
+            .context("an earlier task never started")?;
+        let later = events
+            .iter()
+            .filter(|(e, at)| e.starts_with('b') && *at > *put_at && *at < started_at)
+            .count();
+        max_later = max_later.max(later);
+        samples.push(started_at.saturating_duration_since(*put_at));
+    }
+    Ok(OrderWindow {
+        probes,
+        latency: summarize(samples),
+        max_later,
+    })
+}
+
+async fn enqueue_sized(
+    http: &reqwest::Client,
+    base: &str,
+    count: usize,
+    bytes: usize,
+) -> anyhow::Result<()> {
+    let mut tasks = Vec::new();
+    for client in 0..ENQUEUE_CLIENTS {
+        let http = http.clone();
+        let base = base.to_string();
+        tasks.push(tokio::spawn(async move {
+            for n in (client..count).step_by(ENQUEUE_CLIENTS) {
+                let id = format!("s{n:06}");
+                let body = sized_task_body(&id, BACKLOG_TASK_TIME, bytes);
+                put_body(&http, &base, &id, body).await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for task in tasks {
+        task.await??;
+    }
     Ok(())
 }
 

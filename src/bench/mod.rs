@@ -33,6 +33,10 @@ pub struct Options {
     pub drain_tasks: usize,
     /// Tasks dispatched one at a time for the latency measurement.
     pub dispatches: usize,
+    /// Tasks drained by each sized drain (300 B and 20 KB values).
+    pub sized_drain_tasks: usize,
+    /// Earlier-taskTime tasks PUT during a backlog by the order-window measurement.
+    pub order_probes: usize,
     /// SIGTERM handovers measured.
     pub handovers: usize,
     /// Run only this section ("server" or "consumer").
@@ -48,6 +52,8 @@ impl Default for Options {
             wakes: 200,
             drain_tasks: 10_000,
             dispatches: 200,
+            sized_drain_tasks: 2_000,
+            order_probes: 40,
             handovers: 5,
             only: None,
         }

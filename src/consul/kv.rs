@@ -1,5 +1,7 @@
 //! KV reads and writes: get, recursive list, keys, put (plain, cas, acquire, release), delete.
 
+use std::borrow::Cow;
+
 use base64::Engine as _;
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
@@ -21,16 +23,19 @@ pub struct KvPair {
     pub modify_index: u64,
 }
 
+/// One entry as Consul sends it, borrowing its strings from the response body where it can:
+/// a listing of large values is tens of MB, and this skips a copy of every value.
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase")]
-pub(super) struct WireEntry {
-    key: String,
-    #[serde(default)]
-    value: Option<String>,
+pub(super) struct WireEntry<'a> {
+    #[serde(borrow)]
+    key: Cow<'a, str>,
+    #[serde(default, borrow)]
+    value: Option<Text<'a>>,
     #[serde(default)]
     flags: u64,
-    #[serde(default)]
-    session: Option<String>,
+    #[serde(default, borrow)]
+    session: Option<Text<'a>>,
     #[serde(default)]
     lock_index: u64,
     #[serde(default)]
@@ -39,20 +44,28 @@ pub(super) struct WireEntry {
     modify_index: u64,
 }
 
-impl TryFrom<WireEntry> for KvPair {
+/// A string borrowed from the body unless it holds escapes (serde borrows a `Cow` only as
+/// a field of its own, not inside an `Option`).
+#[derive(Deserialize)]
+pub(super) struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
+
+impl TryFrom<WireEntry<'_>> for KvPair {
     type Error = Error;
-    fn try_from(wire: WireEntry) -> Result<KvPair, Error> {
+    fn try_from(wire: WireEntry<'_>) -> Result<KvPair, Error> {
         let value = match wire.value {
-            Some(text) => base64::engine::general_purpose::STANDARD
-                .decode(text)
+            Some(Text(text)) => base64::engine::general_purpose::STANDARD
+                .decode(text.as_bytes())
                 .map_err(|e| Error::Decode(format!("value of {}: {e}", wire.key)))?,
             None => Vec::new(),
         };
         Ok(KvPair {
-            key: wire.key,
+            key: wire.key.into_owned(),
             value,
             flags: wire.flags,
-            session: wire.session.filter(|s| !s.is_empty()),
+            session: wire
+                .session
+                .map(|Text(session)| session.into_owned())
+                .filter(|s| !s.is_empty()),
             lock_index: wire.lock_index,
             create_index: wire.create_index,
             modify_index: wire.modify_index,
@@ -71,10 +84,12 @@ pub enum PutMode {
 }
 
 async fn decode_entries(response: reqwest::Response) -> Result<Vec<KvPair>, Error> {
-    let wire: Vec<WireEntry> = response
-        .json()
+    let body = response
+        .bytes()
         .await
         .map_err(|e| Error::Decode(e.to_string()))?;
+    let wire: Vec<WireEntry> =
+        serde_json::from_slice(&body).map_err(|e| Error::Decode(e.to_string()))?;
     wire.into_iter().map(KvPair::try_from).collect()
 }
 

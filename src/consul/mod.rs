@@ -20,7 +20,7 @@ pub use agent::AgentCheck;
 pub use kv::{KvPair, PutMode};
 pub use service::{ServiceCheck, ServiceRegistration};
 pub use session::{SessionInfo, SessionRequest};
-pub use txn::{TxnError, TxnOp, TxnOutcome};
+pub use txn::{body_len, fits, value_room, TxnError, TxnOp, TxnOutcome, TXN_MAX_BODY, TXN_MAX_OPS};
 
 /// Consul adds up to wait/16 to a blocking query's wait (structs.JitterFraction).
 const JITTER_FRACTION: u32 = 16;
@@ -53,6 +53,12 @@ impl Error {
             Error::Status { code, .. } => *code == 429 || *code >= 500,
             _ => false,
         }
+    }
+
+    /// Whether Consul refused the request as too large (413: too many operations, a body
+    /// or a value over its limit). Sending it again cannot help.
+    pub fn is_too_large(&self) -> bool {
+        matches!(self, Error::Status { code: 413, .. })
     }
 }
 

@@ -1,12 +1,22 @@
-//! `/v1/txn`: several KV operations applied atomically, or none.
+//! `/v1/txn`: several KV operations applied atomically, or none, and the limits Consul puts
+//! on one transaction (operations, encoded body size), so that callers can plan within them.
 
 use base64::Engine as _;
 use reqwest::{Method, StatusCode};
 use serde::Deserialize;
-use serde_json::{json, Value};
 
 use super::kv::WireEntry;
 use super::{status_error, Client, Error, KvPair};
+
+/// Operations in one transaction. Consul refuses more than 128 with a 413, and versions
+/// before 1.6 (still deployed) more than 64; staying within 64 works with every version.
+pub const TXN_MAX_OPS: usize = 64;
+
+/// Encoded body bytes leaderq puts in one transaction. Consul refuses a body over
+/// `txn_max_req_len` (512 KiB by default) with a 413; values travel base64-encoded (4/3 of
+/// their size). The 32 KiB margin keeps a body that an exact count puts just under the
+/// limit clear of a proxy's or a version's slightly different accounting.
+pub const TXN_MAX_BODY: usize = 480 * 1024;
 
 /// One KV operation of a transaction.
 #[derive(Clone, Debug)]
@@ -42,42 +52,118 @@ pub enum TxnOp {
         key: String,
         session: String,
     },
+    /// Reads a key (with its value); fails the transaction when the key does not exist.
+    Get {
+        key: String,
+    },
 }
 
 impl TxnOp {
-    fn to_json(&self) -> Value {
-        let b64 = |value: &[u8]| base64::engine::general_purpose::STANDARD.encode(value);
-        let kv = match self {
-            TxnOp::Set { key, value } => json!({"Verb": "set", "Key": key, "Value": b64(value)}),
-            TxnOp::Cas { key, value, index } => {
-                json!({"Verb": "cas", "Key": key, "Value": b64(value), "Index": index})
-            }
-            TxnOp::Lock {
-                key,
-                value,
-                session,
-            } => {
-                json!({"Verb": "lock", "Key": key, "Value": b64(value), "Session": session})
-            }
-            TxnOp::Unlock {
-                key,
-                value,
-                session,
-            } => {
-                json!({"Verb": "unlock", "Key": key, "Value": b64(value), "Session": session})
-            }
-            TxnOp::DeleteCas { key, index } => {
-                json!({"Verb": "delete-cas", "Key": key, "Index": index})
-            }
-            TxnOp::CheckIndex { key, index } => {
-                json!({"Verb": "check-index", "Key": key, "Index": index})
-            }
-            TxnOp::CheckSession { key, session } => {
-                json!({"Verb": "check-session", "Key": key, "Session": session})
-            }
-        };
-        json!({ "KV": kv })
+    /// The value this op writes, if any.
+    fn value(&self) -> Option<&[u8]> {
+        match self {
+            TxnOp::Set { value, .. }
+            | TxnOp::Cas { value, .. }
+            | TxnOp::Lock { value, .. }
+            | TxnOp::Unlock { value, .. } => Some(value),
+            _ => None,
+        }
     }
+
+    /// Exactly how many bytes this op takes in the transaction's JSON body. The value is
+    /// counted by its base64 length (base64 needs no JSON escaping), so it is never encoded.
+    pub fn encoded_len(&self) -> usize {
+        let mut skeleton = Vec::new();
+        self.write_json(&mut skeleton, false);
+        skeleton.len() + self.value().map_or(0, |value| value.len().div_ceil(3) * 4)
+    }
+
+    /// Writes the op's JSON, Consul's `{"KV":{"Verb":…}}`, straight into `out`: values of
+    /// hundreds of KB are base64-encoded into place, with no intermediate JSON tree. With
+    /// `with_value` false the value is left empty (to measure the rest).
+    fn write_json(&self, out: &mut Vec<u8>, with_value: bool) {
+        let (verb, key) = match self {
+            TxnOp::Set { key, .. } => ("set", key),
+            TxnOp::Cas { key, .. } => ("cas", key),
+            TxnOp::Lock { key, .. } => ("lock", key),
+            TxnOp::Unlock { key, .. } => ("unlock", key),
+            TxnOp::DeleteCas { key, .. } => ("delete-cas", key),
+            TxnOp::CheckIndex { key, .. } => ("check-index", key),
+            TxnOp::CheckSession { key, .. } => ("check-session", key),
+            TxnOp::Get { key } => ("get", key),
+        };
+        out.extend_from_slice(b"{\"KV\":{\"Verb\":\"");
+        out.extend_from_slice(verb.as_bytes());
+        out.extend_from_slice(b"\",\"Key\":");
+        write_string(out, key);
+        if let Some(value) = self.value() {
+            out.extend_from_slice(b",\"Value\":\"");
+            if with_value {
+                let start = out.len();
+                out.resize(start + value.len().div_ceil(3) * 4, 0);
+                let written = base64::engine::general_purpose::STANDARD
+                    .encode_slice(value, &mut out[start..])
+                    .expect("buffer sized for base64");
+                out.truncate(start + written);
+            }
+            out.push(b'"');
+        }
+        match self {
+            TxnOp::Cas { index, .. }
+            | TxnOp::DeleteCas { index, .. }
+            | TxnOp::CheckIndex { index, .. } => {
+                out.extend_from_slice(format!(",\"Index\":{index}").as_bytes());
+            }
+            TxnOp::Lock { session, .. }
+            | TxnOp::Unlock { session, .. }
+            | TxnOp::CheckSession { session, .. } => {
+                out.extend_from_slice(b",\"Session\":");
+                write_string(out, session);
+            }
+            TxnOp::Set { .. } | TxnOp::Get { .. } => {}
+        }
+        out.extend_from_slice(b"}}");
+    }
+}
+
+/// A JSON string, escaped as serde_json escapes it.
+fn write_string(out: &mut Vec<u8>, text: &str) {
+    serde_json::to_writer(out, text).expect("a string serializes");
+}
+
+/// The transaction's JSON body: the ops as an array.
+fn body(ops: &[TxnOp]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(body_len(ops.iter().map(TxnOp::encoded_len)));
+    out.push(b'[');
+    for (n, op) in ops.iter().enumerate() {
+        if n > 0 {
+            out.push(b',');
+        }
+        op.write_json(&mut out, true);
+    }
+    out.push(b']');
+    out
+}
+
+/// The JSON body's length for ops whose encoded lengths are `lens`: `[`, the ops joined
+/// by commas, `]`.
+pub fn body_len(lens: impl IntoIterator<Item = usize>) -> usize {
+    let (count, sum) = lens
+        .into_iter()
+        .fold((0usize, 0usize), |(count, sum), len| (count + 1, sum + len));
+    2 + sum + count.saturating_sub(1)
+}
+
+/// Whether `ops` fit one transaction (operations and encoded bytes).
+pub fn fits(ops: &[TxnOp]) -> bool {
+    ops.len() <= TXN_MAX_OPS && body_len(ops.iter().map(TxnOp::encoded_len)) <= TXN_MAX_BODY
+}
+
+/// The largest value (raw bytes) that still fits when added, base64-encoded, to `ops`,
+/// whose own values are already counted.
+pub fn value_room(ops: &[TxnOp]) -> usize {
+    let used = body_len(ops.iter().map(TxnOp::encoded_len));
+    TXN_MAX_BODY.saturating_sub(used) / 4 * 3
 }
 
 /// A failed op of a rolled-back transaction.
@@ -97,27 +183,26 @@ pub enum TxnOutcome {
 
 #[derive(Deserialize)]
 #[serde(rename_all = "PascalCase")]
-struct WireResponse {
-    #[serde(default)]
-    results: Option<Vec<WireResult>>,
+struct WireResponse<'a> {
+    #[serde(default, borrow)]
+    results: Option<Vec<WireResult<'a>>>,
     #[serde(default)]
     errors: Option<Vec<TxnError>>,
 }
 
 #[derive(Deserialize)]
-struct WireResult {
-    #[serde(rename = "KV")]
-    kv: Option<WireEntry>,
+struct WireResult<'a> {
+    #[serde(rename = "KV", borrow)]
+    kv: Option<WireEntry<'a>>,
 }
 
 impl Client {
     pub async fn txn(&self, ops: &[TxnOp]) -> Result<TxnOutcome, Error> {
-        let body = Value::Array(ops.iter().map(TxnOp::to_json).collect());
         let response = self
             .send(
                 Method::PUT,
                 "/v1/txn",
-                Some(body.to_string().into_bytes()),
+                Some(body(ops)),
                 self.request_timeout,
             )
             .await?;
@@ -125,10 +210,12 @@ impl Client {
         if status != StatusCode::OK && status != StatusCode::CONFLICT {
             return Err(status_error(response).await);
         }
-        let wire: WireResponse = response
-            .json()
+        let body = response
+            .bytes()
             .await
             .map_err(|e| Error::Decode(e.to_string()))?;
+        let wire: WireResponse =
+            serde_json::from_slice(&body).map_err(|e| Error::Decode(e.to_string()))?;
         if status == StatusCode::CONFLICT {
             return Ok(TxnOutcome::RolledBack(wire.errors.unwrap_or_default()));
         }
@@ -140,5 +227,118 @@ impl Client {
             .map(KvPair::try_from)
             .collect::<Result<Vec<_>, _>>()?;
         Ok(TxnOutcome::Committed(entries))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::{json, Value};
+
+    /// Consul's op shape, built the plain way, as the reference for the direct writer.
+    fn reference(op: &TxnOp) -> Value {
+        let b64 = |value: &[u8]| base64::engine::general_purpose::STANDARD.encode(value);
+        let kv = match op {
+            TxnOp::Set { key, value } => json!({"Verb": "set", "Key": key, "Value": b64(value)}),
+            TxnOp::Cas { key, value, index } => {
+                json!({"Verb": "cas", "Key": key, "Value": b64(value), "Index": index})
+            }
+            TxnOp::Lock {
+                key,
+                value,
+                session,
+            } => json!({"Verb": "lock", "Key": key, "Value": b64(value), "Session": session}),
+            TxnOp::Unlock {
+                key,
+                value,
+                session,
+            } => json!({"Verb": "unlock", "Key": key, "Value": b64(value), "Session": session}),
+            TxnOp::DeleteCas { key, index } => {
+                json!({"Verb": "delete-cas", "Key": key, "Index": index})
+            }
+            TxnOp::CheckIndex { key, index } => {
+                json!({"Verb": "check-index", "Key": key, "Index": index})
+            }
+            TxnOp::CheckSession { key, session } => {
+                json!({"Verb": "check-session", "Key": key, "Session": session})
+            }
+            TxnOp::Get { key } => json!({"Verb": "get", "Key": key}),
+        };
+        json!({ "KV": kv })
+    }
+
+    fn encoded(ops: &[TxnOp]) -> usize {
+        Value::Array(ops.iter().map(reference).collect())
+            .to_string()
+            .len()
+    }
+
+    /// The counted length is exactly the encoded body's, whatever the value's length
+    /// modulo 3 and whatever the key needs escaped.
+    #[test]
+    fn encoded_len_is_exact() {
+        for n in [0, 1, 2, 3, 4, 5, 1000, 20_001] {
+            let ops = vec![
+                TxnOp::CheckSession {
+                    key: "leader".into(),
+                    session: "0b5c7a1e-3d2f-4c1b-9a8e-7f6d5c4b3a21".into(),
+                },
+                TxnOp::CheckIndex {
+                    key: "q/\"quoted\"\n\u{7f}é".into(),
+                    index: 123_456_789,
+                },
+                TxnOp::Lock {
+                    key: "q/a".into(),
+                    value: vec![b'x'; n],
+                    session: "s".into(),
+                },
+                TxnOp::DeleteCas {
+                    key: "q/b".into(),
+                    index: 7,
+                },
+                TxnOp::Get { key: "q/c".into() },
+                TxnOp::Set {
+                    key: "d/a".into(),
+                    value: vec![1; n],
+                },
+                TxnOp::Cas {
+                    key: "q/d".into(),
+                    value: vec![2; n],
+                    index: 9,
+                },
+                TxnOp::Unlock {
+                    key: "q/e".into(),
+                    value: vec![3; n],
+                    session: "s".into(),
+                },
+            ];
+            assert_eq!(
+                body_len(ops.iter().map(TxnOp::encoded_len)),
+                encoded(&ops),
+                "{n}"
+            );
+        }
+        assert_eq!(body_len([]), 2);
+    }
+
+    /// A value gets the room left in the body, in raw bytes.
+    #[test]
+    fn value_room_is_what_base64_leaves() {
+        let ops = vec![TxnOp::Set {
+            key: "d/a".into(),
+            value: Vec::new(),
+        }];
+        let room = value_room(&ops);
+        let mut with = ops.clone();
+        with[0] = TxnOp::Set {
+            key: "d/a".into(),
+            value: vec![0; room],
+        };
+        assert!(fits(&with));
+        with[0] = TxnOp::Set {
+            key: "d/a".into(),
+            value: vec![0; room + 3],
+        };
+        assert!(!fits(&with));
     }
 }

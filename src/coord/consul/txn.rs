@@ -224,6 +224,7 @@ mod tests {
                 TxnOp::DeleteCas { key, index } => format!("delete-cas {key} {index}"),
                 TxnOp::CheckIndex { key, index } => format!("check-index {key} {index}"),
                 TxnOp::CheckSession { key, session } => format!("check-session {key} {session}"),
+                TxnOp::Get { key } => format!("get {key}"),
             })
             .collect()
     }

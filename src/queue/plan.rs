@@ -1,0 +1,757 @@
+//! The leader's pure decisions on the queue; no I/O and no clock (`now` comes in):
+//! - what one claim transaction takes: tasks in claim order, up to a count and within
+//!   Consul's operation and body limits, plus deletions of finished tasks; and which task is
+//!   too large to claim at all ([`plan_claim`], [`chunks`]);
+//! - what the leader does between batches: claim, look at the queue's keys for tasks that
+//!   arrived, or list again ([`Backlog::next`]);
+//! - how its picture of the queue (the [`Backlog`]) changes as it learns of new keys,
+//!   retries that fall due and tasks that went away;
+//! - how far ahead a `notBefore` is believed ([`eligibility`]).
+//!
+//! `queue.rs` performs the I/O these decisions ask for.
+
+use std::collections::{HashSet, VecDeque};
+use std::ops::Range;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::consul::{TXN_MAX_BODY, TXN_MAX_OPS};
+use crate::task::{Status, Task};
+
+/// Least time between two looks at the queue's keys while the leader works through a
+/// backlog: a task that arrives meanwhile waits at most this long plus the batch in progress.
+pub const LOOK_INTERVAL: Duration = Duration::from_millis(20);
+/// A look costs time in proportion to the number of keys; looks are spaced at least this
+/// many times the last one's duration, so that on a huge backlog they take at most a tenth
+/// of the leader's time.
+pub const LOOK_COST_FACTOR: u32 = 10;
+/// Tasks claimed from one listing before listing again. New keys and due retries are seen
+/// by the looks; only a pending task that a producer rewrote in place with an earlier
+/// taskTime (its key is not new) waits for the next listing.
+pub const MAX_TASKS_PER_LISTING: usize = 256;
+/// A listing costs time in proportion to the queue's bytes (a backlog of large values is
+/// tens of MB); the leader lists again no sooner than this many times the last listing's
+/// duration, so that listing again takes at most a tenth of its time.
+pub const LIST_COST_FACTOR: u32 = 10;
+/// More new keys than this at one look: list the queue again rather than read them.
+pub const MAX_FETCH: usize = 256;
+
+/// What one transaction may hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TxnLimits {
+    pub max_ops: usize,
+    pub max_body: usize,
+}
+
+impl TxnLimits {
+    /// Consul's limits, as leaderq keeps them (see `consul::txn`).
+    pub const CONSUL: TxnLimits = TxnLimits {
+        max_ops: TXN_MAX_OPS,
+        max_body: TXN_MAX_BODY,
+    };
+}
+
+/// What one claim transaction takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClaimPlan {
+    /// The first `finished` deletions and the first `tasks` claims (at least one).
+    Take { finished: usize, tasks: usize },
+    /// The first candidate cannot be claimed even alone: its claim transaction would be
+    /// `body` bytes.
+    TooLarge { body: usize },
+}
+
+/// Plans one claim transaction. Lengths are encoded op lengths in bytes: `guard` is the
+/// leader check every transaction starts with, `finished` one deletion (one op) per finished
+/// task, `claims` one claim (check-index and lock: two ops) per candidate in claim order, of
+/// which at most `max_tasks` are taken. Deletions ride along only as far as they leave room
+/// for the first claim; the rest wait for the next transaction.
+pub fn plan_claim(
+    guard: usize,
+    finished: &[usize],
+    claims: &[usize],
+    max_tasks: usize,
+    limits: TxnLimits,
+) -> ClaimPlan {
+    // A body is `[`, then every op followed by `,` or `]`.
+    let (mut ops, mut body) = (1, 1 + guard + 1);
+    let Some(&first) = claims.first() else {
+        return ClaimPlan::Take {
+            finished: 0,
+            tasks: 0,
+        };
+    };
+    let first_body = first + 2;
+    if body + first_body > limits.max_body || ops + 2 > limits.max_ops {
+        return ClaimPlan::TooLarge {
+            body: body + first_body,
+        };
+    }
+    let mut taken_finished = 0;
+    for &deletion in finished {
+        if ops + 1 + 2 > limits.max_ops || body + deletion + 1 + first_body > limits.max_body {
+            break;
+        }
+        ops += 1;
+        body += deletion + 1;
+        taken_finished += 1;
+    }
+    let mut tasks = 0;
+    for &claim in claims.iter().take(max_tasks.max(1)) {
+        if ops + 2 > limits.max_ops || body + claim + 2 > limits.max_body {
+            break;
+        }
+        ops += 2;
+        body += claim + 2;
+        tasks += 1;
+    }
+    ClaimPlan::Take {
+        finished: taken_finished,
+        tasks,
+    }
+}
+
+/// Splits groups of ops (each `group_ops` ops, `lens[i]` bytes together) into transactions
+/// within `limits`, each starting with a `guard` op when one is given. A group too large
+/// for any transaction still gets one of its own (Consul then refuses it; the caller says so).
+pub fn chunks(
+    guard: Option<usize>,
+    lens: &[usize],
+    group_ops: usize,
+    limits: TxnLimits,
+) -> Vec<Range<usize>> {
+    let (base_ops, base_body) = match guard {
+        Some(len) => (1, 1 + len + 1),
+        None => (0, 1),
+    };
+    let mut out = Vec::new();
+    let mut start = 0;
+    let (mut ops, mut body) = (base_ops, base_body);
+    for (i, &len) in lens.iter().enumerate() {
+        let fits = ops + group_ops <= limits.max_ops && body + len + group_ops <= limits.max_body;
+        if !fits && i > start {
+            out.push(start..i);
+            start = i;
+            (ops, body) = (base_ops, base_body);
+        }
+        ops += group_ops;
+        body += len + group_ops;
+    }
+    if start < lens.len() {
+        out.push(start..lens.len());
+    }
+    out
+}
+
+/// The status the leader acts on. A `notBefore` further ahead than `horizon` (the longest
+/// backoff leaderq writes, plus slack for clocks) was not written by a leader with a sane
+/// clock under these settings, or was crafted: it is ignored and the task is due now, so
+/// that a clock that jumped ahead cannot park tasks for years. A pending task whose key is
+/// `deferred` (under another session's lock-delay) until a later time waits until then.
+pub fn eligibility(
+    task: &Task,
+    now: DateTime<Utc>,
+    horizon: chrono::Duration,
+    deferred: Option<DateTime<Utc>>,
+) -> Status {
+    let status = match task.status(now) {
+        Status::Delayed(at) if now.checked_add_signed(horizon).is_some_and(|h| at > h) => {
+            Status::Pending
+        }
+        status => status,
+    };
+    match (status, deferred) {
+        (Status::Pending, Some(until)) if until > now => Status::Delayed(until),
+        (status, _) => status,
+    }
+}
+
+/// Whether `then` is at least `age` before `now`, or after it (the wall clock went back).
+fn older_than(now: DateTime<Utc>, then: DateTime<Utc>, age: Duration) -> bool {
+    now.signed_duration_since(then)
+        .to_std()
+        .map_or(true, |since| since >= age)
+}
+
+/// What the leader does next while working through a listing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Claim from the front of the pending tasks.
+    Claim,
+    /// Look at the queue's keys for tasks that arrived or went away.
+    Look,
+    /// List the whole queue again.
+    Relist,
+    /// Nothing is pending: back to the blocking listing.
+    Done,
+}
+
+/// What a look at the keys found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Looked {
+    /// These keys are new (possibly none): read them and `learn` them.
+    New(Vec<String>),
+    /// Too many new keys to read one by one: list again.
+    Relist,
+}
+
+/// The leader's picture of the queue between two listings: pending tasks in claim order,
+/// tasks waiting for their backoff, and every key it knows of.
+#[derive(Debug)]
+pub struct Backlog {
+    pending: VecDeque<Task>,
+    /// Tasks not eligible before a time: a retry's notBefore, or a key under another
+    /// session's lock-delay.
+    delayed: Vec<(DateTime<Utc>, Task)>,
+    known: HashSet<String>,
+    listed_at: DateTime<Utc>,
+    list_cost: Duration,
+    last_look: DateTime<Utc>,
+    look_cost: Duration,
+    claimed: usize,
+}
+
+impl Backlog {
+    /// The picture a listing at `now` gave, which took `list_cost`: `known` holds every key
+    /// listed that is still there (in flight, foreign and delayed ones included).
+    pub fn new(
+        pending: Vec<Task>,
+        delayed: Vec<(DateTime<Utc>, Task)>,
+        known: HashSet<String>,
+        now: DateTime<Utc>,
+        list_cost: Duration,
+    ) -> Backlog {
+        let mut backlog = Backlog {
+            pending: VecDeque::with_capacity(pending.len()),
+            delayed: Vec::new(),
+            known,
+            listed_at: now,
+            list_cost,
+            last_look: now,
+            look_cost: Duration::ZERO,
+            claimed: 0,
+        };
+        backlog.learn(Vec::new(), pending, delayed);
+        backlog
+    }
+
+    /// Decides the next step: list again after MAX_TASKS_PER_LISTING claims once the
+    /// listing is ten times its cost old; move retries that are due now among the pending
+    /// ones; look at the keys when the last look is LOOK_INTERVAL (or ten times its cost)
+    /// old; otherwise claim. A clock that went back counts as old enough.
+    pub fn next(&mut self, now: DateTime<Utc>) -> Next {
+        if self.claimed >= MAX_TASKS_PER_LISTING
+            && older_than(now, self.listed_at, self.list_cost * LIST_COST_FACTOR)
+        {
+            return Next::Relist;
+        }
+        self.promote(now);
+        if self.pending.is_empty() {
+            return Next::Done;
+        }
+        let spacing = LOOK_INTERVAL.max(self.look_cost * LOOK_COST_FACTOR);
+        if older_than(now, self.last_look, spacing) {
+            Next::Look
+        } else {
+            Next::Claim
+        }
+    }
+
+    /// The pending tasks, front (next to claim) first.
+    pub fn pending(&self) -> impl Iterator<Item = &Task> {
+        self.pending.iter()
+    }
+
+    /// Takes the first `n` pending tasks to claim them.
+    pub fn take(&mut self, n: usize) -> Vec<Task> {
+        let n = n.min(self.pending.len());
+        self.claimed += n;
+        self.pending.drain(..n).collect()
+    }
+
+    /// Takes the first pending task out without claiming it (it is to be moved away).
+    pub fn take_first(&mut self) -> Option<Task> {
+        self.pending.pop_front()
+    }
+
+    /// Puts tasks taken but not claimed back at the front, in their order.
+    pub fn put_back(&mut self, tasks: Vec<Task>) {
+        self.claimed = self.claimed.saturating_sub(tasks.len());
+        for task in tasks.into_iter().rev() {
+            self.pending.push_front(task);
+        }
+    }
+
+    /// Records a look at `now` that took `cost` and found `keys` under the prefix: tasks
+    /// whose keys are gone are dropped; keys never seen (or forgotten) are new.
+    pub fn looked(&mut self, keys: Vec<String>, now: DateTime<Utc>, cost: Duration) -> Looked {
+        self.last_look = now;
+        self.look_cost = cost;
+        let present: HashSet<String> = keys.into_iter().collect();
+        self.pending.retain(|task| present.contains(&task.key));
+        self.delayed.retain(|(_, task)| present.contains(&task.key));
+        self.known.retain(|key| present.contains(key));
+        let mut new: Vec<String> = present
+            .into_iter()
+            .filter(|key| !self.known.contains(key))
+            .collect();
+        if new.len() > MAX_FETCH {
+            return Looked::Relist;
+        }
+        new.sort();
+        Looked::New(new)
+    }
+
+    /// Adds what reading new keys found: every key read (whatever became of it) is known,
+    /// pending tasks go in claim order, delayed ones wait for their time.
+    pub fn learn(
+        &mut self,
+        keys: Vec<String>,
+        pending: Vec<Task>,
+        delayed: Vec<(DateTime<Utc>, Task)>,
+    ) {
+        self.known.extend(keys);
+        for task in pending {
+            self.known.insert(task.key.clone());
+            let at = self
+                .pending
+                .partition_point(|t| t.order_key() <= task.order_key());
+            self.pending.insert(at, task);
+        }
+        for (at, task) in delayed {
+            self.known.insert(task.key.clone());
+            self.delayed.push((at, task));
+        }
+    }
+
+    /// Forgets a key: its task was deleted, or changed in a way that the next look must
+    /// read again (a retry written back).
+    pub fn forget(&mut self, key: &str) {
+        self.known.remove(key);
+        self.pending.retain(|task| task.key != key);
+        self.delayed.retain(|(_, task)| task.key != key);
+    }
+
+    /// Puts tasks taken but refused by Consul for a while (their keys are under another
+    /// session's lock-delay) aside until `until`, so that the tasks after them go first.
+    pub fn defer(&mut self, tasks: Vec<Task>, until: DateTime<Utc>) {
+        self.claimed = self.claimed.saturating_sub(tasks.len());
+        self.delayed
+            .extend(tasks.into_iter().map(|task| (until, task)));
+    }
+
+    /// Moves the delayed tasks that are due at `now` among the pending ones.
+    fn promote(&mut self, now: DateTime<Utc>) {
+        if self.delayed.is_empty() {
+            return;
+        }
+        let (due, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.delayed)
+            .into_iter()
+            .partition(|(at, _)| *at <= now);
+        self.delayed = waiting;
+        let due = due.into_iter().map(|(_, task)| task).collect();
+        self.learn(Vec::new(), due, Vec::new());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::consul::KvPair;
+
+    const LIMITS: TxnLimits = TxnLimits {
+        max_ops: 64,
+        max_body: 1000,
+    };
+
+    fn at(ms: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp_millis(1_700_000_000_000 + ms).unwrap()
+    }
+
+    fn task(key: &str, time: i64, not_before: Option<DateTime<Utc>>) -> Task {
+        let mut value = serde_json::json!({"taskType": "x", "taskTime": time});
+        if let Some(nb) = not_before {
+            value["notBefore"] = crate::task::rfc3339(nb).into();
+        }
+        Task::parse(&KvPair {
+            key: key.into(),
+            value: value.to_string().into_bytes(),
+            flags: 0,
+            session: None,
+            lock_index: 0,
+            create_index: 1,
+            modify_index: 1,
+        })
+        .unwrap()
+    }
+
+    fn keys(backlog: &Backlog) -> Vec<&str> {
+        backlog.pending().map(|t| t.key.as_str()).collect()
+    }
+
+    fn known(names: &[&str]) -> HashSet<String> {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Claims are taken in order up to the count, the operations or the bytes, whichever
+    /// comes first.
+    #[test]
+    fn a_claim_stops_at_the_count_the_operations_or_the_bytes() {
+        let small = [10; 40];
+        let newer_consul = TxnLimits {
+            max_ops: 128,
+            max_body: 100_000,
+        };
+        assert_eq!(
+            plan_claim(20, &[], &small, 32, newer_consul),
+            ClaimPlan::Take {
+                finished: 0,
+                tasks: 32
+            }
+        );
+        // 64 ops: the guard and 31 claims of 2 ops.
+        assert_eq!(
+            plan_claim(20, &[], &small, 32, LIMITS),
+            ClaimPlan::Take {
+                finished: 0,
+                tasks: 31
+            }
+        );
+        // 1 guard + 32 deletions leave 31 ops: 15 claims of 2 ops.
+        let big_limits = TxnLimits {
+            max_ops: 64,
+            max_body: 100_000,
+        };
+        assert_eq!(
+            plan_claim(20, &[5; 32], &small, 32, big_limits),
+            ClaimPlan::Take {
+                finished: 32,
+                tasks: 15
+            }
+        );
+        // Body: 1 + 20 + 1 = 22, then 100 + 2 per claim: 9 claims make 940.
+        assert_eq!(
+            plan_claim(20, &[], &[100; 20], 32, LIMITS),
+            ClaimPlan::Take {
+                finished: 0,
+                tasks: 9
+            }
+        );
+        // Older Consul (64 ops) or a count of 1 both hold.
+        assert_eq!(
+            plan_claim(20, &[], &small, 1, LIMITS),
+            ClaimPlan::Take {
+                finished: 0,
+                tasks: 1
+            }
+        );
+    }
+
+    /// A task whose claim cannot fit even alone is reported with its size; deletions of
+    /// finished tasks never crowd out the first claim.
+    #[test]
+    fn a_task_too_large_for_any_claim_is_reported_and_deletions_yield() {
+        assert_eq!(
+            plan_claim(20, &[], &[977], 32, LIMITS),
+            ClaimPlan::TooLarge { body: 1001 }
+        );
+        assert_eq!(
+            plan_claim(20, &[], &[976, 1], 32, LIMITS),
+            ClaimPlan::Take {
+                finished: 0,
+                tasks: 1
+            }
+        );
+        // 22 + 101 + 802 fits, a second deletion would leave no room for the first claim.
+        assert_eq!(
+            plan_claim(20, &[100; 5], &[800, 10], 32, LIMITS),
+            ClaimPlan::Take {
+                finished: 1,
+                tasks: 2
+            }
+        );
+        assert_eq!(
+            plan_claim(20, &[100; 5], &[800, 100], 32, LIMITS),
+            ClaimPlan::Take {
+                finished: 1,
+                tasks: 1
+            }
+        );
+        let few_ops = TxnLimits {
+            max_ops: 5,
+            max_body: 100_000,
+        };
+        assert_eq!(
+            plan_claim(20, &[1; 10], &[1; 10], 32, few_ops),
+            ClaimPlan::Take {
+                finished: 2,
+                tasks: 1
+            }
+        );
+        assert_eq!(
+            plan_claim(20, &[], &[], 32, LIMITS),
+            ClaimPlan::Take {
+                finished: 0,
+                tasks: 0
+            }
+        );
+    }
+
+    /// Groups split into transactions within both limits; a group too large alone gets its
+    /// own transaction.
+    #[test]
+    fn groups_split_into_transactions_within_the_limits() {
+        assert_eq!(chunks(None, &[100; 25], 2, LIMITS), [0..9, 9..18, 18..25]);
+        let few_ops = TxnLimits {
+            max_ops: 5,
+            max_body: 100_000,
+        };
+        assert_eq!(chunks(Some(10), &[1; 9], 1, few_ops), [0..4, 4..8, 8..9]);
+        assert_eq!(chunks(None, &[10, 5000, 10], 2, LIMITS), [0..1, 1..2, 2..3]);
+        assert!(chunks(None, &[], 2, LIMITS).is_empty());
+    }
+
+    /// Right after a listing the leader claims; once LOOK_INTERVAL has passed it looks at
+    /// the keys first; a clock that went back also makes it look.
+    #[test]
+    fn the_leader_looks_at_the_keys_every_interval() {
+        let mut backlog = Backlog::new(
+            vec![task("q/b", 2, None), task("q/a", 1, None)],
+            vec![],
+            known(&["q/a", "q/b"]),
+            at(0),
+            Duration::ZERO,
+        );
+        assert_eq!(keys(&backlog), ["q/a", "q/b"]);
+        assert_eq!(backlog.next(at(0)), Next::Claim);
+        assert_eq!(backlog.next(at(19)), Next::Claim);
+        assert_eq!(backlog.next(at(20)), Next::Look);
+        assert_eq!(
+            backlog.looked(vec!["q/a".into(), "q/b".into()], at(20), Duration::ZERO),
+            Looked::New(vec![])
+        );
+        assert_eq!(backlog.next(at(21)), Next::Claim);
+        assert_eq!(backlog.next(at(10)), Next::Look, "the clock went back");
+    }
+
+    /// A costly look spaces the next one out to ten times its cost.
+    #[test]
+    fn costly_looks_are_spaced_out() {
+        let mut backlog = Backlog::new(
+            vec![task("q/a", 1, None)],
+            vec![],
+            known(&["q/a"]),
+            at(0),
+            Duration::ZERO,
+        );
+        backlog.looked(vec!["q/a".into()], at(0), Duration::from_millis(8));
+        assert_eq!(backlog.next(at(79)), Next::Claim);
+        assert_eq!(backlog.next(at(80)), Next::Look);
+    }
+
+    /// A task with an earlier taskTime that arrives is found at the next look and claimed
+    /// before the later ones; keys that went away drop their tasks.
+    #[test]
+    fn a_new_earlier_task_goes_first_and_vanished_ones_go() {
+        let mut backlog = Backlog::new(
+            vec![
+                task("q/b", 20, None),
+                task("q/c", 30, None),
+                task("q/d", 40, None),
+            ],
+            vec![],
+            known(&["q/b", "q/c", "q/d", "q/running"]),
+            at(0),
+            Duration::ZERO,
+        );
+        assert_eq!(backlog.take(1).len(), 1);
+        let looked = backlog.looked(
+            vec!["q/a".into(), "q/c".into(), "q/d".into(), "q/running".into()],
+            at(30),
+            Duration::ZERO,
+        );
+        assert_eq!(looked, Looked::New(vec!["q/a".into()]));
+        backlog.learn(vec!["q/a".into()], vec![task("q/a", 1, None)], vec![]);
+        assert_eq!(keys(&backlog), ["q/a", "q/c", "q/d"]);
+        // Known now: the same key is not new at the next look.
+        assert_eq!(
+            backlog.looked(vec!["q/a".into(), "q/c".into()], at(60), Duration::ZERO),
+            Looked::New(vec![])
+        );
+        assert_eq!(keys(&backlog), ["q/a", "q/c"]);
+    }
+
+    /// A key forgotten (its task deleted, or a retry written back) is new again when it
+    /// shows up: a producer's re-PUT of a finished task's key is not missed.
+    #[test]
+    fn a_forgotten_key_is_read_again() {
+        let mut backlog = Backlog::new(
+            vec![task("q/a", 1, None)],
+            vec![],
+            known(&["q/a"]),
+            at(0),
+            Duration::ZERO,
+        );
+        let claimed = backlog.take(1);
+        backlog.forget(&claimed[0].key);
+        assert_eq!(
+            backlog.looked(vec!["q/a".into()], at(30), Duration::ZERO),
+            Looked::New(vec!["q/a".into()])
+        );
+    }
+
+    /// A retry that falls due while later tasks are pending is claimed next.
+    #[test]
+    fn a_retry_that_falls_due_goes_before_later_tasks() {
+        let mut backlog = Backlog::new(
+            vec![task("q/b", 20, None), task("q/c", 30, None)],
+            vec![(at(100), task("q/a", 1, Some(at(100))))],
+            known(&["q/a", "q/b", "q/c"]),
+            at(0),
+            Duration::ZERO,
+        );
+        assert_eq!(backlog.next(at(10)), Next::Claim);
+        assert_eq!(keys(&backlog), ["q/b", "q/c"]);
+        backlog.looked(
+            vec!["q/a".into(), "q/b".into(), "q/c".into()],
+            at(99),
+            Duration::ZERO,
+        );
+        assert_eq!(backlog.next(at(100)), Next::Claim);
+        assert_eq!(keys(&backlog), ["q/a", "q/b", "q/c"]);
+    }
+
+    /// A task deferred (its key under lock-delay) lets the later ones go first and comes
+    /// back at the front when its time is up.
+    #[test]
+    fn a_deferred_task_steps_aside_until_its_time() {
+        let mut backlog = Backlog::new(
+            vec![
+                task("q/a", 1, None),
+                task("q/b", 2, None),
+                task("q/c", 3, None),
+            ],
+            vec![],
+            known(&["q/a", "q/b", "q/c"]),
+            at(0),
+            Duration::ZERO,
+        );
+        let mut taken = backlog.take(2);
+        let refused = taken.remove(0);
+        backlog.put_back(taken);
+        backlog.defer(vec![refused], at(1_000));
+        assert_eq!(backlog.next(at(10)), Next::Claim);
+        assert_eq!(keys(&backlog), ["q/b", "q/c"]);
+        backlog.looked(
+            vec!["q/a".into(), "q/b".into(), "q/c".into()],
+            at(990),
+            Duration::ZERO,
+        );
+        assert_eq!(backlog.next(at(1_000)), Next::Claim);
+        assert_eq!(keys(&backlog), ["q/a", "q/b", "q/c"]);
+        assert_eq!(backlog.take(3).len(), 3);
+    }
+
+    /// After MAX_TASKS_PER_LISTING claims the leader lists again; tasks put back unclaimed
+    /// do not count; an empty backlog is done, even with retries still waiting.
+    #[test]
+    fn relists_after_a_listing_worth_of_claims_and_ends_when_empty() {
+        let tasks = (0..300)
+            .map(|n| task(&format!("q/{n:03}"), n, None))
+            .collect();
+        let mut backlog = Backlog::new(tasks, vec![], HashSet::new(), at(0), Duration::ZERO);
+        let taken = backlog.take(MAX_TASKS_PER_LISTING);
+        assert_eq!(backlog.next(at(1)), Next::Relist);
+        let mut taken = taken;
+        backlog.put_back(taken.split_off(MAX_TASKS_PER_LISTING - 2));
+        assert_eq!(backlog.next(at(1)), Next::Claim);
+        assert_eq!(keys(&backlog)[0], "q/254");
+        let mut waiting = Backlog::new(
+            vec![],
+            vec![(at(500), task("q/a", 1, Some(at(500))))],
+            HashSet::new(),
+            at(0),
+            Duration::ZERO,
+        );
+        assert_eq!(waiting.next(at(1)), Next::Done);
+    }
+
+    /// A costly listing (a backlog of large values) is repeated no sooner than ten times
+    /// its cost, however many tasks were claimed.
+    #[test]
+    fn costly_listings_are_spaced_out() {
+        let tasks = (0..300)
+            .map(|n| task(&format!("q/{n:03}"), n, None))
+            .collect();
+        let mut backlog = Backlog::new(
+            tasks,
+            vec![],
+            HashSet::new(),
+            at(0),
+            Duration::from_millis(200),
+        );
+        backlog.take(MAX_TASKS_PER_LISTING);
+        assert_eq!(backlog.next(at(10)), Next::Claim);
+        assert_eq!(backlog.next(at(2_000)), Next::Relist);
+    }
+
+    /// More new keys than MAX_FETCH at one look: list again.
+    #[test]
+    fn a_flood_of_new_keys_means_listing_again() {
+        let mut backlog = Backlog::new(
+            vec![task("q/a", 1, None)],
+            vec![],
+            known(&["q/a"]),
+            at(0),
+            Duration::ZERO,
+        );
+        let flood = (0..=MAX_FETCH).map(|n| format!("q/n{n}")).collect();
+        assert_eq!(
+            backlog.looked(flood, at(30), Duration::ZERO),
+            Looked::Relist
+        );
+    }
+
+    /// notBefore is believed up to the horizon; beyond it (a clock that jumped, a crafted
+    /// value) the task is due now.
+    #[test]
+    fn not_before_beyond_the_horizon_is_ignored() {
+        let horizon = chrono::Duration::seconds(360);
+        let soon = task("q/a", 1, Some(at(300_000)));
+        assert_eq!(
+            eligibility(&soon, at(0), horizon, None),
+            Status::Delayed(at(300_000))
+        );
+        let far = task("q/b", 1, Some(at(361_000)));
+        assert_eq!(eligibility(&far, at(0), horizon, None), Status::Pending);
+        let year_9999 = task(
+            "q/c",
+            1,
+            DateTime::parse_from_rfc3339("9999-12-31T23:59:59Z")
+                .ok()
+                .map(|t| t.to_utc()),
+        );
+        assert_eq!(
+            eligibility(&year_9999, at(0), horizon, None),
+            Status::Pending
+        );
+        assert!(
+            matches!(
+                eligibility(&year_9999, at(0), chrono::Duration::MAX, None),
+                Status::Delayed(_)
+            ),
+            "a horizon past the end of time believes every notBefore, without a panic"
+        );
+        let pending = task("q/d", 1, None);
+        assert_eq!(
+            eligibility(&pending, at(0), horizon, Some(at(1_000))),
+            Status::Delayed(at(1_000)),
+            "deferred under lock-delay"
+        );
+        assert_eq!(
+            eligibility(&pending, at(1_000), horizon, Some(at(1_000))),
+            Status::Pending
+        );
+    }
+}
