@@ -27,8 +27,8 @@ use crate::consul::{
     TxnOutcome, WatchIndex,
 };
 use crate::observe::Metrics;
-use crate::util::duration;
 use crate::task::rfc3339;
+use crate::util::duration;
 
 /// After a failed renewal, try again this soon rather than a full TTL/3 later.
 const RENEW_RETRY: Duration = Duration::from_secs(1);

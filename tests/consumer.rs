@@ -5,16 +5,18 @@
 #[path = "consumer/catalog.rs"]
 mod catalog;
 mod common;
+#[path = "consumer/contract_consul.rs"]
+mod contract_consul;
 #[path = "consumer/coord_consul.rs"]
 mod coord_consul;
 #[path = "consumer/hostile_input.rs"]
 mod hostile_input;
 #[path = "consumer/identity.rs"]
 mod identity;
-#[path = "consumer/supervise.rs"]
-mod supervise;
 #[path = "consumer/queue_edges.rs"]
 mod queue_edges;
+#[path = "consumer/supervise.rs"]
+mod supervise;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

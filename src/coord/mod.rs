@@ -223,13 +223,67 @@ pub enum Written {
     Conflict(Vec<String>),
 }
 
-/// How much one [`Coordinator::write`] may carry: the planner keeps batches within it.
+/// What a write, or one op of it, costs against [`WriteLimits`], in the backend's own
+/// units (Consul: transaction operations and encoded body bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteCost {
+    pub ops: usize,
+    pub bytes: usize,
+}
+
+impl std::ops::Add for WriteCost {
+    type Output = WriteCost;
+    fn add(self, other: WriteCost) -> WriteCost {
+        WriteCost {
+            ops: self.ops + other.ops,
+            bytes: self.bytes + other.bytes,
+        }
+    }
+}
+
+impl std::iter::Sum for WriteCost {
+    fn sum<I: Iterator<Item = WriteCost>>(costs: I) -> WriteCost {
+        costs.fold(WriteCost::default(), |a, b| a + b)
+    }
+}
+
+/// How much one [`Coordinator::write`] may carry, in the units of [`WriteCost`]: the
+/// planner keeps batches within it, and a backend refuses a batch over it whole.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WriteLimits {
-    /// Operations, counting the leadership guard as one.
     pub max_ops: usize,
-    /// Bytes of values (before any encoding the backend adds) plus keys.
     pub max_bytes: usize,
+}
+
+impl WriteLimits {
+    pub fn admits(&self, cost: WriteCost) -> bool {
+        cost.ops <= self.max_ops && cost.bytes <= self.max_bytes
+    }
+}
+
+/// What `ops` cost written by `coord`, with the leadership guard (`write`) or without it
+/// (`write_own`).
+pub fn batch_cost(coord: &dyn Coordinator, ops: &[TaskOp], guarded: bool) -> WriteCost {
+    let guard = if guarded {
+        coord.guard_cost()
+    } else {
+        WriteCost::default()
+    };
+    guard + ops.iter().map(|op| coord.cost(op)).sum()
+}
+
+/// Refuses, whole, a batch over `coord`'s limits: what every backend does before it
+/// sends one.
+pub fn admit(coord: &dyn Coordinator, ops: &[TaskOp], guarded: bool) -> Result<(), CoordError> {
+    let cost = batch_cost(coord, ops, guarded);
+    let limits = coord.limits();
+    if limits.admits(cost) {
+        return Ok(());
+    }
+    Err(CoordError::Refused(format!(
+        "a write of {} operations and {} bytes is over the coordinator's limits of {} and {}: write fewer or smaller tasks at once",
+        cost.ops, cost.bytes, limits.max_ops, limits.max_bytes
+    )))
 }
 
 /// A coordinator: one implementation per backend. See the module header for what each
@@ -285,4 +339,8 @@ pub trait Coordinator: Send + Sync {
     fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, ()>;
     /// How much one write may carry.
     fn limits(&self) -> WriteLimits;
+    /// What `op` costs against [`Coordinator::limits`].
+    fn cost(&self, op: &TaskOp) -> WriteCost;
+    /// What the leadership guard of a [`Coordinator::write`] costs.
+    fn guard_cost(&self) -> WriteCost;
 }

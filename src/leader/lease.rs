@@ -140,7 +140,6 @@ impl Lease {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -189,7 +188,10 @@ mod tests {
             *watch.borrow_and_update(),
             Some(start + Duration::from_secs(20))
         );
-        lease.renewed(&LeaseId("other".into()), Instant::now() + Duration::from_secs(1));
+        lease.renewed(
+            &LeaseId("other".into()),
+            Instant::now() + Duration::from_secs(1),
+        );
         assert!(
             !watch.has_changed().unwrap(),
             "another session's renewal moved it"

@@ -28,7 +28,7 @@ use std::time::Duration;
 use crate::consul::{self, Client};
 use crate::coord::{
     Campaign, CoordError, CoordFuture, Coordinator, Grant, Holder, HolderRecord, Leadership,
-    LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteLimits, Written,
+    LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits, Written,
 };
 
 /// What the Consul coordinator needs beyond its client; from `[election]`.
@@ -108,35 +108,17 @@ impl From<consul::Error> for CoordError {
     }
 }
 
-/// Operations in one transaction. Consul refuses more than 128 with a 413, and versions
-/// before 1.6 (still deployed) more than 64; 64 works with every version. (The same value
-/// as `consul::TXN_MAX_OPS` on branch i10-queue; defined here until that is merged.)
-const TXN_MAX_OPS: usize = 64;
+/// One transaction: Consul's operation limit (64 works with every version) and its body
+/// budget (see `consul::txn`), less the array's brackets.
+/// The shape of every Consul session id (a UUID): what a cost is counted with.
+const SESSION_SHAPE: &str = "00000000-0000-0000-0000-000000000000";
 
-/// Encoded body bytes of one transaction: Consul refuses a body over `txn_max_req_len`
-/// (512 KiB by default) with a 413; the 32 KiB margin absorbs JSON escapes of a bad key
-/// being dead-lettered. (The same value as `consul::TXN_MAX_BODY` on branch i10-queue.)
-const TXN_MAX_BODY: usize = 480 * 1024;
-
-/// The most transaction operations one [`TaskOp`] becomes (a claim: check-index and lock;
-/// a release: check-index and unlock; a move: delete-cas and set).
-const OPS_PER_TASK_OP: usize = 2;
-
-/// JSON around one operation besides its key and value (`{"KV":{"Verb":"check-session",
-/// "Key":…,"Session":"<36>"}}`, a 20-digit index, a comma, base64 padding), rounded up.
-const OP_OVERHEAD: usize = 128;
-
-/// What one write may carry, counted as the planner counts: task operations plus the
-/// guard, and raw value and key bytes. Safe for any mix of operations: values grow by 4/3
-/// in base64 and a claim or release sends its key twice, so every counted byte costs at
-/// most two in the body.
-fn limits_for(leader_key: &str) -> WriteLimits {
-    let fixed = TXN_MAX_OPS * OP_OVERHEAD + leader_key.len();
-    WriteLimits {
-        max_ops: 1 + (TXN_MAX_OPS - 1) / OPS_PER_TASK_OP,
-        max_bytes: TXN_MAX_BODY.saturating_sub(fixed) / 2,
-    }
-}
+const LIMITS: WriteLimits = WriteLimits {
+    max_ops: consul::TXN_MAX_OPS,
+    max_bytes: consul::TXN_MAX_BODY - 2,
+};
+// Every Consul version accepts 64 operations and a body under 512 KiB.
+const _: () = assert!(LIMITS.max_ops <= 64 && LIMITS.max_bytes < 512 * 1024);
 
 impl Coordinator for ConsulCoordinator {
     fn describe(&self) -> String {
@@ -204,8 +186,24 @@ impl Coordinator for ConsulCoordinator {
         Box::pin(self.write_unguarded(lease, ops))
     }
 
+    fn cost(&self, op: &TaskOp) -> WriteCost {
+        // A session id is 36 characters whoever writes; costs do not depend on whose.
+        txn::cost(&LeaseId(SESSION_SHAPE.into()), op)
+    }
+
+    fn guard_cost(&self) -> WriteCost {
+        let guard = consul::TxnOp::CheckSession {
+            key: self.settings.leader_key.clone(),
+            session: SESSION_SHAPE.into(),
+        };
+        WriteCost {
+            ops: 1,
+            bytes: guard.encoded_len() + 1,
+        }
+    }
+
     fn limits(&self) -> WriteLimits {
-        limits_for(&self.settings.leader_key)
+        LIMITS
     }
 }
 
@@ -242,19 +240,39 @@ mod tests {
         }
     }
 
-    /// The limits leave room for the guard, and a batch at the limits fits the body even
-    /// when every counted byte is a key sent twice.
+    /// A batch's cost is its transaction exactly: as many Consul operations, and the
+    /// encoded body within a byte, so a batch the limits admit is one Consul accepts.
     #[test]
-    fn limits_fit_one_transaction_whatever_the_mix() {
-        let limits = limits_for("consumerLeader");
-        assert_eq!(limits.max_ops, 32);
-        let task_ops = limits.max_ops - 1;
-        assert!(
-            task_ops * OPS_PER_TASK_OP < TXN_MAX_OPS,
-            "no room for the guard"
-        );
-        let worst_body = TXN_MAX_OPS * OP_OVERHEAD + "consumerLeader".len() + 2 * limits.max_bytes;
-        assert!(worst_body <= TXN_MAX_BODY);
-        assert!(limits.max_bytes > 200 * 1024, "{}", limits.max_bytes);
+    fn costs_count_the_transaction_that_is_sent() {
+        let lease = LeaseId(SESSION_SHAPE.into());
+        let ops = vec![
+            TaskOp::Complete {
+                key: "q/done".into(),
+                version: 5,
+            },
+            TaskOp::Claim {
+                key: "q/a".into(),
+                version: 6,
+                value: vec![b'x'; 1000],
+            },
+            TaskOp::Move {
+                key: "q/d".into(),
+                version: 9,
+                to: "dead/d".into(),
+                value: b"{\"reason\":\"<bad>\"}".to_vec(),
+            },
+        ];
+        let guard = consul::TxnOp::CheckSession {
+            key: "consumerLeader".into(),
+            session: SESSION_SHAPE.into(),
+        };
+        let cost = WriteCost {
+            ops: 1,
+            bytes: guard.encoded_len() + 1,
+        } + ops.iter().map(|op| txn::cost(&lease, op)).sum();
+        let (sent, _) = txn::txn_ops(Some(("consumerLeader", &lease)), &lease, &ops);
+        assert_eq!(cost.ops, sent.len());
+        let body = consul::body_len(sent.iter().map(consul::TxnOp::encoded_len));
+        assert_eq!(cost.bytes + 1, body);
     }
 }

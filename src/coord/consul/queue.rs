@@ -72,6 +72,7 @@ impl ConsulCoordinator {
         leadership: &Leadership,
         ops: &[TaskOp],
     ) -> Result<Written, CoordError> {
+        crate::coord::admit(self, ops, true)?;
         let leader_key = self.settings.leader_key.as_str();
         let (txn, owners) = txn_ops(
             Some((leader_key, &leadership.lease)),
@@ -98,6 +99,7 @@ impl ConsulCoordinator {
         if ops.is_empty() {
             return Ok(());
         }
+        crate::coord::admit(self, ops, false)?;
         let (txn, owners) = txn_ops(None, lease, ops);
         let outcome = self.client.txn(&txn).await?;
         if let Written::Conflict(keys) =

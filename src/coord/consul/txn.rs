@@ -41,10 +41,20 @@ pub fn txn_ops(
                     session: lease.0.clone(),
                 });
             }
-            TaskOp::Complete { key, version } => txn.push(TxnOp::DeleteCas {
-                key: key.clone(),
-                index: *version,
-            }),
+            TaskOp::Complete { key, version } => {
+                // delete-cas of a key that is gone succeeds: check-index makes it a conflict.
+                txn.push(TxnOp::CheckIndex {
+                    key: key.clone(),
+                    index: *version,
+                });
+                if guard.is_none() {
+                    txn.push(own_check(key, lease));
+                }
+                txn.push(TxnOp::DeleteCas {
+                    key: key.clone(),
+                    index: *version,
+                });
+            }
             TaskOp::Release {
                 key,
                 version,
@@ -75,6 +85,13 @@ pub fn txn_ops(
                 to,
                 value,
             } => {
+                txn.push(TxnOp::CheckIndex {
+                    key: key.clone(),
+                    index: *version,
+                });
+                if guard.is_none() {
+                    txn.push(own_check(key, lease));
+                }
                 txn.push(TxnOp::DeleteCas {
                     key: key.clone(),
                     index: *version,
@@ -88,6 +105,25 @@ pub fn txn_ops(
         owners.extend(std::iter::repeat_n(Some(i), txn.len() - before));
     }
     (txn, owners)
+}
+
+/// Without the leadership guard, a lease may delete only what it holds itself.
+fn own_check(key: &str, lease: &LeaseId) -> TxnOp {
+    TxnOp::CheckSession {
+        key: key.to_string(),
+        session: lease.0.clone(),
+    }
+}
+
+/// What `op` costs in a guarded transaction: its Consul operations and their encoded
+/// bytes, each followed by a comma or the closing bracket.
+pub fn cost(lease: &LeaseId, op: &TaskOp) -> crate::coord::WriteCost {
+    let (txn, _) = txn_ops(Some(("", lease)), lease, std::slice::from_ref(op));
+    let verbs = &txn[1..];
+    crate::coord::WriteCost {
+        ops: verbs.len(),
+        bytes: verbs.iter().map(|verb| verb.encoded_len() + 1).sum(),
+    }
 }
 
 /// The answer to a transaction built by [`txn_ops`] for `ops`. Committed: each claimed,
@@ -238,12 +274,14 @@ mod tests {
             verbs(&txn),
             [
                 "check-session consumerLeader s1",
+                "check-index q/done 5",
                 "delete-cas q/done 5",
                 "check-index q/a 6",
                 "lock q/a s1",
                 "check-index q/b 7",
                 "unlock q/b s1",
                 "cas q/c 8",
+                "check-index q/d 9",
                 "delete-cas q/d 9",
                 "set dead/d",
             ]
@@ -253,11 +291,13 @@ mod tests {
             [
                 None,
                 Some(0),
+                Some(0),
                 Some(1),
                 Some(1),
                 Some(2),
                 Some(2),
                 Some(3),
+                Some(4),
                 Some(4),
                 Some(4)
             ]
@@ -265,6 +305,16 @@ mod tests {
         let (own, owners) = txn_ops(None, &lease(), &batch()[1..2]);
         assert_eq!(verbs(&own), ["check-index q/a 6", "lock q/a s1"]);
         assert_eq!(owners, [Some(0), Some(0)]);
+        // Without the guard, a lease deletes only what it holds.
+        let (own, _) = txn_ops(None, &lease(), &batch()[..1]);
+        assert_eq!(
+            verbs(&own),
+            [
+                "check-index q/done 5",
+                "check-session q/done s1",
+                "delete-cas q/done 5"
+            ]
+        );
     }
 
     /// A commit answers each claimed, released or rewritten task's new version (the last
@@ -276,11 +326,13 @@ mod tests {
         // Deletes add no result; check-index results carry the old index.
         let entries = vec![
             pair(LEADER, 3, 12),
+            pair("q/done", 5, 0),
             pair("q/a", 6, 0),
             pair("q/a", 20, 1),
             pair("q/b", 7, 1),
             pair("q/b", 20, 1),
             pair("q/c", 20, 0),
+            pair("q/d", 9, 0),
             pair("dead/d", 20, 0),
         ];
         let answer = written(TxnOutcome::Committed(entries), &ops, &owners, LEADER, 11);
@@ -317,7 +369,7 @@ mod tests {
         };
         assert_eq!(rolled_back(vec![error(0), error(2)]), Written::NotLeader);
         assert_eq!(
-            rolled_back(vec![error(7), error(3), error(2)]),
+            rolled_back(vec![error(9), error(4), error(3)]),
             Written::Conflict(vec!["q/a".into(), "q/d".into()])
         );
         assert_eq!(

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::support::*;
 use super::Subject;
-use crate::coord::{CoordError, TaskOp, Written};
+use crate::coord::{batch_cost, CoordError, TaskOp, Written};
 
 /// A leader that resigned, or whose lease was revoked, writes nothing: every write answers
 /// `NotLeader` and the task stays as it was.
@@ -197,73 +197,82 @@ pub async fn claim_and_complete_follow_versions(s: Subject) -> Result<(), String
     })
 }
 
-/// A write over the declared limits (operations, the guard counted, or bytes) is refused
-/// whole, and changes nothing; a write at the limits is accepted.
+/// A write over the declared limits (the guard counted, in the backend's own costs:
+/// operations or bytes) is refused whole, and changes nothing; a write at the limits is
+/// accepted.
 pub async fn over_limit_writes_are_refused_whole(s: Subject) -> Result<(), String> {
-    let limits = s.coord.limits();
+    let coord = s.coord.as_ref();
+    let limits = coord.limits();
+    let admits = |ops: &[TaskOp]| limits.admits(batch_cost(coord, ops, true));
     let a = open(&s, "node-a", Duration::ZERO).await?;
     let _renew = Renewer::start(&s, &a);
     let leader = lead(&s, &a, "node-a").await?;
     let key = put(&s, "t0", b"{}").await?;
     let task = get_one(&s, &key).await?;
 
-    let filler = |count: usize| -> Vec<TaskOp> {
-        (1..count)
-            .map(|n| TaskOp::Complete {
-                key: format!("{}missing-{n}", s.queue_prefix),
-                version: 1,
-            })
-            .collect()
-    };
-    // The real task first, then ops on tasks that do not exist: with the guard, one op
-    // more than the limit allows.
+    // Ops on tasks that do not exist, as many as the limits admit.
+    let mut at: Vec<TaskOp> = Vec::new();
+    loop {
+        let next = TaskOp::Complete {
+            key: format!("{}missing-{}", s.queue_prefix, at.len()),
+            version: 1,
+        };
+        at.push(next);
+        if !admits(&at) {
+            at.pop();
+            break;
+        }
+    }
+    // The real task first, then all of those: over the limits.
     let mut over = vec![TaskOp::Complete {
         key: key.clone(),
         version: task.version,
     }];
-    over.extend(filler(limits.max_ops));
+    over.extend(at.iter().cloned());
+    ensure(!admits(&over), || {
+        format!("{} ops were expected to be over the limits", over.len())
+    })?;
     match s.coord.write(&leader, &over).await {
         Err(CoordError::Refused(_)) => {}
         other => {
             return Err(format!(
-                "a write of {} ops and the guard, over the limit of {}, answered {other:?}",
-                over.len(),
-                limits.max_ops
+                "a write of {} ops, over the limits {limits:?}, answered {other:?}",
+                over.len()
             ))
         }
     }
-    // At the limit: ops on missing tasks only, so that the task stays whatever they answer.
-    let at = filler(limits.max_ops);
     match s.coord.write(&leader, &at).await {
         // Conflict over the missing tasks; whether they conflict is another check's concern.
         Ok(Written::Conflict(_) | Written::Done { .. }) => {}
         other => {
             return Err(format!(
-                "a write of {} ops and the guard, at the limit of {}, answered {other:?}",
-                at.len(),
-                limits.max_ops
+                "a write of {} ops, at the limits {limits:?}, answered {other:?}",
+                at.len()
             ))
         }
     }
 
-    let big = |len: usize| claim(&key, task.version, &vec![b'x'; len - key.len()]);
-    let written = s.coord.write(&leader, &[big(limits.max_bytes + 1)]).await;
+    // The largest claim the limits admit, found by its cost, and one byte more.
+    let big = |len: usize| claim(&key, task.version, &vec![b'x'; len]);
+    let (mut fits, mut too_big) = (0, 2 * limits.max_bytes + 1);
+    while too_big - fits > 1 {
+        let mid = (fits + too_big) / 2;
+        if admits(&[big(mid)]) {
+            fits = mid;
+        } else {
+            too_big = mid;
+        }
+    }
+    let written = s.coord.write(&leader, &[big(too_big)]).await;
     ensure(matches!(written, Err(CoordError::Refused(_))), || {
-        format!(
-            "a claim of {} bytes, over the limit of {}, answered {written:?}",
-            limits.max_bytes + 1,
-            limits.max_bytes
-        )
+        format!("a claim of {too_big} bytes, over the limits {limits:?}, answered {written:?}")
     })?;
     let after = get_one(&s, &key).await?;
     ensure(after == task, || {
         format!("refused writes changed the task: {task:?} became {after:?}")
     })?;
-    let written = s.coord.write(&leader, &[big(limits.max_bytes)]).await;
+    let written = s.coord.write(&leader, &[big(fits)]).await;
     ensure(matches!(written, Ok(Written::Done { .. })), || {
-        format!(
-            "a claim of {} bytes, at the limit, answered {written:?}",
-            limits.max_bytes
-        )
+        format!("a claim of {fits} bytes, at the limits, answered {written:?}")
     })
 }

@@ -25,7 +25,7 @@ use self::state::{Op, Outcome, State};
 use super::contract::Producer;
 use super::{
     Campaign, CoordError, CoordFuture, Coordinator, Grant, Holder, HolderRecord, Leadership,
-    LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteLimits, Written,
+    LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits, Written,
 };
 
 /// The longest a blocking `observe` or `list` waits, whatever it asks (Consul's cap); it
@@ -268,6 +268,17 @@ impl Coordinator for MemoryCoordinator {
             // which the caller sees on its next list.
             self.apply(op).map(drop)
         })
+    }
+
+    fn cost(&self, op: &TaskOp) -> WriteCost {
+        WriteCost {
+            ops: 1,
+            bytes: state::op_bytes(op),
+        }
+    }
+
+    fn guard_cost(&self) -> WriteCost {
+        WriteCost { ops: 1, bytes: 0 }
     }
 
     fn limits(&self) -> WriteLimits {

@@ -541,7 +541,7 @@ fn fail(failed: &mut Vec<String>, key: &str) {
 }
 
 /// The bytes an op carries: its keys and its value.
-fn op_bytes(op: &TaskOp) -> usize {
+pub(crate) fn op_bytes(op: &TaskOp) -> usize {
     match op {
         TaskOp::Claim { key, value, .. }
         | TaskOp::Release { key, value, .. }

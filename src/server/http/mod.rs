@@ -40,7 +40,6 @@ use base64::Engine as _;
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
-use crate::util::duration;
 use super::state::catalog::is_maintenance_check;
 use super::state::{
     ApplyError, Check, CheckSpec, CheckStatus, Command, Entry, Outcome, Service, ServiceCheck,
@@ -48,6 +47,7 @@ use super::state::{
 };
 use super::watch::{self, Blocking};
 use super::{Shared, WriteError, CONSUL_VERSION, DATACENTER};
+use crate::util::duration;
 
 /// Consul's `kv_max_value_size` default (raft.SuggestedMaxDataSize).
 pub const KV_MAX_VALUE_SIZE: usize = 512 * 1024;

@@ -10,7 +10,7 @@ use crate::coord::contract::{self, Subject, Timing};
 use crate::coord::memory::MemoryCoordinator;
 use crate::coord::{
     Campaign, CoordFuture, Coordinator, Grant, Holder, HolderRecord, Leadership, LeaseId,
-    LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteLimits, Written,
+    LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits, Written,
 };
 
 fn subject() -> Subject {
@@ -175,6 +175,12 @@ impl Coordinator for Broken {
     }
     fn limits(&self) -> WriteLimits {
         self.0.limits()
+    }
+    fn cost(&self, op: &TaskOp) -> WriteCost {
+        self.0.cost(op)
+    }
+    fn guard_cost(&self) -> WriteCost {
+        self.0.guard_cost()
     }
 }
 

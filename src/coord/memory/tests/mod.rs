@@ -206,7 +206,9 @@ fn revoking_the_holder_delays_and_the_delay_is_capped() {
     );
     let by_b = lead(&mut state, &b, t0 + MAX_LOCK_DELAY);
     let c = open(&mut state, spec("c", 1000, 0), t0 + MAX_LOCK_DELAY);
-    state.apply(Op::Resign(by_b.lease), t0 + MAX_LOCK_DELAY).unwrap();
+    state
+        .apply(Op::Resign(by_b.lease), t0 + MAX_LOCK_DELAY)
+        .unwrap();
     state.apply(Op::Revoke(b), t0 + MAX_LOCK_DELAY).unwrap();
     assert!(matches!(
         campaign(&mut state, &c, t0 + MAX_LOCK_DELAY),

@@ -1,0 +1,67 @@
+//! The coordinator contract suite (`coord::contract`), every check, against the Consul
+//! backend over a real `leaderq server`: the same checks the in-memory coordinator passes
+//! in the unit tests.
+
+use std::sync::Arc;
+
+use leaderq::consul::{Client, ClientConfig, PutMode};
+use leaderq::coord::consul::{ConsulCoordSettings, ConsulCoordinator};
+use leaderq::coord::contract::{self, Producer, Subject, Timing};
+use leaderq::coord::{CoordError, CoordFuture};
+
+use super::*;
+
+/// A producer's plain KV PUT.
+struct KvProducer(Arc<Client>);
+
+impl Producer for KvProducer {
+    fn put<'a>(&'a self, key: &'a str, value: &'a [u8]) -> CoordFuture<'a, ()> {
+        Box::pin(async move {
+            self.0
+                .kv_put(key, value, PutMode::Set)
+                .await
+                .map(drop)
+                .map_err(|err| CoordError::Unavailable(err.to_string()))
+        })
+    }
+}
+
+/// Every contract check holds on Consul's semantics as `leaderq server` serves them. Each
+/// check gets its own leader key and prefixes, so they run at once on one server.
+#[tokio::test]
+async fn the_consul_backend_keeps_the_coordinator_contract() {
+    let server = ServerProcess::start();
+    let addr = server.addr.clone();
+    let outcome = contract::run_all(|name| {
+        let addr = addr.clone();
+        async move {
+            let client = Arc::new(
+                Client::new(&ClientConfig {
+                    addresses: vec![addr],
+                    token: String::new(),
+                    ca_file: String::new(),
+                    request_timeout: Duration::from_secs(10),
+                })
+                .expect("client"),
+            );
+            let coord = ConsulCoordinator::new(
+                client.clone(),
+                ConsulCoordSettings {
+                    leader_key: format!("contract/{name}/leader"),
+                    health_check: false,
+                },
+            );
+            Subject {
+                coord: Arc::new(coord),
+                producer: Arc::new(KvProducer(client)),
+                queue_prefix: format!("contract/{name}/queue/"),
+                dead_prefix: format!("contract/{name}/dead/"),
+                timing: Timing::new(Duration::from_secs(1)),
+            }
+        }
+    })
+    .await;
+    if let Err(failures) = outcome {
+        panic!("the Consul backend breaks the contract:\n{failures}");
+    }
+}
