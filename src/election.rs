@@ -30,8 +30,15 @@ use crate::observe::Metrics;
 use crate::task::rfc3339;
 use crate::util::duration;
 
-/// After a failed renewal, try again this soon rather than a full TTL/3 later.
-const RENEW_RETRY: Duration = Duration::from_secs(1);
+/// After a failed renewal, try again this soon rather than a full TTL/3 later: at most a
+/// second, and a tenth of the TTL for short ones, so that one failed renewal (a Consul
+/// restart) is made up before the handlers' kill schedule, which starts kill_grace plus a
+/// tenth of the TTL before the lease's deadline, gives up on the lease.
+const RENEW_RETRY_MAX: Duration = Duration::from_secs(1);
+
+fn renew_retry(ttl: Duration) -> Duration {
+    (ttl / 10).min(RENEW_RETRY_MAX)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ElectionError {
@@ -472,6 +479,7 @@ impl Election {
         stop: CancellationToken,
     ) {
         let period = settings.session_ttl / 3;
+        let retry = renew_retry(settings.session_ttl);
         let mut next = Instant::now() + period;
         loop {
             tokio::select! {
@@ -481,7 +489,7 @@ impl Election {
             let Some(session) = lease.session() else {
                 // Between sessions: the loop that creates the next one adopts it into the
                 // lease; look again shortly.
-                next = Instant::now() + RENEW_RETRY;
+                next = Instant::now() + retry;
                 continue;
             };
             let sent_at = Instant::now();
@@ -505,7 +513,7 @@ impl Election {
                 Err(err) => {
                     metrics.consul_error(&err);
                     tracing::warn!(error = %err, "session renewal failed; retrying");
-                    next = Instant::now() + RENEW_RETRY;
+                    next = Instant::now() + retry;
                 }
             }
         }

@@ -75,6 +75,8 @@ struct Run {
     /// The last record's time: the run was alive until then.
     last_seen: u128,
     completed: bool,
+    /// The worker got SIGTERM: leaderq stopped its handler (time-out, lease not confirmed).
+    terminated: bool,
 }
 
 impl Run {
@@ -109,6 +111,7 @@ fn runs(journal: &str) -> HashMap<String, Vec<Run>> {
                 start: at,
                 last_seen: at,
                 completed: false,
+                terminated: false,
             });
             continue;
         }
@@ -117,6 +120,7 @@ fn runs(journal: &str) -> HashMap<String, Vec<Run>> {
         };
         run.last_seen = run.last_seen.max(at);
         run.completed |= kind == "E";
+        run.terminated |= kind == "T";
     }
     runs
 }
@@ -144,7 +148,10 @@ pub(crate) fn audit(
         if let [first, second, ..] = completed[..] {
             // The first run's completion was never recorded; that is allowed only if its
             // replica process was hit after the run started and before the task ran again
-            // (a server outage is retried, never a reason).
+            // (a server outage is retried, never a reason), or if leaderq stopped its
+            // handler as it finished (its lease could not be confirmed, as during a server
+            // outage, or its time-out ran out): a run it killed is a failed run, and runs
+            // again (at-least-once).
             let hit_before_rerun = events.iter().any(|e| {
                 e.replica == first.replica
                     && e.incarnation == first.incarnation
@@ -153,6 +160,12 @@ pub(crate) fn audit(
             });
             if hit_before_rerun {
                 let why = format!("replica {} was hit after its run", first.process());
+                audit.repeats.insert(id.clone(), why);
+            } else if first.terminated {
+                let why = format!(
+                    "{} stopped the handler as it finished (lease not confirmed or time-out)",
+                    first.process()
+                );
                 audit.repeats.insert(id.clone(), why);
             } else {
                 audit.repeats.insert(id.clone(), "unexplained".into());
@@ -307,6 +320,21 @@ mod tests {
         let explained = audit(dir.path(), &journal, &ids(&["a"]), &[kill("r1", 0, 25)]).unwrap();
         assert!(explained.passed(), "{explained:?}");
         assert_eq!(explained.repeats.len(), 1);
+    }
+
+    /// A run whose worker finished and was then SIGTERMed (leaderq stopped its handler as
+    /// it finished) may run again: the repeat is explained, not a failure.
+    #[test]
+    fn audit_explains_a_repeat_after_a_stopped_handler() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = write(
+            dir.path(),
+            "S a 1 r1 10 1 100 0\nE a 1 r1 20 1 100 0\nT a 1 r1 21 1 100 0\nS a 1 r1 40 2 200 0\nE a 1 r1 50 2 200 0\n",
+            "",
+        );
+        let found = audit(dir.path(), &journal, &ids(&["a"]), &[]).unwrap();
+        assert!(found.passed(), "{found:?}");
+        assert_eq!(found.repeats.len(), 1);
     }
 
     /// Two runs of one task alive at once fail the audit even when a kill explains why the

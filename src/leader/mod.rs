@@ -31,8 +31,15 @@ use crate::task::rfc3339;
 use crate::util::duration;
 pub use lease::Lease;
 
-/// After a failed keep-alive, try again this soon rather than a full TTL/3 later.
-const RENEW_RETRY: Duration = Duration::from_secs(1);
+/// After a failed keep-alive, try again this soon rather than a full TTL/3 later: at most
+/// a second, and a tenth of the TTL for short ones, so that one failed keep-alive (a
+/// coordinator restart) is made up before the handlers' kill schedule, which starts
+/// kill_grace plus a tenth of the TTL before the lease's deadline, gives up on the lease.
+const RENEW_RETRY_MAX: Duration = Duration::from_secs(1);
+
+fn renew_retry(ttl: Duration) -> Duration {
+    (ttl / 10).min(RENEW_RETRY_MAX)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ElectionError {
@@ -127,6 +134,7 @@ impl Election {
         stop: CancellationToken,
     ) {
         let period = ttl / 3;
+        let retry = renew_retry(ttl);
         let mut next = Instant::now() + period;
         loop {
             tokio::select! {
@@ -135,7 +143,7 @@ impl Election {
             }
             let Some(id) = lease.id() else {
                 // Between leases: the loop that opens the next one adopts it; look again soon.
-                next = Instant::now() + RENEW_RETRY;
+                next = Instant::now() + retry;
                 continue;
             };
             let sent_at = Instant::now();
@@ -153,7 +161,7 @@ impl Election {
                 Err(err) => {
                     metrics.coordinator_error(&err);
                     tracing::warn!(error = %err, "session renewal failed; retrying");
-                    next = Instant::now() + RENEW_RETRY;
+                    next = Instant::now() + retry;
                 }
             }
         }
