@@ -642,7 +642,7 @@ impl Queue {
                         .partition(|(n, _)| refused.contains(n));
                     let delayed: Vec<Task> = delayed.into_iter().map(|(_, task)| task).collect();
                     for task in &delayed {
-                        tracing::info!(task_key = %task.key, retry_in = %crate::util::duration::format(LOCK_DELAY_RETRY), "task is under another lease's lock-delay; claiming the next ones meanwhile");
+                        tracing::info!(task_key = %task.key, retry_in = %crate::util::duration::format(LOCK_DELAY_RETRY), "task is under another session's lock-delay; claiming the next ones meanwhile");
                     }
                     backlog.put_back(others.into_iter().map(|(_, task)| task).collect());
                     let until = Utc::now()
