@@ -12,6 +12,8 @@
 //! this file performs their I/O. Leadership itself is `leader`'s business.
 
 mod plan;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
