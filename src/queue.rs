@@ -128,7 +128,7 @@ impl Queue {
             }
             // "Renew between tasks": no claim unless the lease is known to be fresh.
             if !lease.is_fresh() {
-                return LeadEnd::StepDown("session not renewed within its TTL".into());
+                return LeadEnd::StepDown("lease not renewed within its TTL".into());
             }
             if !unrecorded.is_empty() {
                 unrecorded = self.complete_all(leadership, unrecorded).await;
@@ -145,7 +145,7 @@ impl Queue {
             // The backend paces listings that come back at once (Consul's blocking query).
             let listed = tokio::select! {
                 _ = shutdown.cancelled() => return LeadEnd::Shutdown,
-                _ = lease.expired() => return LeadEnd::StepDown("session not renewed within its TTL".into()),
+                _ = lease.expired() => return LeadEnd::StepDown("lease not renewed within its TTL".into()),
                 listed = self.coord.list(&self.settings.prefix, asked, self.wait) => listed,
             };
             let (entries, version) = match listed {
@@ -195,7 +195,7 @@ impl Queue {
                         let wait = until.max(Duration::from_millis(1));
                         tokio::select! {
                             _ = shutdown.cancelled() => return LeadEnd::Shutdown,
-                            _ = lease.expired() => return LeadEnd::StepDown("session not renewed within its TTL".into()),
+                            _ = lease.expired() => return LeadEnd::StepDown("lease not renewed within its TTL".into()),
                             _ = self.coord.list(&self.settings.prefix, after, wait) => {}
                         }
                         after = Version::default();
@@ -860,9 +860,7 @@ impl Queue {
             return Some(LeadEnd::Shutdown);
         }
         if !lease.is_fresh() {
-            return Some(LeadEnd::StepDown(
-                "session not renewed within its TTL".into(),
-            ));
+            return Some(LeadEnd::StepDown("lease not renewed within its TTL".into()));
         }
         None
     }
@@ -1025,7 +1023,7 @@ impl Queue {
                 _ = lease.expired(), if ending.is_none() => {
                     // Another replica may lead soon: stop the handler now.
                     cancel.cancel();
-                    ending = Some(LeadEnd::StepDown("session not renewed within its TTL".into()));
+                    ending = Some(LeadEnd::StepDown("lease not renewed within its TTL".into()));
                 }
                 _ = shutdown.cancelled(), if ending.is_none() => {
                     ending = Some(LeadEnd::Shutdown);

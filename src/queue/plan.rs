@@ -324,7 +324,7 @@ impl Backlog {
         self.delayed.retain(|(_, task)| task.key != key);
     }
 
-    /// Puts tasks taken but refused by Consul for a while (their keys are under another
+    /// Puts tasks taken but refused by the coordinator for a while (their keys are under another
     /// lease's lock-delay) aside until `until`, so that the tasks after them go first.
     pub fn defer(&mut self, tasks: Vec<Task>, until: DateTime<Utc>) {
         self.claimed = self.claimed.saturating_sub(tasks.len());
