@@ -24,7 +24,6 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
-use crate::consul;
 use crate::coord::{Coordinator, Version};
 // Only the lease's own view (`leader/lease.rs`), which imports nothing of this module.
 use crate::leader::lease::Lease;
@@ -228,20 +227,6 @@ impl Metrics {
                 state: "dead".into(),
             })
             .set(dead as i64);
-    }
-
-    pub fn consul_error(&self, error: &consul::Error) {
-        let kind = match error {
-            consul::Error::Transport { .. } => "transport",
-            consul::Error::Status { code, .. } if *code >= 500 => "status_5xx",
-            consul::Error::Status { .. } => "status_4xx",
-            consul::Error::Decode(_) => "decode",
-            consul::Error::CaFile { .. } | consul::Error::Address(_) => "config",
-            consul::Error::Key(_) => "key",
-        };
-        self.consul_errors
-            .get_or_create(&KindLabels { kind: kind.into() })
-            .inc();
     }
 
     /// A coordinator call that did not answer, by kind (`unavailable`, `refused`).
