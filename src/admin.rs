@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 
 use crate::config::Settings;
 use crate::consul::{self, Client, PutMode, QueryOptions};
+use crate::coord::consul::stored_task;
 use crate::key::{self, Key};
 use crate::task::{Status, Task};
 
@@ -210,7 +211,7 @@ pub async fn status(client: &Client, settings: &Settings) -> Result<StatusReport
         .await?;
     let now = Utc::now();
     for pair in &tasks {
-        match Task::parse(pair).map(|task| task.status(now)) {
+        match Task::parse(&stored_task(pair.clone())).map(|task| task.status(now)) {
             Ok(Status::Pending) => report.pending += 1,
             Ok(Status::Delayed(_)) => report.delayed += 1,
             Ok(Status::InFlight) => report.in_flight += 1,
@@ -246,7 +247,7 @@ pub async fn list(client: &Client, settings: &Settings) -> Result<Vec<TaskRow>, 
         .await?;
     let mut tasks: Vec<(Option<Task>, crate::consul::KvPair)> = queued
         .into_iter()
-        .map(|pair| (Task::parse(&pair).ok(), pair))
+        .map(|pair| (Task::parse(&stored_task(pair.clone())).ok(), pair))
         .collect();
     tasks.sort_by(|a, b| match (&a.0, &b.0) {
         (Some(x), Some(y)) => x.order_key().cmp(&y.order_key()),

@@ -2,16 +2,19 @@
 //! wins, stands by when it does not, and shuts down in order.
 //!
 //! Start: refuse settings that can never work (no handler at all, an exec handler whose
-//! program cannot run), lock the data dir and take the node id (`identity.rs`), remove
-//! checks older versions left behind; a session TTL the server refuses stops it too.
+//! program cannot run), lock the data dir and take the node id (`identity.rs`), connect
+//! the coordinator the settings name (`coord::connect`; the Consul backend removes the
+//! checks older versions left behind at its first lease); a lease TTL the coordinator
+//! refuses stops it too.
 //!
 //! Then it waits until no handler of a previous process on its data dir is alive
 //! (`supervise/lock.rs`).
 //!
-//! Loop: make sure there is a session, campaign for the leader key, and while leading let
-//! `queue.rs` drain the queue. Stepping down destroys the session so nothing it locked stays
-//! locked. On shutdown: stop claiming, let the running handler finish within
-//! `shutdown_grace`, release the leader key, destroy the session, deregister the check.
+//! Loop: make sure there is a lease, campaign for leadership (`leader`), and while leading
+//! let `queue.rs` drain the queue. Stepping down revokes the lease so nothing it claimed
+//! stays claimed. On shutdown: stop claiming, let the running handler finish within
+//! `shutdown_grace`, give leadership up and close the lease (`Election::leave`). The
+//! replica's service registration is Consul's own and runs only with that backend.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,10 +23,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Settings;
-use crate::consul::{self, Client, ClientConfig};
-use crate::election::{Election, ElectionError};
+use crate::consul::{self, Client};
+use crate::coord::CoordError;
 use crate::handler::Registry;
 use crate::identity::{DataDir, IdentityError};
+use crate::leader::{Election, ElectionError};
 use crate::observe::{self, Metrics, Observed};
 use crate::queue::{LeadEnd, Queue};
 
@@ -32,7 +36,7 @@ use crate::queue::{LeadEnd, Queue};
 /// so only a stuck kill takes longer.
 const PREVIOUS_HANDLERS_SLACK: Duration = Duration::from_secs(5);
 
-/// Back-off while Consul cannot be reached: doubles from the first to the last.
+/// Back-off while the coordinator cannot be reached: doubles from the first to the last.
 const BACKOFF_FIRST: Duration = Duration::from_millis(500);
 const BACKOFF_LAST: Duration = Duration::from_secs(10);
 
@@ -40,6 +44,8 @@ const BACKOFF_LAST: Duration = Duration::from_secs(10);
 pub enum ConsumerError {
     #[error(transparent)]
     Consul(#[from] consul::Error),
+    #[error(transparent)]
+    Coord(#[from] CoordError),
     #[error("{0}")]
     Observe(String),
     #[error(transparent)]
@@ -76,13 +82,9 @@ pub fn check_handlers(
     Ok(())
 }
 
+/// A Consul client from the `[consul]` settings (admin commands, service registration).
 pub fn client(settings: &Settings) -> Result<Client, consul::Error> {
-    Client::new(&ClientConfig {
-        addresses: settings.consul.addresses.clone(),
-        token: settings.consul.token.clone(),
-        ca_file: settings.consul.ca_file.clone(),
-        request_timeout: settings.consul.request_timeout,
-    })
+    crate::coord::consul::client(settings)
 }
 
 /// Runs one replica until `shutdown` is cancelled.
@@ -96,7 +98,7 @@ pub async fn run(
     // Held until this function returns: the dir's session and node id are this replica's.
     let data_dir = DataDir::lock(&settings.data.dir)?;
     let node_id = data_dir.node_id(&settings.election.node_id)?;
-    let client = Arc::new(client(&settings)?);
+    let coord = crate::coord::connect(&settings)?;
     // A process that ran on this data dir before may have left handlers that its
     // supervisors are still killing: do nothing before they are gone.
     crate::supervise::lock::wait_for_previous_handlers(
@@ -106,31 +108,29 @@ pub async fn run(
     .await
     .map_err(ConsumerError::PreviousHandlers)?;
     let mut election = Election::new(
-        client.clone(),
+        coord.clone(),
         settings.election.clone(),
         node_id.clone(),
         data_dir.path().to_path_buf(),
     );
     let metrics = Arc::new(Metrics::new(registry.task_types()));
     let queue = Queue {
-        client: client.clone(),
+        coord: coord.clone(),
         settings: settings.queue.clone(),
         registry: registry.clone(),
-        leader_key: settings.election.leader_key.clone(),
         node_id: node_id.clone(),
         wait: settings.consul.wait,
         metrics: metrics.clone(),
     };
     let task_types: Vec<&str> = registry.task_types().collect();
-    tracing::info!(node = %node_id, consul = %client.address(), prefix = %settings.queue.prefix, ?task_types, "consumer starting");
+    tracing::info!(node = %node_id, coordinator = %coord.describe(), prefix = %settings.queue.prefix, ?task_types, "consumer starting");
 
     let tracker = TaskTracker::new();
     let stop_renewer = CancellationToken::new();
     let observed = Arc::new(Observed {
         metrics: metrics.clone(),
         lease: election.lease(),
-        client: client.clone(),
-        leader_key: settings.election.leader_key.clone(),
+        coord: coord.clone(),
         alive: std::sync::atomic::AtomicBool::new(true),
     });
     let mut observe_address = None;
@@ -155,17 +155,19 @@ pub async fn run(
         });
     }
     tracker.spawn(Election::renew_until(
-        client.clone(),
+        coord.clone(),
         election.lease(),
-        settings.election.clone(),
-        election.check_id().to_string(),
+        settings.election.session_ttl,
         metrics.clone(),
         stop_renewer.clone(),
     ));
-    // In the service catalog with its role as tag, deregistered after `resign` below.
+    // In the service catalog with its role as tag, deregistered after `leave` below. The
+    // catalog is Consul's: the registration talks to it directly.
     let (role, role_changes) = tokio::sync::watch::channel(crate::registration::Role::Standby);
     if settings.election.register_service {
-        let check = settings.election.health_check.then(|| election.check_id());
+        let client = Arc::new(client(&settings)?);
+        let check_id = crate::coord::consul::check_id(&node_id);
+        let check = settings.election.health_check.then_some(check_id.as_str());
         let registration = crate::registration::registration(
             &settings.election,
             &node_id,
@@ -174,7 +176,7 @@ pub async fn run(
             crate::registration::Role::Standby,
         );
         tracker.spawn(crate::registration::keep_registered(
-            client.clone(),
+            client,
             registration,
             role_changes,
             settings.election.session_ttl / 3,
@@ -182,7 +184,6 @@ pub async fn run(
         ));
     }
     tracker.close();
-    election.remove_stale_checks().await;
 
     let mut backoff = BACKOFF_FIRST;
     let mut refused = None;
@@ -194,7 +195,7 @@ pub async fn run(
             Ok(None) => break,
             Ok(Some(leadership)) => {
                 backoff = BACKOFF_FIRST;
-                tracing::info!(node = %node_id, session = %leadership.session, fencing_token = leadership.fencing_token, "became leader");
+                tracing::info!(node = %node_id, session = %leadership.lease, fencing_token = leadership.fencing_token, "became leader");
                 let lease = election.lease();
                 metrics.leading(Some(leadership.fencing_token));
                 role.send_replace(crate::registration::Role::Leader);
@@ -205,24 +206,23 @@ pub async fn run(
                     LeadEnd::Shutdown => break,
                     LeadEnd::StepDown(reason) => {
                         tracing::warn!(node = %node_id, fencing_token = leadership.fencing_token, %reason, "stepping down");
-                        // Release first (no lock-delay), then end the session so that every
-                        // task it still locks goes back to the queue.
-                        let _ = election.release(&leadership.session).await;
-                        election.drop_session().await;
+                        // Resign first (no lock-delay), then end the lease so that every
+                        // task it still holds goes back to the queue.
+                        election.step_down(&leadership).await;
                     }
                 }
             }
-            Err(ElectionError::Refused(reason)) => {
+            Err(ElectionError::Coord(CoordError::Refused(reason))) => {
                 refused = Some(reason);
                 break;
             }
-            Err(ElectionError::SessionLost(session)) => {
+            Err(ElectionError::LeaseLost(session)) => {
                 tracing::warn!(%session, "session lost; creating a new one");
-                election.drop_session().await;
+                election.drop_lease().await;
             }
-            Err(ElectionError::Consul(err)) => {
-                metrics.consul_error(&err);
-                tracing::warn!(error = %err, retry_in = ?backoff, "Consul request failed; retrying");
+            Err(ElectionError::Coord(err)) => {
+                metrics.coordinator_error(&err);
+                tracing::warn!(error = %err, retry_in = ?backoff, "coordinator request failed; retrying");
                 tokio::select! {
                     _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep(backoff) => {}
@@ -232,7 +232,7 @@ pub async fn run(
         }
     }
     tracing::info!(node = %node_id, "shutting down: releasing leadership and session");
-    election.resign().await;
+    election.leave().await;
     observed
         .alive
         .store(false, std::sync::atomic::Ordering::Relaxed);

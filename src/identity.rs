@@ -1,6 +1,6 @@
 //! A replica's identity on its machine: its exclusive hold on its data dir and its stable
-//! node id. What is named after the node id (the session, the health check) is
-//! `election.rs`'s business.
+//! node id. What is named after the node id (on Consul the session and the health check)
+//! is the coordinator backend's business (`coord/consul/lease.rs`).
 //!
 //! The data dir keeps what a restart must find again: the node id and the session id. Two
 //! live replicas on one dir would share that session and lead at once, so a replica takes an

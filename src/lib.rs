@@ -32,7 +32,6 @@ pub mod consul;
 pub mod consumer;
 pub mod coord;
 pub mod dev;
-pub mod election;
 pub mod handler;
 pub mod identity;
 pub mod key;

@@ -24,8 +24,9 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
-use crate::consul::{self, Client, QueryOptions};
-use crate::election::Lease;
+use crate::coord::{Coordinator, Version};
+// Only the lease's own view (`leader/lease.rs`), which imports nothing of this module.
+use crate::leader::lease::Lease;
 
 /// The label of task types that are not configured, so label count stays bounded.
 const OTHER_TASK_TYPE: &str = "other";
@@ -228,20 +229,6 @@ impl Metrics {
             .set(dead as i64);
     }
 
-    pub fn consul_error(&self, error: &consul::Error) {
-        let kind = match error {
-            consul::Error::Transport { .. } => "transport",
-            consul::Error::Status { code, .. } if *code >= 500 => "status_5xx",
-            consul::Error::Status { .. } => "status_4xx",
-            consul::Error::Decode(_) => "decode",
-            consul::Error::CaFile { .. } | consul::Error::Address(_) => "config",
-            consul::Error::Key(_) => "key",
-        };
-        self.consul_errors
-            .get_or_create(&KindLabels { kind: kind.into() })
-            .inc();
-    }
-
     /// A coordinator call that did not answer, by kind (`unavailable`, `refused`).
     pub fn coordinator_error(&self, error: &crate::coord::CoordError) {
         let kind = match error {
@@ -282,8 +269,7 @@ impl Metrics {
 pub struct Observed {
     pub metrics: Arc<Metrics>,
     pub lease: Arc<Lease>,
-    pub client: Arc<Client>,
-    pub leader_key: String,
+    pub coord: Arc<dyn Coordinator>,
     /// Cleared when the consumer loop has ended.
     pub alive: AtomicBool,
 }
@@ -334,22 +320,18 @@ async fn ready(State(observed): State<Arc<Observed>>) -> Response {
     }
 }
 
-/// The current holder of the leader key, read from Consul.
+/// The current holder of leadership, as the coordinator has it now.
 async fn leader(State(observed): State<Arc<Observed>>) -> Response {
-    match observed
-        .client
-        .kv_get(&observed.leader_key, QueryOptions::default())
-        .await
-    {
-        Ok((Some(entry), _)) if entry.session.is_some() => {
-            let holder: serde_json::Value =
-                serde_json::from_slice(&entry.value).unwrap_or_default();
+    match observed.coord.observe(Version(0), Duration::ZERO).await {
+        Ok((holder, _)) if holder.lease.is_some() => {
+            let record = holder.record.as_ref();
+            let this_replica = observed.lease.id().is_some() && observed.lease.id() == holder.lease;
             let body = json!({
-                "node": holder.get("node"),
-                "session": entry.session,
-                "fencing_token": entry.lock_index,
-                "since": holder.get("since"),
-                "this_replica": observed.lease.session().is_some() && observed.lease.session() == entry.session,
+                "node": record.map(|r| r.node.as_str()),
+                "session": holder.lease.map(|lease| lease.0),
+                "fencing_token": holder.token,
+                "since": record.map(|r| r.since.as_str()),
+                "this_replica": this_replica,
             });
             (
                 [(header::CONTENT_TYPE, "application/json")],

@@ -3,33 +3,39 @@
 //! requeue tasks whose replica died; dead-letter what cannot run, a task too large to claim
 //! included.
 //!
-//! Every write is one transaction that first checks, with `check-session` on the leader key,
-//! that this replica still leads, so a deposed leader can never claim, complete or move a
-//! task. Every transaction is planned within Consul's limits, and one that Consul still
-//! refuses as too large moves the task away instead of costing the leadership. The pure
-//! decisions (what to claim, when to look for newer tasks, when to list again) live in
-//! `plan.rs`; this file performs their I/O. Leadership itself is `election.rs`'s business.
+//! Everything goes through the [`Coordinator`] seam: every write is guarded by the
+//! leadership it was won with, so a deposed leader can never claim, complete or move a
+//! task, and answers `Done`, `NotLeader` (step down) or `Conflict` (a task moved). Every
+//! write is planned within the coordinator's limits, in its own costs, and one it still
+//! refuses moves the task away instead of costing the leadership. The pure decisions
+//! (what to claim, when to look for newer tasks, when to list again) live in `plan.rs`;
+//! this file performs their I/O. Leadership itself is `leader`'s business.
 
 mod plan;
+#[cfg(test)]
+mod tests;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::coord::{
+    CoordError, Coordinator, Leadership, StoredTask, TaskOp, Version, WriteCost, Written,
+};
+
 use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::QueueSettings;
-use crate::consul::{self, Client, KvPair, QueryOptions, TxnError, TxnOp, TxnOutcome, WatchIndex};
-use crate::election::{Leadership, Lease};
 use crate::handler::{Registry, TaskContext};
 use crate::key::Key;
+use crate::leader::Lease;
 use crate::observe::Metrics;
 use crate::task::{dead_letter_within, Status, Task};
 
-use plan::{Backlog, ClaimPlan, Looked, Next, TxnLimits};
+use plan::{Backlog, ClaimPlan, Looked, Next};
 
-/// Back-off after Consul errors while leading, so an outage is not a hot loop.
+/// Back-off after coordinator errors while leading, so an outage is not a hot loop.
 const ERROR_BACKOFF: Duration = Duration::from_secs(1);
 /// A handler run shorter than this lets the next claim take a batch.
 const FAST_HANDLER: Duration = Duration::from_millis(5);
@@ -38,12 +44,13 @@ const RELEASE_ATTEMPTS: usize = 5;
 /// Added to the longest backoff (backoff_max + 20% jitter) before a notBefore is
 /// disbelieved: the clocks of replicas differ a little.
 const NOT_BEFORE_SLACK: Duration = Duration::from_secs(1);
-/// A task whose key is under another session's lock-delay is tried again after this long;
-/// the tasks after it are claimed meanwhile. (Consul does not say how long the delay lasts:
-/// the holder's session set it, 15 s by default, at most 60 s.)
+/// A task whose claim is refused although it is as read and held by no lease (Consul: its
+/// key is under another session's lock-delay) is tried again after this long; the tasks
+/// after it are claimed meanwhile. (Consul does not say how long the delay lasts: the
+/// holder's session set it, 15 s by default, at most 60 s.)
 const LOCK_DELAY_RETRY: Duration = Duration::from_secs(1);
-/// The dead letter written when Consul refuses even the trimmed one: Consul's own limits
-/// are below leaderq's, and this is about the least that says what happened.
+/// The dead letter written when the coordinator refuses even the trimmed one (a Consul
+/// whose own limits are below leaderq's): about the least that says what happened.
 const MINIMAL_DEAD_LETTER: usize = 4096;
 
 /// Why the leader stopped leading.
@@ -53,33 +60,22 @@ pub enum LeadEnd {
     StepDown(String),
 }
 
-/// What the leader needs: the client, the queue settings, the handlers, who it is.
+/// What the leader needs: the coordinator, the queue settings, the handlers, who it is.
 pub struct Queue {
-    pub client: Arc<Client>,
+    pub coord: Arc<dyn Coordinator>,
     pub settings: QueueSettings,
     pub registry: Registry,
-    pub leader_key: String,
     pub node_id: String,
     pub wait: Duration,
     pub metrics: Arc<Metrics>,
 }
 
-/// The outcome of a transaction guarded by the leader check.
-enum Guarded {
-    Done(Vec<KvPair>),
-    /// The leader check failed: this replica no longer leads.
-    NotLeader,
-    /// Another check failed (the task changed, lock-delay): nothing was applied.
-    Conflict(Vec<TxnError>),
-    /// Too large for one transaction (found before sending, or Consul's 413): nothing was
-    /// applied, and sending it again cannot help.
-    TooLarge(String),
-}
-
 /// The outcome of a guarded write whose lost leadership ends the leading.
-enum Written {
+enum Applied {
     Done,
     Conflict,
+    /// Refused by the coordinator (over its limits): nothing was applied, and sending it
+    /// again cannot help.
     TooLarge(String),
 }
 
@@ -88,7 +84,7 @@ enum Written {
 struct Memory {
     /// Warnings given once per key ("foreign …", "notBefore …").
     warned: HashSet<String>,
-    /// Keys under another session's lock-delay, and when to try them again.
+    /// Keys whose claims are refused for a while (lock-delay), and when to try them again.
     deferred: HashMap<String, DateTime<Utc>>,
 }
 
@@ -120,20 +116,19 @@ impl Queue {
         lease: &Lease,
         shutdown: &CancellationToken,
     ) -> LeadEnd {
-        let mut index = WatchIndex::default();
+        let mut after = Version::default();
         let mut memory = Memory::default();
-        // Finished tasks whose deletion could not be recorded (Consul unreachable). They are
-        // still locked by this session, so until they are recorded the leader neither lists
-        // nor claims: a listing would take them for runs cut short and run them again.
+        // Finished tasks whose completion could not be recorded (coordinator unreachable).
+        // They are still held by this lease, so until they are recorded the leader neither
+        // lists nor claims: a listing would take them for runs cut short and run them again.
         let mut unrecorded: Vec<Finished> = Vec::new();
-        let mut pacer = crate::consul::Pacer::default();
         loop {
             if shutdown.is_cancelled() {
                 return LeadEnd::Shutdown;
             }
             // "Renew between tasks": no claim unless the lease is known to be fresh.
             if !lease.is_fresh() {
-                return LeadEnd::StepDown("session not renewed within its TTL".into());
+                return LeadEnd::StepDown("lease not renewed within its TTL".into());
             }
             if !unrecorded.is_empty() {
                 unrecorded = self.complete_all(leadership, unrecorded).await;
@@ -143,39 +138,36 @@ impl Queue {
                     }
                     continue;
                 }
-                index.reset();
+                after = Version::default();
             }
-            let options = QueryOptions {
-                index: index.get(),
-                wait: Some(self.wait),
-            };
-            pacer.sent();
+            let asked = after;
             let list_started = Instant::now();
+            // The backend paces listings that come back at once (Consul's blocking query).
             let listed = tokio::select! {
                 _ = shutdown.cancelled() => return LeadEnd::Shutdown,
-                _ = lease.expired() => return LeadEnd::StepDown("session not renewed within its TTL".into()),
-                listed = self.client.kv_list(&self.settings.prefix, options) => listed,
+                _ = lease.expired() => return LeadEnd::StepDown("lease not renewed within its TTL".into()),
+                listed = self.coord.list(&self.settings.prefix, asked, self.wait) => listed,
             };
-            let (entries, returned) = match listed {
+            let (entries, version) = match listed {
                 Ok(listed) => listed,
                 Err(err) => {
-                    self.metrics.consul_error(&err);
+                    self.metrics.coordinator_error(&err);
                     self.metrics.blocking_restarts.inc();
                     tracing::warn!(error = %err, "cannot list the queue; retrying");
-                    index.reset();
+                    after = Version::default();
                     if self.pause(shutdown, ERROR_BACKOFF).await {
                         return LeadEnd::Shutdown;
                     }
                     continue;
                 }
             };
-            if returned < index.get() {
+            if version < asked {
                 self.metrics.blocking_restarts.inc();
             }
-            let moved = index.update(returned) || options.index == 0;
+            after = version;
             // What listing cost, for spacing listings out: a listing that may have waited
-            // on the blocking query counts from its answer.
-            let listed_from = if options.index == 0 {
+            // for a change counts from its answer.
+            let listed_from = if asked == Version::default() {
                 list_started
             } else {
                 Instant::now()
@@ -193,30 +185,24 @@ impl Queue {
                         return end;
                     }
                     // The leader's own writes moved the queue: list again without waiting.
-                    index.reset();
+                    after = Version::default();
                 }
                 Ok(Pick::WaitUntil(at)) => {
                     self.count_dead().await;
-                    // Nothing runnable before `at`: block on the queue, but not past `at`.
+                    // Nothing runnable before `at`: wait for a change, but not past `at`.
                     let until = (at - Utc::now()).to_std().unwrap_or_default();
                     if until < self.wait {
-                        let options = QueryOptions {
-                            index: index.get(),
-                            wait: Some(until.max(Duration::from_millis(1))),
-                        };
+                        let wait = until.max(Duration::from_millis(1));
                         tokio::select! {
                             _ = shutdown.cancelled() => return LeadEnd::Shutdown,
-                            _ = lease.expired() => return LeadEnd::StepDown("session not renewed within its TTL".into()),
-                            _ = self.client.kv_list(&self.settings.prefix, options) => {}
+                            _ = lease.expired() => return LeadEnd::StepDown("lease not renewed within its TTL".into()),
+                            _ = self.coord.list(&self.settings.prefix, after, wait) => {}
                         }
-                        index.reset();
+                        after = Version::default();
                     }
                 }
-                Ok(Pick::Nothing) => {
-                    self.count_dead().await;
-                    pacer.settle(moved).await;
-                }
-                Ok(Pick::Again) => index.reset(),
+                Ok(Pick::Nothing) => self.count_dead().await,
+                Ok(Pick::Again) => after = Version::default(),
                 Err(end) => return end,
             }
         }
@@ -224,14 +210,9 @@ impl Queue {
 
     /// Refreshes the dead-letter depth; done when idle, off the dispatch path.
     async fn count_dead(&self) {
-        let options = QueryOptions::default();
-        match self
-            .client
-            .kv_list(&self.settings.dead_prefix, options)
-            .await
-        {
+        match self.coord.keys(&self.settings.dead_prefix).await {
             Ok((dead, _)) => self.metrics.dead_depth(dead.len()),
-            Err(err) => self.metrics.consul_error(&err),
+            Err(err) => self.metrics.coordinator_error(&err),
         }
     }
 
@@ -248,7 +229,7 @@ impl Queue {
     async fn pick(
         &self,
         leadership: &Leadership,
-        entries: Vec<KvPair>,
+        entries: Vec<StoredTask>,
         memory: &mut Memory,
         listed_from: Instant,
     ) -> Result<Pick, LeadEnd> {
@@ -278,7 +259,7 @@ impl Queue {
     async fn sort_out(
         &self,
         leadership: &Leadership,
-        entries: Vec<KvPair>,
+        entries: Vec<StoredTask>,
         memory: &mut Memory,
         now: DateTime<Utc>,
     ) -> Result<Sorted, LeadEnd> {
@@ -289,7 +270,7 @@ impl Queue {
             // A key that breaks the key rule could not be addressed safely (a `..` segment
             // resolves elsewhere in a URL): such a task is not run but dead-lettered.
             if let Err(invalid) = Key::within(&pair.key, &[&self.settings.prefix]) {
-                if pair.session.is_none() {
+                if pair.holder.is_none() {
                     let reason = format!("the key is not a valid task key: {invalid}");
                     self.dead_letter(leadership, &pair, &reason).await?;
                     sorted.changed = true;
@@ -300,7 +281,7 @@ impl Queue {
                 Ok(task) => task,
                 Err(invalid) => {
                     // A locked entry is someone's run in progress: left alone until it ends.
-                    if pair.session.is_none() {
+                    if pair.holder.is_none() {
                         sorted.changed = true;
                         if self
                             .dead_letter(leadership, &pair, &invalid.to_string())
@@ -333,11 +314,9 @@ impl Queue {
                     sorted.keys.insert(task.key.clone());
                     sorted.delayed.push((at, task));
                 }
-                Status::InFlight
-                    if task.session.as_deref() == Some(leadership.session.as_str()) =>
-                {
-                    // Locked by this very session, yet nothing runs here: a run cut short by a
-                    // restart that reused the session. Put it back as a failed attempt.
+                Status::InFlight if task.holder.as_ref() == Some(&leadership.lease) => {
+                    // Held by this very lease, yet nothing runs here: a run cut short by a
+                    // restart that took the lease up again. Put it back as a failed attempt.
                     self.requeue(
                         leadership,
                         &task,
@@ -377,71 +356,33 @@ impl Queue {
         chrono::Duration::from_std(longest).unwrap_or(chrono::Duration::MAX)
     }
 
-    /// The leader check every guarded transaction starts with.
-    fn guard(&self, leadership: &Leadership) -> TxnOp {
-        TxnOp::CheckSession {
-            key: self.leader_key.clone(),
-            session: leadership.session.clone(),
+    /// Writes `ops` guarded by `leadership`; an error is counted, and left to the caller.
+    async fn write(&self, leadership: &Leadership, ops: &[TaskOp]) -> Result<Written, CoordError> {
+        let written = self.coord.write(leadership, ops).await;
+        if let Err(err) = &written {
+            self.metrics.coordinator_error(err);
         }
+        written
     }
 
-    /// Runs `ops` after the leader check, in one transaction, if they fit one.
-    async fn guarded(
+    /// A guarded write whose conflicts are not this replica's problem; lost leadership or
+    /// an unavailable coordinator ends the leadership. Refused is the caller's to handle.
+    async fn write_or_step_down(
         &self,
         leadership: &Leadership,
-        ops: Vec<TxnOp>,
-    ) -> Result<Guarded, consul::Error> {
-        let mut all = vec![self.guard(leadership)];
-        all.extend(ops);
-        if !consul::fits(&all) {
-            let body = consul::body_len(all.iter().map(TxnOp::encoded_len));
-            return Ok(Guarded::TooLarge(format!(
-                "the transaction would hold {} operations in {body} bytes encoded, over the {} operations or {} bytes leaderq puts in one",
-                all.len(),
-                consul::TXN_MAX_OPS,
-                consul::TXN_MAX_BODY
-            )));
-        }
-        let outcome = match self.client.txn(&all).await {
-            Ok(outcome) => outcome,
-            Err(err) => {
-                self.metrics.consul_error(&err);
-                if err.is_too_large() {
-                    return Ok(Guarded::TooLarge(err.to_string()));
-                }
-                return Err(err);
-            }
-        };
-        match outcome {
-            TxnOutcome::Committed(entries) => Ok(Guarded::Done(entries)),
-            TxnOutcome::RolledBack(errors) if errors.iter().any(|e| e.op_index == 0) => {
-                Ok(Guarded::NotLeader)
-            }
-            TxnOutcome::RolledBack(errors) => Ok(Guarded::Conflict(errors)),
-        }
-    }
-
-    /// A guarded write whose conflicts are not this replica's problem; a lost leader check
-    /// or a Consul error ends the leadership. Too large is the caller's to handle.
-    async fn guarded_or_step_down(
-        &self,
-        leadership: &Leadership,
-        ops: Vec<TxnOp>,
+        ops: &[TaskOp],
         what: &str,
-    ) -> Result<Written, LeadEnd> {
-        match self.guarded(leadership, ops).await {
-            Ok(Guarded::Done(_)) => Ok(Written::Done),
-            Ok(Guarded::NotLeader) => Err(LeadEnd::StepDown(format!(
+    ) -> Result<Applied, LeadEnd> {
+        match self.write(leadership, ops).await {
+            Ok(Written::Done { .. }) => Ok(Applied::Done),
+            Ok(Written::NotLeader) => Err(LeadEnd::StepDown(format!(
                 "lost leadership while trying to {what}"
             ))),
-            Ok(Guarded::Conflict(errors)) => {
-                tracing::debug!(
-                    ?errors,
-                    "{what}: the task changed meanwhile; will look again"
-                );
-                Ok(Written::Conflict)
+            Ok(Written::Conflict(keys)) => {
+                tracing::debug!(?keys, "{what}: the task changed meanwhile; will look again");
+                Ok(Applied::Conflict)
             }
-            Ok(Guarded::TooLarge(why)) => Ok(Written::TooLarge(why)),
+            Err(CoordError::Refused(why)) => Ok(Applied::TooLarge(why)),
             Err(err) => Err(LeadEnd::StepDown(format!("cannot {what}: {err}"))),
         }
     }
@@ -450,49 +391,42 @@ impl Queue {
         crate::key::dead_letter_key(&self.settings.prefix, &self.settings.dead_prefix, key).into()
     }
 
-    /// Moves an entry to the dead-letter prefix with `reason`, in one guarded transaction
-    /// that deletes it only if unchanged. A dead letter that would not fit the transaction
-    /// is trimmed to fit (its largest fields dropped, the reason and original key kept).
-    /// Returns whether the entry moved.
+    /// Moves an entry to the dead-letter prefix with `reason`, in one guarded write that
+    /// deletes it only if unchanged. A dead letter the coordinator would not admit is
+    /// trimmed until it does (its largest fields dropped, the reason and original key
+    /// kept). Returns whether the entry moved.
     async fn dead_letter(
         &self,
         leadership: &Leadership,
-        pair: &KvPair,
+        pair: &StoredTask,
         reason: &str,
     ) -> Result<bool, LeadEnd> {
         let dead_key = self.dead_key(&pair.key);
         let ops = |value: Vec<u8>| {
-            vec![
-                TxnOp::DeleteCas {
-                    key: pair.key.clone(),
-                    index: pair.modify_index,
-                },
-                TxnOp::Set {
-                    key: dead_key.clone(),
-                    value,
-                },
-            ]
+            [TaskOp::Move {
+                key: pair.key.clone(),
+                version: pair.version,
+                to: dead_key.clone(),
+                value,
+            }]
         };
-        let mut shell = vec![self.guard(leadership)];
-        shell.extend(ops(Vec::new()));
-        let room = consul::value_room(&shell);
-        let (value, mut trimmed) = dead_letter_within(pair, reason, Utc::now(), room);
+        let (value, mut trimmed) = self.dead_letter_admitted(pair, reason, &ops);
         let mut written = self
-            .guarded_or_step_down(leadership, ops(value), "dead-letter a task")
+            .write_or_step_down(leadership, &ops(value), "dead-letter a task")
             .await?;
-        if let Written::TooLarge(why) = &written {
-            tracing::warn!(task_key = %pair.key, error = %why, "Consul refused the dead letter as too large; writing a minimal one");
+        if let Applied::TooLarge(why) = &written {
+            tracing::warn!(task_key = %pair.key, error = %why, "the coordinator refused the dead letter as too large; writing a minimal one");
             let (value, _) = dead_letter_within(pair, reason, Utc::now(), MINIMAL_DEAD_LETTER);
             trimmed = true;
             written = self
-                .guarded_or_step_down(leadership, ops(value), "dead-letter a task")
+                .write_or_step_down(leadership, &ops(value), "dead-letter a task")
                 .await?;
         }
         match written {
-            Written::Done => {}
-            Written::Conflict => return Ok(false),
-            Written::TooLarge(why) => {
-                tracing::error!(task_key = %pair.key, error = %why, "cannot dead-letter a task: Consul refuses even a minimal record as too large; raise its txn_max_req_len");
+            Applied::Done => {}
+            Applied::Conflict => return Ok(false),
+            Applied::TooLarge(why) => {
+                tracing::error!(task_key = %pair.key, error = %why, "cannot dead-letter a task: the coordinator refuses even a minimal record as too large; raise its limit (Consul: txn_max_req_len)");
                 return Ok(false);
             }
         }
@@ -516,6 +450,30 @@ impl Queue {
         Ok(true)
     }
 
+    /// The dead letter for `pair`, shrunk until the coordinator admits its move (`ops`
+    /// builds the write from a record), and whether it was trimmed.
+    fn dead_letter_admitted(
+        &self,
+        pair: &StoredTask,
+        reason: &str,
+        ops: &dyn Fn(Vec<u8>) -> [TaskOp; 1],
+    ) -> (Vec<u8>, bool) {
+        let now = Utc::now();
+        let limits = self.coord.limits();
+        let mut room = limits.max_bytes;
+        loop {
+            let (value, trimmed) = dead_letter_within(pair, reason, now, room);
+            let len = value.len();
+            let cost = crate::coord::batch_cost(self.coord.as_ref(), &ops(value.clone()), true);
+            if limits.admits(cost) || len == 0 || room == 0 {
+                return (value, trimmed);
+            }
+            // Over by this much in the coordinator's units: shrink at least as much.
+            let over = cost.bytes.saturating_sub(limits.max_bytes).max(1);
+            room = len.saturating_sub(over).min(room - 1);
+        }
+    }
+
     /// Puts a task whose run was cut short back in the queue as a failed attempt (or
     /// dead-letters it when its attempts are used up, or when the rewritten task would be
     /// too large to write back).
@@ -528,40 +486,35 @@ impl Queue {
         let attempts = task.run_number();
         if attempts >= self.settings.max_attempts {
             return self
-                .exhausted(leadership, task, task.modify_index, attempts, reason)
+                .exhausted(leadership, task, task.version, attempts, reason)
                 .await;
         }
         let value = task.retried(attempts, reason, Utc::now());
-        // A task still locked (by this very session) is unlocked if unchanged; an orphan,
-        // whose lock went with its session, is rewritten with check-and-set.
-        let ops = match &task.session {
-            Some(session) => vec![
-                TxnOp::CheckIndex {
-                    key: task.key.clone(),
-                    index: task.modify_index,
-                },
-                TxnOp::Unlock {
-                    key: task.key.clone(),
-                    value: value.clone(),
-                    session: session.clone(),
-                },
-            ],
-            None => vec![TxnOp::Cas {
-                key: task.key.clone(),
+        // A task still held (by this very lease) is released if unchanged; an orphan, whose
+        // claim went with its lease, is rewritten if unchanged.
+        let (key, version) = (task.key.clone(), task.version);
+        let ops = match &task.holder {
+            Some(_) => [TaskOp::Release {
+                key,
+                version,
                 value: value.clone(),
-                index: task.modify_index,
+            }],
+            None => [TaskOp::Rewrite {
+                key,
+                version,
+                value: value.clone(),
             }],
         };
         match self
-            .guarded_or_step_down(leadership, ops, "requeue a task")
+            .write_or_step_down(leadership, &ops, "requeue a task")
             .await?
         {
-            Written::Done => {
+            Applied::Done => {
                 tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt = attempts, reason, "task requeued");
             }
-            Written::Conflict => {}
-            Written::TooLarge(why) => {
-                let pair = pair_of(task, value, task.modify_index);
+            Applied::Conflict => {}
+            Applied::TooLarge(why) => {
+                let pair = pair_of(task, value, task.version);
                 let reason = format!("{reason}; cannot requeue it: {why}");
                 self.dead_letter(leadership, &pair, &reason).await?;
             }
@@ -593,9 +546,9 @@ impl Queue {
     /// list again, or claim. Retries that fall due join the pending tasks, so the earliest
     /// eligible task known is always claimed next. Tasks are claimed one at a time, or in
     /// batches of up to `claim_batch` while handlers finish fast, each batch within the
-    /// transaction limits; a task too large to claim at all is dead-lettered. Each claim's
-    /// check-index catches a task that changed since it was read, and a conflict sends the
-    /// leader back to list again. Finished tasks are deleted in the next claim's transaction.
+    /// coordinator's write limits; a task too large to claim at all is dead-lettered. Each
+    /// claim is conditioned on the version read, and a conflict sends the leader back to
+    /// list again. Finished tasks are completed in the next claim's write.
     async fn work_through(
         &self,
         leadership: &Leadership,
@@ -606,8 +559,9 @@ impl Queue {
     ) -> (Option<LeadEnd>, Vec<Finished>) {
         let mut finished: Vec<Finished> = Vec::new();
         let mut fast = false;
-        // After Consul refused a batch as too large (its limits are below leaderq's), claim
-        // one task at a time, alone in its transaction, until the next listing.
+        // After the coordinator refused a batch as too large (a Consul whose limits are
+        // below leaderq's), claim one task at a time, alone in its write, until the next
+        // listing.
         let mut single = false;
         let mut end = None;
         'listing: loop {
@@ -644,13 +598,17 @@ impl Queue {
                     candidates,
                     deletions,
                 } => (tasks, candidates, deletions),
-                Planned::TooLarge { task, body } => {
+                Planned::TooLarge { task, cost } => {
+                    let limits = self.coord.limits();
                     let reason = format!(
-                            "too large to claim: its claim transaction would be {body} bytes encoded (values travel base64-encoded), over the {} bytes leaderq puts in one transaction (Consul refuses more than 512 KiB); the task's value is {} bytes",
-                            consul::TXN_MAX_BODY,
+                            "too large to claim: its claim would be {} operations and {} bytes as the coordinator counts them, over its limits of {} and {}; the task's value is {} bytes",
+                            cost.ops,
+                            cost.bytes,
+                            limits.max_ops,
+                            limits.max_bytes,
                             task.with(&[]).len()
                         );
-                    let pair = pair_of(&task, task.with(&[]), task.modify_index);
+                    let pair = pair_of(&task, task.with(&[]), task.version);
                     match self.dead_letter(leadership, &pair, &reason).await {
                         Ok(_) => backlog.forget(&task.key),
                         Err(stop) => {
@@ -677,7 +635,8 @@ impl Queue {
                 }
                 Claim::Relist => break,
                 Claim::LockDelayed(batch, refused) => {
-                    // Another session's lock-delay holds these keys: nothing was applied.
+                    // The coordinator refuses these keys for a while (Consul: another
+                    // session's lock-delay): nothing was applied.
                     // They step aside for a while, and the tasks after them go first.
                     let (delayed, others): (Vec<_>, Vec<_>) = batch
                         .into_iter()
@@ -702,7 +661,7 @@ impl Queue {
                 }
                 Claim::TooLarge(mut batch, why) => {
                     if batch.len() > 1 || deletions > 0 || !single {
-                        tracing::warn!(error = %why, "Consul refused a claim as too large; claiming one task at a time");
+                        tracing::warn!(error = %why, "the coordinator refused a claim as too large; claiming one task at a time");
                         single = true;
                         if !finished.is_empty() {
                             finished = self
@@ -718,8 +677,8 @@ impl Queue {
                     }
                     let Some(task) = batch.pop() else { continue };
                     let reason =
-                        format!("too large to claim: Consul refused its claim transaction: {why}");
-                    let pair = pair_of(&task, task.with(&[]), task.modify_index);
+                        format!("too large to claim: the coordinator refused its claim: {why}");
+                    let pair = pair_of(&task, task.with(&[]), task.version);
                     match self.dead_letter(leadership, &pair, &reason).await {
                         Ok(_) => backlog.forget(&task.key),
                         Err(stop) => {
@@ -791,8 +750,8 @@ impl Queue {
     }
 
     /// Plans the next claim: prepares claims of up to `max_tasks` pending tasks while they
-    /// fit one transaction, with as many of the `finished` deletions as leave room; or,
-    /// when the first task cannot be claimed even alone, takes that task out of the backlog.
+    /// fit one write, with as many of the `finished` completions as leave room; or, when
+    /// the first task cannot be claimed even alone, takes that task out of the backlog.
     fn plan_batch(
         &self,
         leadership: &Leadership,
@@ -801,23 +760,24 @@ impl Queue {
         max_tasks: usize,
     ) -> Planned {
         let now = Utc::now();
-        let deletions: Vec<usize> = finished
+        let completions: Vec<WriteCost> = finished
             .iter()
-            .map(|done| done.deletion().encoded_len())
+            .map(|done| self.coord.cost(&done.completion()))
             .collect();
-        let guard = self.guard(leadership).encoded_len();
+        let guard = self.coord.guard_cost();
+        let limits = self.coord.limits();
         // Claims are prepared one at a time and only while they fit: preparing one writes
         // the task's whole value, which is worth skipping for large values.
         let mut candidates: Vec<Candidate> = Vec::new();
-        let mut claims: Vec<usize> = Vec::new();
+        let mut claims: Vec<WriteCost> = Vec::new();
         let mut plan = ClaimPlan::Take {
             finished: 0,
             tasks: 0,
         };
         for task in backlog.pending().take(max_tasks) {
             let candidate = Candidate::new(task, leadership, &self.node_id, now);
-            claims.push(candidate.encoded_len());
-            let next = plan::plan_claim(guard, &deletions, &claims, max_tasks, TxnLimits::CONSUL);
+            claims.push(self.coord.cost(&candidate.op));
+            let next = plan::plan_claim(guard, &completions, &claims, max_tasks, limits);
             match next {
                 ClaimPlan::Take { tasks, .. } if tasks == claims.len() => {
                     candidates.push(candidate);
@@ -836,10 +796,10 @@ impl Queue {
                 candidates,
                 deletions: finished,
             },
-            ClaimPlan::TooLarge { body } => match backlog.take_first() {
+            ClaimPlan::TooLarge { cost } => match backlog.take_first() {
                 Some(task) => Planned::TooLarge {
                     task: Box::new(task),
-                    body,
+                    cost,
                 },
                 None => Planned::Batch {
                     tasks: Vec::new(),
@@ -860,14 +820,10 @@ impl Queue {
         memory: &mut Memory,
     ) -> Result<Look, LeadEnd> {
         let started = Instant::now();
-        let keys = match self
-            .client
-            .kv_keys(&self.settings.prefix, QueryOptions::default())
-            .await
-        {
+        let keys = match self.coord.keys(&self.settings.prefix).await {
             Ok((keys, _)) => keys,
             Err(err) => {
-                self.metrics.consul_error(&err);
+                self.metrics.coordinator_error(&err);
                 tracing::warn!(error = %err, "cannot read the queue's keys; listing again");
                 return Ok(Look::Relist);
             }
@@ -879,23 +835,15 @@ impl Queue {
         if new.is_empty() {
             return Ok(Look::Continue);
         }
-        let mut entries = Vec::with_capacity(new.len());
-        for chunk in new.chunks(consul::TXN_MAX_OPS) {
-            let reads: Vec<TxnOp> = chunk
-                .iter()
-                .map(|key| TxnOp::Get { key: key.clone() })
-                .collect();
-            match self.client.txn(&reads).await {
-                Ok(TxnOutcome::Committed(found)) => entries.extend(found),
-                // A key went away meanwhile; the next look reads the others again.
-                Ok(TxnOutcome::RolledBack(_)) => {}
-                Err(err) => {
-                    self.metrics.consul_error(&err);
-                    tracing::warn!(error = %err, "cannot read new tasks; listing again");
-                    return Ok(Look::Relist);
-                }
+        // A key that went away meanwhile is simply not among them.
+        let entries = match self.coord.get(&new).await {
+            Ok(entries) => entries,
+            Err(err) => {
+                self.metrics.coordinator_error(&err);
+                tracing::warn!(error = %err, "cannot read new tasks; listing again");
+                return Ok(Look::Relist);
             }
-        }
+        };
         let sorted = self
             .sort_out(leadership, entries, memory, Utc::now())
             .await?;
@@ -912,14 +860,12 @@ impl Queue {
             return Some(LeadEnd::Shutdown);
         }
         if !lease.is_fresh() {
-            return Some(LeadEnd::StepDown(
-                "session not renewed within its TTL".into(),
-            ));
+            return Some(LeadEnd::StepDown("lease not renewed within its TTL".into()));
         }
         None
     }
 
-    /// Claims `batch` (with its prepared `candidates`) in one transaction that also deletes
+    /// Claims `batch` (with its prepared `candidates`) in one write that also completes
     /// the first `deletions` finished tasks.
     async fn claim_batch(
         &self,
@@ -929,56 +875,48 @@ impl Queue {
         finished: &mut Vec<Finished>,
         deletions: usize,
     ) -> Claim {
-        let mut ops = Vec::with_capacity(deletions + 2 * batch.len());
-        // Finished tasks are deleted in this claim's transaction: one commit, not two. It
-        // is applied only if the whole claim is.
-        ops.extend(finished[..deletions].iter().map(Finished::deletion));
+        let mut ops = Vec::with_capacity(deletions + batch.len());
+        // Finished tasks are completed in this claim's write: one commit, not two. It is
+        // applied only if the whole claim is.
+        ops.extend(finished[..deletions].iter().map(Finished::completion));
         let mut values = Vec::with_capacity(candidates.len());
         for candidate in candidates {
-            ops.extend(candidate.ops);
+            ops.push(candidate.op);
             values.push(candidate.value);
         }
-        let entries = match self.guarded(leadership, ops).await {
-            Ok(Guarded::Done(entries)) => entries,
+        let (versions, fencing_token) = match self.write(leadership, &ops).await {
+            Ok(Written::Done {
+                versions,
+                fencing_token,
+            }) => (versions, fencing_token),
             // Nothing was applied; the finished tasks are completed on their own later.
-            Ok(Guarded::NotLeader) => {
+            Ok(Written::NotLeader) => {
                 return Claim::End(LeadEnd::StepDown("lost leadership at claim".into()))
             }
-            Ok(Guarded::Conflict(errors)) => {
+            Ok(Written::Conflict(keys)) => {
                 self.metrics.claim_conflicts.inc();
-                // The guard is op 0, the deletions follow, then a check and a lock per task.
-                let first_claim = 1 + deletions;
-                let refused: Vec<usize> = errors
-                    .iter()
-                    .filter(|error| error.what.contains("lock delay"))
-                    .filter_map(|error| error.op_index.checked_sub(first_claim))
-                    .map(|op| op / 2)
-                    .filter(|&task| task < batch.len())
-                    .collect();
-                if !refused.is_empty() && refused.len() == errors.len() {
+                let refused = self.refused_for_a_while(&batch, &keys).await;
+                if !refused.is_empty() && refused.len() == keys.len() {
                     return Claim::LockDelayed(batch, refused);
                 }
-                tracing::debug!(?errors, "claim conflict; listing again");
+                tracing::debug!(?keys, "claim conflict; listing again");
                 return Claim::Relist;
             }
-            Ok(Guarded::TooLarge(why)) => return Claim::TooLarge(batch, why),
+            Err(CoordError::Refused(why)) => return Claim::TooLarge(batch, why),
             Err(err) => {
                 tracing::warn!(error = %err, "claim failed");
                 return Claim::Relist;
             }
         };
         for done in finished.drain(..deletions) {
-            self.log_completed(leadership, &done, &entries);
+            self.log_completed(leadership, &done, fencing_token);
         }
         let mut claimed = Vec::with_capacity(batch.len());
         for (task, value) in batch.into_iter().zip(values) {
-            // Each task's check-index result carries its old index; its lock result, which
-            // comes after, carries the claim's.
-            let claim_index = entries
+            let claim_index = versions
                 .iter()
-                .rev()
-                .find(|e| e.key == task.key)
-                .map_or(0, |e| e.modify_index);
+                .find(|(key, _)| *key == task.key)
+                .map_or(0, |(_, version)| *version);
             let attempt = task.run_number();
             self.metrics.claimed(&task.task_type);
             tracing::info!(
@@ -1000,35 +938,47 @@ impl Queue {
         Claim::Claimed(claimed)
     }
 
-    /// Unlocks claimed tasks whose handlers never started, restoring their value, so they
-    /// go back to the queue without using an attempt. Only this session's own locks are
-    /// touched, so no leader check is needed.
+    /// Of a conflicted claim's `keys`, the tasks of `batch` (indexes) that are still as
+    /// read and held by no lease: nothing moved them, the coordinator refuses them for a
+    /// while (Consul: lock-delay). Empty unless every conflicted key is such a task.
+    async fn refused_for_a_while(&self, batch: &[Task], keys: &[String]) -> Vec<usize> {
+        let tried: Vec<usize> = keys
+            .iter()
+            .filter_map(|key| batch.iter().position(|task| task.key == *key))
+            .collect();
+        if tried.len() != keys.len() {
+            return Vec::new();
+        }
+        let Ok(current) = self.coord.get(keys).await else {
+            return Vec::new();
+        };
+        let still = plan::unmoved(batch, &tried, &current);
+        if still.len() == tried.len() {
+            still
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Releases claimed tasks whose handlers never started, restoring their value, so they
+    /// go back to the queue without using an attempt. Only this lease's own claims are
+    /// touched, so no leadership guard is needed.
     async fn release_unstarted(&self, leadership: &Leadership, unstarted: Vec<(Claimed, u64)>) {
         if unstarted.is_empty() {
             return;
         }
-        let mut groups: Vec<[TxnOp; 2]> = Vec::with_capacity(unstarted.len());
-        for (claimed, claim_index) in &unstarted {
-            let task = &claimed.task;
-            groups.push([
-                TxnOp::CheckIndex {
-                    key: task.key.clone(),
-                    index: *claim_index,
-                },
-                TxnOp::Unlock {
-                    key: task.key.clone(),
-                    value: task.with(&[]),
-                    session: leadership.session.clone(),
-                },
-            ]);
-        }
-        let lens: Vec<usize> = groups
+        let ops: Vec<TaskOp> = unstarted
             .iter()
-            .map(|group| group.iter().map(TxnOp::encoded_len).sum())
+            .map(|(claimed, claim_index)| TaskOp::Release {
+                key: claimed.task.key.clone(),
+                version: *claim_index,
+                value: claimed.task.with(&[]),
+            })
             .collect();
-        for range in plan::chunks(None, &lens, 2, TxnLimits::CONSUL) {
-            let ops: Vec<TxnOp> = groups[range].iter().flatten().cloned().collect();
-            if let Err(err) = self.client.txn(&ops).await {
+        let costs: Vec<WriteCost> = ops.iter().map(|op| self.coord.cost(op)).collect();
+        for range in plan::chunks(None, &costs, self.coord.limits()) {
+            if let Err(err) = self.coord.write_own(&leadership.lease, &ops[range]).await {
+                self.metrics.coordinator_error(&err);
                 tracing::warn!(error = %err, "cannot release tasks claimed but not started; the next leader requeues them");
             }
         }
@@ -1073,7 +1023,7 @@ impl Queue {
                 _ = lease.expired(), if ending.is_none() => {
                     // Another replica may lead soon: stop the handler now.
                     cancel.cancel();
-                    ending = Some(LeadEnd::StepDown("session not renewed within its TTL".into()));
+                    ending = Some(LeadEnd::StepDown("lease not renewed within its TTL".into()));
                 }
                 _ = shutdown.cancelled(), if ending.is_none() => {
                     ending = Some(LeadEnd::Shutdown);
@@ -1134,15 +1084,12 @@ impl Queue {
         }
     }
 
-    /// `entries` are the committed transaction's results; the first is the leader key as
-    /// the commit saw it, so its LockIndex is the fencing token that was current when the
-    /// task was deleted. Logging both lets an audit prove no stale leader completed a task.
-    fn log_completed(&self, leadership: &Leadership, done: &Finished, entries: &[KvPair]) {
+    /// `fencing_token` is the leadership's token as the committed write saw it: logging it
+    /// beside the leadership's own lets an audit prove no stale leader completed a task.
+    fn log_completed(&self, leadership: &Leadership, done: &Finished, fencing_token: u64) {
         let task = &done.task;
-        let leader_lock_index = entries
-            .first()
-            .filter(|entry| entry.key == self.leader_key)
-            .map_or(0, |entry| entry.lock_index);
+        // The name the chaos audit reads (Consul's LockIndex of the leader key).
+        let leader_lock_index = fencing_token;
         self.metrics
             .completed(&task.task_type, Duration::from_millis(done.elapsed_ms));
         tracing::info!(
@@ -1159,27 +1106,26 @@ impl Queue {
 
     /// Deletes a finished task, but only the version this run claimed: a producer's newer
     /// write under the same key is released back to the queue instead.
-    /// Returns the task back when its deletion could not be recorded (Consul unreachable),
-    /// so that the caller retries it: a finished task is never mistaken for a cut-short one.
+    /// Returns the task back when its completion could not be recorded (coordinator
+    /// unavailable), so that the caller retries it: a finished task is never mistaken for a
+    /// cut-short one.
     async fn complete(&self, leadership: &Leadership, done: Finished) -> Option<Finished> {
         let task = &done.task;
-        let ops = vec![TxnOp::DeleteCas {
-            key: task.key.clone(),
-            index: done.claim_index,
-        }];
-        match self.guarded(leadership, ops).await {
-            Ok(Guarded::Done(entries)) => self.log_completed(leadership, &done, &entries),
-            Ok(Guarded::Conflict(_)) => {
+        match self.write(leadership, &[done.completion()]).await {
+            Ok(Written::Done { fencing_token, .. }) => {
+                self.log_completed(leadership, &done, fencing_token)
+            }
+            Ok(Written::Conflict(_)) => {
                 tracing::info!(task_key = %task.key, "task completed, but a producer rewrote it meanwhile; the new version stays queued");
                 self.release_current(leadership, &task.key).await;
             }
-            Ok(Guarded::NotLeader) => {
+            Ok(Written::NotLeader) => {
                 tracing::warn!(task_key = %task.key, "task completed after this replica lost leadership; the next leader will run it again");
             }
-            Ok(Guarded::TooLarge(why)) => {
-                // One deletion cannot be too large for any Consul; should one refuse it, the
-                // task stays locked by this session and the next listing runs it again.
-                tracing::error!(task_key = %task.key, error = %why, "cannot record the completed task: Consul refused its deletion as too large");
+            Err(CoordError::Refused(why)) => {
+                // One completion cannot be too large for any coordinator; should one refuse
+                // it, the task stays held by this lease and the next listing runs it again.
+                tracing::error!(task_key = %task.key, error = %why, "cannot record the completed task: the coordinator refused it as too large");
             }
             Err(err) => {
                 tracing::warn!(task_key = %task.key, error = %err, "cannot record the completed task yet; retrying");
@@ -1189,9 +1135,9 @@ impl Queue {
         None
     }
 
-    /// Deletes finished tasks, as few transactions as the limits allow; if one of them was
-    /// rewritten meanwhile, each of its transaction's tasks is completed on its own so the
-    /// rewritten one is released, not deleted. Returns those whose deletion could not be
+    /// Completes finished tasks, in as few writes as the limits allow; if one of them was
+    /// rewritten meanwhile, each of its write's tasks is completed on its own so the
+    /// rewritten one is released, not deleted. Returns those whose completion could not be
     /// recorded yet.
     async fn complete_all(
         &self,
@@ -1205,19 +1151,19 @@ impl Queue {
             }
             return left;
         }
-        let lens: Vec<usize> = finished
+        let costs: Vec<WriteCost> = finished
             .iter()
-            .map(|done| done.deletion().encoded_len())
+            .map(|done| self.coord.cost(&done.completion()))
             .collect();
-        let guard = self.guard(leadership).encoded_len();
+        let guard = self.coord.guard_cost();
         let mut finished = finished.into_iter();
-        for range in plan::chunks(Some(guard), &lens, 1, TxnLimits::CONSUL) {
+        for range in plan::chunks(Some(guard), &costs, self.coord.limits()) {
             let group: Vec<Finished> = finished.by_ref().take(range.len()).collect();
-            let ops = group.iter().map(Finished::deletion).collect();
-            match self.guarded(leadership, ops).await {
-                Ok(Guarded::Done(entries)) => {
+            let ops: Vec<TaskOp> = group.iter().map(Finished::completion).collect();
+            match self.write(leadership, &ops).await {
+                Ok(Written::Done { fencing_token, .. }) => {
                     for done in &group {
-                        self.log_completed(leadership, done, &entries);
+                        self.log_completed(leadership, done, fencing_token);
                     }
                 }
                 _ => {
@@ -1248,7 +1194,7 @@ impl Queue {
         left
     }
 
-    /// Writes `value` and unlocks the task, if it is still the version this run claimed.
+    /// Writes `value` and releases the task, if it is still the version this run claimed.
     /// A value too large to write back sends the task to dead-letter instead.
     async fn settle(
         &self,
@@ -1258,63 +1204,54 @@ impl Queue {
         value: Vec<u8>,
         what: &str,
     ) {
-        let ops = vec![
-            TxnOp::CheckIndex {
-                key: task.key.clone(),
-                index: claim_index,
-            },
-            TxnOp::Unlock {
-                key: task.key.clone(),
-                value: value.clone(),
-                session: leadership.session.clone(),
-            },
-        ];
-        match self.guarded(leadership, ops).await {
-            Ok(Guarded::Done(_)) => {}
-            Ok(Guarded::Conflict(_)) => self.release_current(leadership, &task.key).await,
-            Ok(Guarded::TooLarge(why)) => {
+        let ops = [TaskOp::Release {
+            key: task.key.clone(),
+            version: claim_index,
+            value: value.clone(),
+        }];
+        match self.write(leadership, &ops).await {
+            Ok(Written::Done { .. }) => {}
+            Ok(Written::Conflict(_)) => self.release_current(leadership, &task.key).await,
+            Err(CoordError::Refused(why)) => {
                 let pair = pair_of(task, value, claim_index);
                 let reason = format!("cannot {what}: the task is too large to write back: {why}");
                 if let Err(end) = self.dead_letter(leadership, &pair, &reason).await {
-                    tracing::warn!(task_key = %task.key, ?end, "cannot dead-letter a task too large to {what}; the task is requeued when this session ends");
+                    tracing::warn!(task_key = %task.key, ?end, "cannot dead-letter a task too large to {what}; the task is requeued when this lease ends");
                 }
             }
-            Ok(Guarded::NotLeader) => {
-                tracing::warn!(task_key = %task.key, "cannot {what}: leadership lost; the task is requeued when this session ends")
+            Ok(Written::NotLeader) => {
+                tracing::warn!(task_key = %task.key, "cannot {what}: leadership lost; the task is requeued when this lease ends")
             }
             Err(err) => {
-                tracing::warn!(task_key = %task.key, error = %err, "cannot {what}; the task is requeued when this session ends")
+                tracing::warn!(task_key = %task.key, error = %err, "cannot {what}; the task is requeued when this lease ends")
             }
         }
     }
 
-    /// Unlocks a task a producer rewrote while it ran, keeping the producer's value.
+    /// Releases a task a producer rewrote while it ran, keeping the producer's value.
     async fn release_current(&self, leadership: &Leadership, key: &str) {
+        let keys = [key.to_string()];
         for _ in 0..RELEASE_ATTEMPTS {
-            let current = match self.client.kv_get(key, QueryOptions::default()).await {
-                Ok((Some(current), _)) => current,
-                Ok((None, _)) => return,
+            let current = match self.coord.get(&keys).await {
+                Ok(found) => match found.into_iter().next() {
+                    Some(current) => current,
+                    None => return,
+                },
                 Err(err) => {
                     tracing::warn!(task_key = %key, error = %err, "cannot read a rewritten task");
                     return;
                 }
             };
-            if current.session.as_deref() != Some(leadership.session.as_str()) {
+            if current.holder.as_ref() != Some(&leadership.lease) {
                 return;
             }
-            let ops = vec![
-                TxnOp::CheckIndex {
-                    key: key.to_string(),
-                    index: current.modify_index,
-                },
-                TxnOp::Unlock {
-                    key: key.to_string(),
-                    value: current.value.clone(),
-                    session: leadership.session.clone(),
-                },
-            ];
-            match self.guarded(leadership, ops).await {
-                Ok(Guarded::Conflict(_)) => continue,
+            let ops = [TaskOp::Release {
+                key: key.to_string(),
+                version: current.version,
+                value: current.value,
+            }];
+            match self.write(leadership, &ops).await {
+                Ok(Written::Conflict(_)) => continue,
                 _ => return,
             }
         }
@@ -1346,11 +1283,11 @@ struct Finished {
 }
 
 impl Finished {
-    /// Deletes the version this run claimed, and only that one.
-    fn deletion(&self) -> TxnOp {
-        TxnOp::DeleteCas {
+    /// Completes the version this run claimed, and only that one.
+    fn completion(&self) -> TaskOp {
+        TaskOp::Complete {
             key: self.task.key.clone(),
-            index: self.claim_index,
+            version: self.claim_index,
         }
     }
 }
@@ -1364,49 +1301,36 @@ enum Planned {
         deletions: usize,
     },
     /// The first pending task, taken out of the backlog, cannot be claimed even alone: its
-    /// claim transaction would be `body` bytes.
-    TooLarge { task: Box<Task>, body: usize },
+    /// claim would cost `cost`.
+    TooLarge { task: Box<Task>, cost: WriteCost },
 }
 
-/// A task's claim, prepared: the value it writes and its two ops (the check that the task
-/// is as read, and the lock that writes the value).
+/// A task's claim, prepared: the value it writes and its op.
 struct Candidate {
     value: Vec<u8>,
-    ops: [TxnOp; 2],
+    op: TaskOp,
 }
 
 impl Candidate {
     fn new(task: &Task, leadership: &Leadership, node_id: &str, now: DateTime<Utc>) -> Candidate {
-        let value = task.claimed(&leadership.session, node_id, now);
-        let ops = [
-            TxnOp::CheckIndex {
-                key: task.key.clone(),
-                index: task.modify_index,
-            },
-            TxnOp::Lock {
-                key: task.key.clone(),
-                value: value.clone(),
-                session: leadership.session.clone(),
-            },
-        ];
-        Candidate { value, ops }
-    }
-
-    fn encoded_len(&self) -> usize {
-        self.ops.iter().map(TxnOp::encoded_len).sum()
+        let value = task.claimed(&leadership.lease.0, node_id, now);
+        let op = TaskOp::Claim {
+            key: task.key.clone(),
+            version: task.version,
+            value: value.clone(),
+        };
+        Candidate { value, op }
     }
 }
 
-/// A task as an entry again, with `value` and at `index`, to move it to dead-letter.
-fn pair_of(task: &Task, value: Vec<u8>, index: u64) -> KvPair {
-    KvPair {
+/// A task as stored again, with `value` and at `version`, to move it to dead-letter.
+fn pair_of(task: &Task, value: Vec<u8>, version: u64) -> StoredTask {
+    StoredTask {
         key: task.key.clone(),
         value,
-        flags: 0,
-        session: None,
-        lock_index: 0,
-        create_index: task.create_index,
-        modify_index: index,
+        version,
+        created: task.created,
+        holder: None,
     }
 }
 
@@ -1416,16 +1340,16 @@ struct Claimed {
     value: Vec<u8>,
 }
 
-/// The result of one claim transaction.
+/// The result of one claim write.
 enum Claim {
-    /// Claimed, in order, each with its claim's ModifyIndex.
+    /// Claimed, in order, each with its claim's version.
     Claimed(Vec<(Claimed, u64)>),
     /// The listing is stale (a claim conflict or an error): list again.
     Relist,
-    /// Consul refused the transaction as too large; nothing was applied.
+    /// The coordinator refused the write as too large; nothing was applied.
     TooLarge(Vec<Task>, String),
-    /// Only the locks of these tasks (indexes into the batch) failed, under another
-    /// session's lock-delay; nothing was applied.
+    /// Only the claims of these tasks (indexes into the batch) failed, refused for a while
+    /// (Consul: another session's lock-delay); nothing was applied.
     LockDelayed(Vec<Task>, Vec<usize>),
     End(LeadEnd),
 }

@@ -15,7 +15,7 @@ use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{json, Map, Value};
 
-use crate::consul::KvPair;
+use crate::coord::{LeaseId, StoredTask};
 
 /// The largest `attempts` read from a task: one below u32::MAX, so that the run number
 /// (`attempts + 1`) saturates at u32::MAX instead of overflowing.
@@ -46,9 +46,12 @@ pub struct Task {
     pub last_error: Option<String>,
     /// The whole JSON object, as the producer (and leaderq) wrote it.
     pub fields: Map<String, Value>,
-    pub session: Option<String>,
-    pub create_index: u64,
-    pub modify_index: u64,
+    /// The lease holding the task's claim, if one still does.
+    pub holder: Option<LeaseId>,
+    /// When the task was first written, for ordering ties.
+    pub created: u64,
+    /// The task's version as read: a write conditioned on it fails if the task moved.
+    pub version: u64,
 }
 
 /// Why an entry is not a task; the text goes into the dead letter.
@@ -77,16 +80,16 @@ pub enum Status {
     Pending,
     /// Waiting for its retry backoff to pass.
     Delayed(DateTime<Utc>),
-    /// Locked by a live session: someone runs it.
+    /// Held by a live lease: someone runs it.
     InFlight,
-    /// Marked taken by leaderq, but the session that held it is gone: its replica died.
+    /// Marked taken by leaderq, but the lease that held it is gone: its replica died.
     Orphan,
     /// Marked taken by some other program (no `takenBy`); left alone.
     Foreign,
 }
 
 impl Task {
-    pub fn parse(pair: &KvPair) -> Result<Task, Invalid> {
+    pub fn parse(pair: &StoredTask) -> Result<Task, Invalid> {
         let value: Value =
             serde_json::from_slice(&pair.value).map_err(|e| Invalid::NotJson(e.to_string()))?;
         let fields = match value {
@@ -132,9 +135,9 @@ impl Task {
             taken_by,
             last_error,
             fields,
-            session: pair.session.clone(),
-            create_index: pair.create_index,
-            modify_index: pair.modify_index,
+            holder: pair.holder.clone(),
+            created: pair.created,
+            version: pair.version,
         })
     }
 
@@ -143,14 +146,14 @@ impl Task {
         self.attempts.saturating_add(1)
     }
 
-    /// Claim order: `taskTime`, then `CreateIndex`, then key.
+    /// Claim order: `taskTime`, then creation, then key.
     pub fn order_key(&self) -> (DateTime<Utc>, u64, &str) {
-        (self.time, self.create_index, &self.key)
+        (self.time, self.created, &self.key)
     }
 
     pub fn status(&self, now: DateTime<Utc>) -> Status {
-        if self.session.is_some() {
-            // A lock held by a live session means a run is in progress, whatever the value
+        if self.holder.is_some() {
+            // A claim held by a live lease means a run is in progress, whatever the value
             // says: a producer's re-PUT keeps the lock and is handled when that run ends.
             return Status::InFlight;
         }
@@ -178,10 +181,10 @@ impl Task {
     }
 
     /// The value written when the leader claims the task.
-    pub fn claimed(&self, session: &str, node: &str, now: DateTime<Utc>) -> Vec<u8> {
+    pub fn claimed(&self, lease: &str, node: &str, now: DateTime<Utc>) -> Vec<u8> {
         self.with(&[
             ("taskTaken", Value::Bool(true)),
-            ("takenBy", json!({"session": session, "node": node})),
+            ("takenBy", json!({"session": lease, "node": node})),
             ("takenAt", Value::String(rfc3339(now))),
         ])
     }
@@ -233,7 +236,7 @@ impl Serialize for Rewritten<'_> {
 
 /// The dead letter for an entry under the queue prefix: the task itself (or its raw value
 /// when it is not a JSON object) with the reason, the time and where it came from.
-pub fn dead_letter(pair: &KvPair, reason: &str, now: DateTime<Utc>) -> Vec<u8> {
+pub fn dead_letter(pair: &StoredTask, reason: &str, now: DateTime<Utc>) -> Vec<u8> {
     encode(&dead_letter_fields(pair, reason, now))
 }
 
@@ -241,7 +244,7 @@ fn encode(fields: &Map<String, Value>) -> Vec<u8> {
     serde_json::to_vec(fields).expect("a JSON object serializes")
 }
 
-fn dead_letter_fields(pair: &KvPair, reason: &str, now: DateTime<Utc>) -> Map<String, Value> {
+fn dead_letter_fields(pair: &StoredTask, reason: &str, now: DateTime<Utc>) -> Map<String, Value> {
     let mut fields = match serde_json::from_slice::<Value>(&pair.value) {
         Ok(Value::Object(fields)) => fields,
         _ => {
@@ -264,7 +267,7 @@ fn dead_letter_fields(pair: &KvPair, reason: &str, now: DateTime<Utc>) -> Map<St
 /// largest first, and named in `deadDropped` with the original size in `originalBytes`;
 /// the reason and the original key are always kept. Also says whether it trimmed.
 pub fn dead_letter_within(
-    pair: &KvPair,
+    pair: &StoredTask,
     reason: &str,
     now: DateTime<Utc>,
     max_len: usize,
@@ -373,15 +376,13 @@ fn kind(value: &Value) -> &'static str {
 mod tests {
     use super::*;
 
-    fn pair(key: &str, value: &str, create_index: u64) -> KvPair {
-        KvPair {
+    fn pair(key: &str, value: &str, created: u64) -> StoredTask {
+        StoredTask {
             key: key.into(),
             value: value.as_bytes().to_vec(),
-            flags: 0,
-            session: None,
-            lock_index: 0,
-            create_index,
-            modify_index: create_index,
+            version: created,
+            created,
+            holder: None,
         }
     }
 
@@ -437,7 +438,7 @@ mod tests {
         ));
     }
 
-    /// Tasks order by taskTime, then CreateIndex, then key.
+    /// Tasks order by taskTime, then creation, then key.
     #[test]
     fn orders_by_time_then_create_index_then_key() {
         let mut tasks = [
@@ -462,9 +463,9 @@ mod tests {
         let claimed: Value = serde_json::from_slice(&task.claimed("s", "n", now)).unwrap();
         assert_eq!(claimed["taskTaken"], true);
         assert_eq!(claimed["takenBy"]["session"], "s");
-        task.session = Some("s".into());
+        task.holder = Some(LeaseId("s".into()));
         assert_eq!(task.status(now), Status::InFlight);
-        task.session = None;
+        task.holder = None;
         task.taken = true;
         assert_eq!(task.status(now), Status::Foreign);
         task.taken_by = Some(json!({"session": "s"}));

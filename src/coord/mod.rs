@@ -27,6 +27,7 @@ pub mod memory;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -283,6 +284,19 @@ pub fn admit(coord: &dyn Coordinator, ops: &[TaskOp], guarded: bool) -> Result<(
     Err(CoordError::Refused(format!(
         "a write of {} operations and {} bytes is over the coordinator's limits of {} and {}: write fewer or smaller tasks at once",
         cost.ops, cost.bytes, limits.max_ops, limits.max_bytes
+    )))
+}
+
+/// The coordinator the settings name, built in this one place: a new backend adds its
+/// line here. (Consul so far, from `[consul]` and `[election]`.)
+pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator>, CoordError> {
+    let client = consul::client(settings)?;
+    Ok(Arc::new(consul::ConsulCoordinator::new(
+        Arc::new(client),
+        consul::ConsulCoordSettings {
+            leader_key: settings.election.leader_key.clone(),
+            health_check: settings.election.health_check,
+        },
     )))
 }
 

@@ -1,7 +1,7 @@
 //! The leader's pure decisions on the queue; no I/O and no clock (`now` comes in):
-//! - what one claim transaction takes: tasks in claim order, up to a count and within
-//!   Consul's operation and body limits, plus deletions of finished tasks; and which task is
-//!   too large to claim at all ([`plan_claim`], [`chunks`]);
+//! - what one claim write takes: tasks in claim order, up to a count and within the
+//!   coordinator's write limits (in its own costs), plus completions of finished tasks; and
+//!   which task is too large to claim at all ([`plan_claim`], [`chunks`]);
 //! - what the leader does between batches: claim, look at the queue's keys for tasks that
 //!   arrived, or list again ([`Backlog::next`]);
 //! - how its picture of the queue (the [`Backlog`]) changes as it learns of new keys,
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::consul::{TXN_MAX_BODY, TXN_MAX_OPS};
+use crate::coord::{StoredTask, WriteCost, WriteLimits};
 use crate::task::{Status, Task};
 
 /// Least time between two looks at the queue's keys while the leader works through a
@@ -37,73 +37,52 @@ pub const LIST_COST_FACTOR: u32 = 10;
 /// More new keys than this at one look: list the queue again rather than read them.
 pub const MAX_FETCH: usize = 256;
 
-/// What one transaction may hold.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TxnLimits {
-    pub max_ops: usize,
-    pub max_body: usize,
-}
-
-impl TxnLimits {
-    /// Consul's limits, as leaderq keeps them (see `consul::txn`).
-    pub const CONSUL: TxnLimits = TxnLimits {
-        max_ops: TXN_MAX_OPS,
-        max_body: TXN_MAX_BODY,
-    };
-}
-
-/// What one claim transaction takes.
+/// What one claim write takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClaimPlan {
-    /// The first `finished` deletions and the first `tasks` claims (at least one).
+    /// The first `finished` completions and the first `tasks` claims (at least one).
     Take { finished: usize, tasks: usize },
-    /// The first candidate cannot be claimed even alone: its claim transaction would be
-    /// `body` bytes.
-    TooLarge { body: usize },
+    /// The first candidate cannot be claimed even alone: its claim write would cost `cost`.
+    TooLarge { cost: WriteCost },
 }
 
-/// Plans one claim transaction. Lengths are encoded op lengths in bytes: `guard` is the
-/// leader check every transaction starts with, `finished` one deletion (one op) per finished
-/// task, `claims` one claim (check-index and lock: two ops) per candidate in claim order, of
-/// which at most `max_tasks` are taken. Deletions ride along only as far as they leave room
-/// for the first claim; the rest wait for the next transaction.
+/// Plans one claim write, in the coordinator's own costs: `guard` is the leadership guard
+/// every write carries, `finished` one completion per finished task, `claims` one claim per
+/// candidate in claim order, of which at most `max_tasks` are taken. Completions ride along
+/// only as far as they leave room for the first claim; the rest wait for the next write.
 pub fn plan_claim(
-    guard: usize,
-    finished: &[usize],
-    claims: &[usize],
+    guard: WriteCost,
+    finished: &[WriteCost],
+    claims: &[WriteCost],
     max_tasks: usize,
-    limits: TxnLimits,
+    limits: WriteLimits,
 ) -> ClaimPlan {
-    // A body is `[`, then every op followed by `,` or `]`.
-    let (mut ops, mut body) = (1, 1 + guard + 1);
     let Some(&first) = claims.first() else {
         return ClaimPlan::Take {
             finished: 0,
             tasks: 0,
         };
     };
-    let first_body = first + 2;
-    if body + first_body > limits.max_body || ops + 2 > limits.max_ops {
+    if !limits.admits(guard + first) {
         return ClaimPlan::TooLarge {
-            body: body + first_body,
+            cost: guard + first,
         };
     }
+    let mut total = guard;
     let mut taken_finished = 0;
-    for &deletion in finished {
-        if ops + 1 + 2 > limits.max_ops || body + deletion + 1 + first_body > limits.max_body {
+    for &completion in finished {
+        if !limits.admits(total + completion + first) {
             break;
         }
-        ops += 1;
-        body += deletion + 1;
+        total = total + completion;
         taken_finished += 1;
     }
     let mut tasks = 0;
     for &claim in claims.iter().take(max_tasks.max(1)) {
-        if ops + 2 > limits.max_ops || body + claim + 2 > limits.max_body {
+        if !limits.admits(total + claim) {
             break;
         }
-        ops += 2;
-        body += claim + 2;
+        total = total + claim;
         tasks += 1;
     }
     ClaimPlan::Take {
@@ -112,43 +91,55 @@ pub fn plan_claim(
     }
 }
 
-/// Splits groups of ops (each `group_ops` ops, `lens[i]` bytes together) into transactions
-/// within `limits`, each starting with a `guard` op when one is given. A group too large
-/// for any transaction still gets one of its own (Consul then refuses it; the caller says so).
+/// Splits ops (`costs[i]` each) into writes within `limits`, each carrying the `guard`
+/// when one is given. An op too large for any write still gets one of its own (the
+/// coordinator then refuses it; the caller says so).
 pub fn chunks(
-    guard: Option<usize>,
-    lens: &[usize],
-    group_ops: usize,
-    limits: TxnLimits,
+    guard: Option<WriteCost>,
+    costs: &[WriteCost],
+    limits: WriteLimits,
 ) -> Vec<Range<usize>> {
-    let (base_ops, base_body) = match guard {
-        Some(len) => (1, 1 + len + 1),
-        None => (0, 1),
-    };
+    let base = guard.unwrap_or_default();
     let mut out = Vec::new();
     let mut start = 0;
-    let (mut ops, mut body) = (base_ops, base_body);
-    for (i, &len) in lens.iter().enumerate() {
-        let fits = ops + group_ops <= limits.max_ops && body + len + group_ops <= limits.max_body;
-        if !fits && i > start {
+    let mut total = base;
+    for (i, &cost) in costs.iter().enumerate() {
+        if !limits.admits(total + cost) && i > start {
             out.push(start..i);
             start = i;
-            (ops, body) = (base_ops, base_body);
+            total = base;
         }
-        ops += group_ops;
-        body += len + group_ops;
+        total = total + cost;
     }
-    if start < lens.len() {
-        out.push(start..lens.len());
+    if start < costs.len() {
+        out.push(start..costs.len());
     }
     out
+}
+
+/// Of a conflicted claim's tasks (`tried`, indexes into `batch`), those that `current`
+/// shows still at the version read and held by no lease: nothing moved them, so the
+/// coordinator refuses them for a while (Consul: another session's lock-delay) and they
+/// step aside rather than send the leader back to list.
+pub fn unmoved(batch: &[Task], tried: &[usize], current: &[StoredTask]) -> Vec<usize> {
+    tried
+        .iter()
+        .copied()
+        .filter(|&i| {
+            batch.get(i).is_some_and(|task| {
+                current.iter().any(|now| {
+                    now.key == task.key && now.version == task.version && now.holder.is_none()
+                })
+            })
+        })
+        .collect()
 }
 
 /// The status the leader acts on. A `notBefore` further ahead than `horizon` (the longest
 /// backoff leaderq writes, plus slack for clocks) was not written by a leader with a sane
 /// clock under these settings, or was crafted: it is ignored and the task is due now, so
 /// that a clock that jumped ahead cannot park tasks for years. A pending task whose key is
-/// `deferred` (under another session's lock-delay) until a later time waits until then.
+/// `deferred` (under another lease's lock-delay) until a later time waits until then.
 pub fn eligibility(
     task: &Task,
     now: DateTime<Utc>,
@@ -202,7 +193,7 @@ pub enum Looked {
 pub struct Backlog {
     pending: VecDeque<Task>,
     /// Tasks not eligible before a time: a retry's notBefore, or a key under another
-    /// session's lock-delay.
+    /// lease's lock-delay.
     delayed: Vec<(DateTime<Utc>, Task)>,
     known: HashSet<String>,
     listed_at: DateTime<Utc>,
@@ -333,8 +324,8 @@ impl Backlog {
         self.delayed.retain(|(_, task)| task.key != key);
     }
 
-    /// Puts tasks taken but refused by Consul for a while (their keys are under another
-    /// session's lock-delay) aside until `until`, so that the tasks after them go first.
+    /// Puts tasks taken but refused by the coordinator for a while (their keys are under another
+    /// lease's lock-delay) aside until `until`, so that the tasks after them go first.
     pub fn defer(&mut self, tasks: Vec<Task>, until: DateTime<Utc>) {
         self.claimed = self.claimed.saturating_sub(tasks.len());
         self.delayed
@@ -358,12 +349,24 @@ impl Backlog {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::consul::KvPair;
+    use crate::coord::LeaseId;
 
-    const LIMITS: TxnLimits = TxnLimits {
+    const LIMITS: WriteLimits = WriteLimits {
         max_ops: 64,
-        max_body: 1000,
+        max_bytes: 1000,
     };
+    /// A guard as Consul's costs it: one op.
+    const GUARD: WriteCost = WriteCost { ops: 1, bytes: 20 };
+
+    /// A claim (Consul: check-index and lock, two ops) of `bytes`.
+    fn claims(bytes: usize, n: usize) -> Vec<WriteCost> {
+        vec![WriteCost { ops: 2, bytes }; n]
+    }
+
+    /// A completion (one op) of `bytes`.
+    fn completions(bytes: usize, n: usize) -> Vec<WriteCost> {
+        vec![WriteCost { ops: 1, bytes }; n]
+    }
 
     fn at(ms: i64) -> DateTime<Utc> {
         DateTime::from_timestamp_millis(1_700_000_000_000 + ms).unwrap()
@@ -374,14 +377,12 @@ mod tests {
         if let Some(nb) = not_before {
             value["notBefore"] = crate::task::rfc3339(nb).into();
         }
-        Task::parse(&KvPair {
+        Task::parse(&StoredTask {
             key: key.into(),
             value: value.to_string().into_bytes(),
-            flags: 0,
-            session: None,
-            lock_index: 0,
-            create_index: 1,
-            modify_index: 1,
+            version: 1,
+            created: 1,
+            holder: None,
         })
         .unwrap()
     }
@@ -398,13 +399,13 @@ mod tests {
     /// comes first.
     #[test]
     fn a_claim_stops_at_the_count_the_operations_or_the_bytes() {
-        let small = [10; 40];
-        let newer_consul = TxnLimits {
+        let small = claims(10, 40);
+        let roomy = WriteLimits {
             max_ops: 128,
-            max_body: 100_000,
+            max_bytes: 100_000,
         };
         assert_eq!(
-            plan_claim(20, &[], &small, 32, newer_consul),
+            plan_claim(GUARD, &[], &small, 32, roomy),
             ClaimPlan::Take {
                 finished: 0,
                 tasks: 32
@@ -412,35 +413,34 @@ mod tests {
         );
         // 64 ops: the guard and 31 claims of 2 ops.
         assert_eq!(
-            plan_claim(20, &[], &small, 32, LIMITS),
+            plan_claim(GUARD, &[], &small, 32, LIMITS),
             ClaimPlan::Take {
                 finished: 0,
                 tasks: 31
             }
         );
-        // 1 guard + 32 deletions leave 31 ops: 15 claims of 2 ops.
-        let big_limits = TxnLimits {
+        // 1 guard + 32 completions leave 31 ops: 15 claims of 2 ops.
+        let many_bytes = WriteLimits {
             max_ops: 64,
-            max_body: 100_000,
+            max_bytes: 100_000,
         };
         assert_eq!(
-            plan_claim(20, &[5; 32], &small, 32, big_limits),
+            plan_claim(GUARD, &completions(5, 32), &small, 32, many_bytes),
             ClaimPlan::Take {
                 finished: 32,
                 tasks: 15
             }
         );
-        // Body: 1 + 20 + 1 = 22, then 100 + 2 per claim: 9 claims make 940.
+        // Bytes: 20, then 100 per claim: 9 claims make 920.
         assert_eq!(
-            plan_claim(20, &[], &[100; 20], 32, LIMITS),
+            plan_claim(GUARD, &[], &claims(100, 20), 32, LIMITS),
             ClaimPlan::Take {
                 finished: 0,
                 tasks: 9
             }
         );
-        // Older Consul (64 ops) or a count of 1 both hold.
         assert_eq!(
-            plan_claim(20, &[], &small, 1, LIMITS),
+            plan_claim(GUARD, &[], &small, 1, LIMITS),
             ClaimPlan::Take {
                 finished: 0,
                 tasks: 1
@@ -448,49 +448,60 @@ mod tests {
         );
     }
 
-    /// A task whose claim cannot fit even alone is reported with its size; deletions of
+    /// A task whose claim cannot fit even alone is reported with its cost; completions of
     /// finished tasks never crowd out the first claim.
     #[test]
-    fn a_task_too_large_for_any_claim_is_reported_and_deletions_yield() {
+    fn a_task_too_large_for_any_claim_is_reported_and_completions_yield() {
         assert_eq!(
-            plan_claim(20, &[], &[977], 32, LIMITS),
-            ClaimPlan::TooLarge { body: 1001 }
+            plan_claim(GUARD, &[], &claims(981, 1), 32, LIMITS),
+            ClaimPlan::TooLarge {
+                cost: WriteCost {
+                    ops: 3,
+                    bytes: 1001
+                }
+            }
         );
+        let mut two = claims(980, 1);
+        two.extend(claims(1, 1));
         assert_eq!(
-            plan_claim(20, &[], &[976, 1], 32, LIMITS),
+            plan_claim(GUARD, &[], &two, 32, LIMITS),
             ClaimPlan::Take {
                 finished: 0,
                 tasks: 1
             }
         );
-        // 22 + 101 + 802 fits, a second deletion would leave no room for the first claim.
+        // 20 + 100 + 800 fits, a second completion would leave no room for the first claim.
+        let mut mixed = claims(800, 1);
+        mixed.extend(claims(10, 1));
         assert_eq!(
-            plan_claim(20, &[100; 5], &[800, 10], 32, LIMITS),
+            plan_claim(GUARD, &completions(100, 5), &mixed, 32, LIMITS),
             ClaimPlan::Take {
                 finished: 1,
                 tasks: 2
             }
         );
+        let mut mixed = claims(800, 1);
+        mixed.extend(claims(100, 1));
         assert_eq!(
-            plan_claim(20, &[100; 5], &[800, 100], 32, LIMITS),
+            plan_claim(GUARD, &completions(100, 5), &mixed, 32, LIMITS),
             ClaimPlan::Take {
                 finished: 1,
                 tasks: 1
             }
         );
-        let few_ops = TxnLimits {
+        let few_ops = WriteLimits {
             max_ops: 5,
-            max_body: 100_000,
+            max_bytes: 100_000,
         };
         assert_eq!(
-            plan_claim(20, &[1; 10], &[1; 10], 32, few_ops),
+            plan_claim(GUARD, &completions(1, 10), &claims(1, 10), 32, few_ops),
             ClaimPlan::Take {
                 finished: 2,
                 tasks: 1
             }
         );
         assert_eq!(
-            plan_claim(20, &[], &[], 32, LIMITS),
+            plan_claim(GUARD, &[], &[], 32, LIMITS),
             ClaimPlan::Take {
                 finished: 0,
                 tasks: 0
@@ -498,18 +509,53 @@ mod tests {
         );
     }
 
-    /// Groups split into transactions within both limits; a group too large alone gets its
-    /// own transaction.
+    /// Ops split into writes within both limits; an op too large alone gets its own write.
     #[test]
-    fn groups_split_into_transactions_within_the_limits() {
-        assert_eq!(chunks(None, &[100; 25], 2, LIMITS), [0..9, 9..18, 18..25]);
-        let few_ops = TxnLimits {
+    fn ops_split_into_writes_within_the_limits() {
+        assert_eq!(
+            chunks(None, &claims(100, 25), LIMITS),
+            [0..10, 10..20, 20..25]
+        );
+        let few_ops = WriteLimits {
             max_ops: 5,
-            max_body: 100_000,
+            max_bytes: 100_000,
         };
-        assert_eq!(chunks(Some(10), &[1; 9], 1, few_ops), [0..4, 4..8, 8..9]);
-        assert_eq!(chunks(None, &[10, 5000, 10], 2, LIMITS), [0..1, 1..2, 2..3]);
-        assert!(chunks(None, &[], 2, LIMITS).is_empty());
+        let guard = WriteCost { ops: 1, bytes: 10 };
+        assert_eq!(
+            chunks(Some(guard), &completions(1, 9), few_ops),
+            [0..4, 4..8, 8..9]
+        );
+        let mut uneven = claims(10, 1);
+        uneven.extend(claims(5000, 1));
+        uneven.extend(claims(10, 1));
+        assert_eq!(chunks(None, &uneven, LIMITS), [0..1, 1..2, 2..3]);
+        assert!(chunks(None, &[], LIMITS).is_empty());
+    }
+
+    /// A conflicted claim's task still as read and free was refused for a while; one that
+    /// moved, went or is held was not.
+    #[test]
+    fn only_tasks_nothing_moved_are_refused_for_a_while() {
+        let batch = vec![
+            task("q/a", 1, None),
+            task("q/b", 2, None),
+            task("q/c", 3, None),
+        ];
+        let stored = |key: &str, version: u64, holder: Option<&str>| StoredTask {
+            key: key.into(),
+            value: Vec::new(),
+            version,
+            created: 1,
+            holder: holder.map(|h| LeaseId(h.into())),
+        };
+        let current = vec![
+            stored("q/a", 1, None),
+            stored("q/b", 7, None),
+            stored("q/c", 1, Some("other")),
+        ];
+        assert_eq!(unmoved(&batch, &[0, 1, 2], &current), [0]);
+        assert_eq!(unmoved(&batch, &[1], &current), Vec::<usize>::new());
+        assert_eq!(unmoved(&batch, &[0], &[]), Vec::<usize>::new());
     }
 
     /// Right after a listing the leader claims; once LOOK_INTERVAL has passed it looks at

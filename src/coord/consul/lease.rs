@@ -23,7 +23,7 @@ const CHECK_NOTES: &str =
     "passed by a leaderq replica while its loop is alive; its session dies with it";
 
 /// The id (and name suffix) of a node's check and session: `leaderq:<node-id>`.
-fn check_id(node_id: &str) -> String {
+pub fn check_id(node_id: &str) -> String {
     format!("leaderq:{node_id}")
 }
 

@@ -20,6 +20,9 @@ mod leftovers;
 mod queue;
 mod txn;
 
+pub use lease::check_id;
+pub use queue::stored_task;
+
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -62,6 +65,16 @@ struct Tied {
     /// The holder record each lease wrote when it won, written back when it releases the
     /// key, so that the last holder's record stays for standbys.
     records: HashMap<LeaseId, Vec<u8>>,
+}
+
+/// A Consul client from the `[consul]` settings.
+pub fn client(settings: &crate::config::Settings) -> Result<Client, consul::Error> {
+    Client::new(&consul::ClientConfig {
+        addresses: settings.consul.addresses.clone(),
+        token: settings.consul.token.clone(),
+        ca_file: settings.consul.ca_file.clone(),
+        request_timeout: settings.consul.request_timeout,
+    })
 }
 
 impl ConsulCoordinator {

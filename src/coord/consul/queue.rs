@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::consul::{KvPair, QueryOptions};
+use crate::consul::{self, KvPair, QueryOptions, TxnOp, TxnOutcome};
 use crate::coord::{CoordError, Leadership, LeaseId, StoredTask, TaskOp, Version, Written};
 
 use super::leadership::{next_version, settle};
@@ -54,13 +54,26 @@ impl ConsulCoordinator {
         Ok((keys, next_version(Version(0), index)))
     }
 
-    /// `get`: one GET per key. (A read-only transaction of `get` ops would do it in one
-    /// request; the client learns the `get` verb on branch i10-queue.)
+    /// `get`: read-only transactions of `get` ops, as many keys as one holds; a chunk that
+    /// rolls back (a key went away meanwhile) is read again one GET per key.
     pub(super) async fn get_tasks(&self, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {
         let mut tasks = Vec::with_capacity(keys.len());
-        for key in keys {
-            if let (Some(pair), _) = self.client.kv_get(key, QueryOptions::default()).await? {
-                tasks.push(stored_task(pair));
+        for chunk in keys.chunks(consul::TXN_MAX_OPS) {
+            let reads: Vec<TxnOp> = chunk
+                .iter()
+                .map(|key| TxnOp::Get { key: key.clone() })
+                .collect();
+            match self.client.txn(&reads).await? {
+                TxnOutcome::Committed(found) => tasks.extend(found.into_iter().map(stored_task)),
+                TxnOutcome::RolledBack(_) => {
+                    for key in chunk {
+                        if let (Some(pair), _) =
+                            self.client.kv_get(key, QueryOptions::default()).await?
+                        {
+                            tasks.push(stored_task(pair));
+                        }
+                    }
+                }
             }
         }
         Ok(tasks)

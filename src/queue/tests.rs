@@ -1,0 +1,168 @@
+//! The leader's loop driven against the in-memory coordinator with tokio's paused clock:
+//! its decisions (claim order, relisting after a conflict, stepping down when leadership
+//! is gone) tested without processes, HTTP or sleeps.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::{LeadEnd, Queue};
+use crate::coord::memory::MemoryCoordinator;
+use crate::coord::{Campaign, Coordinator, HolderRecord, LeaseSpec};
+use crate::handler::{Handler, HandlerFuture, Registry, TaskContext};
+use crate::leader::{Election, Lease};
+use crate::observe::Metrics;
+
+const TTL: Duration = Duration::from_secs(10);
+
+/// Records the task ids it runs; running `rewrite_on` rewrites another task meanwhile, as
+/// a producer would.
+struct Recorder {
+    ran: Arc<Mutex<Vec<String>>>,
+    coord: Arc<MemoryCoordinator>,
+    rewrite_on: &'static str,
+    rewrite: (String, Vec<u8>),
+}
+
+impl Handler for Recorder {
+    fn handle<'a>(&'a self, ctx: &'a TaskContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            if ctx.task_id == self.rewrite_on {
+                let (key, value) = &self.rewrite;
+                self.coord
+                    .put(key, value)
+                    .expect("the coordinator is available");
+            }
+            self.ran.lock().unwrap().push(ctx.task_id.clone());
+            Ok(())
+        })
+    }
+}
+
+fn task(id: &str, time: u64) -> Vec<u8> {
+    json!({"taskId": id, "taskTime": time, "taskType": "Work"})
+        .to_string()
+        .into_bytes()
+}
+
+/// Waits, on the paused clock, until `done` holds; fails after a bounded while.
+async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if done() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what}: not reached");
+}
+
+/// A leader claims in taskTime order (not key order); a task a producer rewrote after it
+/// was listed makes its claim conflict, and the leader lists again and runs the new
+/// version once; when leadership is gone, the next claim answers NotLeader and the leader
+/// steps down without running the task.
+#[tokio::test(start_paused = true)]
+async fn lead_claims_in_order_relists_on_conflict_and_steps_down_when_not_leader() {
+    let memory = Arc::new(MemoryCoordinator::default());
+    let coord: Arc<dyn Coordinator> = memory.clone();
+    let settings = crate::config::Settings::load(None, crate::config::Env::new())
+        .expect("the default settings load");
+    let prefix = settings.queue.prefix.clone();
+    let key = |name: &str| format!("{prefix}{name}");
+
+    let spec = LeaseSpec {
+        node_id: "n1".into(),
+        ttl: TTL,
+        lock_delay: Duration::ZERO,
+        previous: None,
+    };
+    let grant = coord.open_lease(&spec).await.unwrap();
+    let lease = Arc::new(Lease::new(TTL));
+    lease.adopt(&grant.lease, tokio::time::Instant::now());
+    let record = HolderRecord {
+        node: "n1".into(),
+        ..HolderRecord::default()
+    };
+    let Campaign::Won(leadership) = coord.campaign(&grant.lease, &record).await.unwrap() else {
+        panic!("a lone lease did not win");
+    };
+
+    // Key order is the reverse of taskTime order.
+    memory.put(&key("t1"), &task("third", 3)).unwrap();
+    memory.put(&key("t2"), &task("second", 2)).unwrap();
+    memory.put(&key("t3"), &task("first", 1)).unwrap();
+
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let mut registry = Registry::default();
+    registry.register(
+        "Work",
+        Recorder {
+            ran: ran.clone(),
+            coord: memory.clone(),
+            rewrite_on: "first",
+            rewrite: (key("t1"), task("third-rewritten", 3)),
+        },
+    );
+    let metrics = Arc::new(Metrics::new(["Work"]));
+    let queue = Queue {
+        coord: coord.clone(),
+        settings: settings.queue.clone(),
+        registry,
+        node_id: "n1".into(),
+        wait: Duration::from_secs(1),
+        metrics: metrics.clone(),
+    };
+    let stop = CancellationToken::new();
+    let renewer = tokio::spawn(Election::renew_until(
+        coord.clone(),
+        lease.clone(),
+        TTL,
+        metrics.clone(),
+        stop.clone(),
+    ));
+    let shutdown = CancellationToken::new();
+    let leading = {
+        let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
+        tokio::spawn(async move { queue.lead(&leadership, &lease, &shutdown).await })
+    };
+
+    until("the three tasks ran", || ran.lock().unwrap().len() == 3).await;
+    assert_eq!(
+        *ran.lock().unwrap(),
+        ["first", "second", "third-rewritten"],
+        "claimed in taskTime order, the rewritten task in its new version"
+    );
+    assert_eq!(
+        metrics.claim_conflicts.get(),
+        1,
+        "the stale claim conflicted"
+    );
+    for _ in 0..1000 {
+        if coord.keys(&prefix).await.unwrap().0.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(coord.keys(&prefix).await.unwrap().0, Vec::<String>::new());
+
+    // Leadership is given up behind the leader's back: its next claim is not applied.
+    coord.resign(&leadership.lease).await.unwrap();
+    memory.put(&key("t4"), &task("late", 4)).unwrap();
+    let end = tokio::time::timeout(Duration::from_secs(30), leading)
+        .await
+        .expect("the leader stepped down in time")
+        .unwrap();
+    assert!(
+        matches!(&end, LeadEnd::StepDown(reason) if reason.contains("lost leadership")),
+        "{end:?}"
+    );
+    assert_eq!(
+        ran.lock().unwrap().len(),
+        3,
+        "no run after leadership was lost"
+    );
+    assert_eq!(coord.keys(&prefix).await.unwrap().0, [key("t4")]);
+    stop.cancel();
+    renewer.await.unwrap();
+}
