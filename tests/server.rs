@@ -4,6 +4,8 @@
 mod common;
 #[path = "server/edges.rs"]
 mod edges;
+#[path = "server/watch.rs"]
+mod watch;
 
 use std::time::{Duration, Instant};
 

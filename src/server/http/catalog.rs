@@ -5,7 +5,7 @@ use super::*;
 pub(super) async fn catalog_nodes(req: Req<'_>) -> Reply {
     let blocking = req.blocking()?;
     let pretty = req.query.has("pretty");
-    let (index, body) = watch::query(&req.shared.core, blocking, |state: &State| {
+    let (index, body) = watch::query(&req.shared.core, blocking, |state: &watch::View| {
         let nodes: Vec<Value> = state
             .node()
             .map(|node| {

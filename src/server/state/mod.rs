@@ -7,7 +7,9 @@
 //! `take_changes()` reports, and `http.rs` turns outcomes into Consul's answers. The rules
 //! follow `shared/consul-semantics.md` (newest Consul behaviour where versions differ).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::BTreeSet;
+
+use imbl::{HashMap, OrdMap, Vector};
 use std::time::{Duration, Instant};
 
 use super::duration;
@@ -355,8 +357,9 @@ pub enum ApplyError {
 }
 
 /// What changed since the last `take_changes`, by identity; `store.rs` writes the current
-/// value of each (or deletes it when it is gone).
-#[derive(Debug, Default)]
+/// value of each (or deletes it when it is gone), and `watch.rs` wakes the blocked queries
+/// that read one of them.
+#[derive(Clone, Debug, Default)]
 pub struct Changes {
     pub kv: BTreeSet<String>,
     pub tombstones: BTreeSet<String>,
@@ -390,24 +393,29 @@ pub struct Snapshot {
 }
 
 /// A record of what a txn overwrote, replayed backwards when the txn fails.
+#[derive(Clone)]
 enum Undo {
     Kv(String, Option<Entry>),
     Tombstone(String, Option<u64>),
 }
 
+/// The whole state. The writer clones it once per commit to publish an immutable snapshot
+/// for readers, so every collection that grows with the data is an `imbl` persistent one: a
+/// clone shares its nodes, and a write afterwards copies only the path it changes.
+#[derive(Clone)]
 pub struct State {
     config: Config,
     index: u64,
     tables: TableIndexes,
-    kv: BTreeMap<String, Entry>,
+    kv: OrdMap<String, Entry>,
     /// key -> index of the delete that removed it.
-    tombstones: BTreeMap<String, u64>,
+    tombstones: OrdMap<String, u64>,
     /// Reap order: tombstones are created with a monotonic `now`, so the front is oldest.
-    tombstone_reaps: VecDeque<(Instant, String, u64)>,
-    sessions: BTreeMap<String, Session>,
+    tombstone_reaps: Vector<(Instant, String, u64)>,
+    sessions: OrdMap<String, Session>,
     /// session id -> keys it holds, so invalidation does not scan the whole KV.
     held: HashMap<String, BTreeSet<String>>,
-    checks: BTreeMap<String, Check>,
+    checks: OrdMap<String, Check>,
     node: Option<Node>,
     /// In memory only, like Consul's: lost on restart.
     lock_delays: HashMap<String, Instant>,
@@ -432,12 +440,12 @@ impl State {
             config,
             index: snapshot.index,
             tables: snapshot.tables,
-            kv: BTreeMap::new(),
-            tombstones: BTreeMap::new(),
-            tombstone_reaps: VecDeque::new(),
-            sessions: BTreeMap::new(),
+            kv: OrdMap::new(),
+            tombstones: OrdMap::new(),
+            tombstone_reaps: Vector::new(),
+            sessions: OrdMap::new(),
             held: HashMap::new(),
-            checks: BTreeMap::new(),
+            checks: OrdMap::new(),
             node: snapshot.node,
             lock_delays: HashMap::new(),
             session_deadlines: HashMap::new(),
@@ -500,7 +508,7 @@ impl State {
     /// Entries whose key starts with `prefix` (a byte prefix), in key order.
     pub fn kv_list<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = (&'a String, &'a Entry)> {
         self.kv
-            .range::<str, _>((
+            .range::<_, str>((
                 std::ops::Bound::Included(prefix),
                 std::ops::Bound::Unbounded,
             ))
@@ -537,7 +545,7 @@ impl State {
             .unwrap_or(0);
         let tombstones = self
             .tombstones
-            .range::<str, _>((
+            .range::<_, str>((
                 std::ops::Bound::Included(prefix),
                 std::ops::Bound::Unbounded,
             ))
