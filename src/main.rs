@@ -112,8 +112,15 @@ struct BenchArgs {
     #[arg(long, default_value_t = 100_000)]
     memory_keys: usize,
     /// Run one section only.
-    #[arg(long, value_parser = ["server", "consumer", "failover"])]
+    #[arg(long, value_parser = ["server", "contention", "consumer", "failover"])]
     only: Option<String>,
+    /// Blocked queries (one per key) parked while their keys are written.
+    #[arg(long, default_value_t = 10_000)]
+    watchers: usize,
+    /// Another leaderq binary (an older build) whose server also runs the contention
+    /// measurements (reads under writes, wakes among many watchers), printed beside these.
+    #[arg(long)]
+    baseline_exe: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -340,6 +347,8 @@ fn main() -> ExitCode {
                     seconds: args.seconds,
                     memory_keys: args.memory_keys,
                     only: args.only,
+                    watchers: args.watchers,
+                    baseline_exe: args.baseline_exe,
                     ..Default::default()
                 };
                 leaderq::bench::run(options, args.json).await

@@ -76,7 +76,7 @@ pub async fn query<T>(
     let deadline = blocking.map(|b| b.deadline());
     loop {
         let snapshot = core.state.load_published();
-        let view = View::new(&snapshot.state);
+        let view = View::new(&snapshot.state, blocking.is_some());
         let (index, result) = read(&view);
         let (Some(blocking), Some(deadline)) = (blocking, deadline) else {
             return (index, result);
@@ -299,13 +299,16 @@ where
 /// (through `Deref`) marks the read as touching everything.
 pub struct View<'a> {
     state: &'a State,
+    /// Off for a read that will not block, which has no use for its watch set.
+    recording: bool,
     reads: RefCell<WatchSet>,
 }
 
 impl<'a> View<'a> {
-    pub fn new(state: &'a State) -> View<'a> {
+    pub fn new(state: &'a State, recording: bool) -> View<'a> {
         View {
             state,
+            recording,
             reads: RefCell::new(WatchSet::default()),
         }
     }
@@ -315,7 +318,9 @@ impl<'a> View<'a> {
     }
 
     fn record(&self, add: impl FnOnce(&mut WatchSet)) {
-        add(&mut self.reads.borrow_mut());
+        if self.recording {
+            add(&mut self.reads.borrow_mut());
+        }
     }
 
     /// The global index moves with every write, so a read of it watches everything.

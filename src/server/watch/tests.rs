@@ -200,7 +200,7 @@ fn written(state: &State, key: &str, value: &str) -> (State, Changes) {
 #[test]
 fn a_view_records_what_a_read_touched() {
     let (state, _) = written(&State::new(Config::default()), "p/1", "x");
-    let view = View::new(&state);
+    let view = View::new(&state, true);
     assert!(view.kv_get("missing").is_none());
     assert_eq!(view.kv_list("p/").count(), 1);
     assert!(view.kv_prefix_index("q/") > 0);
@@ -212,10 +212,10 @@ fn a_view_records_what_a_read_touched() {
     expected.table(Table::Sessions);
     assert_eq!(view.into_watch_set(), expected);
 
-    let view = View::new(&state);
+    let view = View::new(&state, true);
     assert!(view.index() > 0);
     assert!(view.into_watch_set().everything);
-    let view = View::new(&state);
+    let view = View::new(&state, true);
     assert!(view.lock_delay_until("p/1", Instant::now()).is_none());
     assert!(view.into_watch_set().everything);
 }
