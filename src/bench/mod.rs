@@ -169,9 +169,9 @@ impl Report {
     }
 
     fn print(&self) {
-        println!("{:<52} {:>16}  target", "measurement", "result");
+        println!("{:<64} {:>16}  target", "measurement", "result");
         for (name, result, target) in &self.rows {
-            println!("{name:<52} {result:>16}  {target}");
+            println!("{name:<64} {result:>16}  {target}");
         }
     }
 }
@@ -385,6 +385,13 @@ async fn contention_section(options: &Options, report: &mut Report) -> anyhow::R
             ),
             format!("{:.2}/{:.2}", run.read.p50, run.read.p99),
             "p99 < 1",
+        );
+    }
+    for (label, run) in &runs {
+        report.row(
+            format!("server: the {CONTENTION_WRITERS} clients' PUTs/s meanwhile{label}"),
+            format!("{:.0}", run.puts_meanwhile),
+            "",
         );
     }
     for (label, run) in &runs {

@@ -8,6 +8,7 @@
 //! follow `shared/consul-semantics.md` (newest Consul behaviour where versions differ).
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use imbl::{HashMap, OrdMap, Vector};
 use std::time::{Duration, Instant};
@@ -395,7 +396,7 @@ pub struct Snapshot {
 /// A record of what a txn overwrote, replayed backwards when the txn fails.
 #[derive(Clone)]
 enum Undo {
-    Kv(String, Option<Entry>),
+    Kv(String, Option<Arc<Entry>>),
     Tombstone(String, Option<u64>),
 }
 
@@ -407,7 +408,8 @@ pub struct State {
     config: Config,
     index: u64,
     tables: TableIndexes,
-    kv: OrdMap<String, Entry>,
+    /// Entries behind `Arc`s, so that copying a tree node on write copies pointers, not values.
+    kv: OrdMap<String, Arc<Entry>>,
     /// key -> index of the delete that removed it.
     tombstones: OrdMap<String, u64>,
     /// Reap order: tombstones are created with a monotonic `now`, so the front is oldest.
@@ -462,7 +464,7 @@ impl State {
                     .or_default()
                     .insert(key.clone());
             }
-            state.kv.insert(key, entry);
+            state.kv.insert(key, Arc::new(entry));
         }
         for (key, index) in snapshot.tombstones {
             state
@@ -502,7 +504,7 @@ impl State {
     }
 
     pub fn kv_get(&self, key: &str) -> Option<&Entry> {
-        self.kv.get(key)
+        self.kv.get(key).map(Arc::as_ref)
     }
 
     /// Entries whose key starts with `prefix` (a byte prefix), in key order.
@@ -513,6 +515,7 @@ impl State {
                 std::ops::Bound::Unbounded,
             ))
             .take_while(move |(key, _)| key.starts_with(prefix))
+            .map(|(key, entry)| (key, entry.as_ref()))
     }
 
     pub fn kv_len(&self) -> usize {
@@ -765,15 +768,16 @@ impl State {
     // ----- KV primitives (shared by the KV endpoint and txn) -----
 
     fn put_entry(&mut self, key: &str, entry: Entry) {
+        let entry = Arc::new(entry);
         let old = self.kv.insert(key.to_string(), entry.clone());
+        self.reindex_holder(key, old.as_deref(), Some(&entry));
         if let Some(undo) = &mut self.undo {
-            undo.push(Undo::Kv(key.to_string(), old.clone()));
+            undo.push(Undo::Kv(key.to_string(), old));
         }
-        self.reindex_holder(key, old.as_ref(), Some(&entry));
         self.changes.kv.insert(key.to_string());
     }
 
-    fn remove_entry(&mut self, key: &str) -> Option<Entry> {
+    fn remove_entry(&mut self, key: &str) -> Option<Arc<Entry>> {
         let old = self.kv.remove(key)?;
         if let Some(undo) = &mut self.undo {
             undo.push(Undo::Kv(key.to_string(), Some(old.clone())));
@@ -1000,7 +1004,7 @@ impl State {
                         None => self.kv.remove(&key),
                     };
                     let restored = self.kv.get(&key).cloned();
-                    self.reindex_holder(&key, current.as_ref(), restored.as_ref());
+                    self.reindex_holder(&key, current.as_deref(), restored.as_deref());
                 }
                 Undo::Tombstone(key, old) => match old {
                     Some(index) => {
@@ -1072,7 +1076,7 @@ impl State {
                 self.kv_delete_tree(idx, key, now);
                 Ok(Vec::new())
             }
-            "get" => match self.kv.get(key) {
+            "get" => match self.kv_get(key) {
                 Some(entry) => Ok(vec![TxnResult {
                     key: key.to_string(),
                     entry: entry.clone(),
@@ -1080,7 +1084,7 @@ impl State {
                 None => Err(format!("key {quoted} doesn't exist")),
             },
             "get-or-empty" => {
-                let entry = self.kv.get(key).cloned().unwrap_or(Entry {
+                let entry = self.kv_get(key).cloned().unwrap_or(Entry {
                     value: Vec::new(),
                     flags: 0,
                     session: None,
@@ -1100,7 +1104,7 @@ impl State {
                     entry: entry.clone(),
                 })
                 .collect()),
-            "check-index" => match self.kv.get(key) {
+            "check-index" => match self.kv_get(key) {
                 None => Err(format!("failed to check index, key {quoted} doesn't exist")),
                 Some(entry) if entry.modify_index != op.index => Err(format!(
                     "failed index check for key {quoted}, current modify index {} != {}",
@@ -1108,7 +1112,7 @@ impl State {
                 )),
                 Some(entry) => Ok(write_result(entry.clone())),
             },
-            "check-session" => match self.kv.get(key) {
+            "check-session" => match self.kv_get(key) {
                 None => Err(format!(
                     "failed to check session, key {quoted} doesn't exist"
                 )),
@@ -1121,7 +1125,7 @@ impl State {
                 }
                 Some(entry) => Ok(write_result(entry.clone())),
             },
-            "check-not-exists" => match self.kv.get(key) {
+            "check-not-exists" => match self.kv_get(key) {
                 Some(_) => Err(format!("key {quoted} exists")),
                 None => Ok(Vec::new()),
             },
@@ -1211,7 +1215,7 @@ impl State {
         for key in keys {
             match session.behavior {
                 Behavior::Release => {
-                    if let Some(mut entry) = self.kv.get(&key).cloned() {
+                    if let Some(mut entry) = self.kv_get(&key).cloned() {
                         entry.session = None;
                         entry.modify_index = idx;
                         self.put_entry(&key, entry);
