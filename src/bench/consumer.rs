@@ -288,6 +288,8 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         .env("CONSUL_HTTP_ADDR", &server.base)
         .env("LEADERQ__DATA__DIR", dir.0.join("idle"))
         .env("LEADERQ__OBSERVE__LISTEN", "127.0.0.1:0")
+        // It runs no task, so it needs no handler; without this it refuses to start.
+        .env("LEADERQ__QUEUE__ALLOW_NO_HANDLERS", "true")
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
