@@ -90,6 +90,7 @@ pub async fn run(
         data_dir: options.data_dir.join("server"),
         node_name: crate::config::hostname(),
         session_ttl_min: server::state::DEFAULT_SESSION_TTL_MIN,
+        test_commit_delay: Duration::ZERO,
         limits: server::Limits::default(),
     };
     let server = server::Server::start(&server_config, address)

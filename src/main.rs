@@ -112,8 +112,15 @@ struct BenchArgs {
     #[arg(long, default_value_t = 100_000)]
     memory_keys: usize,
     /// Run one section only.
-    #[arg(long, value_parser = ["server", "consumer", "failover"])]
+    #[arg(long, value_parser = ["server", "contention", "consumer", "failover"])]
     only: Option<String>,
+    /// Blocked queries (one per key) parked while their keys are written.
+    #[arg(long, default_value_t = 10_000)]
+    watchers: usize,
+    /// Another leaderq binary (an older build) whose server also runs the contention
+    /// measurements (reads under writes, wakes among many watchers), printed beside these.
+    #[arg(long)]
+    baseline_exe: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -222,6 +229,9 @@ struct ServerArgs {
     /// Smallest session TTL accepted, like Consul's `session_ttl_min`; lower it only in tests.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     session_ttl_min: Duration,
+    /// Test-only: make every commit take at least this long, as a slow disk would; 0s is off.
+    #[arg(long, default_value = "0s", value_parser = parse_duration)]
+    test_commit_delay: Duration,
     /// Connections open at once from one client address, like Consul's
     /// `http_max_conns_per_client`; more get 429 and are closed. 0 means no cap.
     #[arg(long, default_value_t = server::serve::DEFAULT_MAX_CONNS_PER_CLIENT)]
@@ -337,6 +347,8 @@ fn main() -> ExitCode {
                     seconds: args.seconds,
                     memory_keys: args.memory_keys,
                     only: args.only,
+                    watchers: args.watchers,
+                    baseline_exe: args.baseline_exe,
                     ..Default::default()
                 };
                 leaderq::bench::run(options, args.json).await
@@ -597,6 +609,7 @@ async fn run_server(args: ServerArgs) -> anyhow::Result<()> {
         data_dir: args.data_dir,
         node_name: args.node_name.unwrap_or_else(leaderq::config::hostname),
         session_ttl_min: args.session_ttl_min,
+        test_commit_delay: args.test_commit_delay,
         limits: server::Limits {
             max_conns_per_client: args.http_max_conns_per_client,
             header_timeout: args.http_header_timeout,

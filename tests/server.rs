@@ -6,6 +6,8 @@ mod catalog;
 mod common;
 #[path = "server/edges.rs"]
 mod edges;
+#[path = "server/watch.rs"]
+mod watch;
 #[path = "server/wire.rs"]
 mod wire;
 

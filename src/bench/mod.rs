@@ -39,8 +39,15 @@ pub struct Options {
     pub order_probes: usize,
     /// SIGTERM handovers measured.
     pub handovers: usize,
-    /// Run only this section ("server" or "consumer").
+    /// Run only this section ("server", "contention", "consumer" or "failover").
     pub only: Option<String>,
+    /// Blocked queries parked for the wake measurement among many watchers.
+    pub watchers: usize,
+    /// PUTs per second written to watched keys in that measurement.
+    pub watch_rate: u32,
+    /// Another `leaderq` binary (an older build) to run the contention measurements (reads
+    /// under writes, wakes among many watchers) against too, printed beside this one's.
+    pub baseline_exe: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -56,6 +63,9 @@ impl Default for Options {
             order_probes: 40,
             handovers: 5,
             only: None,
+            watchers: 10_000,
+            watch_rate: 1_000,
+            baseline_exe: None,
         }
     }
 }
@@ -70,9 +80,15 @@ struct ServerChild {
 
 impl ServerChild {
     fn start() -> anyhow::Result<ServerChild> {
-        let dir = TempDir::new()?;
         let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
-        let server = crate::chaos::start_server(&exe, "127.0.0.1:0", &dir.0)?;
+        ServerChild::start_exe(&exe, &[])
+    }
+
+    /// A server of the binary `exe`, with extra `leaderq server` flags.
+    fn start_exe(exe: &std::path::Path, extra: &[&str]) -> anyhow::Result<ServerChild> {
+        let dir = TempDir::new()?;
+        let server = crate::chaos::start_server_with(exe, "127.0.0.1:0", &dir.0, extra)
+            .with_context(|| format!("cannot start {} server", exe.display()))?;
         Ok(ServerChild {
             base: format!("http://{}", server.addr),
             server,
@@ -159,9 +175,9 @@ impl Report {
     }
 
     fn print(&self) {
-        println!("{:<52} {:>16}  target", "measurement", "result");
+        println!("{:<64} {:>16}  target", "measurement", "result");
         for (name, result, target) in &self.rows {
-            println!("{name:<52} {result:>16}  {target}");
+            println!("{name:<64} {result:>16}  {target}");
         }
     }
 }
@@ -203,6 +219,9 @@ pub async fn run(options: Options, as_json: bool) -> anyhow::Result<()> {
     let wants = |section: &str| options.only.as_deref().is_none_or(|only| only == section);
     if wants("server") {
         server_section(&options, &mut report).await?;
+    }
+    if wants("contention") {
+        contention_section(&options, &mut report).await?;
     }
     if wants("consumer") {
         consumer::section(&options, &mut report).await?;
@@ -256,6 +275,7 @@ async fn server_section(options: &Options, report: &mut Report) -> anyhow::Resul
     ));
     server::load_keys(&http, &base, "memory/", options.memory_keys).await?;
     let (rss, peak) = server.rss().unwrap_or((0, 0));
+    drop(server);
 
     report.row(
         "server: durable KV PUTs/s, 1 client",
@@ -298,5 +318,123 @@ async fn server_section(options: &Options, report: &mut Report) -> anyhow::Resul
             "rss_mib": {"keys": options.memory_keys, "value_bytes": VALUE_BYTES, "rss": mib(rss), "peak": mib(peak)},
         }),
     );
+    Ok(())
+}
+
+/// The contention measurements of one server binary.
+struct Contention {
+    read: Latency,
+    puts_meanwhile: f64,
+    fanout: server::Fanout,
+}
+
+/// Writers that PUT as fast as they can while one client reads.
+const CONTENTION_WRITERS: usize = 32;
+
+/// Reads under a write load, and wakes among many blocked queries, each on a fresh server
+/// of `exe` (no per-client connection cap, since the watchers all come from here).
+async fn contention(
+    exe: &std::path::Path,
+    options: &Options,
+    label: &str,
+) -> anyhow::Result<Contention> {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(64)
+        .build()?;
+    let server = ServerChild::start_exe(exe, &[])?;
+    let base = Arc::new(server.base.clone());
+    progress(&format!(
+        "server{label}: GETs of one key while {CONTENTION_WRITERS} clients PUT, {}s",
+        options.seconds
+    ));
+    let (read, puts_meanwhile) =
+        server::read_under_writes(&http, &base, CONTENTION_WRITERS, options.seconds).await?;
+    drop(server);
+
+    crate::server::serve::raise_open_files_limit();
+    let server = ServerChild::start_exe(exe, &["--http-max-conns-per-client", "0"])?;
+    let base = Arc::new(server.base.clone());
+    progress(&format!(
+        "server{label}: {} blocked queries, {} PUT/s to their keys for {}s",
+        options.watchers, options.watch_rate, options.seconds
+    ));
+    let fanout = server::watch_fanout(
+        &http,
+        &base,
+        server.server.child.id(),
+        options.watchers,
+        options.watch_rate,
+        options.seconds,
+    )
+    .await?;
+    Ok(Contention {
+        read,
+        puts_meanwhile,
+        fanout,
+    })
+}
+
+async fn contention_section(options: &Options, report: &mut Report) -> anyhow::Result<()> {
+    let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
+    let baseline = match &options.baseline_exe {
+        Some(path) => Some(contention(path, options, " (baseline)").await?),
+        None => None,
+    };
+    let current = contention(&exe, options, "").await?;
+    let runs: Vec<(&str, &Contention)> = std::iter::once(("", &current))
+        .chain(baseline.as_ref().map(|b| (" (baseline)", b)))
+        .collect();
+    for (label, run) in &runs {
+        report.row(
+            format!(
+                "server: GET of 1 key while {CONTENTION_WRITERS} clients PUT, ms p50/p99{label}"
+            ),
+            format!("{:.2}/{:.2}", run.read.p50, run.read.p99),
+            "p99 < 1",
+        );
+    }
+    for (label, run) in &runs {
+        report.row(
+            format!("server: the {CONTENTION_WRITERS} clients' PUTs/s meanwhile{label}"),
+            format!("{:.0}", run.puts_meanwhile),
+            "",
+        );
+    }
+    for (label, run) in &runs {
+        report.row(
+            format!(
+                "server: wake among {} blocked, {} PUT/s, ms p50/p99{label}",
+                options.watchers, options.watch_rate
+            ),
+            format!("{:.2}/{:.2}", run.fanout.wake.p50, run.fanout.wake.p99),
+            "",
+        );
+    }
+    for (label, run) in &runs {
+        report.row(
+            format!("server: its CPU meanwhile, % of one core{label}"),
+            format!("{:.0}", run.fanout.cpu_percent),
+            "",
+        );
+    }
+    let json_of = |run: &Contention| {
+        json!({
+            "read_under_writes_ms": {"writers": CONTENTION_WRITERS, "p50": run.read.p50, "p99": run.read.p99, "max": run.read.max, "puts_per_sec": run.puts_meanwhile.round()},
+            "watch_fanout": {
+                "watchers": options.watchers,
+                "put_rate": options.watch_rate,
+                "puts_per_sec": run.fanout.puts_per_sec.round(),
+                "wake_ms": {"p50": run.fanout.wake.p50, "p99": run.fanout.wake.p99, "max": run.fanout.wake.max},
+                "cpu_percent": run.fanout.cpu_percent,
+                "early_returns": run.fanout.early,
+            },
+        })
+    };
+    report.json.insert("contention".into(), json_of(&current));
+    if let (Some(run), Some(path)) = (&baseline, &options.baseline_exe) {
+        let mut baseline = json_of(run);
+        baseline["exe"] = json!(path.display().to_string());
+        report.json.insert("contention_baseline".into(), baseline);
+    }
     Ok(())
 }

@@ -25,8 +25,8 @@ pub use audit::Audit;
 use audit::Event;
 use procs::signal_pid;
 pub(crate) use procs::{
-    now_ns, signal_group, start_replica_with, start_server, Replica, ReplicaSetup, Server,
-    CHAOS_SETUP, LOCK_DELAY, SESSION_TTL,
+    now_ns, signal_group, start_replica_with, start_server, start_server_with, Replica,
+    ReplicaSetup, Server, CHAOS_SETUP, LOCK_DELAY, SESSION_TTL,
 };
 use proxy::Proxy;
 

@@ -42,6 +42,16 @@ pub(crate) struct Server {
 }
 
 pub(crate) fn start_server(exe: &Path, listen: &str, data_dir: &Path) -> anyhow::Result<Server> {
+    start_server_with(exe, listen, data_dir, &[])
+}
+
+/// `start_server` with extra `leaderq server` flags.
+pub(crate) fn start_server_with(
+    exe: &Path,
+    listen: &str,
+    data_dir: &Path,
+    extra: &[&str],
+) -> anyhow::Result<Server> {
     let mut child = Command::new(exe)
         .args([
             "server",
@@ -52,6 +62,7 @@ pub(crate) fn start_server(exe: &Path, listen: &str, data_dir: &Path) -> anyhow:
             "--data-dir",
         ])
         .arg(data_dir)
+        .args(extra)
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -1,6 +1,6 @@
 //! The embedded server's Prometheus metrics, served on `/metrics` beside the Consul API:
 //! requests by endpoint and status, write batch sizes, commit latency, blocked queries,
-//! sessions and keys. Recording only; the server's behaviour does not depend on them.
+//! wake-ups of blocked queries, sessions and keys. Recording only; the server's behaviour does not depend on them.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -22,6 +22,7 @@ pub struct ServerMetrics {
     pub batch_size: Histogram,
     pub commit_seconds: Histogram,
     pub blocked_queries: Gauge,
+    pub blocked_query_wakeups: Counter,
     pub sessions: Gauge,
     pub keys: Gauge,
 }
@@ -53,6 +54,12 @@ impl Default for ServerMetrics {
             "Blocking queries waiting now",
             blocked_queries.clone(),
         );
+        let blocked_query_wakeups = Counter::default();
+        registry.register(
+            "blocked_query_wakeups",
+            "Times a commit woke a blocked query to run its read again",
+            blocked_query_wakeups.clone(),
+        );
         let sessions = Gauge::default();
         registry.register("sessions", "Live sessions", sessions.clone());
         let keys = Gauge::default();
@@ -63,6 +70,7 @@ impl Default for ServerMetrics {
             batch_size,
             commit_seconds,
             blocked_queries,
+            blocked_query_wakeups,
             sessions,
             keys,
         }

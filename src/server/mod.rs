@@ -9,11 +9,13 @@
 //! their requests and are then dropped, and only then is the writer told to stop; it
 //! commits what it holds and closes the data file, so a new server can open it at once.
 //!
-//! Every write goes through one writer thread. It takes all writes that are waiting (group
-//! commit), applies them to the state under the write lock, persists the changes in one
-//! fsync'd commit, and only then answers the clients and wakes blocked queries. Readers
-//! therefore never see a write that is not yet on disk. The same thread fires timers
-//! (session TTLs, check TTLs, tombstone reaping) at the state's next deadline.
+//! Every write goes through one writer thread, which owns the working state. It takes all
+//! writes that are waiting (group commit), applies them, persists the changes in one fsync'd
+//! commit, and only then publishes the new state as an immutable snapshot (`watch::Committed`),
+//! wakes the blocked queries whose reads the commit touched, and answers the clients. Readers
+//! load the latest snapshot without a lock: they never wait for a commit in flight and never
+//! see a write that is not yet on disk. The same thread fires timers (session TTLs, check
+//! TTLs, tombstone reaping) at the state's next deadline.
 
 pub mod events;
 pub mod http;
@@ -32,7 +34,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tokio::net::TcpListener;
-use tokio::sync::{oneshot, watch as tokio_watch, RwLock};
+use tokio::sync::{oneshot, watch as tokio_watch};
 
 pub use serve::Limits;
 use state::{ApplyError, Command, Outcome, State};
@@ -42,7 +44,7 @@ use store::{Store, StoreError};
 pub const DATACENTER: &str = "dc1";
 /// The Consul API version the server presents itself as in `/v1/agent/self`.
 pub const CONSUL_VERSION: &str = "1.21.0";
-/// Upper bound on writes committed together, so one batch cannot hold the lock for long.
+/// Upper bound on writes committed together, so one batch cannot delay its writers for long.
 const MAX_BATCH: usize = 1024;
 /// How long the writer sleeps when no timer is pending; any write wakes it earlier.
 const IDLE_TICK: Duration = Duration::from_secs(3600);
@@ -53,6 +55,10 @@ pub struct Config {
     pub data_dir: PathBuf,
     pub node_name: String,
     pub session_ttl_min: Duration,
+    /// Test-only: every commit that writes something takes at least this long, as if the
+    /// disk were slow, so tests can show what waits for a commit and what does not. Zero
+    /// (the default) in production.
+    pub test_commit_delay: Duration,
     /// Connection limits and timeouts; `Limits::default()` is Consul's cap and our timeouts.
     pub limits: Limits,
 }
@@ -80,9 +86,8 @@ pub enum WriteError {
 
 /// What the writer and the readers share.
 pub struct Core {
-    pub state: RwLock<State>,
-    /// The global index after each durable commit; blocked queries wait on it.
-    pub changed: tokio_watch::Sender<u64>,
+    /// The latest committed state, and the blocked queries waiting for a commit.
+    pub state: watch::Committed,
     closing: AtomicBool,
     /// Set by the writer when storage fails; the server then stops serving.
     failed: tokio_watch::Sender<bool>,
@@ -97,7 +102,7 @@ impl Core {
     /// Releases every blocked query so that shutdown does not wait minutes for them.
     fn close(&self) {
         self.closing.store(true, Ordering::Relaxed);
-        self.changed.send_modify(|_| {});
+        self.state.close();
     }
 }
 
@@ -186,10 +191,8 @@ impl Server {
             snapshot,
             Instant::now(),
         );
-        let (changed, _) = tokio_watch::channel(state.index());
         let core = Arc::new(Core {
-            state: RwLock::new(state),
-            changed,
+            state: watch::Committed::new(state.clone()),
             closing: AtomicBool::new(false),
             failed: tokio_watch::channel(false).0,
             metrics: metrics::ServerMetrics::default(),
@@ -198,7 +201,10 @@ impl Server {
         let writer_core = core.clone();
         let writer = std::thread::Builder::new()
             .name("leaderq-writer".into())
-            .spawn(move || writer_loop(&writer_core, &store, &queue))
+            .spawn({
+                let delay = config.test_commit_delay;
+                move || writer_loop(&writer_core, state, &store, &queue, delay)
+            })
             .map_err(ServerError::Serve)?;
         let shared = Arc::new(Shared {
             core,
@@ -287,8 +293,10 @@ pub async fn run(
 
 fn writer_loop(
     core: &Core,
+    mut state: State,
     store: &Store,
     queue: &mpsc::Receiver<ToWriter>,
+    commit_delay: Duration,
 ) -> Result<(), StoreError> {
     let mut deadline: Option<Instant> = None;
     let mut stopping = false;
@@ -320,7 +328,6 @@ fn writer_loop(
             Err(mpsc::RecvTimeoutError::Disconnected) => return Ok(()),
         }
 
-        let mut state = core.state.blocking_write();
         let now = Instant::now();
         state.expire(now);
         let mut answers = Vec::with_capacity(batch.len());
@@ -331,6 +338,9 @@ fn writer_loop(
         let changes = state.take_changes();
         let commit_started = Instant::now();
         let persisted = store.persist(&state, &changes);
+        if !changes.is_empty() && !commit_delay.is_zero() {
+            std::thread::sleep(commit_delay);
+        }
         if !changes.is_empty() {
             core.metrics
                 .commit_seconds
@@ -338,11 +348,10 @@ fn writer_loop(
             core.metrics.batch_size.observe(answers.len() as f64);
         }
         deadline = state.next_deadline();
-        let index = state.index();
-        drop(state);
 
         if let Err(err) = persisted {
-            // The in-memory state is now ahead of the disk: refuse everything from here on.
+            // The working state is now ahead of the disk; it was never published, and
+            // nothing is accepted from here on.
             tracing::error!(error = %err, "cannot persist writes; stopping the server");
             for (reply, _) in answers {
                 let _ = reply.send(Err(WriteError::Storage(err.to_string())));
@@ -350,12 +359,14 @@ fn writer_loop(
             core.failed.send_replace(true);
             return Err(err);
         }
+        if !changes.is_empty() {
+            // Published before the answers, so a client that reads after its write's answer
+            // sees it. The clone shares the state's persistent maps: O(1), not a copy.
+            core.state.publish(state.clone(), changes);
+        }
         for (reply, outcome) in answers {
             // A client that went away does not need its answer; the write still happened.
             let _ = reply.send(outcome);
-        }
-        if !changes.is_empty() {
-            core.changed.send_replace(index);
         }
     }
 }

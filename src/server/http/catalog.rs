@@ -212,7 +212,7 @@ fn filter_non_passing(mut nodes: Vec<(bool, Value)>) -> Vec<Value> {
 pub(super) async fn catalog_nodes(req: Req<'_>) -> Reply {
     let blocking = req.blocking()?;
     let pretty = req.query.has("pretty");
-    let (index, body) = watch::query(&req.shared.core, blocking, |state: &State| {
+    let (index, body) = watch::query(&req.shared.core, blocking, |state: &watch::View| {
         let nodes: Vec<Value> = state.node().map(node_json).into_iter().collect();
         (state.tables().nodes.max(1), to_json(&nodes, pretty))
     })
@@ -229,7 +229,7 @@ fn catalog_index(state: &State) -> u64 {
 pub(super) async fn catalog_services(req: Req<'_>) -> Reply {
     let blocking = req.blocking()?;
     let pretty = req.query.has("pretty");
-    let (index, body) = watch::query(&req.shared.core, blocking, |state: &State| {
+    let (index, body) = watch::query(&req.shared.core, blocking, |state: &watch::View| {
         let mut services: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
         for service in instances(state) {
             services
@@ -250,7 +250,7 @@ pub(super) async fn catalog_service(req: Req<'_>) -> Reply {
     let blocking = req.blocking()?;
     let pretty = req.query.has("pretty");
     let tags: Vec<&str> = req.query.all("tag").collect();
-    let (index, body) = watch::query(&req.shared.core, blocking, |state: &State| {
+    let (index, body) = watch::query(&req.shared.core, blocking, |state: &watch::View| {
         let nodes: Vec<Value> = match state.node() {
             Some(node) => instances(state)
                 .iter()
@@ -284,7 +284,7 @@ pub(super) async fn health_service(req: Req<'_>) -> Reply {
     let pretty = req.query.has("pretty");
     let tags: Vec<&str> = req.query.all("tag").collect();
     let node_name = &req.shared.agent.node_name;
-    let (index, body) = watch::query(&req.shared.core, blocking, |state: &State| {
+    let (index, body) = watch::query(&req.shared.core, blocking, |state: &watch::View| {
         let mut nodes = Vec::new();
         if let Some(node) = state.node() {
             for service in instances(state)
@@ -323,7 +323,7 @@ pub(super) async fn health_state(req: Req<'_>) -> Reply {
     let blocking = req.blocking()?;
     let pretty = req.query.has("pretty");
     let node_name = &req.shared.agent.node_name;
-    let (index, body) = watch::query(&req.shared.core, blocking, |state: &State| {
+    let (index, body) = watch::query(&req.shared.core, blocking, |state: &watch::View| {
         let checks: Vec<Value> = state
             .checks()
             .filter(|c| req.rest == "any" || c.status.as_str() == req.rest)
@@ -348,7 +348,7 @@ pub(super) async fn health_checks(req: Req<'_>, of_node: bool) -> Reply {
     let blocking = req.blocking()?;
     let pretty = req.query.has("pretty");
     let node_name = &req.shared.agent.node_name;
-    let (index, body) = watch::query(&req.shared.core, blocking, |state: &State| {
+    let (index, body) = watch::query(&req.shared.core, blocking, |state: &watch::View| {
         let checks: Vec<Value> = state
             .checks()
             .filter(|c| {

@@ -147,7 +147,6 @@ pub(super) async fn event_list(req: Req<'_>) -> Reply {
     let deadline = tokio::time::Instant::now() + wait;
     let core = &req.shared.core;
     let mut added = req.shared.events.subscribe();
-    let mut closing = core.changed.subscribe();
     loop {
         added.borrow_and_update();
         let events: Vec<UserEvent> = req
@@ -163,7 +162,7 @@ pub(super) async fn event_list(req: Req<'_>) -> Reply {
         let woke = blocks
             && tokio::select! {
                 changed = added.changed() => changed.is_ok(),
-                _ = closing.changed() => false,
+                _ = closing(core) => false,
                 _ = tokio::time::sleep_until(deadline) => false,
             };
         if !woke {
@@ -174,6 +173,17 @@ pub(super) async fn event_list(req: Req<'_>) -> Reply {
                 .insert("X-Consul-Index", HeaderValue::from(index));
             return Ok(response);
         }
+    }
+}
+
+/// How often a blocked event list looks whether the server is shutting down: events have
+/// their own wake-up, not the commits' watch sets, so shutdown is polled here.
+const CLOSING_POLL: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Resolves once the server is shutting down.
+async fn closing(core: &super::super::Core) {
+    while !core.is_closing() {
+        tokio::time::sleep(CLOSING_POLL).await;
     }
 }
 

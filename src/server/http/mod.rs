@@ -1,8 +1,8 @@
 //! Consul's HTTP API over the state machine: routing with Consul's 301/404/405 rules, query
 //! parameters, request bodies, status codes, headers and JSON shapes.
 //!
-//! Wire types (`ModifyIndex`, `LockIndex`, …) live only here. Reads take the state's read
-//! lock (through `watch::query` so that every read can block); writes go to
+//! Wire types (`ModifyIndex`, `LockIndex`, …) live only here. Reads use the latest committed
+//! snapshot (through `watch::query` so that every read can block); writes go to
 //! `Shared::write` and are answered after they are durable. Rules belong in `state.rs`.
 //!
 //! This file routes and holds what every endpoint shares (`HttpError`, `Req`, the route

@@ -7,7 +7,10 @@
 //! `take_changes()` reports, and `http.rs` turns outcomes into Consul's answers. The rules
 //! follow `shared/consul-semantics.md` (newest Consul behaviour where versions differ).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use imbl::{HashMap, OrdMap, Vector};
 use std::time::{Duration, Instant};
 
 use crate::util::duration;
@@ -373,8 +376,9 @@ pub enum ApplyError {
 }
 
 /// What changed since the last `take_changes`, by identity; `store.rs` writes the current
-/// value of each (or deletes it when it is gone).
-#[derive(Debug, Default)]
+/// value of each (or deletes it when it is gone), and `watch.rs` wakes the blocked queries
+/// that read one of them.
+#[derive(Clone, Debug, Default)]
 pub struct Changes {
     pub kv: BTreeSet<String>,
     pub tombstones: BTreeSet<String>,
@@ -411,26 +415,32 @@ pub struct Snapshot {
 }
 
 /// A record of what a txn overwrote, replayed backwards when the txn fails.
+#[derive(Clone)]
 enum Undo {
-    Kv(String, Option<Entry>),
+    Kv(String, Option<Arc<Entry>>),
     Tombstone(String, Option<u64>),
 }
 
+/// The whole state. The writer clones it once per commit to publish an immutable snapshot
+/// for readers, so every collection that grows with the data is an `imbl` persistent one: a
+/// clone shares its nodes, and a write afterwards copies only the path it changes.
+#[derive(Clone)]
 pub struct State {
     config: Config,
     index: u64,
     tables: TableIndexes,
-    kv: BTreeMap<String, Entry>,
+    /// Entries behind `Arc`s, so that copying a tree node on write copies pointers, not values.
+    kv: OrdMap<String, Arc<Entry>>,
     /// key -> index of the delete that removed it.
-    tombstones: BTreeMap<String, u64>,
+    tombstones: OrdMap<String, u64>,
     /// Reap order: tombstones are created with a monotonic `now`, so the front is oldest.
-    tombstone_reaps: VecDeque<(Instant, String, u64)>,
-    sessions: BTreeMap<String, Session>,
+    tombstone_reaps: Vector<(Instant, String, u64)>,
+    sessions: OrdMap<String, Session>,
     /// session id -> keys it holds, so invalidation does not scan the whole KV.
     held: HashMap<String, BTreeSet<String>>,
-    checks: BTreeMap<String, Check>,
+    checks: OrdMap<String, Check>,
     /// The agent's services by id (`catalog.rs`).
-    services: BTreeMap<String, Service>,
+    services: OrdMap<String, Service>,
     node: Option<Node>,
     /// In memory only, like Consul's: lost on restart.
     lock_delays: HashMap<String, Instant>,
@@ -455,12 +465,12 @@ impl State {
             config,
             index: snapshot.index,
             tables: snapshot.tables,
-            kv: BTreeMap::new(),
-            tombstones: BTreeMap::new(),
-            tombstone_reaps: VecDeque::new(),
-            sessions: BTreeMap::new(),
+            kv: OrdMap::new(),
+            tombstones: OrdMap::new(),
+            tombstone_reaps: Vector::new(),
+            sessions: OrdMap::new(),
             held: HashMap::new(),
-            checks: BTreeMap::new(),
+            checks: OrdMap::new(),
             services: snapshot
                 .services
                 .into_iter()
@@ -482,7 +492,7 @@ impl State {
                     .or_default()
                     .insert(key.clone());
             }
-            state.kv.insert(key, entry);
+            state.kv.insert(key, Arc::new(entry));
         }
         for (key, index) in snapshot.tombstones {
             state
@@ -522,17 +532,18 @@ impl State {
     }
 
     pub fn kv_get(&self, key: &str) -> Option<&Entry> {
-        self.kv.get(key)
+        self.kv.get(key).map(Arc::as_ref)
     }
 
     /// Entries whose key starts with `prefix` (a byte prefix), in key order.
     pub fn kv_list<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = (&'a String, &'a Entry)> {
         self.kv
-            .range::<str, _>((
+            .range::<_, str>((
                 std::ops::Bound::Included(prefix),
                 std::ops::Bound::Unbounded,
             ))
             .take_while(move |(key, _)| key.starts_with(prefix))
+            .map(|(key, entry)| (key, entry.as_ref()))
     }
 
     pub fn kv_len(&self) -> usize {
@@ -565,7 +576,7 @@ impl State {
             .unwrap_or(0);
         let tombstones = self
             .tombstones
-            .range::<str, _>((
+            .range::<_, str>((
                 std::ops::Bound::Included(prefix),
                 std::ops::Bound::Unbounded,
             ))
@@ -792,15 +803,16 @@ impl State {
     // ----- KV primitives (shared by the KV endpoint and txn) -----
 
     fn put_entry(&mut self, key: &str, entry: Entry) {
+        let entry = Arc::new(entry);
         let old = self.kv.insert(key.to_string(), entry.clone());
+        self.reindex_holder(key, old.as_deref(), Some(&entry));
         if let Some(undo) = &mut self.undo {
-            undo.push(Undo::Kv(key.to_string(), old.clone()));
+            undo.push(Undo::Kv(key.to_string(), old));
         }
-        self.reindex_holder(key, old.as_ref(), Some(&entry));
         self.changes.kv.insert(key.to_string());
     }
 
-    fn remove_entry(&mut self, key: &str) -> Option<Entry> {
+    fn remove_entry(&mut self, key: &str) -> Option<Arc<Entry>> {
         let old = self.kv.remove(key)?;
         if let Some(undo) = &mut self.undo {
             undo.push(Undo::Kv(key.to_string(), Some(old.clone())));
@@ -1027,7 +1039,7 @@ impl State {
                         None => self.kv.remove(&key),
                     };
                     let restored = self.kv.get(&key).cloned();
-                    self.reindex_holder(&key, current.as_ref(), restored.as_ref());
+                    self.reindex_holder(&key, current.as_deref(), restored.as_deref());
                 }
                 Undo::Tombstone(key, old) => match old {
                     Some(index) => {
@@ -1099,7 +1111,7 @@ impl State {
                 self.kv_delete_tree(idx, key, now);
                 Ok(Vec::new())
             }
-            "get" => match self.kv.get(key) {
+            "get" => match self.kv_get(key) {
                 Some(entry) => Ok(vec![TxnResult {
                     key: key.to_string(),
                     entry: entry.clone(),
@@ -1107,7 +1119,7 @@ impl State {
                 None => Err(format!("key {quoted} doesn't exist")),
             },
             "get-or-empty" => {
-                let entry = self.kv.get(key).cloned().unwrap_or(Entry {
+                let entry = self.kv_get(key).cloned().unwrap_or(Entry {
                     value: Vec::new(),
                     flags: 0,
                     session: None,
@@ -1127,7 +1139,7 @@ impl State {
                     entry: entry.clone(),
                 })
                 .collect()),
-            "check-index" => match self.kv.get(key) {
+            "check-index" => match self.kv_get(key) {
                 None => Err(format!("failed to check index, key {quoted} doesn't exist")),
                 Some(entry) if entry.modify_index != op.index => Err(format!(
                     "failed index check for key {quoted}, current modify index {} != {}",
@@ -1135,7 +1147,7 @@ impl State {
                 )),
                 Some(entry) => Ok(write_result(entry.clone())),
             },
-            "check-session" => match self.kv.get(key) {
+            "check-session" => match self.kv_get(key) {
                 None => Err(format!(
                     "failed to check session, key {quoted} doesn't exist"
                 )),
@@ -1148,7 +1160,7 @@ impl State {
                 }
                 Some(entry) => Ok(write_result(entry.clone())),
             },
-            "check-not-exists" => match self.kv.get(key) {
+            "check-not-exists" => match self.kv_get(key) {
                 Some(_) => Err(format!("key {quoted} exists")),
                 None => Ok(Vec::new()),
             },
@@ -1238,7 +1250,7 @@ impl State {
         for key in keys {
             match session.behavior {
                 Behavior::Release => {
-                    if let Some(mut entry) = self.kv.get(&key).cloned() {
+                    if let Some(mut entry) = self.kv_get(&key).cloned() {
                         entry.session = None;
                         entry.modify_index = idx;
                         self.put_entry(&key, entry);

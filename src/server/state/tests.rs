@@ -797,3 +797,64 @@ fn restore_restarts_timers() {
     assert_eq!(r.kv_get("k").unwrap().session, None);
     assert!(r.index() > s.index());
 }
+
+/// A clone taken before a batch (the snapshot readers hold) keeps showing the state as it
+/// was, whatever the batch then writes, deletes, expires or rolls back; the batch's changes
+/// name what it touched.
+#[test]
+fn a_snapshot_is_not_changed_by_later_writes() {
+    let (mut s, t0) = state();
+    put(&mut s, "q/a", "1", t0);
+    put(&mut s, "q/b", "1", t0);
+    let a = create(
+        &mut s,
+        SessionSpec {
+            ttl: "10s".into(),
+            ..spec("a")
+        },
+        t0,
+    );
+    acquire(&mut s, "lock", &a, t0).unwrap();
+    s.take_changes();
+    let snapshot = s.clone();
+    let before = snapshot.index();
+
+    put(&mut s, "q/a", "2", t0);
+    s.apply(Command::KvDelete { key: "q/b".into() }, t0)
+        .unwrap();
+    let failed = s
+        .apply(
+            Command::Txn(vec![
+                TxnOp {
+                    value: b"x".to_vec(),
+                    ..op("set", "q/c")
+                },
+                op("check-not-exists", "q/a"),
+            ]),
+            t0,
+        )
+        .unwrap();
+    assert!(matches!(failed, Outcome::TxnFailed(_)));
+    s.expire(t0 + secs(20));
+    let changes = s.take_changes();
+
+    assert_eq!(snapshot.index(), before);
+    assert_eq!(snapshot.kv_get("q/a").unwrap().value, b"1");
+    assert!(snapshot.kv_get("q/b").is_some());
+    assert!(snapshot.tombstone("q/b").is_none());
+    assert!(snapshot.session(&a).is_some());
+    assert_eq!(
+        snapshot.kv_get("lock").unwrap().session.as_deref(),
+        Some(a.as_str())
+    );
+    assert_eq!(snapshot.kv_list("q/").count(), 2);
+
+    assert_eq!(s.kv_get("q/a").unwrap().value, b"2");
+    assert!(s.kv_get("q/b").is_none() && s.kv_get("q/c").is_none());
+    assert!(s.session(&a).is_none());
+    assert_eq!(s.kv_get("lock").unwrap().session, None);
+    let kv: Vec<&str> = changes.kv.iter().map(String::as_str).collect();
+    assert_eq!(kv, ["lock", "q/a", "q/b", "q/c"]);
+    assert!(changes.tombstones.contains("q/b"));
+    assert!(changes.sessions.contains(&a));
+}
