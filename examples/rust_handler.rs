@@ -63,6 +63,6 @@ async fn consume() -> anyhow::Result<()> {
         let _ = tokio::signal::ctrl_c().await;
         trigger.cancel();
     });
-    leaderq::consumer::run(settings, registry, shutdown).await?;
+    leaderq::service::consume::run(settings, registry, shutdown).await?;
     Ok(())
 }

@@ -214,14 +214,14 @@ impl Settings {
                 "election.leader_key must be a non-empty key without a leading '/'".into(),
             );
         }
-        if crate::identity::validate_node_id(&self.election.service_name).is_err() {
+        if crate::leader::identity::validate_node_id(&self.election.service_name).is_err() {
             return invalid(format!(
                 "election.service_name {:?} is not a valid service name: use 1 to 128 ASCII letters, digits, '.', '_' or '-'",
                 self.election.service_name
             ));
         }
         if !self.election.node_id.is_empty() {
-            if let Err(reason) = crate::identity::validate_node_id(&self.election.node_id) {
+            if let Err(reason) = crate::leader::identity::validate_node_id(&self.election.node_id) {
                 return invalid(format!(
                     "election.node_id {:?} {reason}",
                     self.election.node_id
@@ -232,13 +232,13 @@ impl Settings {
             ("queue.prefix", &self.queue.prefix),
             ("queue.dead_prefix", &self.queue.dead_prefix),
         ] {
-            if let Err(reason) = crate::key::check_prefix(prefix) {
+            if let Err(reason) = crate::task::key::check_prefix(prefix) {
                 return invalid(format!(
                     "{name} {prefix:?} is not a valid key prefix: {reason}"
                 ));
             }
         }
-        if let Err(reason) = crate::key::check(&self.election.leader_key) {
+        if let Err(reason) = crate::task::key::check(&self.election.leader_key) {
             return invalid(format!(
                 "election.leader_key {:?} is not a valid key: {reason}",
                 self.election.leader_key

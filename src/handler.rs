@@ -5,7 +5,7 @@
 //! An exec handler's process runs under a supervisor (`supervise/`) that kills it and
 //! everything it started before the lease could end; this module decides what the command
 //! gets (argv, a clean environment, a working directory) and turns its end into a result.
-//! A handler only runs a task; claiming, retrying and deleting are `queue.rs`'s business.
+//! A handler only runs a task; claiming, retrying and deleting are `queue`'s business.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;

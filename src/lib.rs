@@ -1,46 +1,38 @@
 //! leaderq: run N replicas of a worker and have exactly one, the elected leader, take work
-//! from a task queue in Consul's KV store.
+//! from a task queue kept by a coordinator (Consul today; the seam is ready for ZooKeeper,
+//! Redis and etcd).
 //!
-//! - [`server`]: the embedded, durable, single-node Consul-compatible server.
-//! - [`consul`]: a typed client for Consul's HTTP API (KV, sessions, txn, agent checks and
-//!   services).
-//! - [`coord`]: the coordinator seam: lease, leadership and queue in the domain's words.
-//! - [`config`]: settings, layered from defaults, a file and the environment.
-//! - [`task`]: the producers' task format, parsed leniently.
-//! - [`key`]: the key rule, and keys proven to lie under a configured prefix.
+//! - [`task`]: the producers' task format, parsed leniently, and the key rule ([`task::key`]).
+//! - [`coord`]: the coordinator seam (lease, leadership, guarded queue writes, in the
+//!   domain's words), one folder per backend (`consul`, `memory`), and the contract suite
+//!   every backend passes.
+//! - [`leader`]: the lease and the campaign, written once against the seam; the pure gate;
+//!   the replica's data dir and node id ([`leader::identity`]).
+//! - [`queue`]: the leader's loop over the seam, and its pure plan (what to claim, when to
+//!   look or list again).
 //! - [`handler`]: the `Handler` trait, the registry, the exec and log handlers.
-//! - [`identity`]: the replica's hold on its data dir and its stable node id.
 //! - [`supervise`]: exec handlers' processes, killed before their lease could end.
-//! - [`leader`]: the lease and the campaign, on any coordinator; the pure gate.
-//! - [`election`]: sessions, lease and the leader key.
-//! - [`queue`]: the leader's claims, completions, retries and dead letters.
-//! - [`observe`]: metrics and the /metrics, /health, /ready, /leader endpoints.
-//! - [`registration`]: the replica in the agent's service catalog, tagged with its role.
-//! - [`consumer`]: the service loop that joins them (`leaderq consume`).
-//! - [`admin`]: `leaderq enqueue`, `leaderq status` and `leaderq tasks`.
-//! - [`dev`]: `leaderq dev`, server plus replicas for the quick start.
-//! - [`chaos`]: `leaderq chaos`, a failure-injection run of real processes with an audit.
-//! - [`bench`]: `leaderq bench`, measurements over real processes and HTTP.
+//! - [`service`]: the commands as wiring: `consume`, `dev`, `admin` (`enqueue`, `status`,
+//!   `tasks`).
+//! - [`observe`]: metrics, /metrics, /health, /ready, /leader, logging, and the replica in
+//!   Consul's service catalog.
+//! - [`server`]: the embedded, durable, single-node Consul-compatible server.
+//! - [`consul`]: a typed client for Consul's HTTP API (used by the Consul backend, the
+//!   admin commands and the tools).
+//! - [`config`]: settings, layered from defaults, a file and the environment.
+//! - [`tools`]: `leaderq bench` and `leaderq chaos`, over real processes.
 //! - [`util`]: Go's duration syntax, used everywhere.
-//! - [`logging`]: the log subscriber, and the escaping that keeps one event on one line.
 
-pub mod admin;
-pub mod bench;
-pub mod chaos;
 pub mod config;
 pub mod consul;
-pub mod consumer;
 pub mod coord;
-pub mod dev;
 pub mod handler;
-pub mod identity;
-pub mod key;
 pub mod leader;
-pub mod logging;
 pub mod observe;
 pub mod queue;
-pub mod registration;
 pub mod server;
+pub mod service;
 pub mod supervise;
 pub mod task;
+pub mod tools;
 pub mod util;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use leaderq::logging::escape;
+use leaderq::observe::logging::escape;
 use leaderq::server;
 
 #[derive(Parser)]
@@ -322,10 +322,10 @@ fn main() -> ExitCode {
         "info"
     };
     let format = match cli.log_format {
-        LogFormat::Pretty => leaderq::logging::Format::Pretty,
-        LogFormat::Json => leaderq::logging::Format::Json,
+        LogFormat::Pretty => leaderq::observe::logging::Format::Pretty,
+        LogFormat::Json => leaderq::observe::logging::Format::Json,
     };
-    leaderq::logging::init(level, format);
+    leaderq::observe::logging::init(level, format);
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -343,7 +343,7 @@ fn main() -> ExitCode {
             Cmd::Server(args) => run_server(args).await,
             Cmd::Chaos(args) => run_chaos(args).await,
             Cmd::Bench(args) => {
-                let options = leaderq::bench::Options {
+                let options = leaderq::tools::bench::Options {
                     seconds: args.seconds,
                     memory_keys: args.memory_keys,
                     only: args.only,
@@ -351,7 +351,7 @@ fn main() -> ExitCode {
                     baseline_exe: args.baseline_exe,
                     ..Default::default()
                 };
-                leaderq::bench::run(options, args.json).await
+                leaderq::tools::bench::run(options, args.json).await
             }
         }
     });
@@ -366,12 +366,12 @@ fn main() -> ExitCode {
             let _ = writeln!(
                 std::io::stderr().lock(),
                 "error: {}",
-                leaderq::logging::escape(&message)
+                leaderq::observe::logging::escape(&message)
             );
             let refused = err
                 .chain()
-                .filter_map(|cause| cause.downcast_ref::<leaderq::admin::AdminError>())
-                .any(leaderq::admin::AdminError::is_refused_input);
+                .filter_map(|cause| cause.downcast_ref::<leaderq::service::admin::AdminError>())
+                .any(leaderq::service::admin::AdminError::is_refused_input);
             if refused {
                 ExitCode::from(REFUSED_INPUT_EXIT)
             } else {
@@ -419,26 +419,26 @@ async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
         shutdown_signal().await;
         trigger.cancel();
     });
-    leaderq::consumer::run(settings, registry, shutdown).await?;
+    leaderq::service::consume::run(settings, registry, shutdown).await?;
     Ok(())
 }
 
 async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
-    let options = leaderq::dev::DevOptions {
+    let options = leaderq::service::dev::DevOptions {
         replicas: args.replicas,
         listen: args.listen,
         data_dir: args.data_dir,
         config: args.config,
         tasks_dir: PathBuf::from("tasks"),
     };
-    leaderq::dev::run(options, shutdown_signal()).await
+    leaderq::service::dev::run(options, shutdown_signal()).await
 }
 
 async fn run_enqueue(args: EnqueueArgs) -> anyhow::Result<()> {
     let settings = load_settings(&args.config)?;
-    let client = leaderq::consumer::client(&settings)?;
+    let client = leaderq::service::consume::client(&settings)?;
     let tasks = match &args.task_type {
-        Some(task_type) => vec![leaderq::admin::task_from_flags(
+        Some(task_type) => vec![leaderq::service::admin::task_from_flags(
             task_type,
             args.para.as_deref(),
             args.id.as_deref(),
@@ -449,12 +449,12 @@ async fn run_enqueue(args: EnqueueArgs) -> anyhow::Result<()> {
         None => args
             .files
             .iter()
-            .map(|path| leaderq::admin::task_from_file(path))
+            .map(|path| leaderq::service::admin::task_from_file(path))
             .collect::<Result<Vec<_>, _>>()?,
     };
     let total = tasks.len();
     for (n, task) in tasks.iter().enumerate() {
-        let key = leaderq::admin::enqueue(&client, &settings.queue.prefix, task).await?;
+        let key = leaderq::service::admin::enqueue(&client, &settings.queue.prefix, task).await?;
         outln!("[{}/{total}] enqueued {key}", n + 1)?;
     }
     Ok(())
@@ -462,8 +462,8 @@ async fn run_enqueue(args: EnqueueArgs) -> anyhow::Result<()> {
 
 async fn run_status(args: StatusArgs) -> anyhow::Result<()> {
     let settings = load_settings(&args.config)?;
-    let client = leaderq::consumer::client(&settings)?;
-    let report = leaderq::admin::status(&client, &settings)
+    let client = leaderq::service::consume::client(&settings)?;
+    let report = leaderq::service::admin::status(&client, &settings)
         .await
         .with_context(|| format!("cannot read the queue from Consul at {}", client.address()))?;
     if args.json {
@@ -498,10 +498,10 @@ async fn run_status(args: StatusArgs) -> anyhow::Result<()> {
 
 async fn run_tasks(args: TasksArgs) -> anyhow::Result<()> {
     let settings = load_settings(&args.config)?;
-    let client = leaderq::consumer::client(&settings)?;
+    let client = leaderq::service::consume::client(&settings)?;
     match args.command {
         TasksCmd::List { json } => {
-            let rows = leaderq::admin::list(&client, &settings).await?;
+            let rows = leaderq::service::admin::list(&client, &settings).await?;
             if json {
                 outln!("{}", serde_json::to_string(&rows)?)?;
                 return Ok(());
@@ -534,7 +534,7 @@ async fn run_tasks(args: TasksArgs) -> anyhow::Result<()> {
             outln!("{} task(s)", rows.len())?;
         }
         TasksCmd::Show { key } => {
-            let pair = leaderq::admin::find(&client, &settings, &key).await?;
+            let pair = leaderq::service::admin::find(&client, &settings, &key).await?;
             let value: serde_json::Value =
                 serde_json::from_slice(&pair.value).unwrap_or_else(|_| {
                     serde_json::Value::String(String::from_utf8_lossy(&pair.value).into_owned())
@@ -549,11 +549,12 @@ async fn run_tasks(args: TasksArgs) -> anyhow::Result<()> {
             outln!("{}", serde_json::to_string_pretty(&value)?)?;
         }
         TasksCmd::Retry { key } => {
-            let target = leaderq::admin::retry(&client, &settings, &key).await?;
+            let target = leaderq::service::admin::retry(&client, &settings, &key).await?;
             outln!("requeued as {target}")?;
         }
         TasksCmd::PurgeDead { older_than } => {
-            let purged = leaderq::admin::purge_dead(&client, &settings, older_than).await?;
+            let purged =
+                leaderq::service::admin::purge_dead(&client, &settings, older_than).await?;
             outln!("purged {purged} dead letter(s)")?;
         }
     }
@@ -562,9 +563,9 @@ async fn run_tasks(args: TasksArgs) -> anyhow::Result<()> {
 
 async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
     let mut options = if args.short {
-        leaderq::chaos::ChaosOptions::short()
+        leaderq::tools::chaos::ChaosOptions::short()
     } else {
-        leaderq::chaos::ChaosOptions::full()
+        leaderq::tools::chaos::ChaosOptions::full()
     };
     let counts = [
         (args.tasks, &mut options.tasks),
@@ -581,11 +582,11 @@ async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
         }
     }
     options.seed = args.seed;
-    let audit = leaderq::chaos::run(options).await?;
+    let audit = leaderq::tools::chaos::run(options).await?;
     if args.json {
         outln!("{}", serde_json::to_string(&audit)?)?;
     } else {
-        leaderq::chaos::print(&audit);
+        leaderq::tools::chaos::print(&audit);
     }
     if !audit.passed() {
         anyhow::bail!("chaos run broke an invariant");

@@ -11,6 +11,7 @@
 //! leader does with its leadership is `queue`'s business.
 
 pub mod gate;
+pub mod identity;
 pub mod lease;
 
 use std::path::PathBuf;

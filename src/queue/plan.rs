@@ -8,7 +8,7 @@
 //!   retries that fall due and tasks that went away;
 //! - how far ahead a `notBefore` is believed ([`eligibility`]).
 //!
-//! `queue.rs` performs the I/O these decisions ask for.
+//! `queue/mod.rs` performs the I/O these decisions ask for.
 
 use std::collections::{HashSet, VecDeque};
 use std::ops::Range;

@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use crate::logging::escape;
+use crate::observe::logging::escape;
 
 /// Why a key, a prefix or an id is refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

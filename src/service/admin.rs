@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use crate::config::Settings;
 use crate::consul::{self, Client, PutMode, QueryOptions};
 use crate::coord::consul::stored_task;
-use crate::key::{self, Key};
+use crate::task::key::{self, Key};
 use crate::task::{Status, Task};
 
 #[derive(Debug, thiserror::Error)]

@@ -5,6 +5,9 @@
 //! sets (bounded: task types outside the configured ones count as "other") and the HTTP
 //! endpoints. It decides nothing about the queue or the election.
 
+pub mod logging;
+pub mod registration;
+
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};

@@ -16,7 +16,7 @@ use anyhow::{bail, Context};
 use serde_json::json;
 
 use super::{progress, summarize, Latency, TempDir};
-use crate::chaos::{
+use crate::tools::chaos::{
     self, now_ns, signal_group, start_replica_with, start_server, wait_for_leader, ReplicaSetup,
 };
 use crate::util::duration;

@@ -73,7 +73,7 @@ impl Default for Options {
 /// A `leaderq server` child process for the benchmark with its temp data dir; the process
 /// is killed on drop.
 struct ServerChild {
-    server: crate::chaos::Server,
+    server: crate::tools::chaos::Server,
     base: String,
     _dir: TempDir,
 }
@@ -87,7 +87,7 @@ impl ServerChild {
     /// A server of the binary `exe`, with extra `leaderq server` flags.
     fn start_exe(exe: &std::path::Path, extra: &[&str]) -> anyhow::Result<ServerChild> {
         let dir = TempDir::new()?;
-        let server = crate::chaos::start_server_with(exe, "127.0.0.1:0", &dir.0, extra)
+        let server = crate::tools::chaos::start_server_with(exe, "127.0.0.1:0", &dir.0, extra)
             .with_context(|| format!("cannot start {} server", exe.display()))?;
         Ok(ServerChild {
             base: format!("http://{}", server.addr),

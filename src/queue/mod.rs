@@ -28,9 +28,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::QueueSettings;
 use crate::handler::{Registry, TaskContext};
-use crate::key::Key;
 use crate::leader::Lease;
 use crate::observe::Metrics;
+use crate::task::key::Key;
 use crate::task::{dead_letter_within, Status, Task};
 
 use plan::{Backlog, ClaimPlan, Looked, Next};
@@ -388,7 +388,8 @@ impl Queue {
     }
 
     fn dead_key(&self, key: &str) -> String {
-        crate::key::dead_letter_key(&self.settings.prefix, &self.settings.dead_prefix, key).into()
+        crate::task::key::dead_letter_key(&self.settings.prefix, &self.settings.dead_prefix, key)
+            .into()
     }
 
     /// Moves an entry to the dead-letter prefix with `reason`, in one guarded write that

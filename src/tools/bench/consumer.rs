@@ -18,9 +18,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{mib, progress, rss_of, summarize, Options, Report, ServerChild, TempDir};
-use crate::chaos::wait_for_leader;
 use crate::config::Settings;
 use crate::handler::{Handler, HandlerFuture, Registry, TaskContext};
+use crate::tools::chaos::wait_for_leader;
 
 const TASK_TYPE: &str = "Bench";
 /// Clients that enqueue the drain backlog concurrently.
@@ -95,7 +95,7 @@ fn start_replica(
     let stop = CancellationToken::new();
     let token = stop.clone();
     let task = tokio::spawn(async move {
-        if let Err(err) = crate::consumer::run(settings, registry, token).await {
+        if let Err(err) = crate::service::consume::run(settings, registry, token).await {
             tracing::error!(error = %err, "bench replica failed");
         }
     });

@@ -11,7 +11,7 @@
 //! (`supervise/lock.rs`).
 //!
 //! Loop: make sure there is a lease, campaign for leadership (`leader`), and while leading
-//! let `queue.rs` drain the queue. Stepping down revokes the lease so nothing it claimed
+//! let `queue` drain the queue. Stepping down revokes the lease so nothing it claimed
 //! stays claimed. On shutdown: stop claiming, let the running handler finish within
 //! `shutdown_grace`, give leadership up and close the lease (`Election::leave`). The
 //! replica's service registration is Consul's own and runs only with that backend.
@@ -26,7 +26,7 @@ use crate::config::Settings;
 use crate::consul::{self, Client};
 use crate::coord::CoordError;
 use crate::handler::Registry;
-use crate::identity::{DataDir, IdentityError};
+use crate::leader::identity::{DataDir, IdentityError};
 use crate::leader::{Election, ElectionError};
 use crate::observe::{self, Metrics, Observed};
 use crate::queue::{LeadEnd, Queue};
@@ -163,19 +163,20 @@ pub async fn run(
     ));
     // In the service catalog with its role as tag, deregistered after `leave` below. The
     // catalog is Consul's: the registration talks to it directly.
-    let (role, role_changes) = tokio::sync::watch::channel(crate::registration::Role::Standby);
+    let (role, role_changes) =
+        tokio::sync::watch::channel(crate::observe::registration::Role::Standby);
     if settings.election.register_service {
         let client = Arc::new(client(&settings)?);
         let check_id = crate::coord::consul::check_id(&node_id);
         let check = settings.election.health_check.then_some(check_id.as_str());
-        let registration = crate::registration::registration(
+        let registration = crate::observe::registration::registration(
             &settings.election,
             &node_id,
             observe_address,
             check,
-            crate::registration::Role::Standby,
+            crate::observe::registration::Role::Standby,
         );
-        tracker.spawn(crate::registration::keep_registered(
+        tracker.spawn(crate::observe::registration::keep_registered(
             client,
             registration,
             role_changes,
@@ -198,10 +199,10 @@ pub async fn run(
                 tracing::info!(node = %node_id, session = %leadership.lease, fencing_token = leadership.fencing_token, "became leader");
                 let lease = election.lease();
                 metrics.leading(Some(leadership.fencing_token));
-                role.send_replace(crate::registration::Role::Leader);
+                role.send_replace(crate::observe::registration::Role::Leader);
                 let end = queue.lead(&leadership, &lease, &shutdown).await;
                 metrics.leading(None);
-                role.send_replace(crate::registration::Role::Standby);
+                role.send_replace(crate::observe::registration::Role::Standby);
                 match end {
                     LeadEnd::Shutdown => break,
                     LeadEnd::StepDown(reason) => {

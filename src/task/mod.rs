@@ -11,6 +11,8 @@
 //! RFC 3339 or epoch seconds, and anything else (junk, out of range) is ignored, which
 //! makes the task due. How far ahead a notBefore is honoured is the queue's decision.
 
+pub mod key;
+
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{json, Map, Value};
