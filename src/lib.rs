@@ -36,3 +36,6 @@ pub mod supervise;
 pub mod task;
 pub mod tools;
 pub mod util;
+
+#[cfg(test)]
+mod tidy;

@@ -3,6 +3,9 @@
 //! refused before anything was sent (like clap's usage errors), 1 for other failures, and
 //! 141, quietly, when stdout's reader went away (`leaderq tasks list | head -1`), the
 //! status a shell shows for a Unix tool killed by SIGPIPE.
+//!
+//! Size: one clap definition per command, each with its help text; the commands' work is in
+//! the library.
 
 use std::io::Write;
 use std::net::SocketAddr;

@@ -10,6 +10,9 @@
 //! refuses moves the task away instead of costing the leadership. The pure decisions
 //! (what to claim, when to look for newer tasks, when to list again) live in `plan.rs`;
 //! this file performs their I/O. Leadership itself is `leader`'s business.
+//!
+//! Size: the leader's loop with the I/O for each decision plan.rs makes; splitting claims,
+//! completions and dead letters into files of their own is still to do.
 
 mod plan;
 #[cfg(test)]

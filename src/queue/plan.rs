@@ -9,6 +9,8 @@
 //! - how far ahead a `notBefore` is believed ([`eligibility`]).
 //!
 //! `queue/mod.rs` performs the I/O these decisions ask for.
+//!
+//! Size: half of it is the scripted-time tests of the decisions.
 
 use std::collections::{HashSet, VecDeque};
 use std::ops::Range;

@@ -5,6 +5,9 @@
 //! can acknowledge a whole batch of writes with one disk flush. `open` loads everything back
 //! into a `Snapshot`. Timers and lock-delays are not stored: they restart, as in Consul.
 //! This module knows nothing of HTTP; it reads the state only to copy out changed items.
+//!
+//! Size: one redb table per state table, each loaded and persisted, and the durability
+//! tests.
 
 mod catalog;
 

@@ -13,6 +13,9 @@
 //! commit: never missed, only woken more often than needed.
 //!
 //! This module owns the snapshot pointer and the waiting, not the rules of any endpoint.
+//!
+//! Size: the watch index, the recording view and publication are one mechanism; its tests
+//! are in watch/tests.rs.
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};

@@ -10,6 +10,9 @@
 //! never reaches u32::MAX, so the run number `attempts + 1` cannot overflow; `notBefore` is
 //! RFC 3339 or epoch seconds, and anything else (junk, out of range) is ignored, which
 //! makes the task due. How far ahead a notBefore is honoured is the queue's decision.
+//!
+//! Size: lenient parsing of every producer field and the values leaderq writes back, with
+//! their tests; the key rule is in key.rs.
 
 pub mod key;
 

@@ -6,6 +6,9 @@
 //! Nothing here does I/O, reads the clock or knows about HTTP: `store.rs` persists what
 //! `take_changes()` reports, and `http.rs` turns outcomes into Consul's answers. The rules
 //! follow `shared/consul-semantics.md` (newest Consul behaviour where versions differ).
+//!
+//! Size: Consul's KV, lock, session and check rules as one pure machine (services are in
+//! catalog.rs); splitting it by table is still to do.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -1,5 +1,7 @@
 //! Scripted-time tests of the state machine: every rule is driven by explicit commands and
 //! instants, with no clock, network or disk.
+//!
+//! Size: one scripted-time test per rule of the state machine.
 
 use super::*;
 

@@ -6,6 +6,8 @@
 //! Latency and throughput replicas run in this process with a handler that records when
 //! it starts, which is exactly how a library user runs leaderq; the consumer code path is
 //! the same as `leaderq consume`'s. The RSS is read from a real child process.
+//!
+//! Size: one measurement per consumer row of the bench table.
 
 use std::collections::HashMap;
 use std::process::{Command, Stdio};

@@ -1,0 +1,47 @@
+//! House rules checked on every test run: every source file opens with a `//!` header
+//! saying what it owns, and a file over `LONG_FILE` lines says why at its top (a header
+//! line starting `//! Size:`), so size is a decision, not an accident.
+
+use std::path::{Path, PathBuf};
+
+/// Past this many lines a file must say why it is that long.
+const LONG_FILE: usize = 600;
+
+fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("read src") {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// Every module opens with a doc comment, and every long file gives its reason.
+#[test]
+fn every_module_has_a_header_and_long_files_say_why() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    let mut problems = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read source");
+        let name = file
+            .strip_prefix(&root)
+            .unwrap_or(&file)
+            .display()
+            .to_string();
+        if !text.starts_with("//!") {
+            problems.push(format!("{name}: no //! header saying what it owns"));
+        }
+        let lines = text.lines().count();
+        let header: Vec<&str> = text.lines().take_while(|l| l.starts_with("//!")).collect();
+        if lines > LONG_FILE && !header.iter().any(|l| l.starts_with("//! Size:")) {
+            problems.push(format!(
+                "{name}: {lines} lines, over {LONG_FILE}, with no `//! Size:` line saying why"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
