@@ -13,8 +13,16 @@
 //! CONSUL_HTTP_ADDR); handlers configured there are kept, and this one is added.
 
 use leaderq::config::Settings;
-use leaderq::handler::{Handler, HandlerError, HandlerFuture, Registry, TaskContext};
-use tokio_util::sync::CancellationToken;
+use leaderq::handler::{
+    CancellationToken, Handler, HandlerError, HandlerFuture, Registry, TaskContext,
+};
+use serde::Deserialize;
+
+/// What a CreateTableSpace task carries in its `taskPara`.
+#[derive(Deserialize)]
+struct TableSpace {
+    name: String,
+}
 
 /// Creates a tablespace from `taskPara`. Handlers should be idempotent: a task can run
 /// again if its replica dies mid-run. The fencing token lets a handler refuse work from a
@@ -24,11 +32,7 @@ struct CreateTableSpace;
 impl Handler for CreateTableSpace {
     fn handle<'a>(&'a self, ctx: &'a TaskContext) -> HandlerFuture<'a> {
         Box::pin(async move {
-            let task: serde_json::Value = serde_json::from_slice(&ctx.task_json)
-                .map_err(|e| HandlerError(format!("task is not JSON: {e}")))?;
-            let name = task["taskPara"]["name"]
-                .as_str()
-                .ok_or_else(|| HandlerError("taskPara.name is missing".into()))?;
+            let TableSpace { name } = ctx.para()?;
             tokio::select! {
                 // Stand-in for the real work.
                 _ = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}

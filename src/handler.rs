@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+/// Re-exported so a handler written in another crate needs no tokio-util of its own.
+pub use tokio_util::sync::CancellationToken;
 
 use crate::config::{HandlerKind, HandlerSettings, Settings};
 use crate::supervise::leader::{Asked, Job, RunError};
@@ -44,7 +45,7 @@ pub struct TaskContext {
     pub task_json: Vec<u8>,
     /// 1 for the first run, 2 for the first retry, …
     pub attempt: u32,
-    /// The leader key's LockIndex: grows with every new leader. Handlers that must not act
+    /// The leadership's fencing token: grows with every new leader. Handlers that must not act
     /// twice can refuse work stamped with a token lower than one they have seen.
     pub fencing_token: u64,
     /// Cancelled when this replica stops leading or its shutdown grace runs out; a handler
@@ -57,6 +58,15 @@ pub struct TaskContext {
 }
 
 impl TaskContext {
+    /// The task's `taskPara` decoded into the handler's own type: the typed view of
+    /// [`TaskContext::task_json`]. A task without `taskPara` decodes from `null`.
+    pub fn para<T: serde::de::DeserializeOwned>(&self) -> Result<T, HandlerError> {
+        let task: serde_json::Value = serde_json::from_slice(&self.task_json)
+            .map_err(|e| HandlerError(format!("the task is not JSON: {e}")))?;
+        let para = task.get("taskPara").cloned().unwrap_or_default();
+        serde_json::from_value(para).map_err(|e| HandlerError(format!("taskPara: {e}")))
+    }
+
     /// A lease deadline that never comes, for running a handler outside a leader (tests,
     /// tools): `watch::Receiver` of a deadline far in the future.
     pub fn unbounded_lease() -> watch::Receiver<Option<Instant>> {
@@ -194,6 +204,34 @@ pub fn find_program(program: &str, path: Option<&std::ffi::OsStr>) -> Result<Pat
 
 #[cfg(test)]
 mod find_program_tests {
+    /// `para` decodes taskPara into the handler's type and says what is wrong when it
+    /// does not fit.
+    #[test]
+    fn para_decodes_task_para_into_a_typed_value() {
+        #[derive(serde::Deserialize, Debug, PartialEq)]
+        struct Para {
+            name: String,
+        }
+        let mut ctx = super::TaskContext {
+            key: "oracleTask/t".into(),
+            task_id: "t".into(),
+            task_type: "Demo".into(),
+            task_json: br#"{"taskPara":{"name":"users"}}"#.to_vec(),
+            attempt: 1,
+            fencing_token: 1,
+            cancel: super::CancellationToken::new(),
+            lease_deadline: super::TaskContext::unbounded_lease(),
+        };
+        assert_eq!(
+            ctx.para::<Para>().unwrap(),
+            Para {
+                name: "users".into()
+            }
+        );
+        ctx.task_json = br#"{"taskPara":{"size":1}}"#.to_vec();
+        assert!(ctx.para::<Para>().unwrap_err().0.contains("name"));
+    }
+
     use super::*;
     use std::os::unix::fs::PermissionsExt as _;
 
