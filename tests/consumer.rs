@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::{client, index_of, ConsumerProcess, ServerProcess};
+use common::{client, get_json, index_of, ConsumerProcess, ServerProcess};
 use serde_json::{json, Value};
 
 /// Settings for test replicas: a short TTL (3s: short, yet not so short that a loaded CI

@@ -151,6 +151,18 @@ pub fn client() -> reqwest::Client {
         .expect("client")
 }
 
+/// GETs `url` and decodes its JSON body; panics on a transport or decoding error.
+pub async fn get_json(url: &str) -> serde_json::Value {
+    client()
+        .get(url)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
 /// The X-Consul-Index header of a response.
 pub fn index_of(response: &reqwest::Response) -> u64 {
     response

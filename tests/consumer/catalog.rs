@@ -82,14 +82,7 @@ async fn replicas_show_in_the_catalog_with_their_role_across_a_handover() {
         observe.ends_with(&format!(":{leader_port}")),
         "{observe} vs port {leader_port}"
     );
-    let checks: Value = client()
-        .get(bed.server.url("/v1/agent/checks"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let checks: Value = get_json(&bed.server.url("/v1/agent/checks")).await;
     assert_eq!(
         checks[format!("leaderq:{first}")]["ServiceID"],
         first.as_str()
@@ -102,13 +95,6 @@ async fn replicas_show_in_the_catalog_with_their_role_across_a_handover() {
     })
     .await;
     assert_eq!(instances[0].0, second);
-    let services: Value = client()
-        .get(bed.server.url("/v1/agent/services"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let services: Value = get_json(&bed.server.url("/v1/agent/services")).await;
     assert!(services.get(&first).is_none(), "{services}");
 }

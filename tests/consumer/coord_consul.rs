@@ -80,7 +80,7 @@ async fn won_within(
     }
 }
 
-async fn get_json(server: &ServerProcess, path: &str) -> (u16, Value) {
+async fn get_status_json(server: &ServerProcess, path: &str) -> (u16, Value) {
     let response = client().get(server.url(path)).send().await.unwrap();
     let status = response.status().as_u16();
     let text = response.text().await.unwrap();
@@ -98,7 +98,7 @@ async fn put_raw(server: &ServerProcess, key: &str, value: &str) {
 }
 
 async fn agent_check_ids(server: &ServerProcess) -> Vec<String> {
-    let (_, checks) = get_json(server, "/v1/agent/checks").await;
+    let (_, checks) = get_status_json(server, "/v1/agent/checks").await;
     checks
         .as_object()
         .map(|checks| checks.keys().cloned().collect())
@@ -106,7 +106,7 @@ async fn agent_check_ids(server: &ServerProcess) -> Vec<String> {
 }
 
 async fn session_exists(server: &ServerProcess, lease: &LeaseId) -> bool {
-    let (_, info) = get_json(server, &format!("/v1/session/info/{lease}")).await;
+    let (_, info) = get_status_json(server, &format!("/v1/session/info/{lease}")).await;
     info.as_array().is_some_and(|sessions| !sessions.is_empty())
 }
 
@@ -145,7 +145,7 @@ async fn consul_lease_is_a_session_bound_to_the_nodes_check() {
     let coord = coordinator(&server, true);
     let grant = coord.open_lease(&spec("web-1")).await.unwrap();
     assert!(!grant.reused);
-    let (_, info) = get_json(&server, &format!("/v1/session/info/{}", grant.lease)).await;
+    let (_, info) = get_status_json(&server, &format!("/v1/session/info/{}", grant.lease)).await;
     let session = &info[0];
     assert_eq!(session["Name"], "leaderq:web-1");
     assert_eq!(session["Behavior"], "release");

@@ -123,14 +123,7 @@ async fn held_by(bed: &Bed, pid: u32, limit: Duration) -> (u64, String) {
 
 /// The agent's checks, by id.
 async fn agent_checks(bed: &Bed) -> serde_json::Map<String, Value> {
-    let checks: Value = client()
-        .get(bed.server.url("/v1/agent/checks"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let checks: Value = get_json(&bed.server.url("/v1/agent/checks")).await;
     checks.as_object().cloned().unwrap_or_default()
 }
 

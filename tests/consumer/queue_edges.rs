@@ -29,14 +29,7 @@ fn start_paced_replica(bed: &mut Bed, node: &str) {
 
 /// The leader key's session and LockIndex (the fencing token).
 async fn leader_key(bed: &Bed) -> (String, u64) {
-    let entries: Value = client()
-        .get(bed.server.url("/v1/kv/consumerLeader"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let entries: Value = get_json(&bed.server.url("/v1/kv/consumerLeader")).await;
     (
         entries[0]["Session"]
             .as_str()

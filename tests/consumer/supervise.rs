@@ -312,14 +312,7 @@ async fn step_down_kills_the_whole_handler_group() {
     )
     .await;
     let first = wait_for_start(&bed, "d", "1", Duration::from_secs(10)).await;
-    let entries: Value = client()
-        .get(bed.server.url("/v1/kv/consumerLeader"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let entries: Value = get_json(&bed.server.url("/v1/kv/consumerLeader")).await;
     let session = entries[0]["Session"].as_str().unwrap().to_string();
     let destroyed = client()
         .put(bed.server.url(&format!("/v1/session/destroy/{session}")))
