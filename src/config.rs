@@ -330,15 +330,6 @@ impl Settings {
     }
 }
 
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|name| name.trim().to_string())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| "leaderq".to_string())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -611,7 +611,7 @@ async fn run_server(args: ServerArgs) -> anyhow::Result<()> {
         .context("cannot read the bound address")?;
     let config = server::Config {
         data_dir: args.data_dir,
-        node_name: args.node_name.unwrap_or_else(leaderq::config::hostname),
+        node_name: args.node_name.unwrap_or_else(leaderq::util::hostname),
         session_ttl_min: args.session_ttl_min,
         test_commit_delay: args.test_commit_delay,
         limits: server::Limits {

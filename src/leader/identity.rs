@@ -120,7 +120,7 @@ impl DataDir {
                 })
             }
         }
-        let id = generate_node_id(&crate::config::hostname(), fastrand::u32(..));
+        let id = generate_node_id(&crate::util::hostname(), fastrand::u32(..));
         // Written aside and renamed, so a crash never leaves a half-written id behind.
         let partial = self.path.join(format!("{NODE_ID_FILE}.new"));
         std::fs::write(&partial, format!("{id}\n"))

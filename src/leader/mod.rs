@@ -171,7 +171,7 @@ impl Election {
     fn record(&self, lease: &LeaseId) -> HolderRecord {
         HolderRecord {
             node: self.node_id.clone(),
-            host: crate::config::hostname(),
+            host: crate::util::hostname(),
             pid: std::process::id(),
             session: lease.0.clone(),
             since: rfc3339(Utc::now()),

@@ -88,7 +88,7 @@ pub async fn run(
     let address = listener.local_addr()?;
     let server_config = server::Config {
         data_dir: options.data_dir.join("server"),
-        node_name: crate::config::hostname(),
+        node_name: crate::util::hostname(),
         session_ttl_min: server::state::DEFAULT_SESSION_TTL_MIN,
         test_commit_delay: Duration::ZERO,
         limits: server::Limits::default(),

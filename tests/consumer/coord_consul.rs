@@ -128,7 +128,7 @@ fn find<'a>(tasks: &'a [StoredTask], key: &str) -> &'a StoredTask {
 #[tokio::test]
 async fn consul_lease_is_a_session_bound_to_the_nodes_check() {
     let server = ServerProcess::start();
-    let host = leaderq::config::hostname();
+    let host = leaderq::util::hostname();
     let mut gone = Command::new("true").spawn().unwrap();
     let dead_pid = gone.id();
     gone.wait().unwrap();

@@ -251,7 +251,7 @@ async fn sigkill_and_immediate_restart_leads_again_under_a_higher_token() {
 #[tokio::test]
 async fn stale_check_of_a_dead_pid_on_this_host_is_deregistered() {
     let mut bed = Bed::new();
-    let host = leaderq::config::hostname();
+    let host = leaderq::util::hostname();
     let mut gone = Command::new("true").spawn().unwrap();
     let dead_pid = gone.id();
     gone.wait().unwrap();

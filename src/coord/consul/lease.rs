@@ -152,7 +152,7 @@ impl ConsulCoordinator {
                 return;
             }
         };
-        let host = crate::config::hostname();
+        let host = crate::util::hostname();
         for (id, check) in &checks {
             let Some(pid) = old_style_check_pid(id, &host) else {
                 continue;
