@@ -205,7 +205,7 @@ impl Settings {
             return invalid("consul.addresses is empty: give at least one Consul address".into());
         }
         for address in &self.consul.addresses {
-            if let Err(reason) = crate::consul::parse_address(address) {
+            if let Err(reason) = crate::coord::consul::client::parse_address(address) {
                 return invalid(format!("consul.addresses: {reason}"));
             }
         }

@@ -4,8 +4,8 @@
 //!
 //! - [`task`]: the producers' task format, parsed leniently, and the key rule ([`task::key`]).
 //! - [`coord`]: the coordinator seam (lease, leadership, guarded queue writes, in the
-//!   domain's words), one folder per backend (`consul`, `memory`), and the contract suite
-//!   every backend passes.
+//!   domain's words), one folder per backend (`consul`, with its typed HTTP client
+//!   [`coord::consul::client`]; `memory`), and the contract suite every backend passes.
 //! - [`leader`]: the lease and the campaign, written once against the seam; the pure gate;
 //!   the replica's data dir and node id ([`leader::identity`]).
 //! - [`queue`]: the leader's loop over the seam, and its pure plan (what to claim, when to
@@ -17,14 +17,12 @@
 //! - [`observe`]: metrics, /metrics, /health, /ready, /leader, logging, and the replica in
 //!   Consul's service catalog.
 //! - [`server`]: the embedded, durable, single-node Consul-compatible server.
-//! - [`consul`]: a typed client for Consul's HTTP API (used by the Consul backend, the
-//!   admin commands and the tools).
 //! - [`config`]: settings, layered from defaults, a file and the environment.
 //! - [`tools`]: `leaderq bench` and `leaderq chaos`, over real processes.
 //! - [`util`]: Go's duration syntax, used everywhere.
 
 pub mod config;
-pub mod consul;
+
 pub mod coord;
 pub mod handler;
 pub mod leader;

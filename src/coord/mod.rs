@@ -290,7 +290,7 @@ pub fn admit(coord: &dyn Coordinator, ops: &[TaskOp], guarded: bool) -> Result<(
 /// The coordinator the settings name, built in this one place: a new backend adds its
 /// line here. (Consul so far, from `[consul]` and `[election]`.)
 pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator>, CoordError> {
-    let client = consul::client(settings)?;
+    let client = consul::client_for(settings)?;
     Ok(Arc::new(consul::ConsulCoordinator::new(
         Arc::new(client),
         consul::ConsulCoordSettings {

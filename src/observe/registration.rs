@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ElectionSettings;
-use crate::consul::{Client, ServiceCheck, ServiceRegistration};
+use crate::coord::consul::client::{Client, ServiceCheck, ServiceRegistration};
 
 /// Pause before registering again after a failed attempt.
 const RETRY: Duration = Duration::from_secs(1);

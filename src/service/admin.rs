@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::config::Settings;
-use crate::consul::{self, Client, PutMode, QueryOptions};
+use crate::coord::consul::client::{self as consul, Client, PutMode, QueryOptions};
 use crate::coord::consul::stored_task;
 use crate::task::key::{self, Key};
 use crate::task::{Status, Task};
@@ -245,7 +245,7 @@ pub async fn list(client: &Client, settings: &Settings) -> Result<Vec<TaskRow>, 
     let (queued, _) = client
         .kv_list(&settings.queue.prefix, QueryOptions::default())
         .await?;
-    let mut tasks: Vec<(Option<Task>, crate::consul::KvPair)> = queued
+    let mut tasks: Vec<(Option<Task>, crate::coord::consul::client::KvPair)> = queued
         .into_iter()
         .map(|pair| (Task::parse(&stored_task(pair.clone())).ok(), pair))
         .collect();
@@ -318,7 +318,7 @@ pub async fn find(
     client: &Client,
     settings: &Settings,
     key: &str,
-) -> Result<crate::consul::KvPair, AdminError> {
+) -> Result<crate::coord::consul::client::KvPair, AdminError> {
     let prefixes = [
         settings.queue.prefix.as_str(),
         settings.queue.dead_prefix.as_str(),
@@ -399,20 +399,20 @@ pub async fn retry(client: &Client, settings: &Settings, key: &str) -> Result<St
     fields.insert("taskTaken".into(), Value::Bool(false));
     let value = serde_json::to_vec(&Value::Object(fields)).expect("task serializes");
     let ops = [
-        crate::consul::TxnOp::DeleteCas {
+        crate::coord::consul::client::TxnOp::DeleteCas {
             key: pair.key.clone(),
             index: pair.modify_index,
         },
         // Create only: a new task under the same key is never overwritten.
-        crate::consul::TxnOp::Cas {
+        crate::coord::consul::client::TxnOp::Cas {
             key: target.clone(),
             value,
             index: 0,
         },
     ];
     match client.txn(&ops).await? {
-        crate::consul::TxnOutcome::Committed(_) => Ok(target),
-        crate::consul::TxnOutcome::RolledBack(errors) => Err(AdminError::Conflict {
+        crate::coord::consul::client::TxnOutcome::Committed(_) => Ok(target),
+        crate::coord::consul::client::TxnOutcome::RolledBack(errors) => Err(AdminError::Conflict {
             key: target,
             reason: errors
                 .into_iter()
@@ -453,11 +453,11 @@ pub async fn purge_dead(
                 continue;
             }
         }
-        let ops = [crate::consul::TxnOp::DeleteCas {
+        let ops = [crate::coord::consul::client::TxnOp::DeleteCas {
             key: pair.key.clone(),
             index: pair.modify_index,
         }];
-        if let crate::consul::TxnOutcome::Committed(_) = client.txn(&ops).await? {
+        if let crate::coord::consul::client::TxnOutcome::Committed(_) = client.txn(&ops).await? {
             purged += 1;
         }
     }

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Settings;
-use crate::consul::{self, Client};
+use crate::coord::consul::client::{self as consul, Client};
 use crate::coord::CoordError;
 use crate::handler::Registry;
 use crate::leader::identity::{DataDir, IdentityError};
@@ -84,7 +84,7 @@ pub fn check_handlers(
 
 /// A Consul client from the `[consul]` settings (admin commands, service registration).
 pub fn client(settings: &Settings) -> Result<Client, consul::Error> {
-    crate::coord::consul::client(settings)
+    crate::coord::consul::client_for(settings)
 }
 
 /// Runs one replica until `shutdown` is cancelled.

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use leaderq::consul::{Client, ClientConfig, PutMode};
+use leaderq::coord::consul::client::{Client, ClientConfig, PutMode};
 use leaderq::coord::consul::{ConsulCoordSettings, ConsulCoordinator};
 use leaderq::coord::contract::{self, Producer, Subject, Timing};
 use leaderq::coord::{CoordError, CoordFuture};

@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::sync::Arc;
 
-use leaderq::consul::{Client, ClientConfig};
+use leaderq::coord::consul::client::{Client, ClientConfig};
 use leaderq::coord::consul::{ConsulCoordSettings, ConsulCoordinator};
 use leaderq::coord::{
     admit, Campaign, CoordError, Coordinator, HolderRecord, Leadership, LeaseId, LeaseSpec,

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::consul::{self, KvPair, PutMode, QueryOptions, TxnOp, TxnOutcome, MIN_REQUERY};
+use crate::coord::consul::client::{
+    self as consul, KvPair, PutMode, QueryOptions, TxnOp, TxnOutcome, MIN_REQUERY,
+};
 use crate::coord::{Campaign, CoordError, Holder, HolderRecord, Leadership, LeaseId, Version};
 
 use super::ConsulCoordinator;

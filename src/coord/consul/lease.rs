@@ -9,7 +9,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::consul::{self, PutMode, QueryOptions, SessionRequest};
+use crate::coord::consul::client::{self as consul, PutMode, QueryOptions, SessionRequest};
 use crate::coord::{CoordError, Grant, LeaseId, LeaseSpec, Renewal};
 use crate::util::duration;
 

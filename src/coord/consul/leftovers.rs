@@ -2,7 +2,7 @@
 //! finds (take it up, replace it, or leave it alone) and the TTL checks that older versions,
 //! whose node id was `<host>-<pid>`, left on this host's agent.
 
-use crate::consul::{AgentCheck, SessionInfo, SessionRequest};
+use crate::coord::consul::client::{AgentCheck, SessionInfo, SessionRequest};
 use crate::util::duration;
 
 /// What a restarted replica does with the session it held before.

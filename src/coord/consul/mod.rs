@@ -1,5 +1,5 @@
 //! The Consul coordinator: the [`Coordinator`] seam on Consul's HTTP API (a real cluster or
-//! `leaderq server`), through the typed client in [`crate::consul`].
+//! `leaderq server`), through the typed client in [`crate::coord::consul::client`].
 //!
 //! - a lease is a session named `leaderq:<node-id>` with behaviour `release`, bound to
 //!   `serfHealth` and (with `health_check`) to a TTL check of the same name that the
@@ -14,6 +14,7 @@
 //! guarantee of the seam rests on is written in ARCHITECTURE.md ("Coordinators"). Persisting
 //! the lease id across restarts (for `LeaseSpec::previous`) is the caller's business.
 
+pub mod client;
 mod leadership;
 mod lease;
 mod leftovers;
@@ -28,7 +29,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use crate::consul::{self, Client};
+use crate::coord::consul::client::{self as consul, Client};
 use crate::coord::{
     Campaign, CoordError, CoordFuture, Coordinator, Grant, Holder, HolderRecord, Leadership,
     LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits, Written,
@@ -68,7 +69,7 @@ struct Tied {
 }
 
 /// A Consul client from the `[consul]` settings.
-pub fn client(settings: &crate::config::Settings) -> Result<Client, consul::Error> {
+pub fn client_for(settings: &crate::config::Settings) -> Result<Client, consul::Error> {
     Client::new(&consul::ClientConfig {
         addresses: settings.consul.addresses.clone(),
         token: settings.consul.token.clone(),

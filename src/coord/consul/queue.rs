@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::consul::{self, KvPair, QueryOptions, TxnOp, TxnOutcome};
+use crate::coord::consul::client::{self as consul, KvPair, QueryOptions, TxnOp, TxnOutcome};
 use crate::coord::{CoordError, Leadership, LeaseId, StoredTask, TaskOp, Version, Written};
 
 use super::leadership::{next_version, settle};

@@ -3,7 +3,7 @@
 //! the leader key) when there is one, and the transaction's outcome becomes a [`Written`]
 //! (`written`). Pure: nobody outside this file reads an op index.
 
-use crate::consul::{TxnOp, TxnOutcome};
+use crate::coord::consul::client::{TxnOp, TxnOutcome};
 use crate::coord::{LeaseId, TaskOp, Written};
 
 /// The transaction for `ops`, written by `lease`: first the guard (`check-session` of the
@@ -198,7 +198,7 @@ pub fn written(
 
 #[cfg(test)]
 mod tests {
-    use crate::consul::{KvPair, TxnError};
+    use crate::coord::consul::client::{KvPair, TxnError};
 
     use super::*;
 
