@@ -113,13 +113,77 @@ fn own_check(key: &str, lease: &LeaseId) -> TxnOp {
 }
 
 /// What `op` costs in a guarded transaction: its Consul operations and their encoded
-/// bytes, each followed by a comma or the closing bracket.
+/// bytes, each followed by a comma or the closing bracket. Measured on the op with its
+/// value left out, plus the value's base64 length: a cost is asked for every candidate
+/// of every claim, and copying values of tens of KB to measure them would dominate.
 pub fn cost(lease: &LeaseId, op: &TaskOp) -> crate::coord::WriteCost {
-    let (txn, _) = txn_ops(Some(("", lease)), lease, std::slice::from_ref(op));
+    let hollow = |key: &String, version: &u64| (key.clone(), *version, Vec::new());
+    let (bare, value_len) = match op {
+        TaskOp::Claim {
+            key,
+            version,
+            value,
+        } => {
+            let (key, version, value_out) = hollow(key, version);
+            let bare = TaskOp::Claim {
+                key,
+                version,
+                value: value_out,
+            };
+            (bare, value.len())
+        }
+        TaskOp::Release {
+            key,
+            version,
+            value,
+        } => {
+            let (key, version, value_out) = hollow(key, version);
+            let bare = TaskOp::Release {
+                key,
+                version,
+                value: value_out,
+            };
+            (bare, value.len())
+        }
+        TaskOp::Rewrite {
+            key,
+            version,
+            value,
+        } => {
+            let (key, version, value_out) = hollow(key, version);
+            let bare = TaskOp::Rewrite {
+                key,
+                version,
+                value: value_out,
+            };
+            (bare, value.len())
+        }
+        TaskOp::Move {
+            key,
+            version,
+            to,
+            value,
+        } => {
+            let (key, version, value_out) = hollow(key, version);
+            let bare = TaskOp::Move {
+                key,
+                version,
+                to: to.clone(),
+                value: value_out,
+            };
+            (bare, value.len())
+        }
+        TaskOp::Complete { .. } => (op.clone(), 0),
+    };
+    let (txn, _) = txn_ops(Some(("", lease)), lease, std::slice::from_ref(&bare));
     let verbs = &txn[1..];
     crate::coord::WriteCost {
         ops: verbs.len(),
-        bytes: verbs.iter().map(|verb| verb.encoded_len() + 1).sum(),
+        bytes: verbs
+            .iter()
+            .map(|verb| verb.encoded_len() + 1)
+            .sum::<usize>()
+            + value_len.div_ceil(3) * 4,
     }
 }
 
