@@ -198,6 +198,17 @@ pub enum TaskOp {
 }
 
 impl TaskOp {
+    /// The version the op is conditioned on.
+    pub fn version(&self) -> u64 {
+        match self {
+            TaskOp::Claim { version, .. }
+            | TaskOp::Complete { version, .. }
+            | TaskOp::Release { version, .. }
+            | TaskOp::Rewrite { version, .. }
+            | TaskOp::Move { version, .. } => *version,
+        }
+    }
+
     pub fn key(&self) -> &str {
         match self {
             TaskOp::Claim { key, .. }

@@ -117,63 +117,37 @@ fn own_check(key: &str, lease: &LeaseId) -> TxnOp {
 /// value left out, plus the value's base64 length: a cost is asked for every candidate
 /// of every claim, and copying values of tens of KB to measure them would dominate.
 pub fn cost(lease: &LeaseId, op: &TaskOp) -> crate::coord::WriteCost {
-    let hollow = |key: &String, version: &u64| (key.clone(), *version, Vec::new());
-    let (bare, value_len) = match op {
-        TaskOp::Claim {
+    let value_len = match op {
+        TaskOp::Claim { value, .. }
+        | TaskOp::Release { value, .. }
+        | TaskOp::Rewrite { value, .. }
+        | TaskOp::Move { value, .. } => value.len(),
+        TaskOp::Complete { .. } => 0,
+    };
+    let (key, version, value) = (op.key().to_string(), op.version(), Vec::new());
+    let bare = match op {
+        TaskOp::Claim { .. } => TaskOp::Claim {
             key,
             version,
             value,
-        } => {
-            let (key, version, value_out) = hollow(key, version);
-            let bare = TaskOp::Claim {
-                key,
-                version,
-                value: value_out,
-            };
-            (bare, value.len())
-        }
-        TaskOp::Release {
+        },
+        TaskOp::Release { .. } => TaskOp::Release {
             key,
             version,
             value,
-        } => {
-            let (key, version, value_out) = hollow(key, version);
-            let bare = TaskOp::Release {
-                key,
-                version,
-                value: value_out,
-            };
-            (bare, value.len())
-        }
-        TaskOp::Rewrite {
+        },
+        TaskOp::Rewrite { .. } => TaskOp::Rewrite {
             key,
             version,
             value,
-        } => {
-            let (key, version, value_out) = hollow(key, version);
-            let bare = TaskOp::Rewrite {
-                key,
-                version,
-                value: value_out,
-            };
-            (bare, value.len())
-        }
-        TaskOp::Move {
+        },
+        TaskOp::Move { to, .. } => TaskOp::Move {
             key,
             version,
-            to,
+            to: to.clone(),
             value,
-        } => {
-            let (key, version, value_out) = hollow(key, version);
-            let bare = TaskOp::Move {
-                key,
-                version,
-                to: to.clone(),
-                value: value_out,
-            };
-            (bare, value.len())
-        }
-        TaskOp::Complete { .. } => (op.clone(), 0),
+        },
+        TaskOp::Complete { .. } => TaskOp::Complete { key, version },
     };
     let (txn, _) = txn_ops(Some(("", lease)), lease, std::slice::from_ref(&bare));
     let verbs = &txn[1..];
