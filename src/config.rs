@@ -23,6 +23,7 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
+    pub coordinator: CoordinatorSettings,
     pub consul: ConsulSettings,
     pub election: ElectionSettings,
     pub queue: QueueSettings,
@@ -30,6 +31,21 @@ pub struct Settings {
     pub observe: ObserveSettings,
     #[serde(default)]
     pub handlers: BTreeMap<String, HandlerSettings>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoordinatorSettings {
+    pub backend: Backend,
+}
+
+/// The coordinator the replicas elect their leader and keep their queue on; each has its
+/// own section of settings and its folder under `coord/`.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Consul's KV store, sessions and transactions (or `leaderq server`): `[consul]`.
+    Consul,
 }
 
 #[derive(Clone, Debug, Deserialize)]

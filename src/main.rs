@@ -439,7 +439,7 @@ async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
 
 async fn run_enqueue(args: EnqueueArgs) -> anyhow::Result<()> {
     let settings = load_settings(&args.config)?;
-    let client = leaderq::service::consume::client(&settings)?;
+    let coord = leaderq::coord::connect(&settings)?;
     let tasks = match &args.task_type {
         Some(task_type) => vec![leaderq::service::admin::task_from_flags(
             task_type,
@@ -457,7 +457,8 @@ async fn run_enqueue(args: EnqueueArgs) -> anyhow::Result<()> {
     };
     let total = tasks.len();
     for (n, task) in tasks.iter().enumerate() {
-        let key = leaderq::service::admin::enqueue(&client, &settings.queue.prefix, task).await?;
+        let key =
+            leaderq::service::admin::enqueue(coord.as_ref(), &settings.queue.prefix, task).await?;
         outln!("[{}/{total}] enqueued {key}", n + 1)?;
     }
     Ok(())
@@ -465,10 +466,10 @@ async fn run_enqueue(args: EnqueueArgs) -> anyhow::Result<()> {
 
 async fn run_status(args: StatusArgs) -> anyhow::Result<()> {
     let settings = load_settings(&args.config)?;
-    let client = leaderq::service::consume::client(&settings)?;
-    let report = leaderq::service::admin::status(&client, &settings)
+    let coord = leaderq::coord::connect(&settings)?;
+    let report = leaderq::service::admin::status(coord.as_ref(), &settings)
         .await
-        .with_context(|| format!("cannot read the queue from Consul at {}", client.address()))?;
+        .with_context(|| format!("cannot read the queue from {}", coord.describe()))?;
     if args.json {
         outln!("{}", serde_json::to_string(&report)?)?;
         return Ok(());
@@ -501,10 +502,11 @@ async fn run_status(args: StatusArgs) -> anyhow::Result<()> {
 
 async fn run_tasks(args: TasksArgs) -> anyhow::Result<()> {
     let settings = load_settings(&args.config)?;
-    let client = leaderq::service::consume::client(&settings)?;
+    let coord = leaderq::coord::connect(&settings)?;
+    let coord = coord.as_ref();
     match args.command {
         TasksCmd::List { json } => {
-            let rows = leaderq::service::admin::list(&client, &settings).await?;
+            let rows = leaderq::service::admin::list(coord, &settings).await?;
             if json {
                 outln!("{}", serde_json::to_string(&rows)?)?;
                 return Ok(());
@@ -537,27 +539,30 @@ async fn run_tasks(args: TasksArgs) -> anyhow::Result<()> {
             outln!("{} task(s)", rows.len())?;
         }
         TasksCmd::Show { key } => {
-            let pair = leaderq::service::admin::find(&client, &settings, &key).await?;
+            let pair = leaderq::service::admin::find(coord, &settings, &key).await?;
             let value: serde_json::Value =
                 serde_json::from_slice(&pair.value).unwrap_or_else(|_| {
                     serde_json::Value::String(String::from_utf8_lossy(&pair.value).into_owned())
                 });
             outln!("key:          {}", escape(&pair.key))?;
             outln!(
-                "session:      {}",
-                escape(pair.session.as_deref().unwrap_or("(none)"))
+                "held by:      {}",
+                escape(
+                    pair.holder
+                        .as_ref()
+                        .map_or("(none)", |lease| lease.0.as_str())
+                )
             )?;
-            outln!("create index: {}", pair.create_index)?;
-            outln!("modify index: {}", pair.modify_index)?;
+            outln!("created:      {}", pair.created)?;
+            outln!("version:      {}", pair.version)?;
             outln!("{}", serde_json::to_string_pretty(&value)?)?;
         }
         TasksCmd::Retry { key } => {
-            let target = leaderq::service::admin::retry(&client, &settings, &key).await?;
+            let target = leaderq::service::admin::retry(coord, &settings, &key).await?;
             outln!("requeued as {target}")?;
         }
         TasksCmd::PurgeDead { older_than } => {
-            let purged =
-                leaderq::service::admin::purge_dead(&client, &settings, older_than).await?;
+            let purged = leaderq::service::admin::purge_dead(coord, &settings, older_than).await?;
             outln!("purged {purged} dead letter(s)")?;
         }
     }

@@ -235,6 +235,34 @@ pub enum Written {
     Conflict(Vec<String>),
 }
 
+/// A producer's or an operator's write, outside any leadership: `leaderq enqueue`, `tasks
+/// retry` and `tasks purge-dead`. A batch of them applies all or nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Edit {
+    /// Creates `key` holding `value`; conflicts if the key exists (a task is never
+    /// overwritten by accident).
+    Create { key: String, value: Vec<u8> },
+    /// Deletes `key` if it is still at `version`.
+    Delete { key: String, version: u64 },
+}
+
+impl Edit {
+    pub fn key(&self) -> &str {
+        match self {
+            Edit::Create { key, .. } | Edit::Delete { key, .. } => key,
+        }
+    }
+}
+
+/// The answer to [`Coordinator::edit`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Edited {
+    Done,
+    /// A key to create exists, or one to delete moved or went: nothing was applied. The
+    /// keys that failed.
+    Conflict(Vec<String>),
+}
+
 /// What a write, or one op of it, costs against [`WriteLimits`], in the backend's own
 /// units (Consul: transaction operations and encoded body bytes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -298,17 +326,13 @@ pub fn admit(coord: &dyn Coordinator, ops: &[TaskOp], guarded: bool) -> Result<(
     )))
 }
 
-/// The coordinator the settings name, built in this one place: a new backend adds its
-/// line here. (Consul so far, from `[consul]` and `[election]`.)
+/// The coordinator `[coordinator] backend` names, built in this one place: a new backend
+/// adds its line here.
 pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator>, CoordError> {
-    let client = consul::client_for(settings)?;
-    Ok(Arc::new(consul::ConsulCoordinator::new(
-        Arc::new(client),
-        consul::ConsulCoordSettings {
-            leader_key: settings.election.leader_key.clone(),
-            health_check: settings.election.health_check,
-        },
-    )))
+    use crate::config::Backend;
+    match settings.coordinator.backend {
+        Backend::Consul => consul::connect(settings),
+    }
 }
 
 /// A coordinator: one implementation per backend. See the module header for what each
@@ -362,6 +386,8 @@ pub trait Coordinator: Send + Sync {
     /// Applies `ops` to tasks this lease itself holds, without the leadership guard: puts
     /// back claimed tasks that never started, after leadership is lost.
     fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, ()>;
+    /// Applies a producer's or operator's `ops` all or nothing, without any leadership.
+    fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited>;
     /// How much one write may carry.
     fn limits(&self) -> WriteLimits;
     /// What `op` costs against [`Coordinator::limits`].

@@ -1,4 +1,4 @@
-//! Operator commands over the Consul API: `leaderq enqueue` (what a producer does, from
+//! Operator commands over the coordinator seam, on every backend: `leaderq enqueue` (what a producer does, from
 //! files or flags), `leaderq status` (leader, fencing token, queue depth, dead letters) and
 //! `leaderq tasks` (list, show, retry a dead letter, purge dead letters).
 //!
@@ -13,15 +13,14 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::config::Settings;
-use crate::coord::consul::client::{self as consul, Client, PutMode, QueryOptions};
-use crate::coord::consul::stored_task;
+use crate::coord::{CoordError, Coordinator, Edit, Edited, StoredTask, Version};
 use crate::task::key::{self, Key};
 use crate::task::{Status, Task};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
     #[error(transparent)]
-    Consul(#[from] consul::Error),
+    Coordinator(#[from] CoordError),
     #[error("cannot read {path}: {reason}")]
     Read { path: String, reason: String },
     #[error("{path} is not a task: {reason}")]
@@ -164,21 +163,26 @@ pub fn task_from_flags(
     })
 }
 
-/// PUTs a task under `prefix` only if the key is new (cas=0), so a running task is never
+/// Writes a task under `prefix` only if the key is new, so a running task is never
 /// overwritten by accident. Returns the key.
-pub async fn enqueue(client: &Client, prefix: &str, task: &NewTask) -> Result<String, AdminError> {
+pub async fn enqueue(
+    coord: &dyn Coordinator,
+    prefix: &str,
+    task: &NewTask,
+) -> Result<String, AdminError> {
     let key = Key::under(prefix, &task.name).map_err(|reason| AdminError::InvalidKey {
         key: task.name.clone(),
         prefixes: prefix.to_string(),
         reason,
     })?;
-    if !client
-        .kv_put(key.as_str(), &task.value, PutMode::Cas(0))
-        .await?
-    {
-        return Err(AdminError::Exists { key: key.into() });
+    let create = [Edit::Create {
+        key: key.as_str().to_string(),
+        value: task.value.clone(),
+    }];
+    match coord.edit(&create).await? {
+        Edited::Done => Ok(key.into()),
+        Edited::Conflict(_) => Err(AdminError::Exists { key: key.into() }),
     }
-    Ok(key.into())
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -195,23 +199,31 @@ pub struct StatusReport {
     pub dead: usize,
 }
 
-pub async fn status(client: &Client, settings: &Settings) -> Result<StatusReport, AdminError> {
+/// Every task under `prefix` now.
+async fn list_now(coord: &dyn Coordinator, prefix: &str) -> Result<Vec<StoredTask>, AdminError> {
+    let (tasks, _) = coord
+        .list(prefix, Version(0), std::time::Duration::ZERO)
+        .await?;
+    Ok(tasks)
+}
+
+pub async fn status(
+    coord: &dyn Coordinator,
+    settings: &Settings,
+) -> Result<StatusReport, AdminError> {
     let mut report = StatusReport::default();
-    let (leader, _) = client
-        .kv_get(&settings.election.leader_key, QueryOptions::default())
-        .await?;
-    if let Some(entry) = leader.filter(|e| e.session.is_some()) {
-        report.leader = Some(serde_json::from_slice(&entry.value).unwrap_or_else(
-            |_| json!({"session": entry.session, "value": String::from_utf8_lossy(&entry.value)}),
-        ));
-        report.fencing_token = Some(entry.lock_index);
+    let (holder, _) = coord.observe(Version(0), std::time::Duration::ZERO).await?;
+    if let Some(lease) = &holder.lease {
+        report.leader = Some(match &holder.record {
+            Some(record) => serde_json::to_value(record).unwrap_or_default(),
+            None => json!({ "session": lease.0 }),
+        });
+        report.fencing_token = Some(holder.token);
     }
-    let (tasks, _) = client
-        .kv_list(&settings.queue.prefix, QueryOptions::default())
-        .await?;
+    let tasks = list_now(coord, &settings.queue.prefix).await?;
     let now = Utc::now();
-    for pair in &tasks {
-        match Task::parse(&stored_task(pair.clone())).map(|task| task.status(now)) {
+    for stored in &tasks {
+        match Task::parse(stored).map(|task| task.status(now)) {
             Ok(Status::Pending) => report.pending += 1,
             Ok(Status::Delayed(_)) => report.delayed += 1,
             Ok(Status::InFlight) => report.in_flight += 1,
@@ -220,10 +232,7 @@ pub async fn status(client: &Client, settings: &Settings) -> Result<StatusReport
             Err(_) => report.malformed += 1,
         }
     }
-    let (dead, _) = client
-        .kv_list(&settings.queue.dead_prefix, QueryOptions::default())
-        .await?;
-    report.dead = dead.len();
+    report.dead = list_now(coord, &settings.queue.dead_prefix).await?.len();
     Ok(report)
 }
 
@@ -240,14 +249,15 @@ pub struct TaskRow {
 }
 
 /// Every task under the queue prefix and every dead letter, queue first, in claim order.
-pub async fn list(client: &Client, settings: &Settings) -> Result<Vec<TaskRow>, AdminError> {
+pub async fn list(
+    coord: &dyn Coordinator,
+    settings: &Settings,
+) -> Result<Vec<TaskRow>, AdminError> {
     let now = Utc::now();
-    let (queued, _) = client
-        .kv_list(&settings.queue.prefix, QueryOptions::default())
-        .await?;
-    let mut tasks: Vec<(Option<Task>, crate::coord::consul::client::KvPair)> = queued
+    let queued = list_now(coord, &settings.queue.prefix).await?;
+    let mut tasks: Vec<(Option<Task>, StoredTask)> = queued
         .into_iter()
-        .map(|pair| (Task::parse(&stored_task(pair.clone())).ok(), pair))
+        .map(|stored| (Task::parse(&stored).ok(), stored))
         .collect();
     tasks.sort_by(|a, b| match (&a.0, &b.0) {
         (Some(x), Some(y)) => x.order_key().cmp(&y.order_key()),
@@ -282,10 +292,7 @@ pub async fn list(client: &Client, settings: &Settings) -> Result<Vec<TaskRow>, 
             },
         });
     }
-    let (dead, _) = client
-        .kv_list(&settings.queue.dead_prefix, QueryOptions::default())
-        .await?;
-    for pair in dead {
+    for pair in list_now(coord, &settings.queue.dead_prefix).await? {
         let value: Value = serde_json::from_slice(&pair.value).unwrap_or_default();
         let dead_at = value
             .get("deadAt")
@@ -315,10 +322,10 @@ pub async fn list(client: &Client, settings: &Settings) -> Result<Vec<TaskRow>, 
 /// nothing else: a key outside both prefixes is taken as a name under them, and one that is
 /// not a valid key there is refused.
 pub async fn find(
-    client: &Client,
+    coord: &dyn Coordinator,
     settings: &Settings,
     key: &str,
-) -> Result<crate::coord::consul::client::KvPair, AdminError> {
+) -> Result<StoredTask, AdminError> {
     let prefixes = [
         settings.queue.prefix.as_str(),
         settings.queue.dead_prefix.as_str(),
@@ -336,11 +343,9 @@ pub async fn find(
             })?,
     };
     for candidate in candidates {
-        let (found, _) = client
-            .kv_get(candidate.as_str(), QueryOptions::default())
-            .await?;
-        if let Some(pair) = found {
-            return Ok(pair);
+        let wanted = [String::from(candidate)];
+        if let Some(found) = coord.get(&wanted).await?.pop() {
+            return Ok(found);
         }
     }
     Err(AdminError::NoSuchTask {
@@ -351,8 +356,12 @@ pub async fn find(
 /// Moves a dead letter back to the queue under its original key, with its attempts reset.
 /// The original key must be a valid key under the queue prefix: a record is data, and a
 /// crafted one must not make this write anywhere else. Returns the queue key.
-pub async fn retry(client: &Client, settings: &Settings, key: &str) -> Result<String, AdminError> {
-    let pair = find(client, settings, key).await?;
+pub async fn retry(
+    coord: &dyn Coordinator,
+    settings: &Settings,
+    key: &str,
+) -> Result<String, AdminError> {
+    let pair = find(coord, settings, key).await?;
     if !pair.key.starts_with(&settings.queue.dead_prefix) {
         return Err(AdminError::NotDead { key: pair.key });
     }
@@ -399,26 +408,31 @@ pub async fn retry(client: &Client, settings: &Settings, key: &str) -> Result<St
     fields.insert("taskTaken".into(), Value::Bool(false));
     let value = serde_json::to_vec(&Value::Object(fields)).expect("task serializes");
     let ops = [
-        crate::coord::consul::client::TxnOp::DeleteCas {
+        Edit::Delete {
             key: pair.key.clone(),
-            index: pair.modify_index,
+            version: pair.version,
         },
         // Create only: a new task under the same key is never overwritten.
-        crate::coord::consul::client::TxnOp::Cas {
+        Edit::Create {
             key: target.clone(),
             value,
-            index: 0,
         },
     ];
-    match client.txn(&ops).await? {
-        crate::coord::consul::client::TxnOutcome::Committed(_) => Ok(target),
-        crate::coord::consul::client::TxnOutcome::RolledBack(errors) => Err(AdminError::Conflict {
-            key: target,
-            reason: errors
-                .into_iter()
-                .map(|e| e.what)
+    match coord.edit(&ops).await? {
+        Edited::Done => Ok(target),
+        Edited::Conflict(keys) => Err(AdminError::Conflict {
+            reason: keys
+                .iter()
+                .map(|key| {
+                    if *key == target {
+                        format!("{key} exists (a new task took the key)")
+                    } else {
+                        format!("{key} changed or went meanwhile")
+                    }
+                })
                 .collect::<Vec<_>>()
                 .join("; "),
+            key: target,
         }),
     }
 }
@@ -426,14 +440,12 @@ pub async fn retry(client: &Client, settings: &Settings, key: &str) -> Result<St
 /// Deletes dead letters, all of them or those dead for longer than `older_than`. Returns
 /// how many were deleted.
 pub async fn purge_dead(
-    client: &Client,
+    coord: &dyn Coordinator,
     settings: &Settings,
     older_than: Option<std::time::Duration>,
 ) -> Result<usize, AdminError> {
     let now = Utc::now();
-    let (dead, _) = client
-        .kv_list(&settings.queue.dead_prefix, QueryOptions::default())
-        .await?;
+    let dead = list_now(coord, &settings.queue.dead_prefix).await?;
     let mut purged = 0;
     for pair in dead {
         // A listing is by byte prefix, so this always holds; checked so that not even a
@@ -453,11 +465,11 @@ pub async fn purge_dead(
                 continue;
             }
         }
-        let ops = [crate::coord::consul::client::TxnOp::DeleteCas {
+        let ops = [Edit::Delete {
             key: pair.key.clone(),
-            index: pair.modify_index,
+            version: pair.version,
         }];
-        if let crate::coord::consul::client::TxnOutcome::Committed(_) = client.txn(&ops).await? {
+        if coord.edit(&ops).await? == Edited::Done {
             purged += 1;
         }
     }

@@ -31,8 +31,9 @@ use std::time::Duration;
 
 use crate::coord::consul::client::{self as consul, Client};
 use crate::coord::{
-    Campaign, CoordError, CoordFuture, Coordinator, Grant, Holder, HolderRecord, Leadership,
-    LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits, Written,
+    Campaign, CoordError, CoordFuture, Coordinator, Edit, Edited, Grant, Holder, HolderRecord,
+    Leadership, LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits,
+    Written,
 };
 
 /// What the Consul coordinator needs beyond its client; from `[election]`.
@@ -66,6 +67,18 @@ struct Tied {
     /// The holder record each lease wrote when it won, written back when it releases the
     /// key, so that the last holder's record stays for standbys.
     records: HashMap<LeaseId, Vec<u8>>,
+}
+
+/// The Consul backend from `[consul]` and `[election]` (`coord::connect`'s line).
+pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator>, CoordError> {
+    let client = client_for(settings)?;
+    Ok(Arc::new(ConsulCoordinator::new(
+        Arc::new(client),
+        ConsulCoordSettings {
+            leader_key: settings.election.leader_key.clone(),
+            health_check: settings.election.health_check,
+        },
+    )))
 }
 
 /// A Consul client from the `[consul]` settings.
@@ -198,6 +211,10 @@ impl Coordinator for ConsulCoordinator {
 
     fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, ()> {
         Box::pin(self.write_unguarded(lease, ops))
+    }
+
+    fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited> {
+        Box::pin(self.edit_kv(ops))
     }
 
     fn cost(&self, op: &TaskOp) -> WriteCost {

@@ -9,7 +9,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::coord::consul::client::{self as consul, KvPair, QueryOptions, TxnOp, TxnOutcome};
-use crate::coord::{CoordError, Leadership, LeaseId, StoredTask, TaskOp, Version, Written};
+use crate::coord::{
+    CoordError, Edit, Edited, Leadership, LeaseId, StoredTask, TaskOp, Version, Written,
+};
 
 use super::leadership::{next_version, settle};
 use super::txn::{txn_ops, written};
@@ -100,6 +102,44 @@ impl ConsulCoordinator {
             leader_key,
             leadership.fencing_token,
         ))
+    }
+
+    /// `edit`: one transaction of create-only `cas` (index 0) and `delete-cas` ops; a
+    /// rollback names the keys of the failed ops.
+    pub(super) async fn edit_kv(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
+        if ops.is_empty() {
+            return Ok(Edited::Done);
+        }
+        if ops.len() > consul::TXN_MAX_OPS {
+            return Err(CoordError::Refused(format!(
+                "an edit of {} operations is over Consul's limit of {}: edit fewer tasks at once",
+                ops.len(),
+                consul::TXN_MAX_OPS
+            )));
+        }
+        let txn: Vec<TxnOp> = ops
+            .iter()
+            .map(|op| match op {
+                Edit::Create { key, value } => TxnOp::Cas {
+                    key: key.clone(),
+                    value: value.clone(),
+                    index: 0,
+                },
+                Edit::Delete { key, version } => TxnOp::DeleteCas {
+                    key: key.clone(),
+                    index: *version,
+                },
+            })
+            .collect();
+        Ok(match self.client.txn(&txn).await? {
+            TxnOutcome::Committed(_) => Edited::Done,
+            TxnOutcome::RolledBack(errors) => Edited::Conflict(
+                errors
+                    .iter()
+                    .filter_map(|e| ops.get(e.op_index).map(|op| op.key().to_string()))
+                    .collect(),
+            ),
+        })
     }
 
     /// `write_own`: the same transaction without the guard. A rollback (a task that moved

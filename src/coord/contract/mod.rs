@@ -111,6 +111,7 @@ checks!(
     write_own_cannot_complete_or_move_what_it_does_not_hold,
     over_limit_writes_are_refused_whole,
     keep_alive_of_an_ended_lease_is_gone,
+    edits_create_only_new_keys_and_apply_whole,
 );
 
 /// Runs every check at once, each on a subject from `make(check name)`, each bounded in

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::support::*;
 use super::Subject;
-use crate::coord::{batch_cost, CoordError, TaskOp, Written};
+use crate::coord::{batch_cost, CoordError, Edit, Edited, TaskOp, Written};
 
 /// A leader that resigned, or whose lease was revoked, writes nothing: every write answers
 /// `NotLeader` and the task stays as it was.
@@ -284,5 +284,82 @@ pub async fn over_limit_writes_are_refused_whole(s: Subject) -> Result<(), Strin
     let written = s.coord.write(&leader, &[big(fits)]).await;
     ensure(matches!(written, Ok(Written::Done { .. })), || {
         format!("a claim of {fits} bytes, at the limits, answered {written:?}")
+    })
+}
+
+/// An operator's edit creates only new keys and deletes only at the version read, all or
+/// nothing: a retry of a dead letter (delete it, create the task anew) never overwrites a
+/// task that took its key meanwhile, and leaves the dead letter where it was.
+pub async fn edits_create_only_new_keys_and_apply_whole(s: Subject) -> Result<(), String> {
+    let fresh = format!("{}fresh", s.queue_prefix);
+    let created = s
+        .coord
+        .edit(&[Edit::Create {
+            key: fresh.clone(),
+            value: b"{\"n\":1}".to_vec(),
+        }])
+        .await
+        .ctx("edit")?;
+    ensure(created == Edited::Done, || {
+        format!("creating a new key answered {created:?}")
+    })?;
+    let task = get_one(&s, &fresh).await?;
+    ensure(task.value == b"{\"n\":1}" && task.holder.is_none(), || {
+        format!("a created task reads back as {task:?}")
+    })?;
+    let again = s
+        .coord
+        .edit(&[Edit::Create {
+            key: fresh.clone(),
+            value: b"{\"n\":2}".to_vec(),
+        }])
+        .await
+        .ctx("edit")?;
+    ensure(again == Edited::Conflict(vec![fresh.clone()]), || {
+        format!("creating an existing key answered {again:?}, not Conflict([{fresh:?}])")
+    })?;
+    let dead = format!("{}t1", s.dead_prefix);
+    s.producer.put(&dead, b"{\"dead\":true}").await.ctx("put")?;
+    let letter = get_one(&s, &dead).await?;
+    let retry = [
+        Edit::Delete {
+            key: dead.clone(),
+            version: letter.version,
+        },
+        Edit::Create {
+            key: fresh.clone(),
+            value: b"{\"n\":3}".to_vec(),
+        },
+    ];
+    let blocked = s.coord.edit(&retry).await.ctx("edit")?;
+    ensure(blocked == Edited::Conflict(vec![fresh.clone()]), || {
+        format!("a retry onto a taken key answered {blocked:?}, not Conflict([{fresh:?}])")
+    })?;
+    let kept = get_one(&s, &dead).await?;
+    ensure(kept == letter, || {
+        format!("a refused edit changed the dead letter: {letter:?} became {kept:?}")
+    })?;
+    let stale = s
+        .coord
+        .edit(&[Edit::Delete {
+            key: dead.clone(),
+            version: letter.version + 1_000_000,
+        }])
+        .await
+        .ctx("edit")?;
+    ensure(stale == Edited::Conflict(vec![dead.clone()]), || {
+        format!("a delete at a wrong version answered {stale:?}, not Conflict([{dead:?}])")
+    })?;
+    let deleted = s
+        .coord
+        .edit(&[Edit::Delete {
+            key: dead.clone(),
+            version: letter.version,
+        }])
+        .await
+        .ctx("edit")?;
+    let (left, _) = list(&s, &s.dead_prefix).await?;
+    ensure(deleted == Edited::Done && left.is_empty(), || {
+        format!("a delete at the version read answered {deleted:?} and left {left:?}")
     })
 }

@@ -24,8 +24,9 @@ pub use self::state::{MemoryConfig, DEFAULT_MAX_BYTES, DEFAULT_MAX_OPS, DEFAULT_
 use self::state::{Op, Outcome, State};
 use super::contract::Producer;
 use super::{
-    Campaign, CoordError, CoordFuture, Coordinator, Grant, Holder, HolderRecord, Leadership,
-    LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits, Written,
+    Campaign, CoordError, CoordFuture, Coordinator, Edit, Edited, Grant, Holder, HolderRecord,
+    Leadership, LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits,
+    Written,
 };
 
 /// The longest a blocking `observe` or `list` waits, whatever it asks (Consul's cap); it
@@ -267,6 +268,15 @@ impl Coordinator for MemoryCoordinator {
             // The trait passes no answer on: a batch that does not apply changes nothing,
             // which the caller sees on its next list.
             self.apply(op).map(drop)
+        })
+    }
+
+    fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited> {
+        Box::pin(async move {
+            expect(self.apply(Op::Edit(ops.to_vec()))?, |o| match o {
+                Outcome::Edited(edited) => Some(edited),
+                _ => None,
+            })
         })
     }
 

@@ -10,14 +10,16 @@
 //! said in the coordinator's words: a lease is a session, leadership is a lock on one key,
 //! the fencing token is its `LockIndex`, a version is a `ModifyIndex`.
 
+mod edit;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::coord::{
-    Campaign, CoordError, Grant, Holder, HolderRecord, Leadership, LeaseId, LeaseSpec, Renewal,
-    StoredTask, TaskOp, Version, WriteLimits, Written,
+    Campaign, CoordError, Edit, Edited, Grant, Holder, HolderRecord, Leadership, LeaseId,
+    LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteLimits, Written,
 };
 
 /// Lock-delay is capped at this whatever a lease asks for (Consul's `MaxLockDelay`).
@@ -78,6 +80,8 @@ pub enum Op {
         lease: LeaseId,
         ops: Vec<TaskOp>,
     },
+    /// A producer's or operator's batch (`Coordinator::edit`).
+    Edit(Vec<Edit>),
     /// A producer's write: creates the task or replaces its value, keeping any claim.
     Put {
         key: String,
@@ -94,6 +98,7 @@ pub enum Outcome {
     /// A write's answer; for `WriteOwn` it says whether the batch was applied, which the
     /// trait does not pass on.
     Written(Written),
+    Edited(Edited),
     /// Done, with nothing to say.
     Done,
 }
@@ -205,6 +210,7 @@ impl State {
                 self.check_limits(&ops, 0)?;
                 Ok(Outcome::Written(self.write(&lease, &ops, true, now)))
             }
+            Op::Edit(ops) => Ok(Outcome::Edited(self.edit(&ops))),
             Op::Put { key, value } => {
                 self.index += 1;
                 let index = self.index;

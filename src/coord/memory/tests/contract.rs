@@ -9,8 +9,8 @@ use super::shell::shared;
 use crate::coord::contract::{self, Subject, Timing};
 use crate::coord::memory::MemoryCoordinator;
 use crate::coord::{
-    Campaign, CoordFuture, Coordinator, Grant, Holder, HolderRecord, Leadership, LeaseId,
-    LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits, Written,
+    Campaign, CoordFuture, Coordinator, Edit, Edited, Grant, Holder, HolderRecord, Leadership,
+    LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits, Written,
 };
 
 fn subject() -> Subject {
@@ -68,6 +68,7 @@ contract_tests!(
     write_own_cannot_complete_or_move_what_it_does_not_hold,
     over_limit_writes_are_refused_whole,
     keep_alive_of_an_ended_lease_is_gone,
+    edits_create_only_new_keys_and_apply_whole,
 );
 
 /// `run_all` runs every check and passes on a coordinator that keeps the contract.
@@ -172,6 +173,9 @@ impl Coordinator for Broken {
     }
     fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, ()> {
         self.0.write_own(lease, ops)
+    }
+    fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited> {
+        self.0.edit(ops)
     }
     fn limits(&self) -> WriteLimits {
         self.0.limits()

@@ -1,0 +1,228 @@
+//! The one process harness: what the integration tests, `leaderq bench` and `leaderq
+//! chaos` use to run real servers and replicas. Child processes that die with their owner,
+//! signals to a process or its group, free loopback ports, bounded waits for readiness,
+//! and the rule for external coordinators (ZooKeeper, Redis, etcd):
+//!
+//! - installed: the caller starts it (one folder per backend below this one);
+//! - missing on a developer's machine: [`external`] prints one line saying what to install
+//!   and the test skips;
+//! - missing where [`REQUIRE_ENV`] is set (CI): [`external`] panics, so the test fails.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+/// Set (to anything but "" or "0") where a missing external server is a failure, not a
+/// skip: `.ci/run` sets it.
+pub const REQUIRE_ENV: &str = "LEADERQ_REQUIRE_SERVERS";
+
+/// Whether [`REQUIRE_ENV`] is set.
+pub fn servers_required() -> bool {
+    std::env::var(REQUIRE_ENV).is_ok_and(|v| !v.is_empty() && v != "0")
+}
+
+/// The first of `candidates` that exists as a file (a bare name is looked up in `PATH`).
+/// `None`, after one line on stderr naming `install` (what to install), when there is
+/// none; panics instead when [`servers_required`].
+pub fn external(candidates: &[&str], install: &str) -> Option<PathBuf> {
+    if let Some(found) = candidates.iter().find_map(|c| which(c)) {
+        return Some(found);
+    }
+    let message = format!(
+        "{} not found: install {install} to run this test",
+        candidates.join(" or ")
+    );
+    assert!(!servers_required(), "{message} ({REQUIRE_ENV} is set)");
+    eprintln!("skipped: {message}");
+    None
+}
+
+fn which(candidate: &str) -> Option<PathBuf> {
+    let path = Path::new(candidate);
+    if path.components().count() > 1 {
+        return path.is_file().then(|| path.to_path_buf());
+    }
+    std::env::var_os("PATH").and_then(|dirs| {
+        std::env::split_paths(&dirs)
+            .map(|dir| dir.join(candidate))
+            .find(|full| full.is_file())
+    })
+}
+
+/// A loopback port nobody listens on now (the kernel's pick, released at once: another
+/// process could take it before the caller does, which is rare enough for tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("bind a loopback port")
+}
+
+/// Polls `ready` every 50 ms until it holds or `limit` passes; `Err` names `what`.
+pub fn wait_for(
+    limit: Duration,
+    what: &str,
+    mut ready: impl FnMut() -> bool,
+) -> Result<(), String> {
+    let start = Instant::now();
+    loop {
+        if ready() {
+            return Ok(());
+        }
+        if start.elapsed() > limit {
+            return Err(format!("{what}: not within {limit:?}"));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Sends `signal` ("KILL", "STOP", "CONT", "TERM", …) to the one process `pid`.
+pub fn signal_pid(pid: u32, signal: &str) {
+    signal_target(&pid.to_string(), signal);
+}
+
+/// Sends `signal` to the process group `pgid`.
+pub fn signal_group(pgid: u32, signal: &str) {
+    signal_target(&format!("-{pgid}"), signal);
+}
+
+fn signal_target(target: &str, signal: &str) {
+    let _ = Command::new("kill")
+        .args([format!("-{signal}").as_str(), "--", target])
+        .status();
+}
+
+/// A child process killed (SIGKILL, with its process group if it leads one) when dropped.
+pub struct Proc {
+    child: Option<Child>,
+    /// What it is, for messages ("zookeeper member 2").
+    pub name: String,
+    group: bool,
+}
+
+impl Proc {
+    /// Spawns `command` in a process group of its own (so a kill reaches whatever it
+    /// forks, as the JVM wrapper scripts do).
+    pub fn spawn(name: &str, mut command: Command) -> Result<Proc, String> {
+        use std::os::unix::process::CommandExt as _;
+        let child = command
+            .process_group(0)
+            .spawn()
+            .map_err(|e| format!("cannot start {name}: {e}"))?;
+        Ok(Proc {
+            child: Some(child),
+            name: name.to_string(),
+            group: true,
+        })
+    }
+
+    /// Wraps a child spawned elsewhere; killed alone (not its group) when dropped.
+    pub fn adopt(name: &str, child: Child) -> Proc {
+        Proc {
+            child: Some(child),
+            name: name.to_string(),
+            group: false,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// The child, for its pipes.
+    pub fn child(&mut self) -> &mut Child {
+        self.child.as_mut().expect("a process not yet reaped")
+    }
+
+    /// Whether it still runs.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
+    }
+
+    /// Sends `signal` (to its group if it leads one).
+    pub fn signal(&self, signal: &str) {
+        let pid = self.pid();
+        if pid == 0 {
+            return;
+        }
+        if self.group {
+            signal_group(pid, signal);
+        } else {
+            signal_pid(pid, signal);
+        }
+    }
+
+    /// SIGKILL, then reaps it.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            if matches!(child.try_wait(), Ok(None)) {
+                self.signal_child(&child, "KILL");
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then waits up to `limit` for the exit; SIGKILL after that. The exit
+    /// status, if it exited by itself.
+    pub fn terminate(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        self.signal_child(&child, "TERM");
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(status);
+            }
+            if start.elapsed() > limit {
+                self.signal_child(&child, "KILL");
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn signal_child(&self, child: &Child, signal: &str) {
+        if self.group {
+            signal_group(child.id(), signal);
+        } else {
+            signal_pid(child.id(), signal);
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_program_is_none_and_a_present_one_is_found() {
+        if !servers_required() {
+            assert_eq!(external(&["leaderq-no-such-program"], "nothing"), None);
+        }
+        assert!(external(&["sh"], "a shell").is_some());
+    }
+
+    #[test]
+    fn a_dropped_proc_is_killed() {
+        let mut command = Command::new("sleep");
+        command.arg("30");
+        let proc = Proc::spawn("sleep", command).expect("spawn sleep");
+        let pid = proc.pid();
+        drop(proc);
+        let alive = Path::new(&format!("/proc/{pid}")).exists()
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .unwrap_or_default()
+                .contains(") Z ");
+        assert!(!alive, "sleep {pid} outlived its Proc");
+    }
+}
