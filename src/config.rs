@@ -163,6 +163,14 @@ pub enum ConfigError {
 pub type Env = Vec<(String, String)>;
 
 impl Settings {
+    /// How long one watch of the coordinator (a blocking query, a watch) may wait before it
+    /// returns unchanged, from the backend's own section.
+    pub fn watch_wait(&self) -> Duration {
+        match self.coordinator.backend {
+            Backend::Consul => self.consul.wait,
+        }
+    }
+
     /// Loads the layers in order and validates the result.
     pub fn load(file: Option<&Path>, env: Env) -> Result<Settings, ConfigError> {
         let mut builder = config::Config::builder().add_source(config::File::from_str(

@@ -119,7 +119,7 @@ pub async fn run(
         settings: settings.queue.clone(),
         registry: registry.clone(),
         node_id: node_id.clone(),
-        wait: settings.consul.wait,
+        wait: settings.watch_wait(),
         metrics: metrics.clone(),
     };
     let task_types: Vec<&str> = registry.task_types().collect();
@@ -162,10 +162,12 @@ pub async fn run(
         stop_renewer.clone(),
     ));
     // In the service catalog with its role as tag, deregistered after `leave` below. The
-    // catalog is Consul's: the registration talks to it directly.
+    // catalog is Consul's: the registration talks to it directly, on that backend only.
     let (role, role_changes) =
         tokio::sync::watch::channel(crate::observe::registration::Role::Standby);
-    if settings.election.register_service {
+    if settings.election.register_service
+        && settings.coordinator.backend == crate::config::Backend::Consul
+    {
         let client = Arc::new(client(&settings)?);
         let check_id = crate::coord::consul::check_id(&node_id);
         let check = settings.election.health_check.then_some(check_id.as_str());
@@ -192,7 +194,7 @@ pub async fn run(
         if shutdown.is_cancelled() {
             break;
         }
-        match election.campaign(settings.consul.wait, &shutdown).await {
+        match election.campaign(settings.watch_wait(), &shutdown).await {
             Ok(None) => break,
             Ok(Some(leadership)) => {
                 backoff = BACKOFF_FIRST;

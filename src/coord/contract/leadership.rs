@@ -142,6 +142,12 @@ pub async fn lock_delay_follows_a_death_not_a_resignation(s: Subject) -> Result<
 
     s.coord.revoke(&b).await.ctx("revoke")?;
     let revoked = Instant::now();
+    if !s.timing.lock_delay {
+        return lead(&s, &a, "node-a")
+            .await
+            .map(drop)
+            .map_err(|why| format!("after the holder's lease was revoked: {why}"));
+    }
     match s
         .coord
         .campaign(&a, &record("node-a"))

@@ -40,6 +40,10 @@ pub struct Timing {
     /// How long after its last keep-alive the backend may take to end a lease (Consul ends
     /// a session after twice its TTL, and its timer may run a little late).
     pub expiry: Duration,
+    /// Whether the backend keeps leadership untaken for a dead holder's lock-delay
+    /// (Consul and the in-memory one do; etcd, ZooKeeper and Redis have no such thing and
+    /// rely on the fencing token and the holder's own TTL margin instead).
+    pub lock_delay: bool,
 }
 
 impl Timing {
@@ -48,6 +52,16 @@ impl Timing {
         Timing {
             ttl,
             expiry: ttl * 3,
+            lock_delay: true,
+        }
+    }
+
+    /// The same, for a backend without lock-delay: the lock-delay check then only checks
+    /// that a resignation and a death both free leadership.
+    pub fn without_lock_delay(self) -> Timing {
+        Timing {
+            lock_delay: false,
+            ..self
         }
     }
 }

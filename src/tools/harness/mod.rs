@@ -92,6 +92,26 @@ fn signal_target(target: &str, signal: &str) {
         .status();
 }
 
+/// A running coordinator (one server, or an ensemble or cluster of members) as the tests,
+/// bench and chaos drive it, whatever the backend. Each backend's folder below this one
+/// implements it; dropping it stops every member.
+pub trait Cluster: Send {
+    /// The backend's name as `[coordinator] backend` takes it ("consul", "zookeeper", …).
+    fn backend(&self) -> &'static str;
+    /// The environment that points `leaderq` (consume, enqueue, tasks, status) at it:
+    /// `LEADERQ__COORDINATOR__BACKEND` and the backend's own section.
+    fn env(&self) -> Vec<(String, String)>;
+    /// How many members it has.
+    fn members(&self) -> usize;
+    /// SIGKILLs member `i` (no-op if it is down).
+    fn kill_member(&mut self, i: usize) -> Result<(), String>;
+    /// Starts member `i` again on its own data, and waits until it serves.
+    fn restart_member(&mut self, i: usize) -> Result<(), String>;
+    /// Writes a task as a producer does, with the backend's plain write (a KV PUT, a
+    /// znode create, `etcdctl put`, the documented Redis command): creates or replaces.
+    fn produce(&self, key: &str, value: &[u8]) -> Result<(), String>;
+}
+
 /// A child process killed (SIGKILL, with its process group if it leads one) when dropped.
 pub struct Proc {
     child: Option<Child>,
