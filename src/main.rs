@@ -92,12 +92,16 @@ struct ChaosArgs {
     /// Partitions of the leader from the server through its proxy (default 2; 1).
     #[arg(long)]
     partitions: Option<usize>,
-    /// SIGKILL-and-restarts of the server (default 2; 1).
+    /// SIGKILL-and-restarts of the server, or of one member of a cluster (default 2; 1).
     #[arg(long)]
     server_restarts: Option<usize>,
     /// Seed of the event schedule.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// The coordinator to run on, started on loopback by the run itself (its server must
+    /// be installed). Partitions run on consul only.
+    #[arg(long, default_value = "consul", value_parser = clap::builder::PossibleValuesParser::new(leaderq::tools::harness::BACKENDS))]
+    backend: String,
     /// Print the audit as one JSON object.
     #[arg(long)]
     json: bool,
@@ -124,6 +128,11 @@ struct BenchArgs {
     /// measurements (reads under writes, wakes among many watchers), printed beside these.
     #[arg(long)]
     baseline_exe: Option<PathBuf>,
+    /// The coordinator the consumer and failover sections run on, started on loopback by
+    /// the bench itself (its server must be installed); server and contention always
+    /// measure `leaderq server`.
+    #[arg(long, default_value = "consul", value_parser = clap::builder::PossibleValuesParser::new(leaderq::tools::harness::BACKENDS))]
+    backend: String,
 }
 
 #[derive(clap::Args)]
@@ -352,6 +361,7 @@ fn main() -> ExitCode {
                     only: args.only,
                     watchers: args.watchers,
                     baseline_exe: args.baseline_exe,
+                    backend: args.backend,
                     ..Default::default()
                 };
                 leaderq::tools::bench::run(options, args.json).await
@@ -590,6 +600,7 @@ async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
         }
     }
     options.seed = args.seed;
+    options.backend = args.backend;
     let audit = leaderq::tools::chaos::run(options).await?;
     if args.json {
         outln!("{}", serde_json::to_string(&audit)?)?;

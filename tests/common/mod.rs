@@ -1,28 +1,32 @@
-//! Helpers shared by the integration tests: real `leaderq server` processes on free ports
-//! with temporary data dirs, and a small HTTP client for them.
+//! Helpers shared by the integration tests, over the shared process harness
+//! (`leaderq::tools::harness`): real `leaderq server` processes on free ports with
+//! temporary data dirs, replicas, and a small HTTP client.
 
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-/// A running `leaderq server`; killed when dropped.
+pub use leaderq::tools::harness::consul::LeaderqServer;
+
+/// A running `leaderq server` (the shared harness's, with this test binary's leaderq);
+/// killed when dropped.
 pub struct ServerProcess {
-    child: Child,
+    server: LeaderqServer,
     pub addr: String,
     pub data_dir: PathBuf,
     _temp: Option<tempfile::TempDir>,
 }
 
+/// The leaderq binary these tests were built with.
+pub fn exe() -> &'static Path {
+    Path::new(env!("CARGO_BIN_EXE_leaderq"))
+}
+
 impl ServerProcess {
     /// Starts a server on a free port with a fresh data dir and a 1s session TTL minimum.
     pub fn start() -> ServerProcess {
-        let temp = tempfile::tempdir().expect("temp dir");
-        let dir = temp.path().join("data");
-        let mut server = ServerProcess::start_in(&dir, &[]).expect("server starts");
-        server._temp = Some(temp);
-        server
+        ServerProcess::start_in_temp(&[])
     }
 
     /// Starts a server with extra flags on a free port with a fresh data dir.
@@ -46,44 +50,11 @@ impl ServerProcess {
         data_dir: &Path,
         extra: &[&str],
     ) -> Result<ServerProcess, String> {
-        let ttl_min: &[&str] = if extra.contains(&"--session-ttl-min") {
-            &[]
-        } else {
-            &["--session-ttl-min", "1s"]
-        };
-        let mut child = Command::new(env!("CARGO_BIN_EXE_leaderq"))
-            .args(["server", "--listen", listen, "--node-name", "test-node"])
-            .args(ttl_min)
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn leaderq server");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("read stdout");
-        let Some(addr) = line
-            .trim()
-            .strip_prefix("leaderq server listening on http://")
-        else {
-            let mut stderr = String::new();
-            child
-                .stderr
-                .take()
-                .expect("stderr")
-                .read_to_string(&mut stderr)
-                .ok();
-            let _ = child.wait();
-            return Err(stderr);
-        };
+        let server = LeaderqServer::start(exe(), listen, data_dir, extra)?;
         Ok(ServerProcess {
-            addr: addr.to_string(),
-            child,
+            addr: server.addr.clone(),
             data_dir: data_dir.to_path_buf(),
+            server,
             _temp: None,
         })
     }
@@ -94,44 +65,27 @@ impl ServerProcess {
 
     /// SIGKILL: no chance to flush anything.
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.server.kill();
     }
 
     /// SIGTERM, then waits for the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        signal(self.child.id(), "TERM");
-        self.child.wait().expect("wait for server")
+        self.terminate_within(std::time::Duration::from_secs(60))
+            .expect("the server exits on SIGTERM")
     }
 
-    /// SIGTERM, then waits up to `limit` for the exit; `None` if it is still running (it is
-    /// then killed when dropped).
+    /// SIGTERM, then waits up to `limit` for the exit; `None` if it is still running then
+    /// (it is then killed).
     pub fn terminate_within(
         &mut self,
         limit: std::time::Duration,
     ) -> Option<std::process::ExitStatus> {
-        signal(self.child.id(), "TERM");
-        let started = std::time::Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait for server") {
-                return Some(status);
-            }
-            if started.elapsed() > limit {
-                return None;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        }
+        self.server.terminate(limit)
     }
 
     /// Hands the temp dir over so a restarted server can reuse the same data.
     pub fn take_temp(&mut self) -> Option<tempfile::TempDir> {
         self._temp.take()
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        self.kill();
     }
 }
 

@@ -1,11 +1,14 @@
-//! Consumer measurements against a real `leaderq server` process: dispatch latency on an
+//! Consumer measurements against a real coordinator from the shared harness (a `leaderq
+//! server` process, or another backend's cluster with `--backend`): dispatch latency on an
 //! idle queue, drain throughput with 1 and 3 replicas, drains of 300 B and 20 KB tasks,
 //! the order window (how long an earlier task PUT during a backlog waits), handover after
 //! a shutdown signal, and the RSS of an idle `leaderq consume` process.
 //!
 //! Latency and throughput replicas run in this process with a handler that records when
 //! it starts, which is exactly how a library user runs leaderq; the consumer code path is
-//! the same as `leaderq consume`'s. The RSS is read from a real child process.
+//! the same as `leaderq consume`'s. The RSS is read from a real child process. Tasks are
+//! written as `leaderq enqueue` writes them (create-only, through the coordinator seam),
+//! so every backend is measured by the same code.
 //!
 //! Size: one measurement per consumer row of the bench table.
 
@@ -19,10 +22,12 @@ use serde_json::json;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{mib, progress, rss_of, summarize, Options, Report, ServerChild, TempDir};
+use super::{mib, progress, rss_of, summarize, Options, Report, TempDir};
 use crate::config::Settings;
+use crate::coord::{Coordinator, Edit, Edited};
 use crate::handler::{Handler, HandlerFuture, Registry, TaskContext};
 use crate::tools::chaos::wait_for_leader;
+use crate::tools::harness::{self, Cluster};
 
 const TASK_TYPE: &str = "Bench";
 /// Clients that enqueue the drain backlog concurrently.
@@ -59,6 +64,30 @@ impl Handler for Recorder {
     }
 }
 
+/// A coordinator for one measurement: its processes, and the seam to write and read it.
+struct Target {
+    coord: Arc<dyn Coordinator>,
+    env: Vec<(String, String)>,
+    _cluster: Box<dyn Cluster>,
+    _dir: TempDir,
+}
+
+impl Target {
+    fn start(backend: &str) -> anyhow::Result<Target> {
+        let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
+        let dir = TempDir::new()?;
+        let cluster = harness::start_cluster(backend, &exe, &dir.0.join("coordinator"))
+            .map_err(|why| anyhow::anyhow!("cannot start the {backend} cluster: {why}"))?
+            .with_context(|| format!("the {backend} server is not installed"))?;
+        Ok(Target {
+            coord: crate::tools::chaos::coordinator_of(cluster.as_ref())?,
+            env: cluster.env(),
+            _cluster: cluster,
+            _dir: dir,
+        })
+    }
+}
+
 /// An in-process replica with its own shutdown token.
 struct Replica {
     name: String,
@@ -66,26 +95,26 @@ struct Replica {
     task: tokio::task::JoinHandle<()>,
 }
 
-fn settings(base: &str, name: &str, dir: &TempDir) -> anyhow::Result<Settings> {
-    let env = vec![
-        ("CONSUL_HTTP_ADDR".to_string(), base.to_string()),
+fn settings(target: &Target, name: &str, dir: &TempDir) -> anyhow::Result<Settings> {
+    let mut env = target.env.clone();
+    env.extend([
         ("LEADERQ__ELECTION__NODE_ID".to_string(), name.to_string()),
         (
             "LEADERQ__DATA__DIR".to_string(),
             dir.0.join(name).display().to_string(),
         ),
         ("LEADERQ__OBSERVE__ENABLED".to_string(), "false".to_string()),
-    ];
+    ]);
     Ok(Settings::load(None, env)?)
 }
 
 fn start_replica(
-    base: &str,
+    target: &Target,
     name: &str,
     dir: &TempDir,
     starts: &mpsc::UnboundedSender<(String, String, Instant)>,
 ) -> anyhow::Result<Replica> {
-    let settings = settings(base, name, dir)?;
+    let settings = settings(target, name, dir)?;
     let mut registry = Registry::default();
     registry.register(
         TASK_TYPE,
@@ -131,42 +160,34 @@ fn sized_task_body(id: &str, task_time: &str, bytes: usize) -> String {
         .to_string()
 }
 
-async fn put_task(http: &reqwest::Client, base: &str, id: &str) -> anyhow::Result<()> {
-    put_body(http, base, id, task_body(id)).await
+async fn put_task(coord: &dyn Coordinator, id: &str) -> anyhow::Result<()> {
+    put_body(coord, id, task_body(id)).await
 }
 
-async fn put_body(
-    http: &reqwest::Client,
-    base: &str,
-    id: &str,
-    body: String,
-) -> anyhow::Result<()> {
-    let response = http
-        .put(format!("{base}/v1/kv/oracleTask/{id}"))
-        .body(body)
-        .send()
-        .await?;
-    if !response.status().is_success() {
-        bail!("enqueue failed: {}", response.status());
+/// Creates task `id` as `leaderq enqueue` does.
+async fn put_body(coord: &dyn Coordinator, id: &str, body: String) -> anyhow::Result<()> {
+    let create = [Edit::Create {
+        key: format!("oracleTask/{id}"),
+        value: body.into_bytes(),
+    }];
+    match coord.edit(&create).await? {
+        Edited::Done => Ok(()),
+        Edited::Conflict(keys) => bail!("enqueue: {keys:?} exist"),
     }
-    Ok(())
 }
 
 /// How long the bench waits for a replica to win the election.
 const LEADER_LIMIT: Duration = Duration::from_secs(30);
 
 pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<()> {
-    let http = reqwest::Client::builder()
-        .pool_max_idle_per_host(64)
-        .build()?;
+    let backend = options.backend.as_str();
 
     // Dispatch latency on an idle queue.
-    let server = ServerChild::start()?;
-    let base = server.base.clone();
+    let server = Target::start(backend)?;
     let dir = TempDir::new()?;
     let (starts_tx, mut starts) = mpsc::unbounded_channel();
-    let replica = start_replica(&base, "bench-1", &dir, &starts_tx)?;
-    wait_for_leader(&http, &server.server.addr, &[], LEADER_LIMIT).await?;
+    let replica = start_replica(&server, "bench-1", &dir, &starts_tx)?;
+    wait_for_leader(server.coord.as_ref(), &[], LEADER_LIMIT).await?;
     progress(&format!(
         "consumer: dispatch latency, {} tasks one at a time",
         options.dispatches
@@ -174,7 +195,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
     let mut samples = Vec::with_capacity(options.dispatches);
     for n in 0..options.dispatches {
         let id = format!("d{n}");
-        put_task(&http, &base, &id).await?;
+        put_task(server.coord.as_ref(), &id).await?;
         let acknowledged = Instant::now();
         let (started_id, _, at) = tokio::time::timeout(Duration::from_secs(10), starts.recv())
             .await
@@ -194,21 +215,20 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
     // Drain throughput.
     let mut drain = HashMap::new();
     for replicas in [1usize, 3] {
-        let server = ServerChild::start()?;
-        let base = server.base.clone();
+        let server = Target::start(backend)?;
         let dir = TempDir::new()?;
         progress(&format!(
             "consumer: enqueueing {} tasks",
             options.drain_tasks
         ));
-        enqueue_backlog(&http, &base, options.drain_tasks).await?;
+        enqueue_backlog(&server.coord, options.drain_tasks).await?;
         progress(&format!("consumer: draining with {replicas} replica(s)"));
         let (starts_tx, mut starts) = mpsc::unbounded_channel();
         let started = Instant::now();
         let mut running = Vec::new();
         for n in 1..=replicas {
             running.push(start_replica(
-                &base,
+                &server,
                 &format!("drain-{n}"),
                 &dir,
                 &starts_tx,
@@ -222,7 +242,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
                 .context("replicas stopped")?;
             seen += 1;
         }
-        wait_until_empty(&http, &base).await?;
+        wait_until_empty(server.coord.as_ref()).await?;
         let rate = options.drain_tasks as f64 / started.elapsed().as_secs_f64();
         drain.insert(replicas, rate);
         stop_all(running).await;
@@ -236,7 +256,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         .collect();
     'rounds: for _ in 0..SIZED_ROUNDS {
         for (n, (_, bytes)) in SIZED_DRAINS.iter().enumerate() {
-            let drained = sized_drain(&http, options.sized_drain_tasks, *bytes).await?;
+            let drained = sized_drain(backend, options.sized_drain_tasks, *bytes).await?;
             let stalled = drained.seen < options.sized_drain_tasks;
             sized[n].1.push(drained);
             // A drain that stalls would stall again: one measurement of it is enough.
@@ -254,26 +274,24 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
             )
     };
 
-    let order = order_window(&http, options.order_probes).await?;
+    let order = order_window(backend, options.order_probes).await?;
 
     // Handover after a shutdown signal, under a steady flow of tasks.
-    let server = ServerChild::start()?;
-    let base = server.base.clone();
+    let server = Target::start(backend)?;
     let dir = TempDir::new()?;
     let (starts_tx, mut starts) = mpsc::unbounded_channel();
     let mut replicas = vec![
-        start_replica(&base, "h-0", &dir, &starts_tx)?,
-        start_replica(&base, "h-1", &dir, &starts_tx)?,
+        start_replica(&server, "h-0", &dir, &starts_tx)?,
+        start_replica(&server, "h-1", &dir, &starts_tx)?,
     ];
     let flow_stop = CancellationToken::new();
     let flow = {
-        let http = http.clone();
-        let base = base.clone();
+        let coord = server.coord.clone();
         let stop = flow_stop.clone();
         tokio::spawn(async move {
             let mut n = 0u64;
             while !stop.is_cancelled() {
-                let _ = put_task(&http, &base, &format!("f{n}")).await;
+                let _ = put_task(coord.as_ref(), &format!("f{n}")).await;
                 n += 1;
                 tokio::time::sleep(FLOW_INTERVAL).await;
             }
@@ -286,7 +304,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
     ));
     let mut gaps = Vec::new();
     for round in 0..options.handovers {
-        let old = wait_for_leader(&http, &server.server.addr, &[], LEADER_LIMIT).await?;
+        let old = wait_for_leader(server.coord.as_ref(), &[], LEADER_LIMIT).await?;
         // Let the old leader run the flow for a moment.
         let warm = Instant::now() + Duration::from_millis(200);
         while Instant::now() < warm {
@@ -330,7 +348,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
             gaps.push(first_new.saturating_duration_since(old_last));
         }
         replicas.push(start_replica(
-            &base,
+            &server,
             &format!("h-{}", round + 2),
             &dir,
             &starts_tx,
@@ -343,12 +361,12 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
     drop(server);
 
     // RSS of an idle `leaderq consume` process (leading an empty queue).
-    let server = ServerChild::start()?;
+    let server = Target::start(backend)?;
     let dir = TempDir::new()?;
     let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
     let mut child = Command::new(exe)
         .arg("consume")
-        .env("CONSUL_HTTP_ADDR", &server.base)
+        .envs(server.env.iter().map(|(k, v)| (k, v)))
         .env("LEADERQ__DATA__DIR", dir.0.join("idle"))
         .env("LEADERQ__OBSERVE__LISTEN", "127.0.0.1:0")
         // It runs no task, so it needs no handler; without this it refuses to start.
@@ -358,7 +376,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         .stderr(Stdio::inherit())
         .spawn()
         .context("cannot start leaderq consume")?;
-    wait_for_leader(&http, &server.server.addr, &[], LEADER_LIMIT).await?;
+    wait_for_leader(server.coord.as_ref(), &[], LEADER_LIMIT).await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (idle_rss, _) = rss_of(child.id()).unwrap_or((0, 0));
     let _ = child.kill();
@@ -451,20 +469,15 @@ struct Drained {
 }
 
 /// Drains `count` tasks of `bytes` with one replica on a fresh server.
-async fn sized_drain(
-    http: &reqwest::Client,
-    count: usize,
-    bytes: usize,
-) -> anyhow::Result<Drained> {
-    let server = ServerChild::start()?;
-    let base = server.base.clone();
+async fn sized_drain(backend: &str, count: usize, bytes: usize) -> anyhow::Result<Drained> {
+    let server = Target::start(backend)?;
     let dir = TempDir::new()?;
     progress(&format!("consumer: enqueueing {count} tasks of {bytes} B"));
-    enqueue_sized(http, &base, count, bytes).await?;
+    enqueue_sized(&server.coord, count, bytes).await?;
     progress(&format!("consumer: draining {count} tasks of {bytes} B"));
     let (starts_tx, mut starts) = mpsc::unbounded_channel();
     let started = Instant::now();
-    let replica = start_replica(&base, "sized-1", &dir, &starts_tx)?;
+    let replica = start_replica(&server, "sized-1", &dir, &starts_tx)?;
     let mut seen = 0;
     while seen < count {
         let left = SIZED_DRAIN_LIMIT.saturating_sub(started.elapsed());
@@ -491,16 +504,15 @@ struct OrderWindow {
 /// PUTs `probes` tasks with an earlier taskTime, one every ORDER_PROBE_INTERVAL, while one
 /// replica drains a backlog of no-op tasks; measures how long each waited and how many
 /// later tasks started meanwhile.
-async fn order_window(http: &reqwest::Client, probes: usize) -> anyhow::Result<OrderWindow> {
-    let server = ServerChild::start()?;
-    let base = server.base.clone();
+async fn order_window(backend: &str, probes: usize) -> anyhow::Result<OrderWindow> {
+    let server = Target::start(backend)?;
     let dir = TempDir::new()?;
     progress(&format!(
         "consumer: order window, {probes} earlier tasks during a backlog of {ORDER_BACKLOG}"
     ));
-    enqueue_backlog(http, &base, ORDER_BACKLOG).await?;
+    enqueue_backlog(&server.coord, ORDER_BACKLOG).await?;
     let (starts_tx, mut starts) = mpsc::unbounded_channel();
-    let replica = start_replica(&base, "order-1", &dir, &starts_tx)?;
+    let replica = start_replica(&server, "order-1", &dir, &starts_tx)?;
     let mut events: Vec<(String, Instant)> = Vec::new();
     let (id, _, at) = tokio::time::timeout(Duration::from_secs(30), starts.recv())
         .await
@@ -510,7 +522,7 @@ async fn order_window(http: &reqwest::Client, probes: usize) -> anyhow::Result<O
     let mut acknowledged = Vec::with_capacity(probes);
     for n in 0..probes {
         let id = format!("e{n:03}");
-        put_body(http, &base, &id, sized_task_body(&id, "1", 0)).await?;
+        put_body(server.coord.as_ref(), &id, sized_task_body(&id, "1", 0)).await?;
         acknowledged.push((id, Instant::now()));
         let until = Instant::now() + ORDER_PROBE_INTERVAL;
         while let Ok(Some((id, _, at))) = tokio::time::timeout_at(until.into(), starts.recv()).await
@@ -556,20 +568,18 @@ async fn order_window(http: &reqwest::Client, probes: usize) -> anyhow::Result<O
 }
 
 async fn enqueue_sized(
-    http: &reqwest::Client,
-    base: &str,
+    coord: &Arc<dyn Coordinator>,
     count: usize,
     bytes: usize,
 ) -> anyhow::Result<()> {
     let mut tasks = Vec::new();
     for client in 0..ENQUEUE_CLIENTS {
-        let http = http.clone();
-        let base = base.to_string();
+        let coord = coord.clone();
         tasks.push(tokio::spawn(async move {
             for n in (client..count).step_by(ENQUEUE_CLIENTS) {
                 let id = format!("s{n:06}");
                 let body = sized_task_body(&id, BACKLOG_TASK_TIME, bytes);
-                put_body(&http, &base, &id, body).await?;
+                put_body(coord.as_ref(), &id, body).await?;
             }
             anyhow::Ok(())
         }));
@@ -580,14 +590,13 @@ async fn enqueue_sized(
     Ok(())
 }
 
-async fn enqueue_backlog(http: &reqwest::Client, base: &str, count: usize) -> anyhow::Result<()> {
+async fn enqueue_backlog(coord: &Arc<dyn Coordinator>, count: usize) -> anyhow::Result<()> {
     let mut tasks = Vec::new();
     for client in 0..ENQUEUE_CLIENTS {
-        let http = http.clone();
-        let base = base.to_string();
+        let coord = coord.clone();
         tasks.push(tokio::spawn(async move {
             for n in (client..count).step_by(ENQUEUE_CLIENTS) {
-                put_task(&http, &base, &format!("b{n:06}")).await?;
+                put_task(coord.as_ref(), &format!("b{n:06}")).await?;
             }
             anyhow::Ok(())
         }));
@@ -598,14 +607,10 @@ async fn enqueue_backlog(http: &reqwest::Client, base: &str, count: usize) -> an
     Ok(())
 }
 
-async fn wait_until_empty(http: &reqwest::Client, base: &str) -> anyhow::Result<()> {
+async fn wait_until_empty(coord: &dyn Coordinator) -> anyhow::Result<()> {
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(60) {
-        let response = http
-            .get(format!("{base}/v1/kv/oracleTask/?keys"))
-            .send()
-            .await?;
-        if response.status() == reqwest::StatusCode::NOT_FOUND {
+        if coord.keys("oracleTask/").await?.0.is_empty() {
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(10)).await;

@@ -1,4 +1,5 @@
-//! Handover and failover over real processes: a server and two `leaderq consume` replicas
+//! Handover and failover over real processes: a coordinator from the shared harness (a
+//! `leaderq server`, or another backend's cluster) and two `leaderq consume` replicas
 //! under a steady flow of tasks; the leader gets SIGTERM (handover) or SIGKILL of its
 //! process group (failover), and the gap is the time from the old leader's last task start
 //! to the new leader's first, read from the handlers' journal.
@@ -16,9 +17,11 @@ use anyhow::{bail, Context};
 use serde_json::json;
 
 use super::{progress, summarize, Latency, TempDir};
+use crate::coord::{Coordinator, Edit, Version};
 use crate::tools::chaos::{
-    self, now_ns, signal_group, start_replica_with, start_server, wait_for_leader, ReplicaSetup,
+    self, now_ns, signal_group, start_replica_with, wait_for_leader, ReplicaSetup,
 };
+use crate::tools::harness;
 use crate::util::duration;
 
 /// One task every this often while the leader is hit.
@@ -91,35 +94,27 @@ fn longest_gap(journal: &Path, hit_ns: u128, until_ns: u128) -> Option<Duration>
     Some(Duration::from_nanos(longest as u64))
 }
 
-/// The pid in the leader key's holder value, if it is held.
-async fn leader_pid(http: &reqwest::Client, consul: &str) -> Option<u32> {
-    let response = http
-        .get(format!("http://{consul}/v1/kv/consumerLeader"))
-        .timeout(Duration::from_secs(2))
-        .send()
-        .await
-        .ok()?;
-    let entries: serde_json::Value = response.json().await.ok()?;
-    entries[0].get("Session")?;
-    let value = base64::Engine::decode(
-        &base64::engine::general_purpose::STANDARD,
-        entries[0]["Value"].as_str()?,
+/// The pid in the leader's holder record, if leadership is held.
+async fn leader_pid(coord: &dyn Coordinator) -> Option<u32> {
+    let observed = tokio::time::timeout(
+        Duration::from_secs(2),
+        coord.observe(Version(0), Duration::ZERO),
     )
-    .ok()?;
-    let holder: serde_json::Value = serde_json::from_slice(&value).ok()?;
-    holder["pid"].as_u64().map(|pid| pid as u32)
+    .await;
+    let (holder, _) = observed.ok()?.ok()?;
+    holder.lease?;
+    Some(holder.record?.pid)
 }
 
-/// Waits until one of `replicas` holds the leader key; its index.
+/// Waits until one of `replicas` leads; its index.
 async fn wait_for_leading_replica(
-    http: &reqwest::Client,
-    consul: &str,
+    coord: &dyn Coordinator,
     replicas: &[chaos::Replica],
     limit: Duration,
 ) -> anyhow::Result<usize> {
     let started = Instant::now();
     while started.elapsed() < limit {
-        if let Some(pid) = leader_pid(http, consul).await {
+        if let Some(pid) = leader_pid(coord).await {
             if let Some(index) = replicas.iter().position(|r| r.child.id() == pid) {
                 return Ok(index);
             }
@@ -148,30 +143,32 @@ fn gap(journal: &Path, old: &str, hit_ns: u128) -> Option<Duration> {
 }
 
 /// Runs `runs` hits of the leader.
-async fn measure(exe: &Path, hit: Hit, runs: usize) -> anyhow::Result<Latency> {
+async fn measure(exe: &Path, backend: &str, hit: Hit, runs: usize) -> anyhow::Result<Latency> {
     let dir = TempDir::new()?;
     let journal = dir.0.join("journal");
     std::fs::write(&journal, "")?;
-    let server = start_server(exe, "127.0.0.1:0", &dir.0.join("server"))?;
-    let consul = server.addr.clone();
-    let http = reqwest::Client::new();
+    let server = harness::start_cluster(backend, exe, &dir.0.join("coordinator"))
+        .map_err(|why| anyhow::anyhow!("cannot start the {backend} cluster: {why}"))?
+        .with_context(|| format!("the {backend} server is not installed"))?;
+    let coord = chaos::coordinator_of(server.as_ref())?;
+    let env = server.env();
     let setup = hit.setup();
     let mut replicas = vec![
-        start_replica_with(exe, &dir.0, &consul, "fo-a", 0, &journal, setup)?,
-        start_replica_with(exe, &dir.0, &consul, "fo-b", 0, &journal, setup)?,
+        start_replica_with(exe, &dir.0, &env, "fo-a", 0, &journal, setup)?,
+        start_replica_with(exe, &dir.0, &env, "fo-b", 0, &journal, setup)?,
     ];
     let stop = tokio_util::sync::CancellationToken::new();
     let flow = {
-        let (http, consul, stop) = (http.clone(), consul.clone(), stop.clone());
+        let (coord, stop) = (coord.clone(), stop.clone());
         tokio::spawn(async move {
             let mut n = 0u64;
             while !stop.is_cancelled() {
                 let body = json!({"taskId": format!("fo{n}"), "taskTime": n, "taskType": "Chaos"});
-                let _ = http
-                    .put(format!("http://{consul}/v1/kv/oracleTask/fo{n:08}"))
-                    .body(body.to_string())
-                    .send()
-                    .await;
+                let create = [Edit::Create {
+                    key: format!("oracleTask/fo{n:08}"),
+                    value: body.to_string().into_bytes(),
+                }];
+                let _ = coord.edit(&create).await;
                 n += 1;
                 tokio::time::sleep(FLOW_INTERVAL).await;
             }
@@ -181,8 +178,7 @@ async fn measure(exe: &Path, hit: Hit, runs: usize) -> anyhow::Result<Latency> {
     let mut result = Ok(());
     for _ in 0..runs {
         let index = match wait_for_leading_replica(
-            &http,
-            &consul,
+            coord.as_ref(),
             &replicas,
             Duration::from_secs(60),
         )
@@ -210,7 +206,7 @@ async fn measure(exe: &Path, hit: Hit, runs: usize) -> anyhow::Result<Latency> {
         if hit == Hit::KillRestart {
             let _ = leaving.child.wait();
             replicas.push(start_replica_with(
-                exe, &dir.0, &consul, &old, 0, &journal, setup,
+                exe, &dir.0, &env, &old, 0, &journal, setup,
             )?);
             let ttl = duration::parse(setup.session_ttl).unwrap_or_default();
             let lock_delay = duration::parse(setup.lock_delay).unwrap_or_default();
@@ -225,7 +221,7 @@ async fn measure(exe: &Path, hit: Hit, runs: usize) -> anyhow::Result<Latency> {
             }
             continue;
         }
-        if let Err(err) = wait_for_leader(&http, &consul, &[&old], Duration::from_secs(60)).await {
+        if let Err(err) = wait_for_leader(coord.as_ref(), &[&old], Duration::from_secs(60)).await {
             result = Err(err);
             break;
         }
@@ -239,7 +235,7 @@ async fn measure(exe: &Path, hit: Hit, runs: usize) -> anyhow::Result<Latency> {
         }
         let _ = leaving.child.wait();
         replicas.push(start_replica_with(
-            exe, &dir.0, &consul, &old, 0, &journal, setup,
+            exe, &dir.0, &env, &old, 0, &journal, setup,
         )?);
     }
     stop.cancel();
@@ -256,20 +252,20 @@ async fn measure(exe: &Path, hit: Hit, runs: usize) -> anyhow::Result<Latency> {
     Ok(summarize(gaps))
 }
 
-pub async fn section(runs: usize, report: &mut super::Report) -> anyhow::Result<()> {
+pub async fn section(runs: usize, backend: &str, report: &mut super::Report) -> anyhow::Result<()> {
     let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
     let ttl = duration::parse(chaos::SESSION_TTL).unwrap_or_default();
     let lock_delay = duration::parse(chaos::LOCK_DELAY).unwrap_or_default();
     progress(&format!(
         "failover: {runs} SIGTERM handovers (replicas as processes)"
     ));
-    let handover = measure(&exe, Hit::Term, runs).await?;
+    let handover = measure(&exe, backend, Hit::Term, runs).await?;
     progress(&format!(
         "failover: {runs} SIGKILL failovers (TTL {}, lock-delay {})",
         duration::format(ttl),
         duration::format(lock_delay)
     ));
-    let failover = measure(&exe, Hit::Kill, runs).await?;
+    let failover = measure(&exe, backend, Hit::Kill, runs).await?;
     let restart_runs = runs.min(RESTART_RUNS);
     let restart_ttl = duration::parse(RESTART_SETUP.session_ttl).unwrap_or_default();
     let restart_lock_delay = duration::parse(RESTART_SETUP.lock_delay).unwrap_or_default();
@@ -279,7 +275,7 @@ pub async fn section(runs: usize, report: &mut super::Report) -> anyhow::Result<
         RESTART_SETUP.lock_delay,
         (restart_ttl + restart_lock_delay + RESTART_WATCH_MARGIN).as_secs() + 1
     ));
-    let restart = measure(&exe, Hit::KillRestart, restart_runs).await?;
+    let restart = measure(&exe, backend, Hit::KillRestart, restart_runs).await?;
     let budget = ttl * 2 + lock_delay;
     let check_budget = ttl + lock_delay;
     report.row(

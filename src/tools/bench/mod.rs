@@ -48,6 +48,9 @@ pub struct Options {
     /// Another `leaderq` binary (an older build) to run the contention measurements (reads
     /// under writes, wakes among many watchers) against too, printed beside this one's.
     pub baseline_exe: Option<PathBuf>,
+    /// The coordinator the consumer and failover sections run on (`[coordinator] backend`);
+    /// the server and contention sections measure `leaderq server` itself.
+    pub backend: String,
 }
 
 impl Default for Options {
@@ -66,6 +69,7 @@ impl Default for Options {
             watchers: 10_000,
             watch_rate: 1_000,
             baseline_exe: None,
+            backend: "consul".into(),
         }
     }
 }
@@ -73,7 +77,7 @@ impl Default for Options {
 /// A `leaderq server` child process for the benchmark with its temp data dir; the process
 /// is killed on drop.
 struct ServerChild {
-    server: crate::tools::chaos::Server,
+    server: crate::tools::harness::consul::LeaderqServer,
     base: String,
     _dir: TempDir,
 }
@@ -87,8 +91,13 @@ impl ServerChild {
     /// A server of the binary `exe`, with extra `leaderq server` flags.
     fn start_exe(exe: &std::path::Path, extra: &[&str]) -> anyhow::Result<ServerChild> {
         let dir = TempDir::new()?;
-        let server = crate::tools::chaos::start_server_with(exe, "127.0.0.1:0", &dir.0, extra)
-            .with_context(|| format!("cannot start {} server", exe.display()))?;
+        let server = crate::tools::harness::consul::LeaderqServer::start(
+            exe,
+            "127.0.0.1:0",
+            &dir.0.join("data"),
+            extra,
+        )
+        .map_err(|stderr| anyhow::anyhow!("cannot start {} server: {stderr}", exe.display()))?;
         Ok(ServerChild {
             base: format!("http://{}", server.addr),
             server,
@@ -98,7 +107,7 @@ impl ServerChild {
 
     /// Current and peak resident set size in bytes, from /proc.
     fn rss(&self) -> Option<(u64, u64)> {
-        rss_of(self.server.child.id())
+        rss_of(self.server.pid())
     }
 }
 
@@ -227,7 +236,7 @@ pub async fn run(options: Options, as_json: bool) -> anyhow::Result<()> {
         consumer::section(&options, &mut report).await?;
     }
     if wants("failover") {
-        failover::section(options.handovers, &mut report).await?;
+        failover::section(options.handovers, &options.backend, &mut report).await?;
     }
     if as_json {
         println!("{}", Value::Object(report.json));
@@ -361,7 +370,7 @@ async fn contention(
     let fanout = server::watch_fanout(
         &http,
         &base,
-        server.server.child.id(),
+        server.server.pid(),
         options.watchers,
         options.watch_rate,
         options.seconds,

@@ -1,8 +1,11 @@
-//! `leaderq chaos`: a cluster of real processes (one `leaderq server`, three
-//! `leaderq consume` replicas, each behind a proxy that can cut it off) runs thousands of
+//! `leaderq chaos`: a cluster of real processes (a coordinator started by the shared
+//! harness: one `leaderq server`, or a ZooKeeper, Redis or etcd cluster; three `leaderq
+//! consume` replicas, on Consul each behind a proxy that can cut it off) runs thousands of
 //! tasks while leaders are SIGKILLed (process group, or PID only, or PID only and restarted
-//! at once), paused past their lease, partitioned away, and the server is killed and
-//! restarted; then the run is audited (`audit.rs`).
+//! at once), paused past their lease, partitioned away (Consul), and coordinator members
+//! are killed and restarted; then the run is audited (`audit.rs`). Everything the driver
+//! reads of the coordinator (the leader, what is left of the queue) it reads through the
+//! coordinator seam, so the run is the same on every backend.
 //!
 //! The handler forks, as wrapper scripts do: `sh -c` starts a worker and waits for it, and
 //! the worker journals its own start, heartbeats and end with its fencing token. So the
@@ -16,17 +19,21 @@ mod proxy;
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use serde_json::{json, Value};
+use serde_json::json;
+
+use crate::coord::{Coordinator, Edit, Version};
+use crate::tools::harness::{self, Cluster as CoordCluster};
 
 pub use audit::Audit;
 use audit::Event;
 use procs::signal_pid;
 pub(crate) use procs::{
-    now_ns, signal_group, start_replica_with, start_server, start_server_with, Replica,
-    ReplicaSetup, Server, CHAOS_SETUP, LOCK_DELAY, SESSION_TTL,
+    now_ns, signal_group, start_replica_with, Replica, ReplicaSetup, CHAOS_SETUP, LOCK_DELAY,
+    SESSION_TTL,
 };
 use proxy::Proxy;
 
@@ -49,13 +56,15 @@ pub struct ChaosOptions {
     pub pauses: usize,
     /// The leader cut off the server (its proxy blackholes) until another replica leads.
     pub partitions: usize,
-    /// Server SIGKILL-and-restarts.
+    /// Coordinator member SIGKILL-and-restarts (the server, on `leaderq server`).
     pub server_restarts: usize,
     /// Every this many tasks, one works for half a second (so hits find a handler running).
     pub slow_every: usize,
     /// Seconds between chaos events: a random pick from this range.
     pub interval: (f64, f64),
     pub seed: u64,
+    /// The coordinator backend (`[coordinator] backend`): "consul" runs `leaderq server`.
+    pub backend: String,
 }
 
 impl ChaosOptions {
@@ -71,6 +80,7 @@ impl ChaosOptions {
             slow_every: 100,
             interval: (2.0, 5.0),
             seed: 1,
+            backend: "consul".into(),
         }
     }
 
@@ -86,37 +96,32 @@ impl ChaosOptions {
             slow_every: 10,
             interval: (0.3, 0.8),
             seed: 1,
+            backend: "consul".into(),
         }
     }
 }
 
-async fn leader_session(http: &reqwest::Client, consul: &str) -> Option<(String, String)> {
-    let response = http
-        .get(format!("http://{consul}/v1/kv/consumerLeader"))
-        .timeout(Duration::from_secs(2))
-        .send()
-        .await
-        .ok()?;
-    let entries: Value = response.json().await.ok()?;
-    let session = entries[0].get("Session")?.as_str()?.to_string();
-    let value = entries[0]["Value"].as_str()?;
-    let holder: Value = serde_json::from_slice(
-        &base64::Engine::decode(&base64::engine::general_purpose::STANDARD, value).ok()?,
+/// The leader's node name, read through the coordinator seam.
+async fn leader_node(coord: &dyn Coordinator) -> Option<String> {
+    let observed = tokio::time::timeout(
+        Duration::from_secs(2),
+        coord.observe(Version(0), Duration::ZERO),
     )
-    .ok()?;
-    Some((holder["node"].as_str()?.to_string(), session))
+    .await;
+    let (holder, _) = observed.ok()?.ok()?;
+    holder.lease?;
+    Some(holder.record?.node)
 }
 
 /// Waits until a replica other than those in `not` leads; returns its name.
 pub(crate) async fn wait_for_leader(
-    http: &reqwest::Client,
-    consul: &str,
+    coord: &dyn Coordinator,
     not: &[&str],
     limit: Duration,
 ) -> anyhow::Result<String> {
     let started = Instant::now();
     while started.elapsed() < limit {
-        if let Some((node, _)) = leader_session(http, consul).await {
+        if let Some(node) = leader_node(coord).await {
             if !not.contains(&node.as_str()) {
                 return Ok(node);
             }
@@ -126,9 +131,16 @@ pub(crate) async fn wait_for_leader(
     bail!("no new leader within {limit:?}")
 }
 
+/// The coordinator a cluster's replicas use, as `leaderq` itself builds it from the
+/// cluster's environment.
+pub(crate) fn coordinator_of(cluster: &dyn CoordCluster) -> anyhow::Result<Arc<dyn Coordinator>> {
+    let settings = crate::config::Settings::load(None, cluster.env())?;
+    Ok(crate::coord::connect(&settings)?)
+}
+
+/// Creates the run's tasks (create-only writes through the seam, a batch at a time).
 async fn enqueue(
-    http: &reqwest::Client,
-    consul: &str,
+    coord: &Arc<dyn Coordinator>,
     count: usize,
     slow_every: usize,
 ) -> anyhow::Result<Vec<String>> {
@@ -146,50 +158,53 @@ async fn enqueue(
             format!("c{n:05}{suffix}")
         })
         .collect();
-    let chunks: Vec<Vec<String>> = ids
-        .chunks(count.div_ceil(16).max(1))
-        .map(|c| c.to_vec())
-        .collect();
-    let mut tasks = Vec::new();
-    for chunk in chunks {
-        let http = http.clone();
-        let consul = consul.to_string();
-        tasks.push(tokio::spawn(async move {
-            for id in chunk {
-                let body = json!({"taskId": id, "taskTime": id[1..6].parse::<u64>().unwrap_or(0), "taskType": "Chaos"});
-                let response = http
-                    .put(format!("http://{consul}/v1/kv/oracleTask/{id}"))
-                    .body(body.to_string())
-                    .send()
-                    .await?;
-                if !response.status().is_success() {
-                    bail!("enqueue failed: {}", response.status());
+    let mut writers = Vec::new();
+    for chunk in ids.chunks(count.div_ceil(8).max(1)) {
+        let coord = coord.clone();
+        let chunk = chunk.to_vec();
+        writers.push(tokio::spawn(async move {
+            for batch in chunk.chunks(32) {
+                let edits: Vec<Edit> = batch
+                    .iter()
+                    .map(|id| Edit::Create {
+                        key: format!("oracleTask/{id}"),
+                        value: json!({"taskId": id, "taskTime": id[1..6].parse::<u64>().unwrap_or(0), "taskType": "Chaos"})
+                            .to_string()
+                            .into_bytes(),
+                    })
+                    .collect();
+                match coord.edit(&edits).await? {
+                    crate::coord::Edited::Done => {}
+                    crate::coord::Edited::Conflict(keys) => bail!("enqueue: {keys:?} exist"),
                 }
             }
             anyhow::Ok(())
         }));
     }
-    for task in tasks {
-        task.await??;
+    for writer in writers {
+        writer.await??;
     }
     Ok(ids)
 }
 
-async fn queue_is_empty(http: &reqwest::Client, consul: &str) -> bool {
-    matches!(
-        http.get(format!("http://{consul}/v1/kv/oracleTask/?keys"))
-            .timeout(Duration::from_secs(2))
-            .send()
-            .await,
-        Ok(response) if response.status() == reqwest::StatusCode::NOT_FOUND
-    )
+/// How many keys are under `prefix`; `None` if the coordinator does not answer.
+async fn count_under(coord: &dyn Coordinator, prefix: &str) -> Option<usize> {
+    let keys = tokio::time::timeout(Duration::from_secs(2), coord.keys(prefix)).await;
+    keys.ok()?.ok().map(|(keys, _)| keys.len())
+}
+
+async fn queue_is_empty(coord: &dyn Coordinator) -> bool {
+    count_under(coord, "oracleTask/").await == Some(0)
 }
 
 pub async fn run(options: ChaosOptions) -> anyhow::Result<Audit> {
     let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
     let dir = std::env::temp_dir().join(format!("leaderq-chaos-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir)?;
-    let result = run_in(&exe, &dir, options).await;
+    let cluster = harness::start_cluster(&options.backend, &exe, &dir.join("coordinator"))
+        .map_err(|why| anyhow::anyhow!("cannot start the {} cluster: {why}", options.backend))?
+        .with_context(|| format!("the {} server is not installed", options.backend))?;
+    let result = run_in(&exe, &dir, cluster, options).await;
     if result.as_ref().is_ok_and(Audit::passed) {
         let _ = std::fs::remove_dir_all(&dir);
     } else {
@@ -222,22 +237,28 @@ fn last_record(journal: &Path) -> Option<String> {
     tail.lines().last().map(str::to_string)
 }
 
-/// The replicas by name, each with the proxy it talks through and how often it started.
+/// The replicas by name, each with the environment that points it at the coordinator
+/// (on Consul through a proxy of its own) and how often it started.
 struct Cluster<'a> {
     exe: &'a Path,
     dir: &'a Path,
     journal: &'a Path,
     replicas: Vec<Replica>,
     proxies: HashMap<String, Proxy>,
+    env: Vec<(String, String)>,
 }
 
 impl Cluster<'_> {
     fn start(&mut self, name: &str, incarnation: u32) -> anyhow::Result<()> {
-        let proxy = &self.proxies[name];
+        let mut env = self.env.clone();
+        if let Some(proxy) = self.proxies.get(name) {
+            env.retain(|(key, _)| key != "CONSUL_HTTP_ADDR");
+            env.push(("CONSUL_HTTP_ADDR".into(), proxy.addr.clone()));
+        }
         let replica = start_replica_with(
             self.exe,
             self.dir,
-            &proxy.addr,
+            &env,
             name,
             incarnation,
             self.journal,
@@ -264,16 +285,22 @@ impl Cluster<'_> {
     }
 }
 
-async fn run_in(exe: &Path, dir: &Path, options: ChaosOptions) -> anyhow::Result<Audit> {
+async fn run_in(
+    exe: &Path,
+    dir: &Path,
+    mut coordinator: Box<dyn CoordCluster>,
+    mut options: ChaosOptions,
+) -> anyhow::Result<Audit> {
     let started = Instant::now();
     let journal = dir.join("journal");
     std::fs::write(&journal, "")?;
-    let server_dir = dir.join("server");
-    let mut server = start_server(exe, "127.0.0.1:0", &server_dir)?;
-    let consul = server.addr.clone();
-    let http = reqwest::Client::new();
-    eprintln!("chaos: enqueueing {} tasks", options.tasks);
-    let ids = enqueue(&http, &consul, options.tasks, options.slow_every).await?;
+    let coord = coordinator_of(coordinator.as_ref())?;
+    eprintln!(
+        "chaos: enqueueing {} tasks on {}",
+        options.tasks,
+        coord.describe()
+    );
+    let ids = enqueue(&coord, options.tasks, options.slow_every).await?;
 
     let mut cluster = Cluster {
         exe,
@@ -281,12 +308,29 @@ async fn run_in(exe: &Path, dir: &Path, options: ChaosOptions) -> anyhow::Result
         journal: &journal,
         replicas: Vec::new(),
         proxies: HashMap::new(),
+        env: coordinator.env(),
     };
+    // The proxy that partitions a replica is a TCP proxy of the one Consul address.
+    let consul_addr = coordinator
+        .env()
+        .into_iter()
+        .find(|(key, _)| key == "CONSUL_HTTP_ADDR")
+        .map(|(_, addr)| addr);
+    if consul_addr.is_none() && options.partitions > 0 {
+        eprintln!(
+            "chaos: no partitions on {} (they cut a replica off through a proxy of Consul's one address)",
+            coordinator.backend()
+        );
+        options.partitions = 0;
+    }
     for name in ["chaos-1", "chaos-2", "chaos-3"] {
-        let proxy = Proxy::start(consul.clone()).await?;
-        cluster.proxies.insert(name.to_string(), proxy);
+        if let Some(addr) = &consul_addr {
+            let proxy = Proxy::start(addr.clone()).await?;
+            cluster.proxies.insert(name.to_string(), proxy);
+        }
         cluster.start(name, 0)?;
     }
+    let mut member_hits = 0usize;
     let mut events: Vec<Event> = Vec::new();
     let mut max_without_leader = Duration::ZERO;
     let mut rng = fastrand::Rng::with_seed(options.seed);
@@ -298,16 +342,16 @@ async fn run_in(exe: &Path, dir: &Path, options: ChaosOptions) -> anyhow::Result
     plan.extend(std::iter::repeat_n("partition", options.partitions));
     plan.extend(std::iter::repeat_n("server", options.server_restarts));
     rng.shuffle(&mut plan);
-    wait_for_leader(&http, &consul, &[], Duration::from_secs(30)).await?;
+    wait_for_leader(coord.as_ref(), &[], Duration::from_secs(30)).await?;
 
     for kind in plan {
         let pause = options.interval.0 + rng.f64() * (options.interval.1 - options.interval.0);
         tokio::time::sleep(Duration::from_secs_f64(pause)).await;
-        if queue_is_empty(&http, &consul).await {
+        if queue_is_empty(coord.as_ref()).await {
             eprintln!("chaos: queue drained before every event ran");
             break;
         }
-        let Some((leader, _)) = leader_session(&http, &consul).await else {
+        let Some(leader) = leader_node(coord.as_ref()).await else {
             continue;
         };
         if kind != "server" {
@@ -330,9 +374,9 @@ async fn run_in(exe: &Path, dir: &Path, options: ChaosOptions) -> anyhow::Result
                 let _ = replica.child.wait();
                 if kind == "restart" {
                     cluster.start(&leader, incarnation + 1)?;
-                    wait_for_leader(&http, &consul, &[], Duration::from_secs(60)).await?;
+                    wait_for_leader(coord.as_ref(), &[], Duration::from_secs(60)).await?;
                 } else {
-                    wait_for_leader(&http, &consul, &[&leader], Duration::from_secs(60)).await?;
+                    wait_for_leader(coord.as_ref(), &[&leader], Duration::from_secs(60)).await?;
                     max_without_leader = max_without_leader.max(hit.elapsed());
                     tokio::time::sleep(RESTART_AFTER).await;
                     cluster.start(&leader, incarnation + 1)?;
@@ -345,7 +389,7 @@ async fn run_in(exe: &Path, dir: &Path, options: ChaosOptions) -> anyhow::Result
                     "pause" => signal_pid(pid, "STOP"),
                     _ => cluster.proxies[&leader].partition(true),
                 }
-                wait_for_leader(&http, &consul, &[&leader], Duration::from_secs(60)).await?;
+                wait_for_leader(coord.as_ref(), &[&leader], Duration::from_secs(60)).await?;
                 max_without_leader = max_without_leader.max(hit.elapsed());
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 match kind {
@@ -354,12 +398,20 @@ async fn run_in(exe: &Path, dir: &Path, options: ChaosOptions) -> anyhow::Result
                 }
             }
             _ => {
-                eprintln!("chaos: SIGKILL and restart the server");
-                let _ = server.child.kill();
-                let _ = server.child.wait();
+                let member = member_hits % coordinator.members();
+                member_hits += 1;
+                eprintln!(
+                    "chaos: SIGKILL and restart {} member {member}",
+                    coordinator.backend()
+                );
+                coordinator
+                    .kill_member(member)
+                    .map_err(|why| anyhow::anyhow!(why))?;
                 tokio::time::sleep(RESTART_AFTER).await;
-                server = start_server(exe, &consul, &server_dir)?;
-                wait_for_leader(&http, &consul, &[], Duration::from_secs(60)).await?;
+                coordinator
+                    .restart_member(member)
+                    .map_err(|why| anyhow::anyhow!(why))?;
+                wait_for_leader(coord.as_ref(), &[], Duration::from_secs(60)).await?;
             }
         }
         events.push(Event {
@@ -376,32 +428,22 @@ async fn run_in(exe: &Path, dir: &Path, options: ChaosOptions) -> anyhow::Result
 
     eprintln!("chaos: waiting for the queue to drain");
     let drain_started = Instant::now();
-    while !queue_is_empty(&http, &consul).await {
+    while !queue_is_empty(coord.as_ref()).await {
         if drain_started.elapsed() > Duration::from_secs(600) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let dead: usize = match http
-        .get(format!("http://{consul}/v1/kv/oracleTaskDead/?keys"))
-        .send()
+    let dead = count_under(coord.as_ref(), "oracleTaskDead/")
         .await
-    {
-        Ok(response) if response.status().is_success() => response
-            .json::<Vec<String>>()
-            .await
-            .map(|k| k.len())
-            .unwrap_or(0),
-        _ => 0,
-    };
+        .unwrap_or(0);
     for replica in &cluster.replicas {
         signal_pid(replica.child.id(), "TERM");
     }
     for mut replica in cluster.replicas.drain(..) {
         let _ = replica.child.wait();
     }
-    let _ = server.child.kill();
-    let _ = server.child.wait();
+    drop(coordinator);
 
     let mut audit = audit::audit(dir, &journal, &ids, &events)?;
     audit.dead_letters = dead;

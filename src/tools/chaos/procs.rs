@@ -1,8 +1,8 @@
-//! The processes a chaos run (and the failover bench) drives: a `leaderq server`, replicas
-//! running `leaderq consume` in their own process groups, and the handler they run, a
-//! wrapper that forks a worker which journals its own life.
+//! The replicas a chaos run (and the failover bench) drives: `leaderq consume` processes
+//! in their own process groups, pointed at the coordinator by its environment, and the
+//! handler they run, a wrapper that forks a worker which journals its own life. (The
+//! coordinator itself comes from the shared harness, `tools::harness`.)
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
@@ -20,70 +20,7 @@ pub(crate) fn now_ns() -> u128 {
         .as_nanos()
 }
 
-/// Sends `signal` ("KILL", "STOP", …) to the process group `pgid`.
-pub(crate) fn signal_group(pgid: u32, signal: &str) {
-    signal_target(&format!("-{pgid}"), signal);
-}
-
-/// Sends `signal` to the one process `pid`, not its group.
-pub(crate) fn signal_pid(pid: u32, signal: &str) {
-    signal_target(&pid.to_string(), signal);
-}
-
-fn signal_target(target: &str, signal: &str) {
-    let _ = Command::new("kill")
-        .args([format!("-{signal}").as_str(), "--", target])
-        .status();
-}
-
-pub(crate) struct Server {
-    pub(crate) child: Child,
-    pub(crate) addr: String,
-}
-
-pub(crate) fn start_server(exe: &Path, listen: &str, data_dir: &Path) -> anyhow::Result<Server> {
-    start_server_with(exe, listen, data_dir, &[])
-}
-
-/// `start_server` with extra `leaderq server` flags.
-pub(crate) fn start_server_with(
-    exe: &Path,
-    listen: &str,
-    data_dir: &Path,
-    extra: &[&str],
-) -> anyhow::Result<Server> {
-    let mut child = Command::new(exe)
-        .args([
-            "server",
-            "--session-ttl-min",
-            "1s",
-            "--listen",
-            listen,
-            "--data-dir",
-        ])
-        .arg(data_dir)
-        .args(extra)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("cannot start leaderq server")?;
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().context("no stdout")?).read_line(&mut line)?;
-    let addr = line
-        .trim()
-        .strip_prefix("leaderq server listening on http://")
-        .context("leaderq server did not start")?
-        .to_string();
-    Ok(Server { child, addr })
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+pub(crate) use crate::tools::harness::{signal_group, signal_pid};
 
 pub(crate) struct Replica {
     pub(crate) name: String,
@@ -147,7 +84,7 @@ pub(crate) const CHAOS_SETUP: ReplicaSetup = ReplicaSetup {
 pub(crate) fn start_replica_with(
     exe: &Path,
     dir: &Path,
-    consul: &str,
+    env: &[(String, String)],
     name: &str,
     incarnation: u32,
     journal: &Path,
@@ -178,7 +115,7 @@ pub(crate) fn start_replica_with(
     command
         .args(["--log-format", "json", "consume", "--config"])
         .arg(&config)
-        .env("CONSUL_HTTP_ADDR", consul)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .env("LEADERQ__DATA__DIR", dir.join(name))
         .env("RUST_LOG", "info");
     if setup.configured_node_id {

@@ -8,6 +8,8 @@
 //!   and the test skips;
 //! - missing where [`REQUIRE_ENV`] is set (CI): [`external`] panics, so the test fails.
 
+pub mod consul;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -110,6 +112,30 @@ pub trait Cluster: Send {
     /// Writes a task as a producer does, with the backend's plain write (a KV PUT, a
     /// znode create, `etcdctl put`, the documented Redis command): creates or replaces.
     fn produce(&self, key: &str, value: &[u8]) -> Result<(), String>;
+}
+
+/// The backends a [`Cluster`] can be started for, by `[coordinator] backend` name.
+pub const BACKENDS: &[&str] = &["consul"];
+
+/// Starts a cluster of `backend` under `dir` (members' data and logs), with `exe` as the
+/// leaderq binary where the backend is `leaderq server`. `Ok(None)` when the backend's
+/// server is not installed (the message said what to install).
+pub fn start_cluster(
+    backend: &str,
+    exe: &Path,
+    dir: &Path,
+) -> Result<Option<Box<dyn Cluster>>, String> {
+    match backend {
+        "consul" => {
+            let server =
+                consul::LeaderqServer::start(exe, "127.0.0.1:0", &dir.join("server"), &[])?;
+            Ok(Some(Box::new(server)))
+        }
+        other => Err(format!(
+            "no backend {other:?}: pick one of {}",
+            BACKENDS.join(", ")
+        )),
+    }
 }
 
 /// A child process killed (SIGKILL, with its process group if it leads one) when dropped.

@@ -1,0 +1,152 @@
+//! `leaderq server` as a test, bench or chaos cluster: one member, the Consul backend.
+//! Started on a given (or free) loopback address with its own data dir; its stderr goes to
+//! `<data dir>.log`, so a server that fails to start can say why.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use super::{Cluster, Proc};
+
+/// A running `leaderq server`; killed when dropped.
+pub struct LeaderqServer {
+    proc: Proc,
+    exe: PathBuf,
+    /// `host:port` it serves Consul's HTTP API on.
+    pub addr: String,
+    pub data_dir: PathBuf,
+    extra: Vec<String>,
+}
+
+impl LeaderqServer {
+    /// Starts `exe server` on `listen` ("127.0.0.1:0" picks a port) and `data_dir`, with a
+    /// session TTL minimum of 1 s unless `extra` gives its own `--session-ttl-min`. `Err`
+    /// holds what the server wrote to stderr if it exits instead of listening.
+    pub fn start(
+        exe: &Path,
+        listen: &str,
+        data_dir: &Path,
+        extra: &[&str],
+    ) -> Result<LeaderqServer, String> {
+        let ttl_min: &[&str] = if extra.contains(&"--session-ttl-min") {
+            &[]
+        } else {
+            &["--session-ttl-min", "1s"]
+        };
+        if let Some(parent) = data_dir.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+        }
+        let log_path = data_dir.with_extension("log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| format!("{}: {e}", log_path.display()))?;
+        let mut command = Command::new(exe);
+        command
+            .args(["server", "--listen", listen, "--node-name", "test-node"])
+            .args(ttl_min)
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(log);
+        let mut proc = Proc::spawn("leaderq server", command)?;
+        let mut line = String::new();
+        if let Some(stdout) = proc.child().stdout.take() {
+            let _ = BufReader::new(stdout).read_line(&mut line);
+        }
+        let Some(addr) = line
+            .trim()
+            .strip_prefix("leaderq server listening on http://")
+        else {
+            let _ = proc.child().wait();
+            let mut stderr = String::new();
+            if let Ok(mut file) = std::fs::File::open(&log_path) {
+                let _ = file.read_to_string(&mut stderr);
+            }
+            return Err(stderr);
+        };
+        Ok(LeaderqServer {
+            addr: addr.to_string(),
+            proc,
+            exe: exe.to_path_buf(),
+            data_dir: data_dir.to_path_buf(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
+    /// SIGKILL: no chance to flush anything.
+    pub fn kill(&mut self) {
+        self.proc.kill();
+    }
+
+    /// SIGTERM, then waits up to `limit` for the exit (SIGKILL after); the exit status if
+    /// it exited by itself.
+    pub fn terminate(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        self.proc.terminate(limit)
+    }
+}
+
+impl Cluster for LeaderqServer {
+    fn backend(&self) -> &'static str {
+        "consul"
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("LEADERQ__COORDINATOR__BACKEND".into(), "consul".into()),
+            ("CONSUL_HTTP_ADDR".into(), self.addr.clone()),
+        ]
+    }
+
+    fn members(&self) -> usize {
+        1
+    }
+
+    fn kill_member(&mut self, _: usize) -> Result<(), String> {
+        self.kill();
+        Ok(())
+    }
+
+    fn restart_member(&mut self, _: usize) -> Result<(), String> {
+        self.kill();
+        let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
+        *self = LeaderqServer::start(&self.exe, &self.addr, &self.data_dir, &extra)?;
+        Ok(())
+    }
+
+    /// A producer's plain `PUT /v1/kv/<key>`, over a bare HTTP/1.1 connection.
+    fn produce(&self, key: &str, value: &[u8]) -> Result<(), String> {
+        let mut stream = std::net::TcpStream::connect(&self.addr)
+            .map_err(|e| format!("cannot reach {}: {e}", self.addr))?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(|e| e.to_string())?;
+        let head = format!(
+            "PUT /v1/kv/{key} HTTP/1.1\r\nHost: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            self.addr,
+            value.len()
+        );
+        stream
+            .write_all(head.as_bytes())
+            .and_then(|()| stream.write_all(value))
+            .map_err(|e| format!("PUT {key}: {e}"))?;
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        if answer.starts_with("HTTP/1.1 200") && answer.trim_end().ends_with("true") {
+            Ok(())
+        } else {
+            Err(format!(
+                "PUT {key} answered {}",
+                answer.lines().next().unwrap_or("nothing")
+            ))
+        }
+    }
+}
