@@ -48,6 +48,17 @@ pub enum Backend {
     Consul,
 }
 
+/// How a leader holds leadership (`leader/rotation.rs`).
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ElectionMode {
+    /// Until it leaves or loses its lease (Curator's LeaderLatch).
+    Latch,
+    /// Gives it up after `rotate_after` / `rotate_after_tasks` and stands back, so that it
+    /// passes among the replicas (Curator's LeaderSelector with auto-requeue).
+    Rotate,
+}
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConsulSettings {
@@ -74,6 +85,10 @@ pub struct ElectionSettings {
     pub prefer_previous_leader: Duration,
     #[serde(deserialize_with = "go_duration")]
     pub retry_interval: Duration,
+    pub mode: ElectionMode,
+    #[serde(deserialize_with = "go_duration")]
+    pub rotate_after: Duration,
+    pub rotate_after_tasks: u64,
     /// Register the replica in the agent's service catalog (`registration.rs`).
     pub register_service: bool,
     pub service_name: String,
@@ -225,6 +240,14 @@ impl Settings {
 
     fn validate(&self) -> Result<(), ConfigError> {
         let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+        if self.election.mode == ElectionMode::Rotate
+            && self.election.rotate_after.is_zero()
+            && self.election.rotate_after_tasks == 0
+        {
+            return invalid(
+                "election.mode = \"rotate\" needs election.rotate_after (a duration) or election.rotate_after_tasks (a count) above 0".into(),
+            );
+        }
         if self.consul.addresses.is_empty() {
             return invalid("consul.addresses is empty: give at least one Consul address".into());
         }

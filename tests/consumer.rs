@@ -15,6 +15,8 @@ mod hostile_input;
 mod identity;
 #[path = "consumer/queue_edges.rs"]
 mod queue_edges;
+#[path = "consumer/rotation.rs"]
+mod rotation;
 #[path = "consumer/supervise.rs"]
 mod supervise;
 

@@ -5,6 +5,7 @@
 //!
 //! - `lease.rs`: the replica's own view of its lease and the deadline it publishes.
 //! - `gate.rs`: the pure decisions (watch, defer to the previous leader, campaign).
+//! - `rotation.rs`: rotate mode's pure decisions (when a term ends, when to contest again).
 //!
 //! The lease id is kept in the data dir (`session`), so a restarted replica asks the
 //! coordinator to take it up again; the backend decides whether it still may. What the
@@ -13,6 +14,7 @@
 pub mod gate;
 pub mod identity;
 pub mod lease;
+pub mod rotation;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -238,6 +240,47 @@ impl Election {
             tracing::warn!(error = %err, "cannot release the leader key");
         }
         self.drop_lease().await;
+    }
+
+    /// Rotate mode: gives leadership up (no lock-delay applies) keeping the lease, then
+    /// stands back until another replica leads, or for a TTL when none does (it may be
+    /// alone), or until `stop`. The next campaign contests again.
+    pub async fn rotate(&mut self, leadership: &Leadership, stop: &CancellationToken) {
+        if let Err(err) = self.coord.resign(&leadership.lease).await {
+            tracing::warn!(error = %err, "cannot release the leader key; stepping down instead");
+            self.drop_lease().await;
+            return;
+        }
+        let limit = self.settings.session_ttl;
+        let started = Instant::now();
+        let mut after = Version::default();
+        loop {
+            let left = limit.saturating_sub(started.elapsed());
+            let observed = tokio::select! {
+                _ = stop.cancelled() => return,
+                observed = self.coord.observe(after, left.max(Duration::from_millis(1))) => observed,
+            };
+            match observed {
+                Ok((holder, version)) => {
+                    if rotation::stand_back_over(
+                        &holder,
+                        &leadership.lease,
+                        started.elapsed(),
+                        limit,
+                    ) {
+                        if let Some(node) = holder.record.filter(|_| holder.lease.is_some()) {
+                            tracing::info!(next_leader = %node.node, "leadership passed on");
+                        }
+                        return;
+                    }
+                    after = version;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot watch the leadership while standing back");
+                    return;
+                }
+            }
+        }
     }
 
     /// Revokes the lease (also one believed lost: revoking again is harmless, and if the

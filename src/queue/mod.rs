@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::QueueSettings;
 use crate::handler::{Registry, TaskContext};
+use crate::leader::rotation::Rotation;
 use crate::leader::Lease;
 use crate::observe::Metrics;
 use crate::task::key::Key;
@@ -61,6 +62,39 @@ const MINIMAL_DEAD_LETTER: usize = 4096;
 pub enum LeadEnd {
     Shutdown,
     StepDown(String),
+    /// Rotate mode: its term is over; everything it claimed is settled or put back, and
+    /// its lease is still good.
+    Rotate,
+}
+
+/// The current term's clock, for rotation: when it began and how many runs it started.
+#[derive(Debug, Default)]
+pub struct Term {
+    /// On tokio's clock, so that rotation is tested on a paused one.
+    started: std::sync::Mutex<Option<tokio::time::Instant>>,
+    runs: std::sync::atomic::AtomicU64,
+}
+
+impl Term {
+    fn begin(&self) {
+        *self.started.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
+        self.runs.store(0, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn led_for(&self) -> Duration {
+        self.started
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .map_or(Duration::ZERO, |at| at.elapsed())
+    }
+
+    fn ran_one(&self) {
+        self.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn runs(&self) -> u64 {
+        self.runs.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// What the leader needs: the coordinator, the queue settings, the handlers, who it is.
@@ -71,6 +105,10 @@ pub struct Queue {
     pub node_id: String,
     pub wait: Duration,
     pub metrics: Arc<Metrics>,
+    /// Rotate mode's limits; `None` in latch mode.
+    pub rotation: Option<Rotation>,
+    /// The current term's clock (start with `Term::default()`).
+    pub term: Term,
 }
 
 /// The outcome of a guarded write whose lost leadership ends the leading.
@@ -125,9 +163,14 @@ impl Queue {
         // They are still held by this lease, so until they are recorded the leader neither
         // lists nor claims: a listing would take them for runs cut short and run them again.
         let mut unrecorded: Vec<Finished> = Vec::new();
+        self.term.begin();
         loop {
             if shutdown.is_cancelled() {
                 return LeadEnd::Shutdown;
+            }
+            // A term ends only with nothing left unrecorded, so the lease holds no claim.
+            if unrecorded.is_empty() && self.rotation_due() {
+                return LeadEnd::Rotate;
             }
             // "Renew between tasks": no claim unless the lease is known to be fresh.
             if !lease.is_fresh() {
@@ -149,6 +192,7 @@ impl Queue {
             let listed = tokio::select! {
                 _ = shutdown.cancelled() => return LeadEnd::Shutdown,
                 _ = lease.expired() => return LeadEnd::StepDown("lease not renewed within its TTL".into()),
+                _ = self.term_over() => continue,
                 listed = self.coord.list(&self.settings.prefix, asked, self.wait) => listed,
             };
             let (entries, version) = match listed {
@@ -184,8 +228,11 @@ impl Queue {
                         .work_through(leadership, lease, shutdown, backlog, &mut memory)
                         .await;
                     unrecorded = left;
-                    if let Some(end) = end {
-                        return end;
+                    match end {
+                        // Recorded first, at the top of the loop.
+                        Some(LeadEnd::Rotate) => continue,
+                        Some(end) => return end,
+                        None => {}
                     }
                     // The leader's own writes moved the queue: list again without waiting.
                     after = Version::default();
@@ -199,6 +246,7 @@ impl Queue {
                         tokio::select! {
                             _ = shutdown.cancelled() => return LeadEnd::Shutdown,
                             _ = lease.expired() => return LeadEnd::StepDown("lease not renewed within its TTL".into()),
+                            _ = self.term_over() => {}
                             _ = self.coord.list(&self.settings.prefix, after, wait) => {}
                         }
                         after = Version::default();
@@ -208,6 +256,24 @@ impl Queue {
                 Ok(Pick::Again) => after = Version::default(),
                 Err(end) => return end,
             }
+        }
+    }
+
+    /// Whether rotate mode ends this term now.
+    fn rotation_due(&self) -> bool {
+        self.rotation
+            .is_some_and(|rotation| rotation.due(self.term.led_for(), self.term.runs()))
+    }
+
+    /// Resolves when time alone ends this term (never in latch mode, or with no time
+    /// limit), so an idle leader does not wait out a whole listing first.
+    async fn term_over(&self) {
+        match self
+            .rotation
+            .and_then(|rotation| rotation.time_left(self.term.led_for()))
+        {
+            Some(left) => tokio::time::sleep(left).await,
+            None => std::future::pending().await,
         }
     }
 
@@ -866,6 +932,9 @@ impl Queue {
         if !lease.is_fresh() {
             return Some(LeadEnd::StepDown("lease not renewed within its TTL".into()));
         }
+        if self.rotation_due() {
+            return Some(LeadEnd::Rotate);
+        }
         None
     }
 
@@ -999,6 +1068,7 @@ impl Queue {
         finished: &mut Vec<Finished>,
     ) -> RunOutcome {
         let Claimed { task, value } = claimed;
+        self.term.ran_one();
         let attempt = task.attempts + 1;
         let started = std::time::Instant::now();
         let Some(handler) = self.registry.get(&task.task_type) else {

@@ -112,6 +112,8 @@ async fn lead_claims_in_order_relists_on_conflict_and_steps_down_when_not_leader
         node_id: "n1".into(),
         wait: Duration::from_secs(1),
         metrics: metrics.clone(),
+        rotation: None,
+        term: Default::default(),
     };
     let stop = CancellationToken::new();
     let renewer = tokio::spawn(Election::renew_until(
@@ -163,6 +165,117 @@ async fn lead_claims_in_order_relists_on_conflict_and_steps_down_when_not_leader
         "no run after leadership was lost"
     );
     assert_eq!(coord.keys(&prefix).await.unwrap().0, [key("t4")]);
+    stop.cancel();
+    renewer.await.unwrap();
+}
+
+/// Rotate mode: after `rotate_after_tasks` runs the leader ends its term with
+/// `LeadEnd::Rotate`, having run exactly that many tasks in order, recorded them, and put
+/// back what it claimed ahead: the rest are still queued, held by no lease. With a time
+/// limit, an idle leader's term ends on time, without a listing to wait out.
+#[tokio::test(start_paused = true)]
+async fn rotate_mode_ends_the_term_after_its_runs_with_nothing_held() {
+    let memory = Arc::new(MemoryCoordinator::default());
+    let coord: Arc<dyn Coordinator> = memory.clone();
+    let settings = crate::config::Settings::load(None, crate::config::Env::new())
+        .expect("the default settings load");
+    let prefix = settings.queue.prefix.clone();
+    let spec = LeaseSpec {
+        node_id: "n1".into(),
+        ttl: TTL,
+        lock_delay: Duration::ZERO,
+        previous: None,
+    };
+    let grant = coord.open_lease(&spec).await.unwrap();
+    let lease = Arc::new(Lease::new(TTL));
+    lease.adopt(&grant.lease, tokio::time::Instant::now());
+    let record = HolderRecord {
+        node: "n1".into(),
+        ..HolderRecord::default()
+    };
+    let Campaign::Won(leadership) = coord.campaign(&grant.lease, &record).await.unwrap() else {
+        panic!("a lone lease did not win");
+    };
+    for n in 0..10u64 {
+        memory
+            .put(&format!("{prefix}t{n}"), &task(&format!("n{n}"), 100 - n))
+            .unwrap();
+    }
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let mut registry = Registry::default();
+    registry.register(
+        "Work",
+        Recorder {
+            ran: ran.clone(),
+            coord: memory.clone(),
+            rewrite_on: "none",
+            rewrite: (String::new(), Vec::new()),
+        },
+    );
+    let metrics = Arc::new(Metrics::new(["Work"]));
+    let mut queue = Queue {
+        coord: coord.clone(),
+        settings: settings.queue.clone(),
+        registry,
+        node_id: "n1".into(),
+        wait: Duration::from_secs(30),
+        metrics: metrics.clone(),
+        rotation: Some(crate::leader::rotation::Rotation {
+            after: None,
+            after_tasks: Some(4),
+        }),
+        term: Default::default(),
+    };
+    let stop = CancellationToken::new();
+    let renewer = tokio::spawn(Election::renew_until(
+        coord.clone(),
+        lease.clone(),
+        TTL,
+        metrics.clone(),
+        stop.clone(),
+    ));
+    let shutdown = CancellationToken::new();
+    let end = tokio::time::timeout(
+        Duration::from_secs(30),
+        queue.lead(&leadership, &lease, &shutdown),
+    )
+    .await
+    .expect("the term ended");
+    assert_eq!(end, LeadEnd::Rotate);
+    assert_eq!(*ran.lock().unwrap(), ["n9", "n8", "n7", "n6"]);
+    let (left, _) = coord
+        .list(&prefix, crate::coord::Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(left.len(), 6, "the four runs were recorded, nothing else");
+    assert!(
+        left.iter().all(|task| task.holder.is_none()),
+        "claimed-ahead tasks were put back: {left:?}"
+    );
+
+    // A time limit ends an idle term on time, though the listing waits 30 s.
+    for task in &left {
+        coord
+            .edit(&[crate::coord::Edit::Delete {
+                key: task.key.clone(),
+                version: task.version,
+            }])
+            .await
+            .unwrap();
+    }
+    queue.rotation = Some(crate::leader::rotation::Rotation {
+        after: Some(Duration::from_secs(5)),
+        after_tasks: None,
+    });
+    let began = tokio::time::Instant::now();
+    let end = tokio::time::timeout(
+        Duration::from_secs(20),
+        queue.lead(&leadership, &lease, &shutdown),
+    )
+    .await
+    .expect("the idle term ended before its listing's wait");
+    assert_eq!(end, LeadEnd::Rotate);
+    assert!(began.elapsed() >= Duration::from_secs(5) && began.elapsed() < Duration::from_secs(6));
     stop.cancel();
     renewer.await.unwrap();
 }

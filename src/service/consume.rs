@@ -121,6 +121,8 @@ pub async fn run(
         node_id: node_id.clone(),
         wait: settings.watch_wait(),
         metrics: metrics.clone(),
+        rotation: crate::leader::rotation::Rotation::from_settings(&settings.election),
+        term: Default::default(),
     };
     let task_types: Vec<&str> = registry.task_types().collect();
     tracing::info!(node = %node_id, coordinator = %coord.describe(), prefix = %settings.queue.prefix, ?task_types, "consumer starting");
@@ -207,6 +209,10 @@ pub async fn run(
                 role.send_replace(crate::observe::registration::Role::Standby);
                 match end {
                     LeadEnd::Shutdown => break,
+                    LeadEnd::Rotate => {
+                        tracing::info!(node = %node_id, fencing_token = leadership.fencing_token, "rotating: giving leadership up and standing back");
+                        election.rotate(&leadership, &shutdown).await;
+                    }
                     LeadEnd::StepDown(reason) => {
                         tracing::warn!(node = %node_id, fencing_token = leadership.fencing_token, %reason, "stepping down");
                         // Resign first (no lock-delay), then end the lease so that every
