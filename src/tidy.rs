@@ -1,6 +1,9 @@
 //! House rules checked on every test run: every source file opens with a `//!` header
 //! saying what it owns, and a file over `LONG_FILE` lines says why at its top (a header
-//! line starting `//! Size:`), so size is a decision, not an accident.
+//! line starting `//! Size:`), so size is a decision, not an accident; and no `.unwrap()`
+//! outside tests, so that nothing a user, a producer or a server sends can panic a
+//! process (an `.expect("...")` is allowed where the message states the invariant that
+//! makes it safe, such as "a JSON object serializes").
 
 use std::path::{Path, PathBuf};
 
@@ -44,4 +47,41 @@ fn every_module_has_a_header_and_long_files_say_why() {
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The code of `text` before its first `#[cfg(test)]`, unless the whole file is tests.
+fn non_test_code<'a>(name: &str, text: &'a str) -> &'a str {
+    if name.ends_with("tests.rs") || name.contains("/tests/") || name == "tidy.rs" {
+        return "";
+    }
+    text.find("#[cfg(test)]").map_or(text, |at| &text[..at])
+}
+
+/// No `.unwrap()` outside tests: errors are handled or refused with a message, and an
+/// invariant that cannot break is an `.expect` that says which.
+#[test]
+fn no_unwrap_outside_tests() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&root, &mut files);
+    let mut problems = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).expect("read source");
+        let name = file
+            .strip_prefix(&root)
+            .unwrap_or(&file)
+            .display()
+            .to_string();
+        for (n, line) in non_test_code(&name, &text).lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if code.contains(".unwrap()") {
+                problems.push(format!("{name}:{}: {}", n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "`.unwrap()` outside tests (handle the error, or `.expect(\"the invariant\")`):\n{}",
+        problems.join("\n")
+    );
 }
