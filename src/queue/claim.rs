@@ -1,0 +1,399 @@
+//! Claiming: working through a backlog in `taskTime` order, each claim planned within the
+//! coordinator's limits (`plan.rs` decides, this file writes), finished tasks riding along
+//! in the next claim, and claims that did not start put back.
+
+use super::*;
+
+impl Queue {
+    /// Works through a listing's backlog. Before each claim the plan decides: look at the
+    /// queue's keys (every LOOK_INTERVAL) for tasks that arrived and retries written back,
+    /// list again, or claim. Retries that fall due join the pending tasks, so the earliest
+    /// eligible task known is always claimed next. Tasks are claimed one at a time, or in
+    /// batches of up to `claim_batch` while handlers finish fast, each batch within the
+    /// coordinator's write limits; a task too large to claim at all is dead-lettered. Each
+    /// claim is conditioned on the version read, and a conflict sends the leader back to
+    /// list again. Finished tasks are completed in the next claim's write.
+    pub(super) async fn work_through(
+        &self,
+        leadership: &Leadership,
+        lease: &Lease,
+        shutdown: &CancellationToken,
+        mut backlog: Backlog,
+        memory: &mut Memory,
+    ) -> (Option<LeadEnd>, Vec<Finished>) {
+        let mut finished: Vec<Finished> = Vec::new();
+        let mut fast = false;
+        // After the coordinator refused a batch as too large (a Consul whose limits are
+        // below leaderq's), claim one task at a time, alone in its write, until the next
+        // listing.
+        let mut single = false;
+        let mut end = None;
+        'listing: loop {
+            if let Some(stop) = self.must_stop(lease, shutdown) {
+                end = Some(stop);
+                break;
+            }
+            match backlog.next(Utc::now()) {
+                Next::Claim => {}
+                Next::Look => match self.look(leadership, &mut backlog, memory).await {
+                    Ok(Look::Continue) => continue,
+                    Ok(Look::Relist) => break,
+                    Err(stop) => {
+                        end = Some(stop);
+                        break;
+                    }
+                },
+                Next::Relist | Next::Done => break,
+            }
+            let max_tasks = if fast && !single {
+                self.settings.claim_batch
+            } else {
+                1
+            };
+            let riders = &finished[..if single { 0 } else { finished.len() }];
+            let (batch, candidates, deletions) = match self.plan_batch(
+                leadership,
+                &mut backlog,
+                riders,
+                max_tasks,
+            ) {
+                Planned::Batch {
+                    tasks,
+                    candidates,
+                    deletions,
+                } => (tasks, candidates, deletions),
+                Planned::TooLarge { task, cost } => {
+                    let limits = self.coord.limits();
+                    let reason = format!(
+                            "too large to claim: its claim would be {} operations and {} bytes as the coordinator counts them, over its limits of {} and {}; the task's value is {} bytes",
+                            cost.ops,
+                            cost.bytes,
+                            limits.max_ops,
+                            limits.max_bytes,
+                            task.with(&[]).len()
+                        );
+                    let pair = pair_of(&task, task.with(&[]), task.version);
+                    match self.dead_letter(leadership, &pair, &reason).await {
+                        Ok(_) => backlog.forget(&task.key),
+                        Err(stop) => {
+                            end = Some(stop);
+                            break;
+                        }
+                    }
+                    continue;
+                }
+            };
+            let deleted: Vec<String> = finished[..deletions]
+                .iter()
+                .map(|done| done.task.key.clone())
+                .collect();
+            let claimed = match self
+                .claim_batch(leadership, batch, candidates, &mut finished, deletions)
+                .await
+            {
+                Claim::Claimed(claimed) => {
+                    for key in &deleted {
+                        backlog.forget(key);
+                    }
+                    claimed
+                }
+                Claim::Relist => break,
+                Claim::LockDelayed(batch, refused) => {
+                    // The coordinator refuses these keys for a while (Consul: another
+                    // session's lock-delay): nothing was applied.
+                    // They step aside for a while, and the tasks after them go first.
+                    let (delayed, others): (Vec<_>, Vec<_>) = batch
+                        .into_iter()
+                        .enumerate()
+                        .partition(|(n, _)| refused.contains(n));
+                    let delayed: Vec<Task> = delayed.into_iter().map(|(_, task)| task).collect();
+                    for task in &delayed {
+                        tracing::info!(task_key = %task.key, retry_in = %crate::util::duration::format(LOCK_DELAY_RETRY), "task is under another session's lock-delay; claiming the next ones meanwhile");
+                    }
+                    backlog.put_back(others.into_iter().map(|(_, task)| task).collect());
+                    let until = Utc::now()
+                        + chrono::Duration::from_std(LOCK_DELAY_RETRY).unwrap_or_default();
+                    for task in &delayed {
+                        memory.deferred.insert(task.key.clone(), until);
+                    }
+                    backlog.defer(delayed, until);
+                    continue;
+                }
+                Claim::End(stop) => {
+                    end = Some(stop);
+                    break;
+                }
+                Claim::TooLarge(mut batch, why) => {
+                    if batch.len() > 1 || deletions > 0 || !single {
+                        tracing::warn!(error = %why, "the coordinator refused a claim as too large; claiming one task at a time");
+                        single = true;
+                        if !finished.is_empty() {
+                            finished = self
+                                .complete_known(
+                                    leadership,
+                                    &mut backlog,
+                                    std::mem::take(&mut finished),
+                                )
+                                .await;
+                        }
+                        backlog.put_back(batch);
+                        continue;
+                    }
+                    let Some(task) = batch.pop() else { continue };
+                    let reason =
+                        format!("too large to claim: the coordinator refused its claim: {why}");
+                    let pair = pair_of(&task, task.with(&[]), task.version);
+                    match self.dead_letter(leadership, &pair, &reason).await {
+                        Ok(_) => backlog.forget(&task.key),
+                        Err(stop) => {
+                            end = Some(stop);
+                            break;
+                        }
+                    }
+                    continue;
+                }
+            };
+            let mut claimed = claimed.into_iter();
+            while let Some((task, claim_index)) = claimed.next() {
+                // "Renew between tasks": a batch claimed ahead still runs only while the lease
+                // is fresh; what did not start (this task included) goes back untouched.
+                if let Some(stop) = self.must_stop(lease, shutdown) {
+                    let unstarted = std::iter::once((task, claim_index))
+                        .chain(claimed.by_ref())
+                        .collect();
+                    self.release_unstarted(leadership, unstarted).await;
+                    end = Some(stop);
+                    break 'listing;
+                }
+                let key = task.task.key.clone();
+                let finished_before = finished.len();
+                let run = self
+                    .run_claimed(
+                        leadership,
+                        lease,
+                        shutdown,
+                        task,
+                        claim_index,
+                        &mut finished,
+                    )
+                    .await;
+                if finished.len() == finished_before {
+                    // Not a success: a retry was written back or the task moved. The next
+                    // look reads the key again, so the retry is known when due.
+                    backlog.forget(&key);
+                }
+                fast = run.elapsed < FAST_HANDLER;
+                // Past a slow run, finished tasks are recorded at once rather than at the
+                // next claim, which keeps the window in which a crash makes them run again
+                // short.
+                if !fast && !finished.is_empty() {
+                    finished = self
+                        .complete_known(leadership, &mut backlog, std::mem::take(&mut finished))
+                        .await;
+                }
+                let stop = run.end;
+                if let Some(stop) = stop {
+                    self.release_unstarted(leadership, claimed.collect()).await;
+                    end = Some(stop);
+                    break 'listing;
+                }
+                if !fast && claimed.len() > 0 {
+                    // The batch was claimed on the promise of fast runs. A slow one sends the
+                    // rest back unchanged, so that a batch of slow tasks never holds up an
+                    // earlier task that arrives or falls due; the next look reads them again.
+                    let rest: Vec<(Claimed, u64)> = claimed.by_ref().collect();
+                    for (unstarted, _) in &rest {
+                        backlog.forget(&unstarted.task.key);
+                    }
+                    self.release_unstarted(leadership, rest).await;
+                }
+            }
+        }
+        let unrecorded = self.complete_all(leadership, finished).await;
+        (end, unrecorded)
+    }
+
+    /// Plans the next claim: prepares claims of up to `max_tasks` pending tasks while they
+    /// fit one write, with as many of the `finished` completions as leave room; or, when
+    /// the first task cannot be claimed even alone, takes that task out of the backlog.
+    pub(super) fn plan_batch(
+        &self,
+        leadership: &Leadership,
+        backlog: &mut Backlog,
+        finished: &[Finished],
+        max_tasks: usize,
+    ) -> Planned {
+        let now = Utc::now();
+        let completions: Vec<WriteCost> = finished
+            .iter()
+            .map(|done| self.coord.cost(&done.completion()))
+            .collect();
+        let guard = self.coord.guard_cost();
+        let limits = self.coord.limits();
+        // Claims are prepared one at a time and only while they fit: preparing one writes
+        // the task's whole value, which is worth skipping for large values.
+        let mut candidates: Vec<Candidate> = Vec::new();
+        let mut claims: Vec<WriteCost> = Vec::new();
+        let mut plan = ClaimPlan::Take {
+            finished: 0,
+            tasks: 0,
+        };
+        for task in backlog.pending().take(max_tasks) {
+            let candidate = Candidate::new(task, leadership, &self.node_id, now);
+            claims.push(self.coord.cost(&candidate.op));
+            let next = plan::plan_claim(guard, &completions, &claims, max_tasks, limits);
+            match next {
+                ClaimPlan::Take { tasks, .. } if tasks == claims.len() => {
+                    candidates.push(candidate);
+                    plan = next;
+                }
+                ClaimPlan::Take { .. } => break,
+                ClaimPlan::TooLarge { .. } => {
+                    plan = next;
+                    break;
+                }
+            }
+        }
+        match plan {
+            ClaimPlan::Take { finished, tasks } => Planned::Batch {
+                tasks: backlog.take(tasks),
+                candidates,
+                deletions: finished,
+            },
+            ClaimPlan::TooLarge { cost } => match backlog.take_first() {
+                Some(task) => Planned::TooLarge {
+                    task: Box::new(task),
+                    cost,
+                },
+                None => Planned::Batch {
+                    tasks: Vec::new(),
+                    candidates: Vec::new(),
+                    deletions: 0,
+                },
+            },
+        }
+    }
+
+    /// Claims `batch` (with its prepared `candidates`) in one write that also completes
+    /// the first `deletions` finished tasks.
+    pub(super) async fn claim_batch(
+        &self,
+        leadership: &Leadership,
+        batch: Vec<Task>,
+        candidates: Vec<Candidate>,
+        finished: &mut Vec<Finished>,
+        deletions: usize,
+    ) -> Claim {
+        let mut ops = Vec::with_capacity(deletions + batch.len());
+        // Finished tasks are completed in this claim's write: one commit, not two. It is
+        // applied only if the whole claim is.
+        ops.extend(finished[..deletions].iter().map(Finished::completion));
+        let mut values = Vec::with_capacity(candidates.len());
+        for candidate in candidates {
+            ops.push(candidate.op);
+            values.push(candidate.value);
+        }
+        let (versions, fencing_token) = match self.write(leadership, &ops).await {
+            Ok(Written::Done {
+                versions,
+                fencing_token,
+            }) => (versions, fencing_token),
+            // Nothing was applied; the finished tasks are completed on their own later.
+            Ok(Written::NotLeader) => {
+                return Claim::End(LeadEnd::StepDown("lost leadership at claim".into()))
+            }
+            Ok(Written::Conflict(keys)) => {
+                self.metrics.claim_conflicts.inc();
+                let refused = self.refused_for_a_while(&batch, &keys).await;
+                if !refused.is_empty() && refused.len() == keys.len() {
+                    return Claim::LockDelayed(batch, refused);
+                }
+                tracing::debug!(?keys, "claim conflict; listing again");
+                return Claim::Relist;
+            }
+            Err(CoordError::Refused(why)) => return Claim::TooLarge(batch, why),
+            Err(err) => {
+                tracing::warn!(error = %err, "claim failed");
+                return Claim::Relist;
+            }
+        };
+        for done in finished.drain(..deletions) {
+            self.log_completed(leadership, &done, fencing_token);
+        }
+        let mut claimed = Vec::with_capacity(batch.len());
+        for (task, value) in batch.into_iter().zip(values) {
+            let claim_index = versions
+                .iter()
+                .find(|(key, _)| *key == task.key)
+                .map_or(0, |(_, version)| *version);
+            let attempt = task.run_number();
+            self.metrics.claimed(&task.task_type);
+            tracing::info!(
+                task_key = %task.key,
+                task_id = %task.id,
+                task_type = %task.task_type,
+                attempt,
+                fencing_token = leadership.fencing_token,
+                "task claimed"
+            );
+            claimed.push((
+                Claimed {
+                    task: Box::new(task),
+                    value,
+                },
+                claim_index,
+            ));
+        }
+        Claim::Claimed(claimed)
+    }
+
+    /// Of a conflicted claim's `keys`, the tasks of `batch` (indexes) that are still as
+    /// read and held by no lease: nothing moved them, the coordinator refuses them for a
+    /// while (Consul: lock-delay). Empty unless every conflicted key is such a task.
+    pub(super) async fn refused_for_a_while(&self, batch: &[Task], keys: &[String]) -> Vec<usize> {
+        let tried: Vec<usize> = keys
+            .iter()
+            .filter_map(|key| batch.iter().position(|task| task.key == *key))
+            .collect();
+        if tried.len() != keys.len() {
+            return Vec::new();
+        }
+        let Ok(current) = self.coord.get(keys).await else {
+            return Vec::new();
+        };
+        let still = plan::unmoved(batch, &tried, &current);
+        if still.len() == tried.len() {
+            still
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Releases claimed tasks whose handlers never started, restoring their value, so they
+    /// go back to the queue without using an attempt. Only this lease's own claims are
+    /// touched, so no leadership guard is needed.
+    pub(super) async fn release_unstarted(
+        &self,
+        leadership: &Leadership,
+        unstarted: Vec<(Claimed, u64)>,
+    ) {
+        if unstarted.is_empty() {
+            return;
+        }
+        let ops: Vec<TaskOp> = unstarted
+            .iter()
+            .map(|(claimed, claim_index)| TaskOp::Release {
+                key: claimed.task.key.clone(),
+                version: *claim_index,
+                value: claimed.task.with(&[]),
+            })
+            .collect();
+        let costs: Vec<WriteCost> = ops.iter().map(|op| self.coord.cost(op)).collect();
+        for range in plan::chunks(None, &costs, self.coord.limits()) {
+            if let Err(err) = self.coord.write_own(&leadership.lease, &ops[range]).await {
+                self.metrics.coordinator_error(&err);
+                tracing::warn!(error = %err, "cannot release tasks claimed but not started; the next leader requeues them");
+            }
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! Running a claimed task and settling it: the handler under the lease's deadline, then
+//! completion (delete the version claimed), retry with backoff, or dead letter; completions
+//! that could not be recorded are kept and retried, never mistaken for runs cut short.
+
+use super::*;
+
+impl Queue {
+    /// Runs one claimed task's handler and settles a failure; a success joins `finished`.
+    pub(super) async fn run_claimed(
+        &self,
+        leadership: &Leadership,
+        lease: &Lease,
+        shutdown: &CancellationToken,
+        claimed: Claimed,
+        claim_index: u64,
+        finished: &mut Vec<Finished>,
+    ) -> RunOutcome {
+        let Claimed { task, value } = claimed;
+        self.term.ran_one();
+        let attempt = task.attempts + 1;
+        let started = std::time::Instant::now();
+        let Some(handler) = self.registry.get(&task.task_type) else {
+            // Checked before the claim; the task is requeued as ours at the next listing.
+            return RunOutcome {
+                elapsed: started.elapsed(),
+                end: None,
+            };
+        };
+        let cancel = CancellationToken::new();
+        let ctx = TaskContext {
+            key: task.key.clone(),
+            task_id: task.id.clone(),
+            task_type: task.task_type.clone(),
+            task_json: value,
+            attempt,
+            fencing_token: leadership.fencing_token,
+            cancel: cancel.clone(),
+            lease_deadline: lease.deadline_watch(),
+        };
+        let mut run = handler.handle(&ctx);
+        let mut ending: Option<LeadEnd> = None;
+        let result = loop {
+            tokio::select! {
+                result = &mut run => break result,
+                _ = lease.expired(), if ending.is_none() => {
+                    // Another replica may lead soon: stop the handler now.
+                    cancel.cancel();
+                    ending = Some(LeadEnd::StepDown("lease not renewed within its TTL".into()));
+                }
+                _ = shutdown.cancelled(), if ending.is_none() => {
+                    ending = Some(LeadEnd::Shutdown);
+                    let grace = self.settings.shutdown_grace;
+                    tracing::info!(task_key = %task.key, grace = %crate::util::duration::format(grace), "shutting down: waiting for the running handler");
+                    match tokio::time::timeout(grace, &mut run).await {
+                        Ok(result) => break result,
+                        Err(_) => cancel.cancel(),
+                    }
+                }
+            }
+        };
+        drop(run);
+        let elapsed = started.elapsed();
+        let elapsed_ms = elapsed.as_millis() as u64;
+        match (result, &ending) {
+            (Ok(()), _) => finished.push(Finished {
+                task,
+                claim_index,
+                elapsed_ms,
+            }),
+            (Err(err), Some(LeadEnd::Shutdown)) if cancel.is_cancelled() => {
+                // Cut short by us, not failed: back in the queue without using an attempt.
+                let value = task.retried(
+                    task.attempts,
+                    &format!("interrupted by shutdown: {err}"),
+                    Utc::now(),
+                );
+                self.settle(leadership, &task, claim_index, value, "put back")
+                    .await;
+            }
+            (Err(err), _) => {
+                self.metrics.failed(&task.task_type, elapsed);
+                tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt, fencing_token = leadership.fencing_token, error = %err, elapsed_ms, "task failed");
+                if attempt >= self.settings.max_attempts {
+                    if let Err(end) = self
+                        .exhausted(leadership, &task, claim_index, attempt, &err.0)
+                        .await
+                    {
+                        return RunOutcome {
+                            elapsed,
+                            end: Some(ending.unwrap_or(end)),
+                        };
+                    }
+                } else {
+                    let backoff = self.backoff(attempt);
+                    let not_before =
+                        Utc::now() + chrono::Duration::from_std(backoff).unwrap_or_default();
+                    let value = task.retried(attempt, &err.0, not_before);
+                    self.settle(leadership, &task, claim_index, value, "schedule a retry")
+                        .await;
+                }
+            }
+        }
+        RunOutcome {
+            elapsed,
+            end: ending,
+        }
+    }
+
+    /// `fencing_token` is the leadership's token as the committed write saw it: logging it
+    /// beside the leadership's own lets an audit prove no stale leader completed a task.
+    pub(super) fn log_completed(
+        &self,
+        leadership: &Leadership,
+        done: &Finished,
+        fencing_token: u64,
+    ) {
+        let task = &done.task;
+        // The name the chaos audit reads (Consul's LockIndex of the leader key).
+        let leader_lock_index = fencing_token;
+        self.metrics
+            .completed(&task.task_type, Duration::from_millis(done.elapsed_ms));
+        tracing::info!(
+            task_key = %task.key,
+            task_id = %task.id,
+            task_type = %task.task_type,
+            attempt = task.run_number(),
+            fencing_token = leadership.fencing_token,
+            elapsed_ms = done.elapsed_ms,
+            leader_lock_index,
+            "task completed"
+        );
+    }
+
+    /// Deletes a finished task, but only the version this run claimed: a producer's newer
+    /// write under the same key is released back to the queue instead.
+    /// Returns the task back when its completion could not be recorded (coordinator
+    /// unavailable), so that the caller retries it: a finished task is never mistaken for a
+    /// cut-short one.
+    pub(super) async fn complete(
+        &self,
+        leadership: &Leadership,
+        done: Finished,
+    ) -> Option<Finished> {
+        let task = &done.task;
+        match self.write(leadership, &[done.completion()]).await {
+            Ok(Written::Done { fencing_token, .. }) => {
+                self.log_completed(leadership, &done, fencing_token)
+            }
+            Ok(Written::Conflict(_)) => {
+                tracing::info!(task_key = %task.key, "task completed, but a producer rewrote it meanwhile; the new version stays queued");
+                self.release_current(leadership, &task.key).await;
+            }
+            Ok(Written::NotLeader) => {
+                tracing::warn!(task_key = %task.key, "task completed after this replica lost leadership; the next leader will run it again");
+            }
+            Err(CoordError::Refused(why)) => {
+                // One completion cannot be too large for any coordinator; should one refuse
+                // it, the task stays held by this lease and the next listing runs it again.
+                tracing::error!(task_key = %task.key, error = %why, "cannot record the completed task: the coordinator refused it as too large");
+            }
+            Err(err) => {
+                tracing::warn!(task_key = %task.key, error = %err, "cannot record the completed task yet; retrying");
+                return Some(done);
+            }
+        }
+        None
+    }
+
+    /// Completes finished tasks, in as few writes as the limits allow; if one of them was
+    /// rewritten meanwhile, each of its write's tasks is completed on its own so the
+    /// rewritten one is released, not deleted. Returns those whose completion could not be
+    /// recorded yet.
+    pub(super) async fn complete_all(
+        &self,
+        leadership: &Leadership,
+        finished: Vec<Finished>,
+    ) -> Vec<Finished> {
+        let mut left = Vec::new();
+        if finished.len() <= 1 {
+            for done in finished {
+                left.extend(self.complete(leadership, done).await);
+            }
+            return left;
+        }
+        let costs: Vec<WriteCost> = finished
+            .iter()
+            .map(|done| self.coord.cost(&done.completion()))
+            .collect();
+        let guard = self.coord.guard_cost();
+        let mut finished = finished.into_iter();
+        for range in plan::chunks(Some(guard), &costs, self.coord.limits()) {
+            let group: Vec<Finished> = finished.by_ref().take(range.len()).collect();
+            let ops: Vec<TaskOp> = group.iter().map(Finished::completion).collect();
+            match self.write(leadership, &ops).await {
+                Ok(Written::Done { fencing_token, .. }) => {
+                    for done in &group {
+                        self.log_completed(leadership, done, fencing_token);
+                    }
+                }
+                _ => {
+                    for done in group {
+                        left.extend(self.complete(leadership, done).await);
+                    }
+                }
+            }
+        }
+        left
+    }
+
+    /// Completes finished tasks, and forgets the keys whose outcome is recorded: deleted,
+    /// or released to a producer's newer version, which the next look then reads.
+    pub(super) async fn complete_known(
+        &self,
+        leadership: &Leadership,
+        backlog: &mut Backlog,
+        finished: Vec<Finished>,
+    ) -> Vec<Finished> {
+        let keys: Vec<String> = finished.iter().map(|done| done.task.key.clone()).collect();
+        let left = self.complete_all(leadership, finished).await;
+        for key in keys {
+            if !left.iter().any(|done| done.task.key == key) {
+                backlog.forget(&key);
+            }
+        }
+        left
+    }
+
+    /// Writes `value` and releases the task, if it is still the version this run claimed.
+    /// A value too large to write back sends the task to dead-letter instead.
+    pub(super) async fn settle(
+        &self,
+        leadership: &Leadership,
+        task: &Task,
+        claim_index: u64,
+        value: Vec<u8>,
+        what: &str,
+    ) {
+        let ops = [TaskOp::Release {
+            key: task.key.clone(),
+            version: claim_index,
+            value: value.clone(),
+        }];
+        match self.write(leadership, &ops).await {
+            Ok(Written::Done { .. }) => {}
+            Ok(Written::Conflict(_)) => self.release_current(leadership, &task.key).await,
+            Err(CoordError::Refused(why)) => {
+                let pair = pair_of(task, value, claim_index);
+                let reason = format!("cannot {what}: the task is too large to write back: {why}");
+                if let Err(end) = self.dead_letter(leadership, &pair, &reason).await {
+                    tracing::warn!(task_key = %task.key, ?end, "cannot dead-letter a task too large to {what}; the task is requeued when this lease ends");
+                }
+            }
+            Ok(Written::NotLeader) => {
+                tracing::warn!(task_key = %task.key, "cannot {what}: leadership lost; the task is requeued when this lease ends")
+            }
+            Err(err) => {
+                tracing::warn!(task_key = %task.key, error = %err, "cannot {what}; the task is requeued when this lease ends")
+            }
+        }
+    }
+
+    /// Releases a task a producer rewrote while it ran, keeping the producer's value.
+    pub(super) async fn release_current(&self, leadership: &Leadership, key: &str) {
+        let keys = [key.to_string()];
+        for _ in 0..RELEASE_ATTEMPTS {
+            let current = match self.coord.get(&keys).await {
+                Ok(found) => match found.into_iter().next() {
+                    Some(current) => current,
+                    None => return,
+                },
+                Err(err) => {
+                    tracing::warn!(task_key = %key, error = %err, "cannot read a rewritten task");
+                    return;
+                }
+            };
+            if current.holder.as_ref() != Some(&leadership.lease) {
+                return;
+            }
+            let ops = [TaskOp::Release {
+                key: key.to_string(),
+                version: current.version,
+                value: current.value,
+            }];
+            match self.write(leadership, &ops).await {
+                Ok(Written::Conflict(_)) => continue,
+                _ => return,
+            }
+        }
+    }
+
+    /// base × 2^(attempt-1), capped, plus up to 20% jitter so retries do not bunch up.
+    pub(super) fn backoff(&self, attempt: u32) -> Duration {
+        let exponent = attempt.saturating_sub(1).min(30);
+        let base = self.settings.backoff_base.saturating_mul(1u32 << exponent);
+        let capped = base.min(self.settings.backoff_max);
+        capped + capped.mul_f64(fastrand::f64() * 0.2)
+    }
+}

@@ -1,0 +1,185 @@
+//! What a listing holds, sorted out: which tasks can run now or later, which are
+//! orphans to requeue or malformed ones to dead-letter (`pick`, `sort_out`), and the quick
+//! look at the keys between claims that catches newer or earlier tasks (`look`).
+
+use super::*;
+
+impl Queue {
+    /// Sorts a listing out and says what to do with it: work through its pending tasks,
+    /// wait for the earliest retry, or list again. `listed_from` is when the listing began
+    /// costing time.
+    pub(super) async fn pick(
+        &self,
+        leadership: &Leadership,
+        entries: Vec<StoredTask>,
+        memory: &mut Memory,
+        listed_from: Instant,
+    ) -> Result<Pick, LeadEnd> {
+        let now = Utc::now();
+        let sorted = self.sort_out(leadership, entries, memory, now).await?;
+        self.metrics
+            .queue_depth(sorted.pending.len(), sorted.in_flight, sorted.delayed.len());
+        if !sorted.pending.is_empty() {
+            let backlog = Backlog::new(
+                sorted.pending,
+                sorted.delayed,
+                sorted.keys,
+                Utc::now(),
+                listed_from.elapsed(),
+            );
+            return Ok(Pick::Run(backlog));
+        }
+        if sorted.changed {
+            return Ok(Pick::Again);
+        }
+        let earliest = sorted.delayed.iter().map(|(at, _)| *at).min();
+        Ok(earliest.map_or(Pick::Nothing, Pick::WaitUntil))
+    }
+
+    /// Sorts entries of the queue out: dead-letters what cannot run, requeues orphans, and
+    /// returns the pending and delayed tasks (a listing's, or new keys' a look read).
+    pub(super) async fn sort_out(
+        &self,
+        leadership: &Leadership,
+        entries: Vec<StoredTask>,
+        memory: &mut Memory,
+        now: DateTime<Utc>,
+    ) -> Result<Sorted, LeadEnd> {
+        let horizon = self.not_before_horizon();
+        memory.deferred.retain(|_, until| *until > now);
+        let mut sorted = Sorted::default();
+        for pair in entries {
+            // A key that breaks the key rule could not be addressed safely (a `..` segment
+            // resolves elsewhere in a URL): such a task is not run but dead-lettered.
+            if let Err(invalid) = Key::within(&pair.key, &[&self.settings.prefix]) {
+                if pair.holder.is_none() {
+                    let reason = format!("the key is not a valid task key: {invalid}");
+                    self.dead_letter(leadership, &pair, &reason).await?;
+                    sorted.changed = true;
+                }
+                continue;
+            }
+            let task = match Task::parse(&pair) {
+                Ok(task) => task,
+                Err(invalid) => {
+                    // A locked entry is someone's run in progress: left alone until it ends.
+                    if pair.holder.is_none() {
+                        sorted.changed = true;
+                        if self
+                            .dead_letter(leadership, &pair, &invalid.to_string())
+                            .await?
+                        {
+                            continue;
+                        }
+                    }
+                    sorted.keys.insert(pair.key);
+                    continue;
+                }
+            };
+            let deferred = memory.deferred.get(&task.key).copied();
+            match plan::eligibility(&task, now, horizon, deferred) {
+                Status::Pending if self.registry.get(&task.task_type).is_none() => {
+                    let reason = format!("no handler for taskType {:?}", task.task_type);
+                    self.dead_letter(leadership, &pair, &reason).await?;
+                    sorted.changed = true;
+                }
+                Status::Pending => {
+                    if let Status::Delayed(at) = task.status(now) {
+                        if memory.warned.insert(format!("notBefore {}", task.key)) {
+                            tracing::warn!(task_key = %task.key, not_before = %crate::task::rfc3339(at), "notBefore is further ahead than any backoff leaderq writes (a clock that jumped, or a crafted value); ignoring it");
+                        }
+                    }
+                    sorted.keys.insert(task.key.clone());
+                    sorted.pending.push(task);
+                }
+                Status::Delayed(at) => {
+                    sorted.keys.insert(task.key.clone());
+                    sorted.delayed.push((at, task));
+                }
+                Status::InFlight if task.holder.as_ref() == Some(&leadership.lease) => {
+                    // Held by this very lease, yet nothing runs here: a run cut short by a
+                    // restart that took the lease up again. Put it back as a failed attempt.
+                    self.requeue(
+                        leadership,
+                        &task,
+                        "the replica restarted while running the task",
+                    )
+                    .await?;
+                    sorted.changed = true;
+                }
+                Status::InFlight => {
+                    sorted.in_flight += 1;
+                    sorted.keys.insert(task.key.clone());
+                }
+                Status::Orphan => {
+                    self.requeue(leadership, &task, "the replica running the task died")
+                        .await?;
+                    sorted.changed = true;
+                }
+                Status::Foreign => {
+                    if memory.warned.insert(format!("foreign {}", task.key)) {
+                        tracing::warn!(task_key = %task.key, "task is marked taken by a program other than leaderq; leaving it alone");
+                    }
+                    sorted.keys.insert(task.key.clone());
+                }
+            }
+        }
+        sorted
+            .pending
+            .sort_by(|a, b| a.order_key().cmp(&b.order_key()));
+        Ok(sorted)
+    }
+
+    /// How far ahead a notBefore is believed: the longest backoff leaderq writes
+    /// (backoff_max plus 20% jitter) plus NOT_BEFORE_SLACK.
+    pub(super) fn not_before_horizon(&self) -> chrono::Duration {
+        let max = self.settings.backoff_max;
+        let longest = max.saturating_add(max / 5).saturating_add(NOT_BEFORE_SLACK);
+        chrono::Duration::from_std(longest).unwrap_or(chrono::Duration::MAX)
+    }
+
+    /// Looks at the queue's keys: drops tasks whose keys went away, reads the new keys
+    /// (tasks that arrived, retries written back, tasks released to a producer's newer
+    /// version) and adds what they hold to the backlog.
+    pub(super) async fn look(
+        &self,
+        leadership: &Leadership,
+        backlog: &mut Backlog,
+        memory: &mut Memory,
+    ) -> Result<Look, LeadEnd> {
+        let started = Instant::now();
+        let keys = match self.coord.keys(&self.settings.prefix).await {
+            Ok((keys, _)) => keys,
+            Err(err) => {
+                self.metrics.coordinator_error(&err);
+                tracing::warn!(error = %err, "cannot read the queue's keys; listing again");
+                return Ok(Look::Relist);
+            }
+        };
+        let new = match backlog.looked(keys, Utc::now(), started.elapsed()) {
+            Looked::Relist => return Ok(Look::Relist),
+            Looked::New(new) => new,
+        };
+        if new.is_empty() {
+            return Ok(Look::Continue);
+        }
+        // A key that went away meanwhile is simply not among them.
+        let entries = match self.coord.get(&new).await {
+            Ok(entries) => entries,
+            Err(err) => {
+                self.metrics.coordinator_error(&err);
+                tracing::warn!(error = %err, "cannot read new tasks; listing again");
+                return Ok(Look::Relist);
+            }
+        };
+        let sorted = self
+            .sort_out(leadership, entries, memory, Utc::now())
+            .await?;
+        backlog.learn(
+            sorted.keys.into_iter().collect(),
+            sorted.pending,
+            sorted.delayed,
+        );
+        Ok(Look::Continue)
+    }
+}
