@@ -360,6 +360,7 @@ impl ExecHandler {
             timeout: self.timeout,
             cancel: &ctx.cancel,
             lease_deadline: ctx.lease_deadline.clone(),
+            pass_stderr: false,
         };
         let ended = supervise::leader::run(&self.supervision, job)
             .await

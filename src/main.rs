@@ -43,6 +43,10 @@ enum LogFormat {
 enum Cmd {
     /// Run one consumer replica: join the election and, while leading, run the queue's tasks.
     Consume(ConsumeArgs),
+    /// Leader-gate any command: of all replicas running `leaderq run --name NAME -- COMMAND`,
+    /// only the leader runs COMMAND, never past its lease. Exits with the command's status,
+    /// or 75 when leadership is lost (with --on-loss exit).
+    Run(RunArgs),
     /// Quick start: the embedded server plus N consumer replicas, with log handlers for the
     /// example task types in tasks/.
     Dev(DevArgs),
@@ -219,9 +223,60 @@ enum TasksCmd {
 }
 
 #[derive(clap::Args)]
+struct RunArgs {
+    #[command(flatten)]
+    config: ConfigArgs,
+    /// The run's name: replicas with the same name contend for the leader key
+    /// leaderq/run/NAME/leader. Letters, digits, '.', '_' or '-'.
+    #[arg(long, default_value = "default")]
+    name: String,
+    /// The coordinator ([coordinator] backend), if not the settings' one.
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(leaderq::tools::harness::BACKENDS))]
+    backend: Option<String>,
+    /// After the command exits: start it again (contesting for leadership anew, with
+    /// backoff after quick failures), or exit with its status.
+    #[arg(long, value_enum, default_value = "never")]
+    restart: leaderq::service::run::plan::Restart,
+    /// When leadership is lost while the command runs (it is stopped first): exit with
+    /// status 75, or contest again and rerun it on winning.
+    #[arg(long, value_enum, default_value = "exit")]
+    on_loss: leaderq::service::run::plan::OnLoss,
+    /// Before contesting again after the command exited (with --restart), stand back until
+    /// another replica leads (or a session TTL passes), so leadership moves on.
+    #[arg(long)]
+    handover: bool,
+    /// SIGTERM to SIGKILL of the command's process group when it must stop (queue.kill_grace).
+    #[arg(long, value_parser = parse_duration)]
+    kill_grace: Option<Duration>,
+    /// Also pass this environment variable to the command (repeatable); the command gets
+    /// a clean environment (PATH, HOME, LANG, TZ, LC_*, …) plus LEADERQ_FENCING_TOKEN,
+    /// LEADERQ_LEADER_ID and LEADERQ_NAME.
+    #[arg(long = "pass-env", value_name = "NAME")]
+    pass_env: Vec<String>,
+    /// This replica's data dir (node id, session); default: <data.dir>/run/NAME, or the
+    /// first NAME-2, NAME-3, … no other process holds.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// This replica's name (election.node_id); default: generated once, kept in the data dir.
+    #[arg(long)]
+    node_id: Option<String>,
+    /// Do not run anything: print who leads NAME, and exit 0 if this replica would lead
+    /// (leadership is free, or held by this node id), 1 if another does.
+    #[arg(long)]
+    wait_leader: bool,
+    /// The command and its arguments (after --).
+    #[arg(last = true)]
+    command: Vec<String>,
+}
+
+#[derive(clap::Args)]
 struct StatusArgs {
     #[command(flatten)]
     config: ConfigArgs,
+    /// Show the leadership of `leaderq run --name NAME` (holder, fencing token, since)
+    /// instead of the queue.
+    #[arg(long)]
+    name: Option<String>,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -348,6 +403,7 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Cmd::Consume(args) => run_consume(args).await,
+            Cmd::Run(args) => run_run(args).await,
             Cmd::Dev(args) => run_dev(args).await,
             Cmd::Enqueue(args) => run_enqueue(args).await,
             Cmd::Status(args) => run_status(args).await,
@@ -370,6 +426,9 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        Err(err) if err.downcast_ref::<ExitWith>().is_some() => {
+            ExitCode::from(err.downcast_ref::<ExitWith>().map_or(1, |code| code.0))
+        }
         Err(err) if err.downcast_ref::<StdoutClosed>().is_some() => {
             ExitCode::from(BROKEN_PIPE_EXIT)
         }
@@ -384,7 +443,13 @@ fn main() -> ExitCode {
             let refused = err
                 .chain()
                 .filter_map(|cause| cause.downcast_ref::<leaderq::service::admin::AdminError>())
-                .any(leaderq::service::admin::AdminError::is_refused_input);
+                .any(leaderq::service::admin::AdminError::is_refused_input)
+                || err.chain().any(|cause| {
+                    matches!(
+                        cause.downcast_ref::<leaderq::service::run::RunError>(),
+                        Some(leaderq::service::run::RunError::Refused(_))
+                    )
+                });
             if refused {
                 ExitCode::from(REFUSED_INPUT_EXIT)
             } else {
@@ -436,6 +501,73 @@ async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Ends the process with this exit code, printing nothing more.
+#[derive(Debug)]
+struct ExitWith(u8);
+
+impl std::fmt::Display for ExitWith {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit status {}", self.0)
+    }
+}
+
+impl std::error::Error for ExitWith {}
+
+async fn run_run(args: RunArgs) -> anyhow::Result<()> {
+    let mut overrides = Vec::new();
+    if let Some(node_id) = &args.node_id {
+        overrides.push(("LEADERQ__ELECTION__NODE_ID".to_string(), node_id.clone()));
+    }
+    if let Some(backend) = &args.backend {
+        overrides.push(("LEADERQ__COORDINATOR__BACKEND".to_string(), backend.clone()));
+    }
+    if let Some(grace) = args.kill_grace {
+        overrides.push((
+            "LEADERQ__QUEUE__KILL_GRACE".to_string(),
+            leaderq::util::duration::format(grace),
+        ));
+    }
+    let settings = load_settings_with(&args.config, overrides)?;
+    let settings = leaderq::service::run::settings_for(settings, &args.name)?;
+    let options = leaderq::service::run::RunOptions {
+        name: args.name.clone(),
+        command: args.command.clone(),
+        policy: leaderq::service::run::plan::Policy {
+            restart: args.restart,
+            on_loss: args.on_loss,
+            handover: args.handover,
+        },
+        data_dir: args.data_dir.clone(),
+        pass_env: args.pass_env.clone(),
+    };
+    if args.wait_leader {
+        let (holder, would_lead) = leaderq::service::run::who_leads(&settings, &options).await?;
+        outln!("leader: {}", escape(&holder))?;
+        if !would_lead {
+            return Err(ExitWith(1).into());
+        }
+        return Ok(());
+    }
+    if args.command.is_empty() {
+        return Err(leaderq::service::run::RunError::Refused(
+            "no command: give it after --, as in leaderq run --name NAME -- COMMAND [ARGS...]"
+                .into(),
+        )
+        .into());
+    }
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let trigger = shutdown.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        trigger.cancel();
+    });
+    let code = leaderq::service::run::run(settings, options, shutdown).await?;
+    if code == 0 {
+        return Ok(());
+    }
+    Err(ExitWith(u8::try_from(code).unwrap_or(1)).into())
+}
+
 async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
     let options = leaderq::service::dev::DevOptions {
         replicas: args.replicas,
@@ -476,6 +608,9 @@ async fn run_enqueue(args: EnqueueArgs) -> anyhow::Result<()> {
 
 async fn run_status(args: StatusArgs) -> anyhow::Result<()> {
     let settings = load_settings(&args.config)?;
+    if let Some(name) = &args.name {
+        return run_status_of_run(settings, name, args.json).await;
+    }
     let coord = leaderq::coord::connect(&settings)?;
     let report = leaderq::service::admin::status(coord.as_ref(), &settings)
         .await
@@ -507,6 +642,59 @@ async fn run_status(args: StatusArgs) -> anyhow::Result<()> {
     outln!("foreign:       {}", report.foreign)?;
     outln!("malformed:     {}", report.malformed)?;
     outln!("dead letters:  {}", report.dead)?;
+    Ok(())
+}
+
+/// `leaderq status --name NAME`: the leadership of a `leaderq run`.
+async fn run_status_of_run(
+    settings: leaderq::config::Settings,
+    name: &str,
+    json: bool,
+) -> anyhow::Result<()> {
+    let settings = leaderq::service::run::settings_for(settings, name)?;
+    let coord = leaderq::coord::connect(&settings)?;
+    let (holder, _) = coord
+        .observe(leaderq::coord::Version(0), Duration::ZERO)
+        .await
+        .with_context(|| format!("cannot read the leadership from {}", coord.describe()))?;
+    let record = holder.lease.as_ref().and(holder.record.as_ref());
+    let led_for = record
+        .and_then(|r| chrono::DateTime::parse_from_rfc3339(&r.since).ok())
+        .map(|since| {
+            (chrono::Utc::now() - since.with_timezone(&chrono::Utc))
+                .num_seconds()
+                .max(0)
+        });
+    if json {
+        let report = serde_json::json!({
+            "name": name,
+            "leader": record,
+            "fencing_token": holder.lease.as_ref().map(|_| holder.token),
+            "led_for_seconds": led_for,
+        });
+        outln!("{report}")?;
+        return Ok(());
+    }
+    match record {
+        Some(record) => {
+            outln!(
+                "leader:        {} (pid {} on {}, session {})",
+                escape(&record.node),
+                record.pid,
+                escape(&record.host),
+                escape(&record.session)
+            )?;
+            outln!("fencing token: {}", holder.token)?;
+            outln!("since:         {}", escape(&record.since))?;
+            if let Some(seconds) = led_for {
+                outln!(
+                    "led for:       {}",
+                    leaderq::util::duration::format(Duration::from_secs(seconds as u64))
+                )?;
+            }
+        }
+        None => outln!("leader:        none")?,
+    }
     Ok(())
 }
 

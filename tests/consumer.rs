@@ -17,6 +17,8 @@ mod identity;
 mod queue_edges;
 #[path = "consumer/rotation.rs"]
 mod rotation;
+#[path = "consumer/run_cmd.rs"]
+mod run_cmd;
 #[path = "consumer/supervise.rs"]
 mod supervise;
 

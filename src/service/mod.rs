@@ -1,7 +1,8 @@
 //! The commands a user runs, as wiring over the library: `consume` (one replica's service
-//! loop), `dev` (server plus replicas for the quick start), `admin` (`enqueue`, `status`,
-//! `tasks`). Decisions live in `leader`, `queue` and `coord`; these only put them together.
+//! loop), `run` (leader-gate any command), `dev` (server plus replicas for the quick
+//! start), `admin` (`enqueue`, `status`, `tasks`). Decisions live in `leader`, `queue` and `coord`; these only put them together.
 
 pub mod admin;
 pub mod consume;
 pub mod dev;
+pub mod run;

@@ -41,6 +41,9 @@ pub struct Job<'a> {
     pub cancel: &'a CancellationToken,
     /// The lease the run is bound to: when it stops being confirmed (`None`: it is not).
     pub lease_deadline: watch::Receiver<Option<Instant>>,
+    /// The command's stderr goes to ours unchanged (`leaderq run`) instead of being kept
+    /// for the failure's message (handlers).
+    pub pass_stderr: bool,
 }
 
 /// Why the leader asked the supervisor to stop.
@@ -81,6 +84,7 @@ pub async fn run(supervision: &Supervision, job: Job<'_>) -> Result<Ended, RunEr
         timeout,
         cancel,
         mut lease_deadline,
+        pass_stderr,
     } = job;
     let not_started = |what: &str, e: std::io::Error| RunError::NotStarted(format!("{what}: {e}"));
     let (ours, theirs) = std::os::unix::net::UnixStream::pair()
@@ -96,7 +100,11 @@ pub async fn run(supervision: &Supervision, job: Job<'_>) -> Result<Ended, RunEr
         .env_clear()
         .stdin(Stdio::from(OwnedFd::from(theirs)))
         .stdout(Stdio::inherit())
-        .stderr(Stdio::piped())
+        .stderr(if pass_stderr {
+            Stdio::inherit()
+        } else {
+            Stdio::piped()
+        })
         .process_group(0)
         .spawn()
         .map_err(|e| {
@@ -108,9 +116,12 @@ pub async fn run(supervision: &Supervision, job: Job<'_>) -> Result<Ended, RunEr
                 e,
             )
         })?;
-    let mut stderr = supervisor.stderr.take().expect("stderr is piped");
+    let stderr = supervisor.stderr.take();
     let mut collect = tokio::spawn(async move {
         let mut tail = Vec::new();
+        let Some(mut stderr) = stderr else {
+            return tail;
+        };
         let mut buf = [0u8; 4096];
         while let Ok(n) = stderr.read(&mut buf).await {
             if n == 0 {

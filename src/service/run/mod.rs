@@ -1,0 +1,422 @@
+//! `leaderq run -- COMMAND`: leader-gate any program (a cron job, a scheduler, a singleton
+//! daemon) on any coordinator backend. Each replica contends for the leader key of its
+//! NAME (`leaderq/run/<NAME>/leader`); the winner starts the command under the same
+//! supervision as exec handlers (`supervise/`): its own process group, a clean environment
+//! plus `LEADERQ_FENCING_TOKEN`, `LEADERQ_LEADER_ID` and `LEADERQ_NAME`, and killed
+//! (SIGTERM, kill grace, SIGKILL) before its lease could end, whatever `leaderq run`
+//! does, and at once if `leaderq run` dies.
+//!
+//! While the command runs, the replica watches the leadership: if another lease holds it
+//! or this lease is not renewed within its TTL, the command is stopped (then `--on-loss`
+//! says whether to exit 75 or contest again). When the command exits, leadership is
+//! given up so another replica can take it; `--restart` says whether to contest again
+//! and start it anew (with backoff; `--handover` stands back first so another replica
+//! leads). SIGTERM or SIGINT stops the command gracefully, gives leadership up and exits
+//! with the command's status. The decisions are `plan.rs`'s; this file does the I/O.
+//!
+//! Data dir: `--data-dir`, else `<data.dir>/run/<NAME>`, else the first of
+//! `<NAME>-2`, `<NAME>-3`, … that no other process holds, so several replicas on one
+//! machine each keep an identity (node id, lease) across restarts.
+
+pub mod plan;
+
+use std::os::unix::process::ExitStatusExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{HandlerKind, HandlerSettings, Settings};
+use crate::coord::{Coordinator, Leadership, LeaseId, Version};
+use crate::leader::identity::{DataDir, IdentityError};
+use crate::leader::{Election, ElectionError};
+use crate::observe::Metrics;
+use crate::supervise::leader::{Asked, Job};
+use crate::supervise::{self, Supervision};
+use plan::{Event, Exit, Next, Policy};
+
+/// Data dirs tried on one machine for one NAME before giving up.
+const MAX_SLOTS: usize = 64;
+/// Back-off while the coordinator cannot be reached.
+const COORD_BACKOFF: Duration = Duration::from_secs(1);
+
+/// What `leaderq run` was asked to do.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub name: String,
+    pub command: Vec<String>,
+    pub policy: Policy,
+    /// `--data-dir`: this replica's own dir (no slot search).
+    pub data_dir: Option<PathBuf>,
+    /// Environment variables passed to the command beyond the allow-list.
+    pub pass_env: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// Input refused before anything was sent; the message says what to change.
+    #[error("{0}")]
+    Refused(String),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error(transparent)]
+    Coord(#[from] crate::coord::CoordError),
+}
+
+/// The leader key of a run named `name`, once `name` passed the key rule.
+pub fn leader_key(name: &str) -> Result<String, RunError> {
+    crate::task::key::check_id(name).map_err(|reason| {
+        RunError::Refused(format!(
+            "--name {name:?} cannot name a run: {reason}; use letters, digits, '.', '_' or '-'"
+        ))
+    })?;
+    Ok(format!("leaderq/run/{name}/leader"))
+}
+
+/// `settings` for a run named `name`: its leader key, and a data dir of its own.
+pub fn settings_for(mut settings: Settings, name: &str) -> Result<Settings, RunError> {
+    settings.election.leader_key = leader_key(name)?;
+    // The catalog entry is a consumer's; a run registers no service.
+    settings.election.register_service = false;
+    Ok(settings)
+}
+
+/// Locks `--data-dir`, or the first free slot under `<data.dir>/run/`.
+fn lock_data_dir(settings: &Settings, options: &RunOptions) -> Result<DataDir, RunError> {
+    if let Some(dir) = &options.data_dir {
+        return Ok(DataDir::lock(dir)?);
+    }
+    let base = settings.data.dir.join("run");
+    for slot in 1..=MAX_SLOTS {
+        let dir = match slot {
+            1 => base.join(&options.name),
+            n => base.join(format!("{}-{n}", options.name)),
+        };
+        match DataDir::lock(&dir) {
+            Ok(locked) => return Ok(locked),
+            Err(IdentityError::InUse { .. }) => continue,
+            Err(err) => return Err(err.into()),
+        }
+    }
+    Err(RunError::Refused(format!(
+        "{MAX_SLOTS} replicas of run {:?} already use data dirs under {}: give this one its own with --data-dir",
+        options.name,
+        base.display()
+    )))
+}
+
+/// Runs until the command ends for good, leadership is lost (with `--on-loss exit`) or
+/// `shutdown` fires; the exit code `leaderq run` should end with.
+pub async fn run(
+    settings: Settings,
+    options: RunOptions,
+    shutdown: CancellationToken,
+) -> Result<i32, RunError> {
+    let program = options.command.first().cloned().unwrap_or_default();
+    crate::handler::find_program(&program, std::env::var_os("PATH").as_deref())
+        .map_err(|reason| RunError::Refused(format!("the command cannot run: {reason}")))?;
+    let data_dir = lock_data_dir(&settings, &options)?;
+    let node_id = data_dir.node_id(&settings.election.node_id)?;
+    let coord = crate::coord::connect(&settings)?;
+    let lock_file = supervise::lock::lock_file(data_dir.path());
+    supervise::lock::wait_for_previous_handlers(
+        &lock_file,
+        settings.queue.kill_grace + Duration::from_secs(5),
+    )
+    .await
+    .map_err(RunError::Refused)?;
+    let supervision = Supervision {
+        program: supervise::leader::this_program(),
+        kill_grace: settings.queue.kill_grace,
+        margin: supervise::lease_margin(settings.election.session_ttl),
+        lock_file: std::path::absolute(&lock_file).ok(),
+    };
+    let parent: Vec<(String, String)> = std::env::vars().collect();
+    let base_env = crate::handler::handler_env(
+        &parent,
+        &HandlerSettings {
+            kind: HandlerKind::Exec,
+            command: options.command.clone(),
+            timeout: None,
+            env: Default::default(),
+            pass_env: options.pass_env.clone(),
+            cwd: None,
+        },
+    );
+    let mut election = Election::new(
+        coord.clone(),
+        settings.election.clone(),
+        node_id.clone(),
+        data_dir.path().to_path_buf(),
+    );
+    let metrics = Arc::new(Metrics::new(std::iter::empty::<&str>()));
+    let stop_renewer = CancellationToken::new();
+    let renewer = tokio::spawn(Election::renew_until(
+        coord.clone(),
+        election.lease(),
+        settings.election.session_ttl,
+        metrics.clone(),
+        stop_renewer.clone(),
+    ));
+    tracing::info!(name = %options.name, node = %node_id, coordinator = %coord.describe(), command = ?options.command, "run starting");
+
+    let wait = settings.watch_wait();
+    let mut quick_failures = 0u32;
+    let mut delay = Duration::ZERO;
+    let code = loop {
+        let leadership = match election.campaign(wait, &shutdown).await {
+            Ok(Some(leadership)) => leadership,
+            Ok(None) => break 0,
+            Err(ElectionError::LeaseLost(lease)) => {
+                tracing::warn!(session = %lease, "session lost; creating a new one");
+                election.drop_lease().await;
+                continue;
+            }
+            Err(ElectionError::Coord(crate::coord::CoordError::Refused(reason))) => {
+                stop_renewer.cancel();
+                let _ = renewer.await;
+                return Err(RunError::Refused(reason));
+            }
+            Err(ElectionError::Coord(err)) => {
+                tracing::warn!(error = %err, "coordinator request failed; retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => break 0,
+                    _ = tokio::time::sleep(COORD_BACKOFF) => {}
+                }
+                continue;
+            }
+        };
+        tracing::info!(name = %options.name, node = %node_id, fencing_token = leadership.fencing_token, "became leader");
+        if !delay.is_zero() {
+            tracing::info!(delay = %crate::util::duration::format(delay), "restarting the command after a pause");
+            let lost = watch_leadership(coord.as_ref(), &leadership, &election, wait);
+            tokio::select! {
+                _ = shutdown.cancelled() => {
+                    election.step_down(&leadership).await;
+                    break 0;
+                }
+                _ = lost => {
+                    election.step_down(&leadership).await;
+                    continue;
+                }
+                _ = tokio::time::sleep(delay) => {}
+            }
+        }
+        let event = lead(
+            &supervision,
+            &options,
+            &base_env,
+            &node_id,
+            &leadership,
+            &election,
+            coord.as_ref(),
+            wait,
+            &shutdown,
+        )
+        .await;
+        quick_failures = plan::quick_failures_after(event, quick_failures);
+        match plan::next(options.policy, event, quick_failures) {
+            Next::Exit(code) => {
+                if event == Event::Lost {
+                    tracing::warn!(name = %options.name, "leadership lost; exiting with {code}");
+                    election.drop_lease().await;
+                }
+                break code;
+            }
+            Next::Again {
+                delay: pause,
+                stand_back,
+            } => {
+                delay = pause;
+                if event == Event::Lost {
+                    election.drop_lease().await;
+                } else if stand_back {
+                    election.rotate(&leadership, &shutdown).await;
+                } else if let Err(err) = coord.resign(&leadership.lease).await {
+                    tracing::warn!(error = %err, "cannot release the leader key");
+                }
+            }
+        }
+    };
+    election.leave().await;
+    stop_renewer.cancel();
+    let _ = renewer.await;
+    tracing::info!(name = %options.name, node = %node_id, code, "run stopped");
+    Ok(code)
+}
+
+/// Resolves when `leadership` is lost: another lease holds the key, or this lease is
+/// gone or not renewed within its TTL. A coordinator that cannot be asked does not count
+/// as a loss by itself: the lease's own deadline decides.
+async fn watch_leadership(
+    coord: &dyn Coordinator,
+    leadership: &Leadership,
+    election: &Election,
+    wait: Duration,
+) {
+    let lease = election.lease();
+    let watch = async {
+        let mut after = Version::default();
+        loop {
+            match coord.observe(after, wait).await {
+                Ok((holder, version)) => {
+                    if !holds(holder.lease.as_ref(), &leadership.lease) {
+                        return;
+                    }
+                    after = version;
+                }
+                Err(_) => {
+                    after = Version::default();
+                    tokio::time::sleep(COORD_BACKOFF).await;
+                }
+            }
+        }
+    };
+    tokio::select! {
+        _ = watch => {}
+        _ = lease.expired() => {}
+    }
+}
+
+fn holds(holder: Option<&LeaseId>, ours: &LeaseId) -> bool {
+    holder == Some(ours)
+}
+
+/// Runs the command once under `leadership`, until it exits, leadership is lost or
+/// `shutdown` fires; by the time this returns, every process it started is gone.
+#[allow(clippy::too_many_arguments)]
+async fn lead(
+    supervision: &Supervision,
+    options: &RunOptions,
+    base_env: &[(String, String)],
+    node_id: &str,
+    leadership: &Leadership,
+    election: &Election,
+    coord: &dyn Coordinator,
+    wait: Duration,
+    shutdown: &CancellationToken,
+) -> Event {
+    let mut env: Vec<(String, String)> = base_env
+        .iter()
+        .filter(|(name, _)| !name.starts_with("LEADERQ_"))
+        .cloned()
+        .collect();
+    env.extend([
+        (
+            "LEADERQ_FENCING_TOKEN".to_string(),
+            leadership.fencing_token.to_string(),
+        ),
+        ("LEADERQ_LEADER_ID".to_string(), node_id.to_string()),
+        ("LEADERQ_NAME".to_string(), options.name.clone()),
+    ]);
+    let cancel = CancellationToken::new();
+    let lease = election.lease();
+    let job = Job {
+        command: &options.command,
+        env,
+        cwd: None,
+        task_json: b"",
+        timeout: None,
+        cancel: &cancel,
+        lease_deadline: lease.deadline_watch(),
+        pass_stderr: true,
+    };
+    let started = Instant::now();
+    tracing::info!(name = %options.name, fencing_token = leadership.fencing_token, command = ?options.command, "starting the command");
+    let running = supervise::leader::run(supervision, job);
+    tokio::pin!(running);
+    let lost = watch_leadership(coord, leadership, election, wait);
+    tokio::pin!(lost);
+    let mut why: Option<Event> = None;
+    let ended = loop {
+        tokio::select! {
+            ended = &mut running => break ended,
+            _ = &mut lost, if why.is_none() => {
+                tracing::warn!(name = %options.name, fencing_token = leadership.fencing_token, "leadership lost; stopping the command");
+                why = Some(Event::Lost);
+                cancel.cancel();
+            }
+            _ = shutdown.cancelled(), if why.is_none() => {
+                tracing::info!(name = %options.name, "stopping the command");
+                why = Some(Event::Shutdown { exit: None });
+                cancel.cancel();
+            }
+        }
+    };
+    let exit = match &ended {
+        Ok(ended) => Some(exit_of(ended.status)),
+        Err(err) => {
+            tracing::error!(error = %err, "the command could not run under its supervisor");
+            None
+        }
+    };
+    if let Ok(ended) = &ended {
+        if ended.asked.is_none() && ended.stopped.is_some() {
+            // The supervisor stopped it on its own: the lease was not confirmed in time.
+            tracing::warn!(name = %options.name, "the command was stopped: the lease was not confirmed in time");
+            return Event::Lost;
+        }
+        if ended.asked == Some(Asked::Cancelled) && why.is_none() {
+            why = Some(Event::Lost);
+        }
+    }
+    match why {
+        Some(Event::Shutdown { .. }) => Event::Shutdown { exit },
+        Some(event) => event,
+        None => Event::Exited {
+            exit: exit.unwrap_or(Exit::Code(127)),
+            ran: started.elapsed(),
+        },
+    }
+}
+
+fn exit_of(status: std::process::ExitStatus) -> Exit {
+    match (status.code(), status.signal()) {
+        (Some(code), _) => Exit::Code(code),
+        (None, Some(signal)) => Exit::Signal(signal),
+        (None, None) => Exit::Code(1),
+    }
+}
+
+/// `--wait-leader`: who holds leadership of run `name` now, and whether this node would
+/// lead (leadership is free, or held by this node): `(description, would_lead)`.
+pub async fn who_leads(
+    settings: &Settings,
+    options: &RunOptions,
+) -> Result<(String, bool), RunError> {
+    let coord = crate::coord::connect(settings)?;
+    let (holder, _) = coord.observe(Version(0), Duration::ZERO).await?;
+    let own_node = own_node_id(settings, options);
+    Ok(match (&holder.lease, &holder.record) {
+        (None, _) => ("none".to_string(), true),
+        (Some(lease), Some(record)) => (
+            format!(
+                "{} (fencing token {}, since {}, session {lease})",
+                record.node, holder.token, record.since
+            ),
+            own_node.as_deref() == Some(record.node.as_str()),
+        ),
+        (Some(lease), None) => (format!("session {lease}"), false),
+    })
+}
+
+/// This replica's node id if one is configured or kept in its data dir already.
+fn own_node_id(settings: &Settings, options: &RunOptions) -> Option<String> {
+    if !settings.election.node_id.is_empty() {
+        return Some(settings.election.node_id.clone());
+    }
+    let dir: PathBuf = options
+        .data_dir
+        .clone()
+        .unwrap_or_else(|| settings.data.dir.join("run").join(&options.name));
+    read_node_id(&dir)
+}
+
+fn read_node_id(dir: &Path) -> Option<String> {
+    std::fs::read_to_string(dir.join(crate::leader::identity::NODE_ID_FILE))
+        .ok()
+        .map(|id| id.trim().to_string())
+        .filter(|id| !id.is_empty())
+}

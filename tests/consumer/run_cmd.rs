@@ -1,0 +1,213 @@
+//! `leaderq run -- COMMAND` with real processes on a real `leaderq server`: one command
+//! alive at a time across three replicas, a SIGKILLed leader's command dies with it and
+//! another replica's starts under a higher fencing token, `--restart`, the exit status,
+//! and a graceful stop on SIGTERM.
+
+use std::process::{Child, Command, Stdio};
+
+use super::*;
+
+/// A child that journals `start <token> <pid> <ns>`, then `beat <token> <ns>` every 20 ms
+/// while it lives.
+const BEATING: &str = r#"j="$JOURNAL"; echo "start $LEADERQ_FENCING_TOKEN $$ $(date +%s%N) $LEADERQ_NAME $LEADERQ_LEADER_ID" >> "$j"; while true; do echo "beat $LEADERQ_FENCING_TOKEN $(date +%s%N)" >> "$j"; sleep 0.02; done"#;
+
+struct Runs {
+    server: ServerProcess,
+    dir: tempfile::TempDir,
+    journal: PathBuf,
+}
+
+impl Runs {
+    fn new() -> Runs {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = dir.path().join("journal");
+        std::fs::write(&journal, "").unwrap();
+        Runs {
+            server: ServerProcess::start(),
+            dir,
+            journal,
+        }
+    }
+
+    /// `leaderq run --name NAME <flags> -- sh -c SCRIPT`, replica `n`.
+    fn start(&self, n: usize, flags: &[&str], script: &str) -> Child {
+        Command::new(env!("CARGO_BIN_EXE_leaderq"))
+            .args(["run", "--name", "job", "--data-dir"])
+            .arg(self.dir.path().join(format!("r{n}")))
+            .args(flags)
+            .args(["--pass-env", "JOURNAL", "--", "sh", "-c", script])
+            .env("CONSUL_HTTP_ADDR", &self.server.addr)
+            .env("LEADERQ__ELECTION__SESSION_TTL", "2s")
+            .env("LEADERQ__ELECTION__LOCK_DELAY", "200ms")
+            .env("LEADERQ__ELECTION__RETRY_INTERVAL", "100ms")
+            .env("LEADERQ__QUEUE__KILL_GRACE", "200ms")
+            .env("JOURNAL", &self.journal)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.dir.path().join(format!("r{n}.log"))).unwrap())
+            .spawn()
+            .expect("spawn leaderq run")
+    }
+
+    fn lines(&self) -> Vec<Vec<String>> {
+        std::fs::read_to_string(&self.journal)
+            .unwrap()
+            .lines()
+            .map(|line| line.split_whitespace().map(str::to_string).collect())
+            .collect()
+    }
+
+    fn starts(&self) -> Vec<Vec<String>> {
+        self.lines()
+            .into_iter()
+            .filter(|l| l[0] == "start")
+            .collect()
+    }
+
+    async fn wait_for_starts(&self, count: usize, limit: Duration) -> Vec<Vec<String>> {
+        let started = Instant::now();
+        loop {
+            let starts = self.starts();
+            if starts.len() >= count {
+                return starts;
+            }
+            assert!(
+                started.elapsed() < limit,
+                "{count} starts never came: {:?}",
+                self.lines()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+fn alive(pid: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| !stat.contains(") Z "))
+}
+
+fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let started = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(started.elapsed() < limit, "leaderq run did not exit");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Three replicas: one command runs; SIGKILL of its `leaderq run` kills it, another
+/// replica's starts with a higher token, and at no moment did two commands beat at once.
+#[tokio::test]
+async fn one_command_at_a_time_and_a_killed_leaders_command_dies_with_it() {
+    let runs = Runs::new();
+    let mut replicas: Vec<Child> = (0..3).map(|n| runs.start(n, &[], BEATING)).collect();
+    let first = runs.wait_for_starts(1, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        runs.starts().len(),
+        1,
+        "only the leader runs it: {:?}",
+        runs.lines()
+    );
+    assert_eq!(first[0][4], "job");
+    // Whose command is it? The replica whose process is the command's grandparent.
+    let command_pid = first[0][2].clone();
+    let supervisor = std::fs::read_to_string(format!("/proc/{command_pid}/stat"))
+        .unwrap()
+        .rsplit(") ")
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .to_string();
+    let leader_pid: u32 = std::fs::read_to_string(format!("/proc/{supervisor}/stat"))
+        .unwrap()
+        .rsplit(") ")
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    let leader = replicas
+        .iter()
+        .position(|r| r.id() == leader_pid)
+        .expect("the command runs under one of the replicas");
+    replicas[leader].kill().unwrap();
+    let _ = replicas[leader].wait();
+    let starts = runs.wait_for_starts(2, Duration::from_secs(30)).await;
+    assert!(
+        !alive(&command_pid),
+        "the killed leader's command outlived it"
+    );
+    let (old, new) = (&starts[0], &starts[1]);
+    let old_token: u64 = old[1].parse().unwrap();
+    let new_token: u64 = new[1].parse().unwrap();
+    assert!(new_token > old_token, "tokens {old_token} then {new_token}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let new_start_ns: u128 = new[3].parse().unwrap();
+    let last_old_beat: u128 = runs
+        .lines()
+        .iter()
+        .filter(|l| l[0] == "beat" && l[1] == old[1])
+        .map(|l| l[2].parse().unwrap())
+        .max()
+        .unwrap();
+    assert!(
+        last_old_beat < new_start_ns,
+        "the old command beat {} ns after the new one started",
+        last_old_beat - new_start_ns
+    );
+    assert_eq!(runs.starts().len(), 2, "{:?}", runs.lines());
+    for (n, replica) in replicas.iter_mut().enumerate() {
+        if n != leader {
+            replica.kill().unwrap();
+            let _ = replica.wait();
+        }
+    }
+}
+
+/// `--restart on-failure`: a command that fails runs again (under a new leadership, a
+/// higher token) until it succeeds; then `leaderq run` exits 0. `--restart never` exits
+/// with the command's own status.
+#[tokio::test]
+async fn restart_on_failure_reruns_until_success_and_never_passes_the_status_on() {
+    let runs = Runs::new();
+    let flaky = r#"echo "start $LEADERQ_FENCING_TOKEN $$ $(date +%s%N)" >> "$JOURNAL"; if [ -f "$JOURNAL.once" ]; then exit 0; fi; touch "$JOURNAL.once"; exit 3"#;
+    let mut replica = runs.start(0, &["--restart", "on-failure"], flaky);
+    let status = wait_exit(&mut replica, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(0));
+    let starts = runs.starts();
+    assert_eq!(starts.len(), 2, "{starts:?}");
+    assert!(starts[1][1].parse::<u64>().unwrap() > starts[0][1].parse::<u64>().unwrap());
+
+    let mut replica = runs.start(1, &[], "exit 7");
+    assert_eq!(
+        wait_exit(&mut replica, Duration::from_secs(30)).code(),
+        Some(7)
+    );
+}
+
+/// SIGTERM to the leading `leaderq run`: its command gets SIGTERM, and `leaderq run`
+/// exits with the command's status (143 for a shell killed by SIGTERM) after giving
+/// leadership up, so a standby starts its command at once.
+#[tokio::test]
+async fn sigterm_stops_the_command_and_hands_over() {
+    let runs = Runs::new();
+    let mut a = runs.start(0, &[], BEATING);
+    runs.wait_for_starts(1, Duration::from_secs(30)).await;
+    let mut b = runs.start(1, &[], BEATING);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let command_pid = runs.starts()[0][2].clone();
+    common::signal(a.id(), "TERM");
+    let status = wait_exit(&mut a, Duration::from_secs(10));
+    assert_eq!(status.code(), Some(143));
+    assert!(!alive(&command_pid), "the command outlived leaderq run");
+    let starts = runs.wait_for_starts(2, Duration::from_secs(10)).await;
+    assert!(starts[1][1].parse::<u64>().unwrap() > starts[0][1].parse::<u64>().unwrap());
+    b.kill().unwrap();
+    let _ = b.wait();
+}
