@@ -1,9 +1,11 @@
-//! `leaderq bench`: measures leaderq as its users see it. It starts its own `leaderq server`
-//! processes on free ports with temporary data dirs, drives them over HTTP and prints a
-//! table (or one JSON object), each number next to its target.
+//! `leaderq bench`: measures leaderq as its users see it. It starts its own coordinators
+//! (`leaderq server` processes, or with `--backend` another backend's cluster, from the
+//! shared harness) on free ports with temporary data dirs, drives them and prints a table
+//! (or one JSON object), each number next to its target.
 //!
-//! `server.rs` measures the embedded server, `consumer.rs` the consumer. Numbers only:
-//! nothing here fails on a missed target; people judge.
+//! `server.rs` measures the embedded server, `consumer.rs` the consumer, `failover.rs`
+//! handover and failover of replica processes, `run.rs` the takeover of `leaderq run`.
+//! Numbers only: nothing here fails on a missed target; people judge.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -14,6 +16,7 @@ use serde_json::{json, Map, Value};
 
 mod consumer;
 mod failover;
+mod run;
 mod server;
 
 /// Size of the values written by the load phases, as in the memory target.
@@ -39,7 +42,7 @@ pub struct Options {
     pub order_probes: usize,
     /// SIGTERM handovers measured.
     pub handovers: usize,
-    /// Run only this section ("server", "contention", "consumer" or "failover").
+    /// Run only this section ("server", "contention", "consumer", "failover" or "run").
     pub only: Option<String>,
     /// Blocked queries parked for the wake measurement among many watchers.
     pub watchers: usize,
@@ -237,6 +240,9 @@ pub async fn run(options: Options, as_json: bool) -> anyhow::Result<()> {
     }
     if wants("failover") {
         failover::section(options.handovers, &options.backend, &mut report).await?;
+    }
+    if wants("run") {
+        run::section(options.handovers, &options.backend, &mut report).await?;
     }
     if as_json {
         println!("{}", Value::Object(report.json));
