@@ -88,6 +88,38 @@ impl Target {
     }
 }
 
+impl Target {
+    /// On `leaderq server`: its HTTP requests so far by endpoint, from its /metrics.
+    async fn requests(&self) -> Option<std::collections::BTreeMap<String, f64>> {
+        let addr = self
+            .env
+            .iter()
+            .find(|(key, _)| key == "CONSUL_HTTP_ADDR")
+            .map(|(_, addr)| addr.clone())?;
+        let text = reqwest::get(format!("http://{addr}/metrics"))
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        let mut by_endpoint: std::collections::BTreeMap<String, f64> = Default::default();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("leaderq_server_http_requests_total{") else {
+                continue;
+            };
+            let endpoint = rest
+                .split("endpoint=\"")
+                .nth(1)
+                .and_then(|e| e.split('"').next())
+                .unwrap_or("?")
+                .to_string();
+            let count: f64 = line.rsplit(' ').next()?.parse().ok()?;
+            *by_endpoint.entry(endpoint).or_default() += count;
+        }
+        Some(by_endpoint)
+    }
+}
+
 /// An in-process replica with its own shutdown token.
 struct Replica {
     name: String,
@@ -214,6 +246,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
 
     // Drain throughput.
     let mut drain = HashMap::new();
+    let mut requests_per_task: HashMap<usize, serde_json::Value> = HashMap::new();
     for replicas in [1usize, 3] {
         let server = Target::start(backend)?;
         let dir = TempDir::new()?;
@@ -223,6 +256,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         ));
         enqueue_backlog(&server.coord, options.drain_tasks).await?;
         progress(&format!("consumer: draining with {replicas} replica(s)"));
+        let requests_before = server.requests().await;
         let (starts_tx, mut starts) = mpsc::unbounded_channel();
         let started = Instant::now();
         let mut running = Vec::new();
@@ -246,6 +280,23 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         let rate = options.drain_tasks as f64 / started.elapsed().as_secs_f64();
         drain.insert(replicas, rate);
         stop_all(running).await;
+        // What the drain cost in round trips to the server, per task, by endpoint.
+        if let (Some(before), Some(after)) = (requests_before, server.requests().await) {
+            let per_task: std::collections::BTreeMap<String, f64> = after
+                .into_iter()
+                .map(|(endpoint, count)| {
+                    let spent = count - before.get(&endpoint).copied().unwrap_or(0.0);
+                    let per = spent / options.drain_tasks as f64;
+                    (endpoint, (per * 1000.0).round() / 1000.0)
+                })
+                .filter(|(_, per)| *per > 0.0)
+                .collect();
+            let per_task = json!(per_task);
+            progress(&format!(
+                "consumer: server requests per task drained with {replicas} replica(s): {per_task}"
+            ));
+            requests_per_task.insert(replicas, per_task);
+        }
     }
 
     // Drains of 300 B and 20 KB tasks, one replica: large values must not slow the claim
@@ -453,6 +504,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         json!({
             "dispatch_ms": {"p50": dispatch.p50, "p99": dispatch.p99, "max": dispatch.max, "tasks": options.dispatches},
             "drain_tasks_per_sec": {"tasks": options.drain_tasks, "replicas_1": drain[&1].round(), "replicas_3": drain[&3].round()},
+            "drain_server_requests_per_task": {"replicas_1": requests_per_task.get(&1), "replicas_3": requests_per_task.get(&3)},
             "sized_drain_tasks_per_sec": sized.iter().map(|(label, runs)| json!({"value": label, "tasks": options.sized_drain_tasks, "best": best(runs).1.round(), "runs": runs.iter().map(|d| json!({"drained": d.seen, "rate": d.rate.round()})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
             "order_window": {"probes": order.probes, "ms_p50": order.latency.p50, "ms_max": order.latency.max, "later_tasks_started_max": order.max_later, "backlog": ORDER_BACKLOG},
             "handover_ms": {"p50": handover.p50, "max": handover.max, "runs": options.handovers},
