@@ -1,32 +1,72 @@
-//! `leaderq run -- COMMAND` with real processes on a real `leaderq server`: one command
-//! alive at a time across three replicas, a SIGKILLed leader's command dies with it and
-//! another replica's starts under a higher fencing token, `--restart`, the exit status,
-//! and a graceful stop on SIGTERM.
+//! `leaderq run -- COMMAND` with real processes on every backend's real servers (from the
+//! shared harness; a backend whose server is not installed is skipped, or fails the test
+//! under LEADERQ_REQUIRE_SERVERS): one command alive at a time across three replicas, a
+//! SIGKILLed leader's command dies with it and another replica's starts under a higher
+//! fencing token, `--restart`, the exit status, and a graceful stop on SIGTERM.
 
 use std::process::{Child, Command, Stdio};
 
+use leaderq::tools::harness::{self, Cluster};
+
 use super::*;
+
+/// One test module per backend, each running the same scenarios.
+macro_rules! on_every_backend {
+    ($($backend:ident),* $(,)?) => {
+        $(
+            mod $backend {
+                use super::*;
+
+                #[tokio::test]
+                async fn one_command_at_a_time_and_a_killed_leaders_command_dies_with_it() {
+                    if let Some(runs) = Runs::new(stringify!($backend)) {
+                        super::one_command_at_a_time(runs).await;
+                    }
+                }
+
+                #[tokio::test]
+                async fn restart_on_failure_reruns_until_success_and_never_passes_the_status_on() {
+                    if let Some(runs) = Runs::new(stringify!($backend)) {
+                        super::restart_and_status(runs).await;
+                    }
+                }
+
+                #[tokio::test]
+                async fn sigterm_stops_the_command_and_hands_over() {
+                    if let Some(runs) = Runs::new(stringify!($backend)) {
+                        super::sigterm_hands_over(runs).await;
+                    }
+                }
+            }
+        )*
+    };
+}
+
+on_every_backend!(consul);
 
 /// A child that journals `start <token> <pid> <ns>`, then `beat <token> <ns>` every 20 ms
 /// while it lives.
 const BEATING: &str = r#"j="$JOURNAL"; echo "start $LEADERQ_FENCING_TOKEN $$ $(date +%s%N) $LEADERQ_NAME $LEADERQ_LEADER_ID" >> "$j"; while true; do echo "beat $LEADERQ_FENCING_TOKEN $(date +%s%N)" >> "$j"; sleep 0.02; done"#;
 
 struct Runs {
-    server: ServerProcess,
+    cluster: Box<dyn Cluster>,
     dir: tempfile::TempDir,
     journal: PathBuf,
 }
 
 impl Runs {
-    fn new() -> Runs {
+    /// A cluster of `backend`; `None` (the test skips) if its server is not installed.
+    fn new(backend: &str) -> Option<Runs> {
         let dir = tempfile::tempdir().unwrap();
         let journal = dir.path().join("journal");
         std::fs::write(&journal, "").unwrap();
-        Runs {
-            server: ServerProcess::start(),
+        let cluster = harness::start_cluster(backend, common::exe(), &dir.path().join("coord"))
+            .unwrap_or_else(|why| panic!("cannot start the {backend} cluster: {why}"))?;
+        Some(Runs {
+            cluster,
             dir,
             journal,
-        }
+        })
     }
 
     /// `leaderq run --name NAME <flags> -- sh -c SCRIPT`, replica `n`.
@@ -36,7 +76,7 @@ impl Runs {
             .arg(self.dir.path().join(format!("r{n}")))
             .args(flags)
             .args(["--pass-env", "JOURNAL", "--", "sh", "-c", script])
-            .env("CONSUL_HTTP_ADDR", &self.server.addr)
+            .envs(self.cluster.env())
             .env("LEADERQ__ELECTION__SESSION_TTL", "2s")
             .env("LEADERQ__ELECTION__LOCK_DELAY", "200ms")
             .env("LEADERQ__ELECTION__RETRY_INTERVAL", "100ms")
@@ -98,9 +138,7 @@ fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
 
 /// Three replicas: one command runs; SIGKILL of its `leaderq run` kills it, another
 /// replica's starts with a higher token, and at no moment did two commands beat at once.
-#[tokio::test]
-async fn one_command_at_a_time_and_a_killed_leaders_command_dies_with_it() {
-    let runs = Runs::new();
+async fn one_command_at_a_time(runs: Runs) {
     let mut replicas: Vec<Child> = (0..3).map(|n| runs.start(n, &[], BEATING)).collect();
     let first = runs.wait_for_starts(1, Duration::from_secs(30)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -173,9 +211,7 @@ async fn one_command_at_a_time_and_a_killed_leaders_command_dies_with_it() {
 /// `--restart on-failure`: a command that fails runs again (under a new leadership, a
 /// higher token) until it succeeds; then `leaderq run` exits 0. `--restart never` exits
 /// with the command's own status.
-#[tokio::test]
-async fn restart_on_failure_reruns_until_success_and_never_passes_the_status_on() {
-    let runs = Runs::new();
+async fn restart_and_status(runs: Runs) {
     let flaky = r#"echo "start $LEADERQ_FENCING_TOKEN $$ $(date +%s%N)" >> "$JOURNAL"; if [ -f "$JOURNAL.once" ]; then exit 0; fi; touch "$JOURNAL.once"; exit 3"#;
     let mut replica = runs.start(0, &["--restart", "on-failure"], flaky);
     let status = wait_exit(&mut replica, Duration::from_secs(30));
@@ -194,9 +230,7 @@ async fn restart_on_failure_reruns_until_success_and_never_passes_the_status_on(
 /// SIGTERM to the leading `leaderq run`: its command gets SIGTERM, and `leaderq run`
 /// exits with the command's status (143 for a shell killed by SIGTERM) after giving
 /// leadership up, so a standby starts its command at once.
-#[tokio::test]
-async fn sigterm_stops_the_command_and_hands_over() {
-    let runs = Runs::new();
+async fn sigterm_hands_over(runs: Runs) {
     let mut a = runs.start(0, &[], BEATING);
     runs.wait_for_starts(1, Duration::from_secs(30)).await;
     let mut b = runs.start(1, &[], BEATING);
