@@ -52,7 +52,9 @@ pub async fn wake_latency(
     wakes: usize,
 ) -> anyhow::Result<Latency> {
     let url = format!("{base}/v1/kv/wake/key");
-    http.put(&url).body("0").send().await?;
+    // Every write below changes the value: a PUT of an unchanged value is not a change
+    // (Consul skips it, and so does leaderq server) and would wake nobody.
+    http.put(&url).body("initial").send().await?;
     let mut samples = Vec::with_capacity(wakes);
     for n in 0..wakes {
         let index = http
