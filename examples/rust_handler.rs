@@ -37,7 +37,7 @@ impl Handler for CreateTableSpace {
                 // Stand-in for the real work.
                 _ = tokio::time::sleep(std::time::Duration::from_millis(50)) => {}
                 // Stop promptly when this replica stops leading or shuts down.
-                _ = ctx.cancel.cancelled() => return Err(HandlerError("cancelled".into())),
+                _ = ctx.cancel.cancelled() => return Err(HandlerError::new("cancelled")),
             }
             println!(
                 "created tablespace {name} (task {}, attempt {}, fencing token {})",

@@ -3,6 +3,9 @@
 //!
 //! Parsed and validated once at start; each component then receives only its own section.
 //! Unknown keys and bad values are errors that name the key.
+//!
+//! Size: every section's types and every cross-setting check in one place, so one file
+//! says what is accepted; the tests of the loader follow them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -152,6 +155,17 @@ pub struct HandlerSettings {
     /// Working directory of an exec handler; the replica's own by default.
     #[serde(default)]
     pub cwd: Option<PathBuf>,
+    /// Exit codes of an exec handler that mean "retrying cannot help": the task goes to the
+    /// dead letters at once. Default: 65 (EX_DATAERR, "the input data was incorrect").
+    #[serde(default = "default_permanent_exit_codes")]
+    pub permanent_exit_codes: Vec<i32>,
+}
+
+/// The exit code that marks a permanent failure unless a handler says otherwise.
+pub const DEFAULT_PERMANENT_EXIT_CODE: i32 = 65;
+
+fn default_permanent_exit_codes() -> Vec<i32> {
+    vec![DEFAULT_PERMANENT_EXIT_CODE]
 }
 
 fn go_duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {

@@ -62,9 +62,9 @@ impl TaskContext {
     /// [`TaskContext::task_json`]. A task without `taskPara` decodes from `null`.
     pub fn para<T: serde::de::DeserializeOwned>(&self) -> Result<T, HandlerError> {
         let task: serde_json::Value = serde_json::from_slice(&self.task_json)
-            .map_err(|e| HandlerError(format!("the task is not JSON: {e}")))?;
+            .map_err(|e| HandlerError::permanent(format!("the task is not JSON: {e}")))?;
         let para = task.get("taskPara").cloned().unwrap_or_default();
-        serde_json::from_value(para).map_err(|e| HandlerError(format!("taskPara: {e}")))
+        serde_json::from_value(para).map_err(|e| HandlerError::permanent(format!("taskPara: {e}")))
     }
 
     /// A lease deadline that never comes, for running a handler outside a leader (tests,
@@ -75,10 +75,46 @@ impl TaskContext {
     }
 }
 
-/// Why a run failed; becomes the task's `lastError`.
+/// Why a run failed; becomes the task's `lastError`. A failure is retried (with backoff,
+/// up to `queue.max_attempts`) unless it is [`HandlerError::permanent`]: then the task
+/// goes to the dead letters at once, with the reason.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct HandlerError(pub String);
+#[error("{message}")]
+pub struct HandlerError {
+    pub message: String,
+    /// Retrying cannot help (bad input, a task that can never succeed).
+    pub permanent: bool,
+}
+
+impl HandlerError {
+    /// A failure worth retrying (the default).
+    pub fn new(message: impl Into<String>) -> HandlerError {
+        HandlerError {
+            message: message.into(),
+            permanent: false,
+        }
+    }
+
+    /// A failure retrying cannot fix: the task is dead-lettered at once.
+    pub fn permanent(message: impl Into<String>) -> HandlerError {
+        HandlerError {
+            message: message.into(),
+            permanent: true,
+        }
+    }
+}
+
+impl From<String> for HandlerError {
+    fn from(message: String) -> HandlerError {
+        HandlerError::new(message)
+    }
+}
+
+impl From<&str> for HandlerError {
+    fn from(message: &str) -> HandlerError {
+        HandlerError::new(message)
+    }
+}
 
 pub type HandlerFuture<'a> = Pin<Box<dyn Future<Output = Result<(), HandlerError>> + Send + 'a>>;
 
@@ -131,6 +167,7 @@ impl Registry {
                         env: handler_env(&parent, handler),
                         cwd: handler.cwd.clone(),
                         supervision: supervision.clone(),
+                        permanent_exit_codes: handler.permanent_exit_codes.clone(),
                     },
                 ),
             }
@@ -229,7 +266,8 @@ mod find_program_tests {
             }
         );
         ctx.task_json = br#"{"taskPara":{"size":1}}"#.to_vec();
-        assert!(ctx.para::<Para>().unwrap_err().0.contains("name"));
+        let err = ctx.para::<Para>().unwrap_err();
+        assert!(err.message.contains("name") && err.permanent, "{err:?}");
     }
 
     use super::*;
@@ -335,6 +373,8 @@ pub struct ExecHandler {
     pub env: Vec<(String, String)>,
     pub cwd: Option<PathBuf>,
     pub supervision: Supervision,
+    /// Exit codes that mean "do not retry" (`permanent_exit_codes`).
+    pub permanent_exit_codes: Vec<i32>,
 }
 
 impl Handler for ExecHandler {
@@ -348,7 +388,7 @@ impl ExecHandler {
         let program = self
             .command
             .first()
-            .ok_or_else(|| HandlerError("exec handler has an empty command".into()))?;
+            .ok_or_else(|| HandlerError::new("exec handler has an empty command"))?;
         let mut env = self.env.clone();
         env.retain(|(name, _)| !task_env(ctx).iter().any(|(task, _)| task == name));
         env.extend(task_env(ctx));
@@ -366,21 +406,21 @@ impl ExecHandler {
             .await
             .map_err(|err| match err {
                 RunError::NotStarted(reason) | RunError::SupervisorLost(reason) => {
-                    HandlerError(reason)
+                    HandlerError::new(reason)
                 }
             })?;
         match (ended.asked, ended.stopped) {
             (Some(Asked::TimedOut), _) => {
-                return Err(HandlerError(format!(
+                return Err(HandlerError::new(format!(
                     "{program} timed out after {}",
                     crate::util::duration::format(self.timeout.unwrap_or_default())
                 )))
             }
             (Some(Asked::Cancelled), _) => {
-                return Err(HandlerError(format!("{program} was cancelled")))
+                return Err(HandlerError::new(format!("{program} was cancelled")))
             }
             (None, Some(StopReason::Lease)) => {
-                return Err(HandlerError(format!(
+                return Err(HandlerError::new(format!(
                     "{program} was killed: the lease was not confirmed in time"
                 )))
             }
@@ -392,10 +432,16 @@ impl ExecHandler {
         let text = String::from_utf8_lossy(&ended.stderr_tail)
             .trim()
             .to_string();
-        Err(HandlerError(match text.is_empty() {
+        let message = match text.is_empty() {
             true => format!("{program} failed with {}", ended.status),
             false => format!("{program} failed with {}: {text}", ended.status),
-        }))
+        };
+        match ended.status.code() {
+            Some(code) if self.permanent_exit_codes.contains(&code) => Err(
+                HandlerError::permanent(format!("{message} (exit code {code}: do not retry)")),
+            ),
+            _ => Err(HandlerError::new(message)),
+        }
     }
 }
 
@@ -418,6 +464,7 @@ mod tests {
             env: BTreeMap::new(),
             pass_env: Vec::new(),
             cwd: None,
+            permanent_exit_codes: vec![65],
         }
     }
 

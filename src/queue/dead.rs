@@ -105,7 +105,13 @@ impl Queue {
         let attempts = task.run_number();
         if attempts >= self.settings.max_attempts {
             return self
-                .exhausted(leadership, task, task.version, attempts, reason)
+                .exhausted(
+                    leadership,
+                    task,
+                    task.version,
+                    attempts,
+                    &crate::handler::HandlerError::new(reason),
+                )
                 .await;
         }
         let value = task.retried(attempts, reason, Utc::now());
@@ -141,21 +147,29 @@ impl Queue {
         Ok(())
     }
 
-    /// Moves a task that used up its attempts to the dead-letter prefix.
+    /// Moves a task that used up its attempts, or failed for good, to the dead-letter
+    /// prefix.
     pub(super) async fn exhausted(
         &self,
         leadership: &Leadership,
         task: &Task,
         index: u64,
         attempts: u32,
-        error: &str,
+        error: &crate::handler::HandlerError,
     ) -> Result<(), LeadEnd> {
         let value = task.with(&[
             ("attempts", serde_json::json!(attempts)),
-            ("lastError", serde_json::Value::String(error.to_string())),
+            (
+                "lastError",
+                serde_json::Value::String(error.message.clone()),
+            ),
         ]);
         let pair = pair_of(task, value, index);
-        let reason = format!("failed {attempts} times; last error: {error}");
+        let reason = if error.permanent {
+            format!("failed permanently (not retried) on attempt {attempts}: {error}")
+        } else {
+            format!("failed {attempts} times; last error: {error}")
+        };
         self.dead_letter(leadership, &pair, &reason).await?;
         Ok(())
     }

@@ -80,9 +80,9 @@ impl Queue {
             (Err(err), _) => {
                 self.metrics.failed(&task.task_type, elapsed);
                 tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt, fencing_token = leadership.fencing_token, error = %err, elapsed_ms, "task failed");
-                if attempt >= self.settings.max_attempts {
+                if err.permanent || attempt >= self.settings.max_attempts {
                     if let Err(end) = self
-                        .exhausted(leadership, &task, claim_index, attempt, &err.0)
+                        .exhausted(leadership, &task, claim_index, attempt, &err)
                         .await
                     {
                         return RunOutcome {
@@ -94,7 +94,7 @@ impl Queue {
                     let backoff = self.backoff(attempt);
                     let not_before =
                         Utc::now() + chrono::Duration::from_std(backoff).unwrap_or_default();
-                    let value = task.retried(attempt, &err.0, not_before);
+                    let value = task.retried(attempt, &err.message, not_before);
                     self.settle(leadership, &task, claim_index, value, "schedule a retry")
                         .await;
                 }

@@ -279,3 +279,118 @@ async fn rotate_mode_ends_the_term_after_its_runs_with_nothing_held() {
     stop.cancel();
     renewer.await.unwrap();
 }
+
+/// A lone leader on `coord`, its lease kept alive until the returned token is cancelled.
+async fn lone_leader(
+    coord: &Arc<dyn Coordinator>,
+    metrics: &Arc<Metrics>,
+) -> (crate::coord::Leadership, Arc<Lease>, CancellationToken) {
+    let spec = LeaseSpec {
+        node_id: "n1".into(),
+        ttl: TTL,
+        lock_delay: Duration::ZERO,
+        previous: None,
+    };
+    let grant = coord.open_lease(&spec).await.unwrap();
+    let lease = Arc::new(Lease::new(TTL));
+    lease.adopt(&grant.lease, tokio::time::Instant::now());
+    let record = HolderRecord {
+        node: "n1".into(),
+        ..HolderRecord::default()
+    };
+    let Campaign::Won(leadership) = coord.campaign(&grant.lease, &record).await.unwrap() else {
+        panic!("a lone lease did not win");
+    };
+    let stop = CancellationToken::new();
+    tokio::spawn(Election::renew_until(
+        coord.clone(),
+        lease.clone(),
+        TTL,
+        metrics.clone(),
+        stop.clone(),
+    ));
+    (leadership, lease, stop)
+}
+
+/// Fails `bad` permanently and `flaky` once (retryably), and records every run.
+struct Failing(Arc<Mutex<Vec<String>>>);
+
+impl Handler for Failing {
+    fn handle<'a>(&'a self, ctx: &'a TaskContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("{}#{}", ctx.task_id, ctx.attempt));
+            match (ctx.task_id.as_str(), ctx.attempt) {
+                ("bad", _) => Err(crate::handler::HandlerError::permanent("unknown customer")),
+                ("flaky", 1) => Err("timeout talking to the bank".into()),
+                _ => Ok(()),
+            }
+        })
+    }
+}
+
+/// A permanent failure is dead-lettered on its first attempt with the reason; a retryable
+/// one is retried.
+#[tokio::test(start_paused = true)]
+async fn a_permanent_failure_is_dead_lettered_at_once_and_a_retryable_one_retried() {
+    let memory = Arc::new(MemoryCoordinator::default());
+    let coord: Arc<dyn Coordinator> = memory.clone();
+    let mut settings = crate::config::Settings::load(None, crate::config::Env::new())
+        .expect("the default settings load");
+    settings.queue.backoff_base = Duration::from_millis(10);
+    let prefix = settings.queue.prefix.clone();
+    let dead_prefix = settings.queue.dead_prefix.clone();
+    memory.put(&format!("{prefix}t1"), &task("bad", 1)).unwrap();
+    memory
+        .put(&format!("{prefix}t2"), &task("flaky", 2))
+        .unwrap();
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let mut registry = Registry::default();
+    registry.register("Work", Failing(runs.clone()));
+    let metrics = Arc::new(Metrics::new(["Work"]));
+    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
+    let queue = Queue {
+        coord: coord.clone(),
+        settings: settings.queue.clone(),
+        registry,
+        node_id: "n1".into(),
+        wait: Duration::from_secs(1),
+        metrics,
+        rotation: None,
+        term: Default::default(),
+    };
+    let shutdown = CancellationToken::new();
+    let leading = {
+        let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
+        tokio::spawn(async move { queue.lead(&leadership, &lease, &shutdown).await })
+    };
+    until("flaky ran twice", || runs.lock().unwrap().len() == 3).await;
+    for _ in 0..1000 {
+        if coord.keys(&prefix).await.unwrap().0.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(coord.keys(&prefix).await.unwrap().0, Vec::<String>::new());
+    assert_eq!(*runs.lock().unwrap(), ["bad#1", "flaky#1", "flaky#2"]);
+    let (dead, _) = coord
+        .list(&dead_prefix, crate::coord::Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    let letter: serde_json::Value = serde_json::from_slice(&dead[0].value).unwrap();
+    assert_eq!(letter["taskId"], "bad");
+    assert_eq!(letter["attempts"], 1);
+    assert!(
+        letter["deadReason"]
+            .as_str()
+            .unwrap()
+            .contains("failed permanently (not retried) on attempt 1: unknown customer"),
+        "{letter}"
+    );
+    shutdown.cancel();
+    assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
+    stop.cancel();
+}

@@ -584,6 +584,7 @@ mod exec_handler {
                 margin: Duration::from_millis(100),
                 lock_file: None,
             },
+            permanent_exit_codes: vec![65],
         }
     }
 
@@ -616,14 +617,32 @@ mod exec_handler {
             .await
             .unwrap_err();
         assert!(
-            err.0.contains("exit status: 3") && err.0.ends_with("disk full"),
+            err.message.contains("exit status: 3") && err.message.ends_with("disk full"),
             "{err}"
         );
         let err = exec(&["/nonexistent/handler"], None)
             .handle(&ctx())
             .await
             .unwrap_err();
-        assert!(err.0.contains("cannot start"), "{err}");
+        assert!(err.message.contains("cannot start"), "{err}");
+        assert!(
+            !err.permanent,
+            "a failure is retried unless it says otherwise"
+        );
+    }
+
+    /// An exit code listed in `permanent_exit_codes` (65 by default) is a permanent
+    /// failure; any other is retried.
+    #[tokio::test]
+    async fn permanent_exit_codes_mark_a_failure_permanent() {
+        let err = sh("echo 'bad input' >&2; exit 65")
+            .handle(&ctx())
+            .await
+            .unwrap_err();
+        assert!(err.permanent, "{err:?}");
+        assert!(err.message.contains("bad input"), "{err}");
+        let err = sh("exit 64").handle(&ctx()).await.unwrap_err();
+        assert!(!err.permanent, "{err:?}");
     }
 
     /// Time-out and cancellation stop the command instead of waiting for it.
@@ -631,7 +650,7 @@ mod exec_handler {
     async fn exec_timeout_and_cancel_kill_the_command() {
         let slow = exec(&["sleep", "30"], Some(Duration::from_millis(100)));
         let err = slow.handle(&ctx()).await.unwrap_err();
-        assert!(err.0.contains("timed out"), "{err}");
+        assert!(err.message.contains("timed out"), "{err}");
         let context = ctx();
         let cancel = context.cancel.clone();
         tokio::spawn(async move {
@@ -639,7 +658,7 @@ mod exec_handler {
             cancel.cancel();
         });
         let err = sh("sleep 30").handle(&context).await.unwrap_err();
-        assert!(err.0.contains("cancelled"), "{err}");
+        assert!(err.message.contains("cancelled"), "{err}");
     }
 
     /// A lease deadline that passes kills the command even though nobody cancels it; a
@@ -654,7 +673,7 @@ mod exec_handler {
         };
         let started = std::time::Instant::now();
         let err = sh("sleep 30").handle(&context).await.unwrap_err();
-        assert!(err.0.contains("lease"), "{err}");
+        assert!(err.message.contains("lease"), "{err}");
         // SIGTERM at 1s - 100ms margin - 500ms grace; sh dies of it at once.
         let took = started.elapsed();
         assert!(took < Duration::from_millis(900), "{took:?}");
@@ -680,6 +699,6 @@ mod exec_handler {
         let mut handler = sh("true");
         handler.supervision.program = "/bin/true".into();
         let err = handler.handle(&ctx()).await.unwrap_err();
-        assert!(err.0.contains("run_if_supervisor"), "{err}");
+        assert!(err.message.contains("run_if_supervisor"), "{err}");
     }
 }

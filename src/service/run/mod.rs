@@ -143,6 +143,7 @@ pub async fn run(
             env: Default::default(),
             pass_env: options.pass_env.clone(),
             cwd: None,
+            permanent_exit_codes: Vec::new(),
         },
     );
     let mut election = Election::new(
