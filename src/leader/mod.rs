@@ -190,6 +190,8 @@ impl Election {
     ) -> Result<Option<Leadership>, ElectionError> {
         let mut after = Version::default();
         let mut deferred = false;
+        // The holder last logged, so a standby logs each change of leader once.
+        let mut seen: Option<Option<LeaseId>> = None;
         loop {
             let lease = self.ensure_lease().await?;
             let (holder, version) = tokio::select! {
@@ -198,6 +200,18 @@ impl Election {
                 observed = self.coord.observe(after, wait) => observed?,
             };
             after = version;
+            if seen.as_ref() != Some(&holder.lease) {
+                match (&holder.lease, &holder.record) {
+                    (Some(other), record) if *other != lease => tracing::info!(
+                        leader = record.as_ref().map_or("?", |r| r.node.as_str()),
+                        fencing_token = holder.token,
+                        "standing by"
+                    ),
+                    (None, _) => tracing::info!("leadership is free; contending"),
+                    _ => {}
+                }
+                seen = Some(holder.lease.clone());
+            }
             let grace = self.settings.prefer_previous_leader;
             match gate::next_step(&holder, &lease, &self.node_id, grace, deferred) {
                 gate::Step::Watch => continue,

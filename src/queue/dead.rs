@@ -135,7 +135,7 @@ impl Queue {
             .await?
         {
             Applied::Done => {
-                tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt = attempts, reason, "task requeued");
+                tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt = attempts, fencing_token = leadership.fencing_token, reason, "task requeued");
             }
             Applied::Conflict => {}
             Applied::TooLarge(why) => {

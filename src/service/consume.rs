@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
 
 use crate::config::Settings;
 use crate::coord::consul::client::{self as consul, Client};
@@ -98,158 +99,164 @@ pub async fn run(
     // Held until this function returns: the dir's session and node id are this replica's.
     let data_dir = DataDir::lock(&settings.data.dir)?;
     let node_id = data_dir.node_id(&settings.election.node_id)?;
-    let coord = crate::coord::connect(&settings)?;
-    // A process that ran on this data dir before may have left handlers that its
-    // supervisors are still killing: do nothing before they are gone.
-    crate::supervise::lock::wait_for_previous_handlers(
-        &crate::supervise::lock::lock_file(&settings.data.dir),
-        settings.queue.kill_grace + PREVIOUS_HANDLERS_SLACK,
-    )
-    .await
-    .map_err(ConsumerError::PreviousHandlers)?;
-    let mut election = Election::new(
-        coord.clone(),
-        settings.election.clone(),
-        node_id.clone(),
-        data_dir.path().to_path_buf(),
-    );
-    let metrics = Arc::new(Metrics::new(registry.task_types()));
-    let queue = Queue {
-        coord: coord.clone(),
-        settings: settings.queue.clone(),
-        registry: registry.clone(),
-        node_id: node_id.clone(),
-        wait: settings.watch_wait(),
-        metrics: metrics.clone(),
-        rotation: crate::leader::rotation::Rotation::from_settings(&settings.election),
-        term: Default::default(),
-    };
-    let task_types: Vec<&str> = registry.task_types().collect();
-    tracing::info!(node = %node_id, coordinator = %coord.describe(), prefix = %settings.queue.prefix, ?task_types, "consumer starting");
-
-    let tracker = TaskTracker::new();
-    let stop_renewer = CancellationToken::new();
-    let observed = Arc::new(Observed {
-        metrics: metrics.clone(),
-        lease: election.lease(),
-        coord: coord.clone(),
-        alive: std::sync::atomic::AtomicBool::new(true),
-    });
-    let mut observe_address = None;
-    if settings.observe.enabled {
-        let listener = observe::bind(settings.observe.listen)
-            .await
-            .map_err(ConsumerError::Observe)?;
-        let address = listener
-            .local_addr()
-            .map_err(|e| ConsumerError::Observe(e.to_string()))?;
-        tracing::info!(%address, "observe endpoints on http://{address} (/metrics, /health, /ready, /leader)");
-        observe_address = Some(address);
-        let app = observe::router(observed.clone());
-        let stop = stop_renewer.clone();
-        tracker.spawn(async move {
-            let served = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stop.cancelled().await })
-                .await;
-            if let Err(err) = served {
-                tracing::warn!(error = %err, "observe endpoints stopped");
-            }
-        });
-    }
-    tracker.spawn(Election::renew_until(
-        coord.clone(),
-        election.lease(),
-        settings.election.session_ttl,
-        metrics.clone(),
-        stop_renewer.clone(),
-    ));
-    // In the service catalog with its role as tag, deregistered after `leave` below. The
-    // catalog is Consul's: the registration talks to it directly, on that backend only.
-    let (role, role_changes) =
-        tokio::sync::watch::channel(crate::observe::registration::Role::Standby);
-    if settings.election.register_service
-        && settings.coordinator.backend == crate::config::Backend::Consul
-    {
-        let client = Arc::new(client(&settings)?);
-        let check_id = crate::coord::consul::check_id(&node_id);
-        let check = settings.election.health_check.then_some(check_id.as_str());
-        let registration = crate::observe::registration::registration(
-            &settings.election,
-            &node_id,
-            observe_address,
-            check,
-            crate::observe::registration::Role::Standby,
+    // Every line this replica logs carries its node id.
+    let span = tracing::info_span!("replica", node = %node_id);
+    async move {
+        let coord = crate::coord::connect(&settings)?;
+        // A process that ran on this data dir before may have left handlers that its
+        // supervisors are still killing: do nothing before they are gone.
+        crate::supervise::lock::wait_for_previous_handlers(
+            &crate::supervise::lock::lock_file(&settings.data.dir),
+            settings.queue.kill_grace + PREVIOUS_HANDLERS_SLACK,
+        )
+        .await
+        .map_err(ConsumerError::PreviousHandlers)?;
+        let mut election = Election::new(
+            coord.clone(),
+            settings.election.clone(),
+            node_id.clone(),
+            data_dir.path().to_path_buf(),
         );
-        tracker.spawn(crate::observe::registration::keep_registered(
-            client,
-            registration,
-            role_changes,
-            settings.election.session_ttl / 3,
-            stop_renewer.clone(),
-        ));
-    }
-    tracker.close();
+        let metrics = Arc::new(Metrics::new(registry.task_types()));
+        let queue = Queue {
+            coord: coord.clone(),
+            settings: settings.queue.clone(),
+            registry: registry.clone(),
+            node_id: node_id.clone(),
+            wait: settings.watch_wait(),
+            metrics: metrics.clone(),
+            rotation: crate::leader::rotation::Rotation::from_settings(&settings.election),
+            term: Default::default(),
+        };
+        let task_types: Vec<&str> = registry.task_types().collect();
+        tracing::info!(node = %node_id, coordinator = %coord.describe(), prefix = %settings.queue.prefix, ?task_types, "consumer starting");
 
-    let mut backoff = BACKOFF_FIRST;
-    let mut refused = None;
-    loop {
-        if shutdown.is_cancelled() {
-            break;
-        }
-        match election.campaign(settings.watch_wait(), &shutdown).await {
-            Ok(None) => break,
-            Ok(Some(leadership)) => {
-                backoff = BACKOFF_FIRST;
-                tracing::info!(node = %node_id, session = %leadership.lease, fencing_token = leadership.fencing_token, "became leader");
-                let lease = election.lease();
-                metrics.leading(Some(leadership.fencing_token));
-                role.send_replace(crate::observe::registration::Role::Leader);
-                let end = queue.lead(&leadership, &lease, &shutdown).await;
-                metrics.leading(None);
-                role.send_replace(crate::observe::registration::Role::Standby);
-                match end {
-                    LeadEnd::Shutdown => break,
-                    LeadEnd::Rotate => {
-                        tracing::info!(node = %node_id, fencing_token = leadership.fencing_token, "rotating: giving leadership up and standing back");
-                        election.rotate(&leadership, &shutdown).await;
-                    }
-                    LeadEnd::StepDown(reason) => {
-                        tracing::warn!(node = %node_id, fencing_token = leadership.fencing_token, %reason, "stepping down");
-                        // Resign first (no lock-delay), then end the lease so that every
-                        // task it still holds goes back to the queue.
-                        election.step_down(&leadership).await;
-                    }
+        let tracker = TaskTracker::new();
+        let stop_renewer = CancellationToken::new();
+        let observed = Arc::new(Observed {
+            metrics: metrics.clone(),
+            lease: election.lease(),
+            coord: coord.clone(),
+            alive: std::sync::atomic::AtomicBool::new(true),
+        });
+        let mut observe_address = None;
+        if settings.observe.enabled {
+            let listener = observe::bind(settings.observe.listen)
+                .await
+                .map_err(ConsumerError::Observe)?;
+            let address = listener
+                .local_addr()
+                .map_err(|e| ConsumerError::Observe(e.to_string()))?;
+            tracing::info!(%address, "observe endpoints on http://{address} (/metrics, /health, /ready, /leader)");
+            observe_address = Some(address);
+            let app = observe::router(observed.clone());
+            let stop = stop_renewer.clone();
+            tracker.spawn(async move {
+                let served = axum::serve(listener, app)
+                    .with_graceful_shutdown(async move { stop.cancelled().await })
+                    .await;
+                if let Err(err) = served {
+                    tracing::warn!(error = %err, "observe endpoints stopped");
                 }
-            }
-            Err(ElectionError::Coord(CoordError::Refused(reason))) => {
-                refused = Some(reason);
+            }.in_current_span());
+        }
+        tracker.spawn(Election::renew_until(
+            coord.clone(),
+            election.lease(),
+            settings.election.session_ttl,
+            metrics.clone(),
+            stop_renewer.clone(),
+        ).in_current_span());
+        // In the service catalog with its role as tag, deregistered after `leave` below. The
+        // catalog is Consul's: the registration talks to it directly, on that backend only.
+        let (role, role_changes) =
+            tokio::sync::watch::channel(crate::observe::registration::Role::Standby);
+        if settings.election.register_service
+            && settings.coordinator.backend == crate::config::Backend::Consul
+        {
+            let client = Arc::new(client(&settings)?);
+            let check_id = crate::coord::consul::check_id(&node_id);
+            let check = settings.election.health_check.then_some(check_id.as_str());
+            let registration = crate::observe::registration::registration(
+                &settings.election,
+                &node_id,
+                observe_address,
+                check,
+                crate::observe::registration::Role::Standby,
+            );
+            tracker.spawn(crate::observe::registration::keep_registered(
+                client,
+                registration,
+                role_changes,
+                settings.election.session_ttl / 3,
+                stop_renewer.clone(),
+            ).in_current_span());
+        }
+        tracker.close();
+
+        let mut backoff = BACKOFF_FIRST;
+        let mut refused = None;
+        loop {
+            if shutdown.is_cancelled() {
                 break;
             }
-            Err(ElectionError::LeaseLost(session)) => {
-                tracing::warn!(%session, "session lost; creating a new one");
-                election.drop_lease().await;
-            }
-            Err(ElectionError::Coord(err)) => {
-                metrics.coordinator_error(&err);
-                tracing::warn!(error = %err, retry_in = ?backoff, "coordinator request failed; retrying");
-                tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    _ = tokio::time::sleep(backoff) => {}
+            match election.campaign(settings.watch_wait(), &shutdown).await {
+                Ok(None) => break,
+                Ok(Some(leadership)) => {
+                    backoff = BACKOFF_FIRST;
+                    tracing::info!(node = %node_id, session = %leadership.lease, fencing_token = leadership.fencing_token, "became leader");
+                    let lease = election.lease();
+                    metrics.leading(Some(leadership.fencing_token));
+                    role.send_replace(crate::observe::registration::Role::Leader);
+                    let end = queue.lead(&leadership, &lease, &shutdown).await;
+                    metrics.leading(None);
+                    role.send_replace(crate::observe::registration::Role::Standby);
+                    match end {
+                        LeadEnd::Shutdown => break,
+                        LeadEnd::Rotate => {
+                            tracing::info!(node = %node_id, fencing_token = leadership.fencing_token, "rotating: giving leadership up and standing back");
+                            election.rotate(&leadership, &shutdown).await;
+                        }
+                        LeadEnd::StepDown(reason) => {
+                            tracing::warn!(node = %node_id, fencing_token = leadership.fencing_token, %reason, "stepping down");
+                            // Resign first (no lock-delay), then end the lease so that every
+                            // task it still holds goes back to the queue.
+                            election.step_down(&leadership).await;
+                        }
+                    }
                 }
-                backoff = (backoff * 2).min(BACKOFF_LAST);
+                Err(ElectionError::Coord(CoordError::Refused(reason))) => {
+                    refused = Some(reason);
+                    break;
+                }
+                Err(ElectionError::LeaseLost(session)) => {
+                    tracing::warn!(%session, "session lost; creating a new one");
+                    election.drop_lease().await;
+                }
+                Err(ElectionError::Coord(err)) => {
+                    metrics.coordinator_error(&err);
+                    tracing::warn!(error = %err, retry_in = ?backoff, "coordinator request failed; retrying");
+                    tokio::select! {
+                        _ = shutdown.cancelled() => break,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(BACKOFF_LAST);
+                }
             }
         }
+        tracing::info!(node = %node_id, "shutting down: releasing leadership and session");
+        election.leave().await;
+        observed
+            .alive
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+        stop_renewer.cancel();
+        tracker.wait().await;
+        if let Some(reason) = refused {
+            return Err(ConsumerError::Settings(reason));
+        }
+        tracing::info!(node = %node_id, "consumer stopped");
+        Ok(())
     }
-    tracing::info!(node = %node_id, "shutting down: releasing leadership and session");
-    election.leave().await;
-    observed
-        .alive
-        .store(false, std::sync::atomic::Ordering::Relaxed);
-    stop_renewer.cancel();
-    tracker.wait().await;
-    if let Some(reason) = refused {
-        return Err(ConsumerError::Settings(reason));
-    }
-    tracing::info!(node = %node_id, "consumer stopped");
-    Ok(())
+    .instrument(span)
+    .await
 }
