@@ -71,6 +71,12 @@ enum Cmd {
     /// reused by a restarted replica, no unexplained repeat, no completion by a stale
     /// leader. Exits 1 if one breaks.
     Chaos(ChaosArgs),
+    /// Print a completion script for SHELL: `leaderq completions bash > /etc/bash_completion.d/leaderq`,
+    /// `leaderq completions zsh > "${fpath[1]}/_leaderq"`, `leaderq completions fish > ~/.config/fish/completions/leaderq.fish`.
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(clap::Args)]
@@ -219,6 +225,10 @@ enum TasksCmd {
         /// Only dead letters older than this (a duration such as 24h).
         #[arg(long, value_parser = parse_duration)]
         older_than: Option<Duration>,
+        /// Delete without asking. Without it, a terminal is asked to confirm, and a script
+        /// (stdin not a terminal) is refused.
+        #[arg(long, short = 'y')]
+        yes: bool,
     },
 }
 
@@ -410,6 +420,13 @@ fn main() -> ExitCode {
             Cmd::Tasks(args) => run_tasks(args).await,
             Cmd::Server(args) => run_server(args).await,
             Cmd::Chaos(args) => run_chaos(args).await,
+            Cmd::Completions { shell } => {
+                use clap::CommandFactory as _;
+                let mut out = Vec::new();
+                clap_complete::generate(shell, &mut Cli::command(), "leaderq", &mut out);
+                std::io::Write::write_all(&mut std::io::stdout().lock(), &out)
+                    .map_err(|_| anyhow::Error::new(StdoutClosed))
+            }
             Cmd::Bench(args) => {
                 let options = leaderq::tools::bench::Options {
                     seconds: args.seconds,
@@ -759,10 +776,50 @@ async fn run_tasks(args: TasksArgs) -> anyhow::Result<()> {
             let target = leaderq::service::admin::retry(coord, &settings, &key).await?;
             outln!("requeued as {target}")?;
         }
-        TasksCmd::PurgeDead { older_than } => {
+        TasksCmd::PurgeDead { older_than, yes } => {
+            if !yes {
+                confirm_purge(coord, &settings, older_than).await?;
+            }
             let purged = leaderq::service::admin::purge_dead(coord, &settings, older_than).await?;
             outln!("purged {purged} dead letter(s)")?;
         }
+    }
+    Ok(())
+}
+
+/// Asks a terminal to confirm a purge of the dead letters; refuses without one.
+async fn confirm_purge(
+    coord: &dyn leaderq::coord::Coordinator,
+    settings: &leaderq::config::Settings,
+    older_than: Option<Duration>,
+) -> anyhow::Result<()> {
+    use std::io::{BufRead as _, IsTerminal as _};
+    if !std::io::stdin().is_terminal() {
+        return Err(leaderq::service::run::RunError::Refused(
+            "tasks purge-dead deletes dead letters for good: pass --yes to confirm (stdin is not a terminal to ask on)".into(),
+        )
+        .into());
+    }
+    let (dead, _) = coord
+        .keys(&settings.queue.dead_prefix)
+        .await
+        .with_context(|| format!("cannot read the dead letters from {}", coord.describe()))?;
+    let which = match older_than {
+        Some(age) => format!(
+            "the dead letters older than {} (of {})",
+            leaderq::util::duration::format(age),
+            dead.len()
+        ),
+        None => format!("all {} dead letters", dead.len()),
+    };
+    eprint!(
+        "delete {which} under {}? [y/N] ",
+        escape(&settings.queue.dead_prefix)
+    );
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    if !matches!(answer.trim(), "y" | "Y" | "yes") {
+        anyhow::bail!("nothing deleted");
     }
     Ok(())
 }

@@ -663,7 +663,8 @@ fn leaderq(bed: &Bed, args: &[&str]) -> std::process::Output {
 }
 
 /// `tasks list` shows a dead letter with its reason; `tasks retry` brings it back and it
-/// runs; unknown keys exit 1 with one line; `purge-dead` clears the prefix.
+/// runs; unknown keys exit 1 with one line; `purge-dead` asks (refused without a terminal
+/// or `--yes`), then clears the prefix.
 #[tokio::test]
 async fn tasks_cli_lists_retries_and_purges_dead_letters() {
     let mut bed = Bed::new();
@@ -720,7 +721,12 @@ async fn tasks_cli_lists_retries_and_purges_dead_letters() {
     let not_dead = leaderq(&bed, &["tasks", "retry", "task_zzz"]);
     assert_eq!(not_dead.status.code(), Some(1));
 
-    let purge = leaderq(&bed, &["tasks", "purge-dead"]);
+    // Not a terminal to ask on, and no --yes: refused, nothing deleted.
+    let unconfirmed = leaderq(&bed, &["tasks", "purge-dead"]);
+    assert_eq!(unconfirmed.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&unconfirmed.stderr).contains("pass --yes"));
+    assert_eq!(bed.dead_letters().await.len(), 1);
+    let purge = leaderq(&bed, &["tasks", "purge-dead", "--yes"]);
     assert_eq!(
         String::from_utf8_lossy(&purge.stdout).trim(),
         "purged 1 dead letter(s)"
@@ -763,4 +769,20 @@ fn short_chaos_run_keeps_every_invariant() {
         audit["events"].as_array().unwrap().len() >= 5,
         "too few chaos events happened: {audit:#}"
     );
+}
+
+/// `leaderq completions SHELL` prints a script that knows the subcommands and their flags.
+#[test]
+fn completions_know_the_subcommands() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_leaderq"))
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}");
+        let text = String::from_utf8_lossy(&out.stdout);
+        for word in ["consume", "run", "enqueue", "purge-dead", "--on-loss"] {
+            assert!(text.contains(word), "{shell} completions lack {word}");
+        }
+    }
 }
