@@ -11,7 +11,10 @@ FROM debian:bookworm-slim
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates \
  && rm -rf /var/lib/apt/lists/* \
- && useradd --system --uid 10001 --home-dir /var/lib/leaderq --create-home leaderq
+ && useradd --system --uid 10001 --home-dir /var/lib/leaderq --create-home leaderq \
+ # The data dir exists in the image, owned by leaderq: a named volume mounted there
+ # starts with this owner, so the non-root process can lock it and keep its node id.
+ && install -d -o leaderq -g leaderq -m 0750 /var/lib/leaderq/data
 COPY --from=build /src/target/release/leaderq /usr/local/bin/leaderq
 COPY config /etc/leaderq
 COPY tasks /opt/leaderq/tasks
@@ -20,5 +23,9 @@ WORKDIR /var/lib/leaderq
 ENV LEADERQ__DATA__DIR=/var/lib/leaderq/data \
     LEADERQ__OBSERVE__LISTEN=0.0.0.0:9464
 EXPOSE 9464
+# Healthy while the replica's session is renewed within its TTL (/ready); bash's /dev/tcp,
+# since the image has no curl. Override or disable it for `leaderq server`.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
+  CMD ["bash", "-c", "exec 3<>/dev/tcp/127.0.0.1/9464 && printf 'GET /ready HTTP/1.0\\r\\n\\r\\n' >&3 && head -1 <&3 | grep -q ' 200 '"]
 ENTRYPOINT ["leaderq"]
 CMD ["consume"]

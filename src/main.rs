@@ -615,10 +615,27 @@ async fn run_enqueue(args: EnqueueArgs) -> anyhow::Result<()> {
             .collect::<Result<Vec<_>, _>>()?,
     };
     let total = tasks.len();
+    let mut failed = 0;
     for (n, task) in tasks.iter().enumerate() {
-        let key =
-            leaderq::service::admin::enqueue(coord.as_ref(), &settings.queue.prefix, task).await?;
-        outln!("[{}/{total}] enqueued {key}", n + 1)?;
+        match leaderq::service::admin::enqueue(coord.as_ref(), &settings.queue.prefix, task).await {
+            Ok(key) => outln!("[{}/{total}] enqueued {key}", n + 1)?,
+            // One task refused (its key exists) does not stop the others.
+            Err(err @ leaderq::service::admin::AdminError::Exists { .. }) if total > 1 => {
+                failed += 1;
+                eprintln!(
+                    "[{}/{total}] not enqueued: {}",
+                    n + 1,
+                    escape(&err.to_string())
+                );
+            }
+            Err(err) => return Err(err.into()),
+        }
+    }
+    if total > 1 {
+        outln!("enqueued {} of {total} task(s)", total - failed)?;
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} of {total} task(s) were not enqueued (see above)");
     }
     Ok(())
 }

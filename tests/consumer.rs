@@ -786,3 +786,44 @@ fn completions_know_the_subcommands() {
         }
     }
 }
+
+/// `leaderq enqueue` of many files goes on past a task whose key exists, says which, and
+/// ends with a summary and exit 1.
+#[tokio::test]
+async fn enqueue_of_many_files_goes_on_past_a_refused_one_and_sums_up() {
+    let bed = Bed::new();
+    bed.put_task(
+        "task_b",
+        json!({"taskId": "b", "taskTime": 1, "taskType": "Work"}),
+    )
+    .await;
+    let mut files = Vec::new();
+    for id in ["a", "b", "c"] {
+        let file = bed.dir.path().join(format!("{id}.json"));
+        std::fs::write(
+            &file,
+            json!({"taskId": id, "taskTime": 2, "taskType": "Work"}).to_string(),
+        )
+        .unwrap();
+        files.push(file.display().to_string());
+    }
+    let mut args = vec!["enqueue"];
+    args.extend(files.iter().map(String::as_str));
+    let out = leaderq(&bed, &args);
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains("[1/3] enqueued oracleTask/task_a"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("[3/3] enqueued oracleTask/task_c"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("enqueued 2 of 3 task(s)"), "{stdout}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("[2/3] not enqueued: oracleTask/task_b already exists"),
+        "{stderr}"
+    );
+}
