@@ -29,6 +29,10 @@ struct Cli {
     /// Log format on stderr; the level filter comes from RUST_LOG (default info).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Pretty)]
     log_format: LogFormat,
+    /// --config FILE, accepted before or after the subcommand (for `dev`: the replicas'
+    /// settings instead of the generated data-dir/dev.toml).
+    #[command(flatten)]
+    config: ConfigArgs,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -149,14 +153,12 @@ struct BenchArgs {
 struct ConfigArgs {
     /// Settings file (TOML); see config/default.toml for every key. Environment variables
     /// LEADERQ__SECTION__KEY, CONSUL_HTTP_ADDR and CONSUL_HTTP_TOKEN override it.
-    #[arg(long)]
+    #[arg(long, global = true)]
     config: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
 struct ConsumeArgs {
-    #[command(flatten)]
-    config: ConfigArgs,
     /// This replica's name (election.node_id); default: generated once and kept in the
     /// data dir.
     #[arg(long)]
@@ -177,15 +179,10 @@ struct DevArgs {
     /// Data for the server and the replicas.
     #[arg(long, default_value = "./data")]
     data_dir: PathBuf,
-    /// Settings file for the replicas instead of the generated one (data-dir/dev.toml).
-    #[arg(long)]
-    config: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
 struct EnqueueArgs {
-    #[command(flatten)]
-    config: ConfigArgs,
     /// taskType of a task built from flags.
     #[arg(long = "type", conflicts_with = "files")]
     task_type: Option<String>,
@@ -201,8 +198,6 @@ struct EnqueueArgs {
 
 #[derive(clap::Args)]
 struct TasksArgs {
-    #[command(flatten)]
-    config: ConfigArgs,
     #[command(subcommand)]
     command: TasksCmd,
 }
@@ -234,8 +229,6 @@ enum TasksCmd {
 
 #[derive(clap::Args)]
 struct RunArgs {
-    #[command(flatten)]
-    config: ConfigArgs,
     /// The run's name: replicas with the same name contend for the leader key
     /// leaderq/run/NAME/leader. Letters, digits, '.', '_' or '-'.
     #[arg(long, default_value = "default")]
@@ -281,8 +274,6 @@ struct RunArgs {
 
 #[derive(clap::Args)]
 struct StatusArgs {
-    #[command(flatten)]
-    config: ConfigArgs,
     /// Show the leadership of `leaderq run --name NAME` (holder, fencing token, since)
     /// instead of the queue.
     #[arg(long)]
@@ -412,12 +403,12 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            Cmd::Consume(args) => run_consume(args).await,
-            Cmd::Run(args) => run_run(args).await,
-            Cmd::Dev(args) => run_dev(args).await,
-            Cmd::Enqueue(args) => run_enqueue(args).await,
-            Cmd::Status(args) => run_status(args).await,
-            Cmd::Tasks(args) => run_tasks(args).await,
+            Cmd::Consume(args) => run_consume(args, &cli.config).await,
+            Cmd::Run(args) => run_run(args, &cli.config).await,
+            Cmd::Dev(args) => run_dev(args, &cli.config).await,
+            Cmd::Enqueue(args) => run_enqueue(args, &cli.config).await,
+            Cmd::Status(args) => run_status(args, &cli.config).await,
+            Cmd::Tasks(args) => run_tasks(args, &cli.config).await,
             Cmd::Server(args) => run_server(args).await,
             Cmd::Chaos(args) => run_chaos(args).await,
             Cmd::Completions { shell } => {
@@ -495,7 +486,7 @@ fn load_settings_with(
     )?)
 }
 
-async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
+async fn run_consume(args: ConsumeArgs, config: &ConfigArgs) -> anyhow::Result<()> {
     let mut overrides = Vec::new();
     if let Some(node_id) = args.node_id {
         overrides.push(("LEADERQ__ELECTION__NODE_ID".to_string(), node_id));
@@ -506,7 +497,7 @@ async fn run_consume(args: ConsumeArgs) -> anyhow::Result<()> {
             dir.to_string_lossy().into_owned(),
         ));
     }
-    let settings = load_settings_with(&args.config, overrides)?;
+    let settings = load_settings_with(config, overrides)?;
     let registry = leaderq::handler::Registry::from_settings(&settings);
     let shutdown = tokio_util::sync::CancellationToken::new();
     let trigger = shutdown.clone();
@@ -530,7 +521,7 @@ impl std::fmt::Display for ExitWith {
 
 impl std::error::Error for ExitWith {}
 
-async fn run_run(args: RunArgs) -> anyhow::Result<()> {
+async fn run_run(args: RunArgs, config: &ConfigArgs) -> anyhow::Result<()> {
     let mut overrides = Vec::new();
     if let Some(node_id) = &args.node_id {
         overrides.push(("LEADERQ__ELECTION__NODE_ID".to_string(), node_id.clone()));
@@ -544,7 +535,7 @@ async fn run_run(args: RunArgs) -> anyhow::Result<()> {
             leaderq::util::duration::format(grace),
         ));
     }
-    let settings = load_settings_with(&args.config, overrides)?;
+    let settings = load_settings_with(config, overrides)?;
     let settings = leaderq::service::run::settings_for(settings, &args.name)?;
     let options = leaderq::service::run::RunOptions {
         name: args.name.clone(),
@@ -585,19 +576,19 @@ async fn run_run(args: RunArgs) -> anyhow::Result<()> {
     Err(ExitWith(u8::try_from(code).unwrap_or(1)).into())
 }
 
-async fn run_dev(args: DevArgs) -> anyhow::Result<()> {
+async fn run_dev(args: DevArgs, config: &ConfigArgs) -> anyhow::Result<()> {
     let options = leaderq::service::dev::DevOptions {
         replicas: args.replicas,
         listen: args.listen,
         data_dir: args.data_dir,
-        config: args.config,
+        config: config.config.clone(),
         tasks_dir: PathBuf::from("tasks"),
     };
     leaderq::service::dev::run(options, shutdown_signal()).await
 }
 
-async fn run_enqueue(args: EnqueueArgs) -> anyhow::Result<()> {
-    let settings = load_settings(&args.config)?;
+async fn run_enqueue(args: EnqueueArgs, config: &ConfigArgs) -> anyhow::Result<()> {
+    let settings = load_settings(config)?;
     let coord = leaderq::coord::connect(&settings)?;
     let tasks = match &args.task_type {
         Some(task_type) => vec![leaderq::service::admin::task_from_flags(
@@ -640,8 +631,8 @@ async fn run_enqueue(args: EnqueueArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run_status(args: StatusArgs) -> anyhow::Result<()> {
-    let settings = load_settings(&args.config)?;
+async fn run_status(args: StatusArgs, config: &ConfigArgs) -> anyhow::Result<()> {
+    let settings = load_settings(config)?;
     if let Some(name) = &args.name {
         return run_status_of_run(settings, name, args.json).await;
     }
@@ -732,8 +723,8 @@ async fn run_status_of_run(
     Ok(())
 }
 
-async fn run_tasks(args: TasksArgs) -> anyhow::Result<()> {
-    let settings = load_settings(&args.config)?;
+async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
+    let settings = load_settings(config)?;
     let coord = leaderq::coord::connect(&settings)?;
     let coord = coord.as_ref();
     match args.command {
