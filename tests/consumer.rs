@@ -11,6 +11,8 @@ mod contract_consul;
 mod contract_etcd;
 #[path = "consumer/coord_consul.rs"]
 mod coord_consul;
+#[path = "consumer/etcd_queue.rs"]
+mod etcd_queue;
 #[path = "consumer/hostile_input.rs"]
 mod hostile_input;
 #[path = "consumer/identity.rs"]

@@ -16,6 +16,8 @@ const READY_WITHIN: Duration = Duration::from_secs(30);
 /// etcd's raft tick and election timeout in milliseconds (see the module header).
 const HEARTBEAT_MS: u32 = 50;
 const ELECTION_MS: u32 = 500;
+/// `produce` tries this often (each within etcdctl's 5 s command time-out).
+const PRODUCE_ATTEMPTS: usize = 3;
 
 struct Member {
     name: String,
@@ -95,16 +97,19 @@ impl EtcdCluster {
         self.members.iter().map(Member::client_url).collect()
     }
 
-    /// The member etcd's raft elected leader, as the live members say.
-    pub fn leader_member(&self) -> Option<usize> {
-        let live: Vec<String> = self
-            .members
+    /// The client URLs of the members not killed.
+    pub fn live_endpoints(&self) -> Vec<String> {
+        self.members
             .iter()
             .filter(|m| m.proc.is_some())
             .map(Member::client_url)
-            .collect();
+            .collect()
+    }
+
+    /// The member etcd's raft elected leader, as the live members say.
+    pub fn leader_member(&self) -> Option<usize> {
         let output = self
-            .etcdctl(&live.join(","))
+            .etcdctl(&self.live_endpoints().join(","))
             .args(["endpoint", "status", "-w", "json"])
             .stderr(Stdio::null())
             .output()
@@ -257,20 +262,22 @@ impl Cluster for EtcdCluster {
     }
 
     fn produce(&self, key: &str, value: &[u8]) -> Result<(), String> {
-        let output = self
-            .etcdctl(&self.endpoints().join(","))
-            .args(["put", "--", key])
-            .arg(String::from_utf8_lossy(value).as_ref())
-            .output()
-            .map_err(|e| format!("cannot run etcdctl: {e}"))?;
-        if output.status.success() {
-            Ok(())
-        } else {
-            Err(format!(
-                "etcdctl put {key} failed: {}",
-                String::from_utf8_lossy(&output.stderr).trim()
-            ))
+        // Only live members: etcdctl 3.4's balancer may keep trying a dead endpoint until
+        // its deadline. A put during an etcd leader election may time out: try again.
+        let mut failure = String::new();
+        for _ in 0..PRODUCE_ATTEMPTS {
+            let output = self
+                .etcdctl(&self.live_endpoints().join(","))
+                .args(["put", "--", key])
+                .arg(String::from_utf8_lossy(value).as_ref())
+                .output()
+                .map_err(|e| format!("cannot run etcdctl: {e}"))?;
+            if output.status.success() {
+                return Ok(());
+            }
+            failure = String::from_utf8_lossy(&output.stderr).trim().to_string();
         }
+        Err(format!("etcdctl put {key} failed: {failure}"))
     }
 }
 
