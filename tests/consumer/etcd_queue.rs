@@ -351,7 +351,12 @@ async fn leader_and_member_kills_lose_nothing() {
     bed.wait_for_line(Duration::from_secs(10), |l| l[0] == "start")
         .await;
     bed.replica(&first).kill();
+    let killed = Instant::now();
     bed.leader_other_than(&first, Duration::from_secs(20)).await;
+    eprintln!(
+        "a standby led {:?} after SIGKILL of the leader (lease TTL 2s)",
+        killed.elapsed()
+    );
     put_some(&bed, 6);
 
     let follower = (0..3)
@@ -364,7 +369,18 @@ async fn leader_and_member_kills_lose_nothing() {
 
     let etcd_leader = bed.cluster.leader_member().expect("an etcd leader");
     bed.cluster.kill_member(etcd_leader).unwrap();
+    let killed = Instant::now();
     put_some(&bed, 6);
+    eprintln!(
+        "6 tasks put {:?} after SIGKILL of the etcd leader member",
+        killed.elapsed()
+    );
+    bed.wait_for_line(Duration::from_secs(30), |l| l[0] == "end" && l[1] == "k023")
+        .await;
+    eprintln!(
+        "the last task ran {:?} after SIGKILL of the etcd leader member",
+        killed.elapsed()
+    );
     bed.wait_until_drained(Duration::from_secs(60)).await;
 
     let expected: Vec<String> = (0..24).map(|n| format!("k{n:03}")).collect();

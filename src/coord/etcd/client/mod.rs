@@ -203,11 +203,16 @@ impl Client {
                         source: err,
                     });
                 }
+                // Not resent, but the next request starts at the next endpoint: a member
+                // that accepts connections and never answers (frozen, cut off from its
+                // peers) must not keep every later request waiting too.
                 Err(err) => {
+                    self.current
+                        .store((slot + 1) % self.endpoints.len(), Ordering::Relaxed);
                     return Err(Error::Transport {
                         endpoint: endpoint.clone(),
                         source: err,
-                    })
+                    });
                 }
             }
         }
