@@ -7,7 +7,7 @@ use std::sync::Arc;
 use leaderq::coord::contract::{self, Producer, Subject, Timing};
 use leaderq::coord::etcd::client::{Client, ClientConfig};
 use leaderq::coord::etcd::{EtcdCoordSettings, EtcdCoordinator};
-use leaderq::coord::{CoordError, CoordFuture};
+use leaderq::coord::{CoordError, CoordFuture, Coordinator as _, Version};
 use leaderq::tools::harness::etcd::EtcdCluster;
 
 use super::*;
@@ -68,5 +68,110 @@ async fn the_etcd_backend_keeps_the_coordinator_contract() {
     drop(cluster);
     if let Err(failures) = outcome {
         panic!("the etcd backend breaks the contract:\n{failures}");
+    }
+}
+
+/// A list waiting past a version answers at once with what changed since (a watch from
+/// the revision after it, history included), and also when that revision was compacted
+/// away (it relists); an observe past a compacted revision likewise.
+#[tokio::test]
+async fn waits_resume_from_the_last_revision_and_relist_after_compaction() {
+    let Some(cluster) = EtcdCluster::start(1).expect("an etcd cluster") else {
+        return;
+    };
+    let client = etcd_client(cluster.endpoints());
+    let coord = EtcdCoordinator::new(
+        client.clone(),
+        EtcdCoordSettings {
+            leader_key: "resume/leader".into(),
+        },
+    );
+    let long = Duration::from_secs(20);
+    client.put(b"resume/q/a", b"{}").await.unwrap();
+    let (_, seen) = coord
+        .list("resume/q/", Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    // Written while nobody waits: the next wait starts from the last revision seen.
+    client.put(b"resume/q/b", b"{}").await.unwrap();
+    let started = Instant::now();
+    let (tasks, moved) = coord.list("resume/q/", seen, long).await.unwrap();
+    assert!(started.elapsed() < long / 4 && moved > seen && tasks.len() == 2);
+
+    client.put(b"resume/q/c", b"{}").await.unwrap();
+    let (_, now) = coord
+        .list("resume/q/", Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    let revision = (now.0 / 2).to_string();
+    cluster.ctl(&["compact", &revision]).expect("compaction");
+    let started = Instant::now();
+    let (tasks, relisted) = coord.list("resume/q/", seen, long).await.unwrap();
+    assert!(
+        started.elapsed() < long / 4 && relisted >= now && tasks.len() == 3,
+        "a wait past a compacted revision answered after {:?} with {} tasks at {relisted:?}",
+        started.elapsed(),
+        tasks.len()
+    );
+    let started = Instant::now();
+    coord.observe(seen, long).await.unwrap();
+    assert!(
+        started.elapsed() < long / 4,
+        "an observe past a compacted revision waited"
+    );
+}
+
+/// With etcd's auth on, the client signs in with user and password (and a wrong password
+/// is an error that says so); the whole contract suite then holds through it.
+#[tokio::test]
+async fn user_and_password_reach_an_etcd_with_auth_on() {
+    let Some(cluster) = EtcdCluster::start(1).expect("an etcd cluster") else {
+        return;
+    };
+    cluster
+        .ctl(&["user", "add", "root", "--new-user-password=secret-pw"])
+        .unwrap();
+    cluster.ctl(&["auth", "enable"]).unwrap();
+    let with = |password: &str| {
+        Arc::new(
+            Client::new(&ClientConfig {
+                endpoints: cluster.endpoints(),
+                user: "root".into(),
+                password: password.into(),
+                request_timeout: Duration::from_secs(10),
+                ..ClientConfig::default()
+            })
+            .unwrap(),
+        )
+    };
+    let refused = with("wrong").put(b"auth/x", b"{}").await;
+    assert!(
+        matches!(&refused, Err(err) if err.to_string().contains("authentication failed")),
+        "{refused:?}"
+    );
+    assert!(etcd_client(cluster.endpoints())
+        .put(b"auth/x", b"{}")
+        .await
+        .is_err());
+    let outcome = contract::run_all(|name| {
+        let client = with("secret-pw");
+        async move {
+            Subject {
+                coord: Arc::new(EtcdCoordinator::new(
+                    client.clone(),
+                    EtcdCoordSettings {
+                        leader_key: format!("auth/{name}/leader"),
+                    },
+                )),
+                producer: Arc::new(PutProducer(client)),
+                queue_prefix: format!("auth/{name}/queue/"),
+                dead_prefix: format!("auth/{name}/dead/"),
+                timing: Timing::new(Duration::from_secs(1)).without_lock_delay(),
+            }
+        }
+    })
+    .await;
+    if let Err(failures) = outcome {
+        panic!("through etcd auth the contract breaks:\n{failures}");
     }
 }

@@ -127,6 +127,24 @@ impl EtcdCluster {
         self.members.iter().position(|m| m.client_url() == endpoint)
     }
 
+    /// Runs `etcdctl` with `args` against the live members; its stdout, or why it failed.
+    pub fn ctl(&self, args: &[&str]) -> Result<String, String> {
+        let output = self
+            .etcdctl(&self.live_endpoints().join(","))
+            .args(args)
+            .output()
+            .map_err(|e| format!("cannot run etcdctl: {e}"))?;
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        } else {
+            Err(format!(
+                "etcdctl {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&output.stderr).trim()
+            ))
+        }
+    }
+
     /// Sends `signal` ("STOP", "CONT", …) to member `i`.
     pub fn signal_member(&self, i: usize, signal: &str) {
         if let Some(proc) = &self.members[i].proc {
