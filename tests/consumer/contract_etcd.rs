@@ -7,7 +7,10 @@ use std::sync::Arc;
 use leaderq::coord::contract::{self, Producer, Subject, Timing};
 use leaderq::coord::etcd::client::{Client, ClientConfig};
 use leaderq::coord::etcd::{EtcdCoordSettings, EtcdCoordinator};
-use leaderq::coord::{CoordError, CoordFuture, Coordinator as _, Version};
+use leaderq::coord::{
+    Campaign, CoordError, CoordFuture, Coordinator as _, HolderRecord, LeaseSpec, TaskOp, Version,
+    Written,
+};
 use leaderq::tools::harness::etcd::EtcdCluster;
 
 use super::*;
@@ -174,4 +177,76 @@ async fn user_and_password_reach_an_etcd_with_auth_on() {
     if let Err(failures) = outcome {
         panic!("through etcd auth the contract breaks:\n{failures}");
     }
+}
+
+/// A list waiting on a task held by another lease (a deposed leader's, still alive) wakes
+/// as soon as that lease ends and its claim dies, though the task's own key is unchanged.
+#[tokio::test]
+async fn a_waiting_list_wakes_when_a_claim_dies_with_its_lease() {
+    let Some(cluster) = EtcdCluster::start(1).expect("an etcd cluster") else {
+        return;
+    };
+    let client = etcd_client(cluster.endpoints());
+    let coord = EtcdCoordinator::new(
+        client.clone(),
+        EtcdCoordSettings {
+            leader_key: "orphan/leader".into(),
+        },
+    );
+    let spec = LeaseSpec {
+        node_id: "old".into(),
+        ttl: Duration::from_secs(30),
+        lock_delay: Duration::ZERO,
+        previous: None,
+    };
+    let lease = coord.open_lease(&spec).await.unwrap().lease;
+    let Campaign::Won(leadership) = coord
+        .campaign(&lease, &HolderRecord::default())
+        .await
+        .unwrap()
+    else {
+        panic!("a free leadership was not won");
+    };
+    client.put(b"orphan/q/t1", b"{}").await.unwrap();
+    let (tasks, _) = coord
+        .list("orphan/q/", Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    let claim = TaskOp::Claim {
+        key: "orphan/q/t1".into(),
+        version: tasks[0].version,
+        value: b"{\"taken\":true}".to_vec(),
+    };
+    let written = coord.write(&leadership, &[claim]).await.unwrap();
+    assert!(matches!(written, Written::Done { .. }), "{written:?}");
+    coord.resign(&lease).await.unwrap();
+    let (held, seen) = coord
+        .list("orphan/q/", Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(held[0].holder.as_ref(), Some(&lease));
+
+    let long = Duration::from_secs(20);
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let coord = EtcdCoordinator::new(
+                client,
+                EtcdCoordSettings {
+                    leader_key: "orphan/leader".into(),
+                },
+            );
+            let started = Instant::now();
+            let (tasks, _) = coord.list("orphan/q/", seen, long).await.unwrap();
+            (started.elapsed(), tasks)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    coord.revoke(&lease).await.unwrap();
+    let (took, tasks) = waiter.await.unwrap();
+    assert!(
+        took < long / 4 && tasks[0].holder.is_none() && tasks[0].version != held[0].version,
+        "the waiting list answered after {took:?} with {:?}",
+        tasks[0]
+    );
 }

@@ -1,6 +1,6 @@
 //! The queue on etcd's keys: list (the prefix and its claims, read at one revision, after
-//! a watch from the revision last seen when asked to wait), keys, get, and writes as one
-//! transaction each (built and judged in `txn.rs`).
+//! watches of both from the revision last seen when asked to wait), keys, get, and writes
+//! as one transaction each (built and judged in `txn.rs`).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -53,16 +53,19 @@ impl EtcdCoordinator {
         after: Version,
         wait: Duration,
     ) -> Result<(Vec<StoredTask>, Version), CoordError> {
-        if after.0 != 0 {
-            self.client
-                .watch(
-                    &Range::prefix(prefix.as_bytes()),
-                    revision_of(after) + 1,
-                    wait,
-                )
-                .await?;
-        }
         let claims = format!("{}{prefix}", self.layout.claims());
+        if after.0 != 0 {
+            // The claims too: a claim that dies with a lease that is not the leader's (a
+            // deposed leader's, kept alive after it stepped down) changes no task key, yet
+            // makes its task an orphan to requeue.
+            let start = revision_of(after) + 1;
+            let tasks = Range::prefix(prefix.as_bytes());
+            let held = Range::prefix(claims.as_bytes());
+            tokio::select! {
+                watched = self.client.watch(&tasks, start, wait) => watched?,
+                watched = self.client.watch(&held, start, wait) => watched?,
+            };
+        }
         let read = Txn {
             success: vec![
                 Op::Get(Range::prefix(prefix.as_bytes())),
