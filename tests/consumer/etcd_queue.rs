@@ -22,9 +22,9 @@ use super::*;
 
 const PREFIX: &str = "oracleTask/";
 
-/// Replica settings: a 2 s lease (etcd's minimum here is 1 s), fast retries, and a `Run`
+/// Replica settings: a lease of `ttl` (etcd's minimum here is 1 s), fast retries, and a `Run`
 /// handler that sleeps `run_for` between its start and end records.
-fn etcd_settings(journal: &Path, run_for: &str) -> String {
+fn etcd_settings(journal: &Path, ttl: &str, run_for: &str) -> String {
     let j = journal.display();
     let script = format!(
         "while read ev id tok node att pid; do
@@ -44,7 +44,7 @@ echo \"end $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT $$\" >> {j}"
 wait = "5s"
 request_timeout = "3s"
 [election]
-session_ttl = "2s"
+session_ttl = "{ttl}"
 retry_interval = "100ms"
 [queue]
 max_attempts = 5
@@ -66,6 +66,8 @@ struct EtcdBed {
     journal: PathBuf,
     replicas: Vec<(String, Proc)>,
     coord: Arc<dyn Coordinator>,
+    /// The replicas' lease TTL.
+    ttl: &'static str,
 }
 
 impl EtcdBed {
@@ -87,6 +89,7 @@ impl EtcdBed {
             journal,
             replicas: Vec::new(),
             coord,
+            ttl: "2s",
         })
     }
 
@@ -104,7 +107,7 @@ impl EtcdBed {
         let config = self.dir.path().join(format!("{node}.toml"));
         std::fs::write(
             &config,
-            etcd_settings(&self.journal, run_for).replace("$NODE", node),
+            etcd_settings(&self.journal, self.ttl, run_for).replace("$NODE", node),
         )
         .unwrap();
         let log = std::fs::File::create(self.dir.path().join(format!("{node}.log"))).unwrap();
@@ -436,4 +439,45 @@ async fn frozen_leader_loses_its_lease_and_nothing_overlaps() {
         journal.iter().all(|l| l[0] != "end" || l[3] != leader),
         "the frozen leader finished a run: {journal:?}"
     );
+}
+
+/// A replica SIGKILLed mid-task and restarted at once on its data dir takes its etcd
+/// lease up again (well within the lease's TTL, so no standby is needed), leads with a
+/// higher fencing token and runs the task it was cut off from again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_replica_takes_its_lease_up_and_leads_with_a_higher_token() {
+    let Some(mut bed) = EtcdBed::start() else {
+        return;
+    };
+    bed.ttl = "8s";
+    bed.start_replica("r1", "2");
+    bed.leader(Duration::from_secs(20)).await;
+    bed.put("task_a", task("a", 1));
+    bed.wait_for_line(Duration::from_secs(10), |l| l[0] == "start" && l[1] == "a")
+        .await;
+    bed.replica("r1").kill();
+    bed.replicas.clear();
+    let killed = Instant::now();
+    bed.start_replica("r1", "2");
+    bed.wait_for_line(Duration::from_secs(20), |l| {
+        l[0] == "end" && l[1] == "a" && l[4] == "2"
+    })
+    .await;
+    let took = killed.elapsed();
+    eprintln!("the task ended on its second run {took:?} after the kill (lease TTL 8s)");
+    let log = std::fs::read_to_string(bed.dir.path().join("r1.log")).unwrap();
+    assert!(log.contains("reusing the session"), "{log}");
+    let journal = bed.journal();
+    let tokens: Vec<u64> = journal
+        .iter()
+        .filter(|l| l[0] == "start")
+        .map(|l| l[2].parse().unwrap())
+        .collect();
+    assert!(
+        tokens.len() == 2 && tokens[1] > tokens[0],
+        "tokens {tokens:?}: {journal:?}"
+    );
+    assert!(took < Duration::from_secs(8), "not within the lease's TTL");
+    assert_eq!(bed.overlaps(), Vec::<Vec<String>>::new(), "runs overlapped");
+    bed.wait_until_drained(Duration::from_secs(10)).await;
 }
