@@ -97,10 +97,19 @@ impl EtcdCoordinator {
 /// The one place where etcd's errors become the seam's. Only what no retry can fix is
 /// `Refused`: a request etcd finds invalid or too large (gRPC `InvalidArgument`, which
 /// the gateway answers with 400), a client that cannot be set up. Everything else may
-/// pass (no leader, an endpoint down, a token being renewed) and is `Unavailable`.
+/// pass (no leader, an endpoint down, a token being renewed, credentials an operator is
+/// fixing) and is `Unavailable`.
 impl From<client::Error> for CoordError {
     fn from(err: client::Error) -> CoordError {
         match &err {
+            // etcd answers a bad or missing user with InvalidArgument too; as with Consul's
+            // ACLs, an operator may be fixing it, so it is retried, with the hint.
+            client::Error::Status { message, .. }
+                if message.contains("authentication failed")
+                    || message.contains("user name is empty") =>
+            {
+                CoordError::Unavailable(format!("{err}: check etcd.user and etcd.password"))
+            }
             client::Error::Status { code, .. } if *code == client::CODE_INVALID_ARGUMENT => {
                 CoordError::Refused(format!(
                     "{err}: etcd will not take this request; keep writes within Coordinator::limits"
@@ -226,6 +235,14 @@ mod tests {
         for err in [status(503, 14), status(404, 5), status(401, 16)] {
             assert!(matches!(CoordError::from(err), CoordError::Unavailable(_)));
         }
+        let auth = client::Error::Status {
+            status: 400,
+            code: 3,
+            message: "etcdserver: authentication failed, invalid user ID or password".into(),
+        };
+        assert!(
+            matches!(CoordError::from(auth), CoordError::Unavailable(m) if m.contains("etcd.password"))
+        );
         for err in [status(400, 3), client::Error::Endpoint("x".into())] {
             assert!(matches!(CoordError::from(err), CoordError::Refused(_)));
         }
