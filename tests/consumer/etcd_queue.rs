@@ -481,3 +481,45 @@ async fn a_restarted_replica_takes_its_lease_up_and_leads_with_a_higher_token() 
     assert_eq!(bed.overlaps(), Vec::<Vec<String>>::new(), "runs overlapped");
     bed.wait_until_drained(Duration::from_secs(10)).await;
 }
+
+/// The etcd member every replica talks to first, frozen (SIGSTOP: it accepts connections
+/// and never answers): requests time out and move on to the other members, so the queue
+/// still drains, with nothing lost and no overlapping runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_etcd_member_loses_nothing() {
+    let Some(mut bed) = EtcdBed::start() else {
+        return;
+    };
+    for node in ["r1", "r2", "r3"] {
+        bed.start_replica(node, "0.1");
+    }
+    bed.leader(Duration::from_secs(20)).await;
+    bed.put("task_000", task("f000", 0));
+    bed.wait_for_line(Duration::from_secs(10), |l| l[0] == "end")
+        .await;
+    bed.cluster.signal_member(0, "STOP");
+    let frozen = Instant::now();
+    let others = etcd_client(bed.cluster.endpoints()[1..].to_vec());
+    for n in 1..8u64 {
+        let value = task(&format!("f{n:03}"), n).to_string();
+        others
+            .put(format!("{PREFIX}task_{n:03}").as_bytes(), value.as_bytes())
+            .await
+            .expect("a put to the members not frozen");
+    }
+    bed.coord = Arc::new(EtcdCoordinator::new(
+        others,
+        EtcdCoordSettings {
+            leader_key: "consumerLeader".into(),
+        },
+    ));
+    bed.wait_until_drained(Duration::from_secs(60)).await;
+    eprintln!(
+        "the queue drained {:?} after an etcd member froze",
+        frozen.elapsed()
+    );
+    bed.cluster.signal_member(0, "CONT");
+    let expected: Vec<String> = (0..8).map(|n| format!("f{n:03}")).collect();
+    assert_eq!(bed.ended_once(), expected, "{:?}", bed.journal());
+    assert_eq!(bed.overlaps(), Vec::<Vec<String>>::new(), "runs overlapped");
+}
