@@ -1,9 +1,10 @@
 //! `leaderq consume` on a real 3-member etcd cluster: replicas pointed at it by
 //! `Cluster::env()`, tasks written with `etcdctl put` as producers do. Tasks run in
 //! `taskTime` order exactly once and are deleted; a killed leader replica, a killed etcd
-//! member (quorum kept), the killed etcd raft leader and a frozen leader replica (SIGSTOP
-//! past its lease) lose nothing, and no two runs of a task overlap. `enqueue`, `tasks
-//! list` and `status` work against the cluster too.
+//! member (quorum kept), the killed etcd raft leader, a frozen leader replica (SIGSTOP
+//! past its lease), a frozen etcd member and a replica restarted on its lease lose
+//! nothing, and no two runs of a task overlap. `enqueue`, `tasks list` and `status` work
+//! against the cluster too.
 //!
 //! The handler records `start <taskId> <token> <node> <attempt> <pid>` and `end …`, and
 //! `overlap <pid>` if the process of an earlier start is still alive when it starts: the
