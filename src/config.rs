@@ -28,6 +28,7 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 pub struct Settings {
     pub coordinator: CoordinatorSettings,
     pub consul: ConsulSettings,
+    pub etcd: EtcdSettings,
     pub election: ElectionSettings,
     pub queue: QueueSettings,
     pub data: DataSettings,
@@ -49,6 +50,8 @@ pub struct CoordinatorSettings {
 pub enum Backend {
     /// Consul's KV store, sessions and transactions (or `leaderq server`): `[consul]`.
     Consul,
+    /// etcd v3's leases, revisions and watches, through its JSON gateway: `[etcd]`.
+    Etcd,
 }
 
 /// How a leader holds leadership (`leader/rotation.rs`).
@@ -67,6 +70,19 @@ pub enum ElectionMode {
 pub struct ConsulSettings {
     pub addresses: Vec<String>,
     pub token: String,
+    pub ca_file: String,
+    #[serde(deserialize_with = "go_duration")]
+    pub wait: Duration,
+    #[serde(deserialize_with = "go_duration")]
+    pub request_timeout: Duration,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdSettings {
+    pub endpoints: Vec<String>,
+    pub user: String,
+    pub password: String,
     pub ca_file: String,
     #[serde(deserialize_with = "go_duration")]
     pub wait: Duration,
@@ -197,6 +213,7 @@ impl Settings {
     pub fn watch_wait(&self) -> Duration {
         match self.coordinator.backend {
             Backend::Consul => self.consul.wait,
+            Backend::Etcd => self.etcd.wait,
         }
     }
 
@@ -226,6 +243,7 @@ impl Settings {
                 .try_parsing(true)
                 .list_separator(",")
                 .with_list_parse_key("consul.addresses")
+                .with_list_parse_key("etcd.endpoints")
                 .source(Some(leaderq_env)),
         );
         let lookup = |name: &str| {
@@ -270,6 +288,7 @@ impl Settings {
                 return invalid(format!("consul.addresses: {reason}"));
             }
         }
+        crate::coord::etcd::check_settings(&self.etcd).map_err(ConfigError::Invalid)?;
         if self.election.leader_key.is_empty() || self.election.leader_key.starts_with('/') {
             return invalid(
                 "election.leader_key must be a non-empty key without a leading '/'".into(),

@@ -7,8 +7,12 @@ mod catalog;
 mod common;
 #[path = "consumer/contract_consul.rs"]
 mod contract_consul;
+#[path = "consumer/contract_etcd.rs"]
+mod contract_etcd;
 #[path = "consumer/coord_consul.rs"]
 mod coord_consul;
+#[path = "consumer/etcd_queue.rs"]
+mod etcd_queue;
 #[path = "consumer/hostile_input.rs"]
 mod hostile_input;
 #[path = "consumer/identity.rs"]

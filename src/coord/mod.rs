@@ -23,6 +23,7 @@
 
 pub mod consul;
 pub mod contract;
+pub mod etcd;
 pub mod memory;
 
 use std::future::Future;
@@ -332,6 +333,7 @@ pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator
     use crate::config::Backend;
     match settings.coordinator.backend {
         Backend::Consul => consul::connect(settings),
+        Backend::Etcd => etcd::connect(settings),
     }
 }
 

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
+pub mod etcd;
+
 /// Set (to anything but "" or "0") where a missing external server is a failure, not a
 /// skip: `.ci/run` sets it.
 pub const REQUIRE_ENV: &str = "LEADERQ_REQUIRE_SERVERS";

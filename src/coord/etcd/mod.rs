@@ -1,0 +1,250 @@
+//! The etcd coordinator: the [`Coordinator`] seam on etcd v3, through its JSON gRPC
+//! gateway (`client.rs`), as etcd's own `concurrency` package does it:
+//!
+//! - a lease is an etcd lease (grant with the TTL in whole seconds, keep-alive, revoke),
+//!   with an owner key naming the node attached to it (`lease.rs`);
+//! - leadership is a campaign key `<leader_key>/<lease-hex>` under the lease; the one with
+//!   the lowest `create_revision` leads and that revision is the fencing token, which
+//!   rises across leaders because revisions do (`election.rs`);
+//! - the queue is the key prefix holding the producers' JSON; a task's version is its
+//!   `mod_revision` and whether a claim key (attached to the claiming lease) holds it; each
+//!   guarded write is one transaction comparing the campaign key's `create_revision` with
+//!   the token (`queue.rs`, `txn.rs`); waiting is a watch from the revision last seen.
+//!
+//! Key layout and numbers: `layout.rs`. What each guarantee of the seam rests on is written
+//! in ARCHITECTURE.md ("Coordinators"). Persisting the lease id across restarts (for
+//! `LeaseSpec::previous`) is the caller's business.
+
+pub mod client;
+mod election;
+pub mod layout;
+mod lease;
+mod queue;
+pub mod txn;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::coord::etcd::client::{Client, ClientConfig};
+use crate::coord::etcd::layout::Layout;
+use crate::coord::{
+    Campaign, CoordError, CoordFuture, Coordinator, Edit, Edited, Grant, Holder, HolderRecord,
+    Leadership, LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits,
+    Written,
+};
+
+/// What the etcd coordinator needs beyond its client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdCoordSettings {
+    /// The election's prefix and the last leader's key (`election.leader_key`).
+    pub leader_key: String,
+}
+
+/// The etcd backend of the coordinator seam. It keeps no state of its own: everything it
+/// needs is in etcd, under the keys `layout.rs` names.
+pub struct EtcdCoordinator {
+    client: Arc<Client>,
+    layout: Layout,
+}
+
+/// The etcd backend from `[etcd]` and `[election]` (`coord::connect`'s line).
+pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator>, CoordError> {
+    let client = client_for(settings)?;
+    Ok(Arc::new(EtcdCoordinator::new(
+        Arc::new(client),
+        EtcdCoordSettings {
+            leader_key: settings.election.leader_key.clone(),
+        },
+    )))
+}
+
+/// What `[etcd]` must hold, checked at start with the other settings.
+pub fn check_settings(etcd: &crate::config::EtcdSettings) -> Result<(), String> {
+    if etcd.endpoints.is_empty() {
+        return Err("etcd.endpoints is empty: give at least one etcd endpoint".into());
+    }
+    for endpoint in &etcd.endpoints {
+        client::parse_endpoint(endpoint).map_err(|reason| format!("etcd.endpoints: {reason}"))?;
+    }
+    if etcd.wait.is_zero() || etcd.request_timeout.is_zero() {
+        return Err("etcd.wait and etcd.request_timeout must be more than 0s".into());
+    }
+    Ok(())
+}
+
+/// An etcd client from the `[etcd]` settings.
+pub fn client_for(settings: &crate::config::Settings) -> Result<Client, CoordError> {
+    Client::new(&ClientConfig {
+        endpoints: settings.etcd.endpoints.clone(),
+        user: settings.etcd.user.clone(),
+        password: settings.etcd.password.clone(),
+        ca_file: settings.etcd.ca_file.clone(),
+        request_timeout: settings.etcd.request_timeout,
+    })
+    .map_err(CoordError::from)
+}
+
+impl EtcdCoordinator {
+    /// A coordinator on `client`; nothing is asked of etcd before the first call.
+    pub fn new(client: Arc<Client>, settings: EtcdCoordSettings) -> EtcdCoordinator {
+        EtcdCoordinator {
+            client,
+            layout: Layout::new(&settings.leader_key),
+        }
+    }
+}
+
+/// The one place where etcd's errors become the seam's. Only what no retry can fix is
+/// `Refused`: a request etcd finds invalid or too large (gRPC `InvalidArgument`, which
+/// the gateway answers with 400), a client that cannot be set up. Everything else may
+/// pass (no leader, an endpoint down, a token being renewed, credentials an operator is
+/// fixing) and is `Unavailable`.
+impl From<client::Error> for CoordError {
+    fn from(err: client::Error) -> CoordError {
+        match &err {
+            // etcd answers a bad or missing user with InvalidArgument too; as with Consul's
+            // ACLs, an operator may be fixing it, so it is retried, with the hint.
+            client::Error::Status { message, .. }
+                if message.contains("authentication failed")
+                    || message.contains("user name is empty") =>
+            {
+                CoordError::Unavailable(format!("{err}: check etcd.user and etcd.password"))
+            }
+            client::Error::Status { code, .. } if *code == client::CODE_INVALID_ARGUMENT => {
+                CoordError::Refused(format!(
+                    "{err}: etcd will not take this request; keep writes within Coordinator::limits"
+                ))
+            }
+            client::Error::CaFile { .. } | client::Error::Endpoint(_) => {
+                CoordError::Refused(format!("{err}: fix the [etcd] settings"))
+            }
+            client::Error::Transport { .. }
+            | client::Error::Status { .. }
+            | client::Error::Decode(_) => CoordError::Unavailable(err.to_string()),
+        }
+    }
+}
+
+/// A lease id that is no etcd lease's: a caller's mistake no retry mends.
+fn not_a_lease(lease: &LeaseId) -> CoordError {
+    CoordError::Refused(format!(
+        "{lease:?} is not an etcd lease id (hex digits): was it persisted by another backend? remove the lease file from the data dir"
+    ))
+}
+
+impl Coordinator for EtcdCoordinator {
+    fn describe(&self) -> String {
+        format!("etcd at {}", self.client.endpoint())
+    }
+
+    fn open_lease<'a>(&'a self, spec: &'a LeaseSpec) -> CoordFuture<'a, Grant> {
+        Box::pin(self.open(spec))
+    }
+
+    fn keep_alive<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, Renewal> {
+        Box::pin(self.renew(lease))
+    }
+
+    fn revoke<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
+        Box::pin(self.end(lease))
+    }
+
+    fn close<'a>(&'a self, lease: Option<&'a LeaseId>) -> CoordFuture<'a, ()> {
+        Box::pin(async move {
+            match lease {
+                Some(lease) => self.end(lease).await,
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)> {
+        Box::pin(self.watch_holder(after, wait))
+    }
+
+    fn campaign<'a>(
+        &'a self,
+        lease: &'a LeaseId,
+        record: &'a HolderRecord,
+    ) -> CoordFuture<'a, Campaign> {
+        Box::pin(self.contend(lease, record))
+    }
+
+    fn resign<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
+        Box::pin(self.give_up(lease))
+    }
+
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Version,
+        wait: Duration,
+    ) -> CoordFuture<'a, (Vec<StoredTask>, Version)> {
+        Box::pin(self.list_tasks(prefix, after, wait))
+    }
+
+    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)> {
+        Box::pin(self.list_keys(prefix))
+    }
+
+    fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>> {
+        Box::pin(self.get_tasks(keys))
+    }
+
+    fn write<'a>(
+        &'a self,
+        leadership: &'a Leadership,
+        ops: &'a [TaskOp],
+    ) -> CoordFuture<'a, Written> {
+        Box::pin(self.write_guarded(leadership, ops))
+    }
+
+    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, ()> {
+        Box::pin(self.write_unguarded(lease, ops))
+    }
+
+    fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited> {
+        Box::pin(self.edit_keys(ops))
+    }
+
+    fn limits(&self) -> WriteLimits {
+        txn::LIMITS
+    }
+
+    fn cost(&self, op: &TaskOp) -> WriteCost {
+        txn::cost(&self.layout, op)
+    }
+
+    fn guard_cost(&self) -> WriteCost {
+        txn::guard_cost(&self.layout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Trouble that may pass is Unavailable; an invalid request or bad settings Refused.
+    #[test]
+    fn etcd_errors_map_to_unavailable_unless_no_retry_can_help() {
+        let status = |status: u16, code: i64| client::Error::Status {
+            status,
+            code,
+            message: "x".into(),
+        };
+        for err in [status(503, 14), status(404, 5), status(401, 16)] {
+            assert!(matches!(CoordError::from(err), CoordError::Unavailable(_)));
+        }
+        let auth = client::Error::Status {
+            status: 400,
+            code: 3,
+            message: "etcdserver: authentication failed, invalid user ID or password".into(),
+        };
+        assert!(
+            matches!(CoordError::from(auth), CoordError::Unavailable(m) if m.contains("etcd.password"))
+        );
+        for err in [status(400, 3), client::Error::Endpoint("x".into())] {
+            assert!(matches!(CoordError::from(err), CoordError::Refused(_)));
+        }
+    }
+}

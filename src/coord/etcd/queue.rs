@@ -1,0 +1,243 @@
+//! The queue on etcd's keys: list (the prefix and its claims, read at one revision, after
+//! watches of both from the revision last seen when asked to wait), keys, get, and writes
+//! as one transaction each (built and judged in `txn.rs`).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use crate::coord::etcd::client::{Kv, Op, Range, Txn};
+use crate::coord::etcd::layout::{lease_id, lease_number, position, revision_of, task_version};
+use crate::coord::etcd::txn::{edit_txn, edited, write_txn, written, Guard, Writer, MAX_TXN_OPS};
+use crate::coord::{
+    CoordError, Edit, Edited, Leadership, LeaseId, StoredTask, TaskOp, Version, Written,
+};
+
+use super::{not_a_lease, EtcdCoordinator};
+
+/// Keys read per transaction by `get` (a read of the task and one of its claim each).
+const GET_CHUNK: usize = MAX_TXN_OPS / 2;
+
+/// The tasks among `tasks`, each held if `claims` (keys `claims_prefix` + task key) has
+/// its claim.
+pub fn stored_tasks(claims_prefix: &str, tasks: Vec<Kv>, claims: &[Kv]) -> Vec<StoredTask> {
+    let holders: HashMap<&[u8], i64> = claims
+        .iter()
+        .filter_map(|claim| {
+            claim
+                .key
+                .strip_prefix(claims_prefix.as_bytes())
+                .map(|task| (task, claim.lease))
+        })
+        .collect();
+    tasks
+        .into_iter()
+        .map(|kv| {
+            let claim = holders.get(kv.key.as_slice()).copied();
+            StoredTask {
+                key: String::from_utf8_lossy(&kv.key).into_owned(),
+                version: task_version(kv.mod_revision, claim.is_some()),
+                created: kv.create_revision.max(0) as u64,
+                holder: claim.filter(|lease| *lease != 0).map(lease_id),
+                value: kv.value,
+            }
+        })
+        .collect()
+}
+
+impl EtcdCoordinator {
+    /// `list`: past `after`, a watch on `prefix` from the revision after it first (at
+    /// once if that revision was compacted); then the prefix and its claims.
+    pub(super) async fn list_tasks(
+        &self,
+        prefix: &str,
+        after: Version,
+        wait: Duration,
+    ) -> Result<(Vec<StoredTask>, Version), CoordError> {
+        let claims = format!("{}{prefix}", self.layout.claims());
+        if after.0 != 0 {
+            // The claims too: a claim that dies with a lease that is not the leader's (a
+            // deposed leader's, kept alive after it stepped down) changes no task key, yet
+            // makes its task an orphan to requeue.
+            let start = revision_of(after) + 1;
+            let tasks = Range::prefix(prefix.as_bytes());
+            let held = Range::prefix(claims.as_bytes());
+            tokio::select! {
+                watched = self.client.watch(&tasks, start, wait) => watched?,
+                watched = self.client.watch(&held, start, wait) => watched?,
+            };
+        }
+        let read = Txn {
+            success: vec![
+                Op::Get(Range::prefix(prefix.as_bytes())),
+                Op::Get(Range::prefix(claims.as_bytes())),
+            ],
+            ..Txn::default()
+        };
+        let response = self.client.txn(&read).await?;
+        let mut ranges = response.ranges().into_iter();
+        let tasks = ranges.next().unwrap_or_default();
+        let claims = ranges.next().unwrap_or_default();
+        Ok((
+            stored_tasks(&self.layout.claims(), tasks, &claims),
+            position(response.header.revision),
+        ))
+    }
+
+    /// `keys`: the prefix's keys without values.
+    pub(super) async fn list_keys(
+        &self,
+        prefix: &str,
+    ) -> Result<(Vec<String>, Version), CoordError> {
+        let range = Range {
+            keys_only: true,
+            ..Range::prefix(prefix.as_bytes())
+        };
+        let response = self.client.range(&range).await?;
+        let keys = response
+            .kvs
+            .iter()
+            .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+            .collect();
+        Ok((keys, position(response.header.revision)))
+    }
+
+    /// `get`: each key with its claim, a chunk of keys per read-only transaction.
+    pub(super) async fn get_tasks(&self, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {
+        let mut found = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(GET_CHUNK) {
+            let read = Txn {
+                success: chunk
+                    .iter()
+                    .flat_map(|key| {
+                        [
+                            Op::Get(Range::key(key.as_bytes())),
+                            Op::Get(Range::key(self.layout.claim(key).as_bytes())),
+                        ]
+                    })
+                    .collect(),
+                ..Txn::default()
+            };
+            let response = self.client.txn(&read).await?;
+            let ranges = response.ranges();
+            let (mut tasks, mut claims) = (Vec::new(), Vec::new());
+            for pair in ranges.chunks(2) {
+                tasks.extend(pair[0].iter().cloned());
+                if let Some(claim) = pair.get(1) {
+                    claims.extend(claim.iter().cloned());
+                }
+            }
+            found.extend(stored_tasks(&self.layout.claims(), tasks, &claims));
+        }
+        Ok(found)
+    }
+
+    /// `write`: one transaction, guarded by the campaign key's creation revision.
+    pub(super) async fn write_guarded(
+        &self,
+        leadership: &Leadership,
+        ops: &[TaskOp],
+    ) -> Result<Written, CoordError> {
+        crate::coord::admit(self, ops, true)?;
+        let id = lease_number(&leadership.lease).ok_or_else(|| not_a_lease(&leadership.lease))?;
+        let guard = Guard {
+            key: self.layout.candidate(id),
+            token: leadership.fencing_token as i64,
+        };
+        let writer = Writer {
+            lease: id,
+            own: false,
+        };
+        let txn = write_txn(&self.layout, Some(&guard), writer, ops);
+        let response = match self.client.txn(&txn).await {
+            Ok(response) => response,
+            // A claim under a lease etcd no longer has: the leadership went with it.
+            Err(err) if err.is_not_found() => return Ok(Written::NotLeader),
+            Err(err) => return Err(err.into()),
+        };
+        Ok(written(&txn, &response, ops, leadership.fencing_token))
+    }
+
+    /// `write_own`: the same transaction without the guard, releasing, completing or
+    /// moving only what this lease's claims hold. A rollback (a task that moved meanwhile)
+    /// is not an error: the task is no longer this lease's to put back.
+    pub(super) async fn write_unguarded(
+        &self,
+        lease: &LeaseId,
+        ops: &[TaskOp],
+    ) -> Result<(), CoordError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        crate::coord::admit(self, ops, false)?;
+        let id = lease_number(lease).ok_or_else(|| not_a_lease(lease))?;
+        let writer = Writer {
+            lease: id,
+            own: true,
+        };
+        let txn = write_txn(&self.layout, None, writer, ops);
+        let response = match self.client.txn(&txn).await {
+            Ok(response) => response,
+            Err(err) if err.is_not_found() => {
+                tracing::info!(
+                    "the lease ended before its tasks were put back; they are orphans now"
+                );
+                return Ok(());
+            }
+            Err(err) => return Err(err.into()),
+        };
+        if let Written::Conflict(keys) = written(&txn, &response, ops, 0) {
+            tracing::info!(
+                ?keys,
+                "tasks changed since they were claimed; left as they are"
+            );
+        }
+        Ok(())
+    }
+
+    /// `edit`: one transaction of create-only puts and deletes at a version.
+    pub(super) async fn edit_keys(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
+        if ops.is_empty() {
+            return Ok(Edited::Done);
+        }
+        if 2 * ops.len() > MAX_TXN_OPS {
+            return Err(CoordError::Refused(format!(
+                "an edit of {} operations is over etcd's transaction limit of {} ({} per task): edit fewer tasks at once",
+                ops.len(),
+                MAX_TXN_OPS,
+                2
+            )));
+        }
+        let txn = edit_txn(&self.layout, ops);
+        let response = self.client.txn(&txn).await?;
+        Ok(edited(&txn, &response, ops))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(key: &str, create: i64, modified: i64, lease: i64) -> Kv {
+        Kv {
+            key: key.as_bytes().to_vec(),
+            create_revision: create,
+            mod_revision: modified,
+            version: 1,
+            value: b"{}".to_vec(),
+            lease,
+        }
+    }
+
+    /// A task is held by the lease of its claim key; without one its version is odd.
+    #[test]
+    fn tasks_are_held_by_their_claims_lease() {
+        let tasks = vec![kv("q/a", 3, 5, 0), kv("q/b", 4, 4, 0)];
+        let claims = [kv("L.claims/q/a", 5, 5, 0x1f)];
+        let stored = stored_tasks("L.claims/", tasks, &claims);
+        assert_eq!(stored[0].holder, Some(LeaseId("1f".into())));
+        assert_eq!(stored[0].version, task_version(5, true));
+        assert_eq!(stored[0].created, 3);
+        assert_eq!(stored[1].holder, None);
+        assert_eq!(stored[1].version, task_version(4, false));
+    }
+}

@@ -1,0 +1,313 @@
+//! A real etcd cluster on loopback for tests, bench and chaos: N members (`etcd` from
+//! Debian's `etcd-server`) on free ports, each with its data under one temporary directory
+//! that is removed when the cluster is dropped. Members run with a 50 ms heartbeat and a
+//! 500 ms election timeout, which lowers etcd's minimum lease TTL to 1 s and makes an etcd
+//! leader election take about a second. Producers write with `etcdctl put` (`etcd-client`).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use super::{external, free_port, wait_for, Cluster, Proc};
+
+/// How long a member may take to serve after it is started.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+/// etcd's raft tick and election timeout in milliseconds (see the module header).
+const HEARTBEAT_MS: u32 = 50;
+const ELECTION_MS: u32 = 500;
+/// `produce` tries this often (each within etcdctl's 5 s command time-out).
+const PRODUCE_ATTEMPTS: usize = 3;
+
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    proc: Option<Proc>,
+}
+
+impl Member {
+    fn client_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port)
+    }
+}
+
+/// A running etcd cluster; dropping it kills every member and removes its data.
+pub struct EtcdCluster {
+    etcd: PathBuf,
+    etcdctl: PathBuf,
+    dir: PathBuf,
+    token: String,
+    members: Vec<Member>,
+}
+
+impl EtcdCluster {
+    /// Starts a cluster of `size` members and waits until every one serves. `Ok(None)`
+    /// (after one line on stderr) when etcd is not installed, unless servers are required.
+    pub fn start(size: usize) -> Result<Option<EtcdCluster>, String> {
+        let Some(etcd) = external(&["etcd"], "etcd-server (apt-get install etcd-server)") else {
+            return Ok(None);
+        };
+        let Some(etcdctl) = external(&["etcdctl"], "etcd-client (apt-get install etcd-client)")
+        else {
+            return Ok(None);
+        };
+        static STARTED: AtomicUsize = AtomicUsize::new(0);
+        let unique = format!(
+            "leaderq-etcd-{}-{}-{}",
+            std::process::id(),
+            STARTED.fetch_add(1, Ordering::Relaxed),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos())
+        );
+        let dir = std::env::temp_dir().join(&unique);
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let members = (0..size)
+            .map(|i| Member {
+                name: format!("e{i}"),
+                client_port: free_port(),
+                peer_port: free_port(),
+                proc: None,
+            })
+            .collect();
+        let mut cluster = EtcdCluster {
+            etcd,
+            etcdctl,
+            dir,
+            token: unique,
+            members,
+        };
+        for i in 0..size {
+            cluster.spawn(i)?;
+        }
+        for i in 0..size {
+            cluster.wait_serving(i)?;
+        }
+        Ok(Some(cluster))
+    }
+
+    /// The client URLs of every member, in order.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(Member::client_url).collect()
+    }
+
+    /// The client URLs of the members not killed.
+    pub fn live_endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .filter(|m| m.proc.is_some())
+            .map(Member::client_url)
+            .collect()
+    }
+
+    /// The member etcd's raft elected leader, as the live members say.
+    pub fn leader_member(&self) -> Option<usize> {
+        let output = self
+            .etcdctl(&self.live_endpoints().join(","))
+            .args(["endpoint", "status", "-w", "json"])
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        let statuses: serde_json::Value = serde_json::from_slice(&output.stdout).ok()?;
+        let statuses = statuses.as_array()?;
+        let leader = statuses
+            .iter()
+            .find_map(|s| s["Status"]["leader"].as_u64().filter(|l| *l != 0))?;
+        let endpoint = statuses.iter().find_map(|s| {
+            (s["Status"]["header"]["member_id"].as_u64() == Some(leader))
+                .then(|| s["Endpoint"].as_str().map(str::to_string))
+                .flatten()
+        })?;
+        self.members.iter().position(|m| m.client_url() == endpoint)
+    }
+
+    /// Runs `etcdctl` with `args` against the live members; its stdout, or why it failed.
+    pub fn ctl(&self, args: &[&str]) -> Result<String, String> {
+        let output = self
+            .etcdctl(&self.live_endpoints().join(","))
+            .args(args)
+            .output()
+            .map_err(|e| format!("cannot run etcdctl: {e}"))?;
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        } else {
+            Err(format!(
+                "etcdctl {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&output.stderr).trim()
+            ))
+        }
+    }
+
+    /// Sends `signal` ("STOP", "CONT", …) to member `i`.
+    pub fn signal_member(&self, i: usize, signal: &str) {
+        if let Some(proc) = &self.members[i].proc {
+            proc.signal(signal);
+        }
+    }
+
+    /// The data directory of everything this cluster runs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn etcdctl(&self, endpoints: &str) -> Command {
+        let mut command = Command::new(&self.etcdctl);
+        command
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={endpoints}"))
+            .arg("--dial-timeout=2s")
+            .arg("--command-timeout=5s");
+        command
+    }
+
+    fn spawn(&mut self, i: usize) -> Result<(), String> {
+        let initial: Vec<String> = self
+            .members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url()))
+            .collect();
+        let member = &self.members[i];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{}.log", member.name)))
+            .map_err(|e| format!("cannot open the log of {}: {e}", member.name))?;
+        let log_err = log
+            .try_clone()
+            .map_err(|e| format!("cannot open the log of {}: {e}", member.name))?;
+        let mut command = Command::new(&self.etcd);
+        command
+            .arg("--name")
+            .arg(&member.name)
+            .arg("--data-dir")
+            .arg(self.dir.join(&member.name))
+            .arg("--listen-client-urls")
+            .arg(member.client_url())
+            .arg("--advertise-client-urls")
+            .arg(member.client_url())
+            .arg("--listen-peer-urls")
+            .arg(member.peer_url())
+            .arg("--initial-advertise-peer-urls")
+            .arg(member.peer_url())
+            .arg("--initial-cluster")
+            .arg(initial.join(","))
+            .arg("--initial-cluster-state")
+            .arg("new")
+            .arg("--initial-cluster-token")
+            .arg(&self.token)
+            .arg("--heartbeat-interval")
+            .arg(HEARTBEAT_MS.to_string())
+            .arg("--election-timeout")
+            .arg(ELECTION_MS.to_string())
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err);
+        let proc = Proc::spawn(&format!("etcd member {}", member.name), command)?;
+        self.members[i].proc = Some(proc);
+        Ok(())
+    }
+
+    fn wait_serving(&mut self, i: usize) -> Result<(), String> {
+        let url = self.members[i].client_url();
+        let name = self.members[i].name.clone();
+        let mut health = || {
+            self.etcdctl(&url)
+                .args(["endpoint", "health"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        wait_for(
+            READY_WITHIN,
+            &format!("etcd member {name} serving"),
+            &mut health,
+        )
+        .map_err(|why| {
+            let log =
+                std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default();
+            let tail: String = log.lines().rev().take(10).collect::<Vec<_>>().join("\n");
+            format!("{why}; its log ends with:\n{tail}")
+        })
+    }
+}
+
+impl Cluster for EtcdCluster {
+    fn backend(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("LEADERQ__COORDINATOR__BACKEND".into(), "etcd".into()),
+            (
+                "LEADERQ__ETCD__ENDPOINTS".into(),
+                self.endpoints().join(","),
+            ),
+        ]
+    }
+
+    fn members(&self) -> usize {
+        self.members.len()
+    }
+
+    fn kill_member(&mut self, i: usize) -> Result<(), String> {
+        let member = self
+            .members
+            .get_mut(i)
+            .ok_or_else(|| format!("no etcd member {i}"))?;
+        if let Some(mut proc) = member.proc.take() {
+            proc.kill();
+        }
+        Ok(())
+    }
+
+    fn restart_member(&mut self, i: usize) -> Result<(), String> {
+        if i >= self.members.len() {
+            return Err(format!("no etcd member {i}"));
+        }
+        if self.members[i].proc.is_none() {
+            self.spawn(i)?;
+        }
+        self.wait_serving(i)
+    }
+
+    fn produce(&self, key: &str, value: &[u8]) -> Result<(), String> {
+        // Only live members: etcdctl 3.4's balancer may keep trying a dead endpoint until
+        // its deadline. A put during an etcd leader election may time out: try again.
+        let mut failure = String::new();
+        for _ in 0..PRODUCE_ATTEMPTS {
+            let output = self
+                .etcdctl(&self.live_endpoints().join(","))
+                .args(["put", "--", key])
+                .arg(String::from_utf8_lossy(value).as_ref())
+                .output()
+                .map_err(|e| format!("cannot run etcdctl: {e}"))?;
+            if output.status.success() {
+                return Ok(());
+            }
+            failure = String::from_utf8_lossy(&output.stderr).trim().to_string();
+        }
+        Err(format!("etcdctl put {key} failed: {failure}"))
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for member in &mut self.members {
+            if let Some(mut proc) = member.proc.take() {
+                // A frozen member must be thawed for its SIGKILL to be reaped promptly.
+                proc.signal("CONT");
+                proc.kill();
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

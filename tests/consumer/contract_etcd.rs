@@ -1,0 +1,252 @@
+//! The coordinator contract suite (`coord::contract`), every check, against the etcd
+//! backend on a real 3-member etcd cluster on loopback: the same checks the in-memory
+//! and Consul coordinators pass.
+
+use std::sync::Arc;
+
+use leaderq::coord::contract::{self, Producer, Subject, Timing};
+use leaderq::coord::etcd::client::{Client, ClientConfig};
+use leaderq::coord::etcd::{EtcdCoordSettings, EtcdCoordinator};
+use leaderq::coord::{
+    Campaign, CoordError, CoordFuture, Coordinator as _, HolderRecord, LeaseSpec, TaskOp, Version,
+    Written,
+};
+use leaderq::tools::harness::etcd::EtcdCluster;
+
+use super::*;
+
+/// A producer's plain put, through the gateway (`etcdctl put` is the same request).
+struct PutProducer(Arc<Client>);
+
+impl Producer for PutProducer {
+    fn put<'a>(&'a self, key: &'a str, value: &'a [u8]) -> CoordFuture<'a, ()> {
+        Box::pin(async move {
+            self.0
+                .put(key.as_bytes(), value)
+                .await
+                .map_err(|err| CoordError::Unavailable(err.to_string()))
+        })
+    }
+}
+
+pub(crate) fn etcd_client(endpoints: Vec<String>) -> Arc<Client> {
+    Arc::new(
+        Client::new(&ClientConfig {
+            endpoints,
+            request_timeout: Duration::from_secs(10),
+            ..ClientConfig::default()
+        })
+        .expect("client"),
+    )
+}
+
+/// Every contract check holds on a 3-member etcd cluster. Each check gets its own leader
+/// key and prefixes, so they run at once on one cluster. etcd has no lock-delay; leases
+/// have a 1 s TTL (the cluster's short election timeout allows it).
+#[tokio::test]
+async fn the_etcd_backend_keeps_the_coordinator_contract() {
+    let Some(cluster) = EtcdCluster::start(3).expect("an etcd cluster") else {
+        return;
+    };
+    let endpoints = cluster.endpoints();
+    let outcome = contract::run_all(|name| {
+        let client = etcd_client(endpoints.clone());
+        async move {
+            let coord = EtcdCoordinator::new(
+                client.clone(),
+                EtcdCoordSettings {
+                    leader_key: format!("contract/{name}/leader"),
+                },
+            );
+            Subject {
+                coord: Arc::new(coord),
+                producer: Arc::new(PutProducer(client)),
+                queue_prefix: format!("contract/{name}/queue/"),
+                dead_prefix: format!("contract/{name}/dead/"),
+                timing: Timing::new(Duration::from_secs(1)).without_lock_delay(),
+            }
+        }
+    })
+    .await;
+    drop(cluster);
+    if let Err(failures) = outcome {
+        panic!("the etcd backend breaks the contract:\n{failures}");
+    }
+}
+
+/// A list waiting past a version answers at once with what changed since (a watch from
+/// the revision after it, history included), and also when that revision was compacted
+/// away (it relists); an observe past a compacted revision likewise.
+#[tokio::test]
+async fn waits_resume_from_the_last_revision_and_relist_after_compaction() {
+    let Some(cluster) = EtcdCluster::start(1).expect("an etcd cluster") else {
+        return;
+    };
+    let client = etcd_client(cluster.endpoints());
+    let coord = EtcdCoordinator::new(
+        client.clone(),
+        EtcdCoordSettings {
+            leader_key: "resume/leader".into(),
+        },
+    );
+    let long = Duration::from_secs(20);
+    client.put(b"resume/q/a", b"{}").await.unwrap();
+    let (_, seen) = coord
+        .list("resume/q/", Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    // Written while nobody waits: the next wait starts from the last revision seen.
+    client.put(b"resume/q/b", b"{}").await.unwrap();
+    let started = Instant::now();
+    let (tasks, moved) = coord.list("resume/q/", seen, long).await.unwrap();
+    assert!(started.elapsed() < long / 4 && moved > seen && tasks.len() == 2);
+
+    client.put(b"resume/q/c", b"{}").await.unwrap();
+    let (_, now) = coord
+        .list("resume/q/", Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    let revision = (now.0 / 2).to_string();
+    cluster.ctl(&["compact", &revision]).expect("compaction");
+    let started = Instant::now();
+    let (tasks, relisted) = coord.list("resume/q/", seen, long).await.unwrap();
+    assert!(
+        started.elapsed() < long / 4 && relisted >= now && tasks.len() == 3,
+        "a wait past a compacted revision answered after {:?} with {} tasks at {relisted:?}",
+        started.elapsed(),
+        tasks.len()
+    );
+    let started = Instant::now();
+    coord.observe(seen, long).await.unwrap();
+    assert!(
+        started.elapsed() < long / 4,
+        "an observe past a compacted revision waited"
+    );
+}
+
+/// With etcd's auth on, the client signs in with user and password (and a wrong password
+/// is an error that says so); the whole contract suite then holds through it.
+#[tokio::test]
+async fn user_and_password_reach_an_etcd_with_auth_on() {
+    let Some(cluster) = EtcdCluster::start(1).expect("an etcd cluster") else {
+        return;
+    };
+    cluster
+        .ctl(&["user", "add", "root", "--new-user-password=secret-pw"])
+        .unwrap();
+    cluster.ctl(&["auth", "enable"]).unwrap();
+    let with = |password: &str| {
+        Arc::new(
+            Client::new(&ClientConfig {
+                endpoints: cluster.endpoints(),
+                user: "root".into(),
+                password: password.into(),
+                request_timeout: Duration::from_secs(10),
+                ..ClientConfig::default()
+            })
+            .unwrap(),
+        )
+    };
+    let refused = with("wrong").put(b"auth/x", b"{}").await;
+    assert!(
+        matches!(&refused, Err(err) if err.to_string().contains("authentication failed")),
+        "{refused:?}"
+    );
+    assert!(etcd_client(cluster.endpoints())
+        .put(b"auth/x", b"{}")
+        .await
+        .is_err());
+    let outcome = contract::run_all(|name| {
+        let client = with("secret-pw");
+        async move {
+            Subject {
+                coord: Arc::new(EtcdCoordinator::new(
+                    client.clone(),
+                    EtcdCoordSettings {
+                        leader_key: format!("auth/{name}/leader"),
+                    },
+                )),
+                producer: Arc::new(PutProducer(client)),
+                queue_prefix: format!("auth/{name}/queue/"),
+                dead_prefix: format!("auth/{name}/dead/"),
+                timing: Timing::new(Duration::from_secs(1)).without_lock_delay(),
+            }
+        }
+    })
+    .await;
+    if let Err(failures) = outcome {
+        panic!("through etcd auth the contract breaks:\n{failures}");
+    }
+}
+
+/// A list waiting on a task held by another lease (a deposed leader's, still alive) wakes
+/// as soon as that lease ends and its claim dies, though the task's own key is unchanged.
+#[tokio::test]
+async fn a_waiting_list_wakes_when_a_claim_dies_with_its_lease() {
+    let Some(cluster) = EtcdCluster::start(1).expect("an etcd cluster") else {
+        return;
+    };
+    let client = etcd_client(cluster.endpoints());
+    let coord = EtcdCoordinator::new(
+        client.clone(),
+        EtcdCoordSettings {
+            leader_key: "orphan/leader".into(),
+        },
+    );
+    let spec = LeaseSpec {
+        node_id: "old".into(),
+        ttl: Duration::from_secs(30),
+        lock_delay: Duration::ZERO,
+        previous: None,
+    };
+    let lease = coord.open_lease(&spec).await.unwrap().lease;
+    let Campaign::Won(leadership) = coord
+        .campaign(&lease, &HolderRecord::default())
+        .await
+        .unwrap()
+    else {
+        panic!("a free leadership was not won");
+    };
+    client.put(b"orphan/q/t1", b"{}").await.unwrap();
+    let (tasks, _) = coord
+        .list("orphan/q/", Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    let claim = TaskOp::Claim {
+        key: "orphan/q/t1".into(),
+        version: tasks[0].version,
+        value: b"{\"taken\":true}".to_vec(),
+    };
+    let written = coord.write(&leadership, &[claim]).await.unwrap();
+    assert!(matches!(written, Written::Done { .. }), "{written:?}");
+    coord.resign(&lease).await.unwrap();
+    let (held, seen) = coord
+        .list("orphan/q/", Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(held[0].holder.as_ref(), Some(&lease));
+
+    let long = Duration::from_secs(20);
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let coord = EtcdCoordinator::new(
+                client,
+                EtcdCoordSettings {
+                    leader_key: "orphan/leader".into(),
+                },
+            );
+            let started = Instant::now();
+            let (tasks, _) = coord.list("orphan/q/", seen, long).await.unwrap();
+            (started.elapsed(), tasks)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    coord.revoke(&lease).await.unwrap();
+    let (took, tasks) = waiter.await.unwrap();
+    assert!(
+        took < long / 4 && tasks[0].holder.is_none() && tasks[0].version != held[0].version,
+        "the waiting list answered after {took:?} with {:?}",
+        tasks[0]
+    );
+}
