@@ -117,7 +117,7 @@ pub trait Cluster: Send {
 }
 
 /// The backends a [`Cluster`] can be started for, by `[coordinator] backend` name.
-pub const BACKENDS: &[&str] = &["consul"];
+pub const BACKENDS: &[&str] = &["consul", "etcd"];
 
 /// Starts a cluster of `backend` under `dir` (members' data and logs), with `exe` as the
 /// leaderq binary where the backend is `leaderq server`. `Ok(None)` when the backend's
@@ -133,6 +133,7 @@ pub fn start_cluster(
                 consul::LeaderqServer::start(exe, "127.0.0.1:0", &dir.join("server"), &[])?;
             Ok(Some(Box::new(server)))
         }
+        "etcd" => Ok(etcd::EtcdCluster::start(3)?.map(|c| Box::new(c) as Box<dyn Cluster>)),
         other => Err(format!(
             "no backend {other:?}: pick one of {}",
             BACKENDS.join(", ")
