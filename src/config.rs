@@ -25,6 +25,7 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 pub struct Settings {
     pub coordinator: CoordinatorSettings,
     pub consul: ConsulSettings,
+    pub zookeeper: ZookeeperSettings,
     pub election: ElectionSettings,
     pub queue: QueueSettings,
     pub data: DataSettings,
@@ -46,6 +47,22 @@ pub struct CoordinatorSettings {
 pub enum Backend {
     /// Consul's KV store, sessions and transactions (or `leaderq server`): `[consul]`.
     Consul,
+    /// A ZooKeeper ensemble, Curator's LeaderLatch semantics: `[zookeeper]`.
+    Zookeeper,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZookeeperSettings {
+    /// `host:port,host:port[/chroot]`, as ZooKeeper's own clients take it.
+    pub connect: String,
+    /// The session timeout of the replica's own connection (reads, watches, edits); each
+    /// lease's session asks for `election.session_ttl`.
+    #[serde(deserialize_with = "go_duration")]
+    pub session_timeout: Duration,
+    /// How long one watch may wait before it returns unchanged.
+    #[serde(deserialize_with = "go_duration")]
+    pub wait: Duration,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -168,6 +185,7 @@ impl Settings {
     pub fn watch_wait(&self) -> Duration {
         match self.coordinator.backend {
             Backend::Consul => self.consul.wait,
+            Backend::Zookeeper => self.zookeeper.wait,
         }
     }
 
@@ -232,6 +250,9 @@ impl Settings {
             if let Err(reason) = crate::coord::consul::client::parse_address(address) {
                 return invalid(format!("consul.addresses: {reason}"));
             }
+        }
+        if let Err(reason) = crate::coord::zookeeper::check_settings(&self.zookeeper) {
+            return invalid(reason);
         }
         if self.election.leader_key.is_empty() || self.election.leader_key.starts_with('/') {
             return invalid(
