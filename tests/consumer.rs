@@ -19,6 +19,8 @@ mod identity;
 mod queue_edges;
 #[path = "consumer/supervise.rs"]
 mod supervise;
+#[path = "consumer/zookeeper_queue.rs"]
+mod zookeeper_queue;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

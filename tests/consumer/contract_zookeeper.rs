@@ -19,26 +19,39 @@ pub(crate) struct ZnodeProducer(pub(crate) zk::Client);
 impl Producer for ZnodeProducer {
     fn put<'a>(&'a self, key: &'a str, value: &'a [u8]) -> CoordFuture<'a, ()> {
         Box::pin(async move {
-            let path = format!("/{key}");
-            let failed = |err: zk::Error| CoordError::Unavailable(err.to_string());
-            let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-            if let Some((parent, _)) = path.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
-                match self.0.mkdir(parent, &options).await {
-                    Ok(()) | Err(zk::Error::NodeExists) => {}
-                    Err(err) => return Err(failed(err)),
+            // As ZooKeeper clients do: a connection lost to a member that died is retried
+            // once the client has moved to another member.
+            let mut attempts = 0;
+            loop {
+                match self.put_once(key, value).await {
+                    Err(zk::Error::ConnectionLoss | zk::Error::Timeout) if attempts < 50 => {
+                        attempts += 1;
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    outcome => {
+                        return outcome.map_err(|err| CoordError::Unavailable(err.to_string()))
+                    }
                 }
             }
-            match self.0.create(&path, value, &options).await {
-                Ok(_) => Ok(()),
-                Err(zk::Error::NodeExists) => self
-                    .0
-                    .set_data(&path, value, None)
-                    .await
-                    .map(drop)
-                    .map_err(failed),
-                Err(err) => Err(failed(err)),
-            }
         })
+    }
+}
+
+impl ZnodeProducer {
+    async fn put_once(&self, key: &str, value: &[u8]) -> Result<(), zk::Error> {
+        let path = format!("/{key}");
+        let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        if let Some((parent, _)) = path.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
+            match self.0.mkdir(parent, &options).await {
+                Ok(()) | Err(zk::Error::NodeExists) => {}
+                Err(err) => return Err(err),
+            }
+        }
+        match self.0.create(&path, value, &options).await {
+            Ok(_) => Ok(()),
+            Err(zk::Error::NodeExists) => self.0.set_data(&path, value, None).await.map(drop),
+            Err(err) => Err(err),
+        }
     }
 }
 

@@ -158,7 +158,7 @@ impl Ensemble {
     /// is created here as a ZooKeeper user would.
     pub fn with_chroot(mut self, chroot: &str) -> Result<Ensemble, String> {
         self.chroot = String::new();
-        self.zkcli(&["create", chroot, ""]).or_else(|why| {
+        self.zkcli(&["create", chroot]).or_else(|why| {
             if why.contains("already exists") {
                 Ok(String::new())
             } else {
