@@ -63,6 +63,8 @@ pub struct ZookeeperSettings {
     /// How long one watch may wait before it returns unchanged.
     #[serde(deserialize_with = "go_duration")]
     pub wait: Duration,
+    /// `user:password` of ZooKeeper's digest scheme; empty: none.
+    pub auth: String,
 }
 
 #[derive(Clone, Debug, Deserialize)]

@@ -95,6 +95,7 @@ async fn the_zookeeper_backend_keeps_the_coordinator_contract() {
                 connect,
                 session_timeout: Duration::from_secs(5),
                 leader_key: format!("{name}/leader"),
+                auth: String::new(),
             });
             Subject {
                 coord: Arc::new(coord),

@@ -106,6 +106,7 @@ impl ZkBed {
             connect: self.ensemble.connect(),
             session_timeout: Duration::from_secs(5),
             leader_key: "consumerLeader".into(),
+            auth: String::new(),
         })
     }
 

@@ -66,7 +66,7 @@ impl ZkCoordinator {
             return Ok(());
         }
         self.make_dir(client, &dir).await?;
-        let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let options = zk::CreateMode::Persistent.with_acls(self.acls());
         match timed(client.create(&self.marker_path(), b"", &options)).await {
             Ok(_) | Err(zk::Error::NodeExists) => {
                 self.made().insert(self.marker_path());
@@ -116,7 +116,7 @@ impl ZkCoordinator {
         let mine = match self.own_latch(&client, session).await {
             Ok(Some(name)) => name,
             Ok(None) => {
-                let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+                let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
                 let prefix = format!("{dir}/{}", layout::latch_prefix(session));
                 match timed(client.create(&prefix, &value, &options)).await {
                     Ok((_, sequence)) => format!("{}{sequence}", layout::latch_prefix(session)),

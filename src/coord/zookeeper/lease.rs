@@ -74,6 +74,7 @@ impl ZkCoordinator {
             lease.clone(),
             renewed.clone(),
             spec.ttl,
+            client.state_watcher(),
         ));
         self.leases().insert(
             lease.clone(),
@@ -192,32 +193,45 @@ impl ZkCoordinator {
     }
 }
 
-/// Closes `lease`'s session once a TTL passed since its last keep-alive.
+/// Closes `lease`'s session once a TTL passed since its last keep-alive, and says in the
+/// log when its connection is lost (Curator's SUSPENDED), back (RECONNECTED) or its session
+/// expired (LOST).
 async fn watchdog(
     leases: std::sync::Weak<Mutex<std::collections::HashMap<LeaseId, Held>>>,
     lease: LeaseId,
     renewed: Arc<Mutex<Instant>>,
     ttl: Duration,
+    mut state: zk::StateWatcher,
 ) {
+    let mut terminated = false;
     loop {
         let deadline = *renewed.lock().unwrap_or_else(|p| p.into_inner()) + ttl;
         if Instant::now() >= deadline {
             break;
         }
-        tokio::time::sleep_until(deadline).await;
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => {}
+            now = state.changed(), if !terminated => match now {
+                zk::SessionState::Disconnected => tracing::warn!(session = %lease, "the lease's ZooKeeper connection is lost (suspended): no keep-alive until it is back"),
+                zk::SessionState::SyncConnected => tracing::info!(session = %lease, "the lease's ZooKeeper connection is back"),
+                other => {
+                    terminated = other.is_terminated();
+                    tracing::warn!(session = %lease, state = %other, "the lease's ZooKeeper session ended");
+                }
+            },
+        }
     }
     tracing::warn!(session = %lease, "no keep-alive within the lease's TTL: closing its ZooKeeper session");
     let Some(leases) = leases.upgrade() else {
         return;
     };
-    // Dropping the last client closes the session; the entry's own drop aborts this task,
-    // which has nothing left to do.
+    // Dropping the last client closes the session.
     let held = leases
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .remove(&lease);
     if let Some(mut held) = held {
-        // Do not abort ourselves before the client is dropped.
+        // The entry's drop aborts its watchdog: not this one, which is about to end anyway.
         held.watchdog = tokio::spawn(async {});
         drop(held);
     }

@@ -50,6 +50,10 @@ pub struct ZkCoordSettings {
     pub session_timeout: Duration,
     /// The znode leadership is contended under (`election.leader_key`).
     pub leader_key: String,
+    /// `user:password` for ZooKeeper's digest scheme, sent on every session; with it every
+    /// znode leaderq creates is readable and writable by that user alone. Empty: none, and
+    /// znodes are open to anyone.
+    pub auth: String,
 }
 
 /// The ZooKeeper backend of the coordinator seam. One per replica; it may hold several
@@ -69,6 +73,7 @@ pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator
         connect: settings.zookeeper.connect.clone(),
         session_timeout: settings.zookeeper.session_timeout,
         leader_key: settings.election.leader_key.clone(),
+        auth: settings.zookeeper.auth.clone(),
     })))
 }
 
@@ -84,6 +89,9 @@ pub fn check_settings(settings: &crate::config::ZookeeperSettings) -> Result<(),
                 settings.connect
             ));
         }
+    }
+    if !settings.auth.is_empty() && !settings.auth.contains(':') {
+        return Err("zookeeper.auth must be user:password (the digest scheme), or empty".into());
     }
     if settings.session_timeout.is_zero() || settings.wait.is_zero() {
         return Err("zookeeper.session_timeout and zookeeper.wait must be above 0s".into());
@@ -140,9 +148,11 @@ impl ZkCoordinator {
     /// (created first if missing, as Curator does with a namespace).
     async fn open_session(&self, timeout: Duration) -> Result<zk::Client, CoordError> {
         let (servers, root) = split_connect(&self.settings.connect);
-        let connecting = zk::Client::connector()
-            .with_session_timeout(timeout)
-            .connect(servers);
+        let mut connector = zk::Client::connector().with_session_timeout(timeout);
+        if !self.settings.auth.is_empty() {
+            connector = connector.with_auth("digest", self.settings.auth.as_bytes());
+        }
+        let connecting = connector.connect(servers);
         let client = match tokio::time::timeout(REQUEST_TIMEOUT.max(timeout), connecting).await {
             Ok(Ok(client)) => client,
             Ok(Err(zk::Error::BadArguments(why))) => {
@@ -164,7 +174,7 @@ impl ZkCoordinator {
         };
         let made = format!("chroot {root}");
         if !self.made().contains(&made) {
-            let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+            let options = zk::CreateMode::Persistent.with_acls(self.acls());
             match timed(client.mkdir(root, &options)).await {
                 Ok(()) | Err(zk::Error::NodeExists) => {
                     self.made().insert(made);
@@ -185,13 +195,23 @@ impl ZkCoordinator {
         if path == "/" || self.made().contains(path) {
             return Ok(());
         }
-        let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let options = zk::CreateMode::Persistent.with_acls(self.acls());
         match timed(client.mkdir(path, &options)).await {
             Ok(()) | Err(zk::Error::NodeExists) => {
                 self.made().insert(path.to_string());
                 Ok(())
             }
             Err(err) => Err(unavailable(err)),
+        }
+    }
+
+    /// The ACL of every znode leaderq creates: its digest user's alone with `auth`, else
+    /// anyone's.
+    fn acls(&self) -> zk::Acls<'static> {
+        if self.settings.auth.is_empty() {
+            zk::Acls::anyone_all()
+        } else {
+            zk::Acls::creator_all()
         }
     }
 
@@ -352,6 +372,64 @@ impl Coordinator for ZkCoordinator {
         WriteCost {
             ops: guard.len(),
             bytes: guard.iter().map(|op| op.encoded_len(self.root_len())).sum(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Backend, Settings};
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// The backend and its connect string come from the environment; a connect string's
+    /// commas are the servers', not a list's.
+    #[test]
+    fn zookeeper_settings_come_from_the_environment() {
+        let settings = Settings::load(
+            None,
+            env(&[
+                ("LEADERQ__COORDINATOR__BACKEND", "zookeeper"),
+                ("LEADERQ__ZOOKEEPER__CONNECT", "zk1:2181,zk2:2181/leaderq"),
+                ("LEADERQ__ZOOKEEPER__AUTH", "app:secret"),
+            ]),
+        )
+        .expect("valid settings");
+        assert_eq!(settings.coordinator.backend, Backend::Zookeeper);
+        assert_eq!(settings.zookeeper.connect, "zk1:2181,zk2:2181/leaderq");
+        assert_eq!(settings.zookeeper.auth, "app:secret");
+        assert_eq!(settings.watch_wait(), settings.zookeeper.wait);
+        assert_eq!(
+            split_connect(&settings.zookeeper.connect),
+            ("zk1:2181,zk2:2181", Some("/leaderq"))
+        );
+    }
+
+    /// An empty connect string, a chroot with a trailing '/' and an auth without a password
+    /// stop the start, naming the key.
+    #[test]
+    fn bad_zookeeper_settings_name_the_key() {
+        for (key, value) in [
+            ("LEADERQ__ZOOKEEPER__CONNECT", ""),
+            ("LEADERQ__ZOOKEEPER__CONNECT", "zk1:2181/leaderq/"),
+            ("LEADERQ__ZOOKEEPER__CONNECT", "zk1:2181/"),
+            ("LEADERQ__ZOOKEEPER__AUTH", "nopassword"),
+            ("LEADERQ__ZOOKEEPER__WAIT", "0s"),
+        ] {
+            let err = Settings::load(None, env(&[(key, value)]))
+                .expect_err(&format!("{key}={value:?} accepted"))
+                .to_string();
+            let named = key
+                .trim_start_matches("LEADERQ__")
+                .replace("__", ".")
+                .to_lowercase();
+            assert!(err.contains(&named), "{key}={value:?}: {err}");
         }
     }
 }

@@ -113,7 +113,11 @@ async fn read_seen(
 }
 
 /// Adds `op` to `multi`.
-fn add(multi: &mut zk::MultiWriter<'_>, op: &ZkOp) -> Result<(), zk::Error> {
+fn add(
+    multi: &mut zk::MultiWriter<'_>,
+    op: &ZkOp,
+    acls: zk::Acls<'static>,
+) -> Result<(), zk::Error> {
     match op {
         ZkOp::Check { path, version } => multi.add_check_version(path, *version),
         ZkOp::Create {
@@ -126,7 +130,7 @@ fn add(multi: &mut zk::MultiWriter<'_>, op: &ZkOp) -> Result<(), zk::Error> {
             } else {
                 zk::CreateMode::Persistent
             };
-            multi.add_create(path, data, &mode.with_acls(zk::Acls::anyone_all()))
+            multi.add_create(path, data, &mode.with_acls(acls))
         }
         ZkOp::SetData {
             path,
@@ -147,13 +151,17 @@ enum Committed {
     SessionGone,
 }
 
-async fn send(client: &zk::Client, ops: &[ZkOp]) -> Result<Committed, CoordError> {
+async fn send(
+    client: &zk::Client,
+    ops: &[ZkOp],
+    acls: zk::Acls<'static>,
+) -> Result<Committed, CoordError> {
     if ops.is_empty() {
         return Ok(Committed::Done(Vec::new()));
     }
     let mut multi = client.new_multi_writer();
     for op in ops {
-        add(&mut multi, op).map_err(unavailable)?;
+        add(&mut multi, op, acls).map_err(unavailable)?;
     }
     match commit(&mut multi).await {
         Ok(results) => Ok(Committed::Done(
@@ -338,7 +346,7 @@ impl ZkCoordinator {
             })
             .collect();
         self.make_parents(&client, &dead).await?;
-        match send(&client, &planned.ops).await? {
+        match send(&client, &planned.ops, self.acls()).await? {
             Committed::Done(stats) => {
                 let versions = planned
                     .ops
@@ -395,7 +403,7 @@ impl ZkCoordinator {
             })
             .collect();
         self.make_parents(&client, &dead).await?;
-        send(&client, &planned.ops).await.map(drop)
+        send(&client, &planned.ops, self.acls()).await.map(drop)
     }
 
     /// A producer's or operator's edit, all or nothing: creates only keys that do not
@@ -455,7 +463,7 @@ impl ZkCoordinator {
             .collect();
         self.make_parents(&main, &created).await?;
         let (zk_ops, zk_keys): (Vec<ZkOp>, Vec<String>) = planned.into_iter().unzip();
-        match send(&main, &zk_ops).await? {
+        match send(&main, &zk_ops, self.acls()).await? {
             Committed::Done(_) => Ok(Edited::Done),
             Committed::Failed(index) => Ok(Edited::Conflict(
                 zk_keys.get(index).cloned().into_iter().collect(),
