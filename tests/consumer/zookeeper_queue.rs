@@ -177,8 +177,12 @@ async fn zkcli_tasks_run_in_order_once_and_a_killed_leader_loses_nothing() {
     let token: u64 = runs[0][2].parse().unwrap();
     assert!(runs.iter().all(|r| r[3] == leader), "{journal:?}");
 
+    // Delivery is at-least-once: a run whose completion is not written yet runs again
+    // after a crash. Killed once all four are completed, nothing may run twice.
+    bed.wait_until_empty(Duration::from_secs(10)).await;
     let at = bed.replicas.iter().position(|r| r.node == leader).unwrap();
     bed.replicas[at].kill();
+    let killed_at = Instant::now();
     for id in [5, 6] {
         bed.ensemble
             .produce(&format!("oracleTask/task_{id}"), &task(id, "Work", 500))
@@ -187,6 +191,10 @@ async fn zkcli_tasks_run_in_order_once_and_a_killed_leader_loses_nothing() {
     bed.wait_journal(Duration::from_secs(60), "six runs", |j| {
         runs_of(j, "run").len() >= 6
     });
+    eprintln!(
+        "after the leader's SIGKILL, two zkCli.sh creates ran on a standby within {:?} (TTL 2s)",
+        killed_at.elapsed()
+    );
     let journal = bed.journal();
     let runs = runs_of(&journal, "run");
     let mut ids: Vec<&str> = runs.iter().map(|r| r[1].as_str()).collect();
@@ -224,7 +232,8 @@ async fn zkcli_tasks_run_in_order_once_and_a_killed_leader_loses_nothing() {
 
 /// With one ensemble member SIGKILLed (quorum kept) the queue goes on; a leader frozen
 /// (SIGSTOP) mid-task past its session timeout loses its session, its handler is killed
-/// before a standby runs the task again, and no two runs ever overlap.
+/// before a standby runs the task again, and no two runs ever overlap; the member, started
+/// again, rejoins and the queue still goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_kill_stops_nothing_and_a_frozen_leader_never_overlaps() {
     let Some(mut bed) = ZkBed::new("/faults") else {
@@ -266,9 +275,14 @@ async fn a_member_kill_stops_nothing_and_a_frozen_leader_never_overlaps() {
     let at = bed.replicas.iter().position(|r| r.node == frozen).unwrap();
     let pid = bed.replicas[at].pid();
     common::signal(pid, "STOP");
+    let frozen_at = Instant::now();
     bed.wait_journal(Duration::from_secs(30), "a standby's run", |j| {
         j.iter().any(|r| r[0] == "start" && r[3] != frozen)
     });
+    eprintln!(
+        "a frozen leader's task ran again on a standby {:?} after SIGSTOP (session timeout 2s)",
+        frozen_at.elapsed()
+    );
     common::signal(pid, "CONT");
     bed.wait_journal(Duration::from_secs(30), "the long run's end", |j| {
         !runs_of(j, "end").is_empty()
@@ -290,4 +304,14 @@ async fn a_member_kill_stops_nothing_and_a_frozen_leader_never_overlaps() {
         .collect();
     ids.sort();
     assert_eq!(ids, ["1", "2", "3"], "{journal:?}");
+
+    // The killed member comes back on its own data and the queue still goes on.
+    bed.ensemble.restart_member(member).unwrap();
+    producer
+        .put("oracleTask/task_4", &task(4, "Work", 4))
+        .await
+        .unwrap();
+    bed.wait_journal(Duration::from_secs(30), "a run after the restart", |j| {
+        j.iter().any(|r| r[0] == "run" && r[1] == "4")
+    });
 }

@@ -120,6 +120,13 @@ impl ZkCoordinator {
                 let prefix = format!("{dir}/{}", layout::latch_prefix(session));
                 match timed(client.create(&prefix, &value, &options)).await {
                     Ok((_, sequence)) => format!("{}{sequence}", layout::latch_prefix(session)),
+                    Err(zk::Error::NoNode) => {
+                        // The election znode was deleted under us: made again next time.
+                        self.made().clear();
+                        return Err(CoordError::Unavailable(format!(
+                            "the election znode {dir} is gone; it is made again on the next campaign"
+                        )));
+                    }
                     Err(err) => return gone(err),
                 }
             }

@@ -275,6 +275,9 @@ pub(crate) fn unavailable(err: zk::Error) -> CoordError {
                 "ZooKeeper refused the request: {err}; check the keys and the [zookeeper] settings"
             ))
         }
+        zk::Error::NoAuth | zk::Error::AuthFailed => CoordError::Unavailable(format!(
+            "ZooKeeper: {err}: set zookeeper.auth to a user the znodes' ACLs allow"
+        )),
         other => CoordError::Unavailable(format!("ZooKeeper: {other}")),
     }
 }

@@ -199,6 +199,13 @@ fn keys_of(ops: &[TaskOp]) -> Vec<String> {
 }
 
 impl ZkCoordinator {
+    /// After a failed `multi`: forgets which znodes were made, in case an operator deleted a
+    /// parent (a dead letter's create then fails until it is made again). Passes `key` on.
+    fn forget_made<T>(&self, key: T) -> T {
+        self.made().clear();
+        key
+    }
+
     /// Makes the parents of the dead letters in `ops` exist, so their creation in a `multi`
     /// cannot fail for a missing parent.
     async fn make_parents(&self, client: &zk::Client, keys: &[&str]) -> Result<(), CoordError> {
@@ -370,7 +377,7 @@ impl ZkCoordinator {
                     fencing_token: leadership.fencing_token,
                 })
             }
-            Committed::Failed(index) => Ok(match planned.keys.get(index) {
+            Committed::Failed(index) => Ok(match self.forget_made(planned.keys.get(index)) {
                 Some(Some(key)) => Written::Conflict(vec![key.clone()]),
                 _ => Written::NotLeader,
             }),
@@ -403,7 +410,10 @@ impl ZkCoordinator {
             })
             .collect();
         self.make_parents(&client, &dead).await?;
-        send(&client, &planned.ops, self.acls()).await.map(drop)
+        if let Committed::Failed(_) = send(&client, &planned.ops, self.acls()).await? {
+            self.made().clear();
+        }
+        Ok(())
     }
 
     /// A producer's or operator's edit, all or nothing: creates only keys that do not
@@ -466,7 +476,10 @@ impl ZkCoordinator {
         match send(&main, &zk_ops, self.acls()).await? {
             Committed::Done(_) => Ok(Edited::Done),
             Committed::Failed(index) => Ok(Edited::Conflict(
-                zk_keys.get(index).cloned().into_iter().collect(),
+                self.forget_made(zk_keys.get(index))
+                    .cloned()
+                    .into_iter()
+                    .collect(),
             )),
             Committed::SessionGone => Err(CoordError::Unavailable(
                 "the ZooKeeper session ended during the edit; try again".into(),
