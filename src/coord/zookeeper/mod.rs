@@ -18,7 +18,7 @@
 //! producer's, another lease's); behind a `sync` they see all of them.
 //!
 //! The layout of the tree is in `layout.rs`. ZooKeeper's errors become [`CoordError`] in one
-//! place, [`unavailable`]. What each guarantee of the seam rests on is in ARCHITECTURE.md.
+//! place, `unavailable`. What each guarantee of the seam rests on is in ARCHITECTURE.md.
 
 mod election;
 mod layout;
