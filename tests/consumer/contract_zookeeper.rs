@@ -57,16 +57,30 @@ impl ZnodeProducer {
 
 /// A client of `connect` (with its chroot) for producers.
 pub(crate) async fn producer_client(connect: &str) -> zk::Client {
+    producer_client_as(connect, "").await
+}
+
+/// The same, authenticated as `auth` (digest `user:password`) unless it is empty; what it
+/// creates is then that user's alone.
+pub(crate) async fn producer_client_as(connect: &str, auth: &str) -> zk::Client {
     let (servers, root) = match connect.find('/') {
         Some(at) => (&connect[..at], Some(&connect[at..])),
         None => (connect, None),
     };
-    let client = zk::Client::connect(servers)
+    let mut connector = zk::Client::connector();
+    let acls = if auth.is_empty() {
+        zk::Acls::anyone_all()
+    } else {
+        connector = connector.with_auth("digest", auth.as_bytes());
+        zk::Acls::creator_all()
+    };
+    let client = connector
+        .connect(servers)
         .await
         .expect("connect to ZooKeeper");
     match root {
         Some(root) => {
-            let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+            let options = zk::CreateMode::Persistent.with_acls(acls);
             match client.mkdir(root, &options).await {
                 Ok(()) | Err(zk::Error::NodeExists) => {}
                 Err(err) => panic!("cannot create the chroot {root}: {err}"),
@@ -77,25 +91,42 @@ pub(crate) async fn producer_client(connect: &str) -> zk::Client {
     }
 }
 
-/// Every contract check holds on a real 3-member ensemble, through a chroot. Each check gets
-/// its own election znode and prefixes, so they run at once.
+/// Every contract check holds on a real 3-member ensemble, through a chroot, and again
+/// with digest authentication (every znode then its user's alone: another client cannot
+/// read the queue). Each check gets its own election znode and prefixes, so they run at
+/// once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_zookeeper_backend_keeps_the_coordinator_contract() {
     let Some(ensemble) = Ensemble::start(3) else {
         return;
     };
     let ensemble = ensemble.expect("the ensemble starts");
-    let connect = ensemble.connect_under("/contract");
-    let client = producer_client(&connect).await;
+    run_contract(ensemble.connect_under("/contract"), "").await;
+
+    run_contract(ensemble.connect_under("/contract-auth"), "leaderq:secret").await;
+    let stranger = producer_client(&ensemble.connect()).await;
+    let read = stranger
+        .list_children("/contract-auth/one_leader_among_concurrent_campaigners/leader")
+        .await;
+    assert_eq!(
+        read,
+        Err(zk::Error::NoAuth),
+        "a client without auth read it"
+    );
+}
+
+async fn run_contract(connect: String, auth: &str) {
+    let client = producer_client_as(&connect, auth).await;
     let outcome = contract::run_all(|name| {
         let connect = connect.clone();
         let client = client.clone();
+        let auth = auth.to_string();
         async move {
             let coord = ZkCoordinator::new(ZkCoordSettings {
                 connect,
                 session_timeout: Duration::from_secs(5),
                 leader_key: format!("{name}/leader"),
-                auth: String::new(),
+                auth,
             });
             Subject {
                 coord: Arc::new(coord),
@@ -110,6 +141,6 @@ async fn the_zookeeper_backend_keeps_the_coordinator_contract() {
     })
     .await;
     if let Err(failures) = outcome {
-        panic!("the ZooKeeper backend breaks the contract:\n{failures}");
+        panic!("the ZooKeeper backend (auth {auth:?}) breaks the contract:\n{failures}");
     }
 }
