@@ -303,6 +303,13 @@ impl ZkCoordinator {
         ) else {
             return Ok(Written::NotLeader);
         };
+        // Curator's SUSPENDED: the session may live on, but nothing is claimed or written
+        // until the connection is back (or the session is found expired: LOST).
+        if client.state() == zk::SessionState::Disconnected {
+            return Err(CoordError::Unavailable(
+                "the leader's ZooKeeper connection is suspended: no writes until it is back".into(),
+            ));
+        }
         let dir = layout::path_of(&self.settings.leader_key);
         let marker_path = format!("{dir}/{}", layout::MARKER);
         let synced = timed(client.sync("/"));
