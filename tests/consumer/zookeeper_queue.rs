@@ -17,7 +17,7 @@ use super::*;
 /// The replicas' settings: the consumer tests' own (2s TTL, the journal handlers), plus
 /// `Long`, a 4 s handler that takes a lock on the journal and writes `overlap` instead of
 /// running if another run of any task still holds it.
-fn zk_settings(dir: &Path, journal: &Path, node: &str) -> String {
+fn zk_settings(dir: &Path, journal: &Path, node: &str, ttl: &str) -> String {
     let script = dir.join("long.sh");
     let j = journal.display();
     std::fs::write(
@@ -34,7 +34,7 @@ fn zk_settings(dir: &Path, journal: &Path, node: &str) -> String {
         ),
     )
     .unwrap();
-    let mut config = settings(journal, "2s").replace("$NODE", node);
+    let mut config = settings(journal, ttl).replace("$NODE", node);
     config.push_str(&format!(
         "\n[handlers.Long]\nkind = \"exec\"\ncommand = [\"sh\", \"{}\", \"{node}\"]\n\n[zookeeper]\nwait = \"5s\"\n",
         script.display()
@@ -47,6 +47,7 @@ struct ZkBed {
     dir: tempfile::TempDir,
     journal: PathBuf,
     replicas: Vec<ConsumerProcess>,
+    ttl: &'static str,
 }
 
 impl ZkBed {
@@ -63,11 +64,12 @@ impl ZkBed {
             dir,
             journal,
             replicas: Vec::new(),
+            ttl: "2s",
         })
     }
 
     fn start_replica(&mut self, node: &str) {
-        let config = zk_settings(self.dir.path(), &self.journal, node);
+        let config = zk_settings(self.dir.path(), &self.journal, node, self.ttl);
         self.replicas.push(ConsumerProcess::start_with_env(
             "127.0.0.1:1",
             node,
@@ -314,4 +316,48 @@ async fn a_member_kill_stops_nothing_and_a_frozen_leader_never_overlaps() {
     bed.wait_journal(Duration::from_secs(30), "a run after the restart", |j| {
         j.iter().any(|r| r[0] == "run" && r[1] == "4")
     });
+}
+
+/// A leader SIGKILLed and started again at once on its data dir does not wait out its old
+/// session (which ZooKeeper keeps for the whole session timeout): it clears its old latch
+/// znode and leads again well within that timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_leader_does_not_wait_for_its_old_session() {
+    let Some(mut bed) = ZkBed::new("/restart") else {
+        return;
+    };
+    bed.ttl = "8s";
+    bed.start_replica("zk-a");
+    let producer = ZnodeProducer(producer_client(&bed.ensemble.connect()).await);
+    use leaderq::coord::contract::Producer as _;
+    producer
+        .put("oracleTask/task_1", &task(1, "Work", 1))
+        .await
+        .unwrap();
+    bed.wait_journal(Duration::from_secs(30), "the first run", |j| {
+        !runs_of(j, "run").is_empty()
+    });
+    bed.wait_until_empty(Duration::from_secs(10)).await;
+    bed.replicas[0].kill();
+    let restarted = Instant::now();
+    bed.replicas.clear();
+    bed.start_replica("zk-a");
+    producer
+        .put("oracleTask/task_2", &task(2, "Work", 2))
+        .await
+        .unwrap();
+    bed.wait_journal(Duration::from_secs(30), "a run after the restart", |j| {
+        runs_of(j, "run").len() >= 2
+    });
+    let took = restarted.elapsed();
+    eprintln!("a restarted leader ran a new task {took:?} after its SIGKILL (session timeout 8s)");
+    assert!(
+        took < Duration::from_secs(6),
+        "it waited for its old session: {took:?}"
+    );
+    let journal = bed.journal();
+    assert!(
+        journal[1][2].parse::<u64>().unwrap() > journal[0][2].parse::<u64>().unwrap(),
+        "{journal:?}"
+    );
 }
