@@ -3,7 +3,9 @@
 //! replica in line waits on its predecessor alone (no herd when the leader goes).
 //!
 //! A lease joins the line at its first campaign and stays in it (a later campaign finds its
-//! znode) until it resigns or its session ends. The lowest latch wins by rewriting the
+//! znode) until it resigns or its session ends. The latch's name carries its session, as
+//! Curator's protected mode does: a create whose answer was lost is found again, not made
+//! twice. The lowest latch wins by rewriting the
 //! marker znode in a `multi` that checks its own latch still exists: nothing lower can
 //! appear (sequences only grow), so while that latch exists no one else can win. The
 //! marker write's `mzxid` is the fencing token: zxids only grow, across sessions, leaders

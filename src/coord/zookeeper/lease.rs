@@ -146,6 +146,7 @@ impl ZkCoordinator {
             ));
         }
         let sent = Instant::now();
+        // Half a TTL: an answer later than that leaves too little of the lease to count.
         match tokio::time::timeout(ttl / 2, client.check_stat("/")).await {
             Ok(Ok(_)) => {
                 *renewed.lock().unwrap_or_else(|p| p.into_inner()) = sent;
