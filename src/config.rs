@@ -29,6 +29,7 @@ pub struct Settings {
     pub coordinator: CoordinatorSettings,
     pub consul: ConsulSettings,
     pub etcd: EtcdSettings,
+    pub zookeeper: ZookeeperSettings,
     pub election: ElectionSettings,
     pub queue: QueueSettings,
     pub data: DataSettings,
@@ -52,6 +53,8 @@ pub enum Backend {
     Consul,
     /// etcd v3's leases, revisions and watches, through its JSON gateway: `[etcd]`.
     Etcd,
+    /// A ZooKeeper ensemble, Curator's LeaderLatch semantics: `[zookeeper]`.
+    Zookeeper,
 }
 
 /// How a leader holds leadership (`leader/rotation.rs`).
@@ -63,6 +66,22 @@ pub enum ElectionMode {
     /// Gives it up after `rotate_after` / `rotate_after_tasks` and stands back, so that it
     /// passes among the replicas (Curator's LeaderSelector with auto-requeue).
     Rotate,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ZookeeperSettings {
+    /// `host:port,host:port[/chroot]`, as ZooKeeper's own clients take it.
+    pub connect: String,
+    /// The session timeout of the replica's own connection (reads, watches, edits); each
+    /// lease's session asks for `election.session_ttl`.
+    #[serde(deserialize_with = "go_duration")]
+    pub session_timeout: Duration,
+    /// How long one watch may wait before it returns unchanged.
+    #[serde(deserialize_with = "go_duration")]
+    pub wait: Duration,
+    /// `user:password` of ZooKeeper's digest scheme; empty: none.
+    pub auth: String,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -214,6 +233,7 @@ impl Settings {
         match self.coordinator.backend {
             Backend::Consul => self.consul.wait,
             Backend::Etcd => self.etcd.wait,
+            Backend::Zookeeper => self.zookeeper.wait,
         }
     }
 
@@ -289,6 +309,9 @@ impl Settings {
             }
         }
         crate::coord::etcd::check_settings(&self.etcd).map_err(ConfigError::Invalid)?;
+        if let Err(reason) = crate::coord::zookeeper::check_settings(&self.zookeeper) {
+            return invalid(reason);
+        }
         if self.election.leader_key.is_empty() || self.election.leader_key.starts_with('/') {
             return invalid(
                 "election.leader_key must be a non-empty key without a leading '/'".into(),

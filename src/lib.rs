@@ -1,11 +1,12 @@
 //! leaderq: run N replicas of a worker and have exactly one, the elected leader, take work
-//! from a task queue kept by a coordinator (Consul today; the seam is ready for ZooKeeper,
+//! from a task queue kept by a coordinator (Consul or ZooKeeper; the seam is ready for
 //! Redis and etcd).
 //!
 //! - [`task`]: the producers' task format, parsed leniently, and the key rule ([`task::key`]).
 //! - [`coord`]: the coordinator seam (lease, leadership, guarded queue writes, in the
 //!   domain's words), one folder per backend (`consul`, with its typed HTTP client
-//!   [`coord::consul::client`]; `memory`), and the contract suite every backend passes.
+//!   [`coord::consul::client`]; `zookeeper`, Curator's LeaderLatch on a ZooKeeper ensemble;
+//!   `memory`), and the contract suite every backend passes.
 //! - [`leader`]: the lease and the campaign, written once against the seam; the pure gate;
 //!   the replica's data dir and node id ([`leader::identity`]).
 //! - [`queue`]: the leader's loop over the seam, and its pure plan (what to claim, when to

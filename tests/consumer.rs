@@ -9,6 +9,8 @@ mod common;
 mod contract_consul;
 #[path = "consumer/contract_etcd.rs"]
 mod contract_etcd;
+#[path = "consumer/contract_zookeeper.rs"]
+mod contract_zookeeper;
 #[path = "consumer/coord_consul.rs"]
 mod coord_consul;
 #[path = "consumer/etcd_queue.rs"]
@@ -25,6 +27,8 @@ mod rotation;
 mod run_cmd;
 #[path = "consumer/supervise.rs"]
 mod supervise;
+#[path = "consumer/zookeeper_queue.rs"]
+mod zookeeper_queue;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

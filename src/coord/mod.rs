@@ -25,6 +25,7 @@ pub mod consul;
 pub mod contract;
 pub mod etcd;
 pub mod memory;
+pub mod zookeeper;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -334,6 +335,7 @@ pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator
     match settings.coordinator.backend {
         Backend::Consul => consul::connect(settings),
         Backend::Etcd => etcd::connect(settings),
+        Backend::Zookeeper => zookeeper::connect(settings),
     }
 }
 

@@ -139,6 +139,17 @@ pub struct ConsumerProcess {
 impl ConsumerProcess {
     /// Starts a replica named `node` against `consul` with the settings in `config_toml`.
     pub fn start(consul: &str, node: &str, dir: &Path, config_toml: &str) -> ConsumerProcess {
+        ConsumerProcess::start_with_env(consul, node, dir, config_toml, &[])
+    }
+
+    /// The same, with `env` on top (a coordinator's `Cluster::env()`).
+    pub fn start_with_env(
+        consul: &str,
+        node: &str,
+        dir: &Path,
+        config_toml: &str,
+        env: &[(String, String)],
+    ) -> ConsumerProcess {
         let config = dir.join(format!("{node}.toml"));
         std::fs::write(&config, config_toml).expect("write config");
         let log = dir.join(format!("{node}.log"));
@@ -150,6 +161,7 @@ impl ConsumerProcess {
             .env("LEADERQ__DATA__DIR", dir.join(node))
             .env("LEADERQ__OBSERVE__LISTEN", "127.0.0.1:0")
             .env("RUST_LOG", "info")
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()

@@ -66,7 +66,8 @@ pub async fn one_leader_among_concurrent_campaigners(s: Subject) -> Result<(), S
 }
 
 /// Every new leadership gets a token above all before it: after a resignation, a
-/// revocation, a re-campaign by the holder, a restart that took its lease up again, and
+/// revocation, a re-campaign by the holder, a restart (that took its lease up again, or
+/// on a backend without lease reuse opened a new one while the old one still led), and
 /// the expiry of a lease not kept alive.
 pub async fn fencing_rises_across_leaders(s: Subject) -> Result<(), String> {
     let a = open(&s, "node-a", Duration::ZERO).await?;
@@ -91,10 +92,17 @@ pub async fn fencing_rises_across_leaders(s: Subject) -> Result<(), String> {
         .open_lease(&spec(&s, "node-a", Duration::ZERO, Some(a.clone())))
         .await
         .ctx("open_lease with the previous lease")?;
-    ensure(grant.reused && grant.lease == a, || {
-        format!("a live lease of the same node was not taken up: {grant:?}")
+    ensure(grant.reused == s.timing.lease_reuse, || {
+        format!(
+            "a live lease of the same node, with lease_reuse {}: {grant:?}",
+            s.timing.lease_reuse
+        )
     })?;
-    let restarted = lead(&s, &a, "node-a").await?;
+    ensure(!grant.reused || grant.lease == a, || {
+        format!("a lease taken up is another one: {grant:?}")
+    })?;
+    let _renew_restarted = Renewer::start(&s, &grant.lease);
+    let restarted = lead(&s, &grant.lease, "node-a").await?;
     tokens.push(("after a restart on the same lease", restarted.fencing_token));
     let (holder, _) = s
         .coord
@@ -107,6 +115,7 @@ pub async fn fencing_rises_across_leaders(s: Subject) -> Result<(), String> {
             holder.token, restarted.fencing_token
         )
     })?;
+    s.coord.revoke(&grant.lease).await.ctx("revoke")?;
     s.coord.revoke(&a).await.ctx("revoke")?;
 
     let e = open(&s, "node-e", Duration::ZERO).await?;
@@ -183,8 +192,9 @@ pub async fn lock_delay_follows_a_death_not_a_resignation(s: Subject) -> Result<
     })
 }
 
-/// `open_lease` takes up the previous lease only if it is alive and this node's own; a
-/// campaign with an ended lease answers `LeaseGone`.
+/// `open_lease` takes up the previous lease only if it is alive and this node's own (on a
+/// backend with lease reuse; without, never); a campaign with an ended lease answers
+/// `LeaseGone`.
 pub async fn previous_lease_is_taken_up_only_if_alive_and_own(s: Subject) -> Result<(), String> {
     let a = open(&s, "node-a", Duration::ZERO).await?;
     let _renew_a = Renewer::start(&s, &a);
@@ -201,9 +211,15 @@ pub async fn previous_lease_is_taken_up_only_if_alive_and_own(s: Subject) -> Res
         .open_lease(&spec(&s, "node-a", Duration::ZERO, Some(a.clone())))
         .await
         .ctx("open_lease")?;
-    ensure(own.reused && own.lease == a, || {
-        format!("node-a did not take up its own live lease: {own:?}")
-    })?;
+    if s.timing.lease_reuse {
+        ensure(own.reused && own.lease == a, || {
+            format!("node-a did not take up its own live lease: {own:?}")
+        })?;
+    } else {
+        ensure(!own.reused && own.lease != a, || {
+            format!("a backend without lease reuse took a lease up: {own:?}")
+        })?;
+    }
     s.coord.revoke(&a).await.ctx("revoke")?;
     let after = s
         .coord

@@ -44,6 +44,11 @@ pub struct Timing {
     /// (Consul and the in-memory one do; etcd, ZooKeeper and Redis have no such thing and
     /// rely on the fencing token and the holder's own TTL margin instead).
     pub lock_delay: bool,
+    /// Whether `open_lease` takes a live previous lease of the same node up again (Consul,
+    /// the in-memory one). ZooKeeper's client cannot hand a session to a new connection, so
+    /// there a restart always gets a new lease, after the previous one's leadership was
+    /// cleared away: the checks then expect that instead.
+    pub lease_reuse: bool,
 }
 
 impl Timing {
@@ -53,6 +58,7 @@ impl Timing {
             ttl,
             expiry: ttl * 3,
             lock_delay: true,
+            lease_reuse: true,
         }
     }
 
@@ -61,6 +67,16 @@ impl Timing {
     pub fn without_lock_delay(self) -> Timing {
         Timing {
             lock_delay: false,
+            ..self
+        }
+    }
+
+    /// The same, for a backend that cannot take a lease up again from a new process: a
+    /// previous lease given to `open_lease` yields a new lease, and the previous lease's
+    /// leadership no longer stands in the new one's way.
+    pub fn without_lease_reuse(self) -> Timing {
+        Timing {
+            lease_reuse: false,
             ..self
         }
     }

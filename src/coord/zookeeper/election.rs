@@ -1,0 +1,302 @@
+//! Leadership on ZooKeeper, as Curator's LeaderLatch: each campaigning lease has one
+//! ephemeral-sequential latch znode under the election znode, the lowest leads, and a
+//! replica in line waits on its predecessor alone (no herd when the leader goes).
+//!
+//! A lease joins the line at its first campaign and stays in it (a later campaign finds its
+//! znode) until it resigns or its session ends. The latch's name carries its session, as
+//! Curator's protected mode does: a create whose answer was lost is found again, not made
+//! twice. The lowest latch wins by rewriting the
+//! marker znode in a `multi` that checks its own latch still exists: nothing lower can
+//! appear (sequences only grow), so while that latch exists no one else can win. The
+//! marker write's `mzxid` is the fencing token: zxids only grow, across sessions, leaders
+//! and restarts of the ensemble, and a re-campaign by the holder writes it anew.
+
+use std::time::Duration;
+
+use zookeeper_client as zk;
+
+use super::plan::ZkOp;
+use super::{children_synced, commit, layout, timed, unavailable, ZkCoordinator};
+use crate::coord::{Campaign, CoordError, Holder, HolderRecord, Leadership, LeaseId, Version};
+
+/// How often a campaign retries when another campaign of the same lease rewrote the marker
+/// between its read and its write.
+const MARKER_RETRIES: usize = 3;
+
+/// The election as read: the line, lowest first, and what the marker says.
+struct Snapshot {
+    line: Vec<layout::Latch>,
+    holder: Holder,
+    version: Version,
+}
+
+/// The guard of every leader's write: its latch znode still exists (so it still leads)
+/// and the marker is still at the version its win left (so no later win of the same lease
+/// raised the token meanwhile).
+pub(super) fn guard(
+    leader_key: &str,
+    latch: &str,
+    latch_version: i32,
+    marker_version: i32,
+) -> Vec<ZkOp> {
+    let dir = layout::path_of(leader_key);
+    vec![
+        ZkOp::Check {
+            path: format!("{dir}/{latch}"),
+            version: latch_version,
+        },
+        ZkOp::Check {
+            path: format!("{dir}/{}", layout::MARKER),
+            version: marker_version,
+        },
+    ]
+}
+
+impl ZkCoordinator {
+    fn election_dir(&self) -> String {
+        layout::path_of(&self.settings.leader_key)
+    }
+
+    fn marker_path(&self) -> String {
+        format!("{}/{}", self.election_dir(), layout::MARKER)
+    }
+
+    /// Makes the election znode and its marker exist.
+    async fn make_election(&self, client: &zk::Client) -> Result<(), CoordError> {
+        let dir = self.election_dir();
+        if self.made().contains(&self.marker_path()) {
+            return Ok(());
+        }
+        self.make_dir(client, &dir).await?;
+        let options = zk::CreateMode::Persistent.with_acls(self.acls());
+        match timed(client.create(&self.marker_path(), b"", &options)).await {
+            Ok(_) | Err(zk::Error::NodeExists) => {
+                self.made().insert(self.marker_path());
+                Ok(())
+            }
+            Err(err) => Err(unavailable(err)),
+        }
+    }
+
+    /// This lease's latch znode's name, if it is in line.
+    async fn own_latch(
+        &self,
+        client: &zk::Client,
+        session: i64,
+    ) -> Result<Option<String>, zk::Error> {
+        let children = children_synced(client, &self.election_dir()).await?;
+        Ok(layout::latches(&children)
+            .into_iter()
+            .find(|latch| latch.session == session)
+            .map(|latch| latch.name))
+    }
+
+    pub(super) async fn contend(
+        &self,
+        lease: &LeaseId,
+        record: &HolderRecord,
+    ) -> Result<Campaign, CoordError> {
+        let (Some(client), Some(session)) = (self.lease_client(lease), layout::session_of(lease))
+        else {
+            return Ok(Campaign::LeaseGone);
+        };
+        if client.state().is_terminated() {
+            return Ok(Campaign::LeaseGone);
+        }
+        let main = self.main().await?;
+        self.make_election(&main).await?;
+        let dir = self.election_dir();
+        let value = HolderRecord {
+            session: lease.0.clone(),
+            ..record.clone()
+        }
+        .encode();
+        let gone = |err: zk::Error| match err {
+            zk::Error::SessionExpired | zk::Error::ClientClosed => Ok(Campaign::LeaseGone),
+            other => Err(unavailable(other)),
+        };
+        let mine = match self.own_latch(&client, session).await {
+            Ok(Some(name)) => name,
+            Ok(None) => {
+                let options = zk::CreateMode::EphemeralSequential.with_acls(self.acls());
+                let prefix = format!("{dir}/{}", layout::latch_prefix(session));
+                match timed(client.create(&prefix, &value, &options)).await {
+                    Ok((_, sequence)) => format!("{}{sequence}", layout::latch_prefix(session)),
+                    Err(zk::Error::NoNode) => {
+                        // The election znode was deleted under us: made again next time.
+                        self.made().clear();
+                        return Err(CoordError::Unavailable(format!(
+                            "the election znode {dir} is gone; it is made again on the next campaign"
+                        )));
+                    }
+                    Err(err) => return gone(err),
+                }
+            }
+            Err(err) => return gone(err),
+        };
+        for _ in 0..MARKER_RETRIES {
+            let children = match children_synced(&client, &dir).await {
+                Ok(children) => children,
+                Err(err) => return gone(err),
+            };
+            let line = layout::latches(&children);
+            match line.iter().position(|latch| latch.name == mine) {
+                Some(0) => {}
+                Some(_) => return Ok(Campaign::Held),
+                // Deleted under it: by a restart of this node, or with its session.
+                None if client.state().is_terminated() => return Ok(Campaign::LeaseGone),
+                None => return Ok(Campaign::Held),
+            }
+            let (latch_stat, marker_stat) = {
+                let latch = client.check_stat(&format!("{dir}/{mine}"));
+                let marker = client.check_stat(&self.marker_path());
+                match (timed(latch).await, timed(marker).await) {
+                    (Ok(Some(latch)), Ok(Some(marker))) => (latch, marker),
+                    (Ok(None), _) => continue,
+                    (Ok(_), Ok(None)) => {
+                        self.made().remove(&self.marker_path());
+                        self.make_election(&main).await?;
+                        continue;
+                    }
+                    (Err(err), _) | (_, Err(err)) => return gone(err),
+                }
+            };
+            let mut multi = client.new_multi_writer();
+            multi
+                .add_check_version(&format!("{dir}/{mine}"), latch_stat.version)
+                .and_then(|()| {
+                    multi.add_set_data(&self.marker_path(), &value, Some(marker_stat.version))
+                })
+                .map_err(unavailable)?;
+            match commit(&mut multi).await {
+                Ok(results) => {
+                    let token = results
+                        .into_iter()
+                        .find_map(|result| match result {
+                            zk::MultiWriteResult::SetData { stat } => Some(stat.mzxid),
+                            _ => None,
+                        })
+                        .unwrap_or_default();
+                    return Ok(Campaign::Won(Leadership {
+                        lease: lease.clone(),
+                        fencing_token: token.max(0) as u64,
+                    }));
+                }
+                Err(zk::MultiWriteError::OperationFailed { index: 0, .. }) => {
+                    return Ok(if client.state().is_terminated() {
+                        Campaign::LeaseGone
+                    } else {
+                        Campaign::Held
+                    });
+                }
+                Err(zk::MultiWriteError::OperationFailed { .. }) => continue,
+                Err(zk::MultiWriteError::RequestFailed { source }) => return gone(source),
+            }
+        }
+        Err(CoordError::Unavailable(
+            "the leader marker kept changing under the campaign; try again".into(),
+        ))
+    }
+
+    /// Deletes this lease's latch znode: leadership (or its place in line) is given up, and
+    /// the next in line leads.
+    pub(super) async fn give_up(&self, lease: &LeaseId) -> Result<(), CoordError> {
+        let Some(session) = layout::session_of(lease) else {
+            return Ok(());
+        };
+        let main = self.main().await?;
+        let dir = self.election_dir();
+        match self.own_latch(&main, session).await {
+            Ok(Some(name)) => match timed(main.delete(&format!("{dir}/{name}"), None)).await {
+                Ok(()) | Err(zk::Error::NoNode) => Ok(()),
+                Err(err) => Err(unavailable(err)),
+            },
+            Ok(None) | Err(zk::Error::NoNode) => Ok(()),
+            Err(err) => Err(unavailable(err)),
+        }
+    }
+
+    /// The line and the marker, read now.
+    async fn snapshot(&self, client: &zk::Client) -> Result<Snapshot, CoordError> {
+        let dir = self.election_dir();
+        let synced = timed(client.sync("/"));
+        let children = timed(client.get_children(&dir));
+        let marker = timed(client.get_data(&self.marker_path()));
+        synced.await.map_err(unavailable)?;
+        let (children, dir_pzxid) = match children.await {
+            Ok((children, stat)) => (children, stat.pzxid),
+            Err(zk::Error::NoNode) => (Vec::new(), 0),
+            Err(err) => return Err(unavailable(err)),
+        };
+        let (marker, token) = match marker.await {
+            Ok((data, stat)) => (HolderRecord::decode(&data), stat.mzxid.max(0) as u64),
+            Err(zk::Error::NoNode) => (None, 0),
+            Err(err) => return Err(unavailable(err)),
+        };
+        let line = layout::latches(&children);
+        let (lease, record) = match line.first() {
+            Some(first) => {
+                let record = match timed(client.get_data(&format!("{dir}/{}", first.name))).await {
+                    Ok((data, _)) => HolderRecord::decode(&data),
+                    Err(zk::Error::NoNode) => None,
+                    Err(err) => return Err(unavailable(err)),
+                };
+                (Some(layout::lease_of(first.session)), record.or(marker))
+            }
+            None => (None, marker),
+        };
+        Ok(Snapshot {
+            line,
+            holder: Holder {
+                lease,
+                record,
+                token,
+            },
+            version: Version((dir_pzxid.max(0) as u64).max(token)),
+        })
+    }
+
+    /// The holder once the election moved past `after`, or after `wait`. A replica in line
+    /// waits on its predecessor's latch alone; one not in line on the leader's; with no one
+    /// in line, on the election znode's children.
+    pub(super) async fn watch_holder(
+        &self,
+        after: Version,
+        wait: Duration,
+    ) -> Result<(Holder, Version), CoordError> {
+        let main = self.main().await?;
+        self.make_election(&main).await?;
+        let first = self.snapshot(&main).await?;
+        if after == Version(0) || first.version > after || wait.is_zero() {
+            return Ok((first.holder, first.version));
+        }
+        let own = self.own_sessions();
+        let dir = self.election_dir();
+        let changed: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+            match layout::watched(&first.line, &own) {
+                Some(latch) => {
+                    match timed(main.check_and_watch_stat(&format!("{dir}/{}", latch.name))).await {
+                        Ok((Some(_), watcher)) => Box::pin(async move {
+                            watcher.changed().await;
+                        }),
+                        Ok((None, _)) => Box::pin(async {}),
+                        Err(err) => return Err(unavailable(err)),
+                    }
+                }
+                None => match timed(main.get_and_watch_children(&dir)).await {
+                    Ok((_, _, watcher)) => Box::pin(async move {
+                        watcher.changed().await;
+                    }),
+                    Err(err) => return Err(unavailable(err)),
+                },
+            };
+        // What changed between the first read and the watch is in this read.
+        let second = self.snapshot(&main).await?;
+        if second.version > after {
+            return Ok((second.holder, second.version));
+        }
+        let _ = tokio::time::timeout(wait, changed).await;
+        let last = self.snapshot(&main).await?;
+        Ok((last.holder, last.version))
+    }
+}

@@ -1,0 +1,239 @@
+//! Leases on ZooKeeper: one session per lease, its own connection with the lease's TTL as
+//! session timeout.
+//!
+//! ZooKeeper keeps a session alive by the client library's own pings, whether or not the
+//! replica still calls `keep_alive`. So that a lease still ends a TTL after its last
+//! keep-alive, as the seam says (a replica whose loop hangs loses it), each lease has a
+//! watchdog that closes its session then. ZooKeeper itself ends it when the replica is dead
+//! or frozen (no ping within the session timeout).
+//!
+//! A lease cannot be taken up by a new process: `zookeeper-client` gives no way to hand a
+//! session's id and password to a new connection (`SessionInfo` has no public
+//! constructor). So `open_lease` with a previous lease of this node opens a new session,
+//! after deleting the previous one's latch znode (a dead run of this very node must not
+//! keep leadership until its session expires); its claims go when it expires.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use zookeeper_client as zk;
+
+use super::{children_synced, commit, layout, timed, unavailable, ZkCoordinator};
+use crate::coord::{CoordError, Grant, HolderRecord, LeaseId, LeaseSpec, Renewal};
+
+/// A lease this coordinator holds: the session's client, and the watchdog that closes it
+/// a TTL after the last keep-alive.
+pub(super) struct Held {
+    pub(super) client: zk::Client,
+    ttl: Duration,
+    renewed: Arc<Mutex<Instant>>,
+    watchdog: JoinHandle<()>,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.watchdog.abort();
+    }
+}
+
+/// How long a revocation waits for ZooKeeper to confirm the session's end, after which
+/// its ephemeral znodes are gone for every reader.
+const CLOSE_WAIT: Duration = Duration::from_secs(5);
+
+impl ZkCoordinator {
+    pub(super) fn lease_client(&self, lease: &LeaseId) -> Option<zk::Client> {
+        self.leases().get(lease).map(|held| held.client.clone())
+    }
+
+    /// The sessions of the leases this coordinator holds.
+    pub(super) fn own_sessions(&self) -> Vec<i64> {
+        self.leases()
+            .keys()
+            .filter_map(layout::session_of)
+            .collect()
+    }
+
+    pub(super) async fn open(&self, spec: &LeaseSpec) -> Result<Grant, CoordError> {
+        if let Some(previous) = &spec.previous {
+            self.clear_previous(previous, &spec.node_id).await?;
+        }
+        let client = self.open_session(spec.ttl).await?;
+        if client.session_timeout() < spec.ttl {
+            return Err(CoordError::Refused(format!(
+                "the ensemble grants sessions of at most {:?}, below election.session_ttl {:?}: lower session_ttl or raise the servers' maxSessionTimeout",
+                client.session_timeout(),
+                spec.ttl
+            )));
+        }
+        let lease = layout::lease_of(client.session_id().0);
+        let renewed = Arc::new(Mutex::new(Instant::now()));
+        let watchdog = tokio::spawn(watchdog(
+            Arc::downgrade(&self.leases),
+            lease.clone(),
+            renewed.clone(),
+            spec.ttl,
+            client.state_watcher(),
+        ));
+        self.leases().insert(
+            lease.clone(),
+            Held {
+                client,
+                ttl: spec.ttl,
+                renewed,
+                watchdog,
+            },
+        );
+        Ok(Grant {
+            lease,
+            reused: false,
+        })
+    }
+
+    /// Deletes the latch znode of `previous` if it is this node's (its record names
+    /// `node_id`): the run that held it is over.
+    async fn clear_previous(&self, previous: &LeaseId, node_id: &str) -> Result<(), CoordError> {
+        let Some(session) = layout::session_of(previous) else {
+            return Ok(());
+        };
+        let main = self.main().await?;
+        let dir = layout::path_of(&self.settings.leader_key);
+        let children = match children_synced(&main, &dir).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => return Ok(()),
+            Err(err) => return Err(unavailable(err)),
+        };
+        for latch in layout::latches(&children) {
+            if latch.session != session {
+                continue;
+            }
+            let path = format!("{dir}/{}", latch.name);
+            let own = match timed(main.get_data(&path)).await {
+                Ok((data, _)) => HolderRecord::decode(&data).is_some_and(|r| r.node == node_id),
+                Err(zk::Error::NoNode) => false,
+                Err(err) => return Err(unavailable(err)),
+            };
+            if own {
+                match timed(main.delete(&path, None)).await {
+                    Ok(()) | Err(zk::Error::NoNode) => {}
+                    Err(err) => return Err(unavailable(err)),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Alive only if the session answers now: a request on it is what ZooKeeper counts as
+    /// contact. Disconnected (Curator's SUSPENDED) is an error, so the leader steps down
+    /// once no keep-alive succeeded for a TTL; expired (LOST) or closed is `Gone`.
+    pub(super) async fn renew(&self, lease: &LeaseId) -> Result<Renewal, CoordError> {
+        let Some((client, ttl, renewed)) = self
+            .leases()
+            .get(lease)
+            .map(|held| (held.client.clone(), held.ttl, held.renewed.clone()))
+        else {
+            return Ok(Renewal::Gone);
+        };
+        let state = client.state();
+        if state.is_terminated() {
+            self.leases().remove(lease);
+            return Ok(Renewal::Gone);
+        }
+        if state == zk::SessionState::Disconnected {
+            return Err(CoordError::Unavailable(
+                "the lease's ZooKeeper connection is lost (suspended); its session may live".into(),
+            ));
+        }
+        let sent = Instant::now();
+        // Half a TTL: an answer later than that leaves too little of the lease to count.
+        match tokio::time::timeout(ttl / 2, client.check_stat("/")).await {
+            Ok(Ok(_)) => {
+                *renewed.lock().unwrap_or_else(|p| p.into_inner()) = sent;
+                Ok(Renewal::Alive)
+            }
+            Ok(Err(zk::Error::SessionExpired | zk::Error::ClientClosed)) => {
+                self.leases().remove(lease);
+                Ok(Renewal::Gone)
+            }
+            Ok(Err(err)) => Err(unavailable(err)),
+            Err(_) => Err(CoordError::Unavailable(format!(
+                "the lease's ZooKeeper session did not answer within {:?}",
+                ttl / 2
+            ))),
+        }
+    }
+
+    /// Ends the lease: deletes its ephemeral znodes (latch, claim markers) so every reader
+    /// sees them gone at once, then closes the session.
+    pub(super) async fn end(&self, lease: &LeaseId) -> Result<(), CoordError> {
+        let Some(held) = self.leases().remove(lease) else {
+            return Ok(());
+        };
+        let client = held.client.clone();
+        if let Ok(ephemerals) = timed(client.list_ephemerals("/")).await {
+            if !ephemerals.is_empty() {
+                let mut multi = client.new_multi_writer();
+                for path in &ephemerals {
+                    multi.add_delete(path, None).map_err(unavailable)?;
+                }
+                // Best effort: closing the session below deletes whatever this missed.
+                let _ = commit(&mut multi).await;
+            }
+        }
+        let mut state = client.state_watcher();
+        drop(client);
+        drop(held);
+        let _ = tokio::time::timeout(CLOSE_WAIT, async {
+            while !state.state().is_terminated() {
+                state.changed().await;
+            }
+        })
+        .await;
+        Ok(())
+    }
+}
+
+/// Closes `lease`'s session once a TTL passed since its last keep-alive, and says in the
+/// log when its connection is lost (Curator's SUSPENDED), back (RECONNECTED) or its session
+/// expired (LOST).
+async fn watchdog(
+    leases: std::sync::Weak<Mutex<std::collections::HashMap<LeaseId, Held>>>,
+    lease: LeaseId,
+    renewed: Arc<Mutex<Instant>>,
+    ttl: Duration,
+    mut state: zk::StateWatcher,
+) {
+    let mut terminated = false;
+    loop {
+        let deadline = *renewed.lock().unwrap_or_else(|p| p.into_inner()) + ttl;
+        if Instant::now() >= deadline {
+            break;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep_until(deadline) => {}
+            now = state.changed(), if !terminated => match now {
+                zk::SessionState::Disconnected => tracing::warn!(session = %lease, "the lease's ZooKeeper connection is lost (suspended): no keep-alive until it is back"),
+                zk::SessionState::SyncConnected => tracing::info!(session = %lease, "the lease's ZooKeeper connection is back"),
+                other => {
+                    terminated = other.is_terminated();
+                    tracing::warn!(session = %lease, state = %other, "the lease's ZooKeeper session ended");
+                }
+            },
+        }
+    }
+    tracing::warn!(session = %lease, "no keep-alive within the lease's TTL: closing its ZooKeeper session");
+    let Some(leases) = leases.upgrade() else {
+        return;
+    };
+    // Dropping the last client closes the session.
+    let held = leases
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .remove(&lease);
+    if let Some(mut held) = held {
+        // The entry's drop aborts its watchdog: not this one, which is about to end anyway.
+        held.watchdog = tokio::spawn(async {});
+        drop(held);
+    }
+}

@@ -1,0 +1,438 @@
+//! The ZooKeeper coordinator: the [`Coordinator`] seam on a ZooKeeper ensemble, through the
+//! `zookeeper-client` crate, with the semantics of Apache Curator's LeaderLatch.
+//!
+//! - a lease is one ZooKeeper session, its own client connection (`lease.rs`); it ends when
+//!   ZooKeeper expires it (no contact within the session timeout: a dead or frozen
+//!   replica), when it is revoked, or when no keep-alive came within its TTL (a replica
+//!   whose loop hangs loses it, as a Consul session bound to a TTL check does);
+//! - leadership is the lowest ephemeral-sequential latch znode under the election znode;
+//!   every other replica in line watches only its predecessor; the winner rewrites the
+//!   marker znode and that write's `mzxid` is the fencing token (`election.rs`);
+//! - the queue is a znode's children; a task's version is the latest of its `mzxid` and
+//!   `pzxid`, its holder the owner of its ephemeral claim marker, and every guarded write
+//!   one `multi` that first checks the leader's latch znode and the marker (`queue.rs`,
+//!   `plan.rs`).
+//!
+//! Every read is sent right behind a `sync` on its session: a member serves reads from its
+//! own copy, which may lag behind writes acknowledged through another session (a
+//! producer's, another lease's); behind a `sync` they see all of them.
+//!
+//! The layout of the tree is in `layout.rs`. ZooKeeper's errors become [`CoordError`] in one
+//! place, `unavailable`. What each guarantee of the seam rests on is in ARCHITECTURE.md.
+
+mod election;
+mod layout;
+mod lease;
+mod plan;
+mod queue;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use zookeeper_client as zk;
+
+use crate::coord::{
+    Campaign, CoordError, CoordFuture, Coordinator, Edit, Edited, Grant, Holder, HolderRecord,
+    Leadership, LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits,
+    Written,
+};
+
+pub use layout::path_of;
+
+/// What the ZooKeeper coordinator needs: `[zookeeper]` and the election's znode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ZkCoordSettings {
+    /// The connect string: `host:port,host:port[/chroot]`.
+    pub connect: String,
+    /// The session timeout of the coordinator's own connection (reads, watches, edits);
+    /// leases ask for their own TTL.
+    pub session_timeout: Duration,
+    /// The znode leadership is contended under (`election.leader_key`).
+    pub leader_key: String,
+    /// `user:password` for ZooKeeper's digest scheme, sent on every session; with it every
+    /// znode leaderq creates is readable and writable by that user alone. Empty: none, and
+    /// znodes are open to anyone.
+    pub auth: String,
+}
+
+/// The ZooKeeper backend of the coordinator seam. One per replica; it may hold several
+/// leases (tests open more than one), each its own session.
+pub struct ZkCoordinator {
+    settings: ZkCoordSettings,
+    /// The coordinator's own session, opened at the first call and again after it ends.
+    main: tokio::sync::Mutex<Option<zk::Client>>,
+    leases: Arc<Mutex<HashMap<LeaseId, lease::Held>>>,
+    /// Znodes known to exist (queue and dead-letter parents, the election znode).
+    made: Mutex<HashSet<String>>,
+}
+
+/// The ZooKeeper backend from `[zookeeper]` and `[election]` (`coord::connect`'s line).
+pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator>, CoordError> {
+    Ok(Arc::new(ZkCoordinator::new(ZkCoordSettings {
+        connect: settings.zookeeper.connect.clone(),
+        session_timeout: settings.zookeeper.session_timeout,
+        leader_key: settings.election.leader_key.clone(),
+        auth: settings.zookeeper.auth.clone(),
+    })))
+}
+
+/// Checks `[zookeeper]` at start; the message names the key.
+pub fn check_settings(settings: &crate::config::ZookeeperSettings) -> Result<(), String> {
+    if settings.connect.trim().is_empty() {
+        return Err("zookeeper.connect is empty: give host:port[,host:port...][/chroot]".into());
+    }
+    if let Some((_, root)) = settings.connect.split_once('/') {
+        if root.is_empty() || root.ends_with('/') || root.contains("//") {
+            return Err(format!(
+                "zookeeper.connect {:?}: the chroot after the first '/' must be a path such as /leaderq, without a trailing '/'",
+                settings.connect
+            ));
+        }
+    }
+    if !settings.auth.is_empty() && !settings.auth.contains(':') {
+        return Err("zookeeper.auth must be user:password (the digest scheme), or empty".into());
+    }
+    if settings.session_timeout.is_zero() || settings.wait.is_zero() {
+        return Err("zookeeper.session_timeout and zookeeper.wait must be above 0s".into());
+    }
+    Ok(())
+}
+
+/// How long one request may take before the ensemble counts as unreachable for it.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// One `multi`, at most: operations (ZooKeeper has no count limit; this keeps one request's
+/// work on the leader small) and bytes (below `jute.maxbuffer`'s default of 1 MiB, which
+/// bounds a request packet, with room for the chroot and framing).
+const LIMITS: WriteLimits = WriteLimits {
+    max_ops: 128,
+    max_bytes: 960 * 1024,
+};
+
+/// The longest latch znode name (a 16-digit session, a 10-digit sequence): what a guard's
+/// cost is counted with.
+const LONGEST_LATCH: &str = "latch-ffffffffffffffff-0000000000";
+
+impl ZkCoordinator {
+    /// A coordinator on the ensemble of `settings`; nothing is asked of it before the first
+    /// call.
+    pub fn new(settings: ZkCoordSettings) -> ZkCoordinator {
+        ZkCoordinator {
+            settings,
+            main: tokio::sync::Mutex::new(None),
+            leases: Arc::new(Mutex::new(HashMap::new())),
+            made: Mutex::new(HashSet::new()),
+        }
+    }
+
+    /// Never held across an await.
+    fn leases(&self) -> MutexGuard<'_, HashMap<LeaseId, lease::Held>> {
+        self.leases
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The coordinator's own session: the one open, or a new one if it ended.
+    async fn main(&self) -> Result<zk::Client, CoordError> {
+        let mut main = self.main.lock().await;
+        if let Some(client) = main.as_ref().filter(|c| !c.state().is_terminated()) {
+            return Ok(client.clone());
+        }
+        let client = self.open_session(self.settings.session_timeout).await?;
+        *main = Some(client.clone());
+        Ok(client)
+    }
+
+    /// A new session with `timeout` on the connect string's servers, rooted at its chroot
+    /// (created first if missing, as Curator does with a namespace).
+    async fn open_session(&self, timeout: Duration) -> Result<zk::Client, CoordError> {
+        let (servers, root) = split_connect(&self.settings.connect);
+        let mut connector = zk::Client::connector().with_session_timeout(timeout);
+        if !self.settings.auth.is_empty() {
+            connector = connector.with_auth("digest", self.settings.auth.as_bytes());
+        }
+        let connecting = connector.connect(servers);
+        let client = match tokio::time::timeout(REQUEST_TIMEOUT.max(timeout), connecting).await {
+            Ok(Ok(client)) => client,
+            Ok(Err(zk::Error::BadArguments(why))) => {
+                return Err(CoordError::Refused(format!(
+                    "zookeeper.connect {:?}: {why}: fix the [zookeeper] settings",
+                    self.settings.connect
+                )))
+            }
+            Ok(Err(err)) => return Err(unavailable(err)),
+            Err(_) => {
+                return Err(CoordError::Unavailable(format!(
+                    "no ZooKeeper server of {} answered",
+                    self.settings.connect
+                )))
+            }
+        };
+        let Some(root) = root else {
+            return Ok(client);
+        };
+        let made = format!("chroot {root}");
+        if !self.made().contains(&made) {
+            let options = zk::CreateMode::Persistent.with_acls(self.acls());
+            match timed(client.mkdir(root, &options)).await {
+                Ok(()) | Err(zk::Error::NodeExists) => {
+                    self.made().insert(made);
+                }
+                Err(err) => return Err(unavailable(err)),
+            }
+        }
+        client.chroot(root.to_string()).map_err(|_| {
+            CoordError::Refused(format!(
+                "zookeeper.connect {:?}: the chroot is not a path: fix the [zookeeper] settings",
+                self.settings.connect
+            ))
+        })
+    }
+
+    /// Makes `path` and its ancestors exist (persistent, open ACL), once per coordinator.
+    async fn make_dir(&self, client: &zk::Client, path: &str) -> Result<(), CoordError> {
+        if path == "/" || self.made().contains(path) {
+            return Ok(());
+        }
+        let options = zk::CreateMode::Persistent.with_acls(self.acls());
+        match timed(client.mkdir(path, &options)).await {
+            Ok(()) | Err(zk::Error::NodeExists) => {
+                self.made().insert(path.to_string());
+                Ok(())
+            }
+            Err(err) => Err(unavailable(err)),
+        }
+    }
+
+    /// The ACL of every znode leaderq creates: its digest user's alone with `auth`, else
+    /// anyone's.
+    fn acls(&self) -> zk::Acls<'static> {
+        if self.settings.auth.is_empty() {
+            zk::Acls::anyone_all()
+        } else {
+            zk::Acls::creator_all()
+        }
+    }
+
+    fn made(&self) -> MutexGuard<'_, HashSet<String>> {
+        self.made
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The length the chroot adds to every path a request carries.
+    fn root_len(&self) -> usize {
+        split_connect(&self.settings.connect).1.map_or(0, str::len)
+    }
+}
+
+/// The servers of a connect string and its chroot (`/leaderq` of `a:1,b:2/leaderq`).
+fn split_connect(connect: &str) -> (&str, Option<&str>) {
+    match connect.find('/') {
+        Some(at) => (&connect[..at], Some(&connect[at..])),
+        None => (connect, None),
+    }
+}
+
+/// Bounds a request in time: a request to an ensemble that does not answer fails as
+/// [`zk::Error::Timeout`] instead of waiting for the reconnection.
+async fn timed<T>(
+    request: impl std::future::Future<Output = Result<T, zk::Error>>,
+) -> Result<T, zk::Error> {
+    tokio::time::timeout(REQUEST_TIMEOUT, request)
+        .await
+        .unwrap_or(Err(zk::Error::Timeout))
+}
+
+/// The children of `path`, read after a `sync` on the same session, so that they include
+/// every write acknowledged before, whichever session made it.
+async fn children_synced(client: &zk::Client, path: &str) -> Result<Vec<String>, zk::Error> {
+    let synced = timed(client.sync("/"));
+    let children = timed(client.list_children(path));
+    synced.await?;
+    children.await
+}
+
+/// Commits a `multi`, bounded in time as [`timed`] bounds a request.
+async fn commit(
+    multi: &mut zk::MultiWriter<'_>,
+) -> Result<Vec<zk::MultiWriteResult>, zk::MultiWriteError> {
+    tokio::time::timeout(REQUEST_TIMEOUT, multi.commit())
+        .await
+        .unwrap_or(Err(zk::MultiWriteError::RequestFailed {
+            source: zk::Error::Timeout,
+        }))
+}
+
+/// The one place where ZooKeeper's errors become the seam's, for every error a caller does
+/// not branch on itself: all may pass (a lost connection, a member down, an election in
+/// the ensemble, an ACL an operator is fixing) except a request ZooKeeper will never take.
+pub(crate) fn unavailable(err: zk::Error) -> CoordError {
+    match err {
+        zk::Error::BadArguments(_) | zk::Error::InvalidAcl | zk::Error::MarshallingError => {
+            CoordError::Refused(format!(
+                "ZooKeeper refused the request: {err}; check the keys and the [zookeeper] settings"
+            ))
+        }
+        zk::Error::NoAuth | zk::Error::AuthFailed => CoordError::Unavailable(format!(
+            "ZooKeeper: {err}: set zookeeper.auth to a user the znodes' ACLs allow"
+        )),
+        other => CoordError::Unavailable(format!("ZooKeeper: {other}")),
+    }
+}
+
+impl Coordinator for ZkCoordinator {
+    fn describe(&self) -> String {
+        format!("ZooKeeper at {}", self.settings.connect)
+    }
+
+    fn open_lease<'a>(&'a self, spec: &'a LeaseSpec) -> CoordFuture<'a, Grant> {
+        Box::pin(self.open(spec))
+    }
+
+    fn keep_alive<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, Renewal> {
+        Box::pin(self.renew(lease))
+    }
+
+    fn revoke<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
+        Box::pin(self.end(lease))
+    }
+
+    fn close<'a>(&'a self, lease: Option<&'a LeaseId>) -> CoordFuture<'a, ()> {
+        Box::pin(async move {
+            if let Some(lease) = lease {
+                self.end(lease).await?;
+            }
+            // The coordinator's own session goes too: nothing of it is left to expire.
+            self.main.lock().await.take();
+            Ok(())
+        })
+    }
+
+    fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)> {
+        Box::pin(self.watch_holder(after, wait))
+    }
+
+    fn campaign<'a>(
+        &'a self,
+        lease: &'a LeaseId,
+        record: &'a HolderRecord,
+    ) -> CoordFuture<'a, Campaign> {
+        Box::pin(self.contend(lease, record))
+    }
+
+    fn resign<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
+        Box::pin(self.give_up(lease))
+    }
+
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Version,
+        wait: Duration,
+    ) -> CoordFuture<'a, (Vec<StoredTask>, Version)> {
+        Box::pin(self.list_tasks(prefix, after, wait))
+    }
+
+    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)> {
+        Box::pin(self.list_keys(prefix))
+    }
+
+    fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>> {
+        Box::pin(async move {
+            let main = self.main().await?;
+            queue::read_tasks(&main, keys).await
+        })
+    }
+
+    fn write<'a>(
+        &'a self,
+        leadership: &'a Leadership,
+        ops: &'a [TaskOp],
+    ) -> CoordFuture<'a, Written> {
+        Box::pin(self.write_guarded(leadership, ops))
+    }
+
+    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, ()> {
+        Box::pin(self.write_unguarded(lease, ops))
+    }
+
+    fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited> {
+        Box::pin(self.edit_tasks(ops))
+    }
+
+    fn limits(&self) -> WriteLimits {
+        LIMITS
+    }
+
+    fn cost(&self, op: &TaskOp) -> WriteCost {
+        plan::cost(op, self.root_len())
+    }
+
+    fn guard_cost(&self) -> WriteCost {
+        let guard = election::guard(&self.settings.leader_key, LONGEST_LATCH, 0, 0);
+        WriteCost {
+            ops: guard.len(),
+            bytes: guard.iter().map(|op| op.encoded_len(self.root_len())).sum(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Backend, Settings};
+
+    fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// The backend and its connect string come from the environment; a connect string's
+    /// commas are the servers', not a list's.
+    #[test]
+    fn zookeeper_settings_come_from_the_environment() {
+        let settings = Settings::load(
+            None,
+            env(&[
+                ("LEADERQ__COORDINATOR__BACKEND", "zookeeper"),
+                ("LEADERQ__ZOOKEEPER__CONNECT", "zk1:2181,zk2:2181/leaderq"),
+                ("LEADERQ__ZOOKEEPER__AUTH", "app:secret"),
+            ]),
+        )
+        .expect("valid settings");
+        assert_eq!(settings.coordinator.backend, Backend::Zookeeper);
+        assert_eq!(settings.zookeeper.connect, "zk1:2181,zk2:2181/leaderq");
+        assert_eq!(settings.zookeeper.auth, "app:secret");
+        assert_eq!(settings.watch_wait(), settings.zookeeper.wait);
+        assert_eq!(
+            split_connect(&settings.zookeeper.connect),
+            ("zk1:2181,zk2:2181", Some("/leaderq"))
+        );
+    }
+
+    /// An empty connect string, a chroot with a trailing '/' and an auth without a password
+    /// stop the start, naming the key.
+    #[test]
+    fn bad_zookeeper_settings_name_the_key() {
+        for (key, value) in [
+            ("LEADERQ__ZOOKEEPER__CONNECT", ""),
+            ("LEADERQ__ZOOKEEPER__CONNECT", "zk1:2181/leaderq/"),
+            ("LEADERQ__ZOOKEEPER__CONNECT", "zk1:2181/"),
+            ("LEADERQ__ZOOKEEPER__AUTH", "nopassword"),
+            ("LEADERQ__ZOOKEEPER__WAIT", "0s"),
+        ] {
+            let err = Settings::load(None, env(&[(key, value)]))
+                .expect_err(&format!("{key}={value:?} accepted"))
+                .to_string();
+            let named = key
+                .trim_start_matches("LEADERQ__")
+                .replace("__", ".")
+                .to_lowercase();
+            assert!(err.contains(&named), "{key}={value:?}: {err}");
+        }
+    }
+}

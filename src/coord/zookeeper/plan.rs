@@ -1,0 +1,442 @@
+//! A batch of queue writes as one ZooKeeper `multi`, decided from what a read just before
+//! it saw of each task. Pure: the tasks seen in, the znode operations (or the answer without
+//! sending any) out.
+//!
+//! Every operation is conditioned on the task's data version (`Stat.version`) as read, and
+//! on its claim marker as read: a marker that went meanwhile fails its delete, and a marker
+//! that came meanwhile came with a claim's data write, which fails the version check. So the
+//! `multi` applies only to the very state the read saw, whose domain version the caller
+//! compared with the one each op is conditioned on.
+
+use std::collections::HashMap;
+
+use crate::coord::{TaskOp, WriteCost};
+
+use super::layout;
+
+/// A task as the read before a write saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Seen {
+    /// ZooKeeper's `Stat.version` of the task znode (data writes only).
+    pub data_version: i32,
+    /// The domain version ([`layout::task_version`]).
+    pub version: u64,
+    /// The claim marker, if there is one.
+    pub claim: Option<Claim>,
+}
+
+/// A claim marker as read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Claim {
+    /// The session that created it (its `ephemeralOwner`).
+    pub owner: i64,
+    pub data_version: i32,
+}
+
+/// One operation of a `multi`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ZkOp {
+    Check {
+        path: String,
+        version: i32,
+    },
+    Create {
+        path: String,
+        data: Vec<u8>,
+        ephemeral: bool,
+    },
+    SetData {
+        path: String,
+        data: Vec<u8>,
+        version: Option<i32>,
+    },
+    Delete {
+        path: String,
+        version: i32,
+    },
+}
+
+impl ZkOp {
+    fn path(&self) -> &str {
+        match self {
+            ZkOp::Check { path, .. }
+            | ZkOp::Create { path, .. }
+            | ZkOp::SetData { path, .. }
+            | ZkOp::Delete { path, .. } => path,
+        }
+    }
+
+    fn data_len(&self) -> usize {
+        match self {
+            ZkOp::Create { data, .. } | ZkOp::SetData { data, .. } => data.len(),
+            ZkOp::Check { .. } | ZkOp::Delete { .. } => 0,
+        }
+    }
+
+    /// What it takes in the request, a little over: a header, the path (with the chroot's
+    /// `root_len` in front), the data, a version and, for a create, the open ACL and flags.
+    pub fn encoded_len(&self, root_len: usize) -> usize {
+        OP_OVERHEAD + root_len + self.path().len() + self.data_len()
+    }
+}
+
+/// Per operation, beyond its path and data: the multi header (9 bytes), the path's and
+/// data's length prefixes (8), a version (4), a create's world:anyone ACL and flags (31),
+/// rounded up.
+const OP_OVERHEAD: usize = 64;
+
+/// Why a batch was not sent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Unsent {
+    /// These tasks moved since their op's version, went, or are claimed by another lease.
+    Conflict(Vec<String>),
+    /// A write without leadership touches a task this lease does not hold (or claims one).
+    NotOwn,
+}
+
+/// A planned `multi`: its operations and, for each, the task key a failure of it names
+/// (`None` for the leadership guard).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Planned {
+    pub ops: Vec<ZkOp>,
+    pub keys: Vec<Option<String>>,
+}
+
+impl Planned {
+    fn push(&mut self, op: ZkOp, key: Option<&str>) {
+        self.ops.push(op);
+        self.keys.push(key.map(str::to_string));
+    }
+}
+
+/// Who writes: the leader (guarded by its leadership, any task) or a lease without
+/// leadership (only tasks its session holds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Writer {
+    Leader { session: i64 },
+    Own { session: i64 },
+}
+
+/// The `multi` for `ops` after `guard` (the leadership checks, empty for [`Writer::Own`]),
+/// given what was `seen` of every task and every dead-letter key they name (absent: no
+/// such znode).
+pub fn plan(
+    guard: Vec<ZkOp>,
+    ops: &[TaskOp],
+    seen: &HashMap<String, Seen>,
+    writer: Writer,
+) -> Result<Planned, Unsent> {
+    let mut planned = Planned::default();
+    for op in guard {
+        planned.push(op, None);
+    }
+    let session = match writer {
+        Writer::Leader { session } | Writer::Own { session } => session,
+    };
+    let mut conflicts = Vec::new();
+    for op in ops {
+        let key = op.key();
+        let Some(task) = seen.get(key).filter(|task| task.version == op.version()) else {
+            conflicts.push(key.to_string());
+            continue;
+        };
+        let own = task.claim.is_some_and(|claim| claim.owner == session);
+        if let Writer::Own { .. } = writer {
+            if !own || matches!(op, TaskOp::Claim { .. }) {
+                return Err(Unsent::NotOwn);
+            }
+        }
+        let path = layout::path_of(key);
+        let claim_path = layout::claim_path(key);
+        let drop_claim = |planned: &mut Planned| {
+            if let Some(claim) = task.claim {
+                planned.push(
+                    ZkOp::Delete {
+                        path: claim_path.clone(),
+                        version: claim.data_version,
+                    },
+                    Some(key),
+                );
+            }
+        };
+        match op {
+            TaskOp::Claim { value, .. } => {
+                if task.claim.is_some() && !own {
+                    conflicts.push(key.to_string());
+                    continue;
+                }
+                planned.push(set(&path, value, task.data_version), Some(key));
+                if task.claim.is_none() {
+                    planned.push(
+                        ZkOp::Create {
+                            path: claim_path.clone(),
+                            data: Vec::new(),
+                            ephemeral: true,
+                        },
+                        Some(key),
+                    );
+                }
+            }
+            TaskOp::Complete { .. } => {
+                drop_claim(&mut planned);
+                planned.push(delete(&path, task.data_version), Some(key));
+            }
+            TaskOp::Release { value, .. } => {
+                planned.push(set(&path, value, task.data_version), Some(key));
+                drop_claim(&mut planned);
+            }
+            TaskOp::Rewrite { value, .. } => {
+                planned.push(set(&path, value, task.data_version), Some(key));
+            }
+            TaskOp::Move { to, value, .. } => {
+                drop_claim(&mut planned);
+                planned.push(delete(&path, task.data_version), Some(key));
+                let to_path = layout::path_of(to);
+                let write = if seen.contains_key(to) {
+                    ZkOp::SetData {
+                        path: to_path,
+                        data: value.clone(),
+                        version: None,
+                    }
+                } else {
+                    ZkOp::Create {
+                        path: to_path,
+                        data: value.clone(),
+                        ephemeral: false,
+                    }
+                };
+                planned.push(write, Some(key));
+            }
+        }
+    }
+    if conflicts.is_empty() {
+        Ok(planned)
+    } else {
+        Err(Unsent::Conflict(conflicts))
+    }
+}
+
+fn set(path: &str, value: &[u8], version: i32) -> ZkOp {
+    ZkOp::SetData {
+        path: path.to_string(),
+        data: value.to_vec(),
+        version: Some(version),
+    }
+}
+
+fn delete(path: &str, version: i32) -> ZkOp {
+    ZkOp::Delete {
+        path: path.to_string(),
+        version,
+    }
+}
+
+/// What `op` costs at most: its operations with a claim marker present (one more delete)
+/// and a dead letter created, as [`plan`] would send them.
+pub fn cost(op: &TaskOp, root_len: usize) -> WriteCost {
+    let worst = Seen {
+        data_version: 0,
+        version: op.version(),
+        claim: Some(Claim {
+            owner: 0,
+            data_version: 0,
+        }),
+    };
+    let unclaimed = Seen {
+        claim: None,
+        ..worst.clone()
+    };
+    // A claim creates its marker (no claim yet); every other op deletes one.
+    let task = if matches!(op, TaskOp::Claim { .. }) {
+        unclaimed
+    } else {
+        worst
+    };
+    let seen = HashMap::from([(op.key().to_string(), task)]);
+    let writer = Writer::Leader { session: 1 };
+    match plan(Vec::new(), std::slice::from_ref(op), &seen, writer) {
+        Ok(planned) => WriteCost {
+            ops: planned.ops.len(),
+            bytes: planned.ops.iter().map(|op| op.encoded_len(root_len)).sum(),
+        },
+        Err(_) => WriteCost::default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ME: i64 = 7;
+    const OTHER: i64 = 9;
+
+    fn seen(version: u64, claim: Option<i64>) -> Seen {
+        Seen {
+            data_version: 3,
+            version,
+            claim: claim.map(|owner| Claim {
+                owner,
+                data_version: 0,
+            }),
+        }
+    }
+
+    fn claim_op(key: &str, version: u64) -> TaskOp {
+        TaskOp::Claim {
+            key: key.into(),
+            version,
+            value: b"taken".to_vec(),
+        }
+    }
+
+    /// A claim writes the value at the data version read and creates the ephemeral marker.
+    #[test]
+    fn a_claim_writes_and_marks() {
+        let seen = HashMap::from([("q/a".to_string(), seen(10, None))]);
+        let planned = plan(
+            Vec::new(),
+            &[claim_op("q/a", 10)],
+            &seen,
+            Writer::Leader { session: ME },
+        )
+        .unwrap();
+        assert_eq!(
+            planned.ops,
+            [
+                ZkOp::SetData {
+                    path: "/q/a".into(),
+                    data: b"taken".to_vec(),
+                    version: Some(3)
+                },
+                ZkOp::Create {
+                    path: "/q/a/leaderq-claim".into(),
+                    data: Vec::new(),
+                    ephemeral: true
+                },
+            ]
+        );
+        assert_eq!(planned.keys, [Some("q/a".into()), Some("q/a".into())]);
+    }
+
+    /// Stale versions, gone tasks and tasks another lease holds conflict, all named, and
+    /// nothing is planned.
+    #[test]
+    fn conflicts_name_every_key_that_moved() {
+        let seen = HashMap::from([
+            ("q/a".to_string(), seen(10, None)),
+            ("q/b".to_string(), seen(11, None)),
+            ("q/c".to_string(), seen(12, Some(OTHER))),
+        ]);
+        let ops = [
+            claim_op("q/a", 10),
+            claim_op("q/b", 5),
+            claim_op("q/c", 12),
+            TaskOp::Complete {
+                key: "q/gone".into(),
+                version: 1,
+            },
+        ];
+        assert_eq!(
+            plan(Vec::new(), &ops, &seen, Writer::Leader { session: ME }),
+            Err(Unsent::Conflict(vec![
+                "q/b".into(),
+                "q/c".into(),
+                "q/gone".into()
+            ]))
+        );
+    }
+
+    /// A move deletes the marker and the task and creates the dead letter, or overwrites
+    /// one that is there.
+    #[test]
+    fn a_move_deletes_and_writes_the_dead_letter() {
+        let mut seen_tasks = HashMap::from([("q/a".to_string(), seen(10, Some(ME)))]);
+        let op = TaskOp::Move {
+            key: "q/a".into(),
+            version: 10,
+            to: "dead/a".into(),
+            value: b"d".to_vec(),
+        };
+        let planned = plan(
+            Vec::new(),
+            std::slice::from_ref(&op),
+            &seen_tasks,
+            Writer::Leader { session: ME },
+        )
+        .unwrap();
+        assert_eq!(
+            planned.ops,
+            [
+                ZkOp::Delete {
+                    path: "/q/a/leaderq-claim".into(),
+                    version: 0
+                },
+                ZkOp::Delete {
+                    path: "/q/a".into(),
+                    version: 3
+                },
+                ZkOp::Create {
+                    path: "/dead/a".into(),
+                    data: b"d".to_vec(),
+                    ephemeral: false
+                },
+            ]
+        );
+        seen_tasks.insert("dead/a".into(), seen(2, None));
+        let planned = plan(
+            Vec::new(),
+            &[op],
+            &seen_tasks,
+            Writer::Leader { session: ME },
+        )
+        .unwrap();
+        assert!(matches!(
+            planned.ops[2],
+            ZkOp::SetData { version: None, .. }
+        ));
+    }
+
+    /// Without leadership a lease writes only tasks its own session holds, and never claims.
+    #[test]
+    fn own_writes_need_own_claims() {
+        let seen = HashMap::from([
+            ("q/mine".to_string(), seen(10, Some(ME))),
+            ("q/theirs".to_string(), seen(11, Some(OTHER))),
+            ("q/free".to_string(), seen(12, None)),
+        ]);
+        let release = |key: &str, version| TaskOp::Release {
+            key: key.into(),
+            version,
+            value: b"back".to_vec(),
+        };
+        let own = Writer::Own { session: ME };
+        let planned = plan(Vec::new(), &[release("q/mine", 10)], &seen, own).unwrap();
+        assert_eq!(planned.ops.len(), 2);
+        for ops in [
+            vec![release("q/mine", 10), release("q/theirs", 11)],
+            vec![release("q/free", 12)],
+            vec![claim_op("q/free", 12)],
+        ] {
+            assert_eq!(plan(Vec::new(), &ops, &seen, own), Err(Unsent::NotOwn));
+        }
+    }
+
+    /// The cost counts the operations plan sends in the worst case and their bytes.
+    #[test]
+    fn costs_count_the_worst_case() {
+        let claim = cost(&claim_op("q/a", 1), 0);
+        assert_eq!(claim.ops, 2);
+        assert!(claim.bytes >= b"taken".len() + 2 * "/q/a".len());
+        let moved = cost(
+            &TaskOp::Move {
+                key: "q/a".into(),
+                version: 1,
+                to: "d/a".into(),
+                value: vec![0; 100],
+            },
+            5,
+        );
+        assert_eq!(moved.ops, 3);
+        assert!(moved.bytes >= 100 + 3 * 5);
+    }
+}

@@ -1,0 +1,496 @@
+//! The queue on ZooKeeper: a prefix's znode and its children, read with their stats,
+//! waited on with one persistent recursive watch, and written in `multi`s planned by
+//! `plan.rs` from a read just before.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use zookeeper_client as zk;
+
+use super::plan::{self, Seen, Unsent, Writer, ZkOp};
+use super::{commit, election, layout, timed, unavailable, ZkCoordinator};
+use crate::coord::{
+    admit, CoordError, Edit, Edited, Leadership, LeaseId, StoredTask, TaskOp, Version, Written,
+};
+
+/// The tasks at `keys` that exist, read at once (every request is sent before the first
+/// answer is awaited).
+pub(super) async fn read_tasks(
+    client: &zk::Client,
+    keys: &[String],
+) -> Result<Vec<StoredTask>, CoordError> {
+    let synced = timed(client.sync("/"));
+    let reads: Vec<_> = keys
+        .iter()
+        .map(|key| timed(client.get_data(&layout::path_of(key))))
+        .collect();
+    synced.await.map_err(unavailable)?;
+    let mut found = Vec::new();
+    for (key, read) in keys.iter().zip(reads) {
+        match read.await {
+            Ok((value, stat)) => found.push((key, value, stat)),
+            Err(zk::Error::NoNode) => {}
+            Err(err) => return Err(unavailable(err)),
+        }
+    }
+    let claims: Vec<_> = found
+        .iter()
+        .map(|(key, _, stat)| {
+            (stat.num_children > 0).then(|| timed(client.check_stat(&layout::claim_path(key))))
+        })
+        .collect();
+    let mut tasks = Vec::with_capacity(found.len());
+    for ((key, value, stat), claim) in found.into_iter().zip(claims) {
+        let holder = match claim {
+            Some(read) => match read.await {
+                Ok(Some(marker)) if marker.ephemeral_owner != 0 => {
+                    Some(layout::lease_of(marker.ephemeral_owner))
+                }
+                Ok(_) => None,
+                Err(err) => return Err(unavailable(err)),
+            },
+            None => None,
+        };
+        tasks.push(StoredTask {
+            key: key.clone(),
+            value,
+            version: layout::task_version(stat.mzxid, stat.pzxid),
+            created: stat.czxid.max(0) as u64,
+            holder,
+        });
+    }
+    Ok(tasks)
+}
+
+/// What a write's plan needs of `keys`: each one's data version, domain version and claim.
+async fn read_seen(
+    client: &zk::Client,
+    keys: &[String],
+) -> Result<HashMap<String, Seen>, CoordError> {
+    let synced = timed(client.sync("/"));
+    let stats: Vec<_> = keys
+        .iter()
+        .map(|key| timed(client.check_stat(&layout::path_of(key))))
+        .collect();
+    synced.await.map_err(unavailable)?;
+    let mut found = Vec::new();
+    for (key, stat) in keys.iter().zip(stats) {
+        match stat.await {
+            Ok(Some(stat)) => found.push((key, stat)),
+            Ok(None) => {}
+            Err(err) => return Err(unavailable(err)),
+        }
+    }
+    let claims: Vec<_> = found
+        .iter()
+        .map(|(key, stat)| {
+            (stat.num_children > 0).then(|| timed(client.check_stat(&layout::claim_path(key))))
+        })
+        .collect();
+    let mut seen = HashMap::new();
+    for ((key, stat), claim) in found.into_iter().zip(claims) {
+        let claim = match claim {
+            Some(read) => match read.await {
+                Ok(Some(marker)) => Some(plan::Claim {
+                    owner: marker.ephemeral_owner,
+                    data_version: marker.version,
+                }),
+                Ok(None) => None,
+                Err(err) => return Err(unavailable(err)),
+            },
+            None => None,
+        };
+        seen.insert(
+            key.clone(),
+            Seen {
+                data_version: stat.version,
+                version: layout::task_version(stat.mzxid, stat.pzxid),
+                claim,
+            },
+        );
+    }
+    Ok(seen)
+}
+
+/// Adds `op` to `multi`.
+fn add(
+    multi: &mut zk::MultiWriter<'_>,
+    op: &ZkOp,
+    acls: zk::Acls<'static>,
+) -> Result<(), zk::Error> {
+    match op {
+        ZkOp::Check { path, version } => multi.add_check_version(path, *version),
+        ZkOp::Create {
+            path,
+            data,
+            ephemeral,
+        } => {
+            let mode = if *ephemeral {
+                zk::CreateMode::Ephemeral
+            } else {
+                zk::CreateMode::Persistent
+            };
+            multi.add_create(path, data, &mode.with_acls(acls))
+        }
+        ZkOp::SetData {
+            path,
+            data,
+            version,
+        } => multi.add_set_data(path, data, *version),
+        ZkOp::Delete { path, version } => multi.add_delete(path, Some(*version)),
+    }
+}
+
+/// How a `multi` ended.
+enum Committed {
+    /// Applied: the new stat of each op that wrote data, by position.
+    Done(Vec<Option<zk::Stat>>),
+    /// Op `index` failed (a check, a version, a node that exists or went): nothing applied.
+    Failed(usize),
+    /// The session sending it has ended.
+    SessionGone,
+}
+
+async fn send(
+    client: &zk::Client,
+    ops: &[ZkOp],
+    acls: zk::Acls<'static>,
+) -> Result<Committed, CoordError> {
+    if ops.is_empty() {
+        return Ok(Committed::Done(Vec::new()));
+    }
+    let mut multi = client.new_multi_writer();
+    for op in ops {
+        add(&mut multi, op, acls).map_err(unavailable)?;
+    }
+    match commit(&mut multi).await {
+        Ok(results) => Ok(Committed::Done(
+            results
+                .into_iter()
+                .map(|result| match result {
+                    zk::MultiWriteResult::SetData { stat } => Some(stat),
+                    _ => None,
+                })
+                .collect(),
+        )),
+        Err(zk::MultiWriteError::OperationFailed { index, source }) => match source {
+            zk::Error::NoNode
+            | zk::Error::NodeExists
+            | zk::Error::BadVersion
+            | zk::Error::NotEmpty => Ok(Committed::Failed(index)),
+            zk::Error::SessionExpired | zk::Error::ClientClosed => Ok(Committed::SessionGone),
+            other => Err(unavailable(other)),
+        },
+        Err(zk::MultiWriteError::RequestFailed { source }) => match source {
+            zk::Error::SessionExpired | zk::Error::ClientClosed => Ok(Committed::SessionGone),
+            other => Err(unavailable(other)),
+        },
+    }
+}
+
+/// The keys a batch reads before it is planned: each task, and each dead letter it writes.
+fn keys_of(ops: &[TaskOp]) -> Vec<String> {
+    let mut keys: Vec<String> = ops.iter().map(|op| op.key().to_string()).collect();
+    keys.extend(ops.iter().filter_map(|op| match op {
+        TaskOp::Move { to, .. } => Some(to.clone()),
+        _ => None,
+    }));
+    keys
+}
+
+impl ZkCoordinator {
+    /// After a failed `multi`: forgets which znodes were made, in case an operator deleted a
+    /// parent (a dead letter's create then fails until it is made again). Passes `key` on.
+    fn forget_made<T>(&self, key: T) -> T {
+        self.made().clear();
+        key
+    }
+
+    /// Makes the parents of the dead letters in `ops` exist, so their creation in a `multi`
+    /// cannot fail for a missing parent.
+    async fn make_parents(&self, client: &zk::Client, keys: &[&str]) -> Result<(), CoordError> {
+        for key in keys {
+            if let Some(parent) = layout::parent(&layout::path_of(key)) {
+                self.make_dir(client, parent).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The tasks under `prefix` and the queue's version: the latest of the prefix znode's
+    /// `pzxid` (tasks created or deleted) and every task's version.
+    async fn read_list(
+        &self,
+        client: &zk::Client,
+        prefix: &str,
+    ) -> Result<(Vec<StoredTask>, Version), CoordError> {
+        let (keys, dir_version) = self.read_keys(client, prefix).await?;
+        let tasks = read_tasks(client, &keys).await?;
+        let newest = tasks.iter().map(|t| t.version).max().unwrap_or(0);
+        Ok((tasks, Version(dir_version.0.max(newest))))
+    }
+
+    async fn read_keys(
+        &self,
+        client: &zk::Client,
+        prefix: &str,
+    ) -> Result<(Vec<String>, Version), CoordError> {
+        let (dir, start) = layout::prefix_dir(prefix);
+        let synced = timed(client.sync("/"));
+        let children = timed(client.get_children(&dir));
+        synced.await.map_err(unavailable)?;
+        let (names, stat) = match children.await {
+            Ok(found) => found,
+            Err(zk::Error::NoNode) => return Ok((Vec::new(), Version(0))),
+            Err(err) => return Err(unavailable(err)),
+        };
+        let mut keys: Vec<String> = names
+            .iter()
+            .filter(|name| name.starts_with(&start))
+            // ZooKeeper's own subtree, when the prefix lists the root.
+            .filter(|name| !(dir == "/" && name.as_str() == "zookeeper"))
+            .map(|name| layout::child_key(&dir, name))
+            .collect();
+        keys.sort();
+        Ok((keys, Version(stat.pzxid.max(0) as u64)))
+    }
+
+    pub(super) async fn list_keys(
+        &self,
+        prefix: &str,
+    ) -> Result<(Vec<String>, Version), CoordError> {
+        let main = self.main().await?;
+        self.read_keys(&main, prefix).await
+    }
+
+    /// Lists the queue; past `after`, first waits (a persistent recursive watch on the
+    /// prefix's znode: a task created, rewritten or deleted, a claim made or ended) until
+    /// the version moves or `wait` passes.
+    pub(super) async fn list_tasks(
+        &self,
+        prefix: &str,
+        after: Version,
+        wait: Duration,
+    ) -> Result<(Vec<StoredTask>, Version), CoordError> {
+        let main = self.main().await?;
+        let (dir, _) = layout::prefix_dir(prefix);
+        self.make_dir(&main, &dir).await?;
+        if after == Version(0) || wait.is_zero() {
+            return self.read_list(&main, prefix).await;
+        }
+        // The watch first, so nothing written between the read and the wait is missed.
+        let mut watcher = timed(main.watch(&dir, zk::AddWatchMode::PersistentRecursive))
+            .await
+            .map_err(unavailable)?;
+        let listed = self.read_list(&main, prefix).await?;
+        if listed.1 > after {
+            return Ok(listed);
+        }
+        let _ = tokio::time::timeout(wait, watcher.changed()).await;
+        drop(watcher);
+        self.read_list(&main, prefix).await
+    }
+
+    pub(super) async fn write_guarded(
+        &self,
+        leadership: &Leadership,
+        ops: &[TaskOp],
+    ) -> Result<Written, CoordError> {
+        admit(self, ops, true)?;
+        let (Some(client), Some(session)) = (
+            self.lease_client(&leadership.lease),
+            layout::session_of(&leadership.lease),
+        ) else {
+            return Ok(Written::NotLeader);
+        };
+        // Curator's SUSPENDED: the session may live on, but nothing is claimed or written
+        // until the connection is back (or the session is found expired: LOST).
+        if client.state() == zk::SessionState::Disconnected {
+            return Err(CoordError::Unavailable(
+                "the leader's ZooKeeper connection is suspended: no writes until it is back".into(),
+            ));
+        }
+        let dir = layout::path_of(&self.settings.leader_key);
+        let marker_path = format!("{dir}/{}", layout::MARKER);
+        let synced = timed(client.sync("/"));
+        let children = timed(client.list_children(&dir));
+        let marker = timed(client.check_stat(&marker_path));
+        let keys = keys_of(ops);
+        let seen = read_seen(&client, &keys);
+        let lost = |err: zk::Error| match err {
+            zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::NoNode => {
+                Ok(Written::NotLeader)
+            }
+            other => Err(unavailable(other)),
+        };
+        if let Err(err) = synced.await {
+            return lost(err);
+        }
+        let children = match children.await {
+            Ok(children) => children,
+            Err(err) => return lost(err),
+        };
+        let marker = match marker.await {
+            Ok(Some(marker)) => marker,
+            Ok(None) => return Ok(Written::NotLeader),
+            Err(err) => return lost(err),
+        };
+        let seen = seen.await?;
+        let Some(latch) = layout::latches(&children)
+            .into_iter()
+            .find(|latch| latch.session == session)
+        else {
+            return Ok(Written::NotLeader);
+        };
+        if marker.mzxid.max(0) as u64 != leadership.fencing_token {
+            return Ok(Written::NotLeader);
+        }
+        // The latch's data is written once, at creation.
+        let guard = election::guard(&self.settings.leader_key, &latch.name, 0, marker.version);
+        let planned = match plan::plan(guard, ops, &seen, Writer::Leader { session }) {
+            Ok(planned) => planned,
+            Err(Unsent::Conflict(keys)) => return Ok(Written::Conflict(keys)),
+            Err(Unsent::NotOwn) => return Ok(Written::NotLeader),
+        };
+        let dead: Vec<&str> = ops
+            .iter()
+            .filter_map(|op| match op {
+                TaskOp::Move { to, .. } => Some(to.as_str()),
+                _ => None,
+            })
+            .collect();
+        self.make_parents(&client, &dead).await?;
+        match send(&client, &planned.ops, self.acls()).await? {
+            Committed::Done(stats) => {
+                let versions = planned
+                    .ops
+                    .iter()
+                    .zip(&planned.keys)
+                    .zip(stats)
+                    .filter_map(|((op, key), stat)| match (op, key, stat) {
+                        // A task's own write (a dead letter's is unconditioned).
+                        (
+                            ZkOp::SetData {
+                                version: Some(_), ..
+                            },
+                            Some(key),
+                            Some(stat),
+                        ) => Some((key.clone(), layout::task_version(stat.mzxid, stat.pzxid))),
+                        _ => None,
+                    })
+                    .collect();
+                Ok(Written::Done {
+                    versions,
+                    fencing_token: leadership.fencing_token,
+                })
+            }
+            Committed::Failed(index) => Ok(match self.forget_made(planned.keys.get(index)) {
+                Some(Some(key)) => Written::Conflict(vec![key.clone()]),
+                _ => Written::NotLeader,
+            }),
+            Committed::SessionGone => Ok(Written::NotLeader),
+        }
+    }
+
+    /// Writes tasks `lease` holds itself, all or nothing; a batch with any other task, or
+    /// one that moved, is left alone.
+    pub(super) async fn write_unguarded(
+        &self,
+        lease: &LeaseId,
+        ops: &[TaskOp],
+    ) -> Result<(), CoordError> {
+        admit(self, ops, false)?;
+        let (Some(client), Some(session)) = (self.lease_client(lease), layout::session_of(lease))
+        else {
+            // Its claims ended with its session.
+            return Ok(());
+        };
+        let seen = read_seen(&client, &keys_of(ops)).await?;
+        let Ok(planned) = plan::plan(Vec::new(), ops, &seen, Writer::Own { session }) else {
+            return Ok(());
+        };
+        let dead: Vec<&str> = ops
+            .iter()
+            .filter_map(|op| match op {
+                TaskOp::Move { to, .. } => Some(to.as_str()),
+                _ => None,
+            })
+            .collect();
+        self.make_parents(&client, &dead).await?;
+        if let Committed::Failed(_) = send(&client, &planned.ops, self.acls()).await? {
+            self.made().clear();
+        }
+        Ok(())
+    }
+
+    /// A producer's or operator's edit, all or nothing: creates only keys that do not
+    /// exist, deletes only at the version read.
+    pub(super) async fn edit_tasks(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
+        if ops.is_empty() {
+            return Ok(Edited::Done);
+        }
+        let main = self.main().await?;
+        let keys: Vec<String> = ops.iter().map(|op| op.key().to_string()).collect();
+        let seen = read_seen(&main, &keys).await?;
+        let mut conflicts = Vec::new();
+        let mut planned: Vec<(ZkOp, String)> = Vec::new();
+        for op in ops {
+            match op {
+                Edit::Create { key, value } => {
+                    if seen.contains_key(key) {
+                        conflicts.push(key.clone());
+                        continue;
+                    }
+                    let op = ZkOp::Create {
+                        path: layout::path_of(key),
+                        data: value.clone(),
+                        ephemeral: false,
+                    };
+                    planned.push((op, key.clone()));
+                }
+                Edit::Delete { key, version } => {
+                    let Some(task) = seen.get(key).filter(|task| task.version == *version) else {
+                        conflicts.push(key.clone());
+                        continue;
+                    };
+                    if let Some(claim) = task.claim {
+                        let op = ZkOp::Delete {
+                            path: layout::claim_path(key),
+                            version: claim.data_version,
+                        };
+                        planned.push((op, key.clone()));
+                    }
+                    let op = ZkOp::Delete {
+                        path: layout::path_of(key),
+                        version: task.data_version,
+                    };
+                    planned.push((op, key.clone()));
+                }
+            }
+        }
+        if !conflicts.is_empty() {
+            return Ok(Edited::Conflict(conflicts));
+        }
+        let created: Vec<&str> = ops
+            .iter()
+            .filter_map(|op| match op {
+                Edit::Create { key, .. } => Some(key.as_str()),
+                Edit::Delete { .. } => None,
+            })
+            .collect();
+        self.make_parents(&main, &created).await?;
+        let (zk_ops, zk_keys): (Vec<ZkOp>, Vec<String>) = planned.into_iter().unzip();
+        match send(&main, &zk_ops, self.acls()).await? {
+            Committed::Done(_) => Ok(Edited::Done),
+            Committed::Failed(index) => Ok(Edited::Conflict(
+                self.forget_made(zk_keys.get(index))
+                    .cloned()
+                    .into_iter()
+                    .collect(),
+            )),
+            Committed::SessionGone => Err(CoordError::Unavailable(
+                "the ZooKeeper session ended during the edit; try again".into(),
+            )),
+        }
+    }
+}
