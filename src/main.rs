@@ -23,7 +23,7 @@ use leaderq::server;
 #[command(
     name = "leaderq",
     version,
-    about = "Leader-elected task queue on Consul KV, with an embedded Consul-compatible server"
+    about = "Leader-elected task queue and leader-gated commands on Consul, ZooKeeper, Redis or etcd, with an embedded Consul-compatible server"
 )]
 struct Cli {
     /// Log format on stderr; the level filter comes from RUST_LOG (default info).
