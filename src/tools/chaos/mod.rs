@@ -417,7 +417,15 @@ async fn run_in(
         events.push(Event {
             at_ns,
             replica: if kind == "server" {
-                "server".into()
+                // Which coordinator process was hit: the server, or a cluster's member.
+                match coordinator.members() {
+                    1 => coordinator.backend().to_string(),
+                    n => format!(
+                        "{}-member-{}",
+                        coordinator.backend(),
+                        (member_hits + n - 1) % n
+                    ),
+                }
             } else {
                 leader
             },
