@@ -200,12 +200,12 @@ impl Queue {
                 if !fast && claimed.len() > 0 {
                     // The batch was claimed on the promise of fast runs. A slow one sends the
                     // rest back unchanged, so that a batch of slow tasks never holds up an
-                    // earlier task that arrives or falls due; the next look reads them again.
+                    // earlier task that arrives or falls due. Sent back, they have new
+                    // versions the backlog does not know, and they come before every task
+                    // still in it: list again, so they are claimed next, in order.
                     let rest: Vec<(Claimed, u64)> = claimed.by_ref().collect();
-                    for (unstarted, _) in &rest {
-                        backlog.forget(&unstarted.task.key);
-                    }
                     self.release_unstarted(leadership, rest).await;
+                    break 'listing;
                 }
             }
         }

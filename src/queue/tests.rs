@@ -394,3 +394,71 @@ async fn a_permanent_failure_is_dead_lettered_at_once_and_a_retryable_one_retrie
     assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
     stop.cancel();
 }
+
+/// Records its runs; the task `slow` takes 10 ms of real time (over `FAST_HANDLER`).
+struct SlowOne(Arc<Mutex<Vec<String>>>);
+
+impl Handler for SlowOne {
+    fn handle<'a>(&'a self, ctx: &'a TaskContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            if ctx.task_id == "slow" {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            self.0.lock().unwrap().push(ctx.task_id.clone());
+            Ok(())
+        })
+    }
+}
+
+/// A slow run in a batch claimed ahead sends the rest of the batch back; those tasks are
+/// earlier than the backlog after them, so they still run next: order holds.
+#[tokio::test(start_paused = true)]
+async fn tasks_sent_back_after_a_slow_run_still_go_before_later_ones() {
+    let memory = Arc::new(MemoryCoordinator::default());
+    let coord: Arc<dyn Coordinator> = memory.clone();
+    let mut settings = crate::config::Settings::load(None, crate::config::Env::new())
+        .expect("the default settings load");
+    settings.queue.claim_batch = 2;
+    let prefix = settings.queue.prefix.clone();
+    let order = [
+        "first",
+        "slow",
+        "sent-back",
+        "later-1",
+        "later-2",
+        "later-3",
+    ];
+    for (n, id) in order.iter().enumerate() {
+        memory
+            .put(&format!("{prefix}k{n}"), &task(id, 10 + n as u64))
+            .unwrap();
+    }
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let mut registry = Registry::default();
+    registry.register("Work", SlowOne(runs.clone()));
+    let metrics = Arc::new(Metrics::new(["Work"]));
+    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
+    let queue = Queue {
+        coord: coord.clone(),
+        settings: settings.queue.clone(),
+        registry,
+        node_id: "n1".into(),
+        wait: Duration::from_secs(1),
+        metrics,
+        rotation: None,
+        term: Default::default(),
+    };
+    let shutdown = CancellationToken::new();
+    let leading = {
+        let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
+        tokio::spawn(async move { queue.lead(&leadership, &lease, &shutdown).await })
+    };
+    until("every task ran", || {
+        runs.lock().unwrap().len() == order.len()
+    })
+    .await;
+    assert_eq!(*runs.lock().unwrap(), order);
+    shutdown.cancel();
+    assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
+    stop.cancel();
+}
