@@ -132,6 +132,9 @@ pub(crate) fn audit(
     events: &[Event],
 ) -> anyhow::Result<Audit> {
     let runs = runs(&std::fs::read_to_string(journal)?);
+    /// How long before a run's first record a hit of its replica may explain a repeat:
+    /// more than a handler's start (supervisor, shell, worker) takes on a loaded machine.
+    const CLAIM_TO_START_NS: u128 = 1_000_000_000;
     let mut audit = Audit {
         tasks: ids.len(),
         runs: runs.values().map(Vec::len).sum(),
@@ -152,10 +155,13 @@ pub(crate) fn audit(
             // handler as it finished (its lease could not be confirmed, as during a server
             // outage, or its time-out ran out): a run it killed is a failed run, and runs
             // again (at-least-once).
+            // A hit may also land between the claim and the worker's first record (the
+            // handler is being started: a paused replica's handler still runs, and its
+            // completion waits for the replica): `CLAIM_TO_START` before the run counts.
             let hit_before_rerun = events.iter().any(|e| {
                 e.replica == first.replica
                     && e.incarnation == first.incarnation
-                    && e.at_ns >= first.start
+                    && e.at_ns + CLAIM_TO_START_NS >= first.start
                     && e.at_ns <= second.start
             });
             if hit_before_rerun {
@@ -320,6 +326,17 @@ mod tests {
         let explained = audit(dir.path(), &journal, &ids(&["a"]), &[kill("r1", 0, 25)]).unwrap();
         assert!(explained.passed(), "{explained:?}");
         assert_eq!(explained.repeats.len(), 1);
+        // A hit while the handler was being started (just before the worker's first
+        // record) explains it too; one long before does not.
+        let starting = audit(dir.path(), &journal, &ids(&["a"]), &[kill("r1", 0, 5)]).unwrap();
+        assert!(starting.passed(), "{starting:?}");
+        let journal = write(
+            dir.path(),
+            "S a 1 r1 5000000000 1 100 0\nE a 1 r1 5000000010 1 100 0\nS a 2 r2 6000000000 2 200 0\nE a 2 r2 6000000010 2 200 0\n",
+            "",
+        );
+        let long_before = audit(dir.path(), &journal, &ids(&["a"]), &[kill("r1", 0, 5)]).unwrap();
+        assert_eq!(long_before.unexplained_repeats, ["a"]);
     }
 
     /// A run whose worker finished and was then SIGTERMed (leaderq stopped its handler as
