@@ -25,6 +25,7 @@ pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 pub struct Settings {
     pub coordinator: CoordinatorSettings,
     pub consul: ConsulSettings,
+    pub redis: RedisSettings,
     pub election: ElectionSettings,
     pub queue: QueueSettings,
     pub data: DataSettings,
@@ -46,6 +47,9 @@ pub struct CoordinatorSettings {
 pub enum Backend {
     /// Consul's KV store, sessions and transactions (or `leaderq server`): `[consul]`.
     Consul,
+    /// One Redis (7.0 or later): leases and leadership as keys with TTLs, Lua scripts
+    /// for every guarded write: `[redis]`.
+    Redis,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -54,6 +58,19 @@ pub struct ConsulSettings {
     pub addresses: Vec<String>,
     pub token: String,
     pub ca_file: String,
+    #[serde(deserialize_with = "go_duration")]
+    pub wait: Duration,
+    #[serde(deserialize_with = "go_duration")]
+    pub request_timeout: Duration,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    pub url: String,
+    /// Overrides the URL's password when not empty (so it can come from the environment).
+    pub password: String,
+    pub key_prefix: String,
     #[serde(deserialize_with = "go_duration")]
     pub wait: Duration,
     #[serde(deserialize_with = "go_duration")]
@@ -168,6 +185,7 @@ impl Settings {
     pub fn watch_wait(&self) -> Duration {
         match self.coordinator.backend {
             Backend::Consul => self.consul.wait,
+            Backend::Redis => self.redis.wait,
         }
     }
 
@@ -232,6 +250,9 @@ impl Settings {
             if let Err(reason) = crate::coord::consul::client::parse_address(address) {
                 return invalid(format!("consul.addresses: {reason}"));
             }
+        }
+        if let Err(reason) = crate::coord::redis::check_settings(&self.redis) {
+            return invalid(reason);
         }
         if self.election.leader_key.is_empty() || self.election.leader_key.starts_with('/') {
             return invalid(

@@ -7,6 +7,8 @@ mod catalog;
 mod common;
 #[path = "consumer/contract_consul.rs"]
 mod contract_consul;
+#[path = "consumer/contract_redis.rs"]
+mod contract_redis;
 #[path = "consumer/coord_consul.rs"]
 mod coord_consul;
 #[path = "consumer/hostile_input.rs"]

@@ -24,6 +24,7 @@
 pub mod consul;
 pub mod contract;
 pub mod memory;
+pub mod redis;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -332,6 +333,7 @@ pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator
     use crate::config::Backend;
     match settings.coordinator.backend {
         Backend::Consul => consul::connect(settings),
+        Backend::Redis => self::redis::connect(settings),
     }
 }
 

@@ -8,6 +8,8 @@
 //!   and the test skips;
 //! - missing where [`REQUIRE_ENV`] is set (CI): [`external`] panics, so the test fails.
 
+pub mod redis;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
