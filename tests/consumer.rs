@@ -17,6 +17,8 @@ mod hostile_input;
 mod identity;
 #[path = "consumer/queue_edges.rs"]
 mod queue_edges;
+#[path = "consumer/redis_queue.rs"]
+mod redis_queue;
 #[path = "consumer/supervise.rs"]
 mod supervise;
 

@@ -34,7 +34,8 @@ impl RedisServer {
         RedisServer::start_with("always")
     }
 
-    /// A Redis with the given `appendfsync` policy ("always", "everysec" or "no").
+    /// A Redis with the given `appendfsync` policy ("always", "everysec" or "no"), or
+    /// with no persistence at all ("off": to measure what it loses).
     pub fn start_with(appendfsync: &str) -> Option<RedisServer> {
         let binary = external(&["redis-server"], "redis-server (apt install redis-server)")?;
         let cli = external(&["redis-cli"], "redis-tools (apt install redis-tools)")?;
@@ -81,7 +82,10 @@ impl RedisServer {
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .arg("--dir")
             .arg(&self.dir)
-            .args(["--appendonly", "yes", "--appendfsync", &self.appendfsync])
+            .args(match self.appendfsync.as_str() {
+                "off" => ["--appendonly", "no", "--appendfsync", "no"],
+                policy => ["--appendonly", "yes", "--appendfsync", policy],
+            })
             .args(["--save", "", "--daemonize", "no", "--logfile", "redis.log"])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
