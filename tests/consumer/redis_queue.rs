@@ -44,7 +44,17 @@ impl RedisBed {
     }
 
     fn start_replica(&mut self, node: &str) {
-        let config = settings(&self.journal, self.ttl).replace("$NODE", node);
+        // One more handler: its runs hold a lock on a file, so a second run while the first
+        // still lives (a frozen leader's handler left running) writes "overlap".
+        let journal = self.journal.display();
+        let exclusive = format!(
+            r#"
+[handlers.Exclusive]
+kind = "exec"
+command = ["sh", "-c", '''flock -n {journal}.lock sh -c 'echo "start $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT" >> {journal}; sleep 2; echo "end $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT" >> {journal}' || echo "overlap $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT" >> {journal}''']
+"#
+        );
+        let config = (settings(&self.journal, self.ttl) + &exclusive).replace("$NODE", node);
         let path = self.dir.path().join(format!("{node}.toml"));
         std::fs::write(&path, config).unwrap();
         let log = std::fs::File::create(self.dir.path().join(format!("{node}.log"))).unwrap();
@@ -256,10 +266,12 @@ async fn redis_replicas_run_tasks_once_in_order_and_survive_a_leader_kill() {
         .all(|l| l[3] == second && l[2].parse::<u64>().unwrap() == after.fencing_token));
 }
 
-/// A leader frozen (SIGSTOP) past its TTL loses leadership to a standby, which runs what
-/// is written meanwhile; once woken (SIGCONT), a write under its old leadership answers
-/// NotLeader and changes nothing, and it runs nothing more: every task runs once, those
-/// written after the freeze under the new leader's token.
+/// A leader frozen (SIGSTOP) past its TTL in the middle of a task loses leadership to a
+/// standby, which reruns that task (its supervisor killed the frozen leader's run before
+/// the lease could end: the two runs never overlap) and runs what is written meanwhile;
+/// once woken (SIGCONT), a write under its old leadership answers NotLeader and changes
+/// nothing, and it runs nothing more: every task runs once, those written after the
+/// freeze under the new leader's token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_frozen_past_its_ttl_is_fenced_off_when_it_wakes() {
     let Some(mut bed) = RedisBed::new("1s") else {
@@ -274,6 +286,12 @@ async fn a_leader_frozen_past_its_ttl_is_fenced_off_when_it_wakes() {
     }
     bed.wait_until_empty("oracleTask/", Duration::from_secs(20))
         .await;
+    let long = json!({"taskId": "long", "taskTime": 1, "taskType": "Exclusive"});
+    bed.produce("long", &long).unwrap();
+    bed.wait_for_line(Duration::from_secs(10), |l| {
+        l[0] == "start" && l[1] == "long"
+    })
+    .await;
     let pid = bed.replica_pid(&frozen);
     signal_pid(pid, "STOP");
     let (next, new) = bed.leader_other_than(&old, Duration::from_secs(10)).await;
@@ -328,10 +346,17 @@ async fn a_leader_frozen_past_its_ttl_is_fenced_off_when_it_wakes() {
         counts.values().all(|&c| c == 1),
         "a task ran twice: {journal:?}"
     );
-    for line in journal
+    let long: Vec<&Vec<String>> = journal.iter().filter(|l| l[1] == "long").collect();
+    assert!(
+        long.iter().all(|l| l[0] != "overlap")
+            && long.iter().filter(|l| l[0] == "end").count() == 1
+            && long.last().is_some_and(|l| l[0] == "end" && l[3] == next),
+        "the frozen leader's task ran twice at once, or not to its end on {next}: {journal:?}"
+    );
+    let after_freeze = journal
         .iter()
-        .filter(|l| l[1] != "t0" && l[1] != "t1" && l[1] != "t2")
-    {
+        .filter(|l| l[0] == "run" && !["t0", "t1", "t2"].contains(&l[1].as_str()));
+    for line in after_freeze {
         assert!(
             line[3] == next && line[2].parse::<u64>().unwrap() >= new.fencing_token,
             "{line:?} ran after the freeze, not by {next} under token {}",
