@@ -62,3 +62,69 @@ async fn the_redis_backend_keeps_the_coordinator_contract() {
         panic!("the Redis backend breaks the contract:\n{failures}");
     }
 }
+
+/// Waits wake without polling: a `list` waiting past the queue's version answers within
+/// a fraction of the fallback poll after a producer's write (the channel's message), and an
+/// `observe` answers as the leader key expires (its PTTL), not a poll later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_wake_on_the_channel_and_at_the_lease_expiry() {
+    use leaderq::coord::{Campaign, Coordinator, HolderRecord, LeaseSpec, Version};
+    use tokio::time::Instant;
+
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let coord = redis_coordinator(&server.url(), "wake/");
+    let (_, version) = coord.list("q/", Version(0), Duration::ZERO).await.unwrap();
+    let waiter = {
+        let coord = coord.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let (tasks, _) = coord
+                .list("q/", version, Duration::from_secs(20))
+                .await
+                .unwrap();
+            (tasks.len(), started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let producer = redis_coordinator(&server.url(), "wake/");
+    let written = Instant::now();
+    producer.produce("q/t1", b"{}").await.unwrap();
+    let (count, _) = waiter.await.unwrap();
+    let woken = written.elapsed();
+    assert_eq!(count, 1);
+    assert!(
+        woken < Duration::from_millis(300),
+        "a waiting list answered {woken:?} after the write"
+    );
+    assert!(coord.messages_heard() > 0, "no message on the channel");
+
+    let grant = coord
+        .open_lease(&LeaseSpec {
+            node_id: "n1".into(),
+            ttl: Duration::from_secs(1),
+            lock_delay: Duration::ZERO,
+            previous: None,
+        })
+        .await
+        .unwrap();
+    let record = HolderRecord {
+        node: "n1".into(),
+        ..HolderRecord::default()
+    };
+    let won = coord.campaign(&grant.lease, &record).await.unwrap();
+    assert!(matches!(won, Campaign::Won(_)), "{won:?}");
+    let taken = Instant::now();
+    let (_, version) = coord.observe(Version(0), Duration::ZERO).await.unwrap();
+    let (holder, _) = coord
+        .observe(version, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let freed = taken.elapsed();
+    assert_eq!(holder.lease, None);
+    assert!(
+        freed >= Duration::from_millis(900) && freed < Duration::from_millis(1400),
+        "the leadership of a 1s lease not kept alive was seen free after {freed:?}"
+    );
+}
