@@ -448,4 +448,20 @@ mod tests {
     fn the_producers_script_pastes_into_a_shell() {
         assert!(!PRODUCE.contains('\n') && !PRODUCE.contains('"') && !PRODUCE.contains('$'));
     }
+
+    /// README's producer command is this script, word for word: what the tests write with
+    /// (`harness::redis`) is what users paste.
+    #[test]
+    fn the_readme_shows_the_producers_script() {
+        let readme = include_str!("../../../README.md");
+        let block = readme
+            .split("<!-- readme-redis:start -->")
+            .nth(1)
+            .and_then(|rest| rest.split("<!-- readme-redis:end -->").next())
+            .expect("README has a readme-redis block");
+        assert!(
+            block.contains(&format!("redis-cli EVAL \"{PRODUCE}\"")),
+            "README's producer command differs from scripts::PRODUCE"
+        );
+    }
 }
