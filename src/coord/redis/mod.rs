@@ -342,7 +342,9 @@ impl RedisCoordinator {
 /// busy script, an operator fixing a password): retrying is the answer, so it is
 /// `Unavailable`, with what Redis said.
 fn unavailable(err: &redis::RedisError) -> CoordError {
-    CoordError::Unavailable(format!("redis: {err}: retrying"))
+    CoordError::Unavailable(format!(
+        "redis: {err}: check that Redis is up and reachable at redis.url"
+    ))
 }
 
 /// A script answered something it never sends: a bug in this module, or another
