@@ -156,6 +156,7 @@ impl RedisCoordinator {
                 let mut manager =
                     ConnectionManager::new_with_config(self.client.clone(), config).await?;
                 manager.subscribe(self.settings.layout.channel()).await?;
+                warn_about_persistence(&manager).await;
                 Ok::<_, redis::RedisError>(manager)
             })
             .await
@@ -335,6 +336,34 @@ impl RedisCoordinator {
             .await
             .map(drop)
             .map_err(|err| unavailable(&err))
+    }
+}
+
+/// Logs, once per connection manager, what in the server's settings could lose tasks or
+/// leadership (README's durability table); says nothing if CONFIG is refused.
+async fn warn_about_persistence(connection: &ConnectionManager) {
+    let read = |name: &'static str| {
+        let mut connection = connection.clone();
+        async move {
+            // A map in RESP3, pairs in RESP2: both read as one.
+            let mut found: std::collections::HashMap<String, String> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg(name)
+                .query_async(&mut connection)
+                .await
+                .ok()?;
+            found.remove(name)
+        }
+    };
+    let appendonly = read("appendonly").await;
+    let appendfsync = read("appendfsync").await;
+    let eviction = read("maxmemory-policy").await;
+    for warning in settings::persistence_warnings(
+        appendonly.as_deref(),
+        appendfsync.as_deref(),
+        eviction.as_deref(),
+    ) {
+        tracing::warn!("{warning}");
     }
 }
 
