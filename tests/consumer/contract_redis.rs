@@ -65,7 +65,8 @@ async fn the_redis_backend_keeps_the_coordinator_contract() {
 
 /// Waits wake without polling: a `list` waiting past the queue's version answers within
 /// a fraction of the fallback poll after a producer's write (the channel's message), and an
-/// `observe` answers as the leader key expires (its PTTL), not a poll later.
+/// `observe` answers as the leader key expires (its PTTL: the poll only looks at the
+/// counter, which an expiry does not move), never before the lease's TTL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waits_wake_on_the_channel_and_at_the_lease_expiry() {
     use leaderq::coord::{Campaign, Coordinator, HolderRecord, LeaseSpec, Version};
@@ -95,11 +96,12 @@ async fn waits_wake_on_the_channel_and_at_the_lease_expiry() {
     let woken = written.elapsed();
     assert_eq!(count, 1);
     assert!(
-        woken < Duration::from_millis(300),
+        woken < Duration::from_millis(500),
         "a waiting list answered {woken:?} after the write"
     );
     assert!(coord.messages_heard() > 0, "no message on the channel");
 
+    let opened = Instant::now();
     let grant = coord
         .open_lease(&LeaseSpec {
             node_id: "n1".into(),
@@ -115,16 +117,15 @@ async fn waits_wake_on_the_channel_and_at_the_lease_expiry() {
     };
     let won = coord.campaign(&grant.lease, &record).await.unwrap();
     assert!(matches!(won, Campaign::Won(_)), "{won:?}");
-    let taken = Instant::now();
     let (_, version) = coord.observe(Version(0), Duration::ZERO).await.unwrap();
     let (holder, _) = coord
         .observe(version, Duration::from_secs(20))
         .await
         .unwrap();
-    let freed = taken.elapsed();
+    let freed = opened.elapsed();
     assert_eq!(holder.lease, None);
     assert!(
-        freed >= Duration::from_millis(900) && freed < Duration::from_millis(1400),
+        freed >= Duration::from_secs(1) && freed < Duration::from_secs(3),
         "the leadership of a 1s lease not kept alive was seen free after {freed:?}"
     );
 }
