@@ -36,16 +36,6 @@ impl Layout {
     pub fn channel(&self) -> String {
         format!("{}changes", self.prefix)
     }
-
-    /// The leader key, for messages and tests.
-    pub fn leader_key(&self) -> String {
-        format!("{}leader/{}", self.prefix, self.leader)
-    }
-
-    /// A task's hash, for messages and tests.
-    pub fn task_key(&self, key: &str) -> String {
-        format!("{}task/{key}", self.prefix)
-    }
 }
 
 /// The seam's version for a stored counter value: even while the lease it names (if any)

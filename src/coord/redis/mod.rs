@@ -16,7 +16,8 @@
 //!
 //! Key layout and version encoding: `layout.rs`; the scripts: `scripts.rs`; waits:
 //! `wait.rs`; the `[redis]` section's checks: `settings.rs`. What Redis's
-//! persistence and replication do to the guarantees is said in README ("Redis").
+//! persistence and replication do to the guarantees is said in README ("Production with
+//! Redis"), how it keeps each guarantee in ARCHITECTURE.md ("Coordinators").
 
 mod layout;
 mod scripts;
