@@ -30,6 +30,7 @@ pub struct Settings {
     pub consul: ConsulSettings,
     pub etcd: EtcdSettings,
     pub zookeeper: ZookeeperSettings,
+    pub redis: RedisSettings,
     pub election: ElectionSettings,
     pub queue: QueueSettings,
     pub data: DataSettings,
@@ -55,6 +56,9 @@ pub enum Backend {
     Etcd,
     /// A ZooKeeper ensemble, Curator's LeaderLatch semantics: `[zookeeper]`.
     Zookeeper,
+    /// One Redis (7.0 or later): leases and leadership as keys with TTLs, Lua scripts
+    /// for every guarded write: `[redis]`.
+    Redis,
 }
 
 /// How a leader holds leadership (`leader/rotation.rs`).
@@ -103,6 +107,19 @@ pub struct EtcdSettings {
     pub user: String,
     pub password: String,
     pub ca_file: String,
+    #[serde(deserialize_with = "go_duration")]
+    pub wait: Duration,
+    #[serde(deserialize_with = "go_duration")]
+    pub request_timeout: Duration,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    pub url: String,
+    /// Overrides the URL's password when not empty (so it can come from the environment).
+    pub password: String,
+    pub key_prefix: String,
     #[serde(deserialize_with = "go_duration")]
     pub wait: Duration,
     #[serde(deserialize_with = "go_duration")]
@@ -234,6 +251,7 @@ impl Settings {
             Backend::Consul => self.consul.wait,
             Backend::Etcd => self.etcd.wait,
             Backend::Zookeeper => self.zookeeper.wait,
+            Backend::Redis => self.redis.wait,
         }
     }
 
@@ -310,6 +328,9 @@ impl Settings {
         }
         crate::coord::etcd::check_settings(&self.etcd).map_err(ConfigError::Invalid)?;
         if let Err(reason) = crate::coord::zookeeper::check_settings(&self.zookeeper) {
+            return invalid(reason);
+        }
+        if let Err(reason) = crate::coord::redis::check_settings(&self.redis) {
             return invalid(reason);
         }
         if self.election.leader_key.is_empty() || self.election.leader_key.starts_with('/') {

@@ -9,6 +9,8 @@ mod common;
 mod contract_consul;
 #[path = "consumer/contract_etcd.rs"]
 mod contract_etcd;
+#[path = "consumer/contract_redis.rs"]
+mod contract_redis;
 #[path = "consumer/contract_zookeeper.rs"]
 mod contract_zookeeper;
 #[path = "consumer/coord_consul.rs"]
@@ -21,6 +23,8 @@ mod hostile_input;
 mod identity;
 #[path = "consumer/queue_edges.rs"]
 mod queue_edges;
+#[path = "consumer/redis_queue.rs"]
+mod redis_queue;
 #[path = "consumer/rotation.rs"]
 mod rotation;
 #[path = "consumer/run_cmd.rs"]

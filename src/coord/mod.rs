@@ -25,6 +25,7 @@ pub mod consul;
 pub mod contract;
 pub mod etcd;
 pub mod memory;
+pub mod redis;
 pub mod zookeeper;
 
 use std::future::Future;
@@ -336,6 +337,7 @@ pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator
         Backend::Consul => consul::connect(settings),
         Backend::Etcd => etcd::connect(settings),
         Backend::Zookeeper => zookeeper::connect(settings),
+        Backend::Redis => self::redis::connect(settings),
     }
 }
 

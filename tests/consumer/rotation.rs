@@ -20,7 +20,7 @@ macro_rules! on_every_backend {
     };
 }
 
-on_every_backend!(consul, etcd, zookeeper);
+on_every_backend!(consul, etcd, redis, zookeeper);
 
 async fn rotate_mode_passes_leadership_around(backend: &str) {
     let dir = tempfile::tempdir().unwrap();

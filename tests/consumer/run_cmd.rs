@@ -42,7 +42,7 @@ macro_rules! on_every_backend {
     };
 }
 
-on_every_backend!(consul, etcd, zookeeper);
+on_every_backend!(consul, etcd, redis, zookeeper);
 
 /// A child that journals `start <token> <pid> <ns>`, then `beat <token> <ns>` every 20 ms
 /// while it lives.

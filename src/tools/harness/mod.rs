@@ -9,6 +9,7 @@
 //! - missing where [`REQUIRE_ENV`] is set (CI): [`external`] panics, so the test fails.
 
 pub mod consul;
+pub mod redis;
 pub mod zookeeper;
 
 use std::path::{Path, PathBuf};
@@ -118,7 +119,7 @@ pub trait Cluster: Send {
 }
 
 /// The backends a [`Cluster`] can be started for, by `[coordinator] backend` name.
-pub const BACKENDS: &[&str] = &["consul", "etcd", "zookeeper"];
+pub const BACKENDS: &[&str] = &["consul", "etcd", "redis", "zookeeper"];
 
 /// Starts a cluster of `backend` under `dir` (members' data and logs), with `exe` as the
 /// leaderq binary where the backend is `leaderq server`. `Ok(None)` when the backend's
@@ -135,6 +136,7 @@ pub fn start_cluster(
             Ok(Some(Box::new(server)))
         }
         "etcd" => Ok(etcd::EtcdCluster::start(3)?.map(|c| Box::new(c) as Box<dyn Cluster>)),
+        "redis" => Ok(redis::RedisServer::start().map(|r| Box::new(r) as Box<dyn Cluster>)),
         "zookeeper" => match zookeeper::Ensemble::start(3) {
             None => Ok(None),
             Some(ensemble) => Ok(Some(Box::new(ensemble?))),

@@ -1,0 +1,513 @@
+//! The Redis coordinator: the [`Coordinator`] seam on one Redis (7.0 or later), through
+//! redis-rs's connection manager (reconnects by itself after a restart).
+//!
+//! - a lease is a random id's key with a PX TTL, renewed and ended only by scripts that
+//!   check it is still there;
+//! - leadership is `SET leader <lease> NX PX <the lease's time left>` in a script that first
+//!   checks the lease exists; the fencing token is an INCR on a counter kept beside it, and
+//!   the keep-alive script renews the leader key with the lease, so it never outlives it;
+//! - the queue is a hash per task and one sorted set of their keys; every write of it is
+//!   one script that checks the leader key and the holder's token (guarded writes), then
+//!   each task's version, and applies all or nothing;
+//! - a task claimed by a lease that then expires still names it and reads as unheld, with
+//!   a version of its own (`layout.rs`): orphans are found without any timer;
+//! - waits (`list`, `observe`) wake on the channel every write publishes to, when a lease
+//!   they see would end, and at the latest every second, should a message be lost.
+//!
+//! Key layout and version encoding: `layout.rs`; the scripts: `scripts.rs`; waits:
+//! `wait.rs`; the `[redis]` section's checks: `settings.rs`. What Redis's
+//! persistence and replication do to the guarantees is said in README ("Production with
+//! Redis"), how it keeps each guarantee in ARCHITECTURE.md ("Coordinators").
+
+mod layout;
+mod scripts;
+mod settings;
+mod wait;
+
+pub use layout::Layout;
+pub use scripts::PRODUCE;
+pub use settings::check_settings;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{IntoConnectionInfo, ProtocolVersion};
+use tokio::sync::{watch, OnceCell};
+
+use self::layout::{holder_row, number, task_rows, text, HolderRow, TaskRows};
+use self::scripts::{edit_args, op_args, Scripts};
+use self::wait::{ReadHolder, ReadTasks};
+use crate::coord::{
+    Campaign, CoordError, CoordFuture, Coordinator, Edit, Edited, Grant, Holder, HolderRecord,
+    Leadership, LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits,
+    Written,
+};
+
+/// Leases shorter than this are refused: a keep-alive every third of it must get through.
+pub const TTL_MIN: Duration = Duration::from_secs(1);
+
+/// One write: the ops Redis runs in one script, and the bytes of keys and values it
+/// carries (a script blocks Redis while it runs: keep each short).
+const LIMITS: WriteLimits = WriteLimits {
+    max_ops: 128,
+    max_bytes: 1024 * 1024,
+};
+
+/// What the Redis coordinator needs, from `[redis]` and `[election]`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisCoordSettings {
+    /// `redis://[user:password@]host:port/db` or `rediss://` for TLS.
+    pub url: String,
+    /// Overrides the URL's password when not empty.
+    pub password: String,
+    pub layout: Layout,
+    /// Each Redis call's limit (and a connection attempt's).
+    pub request_timeout: Duration,
+}
+
+/// The Redis backend of the coordinator seam: one per replica.
+pub struct RedisCoordinator {
+    client: redis::Client,
+    settings: RedisCoordSettings,
+    scripts: Scripts,
+    /// Connected (and subscribed to the changes channel) on first use.
+    manager: OnceCell<ConnectionManager>,
+    /// Raised on every message on the changes channel: waiters look again.
+    changes: Arc<watch::Sender<u64>>,
+    /// Messages heard, for tests and logs.
+    heard: Arc<AtomicU64>,
+}
+
+/// The Redis backend from `[redis]` and `[election]` (`coord::connect`'s line).
+pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator>, CoordError> {
+    let coord = RedisCoordinator::new(RedisCoordSettings {
+        url: settings.redis.url.clone(),
+        password: settings.redis.password.clone(),
+        layout: Layout {
+            prefix: settings.redis.key_prefix.clone(),
+            leader: settings.election.leader_key.clone(),
+        },
+        request_timeout: settings.redis.request_timeout,
+    })?;
+    Ok(Arc::new(coord))
+}
+
+impl RedisCoordinator {
+    /// A coordinator on the Redis at `settings.url`; nothing is asked of Redis before the
+    /// first call.
+    pub fn new(settings: RedisCoordSettings) -> Result<RedisCoordinator, CoordError> {
+        let info = settings
+            .url
+            .as_str()
+            .into_connection_info()
+            .map_err(|err| {
+                CoordError::Refused(format!(
+                    "redis.url {:?}: {err}: fix the [redis] settings",
+                    settings.url
+                ))
+            })?;
+        // RESP3, so that the channel's messages arrive on the same connection as the
+        // answers, and the connection manager subscribes again after a reconnect.
+        let mut redis_settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        if !settings.password.is_empty() {
+            redis_settings = redis_settings.set_password(&settings.password);
+        }
+        let info = info.set_redis_settings(redis_settings);
+        let client = redis::Client::open(info).map_err(|err| {
+            CoordError::Refused(format!("redis.url: {err}: fix the [redis] settings"))
+        })?;
+        let (changes, _) = watch::channel(0);
+        Ok(RedisCoordinator {
+            client,
+            settings,
+            scripts: Scripts::new(),
+            manager: OnceCell::new(),
+            changes: Arc::new(changes),
+            heard: Arc::new(AtomicU64::new(0)),
+        })
+    }
+
+    /// How many messages the changes channel brought so far.
+    pub fn messages_heard(&self) -> u64 {
+        self.heard.load(Ordering::Relaxed)
+    }
+
+    async fn connection(&self) -> Result<ConnectionManager, CoordError> {
+        let manager = self
+            .manager
+            .get_or_try_init(|| async {
+                let changes = self.changes.clone();
+                let heard = self.heard.clone();
+                let config = ConnectionManagerConfig::new()
+                    .set_connection_timeout(Some(self.settings.request_timeout))
+                    .set_response_timeout(Some(self.settings.request_timeout))
+                    .set_automatic_resubscription()
+                    .set_push_sender(move |info: redis::PushInfo| {
+                        if info.kind == redis::PushKind::Message {
+                            heard.fetch_add(1, Ordering::Relaxed);
+                            changes.send_modify(|n| *n = n.wrapping_add(1));
+                        }
+                        Ok::<(), std::convert::Infallible>(())
+                    });
+                let mut manager =
+                    ConnectionManager::new_with_config(self.client.clone(), config).await?;
+                manager.subscribe(self.settings.layout.channel()).await?;
+                warn_about_persistence(&manager).await;
+                Ok::<_, redis::RedisError>(manager)
+            })
+            .await
+            .map_err(|err| unavailable(&err))?;
+        Ok(manager.clone())
+    }
+
+    /// Runs `script` with the prefix, the leader name and `args`, answering its fields.
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        args: &[&[u8]],
+    ) -> Result<T, CoordError> {
+        let mut connection = self.connection().await?;
+        let mut invocation = script.prepare_invoke();
+        invocation
+            .arg(self.settings.layout.prefix.as_bytes())
+            .arg(self.settings.layout.leader.as_bytes());
+        for arg in args {
+            invocation.arg(*arg);
+        }
+        invocation
+            .invoke_async(&mut connection)
+            .await
+            .map_err(|err| unavailable(&err))
+    }
+
+    async fn fields(
+        &self,
+        script: &redis::Script,
+        args: &[&[u8]],
+    ) -> Result<Vec<Vec<u8>>, CoordError> {
+        self.run(script, args).await
+    }
+
+    async fn open(&self, spec: &LeaseSpec) -> Result<Grant, CoordError> {
+        if spec.ttl < TTL_MIN {
+            return Err(CoordError::Refused(format!(
+                "a lease TTL of {:?} is below the Redis coordinator's minimum of {TTL_MIN:?}: raise election.session_ttl",
+                spec.ttl
+            )));
+        }
+        let previous = spec.previous.as_ref().map_or("", |lease| lease.0.as_str());
+        let ttl = spec.ttl.as_millis().to_string();
+        let new = uuid::Uuid::new_v4().to_string();
+        let reply = self
+            .fields(
+                &self.scripts.open,
+                &[
+                    previous.as_bytes(),
+                    spec.node_id.as_bytes(),
+                    ttl.as_bytes(),
+                    new.as_bytes(),
+                ],
+            )
+            .await?;
+        match reply.as_slice() {
+            [kind, id] => Ok(Grant {
+                lease: LeaseId(text(id).map_err(bad_answer)?),
+                reused: kind.as_slice() == b"reused",
+            }),
+            _ => Err(bad_answer(format!("open answered {} fields", reply.len()))),
+        }
+    }
+
+    async fn renew(&self, lease: &LeaseId) -> Result<Renewal, CoordError> {
+        let answer: String = self
+            .run(&self.scripts.keep_alive, &[lease.0.as_bytes()])
+            .await?;
+        Ok(if answer == "alive" {
+            Renewal::Alive
+        } else {
+            Renewal::Gone
+        })
+    }
+
+    async fn contend(
+        &self,
+        lease: &LeaseId,
+        record: &HolderRecord,
+    ) -> Result<Campaign, CoordError> {
+        let record = record.encode();
+        let reply = self
+            .fields(&self.scripts.campaign, &[lease.0.as_bytes(), &record])
+            .await?;
+        match reply.as_slice() {
+            [won, token] if won.as_slice() == b"won" => Ok(Campaign::Won(Leadership {
+                lease: lease.clone(),
+                fencing_token: number(token).map_err(bad_answer)?,
+            })),
+            [held] if held.as_slice() == b"held" => Ok(Campaign::Held),
+            [gone] if gone.as_slice() == b"gone" => Ok(Campaign::LeaseGone),
+            _ => Err(bad_answer("campaign answered out of turn")),
+        }
+    }
+
+    async fn read_holder(&self) -> Result<HolderRow, CoordError> {
+        holder_row(self.fields(&self.scripts.observe, &[]).await?).map_err(bad_answer)
+    }
+
+    async fn read_tasks(&self, prefix: &str) -> Result<TaskRows, CoordError> {
+        task_rows(
+            self.fields(&self.scripts.list, &[prefix.as_bytes()])
+                .await?,
+        )
+        .map_err(bad_answer)
+    }
+
+    async fn write_ops(
+        &self,
+        mode: &str,
+        lease: &LeaseId,
+        token: u64,
+        ops: &[TaskOp],
+    ) -> Result<Written, CoordError> {
+        crate::coord::admit(self, ops, mode == "guarded")?;
+        let token = token.to_string();
+        let encoded = op_args(ops);
+        let mut args: Vec<&[u8]> = vec![mode.as_bytes(), lease.0.as_bytes(), token.as_bytes()];
+        args.extend(encoded.iter().map(Vec::as_slice));
+        let reply = self.fields(&self.scripts.write, &args).await?;
+        let Some((kind, rest)) = reply.split_first() else {
+            return Err(bad_answer("a write answered nothing"));
+        };
+        match kind.as_slice() {
+            b"notleader" => Ok(Written::NotLeader),
+            b"conflict" => Ok(Written::Conflict(
+                rest.iter()
+                    .map(|key| text(key))
+                    .collect::<Result<_, _>>()
+                    .map_err(bad_answer)?,
+            )),
+            b"done" => {
+                let [token, counter, keys @ ..] = rest else {
+                    return Err(bad_answer("a write answered done without its token"));
+                };
+                let version = layout::encode(number(counter).map_err(bad_answer)?, false);
+                Ok(Written::Done {
+                    versions: keys
+                        .iter()
+                        .map(|key| text(key).map(|key| (key, version)))
+                        .collect::<Result<_, _>>()
+                        .map_err(bad_answer)?,
+                    fencing_token: number(token).map_err(bad_answer)?,
+                })
+            }
+            _ => Err(bad_answer("a write answered out of turn")),
+        }
+    }
+
+    async fn edit_tasks(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
+        let encoded = edit_args(ops);
+        let args: Vec<&[u8]> = encoded.iter().map(Vec::as_slice).collect();
+        let reply = self.fields(&self.scripts.edit, &args).await?;
+        match reply.split_first() {
+            Some((kind, _)) if kind.as_slice() == b"done" => Ok(Edited::Done),
+            Some((kind, keys)) if kind.as_slice() == b"conflict" => Ok(Edited::Conflict(
+                keys.iter()
+                    .map(|key| text(key))
+                    .collect::<Result<_, _>>()
+                    .map_err(bad_answer)?,
+            )),
+            _ => Err(bad_answer("an edit answered out of turn")),
+        }
+    }
+
+    /// Test support: writes a task with the producers' script ([`PRODUCE`]).
+    pub async fn produce(&self, key: &str, value: &[u8]) -> Result<(), CoordError> {
+        let mut connection = self.connection().await?;
+        redis::cmd("EVAL")
+            .arg(PRODUCE)
+            .arg(0)
+            .arg(&self.settings.layout.prefix)
+            .arg(key)
+            .arg(value)
+            .query_async::<u64>(&mut connection)
+            .await
+            .map(drop)
+            .map_err(|err| unavailable(&err))
+    }
+}
+
+/// Logs, once per connection manager, what in the server's settings could lose tasks or
+/// leadership (README's durability table); says nothing if CONFIG is refused.
+async fn warn_about_persistence(connection: &ConnectionManager) {
+    let read = |name: &'static str| {
+        let mut connection = connection.clone();
+        async move {
+            // A map in RESP3, pairs in RESP2: both read as one.
+            let mut found: std::collections::HashMap<String, String> = redis::cmd("CONFIG")
+                .arg("GET")
+                .arg(name)
+                .query_async(&mut connection)
+                .await
+                .ok()?;
+            found.remove(name)
+        }
+    };
+    let appendonly = read("appendonly").await;
+    let appendfsync = read("appendfsync").await;
+    let eviction = read("maxmemory-policy").await;
+    for warning in settings::persistence_warnings(
+        appendonly.as_deref(),
+        appendfsync.as_deref(),
+        eviction.as_deref(),
+    ) {
+        tracing::warn!("{warning}");
+    }
+}
+
+/// Every Redis error may pass (a restart, a network fault, a replica being promoted, a
+/// busy script, an operator fixing a password): retrying is the answer, so it is
+/// `Unavailable`, with what Redis said.
+fn unavailable(err: &redis::RedisError) -> CoordError {
+    CoordError::Unavailable(format!(
+        "redis: {err}: check that Redis is up and reachable at redis.url"
+    ))
+}
+
+/// A script answered something it never sends: a bug in this module, or another
+/// program's keys under our prefix.
+fn bad_answer(why: impl std::fmt::Display) -> CoordError {
+    CoordError::Unavailable(format!(
+        "redis answered what leaderq's scripts never send ({why}): check that nothing else writes under [redis] key_prefix"
+    ))
+}
+
+impl Coordinator for RedisCoordinator {
+    fn describe(&self) -> String {
+        match self.client.get_connection_info().addr() {
+            addr @ redis::ConnectionAddr::Tcp(..) => format!("Redis at {addr}"),
+            addr => format!("Redis at {addr} (TLS)"),
+        }
+    }
+
+    fn open_lease<'a>(&'a self, spec: &'a LeaseSpec) -> CoordFuture<'a, Grant> {
+        Box::pin(self.open(spec))
+    }
+
+    fn keep_alive<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, Renewal> {
+        Box::pin(self.renew(lease))
+    }
+
+    fn revoke<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
+        Box::pin(async move {
+            self.run::<String>(&self.scripts.revoke, &[lease.0.as_bytes()])
+                .await
+                .map(drop)
+        })
+    }
+
+    fn close<'a>(&'a self, lease: Option<&'a LeaseId>) -> CoordFuture<'a, ()> {
+        // Nothing but the lease is tied to a node here: closing is revoking.
+        Box::pin(async move {
+            match lease {
+                Some(lease) => self.revoke(lease).await,
+                None => Ok(()),
+            }
+        })
+    }
+
+    fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)> {
+        Box::pin(self.wait_for(after, wait, ReadHolder))
+    }
+
+    fn campaign<'a>(
+        &'a self,
+        lease: &'a LeaseId,
+        record: &'a HolderRecord,
+    ) -> CoordFuture<'a, Campaign> {
+        Box::pin(self.contend(lease, record))
+    }
+
+    fn resign<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
+        Box::pin(async move {
+            self.run::<String>(&self.scripts.resign, &[lease.0.as_bytes()])
+                .await
+                .map(drop)
+        })
+    }
+
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Version,
+        wait: Duration,
+    ) -> CoordFuture<'a, (Vec<StoredTask>, Version)> {
+        Box::pin(self.wait_for(after, wait, ReadTasks(prefix)))
+    }
+
+    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)> {
+        Box::pin(async move {
+            let reply = self
+                .fields(&self.scripts.keys, &[prefix.as_bytes()])
+                .await?;
+            let Some((counter, keys)) = reply.split_first() else {
+                return Err(bad_answer("keys answered nothing"));
+            };
+            let keys = keys
+                .iter()
+                .map(|key| text(key))
+                .collect::<Result<_, _>>()
+                .map_err(bad_answer)?;
+            let counter = number(counter).map_err(bad_answer)?;
+            Ok((keys, Version(layout::encode(counter, false))))
+        })
+    }
+
+    fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>> {
+        Box::pin(async move {
+            let args: Vec<&[u8]> = keys.iter().map(|key| key.as_bytes()).collect();
+            let reply = self.fields(&self.scripts.get, &args).await?;
+            Ok(task_rows(reply).map_err(bad_answer)?.tasks)
+        })
+    }
+
+    fn write<'a>(
+        &'a self,
+        leadership: &'a Leadership,
+        ops: &'a [TaskOp],
+    ) -> CoordFuture<'a, Written> {
+        Box::pin(self.write_ops("guarded", &leadership.lease, leadership.fencing_token, ops))
+    }
+
+    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, ()> {
+        // The trait passes no answer on: a batch that does not apply changes nothing,
+        // which the caller sees on its next list.
+        Box::pin(async move { self.write_ops("own", lease, 0, ops).await.map(drop) })
+    }
+
+    fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited> {
+        Box::pin(self.edit_tasks(ops))
+    }
+
+    fn limits(&self) -> WriteLimits {
+        LIMITS
+    }
+
+    fn cost(&self, op: &TaskOp) -> WriteCost {
+        let bytes = match op {
+            TaskOp::Claim { key, value, .. }
+            | TaskOp::Release { key, value, .. }
+            | TaskOp::Rewrite { key, value, .. } => key.len() + value.len(),
+            TaskOp::Complete { key, .. } => key.len(),
+            TaskOp::Move { key, to, value, .. } => key.len() + to.len() + value.len(),
+        };
+        WriteCost { ops: 1, bytes }
+    }
+
+    fn guard_cost(&self) -> WriteCost {
+        WriteCost { ops: 1, bytes: 0 }
+    }
+}

@@ -1,0 +1,467 @@
+//! The Redis coordinator's Lua scripts, and the arguments they take. Each call that
+//! changes anything is one script, so Redis runs it whole with nothing in between: the
+//! check of the lease, the leader record and every task's version, then the writes, all or
+//! nothing. Renewal and release only go through scripts that check the lease is still there
+//! (never a bare PEXPIRE or DEL). The key layout is `layout.rs`'s.
+//!
+//! Every script (but [`PRODUCE`]) starts with [`PRELUDE`]: `ARGV[1]` is the key prefix,
+//! `ARGV[2]` the leader name, the rest (`A`) the script's own. The scripts name their keys
+//! in `ARGV` rather than `KEYS` (task keys are only known inside the script), so they need
+//! one Redis (with replicas if wanted), not Redis Cluster.
+
+use crate::coord::{Edit, TaskOp};
+
+use super::layout::decode;
+
+const PRELUDE: &str = r#"
+local P, L = ARGV[1], ARGV[2]
+local A = {}
+for i = 3, #ARGV do A[i - 2] = ARGV[i] end
+local function bump()
+  local v = redis.call('INCR', P .. 'version')
+  redis.call('PUBLISH', P .. 'changes', v)
+  return v
+end
+local function alive(lease)
+  return lease ~= '' and redis.call('EXISTS', P .. 'lease/' .. lease) == 1
+end
+local function resign(lease)
+  local key = P .. 'leader/' .. L
+  if redis.call('GET', key) == lease then
+    redis.call('DEL', key)
+    redis.call('HSET', P .. 'holder/' .. L, 'version', bump())
+  end
+end
+local function row(out, key)
+  local f = redis.call('HMGET', P .. 'task/' .. key, 'value', 'version', 'created', 'holder')
+  if not f[2] then return end
+  local holder = f[4] or ''
+  local left = -2
+  if holder ~= '' then left = redis.call('PTTL', P .. 'lease/' .. holder) end
+  local n = #out
+  out[n + 1], out[n + 2], out[n + 3] = key, f[1] or '', f[2]
+  out[n + 4], out[n + 5], out[n + 6] = f[3] or f[2], holder, tostring(left)
+end
+"#;
+
+/// `A = [previous or '', node, ttl_ms, new_id]`: takes up `previous` if it is this node's
+/// and has the same TTL; ends it if it is this node's with another TTL; else opens `new_id`.
+/// Answers `[reused|opened, id]`.
+const OPEN: &str = r#"
+local previous, node, ttl, new = A[1], A[2], A[3], A[4]
+if previous ~= '' then
+  local key = P .. 'lease/' .. previous
+  local f = redis.call('HMGET', key, 'node', 'ttl')
+  if f[1] == node then
+    if f[2] == ttl then
+      redis.call('PEXPIRE', key, ttl)
+      local leader = P .. 'leader/' .. L
+      if redis.call('GET', leader) == previous then redis.call('PEXPIRE', leader, ttl) end
+      return {'reused', previous}
+    end
+    resign(previous)
+    redis.call('DEL', key)
+    bump()
+  end
+end
+local key = P .. 'lease/' .. new
+redis.call('HSET', key, 'node', node, 'ttl', ttl)
+redis.call('PEXPIRE', key, ttl)
+return {'opened', new}
+"#;
+
+/// `A = [lease]`: renews the lease, and the leader key with it if it holds it.
+const KEEP_ALIVE: &str = r#"
+local key = P .. 'lease/' .. A[1]
+local ttl = redis.call('HGET', key, 'ttl')
+if not ttl then return 'gone' end
+redis.call('PEXPIRE', key, ttl)
+local leader = P .. 'leader/' .. L
+if redis.call('GET', leader) == A[1] then redis.call('PEXPIRE', leader, ttl) end
+return 'alive'
+"#;
+
+/// `A = [lease]`: gives leadership up if held, and ends the lease.
+const REVOKE: &str = r#"
+resign(A[1])
+if redis.call('DEL', P .. 'lease/' .. A[1]) == 1 then bump() end
+return 'ok'
+"#;
+
+/// `A = [lease]`: gives leadership up if the lease holds it.
+const RESIGN: &str = r#"
+resign(A[1])
+return 'ok'
+"#;
+
+/// `A = [lease, record]`: `SET leader <lease> NX PX <the lease's PTTL>` if the lease lives
+/// and the key is free (or already its own: taken anew), with a new token from INCR and
+/// the holder's record. Answers `[won, token]`, `[held]` or `[gone]`.
+const CAMPAIGN: &str = r#"
+local lease, record = A[1], A[2]
+local left = redis.call('PTTL', P .. 'lease/' .. lease)
+if left <= 0 then return {'gone'} end
+local key = P .. 'leader/' .. L
+local current = redis.call('GET', key)
+if current and current ~= lease then return {'held'} end
+local token = redis.call('INCR', P .. 'fencing/' .. L)
+if current then
+  redis.call('SET', key, lease, 'XX', 'PX', left)
+else
+  redis.call('SET', key, lease, 'NX', 'PX', left)
+end
+redis.call('HSET', P .. 'holder/' .. L, 'lease', lease, 'token', token, 'record', record,
+  'version', bump())
+return {'won', tostring(token)}
+"#;
+
+/// `A = []`: `[leader, leader_pttl, lease, token, record, version]`.
+const OBSERVE: &str = r#"
+local key = P .. 'leader/' .. L
+local leader = redis.call('GET', key) or ''
+local left = redis.call('PTTL', key)
+local h = redis.call('HMGET', P .. 'holder/' .. L, 'lease', 'token', 'record', 'version')
+return {leader, tostring(left), h[1] or '', h[2] or '0', h[3] or '', h[4] or '0'}
+"#;
+
+/// `A = [prefix]`: `[counter, rows…]` of the tasks under the prefix, in key order.
+const LIST: &str = r#"
+local out = {redis.call('GET', P .. 'version') or '0'}
+for _, key in ipairs(redis.call('ZRANGEBYLEX', P .. 'tasks', '[' .. A[1], '(' .. A[1] .. '\255')) do
+  row(out, key)
+end
+return out
+"#;
+
+/// `A = [prefix]`: `[counter, keys…]`.
+const KEYS: &str = r#"
+local out = {redis.call('GET', P .. 'version') or '0'}
+for _, key in ipairs(redis.call('ZRANGEBYLEX', P .. 'tasks', '[' .. A[1], '(' .. A[1] .. '\255')) do
+  out[#out + 1] = key
+end
+return out
+"#;
+
+/// `A = keys`: `[counter, rows…]` of those that exist, in the order asked.
+const GET: &str = r#"
+local out = {redis.call('GET', P .. 'version') or '0'}
+for _, key in ipairs(A) do row(out, key) end
+return out
+"#;
+
+/// `A = [guarded|own, lease, token, (kind, key, counter, gone, value, to)*]`. Guarded:
+/// the leader key and the holder's record must name `lease` and `token`. Own: every task
+/// written must be held by `lease`, alive. Each op sees the ops before it. Answers
+/// `[notleader]`, `[conflict, keys…]` or `[done, token, counter, claimed or released keys…]`.
+const WRITE: &str = r#"
+local mode, lease, token = A[1], A[2], A[3]
+local hkey = P .. 'holder/' .. L
+local current = redis.call('HGET', hkey, 'token') or '0'
+if mode == 'guarded' then
+  if redis.call('GET', P .. 'leader/' .. L) ~= lease or redis.call('HGET', hkey, 'lease') ~= lease
+    or current ~= token then
+    return {'notleader'}
+  end
+end
+local next = string.format('%d', tonumber(redis.call('GET', P .. 'version') or '0') + 1)
+local staged, order, failed, versions = {}, {}, {}, {}
+local function load(key)
+  local s = staged[key]
+  if s ~= nil then return s end
+  local f = redis.call('HMGET', P .. 'task/' .. key, 'value', 'version', 'created', 'holder')
+  if not f[2] then return false end
+  return {value = f[1] or '', version = f[2], created = f[3] or f[2], holder = f[4] or ''}
+end
+local function stage(key, task)
+  if staged[key] == nil then order[#order + 1] = key end
+  staged[key] = task
+end
+local function fail(key)
+  for _, k in ipairs(failed) do if k == key then return end end
+  failed[#failed + 1] = key
+end
+local i = 4
+while i <= #A do
+  local kind, key, version, gone, value, to = A[i], A[i + 1], A[i + 2], A[i + 3], A[i + 4], A[i + 5]
+  i = i + 6
+  local task = load(key)
+  local lives = task and alive(task.holder)
+  local orphan = task and task.holder ~= '' and not lives
+  if not task or task.version ~= version or (orphan and '1' or '0') ~= gone then
+    fail(key)
+  else
+    local own = lives and task.holder == lease
+    local held = lives and task.holder ~= ''
+    if mode == 'own' and not own then
+      fail(key)
+    elseif kind == 'claim' then
+      if held and not own then fail(key) else
+        stage(key, {value = value, version = next, created = task.created, holder = lease})
+        versions[#versions + 1] = key
+      end
+    elseif kind == 'complete' then
+      stage(key, false)
+    elseif kind == 'release' then
+      if not own then fail(key) else
+        stage(key, {value = value, version = next, created = task.created, holder = ''})
+        versions[#versions + 1] = key
+      end
+    elseif kind == 'rewrite' then
+      if held then fail(key) else
+        stage(key, {value = value, version = next, created = task.created, holder = ''})
+      end
+    elseif kind == 'move' then
+      stage(key, false)
+      local target = load(to)
+      stage(to, {value = value, version = next, created = target and target.created or next,
+        holder = target and target.holder or ''})
+    else
+      return redis.error_reply('leaderq: unknown op ' .. kind)
+    end
+  end
+end
+if #failed > 0 then
+  local out = {'conflict'}
+  for _, key in ipairs(failed) do out[#out + 1] = key end
+  return out
+end
+if #order > 0 then
+  redis.call('SET', P .. 'version', next)
+  for _, key in ipairs(order) do
+    local task = staged[key]
+    if task then
+      redis.call('HSET', P .. 'task/' .. key, 'value', task.value, 'version', task.version,
+        'created', task.created, 'holder', task.holder)
+      redis.call('ZADD', P .. 'tasks', 0, key)
+    else
+      redis.call('DEL', P .. 'task/' .. key)
+      redis.call('ZREM', P .. 'tasks', key)
+    end
+  end
+  redis.call('PUBLISH', P .. 'changes', next)
+end
+local out = {'done', current, next}
+for _, key in ipairs(versions) do out[#out + 1] = key end
+return out
+"#;
+
+/// `A = [(create|delete, key, counter, gone, value)*]`: create-only writes and deletes at
+/// a version, all or nothing. Answers `[done]` or `[conflict, keys…]`.
+const EDIT: &str = r#"
+local next = string.format('%d', tonumber(redis.call('GET', P .. 'version') or '0') + 1)
+local staged, failed = {}, {}
+local function fail(key)
+  for _, k in ipairs(failed) do if k == key then return end end
+  failed[#failed + 1] = key
+end
+local i = 1
+while i <= #A do
+  local kind, key, version, gone = A[i], A[i + 1], A[i + 2], A[i + 3]
+  i = i + 5
+  local f = redis.call('HMGET', P .. 'task/' .. key, 'version', 'holder')
+  local exists = f[1] ~= false
+  if staged[key] ~= nil then exists = staged[key] end
+  if kind == 'create' then
+    if exists then fail(key) else staged[key] = true end
+  else
+    local holder = f[2] or ''
+    local orphan = holder ~= '' and not alive(holder)
+    if not exists or staged[key] ~= nil or f[1] ~= version or (orphan and '1' or '0') ~= gone then
+      fail(key)
+    else
+      staged[key] = false
+    end
+  end
+end
+if #failed > 0 then
+  local out = {'conflict'}
+  for _, key in ipairs(failed) do out[#out + 1] = key end
+  return out
+end
+if #A == 0 then return {'done'} end
+redis.call('SET', P .. 'version', next)
+i = 1
+while i <= #A do
+  local kind, key, value = A[i], A[i + 1], A[i + 4]
+  i = i + 5
+  if kind == 'create' then
+    redis.call('HSET', P .. 'task/' .. key, 'value', value, 'version', next, 'created', next,
+      'holder', '')
+    redis.call('ZADD', P .. 'tasks', 0, key)
+  else
+    redis.call('DEL', P .. 'task/' .. key)
+    redis.call('ZREM', P .. 'tasks', key)
+  end
+end
+redis.call('PUBLISH', P .. 'changes', next)
+return {'done'}
+"#;
+
+/// The producers' write, on one line so it can be pasted after `redis-cli EVAL`:
+/// `ARGV = [key prefix, task key, JSON]`. Creates the task or replaces its value (keeping
+/// its place in the creation order and any claim on it), and wakes the leader.
+pub const PRODUCE: &str = "local p,k=ARGV[1],ARGV[2] local v=redis.call('INCR',p..'version') local t=p..'task/'..k redis.call('HSETNX',t,'created',v) redis.call('HSET',t,'value',ARGV[3],'version',v) redis.call('ZADD',p..'tasks',0,k) redis.call('PUBLISH',p..'changes',v) return v";
+
+/// The scripts, compiled once per coordinator (`redis::Script` sends EVALSHA and loads
+/// the script again after a Redis restart emptied its cache).
+pub struct Scripts {
+    pub open: redis::Script,
+    pub keep_alive: redis::Script,
+    pub revoke: redis::Script,
+    pub resign: redis::Script,
+    pub campaign: redis::Script,
+    pub observe: redis::Script,
+    pub list: redis::Script,
+    pub keys: redis::Script,
+    pub get: redis::Script,
+    pub write: redis::Script,
+    pub edit: redis::Script,
+}
+
+impl Scripts {
+    pub fn new() -> Scripts {
+        let with_prelude = |body: &str| redis::Script::new(&format!("{PRELUDE}{body}"));
+        Scripts {
+            open: with_prelude(OPEN),
+            keep_alive: with_prelude(KEEP_ALIVE),
+            revoke: with_prelude(REVOKE),
+            resign: with_prelude(RESIGN),
+            campaign: with_prelude(CAMPAIGN),
+            observe: with_prelude(OBSERVE),
+            list: with_prelude(LIST),
+            keys: with_prelude(KEYS),
+            get: with_prelude(GET),
+            write: with_prelude(WRITE),
+            edit: with_prelude(EDIT),
+        }
+    }
+}
+
+/// A version as the scripts compare it: the counter as text and the `gone` flag. A
+/// number no read handed out gets a counter no task has, so it conflicts.
+fn version_args(version: u64) -> [Vec<u8>; 2] {
+    let (counter, gone) = decode(version).unwrap_or((u64::MAX, false));
+    [
+        counter.to_string().into_bytes(),
+        if gone { b"1".to_vec() } else { b"0".to_vec() },
+    ]
+}
+
+/// The six arguments of each op of [`WRITE`].
+pub fn op_args(ops: &[TaskOp]) -> Vec<Vec<u8>> {
+    let mut args = Vec::with_capacity(ops.len() * 6);
+    for op in ops {
+        let (kind, value, to): (&str, &[u8], &str) = match op {
+            TaskOp::Claim { value, .. } => ("claim", value, ""),
+            TaskOp::Complete { .. } => ("complete", b"", ""),
+            TaskOp::Release { value, .. } => ("release", value, ""),
+            TaskOp::Rewrite { value, .. } => ("rewrite", value, ""),
+            TaskOp::Move { to, value, .. } => ("move", value, to),
+        };
+        let [counter, gone] = version_args(op.version());
+        args.extend([
+            kind.as_bytes().to_vec(),
+            op.key().as_bytes().to_vec(),
+            counter,
+            gone,
+            value.to_vec(),
+            to.as_bytes().to_vec(),
+        ]);
+    }
+    args
+}
+
+/// The five arguments of each op of [`EDIT`].
+pub fn edit_args(ops: &[Edit]) -> Vec<Vec<u8>> {
+    let mut args = Vec::with_capacity(ops.len() * 5);
+    for op in ops {
+        let (kind, version, value): (&str, u64, &[u8]) = match op {
+            Edit::Create { value, .. } => ("create", 0, value),
+            Edit::Delete { version, .. } => ("delete", *version, b""),
+        };
+        let [counter, gone] = version_args(version);
+        args.extend([
+            kind.as_bytes().to_vec(),
+            op.key().as_bytes().to_vec(),
+            counter,
+            gone,
+            value.to_vec(),
+        ]);
+    }
+    args
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coord::redis::layout::encode;
+
+    /// Each op travels as six arguments with its version split into counter and flag; a
+    /// version no read handed out can match no task.
+    #[test]
+    fn ops_travel_as_six_arguments_each() {
+        let ops = [
+            TaskOp::Claim {
+                key: "q/a".into(),
+                version: encode(7, true),
+                value: b"{}".to_vec(),
+            },
+            TaskOp::Move {
+                key: "q/b".into(),
+                version: 1,
+                to: "dead/b".into(),
+                value: b"x".to_vec(),
+            },
+        ];
+        let args: Vec<String> = op_args(&ops)
+            .into_iter()
+            .map(|a| String::from_utf8(a).unwrap())
+            .collect();
+        assert_eq!(
+            args,
+            [
+                "claim",
+                "q/a",
+                "7",
+                "1",
+                "{}",
+                "",
+                "move",
+                "q/b",
+                &u64::MAX.to_string(),
+                "0",
+                "x",
+                "dead/b"
+            ]
+        );
+        let edits = edit_args(&[Edit::Delete {
+            key: "q/c".into(),
+            version: encode(3, false),
+        }]);
+        assert_eq!(edits.len(), 5);
+        assert_eq!(edits[2], b"3");
+    }
+
+    /// The producers' script is one line (pasted after `redis-cli EVAL`) with no double
+    /// quote in it, so it fits inside the shell's double quotes.
+    #[test]
+    fn the_producers_script_pastes_into_a_shell() {
+        assert!(!PRODUCE.contains('\n') && !PRODUCE.contains('"') && !PRODUCE.contains('$'));
+    }
+
+    /// README's producer command is this script, word for word: what the tests write with
+    /// (`harness::redis`) is what users paste.
+    #[test]
+    fn the_readme_shows_the_producers_script() {
+        let readme = include_str!("../../../README.md");
+        let block = readme
+            .split("<!-- readme-redis:start -->")
+            .nth(1)
+            .and_then(|rest| rest.split("<!-- readme-redis:end -->").next())
+            .expect("README has a readme-redis block");
+        assert!(
+            block.contains(&format!("redis-cli EVAL \"{PRODUCE}\"")),
+            "README's producer command differs from scripts::PRODUCE"
+        );
+    }
+}

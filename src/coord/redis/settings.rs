@@ -1,0 +1,122 @@
+//! The `[redis]` section's checks at start, beside the backend that reads it, and the
+//! judgement of the Redis server's own persistence settings (warned about once connected).
+
+use redis::IntoConnectionInfo;
+
+/// The `[redis]` section's own checks, run with every other setting's at start; the
+/// message names the key.
+pub fn check_settings(redis: &crate::config::RedisSettings) -> Result<(), String> {
+    let info = redis
+        .url
+        .as_str()
+        .into_connection_info()
+        .map_err(|err| format!("redis.url {:?}: {err}", redis.url))?;
+    if !matches!(
+        info.addr(),
+        redis::ConnectionAddr::Tcp(..) | redis::ConnectionAddr::TcpTls { .. }
+    ) {
+        return Err(format!(
+            "redis.url {:?} is not a TCP address: use redis://host:port/db or rediss://",
+            redis.url
+        ));
+    }
+    if redis.key_prefix.is_empty() || redis.key_prefix.contains(char::is_whitespace) {
+        return Err(
+            "redis.key_prefix must be non-empty and without spaces, such as \"leaderq/\"".into(),
+        );
+    }
+    if redis.request_timeout.is_zero() {
+        return Err("redis.request_timeout must be more than 0s".into());
+    }
+    Ok(())
+}
+
+/// What is unsafe in a Redis server's settings (`CONFIG GET` of `appendonly`,
+/// `appendfsync` and `maxmemory-policy`), one sentence each; nothing for a value not read
+/// (a managed Redis may refuse CONFIG).
+pub fn persistence_warnings(
+    appendonly: Option<&str>,
+    appendfsync: Option<&str>,
+    eviction: Option<&str>,
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if appendonly == Some("no") {
+        warnings.push(
+            "Redis runs with appendonly no: a Redis restart loses every task and the fencing counter; set appendonly yes".to_string(),
+        );
+    } else if let Some(policy @ ("everysec" | "no")) = appendfsync {
+        warnings.push(format!(
+            "Redis runs with appendfsync {policy}: an OS crash or power loss can lose acknowledged tasks and step the fencing counter back; appendfsync always loses none"
+        ));
+    }
+    if let Some(policy) = eviction.filter(|p| *p != "noeviction") {
+        warnings.push(format!(
+            "Redis runs with maxmemory-policy {policy}: under memory pressure it may evict a lease (ending leadership early) or a task; set maxmemory-policy noeviction"
+        ));
+    }
+    warnings
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{Backend, Env, Settings};
+    use std::time::Duration;
+
+    fn env(pairs: &[(&str, &str)]) -> Env {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// `[coordinator] backend = "redis"` with `[redis]` from the environment; a URL that is
+    /// not redis:// or rediss:// and an empty key prefix are refused with the key named.
+    #[test]
+    fn redis_settings_come_from_the_environment_and_are_checked() {
+        let settings = Settings::load(
+            None,
+            env(&[
+                ("LEADERQ__COORDINATOR__BACKEND", "redis"),
+                ("LEADERQ__REDIS__URL", "rediss://:pw@redis.example:6380/2"),
+                ("LEADERQ__REDIS__PASSWORD", "secret"),
+                ("LEADERQ__REDIS__WAIT", "5s"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(settings.coordinator.backend, Backend::Redis);
+        assert_eq!(settings.redis.url, "rediss://:pw@redis.example:6380/2");
+        assert_eq!(settings.redis.password, "secret");
+        assert_eq!(settings.redis.key_prefix, "leaderq/");
+        assert_eq!(settings.watch_wait(), Duration::from_secs(5));
+        for (name, value, named) in [
+            ("LEADERQ__REDIS__URL", "http://127.0.0.1:6379", "redis.url"),
+            ("LEADERQ__REDIS__KEY_PREFIX", "", "redis.key_prefix"),
+            (
+                "LEADERQ__REDIS__REQUEST_TIMEOUT",
+                "0s",
+                "redis.request_timeout",
+            ),
+            ("LEADERQ__REDIS__DATABASE", "1", "database"),
+        ] {
+            let err = Settings::load(None, env(&[(name, value)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(named), "{value:?}: {err}");
+        }
+    }
+
+    /// Only what loses data or leadership is warned about; values not read say nothing.
+    #[test]
+    fn unsafe_persistence_settings_are_named() {
+        use super::persistence_warnings as warn;
+        assert!(warn(Some("yes"), Some("always"), Some("noeviction")).is_empty());
+        assert!(warn(None, None, None).is_empty());
+        let off = warn(Some("no"), Some("everysec"), Some("noeviction"));
+        assert!(
+            off.len() == 1 && off[0].contains("appendonly no"),
+            "{off:?}"
+        );
+        let second = warn(Some("yes"), Some("everysec"), Some("allkeys-lru"));
+        assert!(second[0].contains("appendfsync everysec") && second[1].contains("allkeys-lru"));
+    }
+}

@@ -1,0 +1,109 @@
+//! The Redis coordinator's waits (`observe`, `list`): read, and until the answer's
+//! version passes the one asked about, look again on every message on the changes channel,
+//! when a lease the read saw would end (its death changes the answer without any write), and
+//! every [`POLL`] if the counter moved (a message lost to a reconnect).
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::layout::number;
+use super::{bad_answer, unavailable, RedisCoordinator};
+use crate::coord::{CoordError, CoordFuture, Holder, StoredTask, Version};
+
+/// The longest a blocking `observe` or `list` waits, whatever it asks.
+const MAX_WAIT: Duration = Duration::from_secs(600);
+
+/// A waiter looks again at least this often: a publish lost to a reconnect delays a
+/// wake-up by no more than this.
+const POLL: Duration = Duration::from_secs(1);
+
+/// A waiter that expects a lease to end looks this long after its PTTL, so that Redis has
+/// ended it by then.
+const EXPIRY_SLACK: Duration = Duration::from_millis(5);
+
+impl RedisCoordinator {
+    /// The counter alone: what a poll looks at before reading everything again.
+    async fn counter(&self) -> Result<u64, CoordError> {
+        let mut connection = self.connection().await?;
+        let value: Option<Vec<u8>> = redis::cmd("GET")
+            .arg(format!("{}version", self.settings.layout.prefix))
+            .query_async(&mut connection)
+            .await
+            .map_err(|err| unavailable(&err))?;
+        number(&value.unwrap_or_default()).map_err(bad_answer)
+    }
+
+    /// `read` once its version is past `after` (at once for `Version(0)`), or when `wait`
+    /// is over. Looks again on every message on the channel, when a lease `read` saw would
+    /// end, and every [`POLL`] if the counter moved.
+    pub(super) async fn wait_for<T>(
+        &self,
+        after: Version,
+        wait: Duration,
+        read: impl Reread<T>,
+    ) -> Result<(T, Version), CoordError> {
+        let end = Instant::now() + wait.min(MAX_WAIT);
+        let mut changes = self.changes.subscribe();
+        loop {
+            changes.borrow_and_update();
+            let counter = self.counter().await?;
+            let read_at = Instant::now();
+            let (answer, version, expiry) = read.read(self).await?;
+            if after == Version(0) || version > after || Instant::now() >= end {
+                return Ok((answer, version));
+            }
+            let expires = expiry.map(|ms| read_at + Duration::from_millis(ms) + EXPIRY_SLACK);
+            loop {
+                let wake = expires.map_or(end, |at| at.min(end));
+                let poll = Instant::now() + POLL;
+                tokio::select! {
+                    _ = changes.changed() => break,
+                    _ = tokio::time::sleep_until(wake) => break,
+                    _ = tokio::time::sleep_until(poll) => {
+                        if self.counter().await? != counter {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One read a waiter repeats: the answer, its version and when a lease it saw would end
+/// (ms from the read).
+pub(super) trait Reread<T>: Send + Sync {
+    fn read<'a>(
+        &'a self,
+        coord: &'a RedisCoordinator,
+    ) -> CoordFuture<'a, (T, Version, Option<u64>)>;
+}
+
+pub(super) struct ReadHolder;
+
+impl Reread<Holder> for ReadHolder {
+    fn read<'a>(
+        &'a self,
+        coord: &'a RedisCoordinator,
+    ) -> CoordFuture<'a, (Holder, Version, Option<u64>)> {
+        Box::pin(async move {
+            let row = coord.read_holder().await?;
+            Ok((row.holder, row.version, row.expiry_ms))
+        })
+    }
+}
+
+pub(super) struct ReadTasks<'p>(pub(super) &'p str);
+
+impl Reread<Vec<StoredTask>> for ReadTasks<'_> {
+    fn read<'a>(
+        &'a self,
+        coord: &'a RedisCoordinator,
+    ) -> CoordFuture<'a, (Vec<StoredTask>, Version, Option<u64>)> {
+        Box::pin(async move {
+            let rows = coord.read_tasks(self.0).await?;
+            Ok((rows.tasks, rows.version, rows.next_expiry_ms))
+        })
+    }
+}

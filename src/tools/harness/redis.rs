@@ -1,0 +1,182 @@
+//! A real `redis-server` on a free loopback port, in a directory of its own (removed on
+//! drop), with the append-only file on: what the Redis tests, bench and chaos run against.
+//! `produce` writes with the producers' documented command (`redis-cli EVAL` of
+//! [`crate::coord::redis::PRODUCE`]). Missing binaries skip or fail by [`super::external`].
+
+use std::io::{Read as _, Write as _};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use super::{external, free_port, wait_for, Cluster, Proc};
+
+/// How long a started or restarted Redis may take to answer PING (it replays its AOF).
+const READY_LIMIT: Duration = Duration::from_secs(20);
+
+/// The key prefix the harness's replicas and producer use.
+pub const PREFIX: &str = "leaderq/";
+
+/// One `redis-server`, killed when dropped.
+pub struct RedisServer {
+    binary: PathBuf,
+    cli: PathBuf,
+    dir: PathBuf,
+    port: u16,
+    appendfsync: String,
+    proc: Option<Proc>,
+}
+
+impl RedisServer {
+    /// A Redis with `appendfsync always` (every acknowledged write is on disk), or `None`
+    /// when redis-server or redis-cli is not installed (see [`external`]).
+    pub fn start() -> Option<RedisServer> {
+        RedisServer::start_with("always")
+    }
+
+    /// A Redis with the given `appendfsync` policy ("always", "everysec" or "no"), or
+    /// with no persistence at all ("off": to measure what it loses).
+    pub fn start_with(appendfsync: &str) -> Option<RedisServer> {
+        let binary = external(&["redis-server"], "redis-server (apt install redis-server)")?;
+        let cli = external(&["redis-cli"], "redis-tools (apt install redis-tools)")?;
+        let dir = std::env::temp_dir().join(format!(
+            "leaderq-redis-{}-{}",
+            std::process::id(),
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&dir).expect("create the redis directory");
+        let mut server = RedisServer {
+            binary,
+            cli,
+            dir,
+            port: free_port(),
+            appendfsync: appendfsync.to_string(),
+            proc: None,
+        };
+        if let Err(why) = server.spawn() {
+            panic!("{why}");
+        }
+        Some(server)
+    }
+
+    /// `redis://127.0.0.1:<port>/0`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// The server's pid (0 while it is down).
+    pub fn pid(&self) -> u32 {
+        self.proc.as_ref().map_or(0, Proc::pid)
+    }
+
+    /// Sends `signal` ("STOP", "CONT", …) to the server.
+    pub fn signal(&self, signal: &str) {
+        if let Some(proc) = &self.proc {
+            proc.signal(signal);
+        }
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let mut command = Command::new(&self.binary);
+        command
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(&self.dir)
+            .args(match self.appendfsync.as_str() {
+                "off" => ["--appendonly", "no", "--appendfsync", "no"],
+                policy => ["--appendonly", "yes", "--appendfsync", policy],
+            })
+            .args(["--save", "", "--daemonize", "no", "--logfile", "redis.log"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        self.proc = Some(Proc::spawn("redis-server", command)?);
+        let port = self.port;
+        wait_for(READY_LIMIT, "redis-server answers PING", || ping(port)).map_err(|why| {
+            let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
+            format!("{why}; its log:\n{log}")
+        })
+    }
+
+    /// Runs `redis-cli` against the server with `args`; its standard output.
+    pub fn cli(&self, args: &[&[u8]]) -> Result<String, String> {
+        use std::os::unix::ffi::OsStrExt as _;
+        let output = Command::new(&self.cli)
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args.iter().map(|a| std::ffi::OsStr::from_bytes(a)))
+            .output()
+            .map_err(|e| format!("cannot run redis-cli: {e}"))?;
+        let out = String::from_utf8_lossy(&output.stdout).trim().to_string();
+        if !output.status.success() || out.starts_with("ERR") || out.starts_with("(error)") {
+            return Err(format!(
+                "redis-cli {}: {out} {}",
+                String::from_utf8_lossy(args.first().copied().unwrap_or_default()),
+                String::from_utf8_lossy(&output.stderr)
+            ));
+        }
+        Ok(out)
+    }
+}
+
+/// Whether a Redis on `port` answers PING with PONG (it answers LOADING errors while it
+/// replays its AOF).
+fn ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut answer = [0u8; 7];
+    stream.write_all(b"PING\r\n").is_ok()
+        && stream.read_exact(&mut answer).is_ok()
+        && &answer == b"+PONG\r\n"
+}
+
+impl Cluster for RedisServer {
+    fn backend(&self) -> &'static str {
+        "redis"
+    }
+
+    fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("LEADERQ__COORDINATOR__BACKEND".into(), "redis".into()),
+            ("LEADERQ__REDIS__URL".into(), self.url()),
+            ("LEADERQ__REDIS__KEY_PREFIX".into(), PREFIX.into()),
+        ]
+    }
+
+    fn members(&self) -> usize {
+        1
+    }
+
+    fn kill_member(&mut self, _i: usize) -> Result<(), String> {
+        if let Some(mut proc) = self.proc.take() {
+            proc.kill();
+        }
+        Ok(())
+    }
+
+    fn restart_member(&mut self, i: usize) -> Result<(), String> {
+        self.kill_member(i)?;
+        self.spawn()
+    }
+
+    fn produce(&self, key: &str, value: &[u8]) -> Result<(), String> {
+        self.cli(&[
+            b"EVAL",
+            crate::coord::redis::PRODUCE.as_bytes(),
+            b"0",
+            PREFIX.as_bytes(),
+            key.as_bytes(),
+            value,
+        ])
+        .map(drop)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(mut proc) = self.proc.take() {
+            proc.kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

@@ -1,0 +1,131 @@
+//! The coordinator contract suite (`coord::contract`), every check, against the Redis
+//! backend on a real `redis-server` (AOF on, `appendfsync always`): the same checks the
+//! in-memory and Consul coordinators pass.
+
+use std::sync::Arc;
+
+use leaderq::coord::contract::{self, Producer, Subject, Timing};
+use leaderq::coord::redis::{Layout, RedisCoordSettings, RedisCoordinator};
+use leaderq::coord::CoordFuture;
+use leaderq::tools::harness::redis::RedisServer;
+
+use super::*;
+
+/// The producers' documented script, run by the coordinator's own connection.
+struct ScriptProducer(Arc<RedisCoordinator>);
+
+impl Producer for ScriptProducer {
+    fn put<'a>(&'a self, key: &'a str, value: &'a [u8]) -> CoordFuture<'a, ()> {
+        Box::pin(self.0.produce(key, value))
+    }
+}
+
+/// A coordinator on `url` whose keys all live under `prefix`.
+pub(crate) fn redis_coordinator(url: &str, prefix: &str) -> Arc<RedisCoordinator> {
+    Arc::new(
+        RedisCoordinator::new(RedisCoordSettings {
+            url: url.to_string(),
+            password: String::new(),
+            layout: Layout {
+                prefix: prefix.to_string(),
+                leader: "consumerLeader".into(),
+            },
+            request_timeout: Duration::from_secs(10),
+        })
+        .expect("a redis coordinator"),
+    )
+}
+
+/// Every contract check holds on one real Redis. Each check gets its own key prefix, so
+/// they run at once. Redis has no lock-delay: the fencing token and the holder's own TTL
+/// margin stand in for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_redis_backend_keeps_the_coordinator_contract() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let url = server.url();
+    let outcome = contract::run_all(|name| {
+        let coord = redis_coordinator(&url, &format!("contract/{name}/"));
+        async move {
+            Subject {
+                coord: coord.clone(),
+                producer: Arc::new(ScriptProducer(coord)),
+                queue_prefix: "queue/".into(),
+                dead_prefix: "dead/".into(),
+                timing: Timing::new(Duration::from_secs(1)).without_lock_delay(),
+            }
+        }
+    })
+    .await;
+    if let Err(failures) = outcome {
+        panic!("the Redis backend breaks the contract:\n{failures}");
+    }
+}
+
+/// Waits wake without polling: a `list` waiting past the queue's version answers within
+/// a fraction of the fallback poll after a producer's write (the channel's message), and an
+/// `observe` answers as the leader key expires (its PTTL: the poll only looks at the
+/// counter, which an expiry does not move), never before the lease's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_wake_on_the_channel_and_at_the_lease_expiry() {
+    use leaderq::coord::{Campaign, Coordinator, HolderRecord, LeaseSpec, Version};
+    use tokio::time::Instant;
+
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let coord = redis_coordinator(&server.url(), "wake/");
+    let (_, version) = coord.list("q/", Version(0), Duration::ZERO).await.unwrap();
+    let waiter = {
+        let coord = coord.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let (tasks, _) = coord
+                .list("q/", version, Duration::from_secs(20))
+                .await
+                .unwrap();
+            (tasks.len(), started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let producer = redis_coordinator(&server.url(), "wake/");
+    let written = Instant::now();
+    producer.produce("q/t1", b"{}").await.unwrap();
+    let (count, _) = waiter.await.unwrap();
+    let woken = written.elapsed();
+    assert_eq!(count, 1);
+    assert!(
+        woken < Duration::from_millis(500),
+        "a waiting list answered {woken:?} after the write"
+    );
+    assert!(coord.messages_heard() > 0, "no message on the channel");
+
+    let opened = Instant::now();
+    let grant = coord
+        .open_lease(&LeaseSpec {
+            node_id: "n1".into(),
+            ttl: Duration::from_secs(1),
+            lock_delay: Duration::ZERO,
+            previous: None,
+        })
+        .await
+        .unwrap();
+    let record = HolderRecord {
+        node: "n1".into(),
+        ..HolderRecord::default()
+    };
+    let won = coord.campaign(&grant.lease, &record).await.unwrap();
+    assert!(matches!(won, Campaign::Won(_)), "{won:?}");
+    let (_, version) = coord.observe(Version(0), Duration::ZERO).await.unwrap();
+    let (holder, _) = coord
+        .observe(version, Duration::from_secs(20))
+        .await
+        .unwrap();
+    let freed = opened.elapsed();
+    assert_eq!(holder.lease, None);
+    assert!(
+        freed >= Duration::from_secs(1) && freed < Duration::from_secs(3),
+        "the leadership of a 1s lease not kept alive was seen free after {freed:?}"
+    );
+}
