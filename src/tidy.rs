@@ -21,20 +21,30 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Every module opens with a doc comment, and every long file gives its reason.
-#[test]
-fn every_module_has_a_header_and_long_files_say_why() {
+/// Every source file under src/ as (its path below src/, its text).
+fn source_texts() -> Vec<(String, String)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     sources(&root, &mut files);
+    files
+        .into_iter()
+        .map(|file| {
+            let text = std::fs::read_to_string(&file).expect("read source");
+            let name = file
+                .strip_prefix(&root)
+                .unwrap_or(&file)
+                .display()
+                .to_string();
+            (name, text)
+        })
+        .collect()
+}
+
+/// Every module opens with a doc comment, and every long file gives its reason.
+#[test]
+fn every_module_has_a_header_and_long_files_say_why() {
     let mut problems = Vec::new();
-    for file in files {
-        let text = std::fs::read_to_string(&file).expect("read source");
-        let name = file
-            .strip_prefix(&root)
-            .unwrap_or(&file)
-            .display()
-            .to_string();
+    for (name, text) in source_texts() {
         if !text.starts_with("//!") {
             problems.push(format!("{name}: no //! header saying what it owns"));
         }
@@ -61,17 +71,8 @@ fn non_test_code<'a>(name: &str, text: &'a str) -> &'a str {
 /// invariant that cannot break is an `.expect` that says which.
 #[test]
 fn no_unwrap_outside_tests() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    sources(&root, &mut files);
     let mut problems = Vec::new();
-    for file in files {
-        let text = std::fs::read_to_string(&file).expect("read source");
-        let name = file
-            .strip_prefix(&root)
-            .unwrap_or(&file)
-            .display()
-            .to_string();
+    for (name, text) in source_texts() {
         for (n, line) in non_test_code(&name, &text).lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
             if code.contains(".unwrap()") {

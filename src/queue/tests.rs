@@ -71,23 +71,6 @@ async fn lead_claims_in_order_relists_on_conflict_and_steps_down_when_not_leader
     let prefix = settings.queue.prefix.clone();
     let key = |name: &str| format!("{prefix}{name}");
 
-    let spec = LeaseSpec {
-        node_id: "n1".into(),
-        ttl: TTL,
-        lock_delay: Duration::ZERO,
-        previous: None,
-    };
-    let grant = coord.open_lease(&spec).await.unwrap();
-    let lease = Arc::new(Lease::new(TTL));
-    lease.adopt(&grant.lease, tokio::time::Instant::now());
-    let record = HolderRecord {
-        node: "n1".into(),
-        ..HolderRecord::default()
-    };
-    let Campaign::Won(leadership) = coord.campaign(&grant.lease, &record).await.unwrap() else {
-        panic!("a lone lease did not win");
-    };
-
     // Key order is the reverse of taskTime order.
     memory.put(&key("t1"), &task("third", 3)).unwrap();
     memory.put(&key("t2"), &task("second", 2)).unwrap();
@@ -105,6 +88,7 @@ async fn lead_claims_in_order_relists_on_conflict_and_steps_down_when_not_leader
         },
     );
     let metrics = Arc::new(Metrics::new(["Work"]));
+    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
     let queue = Queue {
         coord: coord.clone(),
         settings: settings.queue.clone(),
@@ -115,14 +99,6 @@ async fn lead_claims_in_order_relists_on_conflict_and_steps_down_when_not_leader
         rotation: None,
         term: Default::default(),
     };
-    let stop = CancellationToken::new();
-    let renewer = tokio::spawn(Election::renew_until(
-        coord.clone(),
-        lease.clone(),
-        TTL,
-        metrics.clone(),
-        stop.clone(),
-    ));
     let shutdown = CancellationToken::new();
     let leading = {
         let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
@@ -166,7 +142,6 @@ async fn lead_claims_in_order_relists_on_conflict_and_steps_down_when_not_leader
     );
     assert_eq!(coord.keys(&prefix).await.unwrap().0, [key("t4")]);
     stop.cancel();
-    renewer.await.unwrap();
 }
 
 /// Rotate mode: after `rotate_after_tasks` runs the leader ends its term with
@@ -180,22 +155,6 @@ async fn rotate_mode_ends_the_term_after_its_runs_with_nothing_held() {
     let settings = crate::config::Settings::load(None, crate::config::Env::new())
         .expect("the default settings load");
     let prefix = settings.queue.prefix.clone();
-    let spec = LeaseSpec {
-        node_id: "n1".into(),
-        ttl: TTL,
-        lock_delay: Duration::ZERO,
-        previous: None,
-    };
-    let grant = coord.open_lease(&spec).await.unwrap();
-    let lease = Arc::new(Lease::new(TTL));
-    lease.adopt(&grant.lease, tokio::time::Instant::now());
-    let record = HolderRecord {
-        node: "n1".into(),
-        ..HolderRecord::default()
-    };
-    let Campaign::Won(leadership) = coord.campaign(&grant.lease, &record).await.unwrap() else {
-        panic!("a lone lease did not win");
-    };
     for n in 0..10u64 {
         memory
             .put(&format!("{prefix}t{n}"), &task(&format!("n{n}"), 100 - n))
@@ -213,6 +172,7 @@ async fn rotate_mode_ends_the_term_after_its_runs_with_nothing_held() {
         },
     );
     let metrics = Arc::new(Metrics::new(["Work"]));
+    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
     let mut queue = Queue {
         coord: coord.clone(),
         settings: settings.queue.clone(),
@@ -226,14 +186,6 @@ async fn rotate_mode_ends_the_term_after_its_runs_with_nothing_held() {
         }),
         term: Default::default(),
     };
-    let stop = CancellationToken::new();
-    let renewer = tokio::spawn(Election::renew_until(
-        coord.clone(),
-        lease.clone(),
-        TTL,
-        metrics.clone(),
-        stop.clone(),
-    ));
     let shutdown = CancellationToken::new();
     let end = tokio::time::timeout(
         Duration::from_secs(30),
@@ -277,7 +229,6 @@ async fn rotate_mode_ends_the_term_after_its_runs_with_nothing_held() {
     assert_eq!(end, LeadEnd::Rotate);
     assert!(began.elapsed() >= Duration::from_secs(5) && began.elapsed() < Duration::from_secs(6));
     stop.cancel();
-    renewer.await.unwrap();
 }
 
 /// A lone leader on `coord`, its lease kept alive until the returned token is cancelled.

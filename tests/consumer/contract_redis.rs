@@ -129,3 +129,35 @@ async fn waits_wake_on_the_channel_and_at_the_lease_expiry() {
         "the leadership of a 1s lease not kept alive was seen free after {freed:?}"
     );
 }
+
+/// A listing of a backlog larger than one page of the listing script (600 tasks of 20 KB,
+/// 12 MB of values) answers every task, once, in key order. Before the listing was paged,
+/// one answer held the whole backlog, and a backlog of 2,000 such tasks never drained.
+#[tokio::test]
+async fn a_large_backlog_of_large_tasks_lists_whole_and_in_order() {
+    use leaderq::coord::{Coordinator, Edit, Edited, Version};
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let coord = redis_coordinator(&server.url(), "paged/");
+    let pad = "x".repeat(20_000);
+    let keys: Vec<String> = (0..600).map(|n| format!("queue/t{n:04}")).collect();
+    for chunk in keys.chunks(20) {
+        let edits: Vec<Edit> = chunk
+            .iter()
+            .map(|key| Edit::Create {
+                key: key.clone(),
+                value: format!("{{\"pad\":\"{pad}\"}}").into_bytes(),
+            })
+            .collect();
+        assert_eq!(coord.edit(&edits).await.unwrap(), Edited::Done);
+    }
+    let (tasks, version) = coord
+        .list("queue/", Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    let listed: Vec<&str> = tasks.iter().map(|t| t.key.as_str()).collect();
+    assert_eq!(listed, keys.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(tasks.iter().all(|t| t.value.len() > 20_000));
+    assert!(version > Version(0));
+}

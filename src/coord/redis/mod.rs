@@ -48,6 +48,9 @@ use crate::coord::{
 /// Leases shorter than this are refused: a keep-alive every third of it must get through.
 pub const TTL_MIN: Duration = Duration::from_secs(1);
 
+/// Tasks per page of a listing: 256 tasks of 20 KB are a 5 MB answer.
+const LIST_PAGE: usize = 256;
+
 /// One write: the ops Redis runs in one script, and the bytes of keys and values it
 /// carries (a script blocks Redis while it runs: keep each short).
 const LIMITS: WriteLimits = WriteLimits {
@@ -258,12 +261,42 @@ impl RedisCoordinator {
         holder_row(self.fields(&self.scripts.observe, &[]).await?).map_err(bad_answer)
     }
 
+    /// The tasks under `prefix`, read `LIST_PAGE` at a time (a backlog of 20 KB tasks in
+    /// one answer would be tens of MB in one reply). The answer's version is the lowest a
+    /// page saw: a write between pages makes the next wait return at once and list again.
     async fn read_tasks(&self, prefix: &str) -> Result<TaskRows, CoordError> {
-        task_rows(
-            self.fields(&self.scripts.list, &[prefix.as_bytes()])
+        let page_size = LIST_PAGE.to_string();
+        let mut rows = TaskRows::default();
+        let mut after = String::new();
+        let mut first = true;
+        loop {
+            let page = task_rows(
+                self.fields(
+                    &self.scripts.list,
+                    &[prefix.as_bytes(), after.as_bytes(), page_size.as_bytes()],
+                )
                 .await?,
-        )
-        .map_err(bad_answer)
+            )
+            .map_err(bad_answer)?;
+            rows.version = if first {
+                page.version
+            } else {
+                rows.version.min(page.version)
+            };
+            first = false;
+            rows.next_expiry_ms = match (rows.next_expiry_ms, page.next_expiry_ms) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let full = page.tasks.len() >= LIST_PAGE;
+            if let Some(last) = page.tasks.last() {
+                after = last.key.clone();
+            }
+            rows.tasks.extend(page.tasks);
+            if !full {
+                return Ok(rows);
+            }
+        }
     }
 
     async fn write_ops(

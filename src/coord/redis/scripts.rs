@@ -124,10 +124,14 @@ local h = redis.call('HMGET', P .. 'holder/' .. L, 'lease', 'token', 'record', '
 return {leader, tostring(left), h[1] or '', h[2] or '0', h[3] or '', h[4] or '0'}
 "#;
 
-/// `A = [prefix]`: `[counter, rows…]` of the tasks under the prefix, in key order.
+/// `A = [prefix, after, limit]`: `[counter, rows…]` of at most `limit` tasks under the
+/// prefix whose keys come after `after` ("" for the first page), in key order. Paged, so
+/// that no answer holds a whole backlog of large values (the caller reads page by page).
 const LIST: &str = r#"
+local low = '[' .. A[1]
+if A[2] ~= '' then low = '(' .. A[2] end
 local out = {redis.call('GET', P .. 'version') or '0'}
-for _, key in ipairs(redis.call('ZRANGEBYLEX', P .. 'tasks', '[' .. A[1], '(' .. A[1] .. '\255')) do
+for _, key in ipairs(redis.call('ZRANGEBYLEX', P .. 'tasks', low, '(' .. A[1] .. '\255', 'LIMIT', 0, tonumber(A[3]))) do
   row(out, key)
 end
 return out

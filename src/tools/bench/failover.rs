@@ -17,7 +17,7 @@ use anyhow::{bail, Context};
 use serde_json::json;
 
 use super::{progress, summarize, Latency, TempDir};
-use crate::coord::{Coordinator, Edit, Version};
+use crate::coord::{Coordinator, Edit};
 use crate::tools::chaos::{
     self, now_ns, signal_group, start_replica_with, wait_for_leader, ReplicaSetup,
 };
@@ -96,14 +96,7 @@ fn longest_gap(journal: &Path, hit_ns: u128, until_ns: u128) -> Option<Duration>
 
 /// The pid in the leader's holder record, if leadership is held.
 async fn leader_pid(coord: &dyn Coordinator) -> Option<u32> {
-    let observed = tokio::time::timeout(
-        Duration::from_secs(2),
-        coord.observe(Version(0), Duration::ZERO),
-    )
-    .await;
-    let (holder, _) = observed.ok()?.ok()?;
-    holder.lease?;
-    Some(holder.record?.pid)
+    chaos::leader_record(coord).await.map(|record| record.pid)
 }
 
 /// Waits until one of `replicas` leads; its index.

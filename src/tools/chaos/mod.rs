@@ -101,8 +101,9 @@ impl ChaosOptions {
     }
 }
 
-/// The leader's node name, read through the coordinator seam.
-async fn leader_node(coord: &dyn Coordinator) -> Option<String> {
+/// The leader's holder record, read through the coordinator seam; `None` when nobody
+/// leads or the coordinator does not answer within 2 s.
+pub(crate) async fn leader_record(coord: &dyn Coordinator) -> Option<crate::coord::HolderRecord> {
     let observed = tokio::time::timeout(
         Duration::from_secs(2),
         coord.observe(Version(0), Duration::ZERO),
@@ -110,7 +111,12 @@ async fn leader_node(coord: &dyn Coordinator) -> Option<String> {
     .await;
     let (holder, _) = observed.ok()?.ok()?;
     holder.lease?;
-    Some(holder.record?.node)
+    holder.record
+}
+
+/// The leader's node name.
+async fn leader_node(coord: &dyn Coordinator) -> Option<String> {
+    leader_record(coord).await.map(|record| record.node)
 }
 
 /// Waits until a replica other than those in `not` leads; returns its name.

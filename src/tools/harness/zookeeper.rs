@@ -2,8 +2,9 @@
 //! JVMs (Debian's `zookeeper` package), each with its own data dir and ports under one
 //! temporary directory, removed when the ensemble is dropped.
 //!
-//! `tickTime` is 500 ms, so sessions of 1 s to 10 s are granted and a member's loss is
-//! noticed within a second or two. A member is ready when it answers the four-letter word
+//! `tickTime` is 500 ms, so sessions from 1 s are granted and a member's loss is noticed
+//! within a second or two; `maxSessionTimeout` is raised to 60 s so that leaderq's default
+//! `session_ttl` (15 s) works on it too, as on a production ensemble. A member is ready when it answers the four-letter word
 //! `srvr` with its `Mode:` (leader, follower or standalone). Producers write as ZooKeeper
 //! users do, with `zkCli.sh create`.
 
@@ -84,7 +85,7 @@ impl Ensemble {
             let config = format!(
                 "tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={client_port}\n\
                  clientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=*\n\
-                 maxClientCnxns=0\n{servers}",
+                 maxClientCnxns=0\nmaxSessionTimeout=60000\n{servers}",
                 dir.join("data").display()
             );
             std::fs::write(dir.join("zoo.cfg"), config).map_err(|e| e.to_string())?;
