@@ -61,6 +61,11 @@ enum Cmd {
     Status(StatusArgs),
     /// Inspect and repair the queue: list, show, retry a dead letter, purge dead letters.
     Tasks(TasksArgs),
+    /// Pause the queue: the leader finishes the run in progress and claims nothing more
+    /// until `leaderq resume`. Kept in the coordinator, so it survives a failover.
+    Pause,
+    /// Resume a paused queue.
+    Resume,
     /// Run the embedded single-node, durable, Consul-compatible KV/session/txn server.
     Server(ServerArgs),
     /// Measure the server (durable PUTs/s, blocking-query wake, ?recurse, RSS) and the
@@ -409,6 +414,8 @@ fn main() -> ExitCode {
             Cmd::Enqueue(args) => run_enqueue(args, &cli.config).await,
             Cmd::Status(args) => run_status(args, &cli.config).await,
             Cmd::Tasks(args) => run_tasks(args, &cli.config).await,
+            Cmd::Pause => run_pause(true, &cli.config).await,
+            Cmd::Resume => run_pause(false, &cli.config).await,
             Cmd::Server(args) => run_server(args).await,
             Cmd::Chaos(args) => run_chaos(args).await,
             Cmd::Completions { shell } => {
@@ -667,6 +674,30 @@ async fn run_status(args: StatusArgs, config: &ConfigArgs) -> anyhow::Result<()>
     outln!("foreign:       {}", report.foreign)?;
     outln!("malformed:     {}", report.malformed)?;
     outln!("dead letters:  {}", report.dead)?;
+    if report.paused {
+        outln!("paused:        yes (leaderq resume)")?;
+    }
+    Ok(())
+}
+
+/// `leaderq pause` (`pause` true) and `leaderq resume`.
+async fn run_pause(pause: bool, config: &ConfigArgs) -> anyhow::Result<()> {
+    let settings = load_settings(config)?;
+    let coord = leaderq::coord::connect(&settings)?;
+    let prefix = escape(&settings.queue.prefix).into_owned();
+    if pause {
+        let already = leaderq::service::admin::pause(coord.as_ref(), &settings).await?;
+        outln!(
+            "{prefix} {}: the leader finishes the run in progress and claims nothing more until `leaderq resume`",
+            if already { "was paused already" } else { "paused" }
+        )?;
+    } else {
+        let was = leaderq::service::admin::resume(coord.as_ref(), &settings).await?;
+        outln!(
+            "{prefix} {}",
+            if was { "resumed" } else { "was not paused" }
+        )?;
+    }
     Ok(())
 }
 

@@ -839,3 +839,37 @@ async fn enqueue_of_many_files_goes_on_past_a_refused_one_and_sums_up() {
         "{stderr}"
     );
 }
+
+/// `leaderq pause` stops the leader claiming (a task put meanwhile stays pending, `status`
+/// says paused); `leaderq resume` lets it run.
+#[tokio::test]
+async fn pause_and_resume_from_the_cli() {
+    let mut bed = Bed::new();
+    bed.start_replica("p1");
+    bed.leader_node().await;
+    let paused = leaderq(&bed, &["pause"]);
+    assert!(paused.status.success(), "{paused:?}");
+    assert!(String::from_utf8_lossy(&paused.stdout).contains("oracleTask/ paused"));
+    bed.put_task(
+        "task_p",
+        json!({"taskId": "p", "taskTime": 1, "taskType": "Work"}),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        bed.journal().is_empty(),
+        "a paused queue ran {:?}",
+        bed.journal()
+    );
+    let status = leaderq(&bed, &["status"]);
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert!(text.contains("paused:        yes"), "{text}");
+    assert!(text.contains("pending:       1"), "{text}");
+    let resumed = leaderq(&bed, &["resume"]);
+    assert!(String::from_utf8_lossy(&resumed.stdout).contains("resumed"));
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(30))
+        .await;
+    assert_eq!(bed.journal().len(), 1);
+    let again = leaderq(&bed, &["resume"]);
+    assert!(String::from_utf8_lossy(&again.stdout).contains("was not paused"));
+}

@@ -36,6 +36,8 @@ impl Queue {
             match backlog.next(Utc::now()) {
                 Next::Claim => {}
                 Next::Look => match self.look(leadership, &mut backlog, memory).await {
+                    // A pause takes effect between batches: the loop waits it out.
+                    Ok(Look::Continue) if self.paused().await => break,
                     Ok(Look::Continue) => continue,
                     Ok(Look::Relist) => break,
                     Err(stop) => {

@@ -61,6 +61,16 @@ const LOCK_DELAY_RETRY: Duration = Duration::from_secs(1);
 /// whose own limits are below leaderq's): about the least that says what happened.
 const MINIMAL_DEAD_LETTER: usize = 4096;
 
+/// While paused, the leader looks at the pause flag this often.
+const PAUSE_POLL: Duration = Duration::from_secs(1);
+
+/// The key of a queue's pause flag (`leaderq pause`): outside the queue and dead-letter
+/// prefixes, so that no listing of tasks ever sees it, and named after the queue so that
+/// queues sharing a coordinator pause one at a time.
+pub fn pause_key(queue_prefix: &str) -> String {
+    format!("leaderq/paused/{}", queue_prefix.trim_end_matches('/'))
+}
+
 /// Why the leader stopped leading.
 #[derive(Debug, PartialEq, Eq)]
 pub enum LeadEnd {
@@ -167,6 +177,7 @@ impl Queue {
         // They are still held by this lease, so until they are recorded the leader neither
         // lists nor claims: a listing would take them for runs cut short and run them again.
         let mut unrecorded: Vec<Finished> = Vec::new();
+        let mut paused_logged = false;
         self.term.begin();
         loop {
             if shutdown.is_cancelled() {
@@ -176,6 +187,7 @@ impl Queue {
             if unrecorded.is_empty() && self.rotation_due() {
                 return LeadEnd::Rotate;
             }
+
             // "Renew between tasks": no claim unless the lease is known to be fresh.
             if !lease.is_fresh() {
                 return LeadEnd::StepDown("lease not renewed within its TTL".into());
@@ -216,6 +228,29 @@ impl Queue {
                 self.metrics.blocking_restarts.inc();
             }
             after = version;
+            // Looked at after the listing, which may have waited for a new task: a pause
+            // set meanwhile still stops the claim.
+            if self.paused().await {
+                if !paused_logged {
+                    tracing::info!(
+                        fencing_token = leadership.fencing_token,
+                        "queue paused: claiming nothing until `leaderq resume`"
+                    );
+                    paused_logged = true;
+                }
+                tokio::select! {
+                    _ = shutdown.cancelled() => return LeadEnd::Shutdown,
+                    _ = lease.expired() => return LeadEnd::StepDown("lease not renewed within its TTL".into()),
+                    _ = self.term_over() => {}
+                    _ = tokio::time::sleep(PAUSE_POLL) => {}
+                }
+                after = Version::default();
+                continue;
+            }
+            if paused_logged {
+                tracing::info!(fencing_token = leadership.fencing_token, "queue resumed");
+                paused_logged = false;
+            }
             // What listing cost, for spacing listings out: a listing that may have waited
             // for a change counts from its answer.
             let listed_from = if asked == Version::default() {
@@ -261,6 +296,16 @@ impl Queue {
                 Err(end) => return end,
             }
         }
+    }
+
+    /// Whether the queue's pause flag is set. A flag that cannot be read is taken as not
+    /// set: the listing that follows meets the same coordinator and backs off itself.
+    async fn paused(&self) -> bool {
+        let key = [pause_key(&self.settings.prefix)];
+        self.coord
+            .get(&key)
+            .await
+            .is_ok_and(|found| !found.is_empty())
     }
 
     /// Whether rotate mode ends this term now.

@@ -413,3 +413,53 @@ async fn tasks_sent_back_after_a_slow_run_still_go_before_later_ones() {
     assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
     stop.cancel();
 }
+
+/// While the pause flag is set the leader claims nothing; once it is cleared the queue
+/// runs, in order.
+#[tokio::test(start_paused = true)]
+async fn a_paused_queue_claims_nothing_until_resumed() {
+    let memory = Arc::new(MemoryCoordinator::default());
+    let coord: Arc<dyn Coordinator> = memory.clone();
+    let settings = crate::config::Settings::load(None, crate::config::Env::new())
+        .expect("the default settings load");
+    let prefix = settings.queue.prefix.clone();
+    let flag = super::pause_key(&prefix);
+    memory.put(&flag, b"{}").unwrap();
+    memory.put(&format!("{prefix}t1"), &task("one", 1)).unwrap();
+    memory.put(&format!("{prefix}t2"), &task("two", 2)).unwrap();
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let mut registry = Registry::default();
+    registry.register("Work", SlowOne(ran.clone()));
+    let metrics = Arc::new(Metrics::new(["Work"]));
+    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
+    let queue = Queue {
+        coord: coord.clone(),
+        settings: settings.queue.clone(),
+        registry,
+        node_id: "n1".into(),
+        wait: Duration::from_secs(1),
+        metrics,
+        rotation: None,
+        term: Default::default(),
+    };
+    let shutdown = CancellationToken::new();
+    let leading = {
+        let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
+        tokio::spawn(async move { queue.lead(&leadership, &lease, &shutdown).await })
+    };
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(ran.lock().unwrap().is_empty(), "a paused queue ran tasks");
+    let found = coord.get(std::slice::from_ref(&flag)).await.unwrap();
+    coord
+        .edit(&[crate::coord::Edit::Delete {
+            key: flag.clone(),
+            version: found[0].version,
+        }])
+        .await
+        .unwrap();
+    until("both tasks ran", || ran.lock().unwrap().len() == 2).await;
+    assert_eq!(*ran.lock().unwrap(), ["one", "two"]);
+    shutdown.cancel();
+    assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
+    stop.cancel();
+}

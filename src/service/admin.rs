@@ -197,6 +197,8 @@ pub struct StatusReport {
     pub foreign: usize,
     pub malformed: usize,
     pub dead: usize,
+    /// `leaderq pause` is in effect: the leader claims nothing.
+    pub paused: bool,
 }
 
 /// Every task under `prefix` now.
@@ -233,6 +235,10 @@ pub async fn status(
         }
     }
     report.dead = list_now(coord, &settings.queue.dead_prefix).await?.len();
+    report.paused = !coord
+        .get(&[crate::queue::pause_key(&settings.queue.prefix)])
+        .await?
+        .is_empty();
     Ok(report)
 }
 
@@ -474,4 +480,41 @@ pub async fn purge_dead(
         }
     }
     Ok(purged)
+}
+
+/// `leaderq pause`: sets the queue's pause flag (a key of its own in the coordinator, so it
+/// outlives a failover). The leader finishes the run in progress and claims nothing more
+/// until `resume`. Answers whether it was already paused.
+pub async fn pause(coord: &dyn Coordinator, settings: &Settings) -> Result<bool, AdminError> {
+    let key = crate::queue::pause_key(&settings.queue.prefix);
+    let value = serde_json::to_vec(&json!({
+        "pausedAt": crate::task::rfc3339(Utc::now()),
+        "by": crate::util::hostname(),
+    }))
+    .expect("a JSON object serializes");
+    match coord.edit(&[Edit::Create { key, value }]).await? {
+        Edited::Done => Ok(false),
+        Edited::Conflict(_) => Ok(true),
+    }
+}
+
+/// `leaderq resume`: clears the pause flag. Answers whether the queue was paused.
+pub async fn resume(coord: &dyn Coordinator, settings: &Settings) -> Result<bool, AdminError> {
+    let key = crate::queue::pause_key(&settings.queue.prefix);
+    for _ in 0..5 {
+        let Some(flag) = coord.get(std::slice::from_ref(&key)).await?.pop() else {
+            return Ok(false);
+        };
+        let delete = [Edit::Delete {
+            key: flag.key,
+            version: flag.version,
+        }];
+        if coord.edit(&delete).await? == Edited::Done {
+            return Ok(true);
+        }
+    }
+    Err(AdminError::Conflict {
+        key,
+        reason: "the pause flag kept changing while resuming; try again".into(),
+    })
 }

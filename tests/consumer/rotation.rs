@@ -1,8 +1,8 @@
-//! Rotate mode (`election.mode = "rotate"`) with real replicas on every backend's real
-//! servers (from the shared harness; a backend whose server is missing is skipped, or
-//! fails the test under LEADERQ_REQUIRE_SERVERS): leadership passes among the replicas
-//! every few tasks, every task runs once in `taskTime` order, and each new term runs under
-//! a higher fencing token.
+//! Leadership and queue controls on every backend's real servers (from the shared
+//! harness; a backend whose server is missing is skipped, or fails the test under
+//! LEADERQ_REQUIRE_SERVERS): rotate mode (`election.mode = "rotate"`) passes leadership
+//! among real replicas every few tasks, every task runs once in `taskTime` order, and each
+//! new term runs under a higher fencing token; the pause flag is set, read and cleared.
 
 use leaderq::coord::Version;
 use leaderq::tools::harness;
@@ -12,12 +12,47 @@ use super::*;
 macro_rules! on_every_backend {
     ($($backend:ident),* $(,)?) => {
         $(
-            #[tokio::test]
-            async fn $backend() {
-                rotate_mode_passes_leadership_around(stringify!($backend)).await;
+            mod $backend {
+                #[tokio::test]
+                async fn rotate_mode_passes_leadership_around() {
+                    super::rotate_mode_passes_leadership_around(stringify!($backend)).await;
+                }
+
+                #[tokio::test]
+                async fn pause_flag_is_set_read_and_cleared() {
+                    super::pause_flag_is_set_read_and_cleared(stringify!($backend)).await;
+                }
             }
         )*
     };
+}
+
+/// `leaderq pause` and `resume` through the seam: the flag is set once, shows in
+/// `status`, and is cleared; on every backend.
+async fn pause_flag_is_set_read_and_cleared(backend: &str) {
+    use leaderq::service::admin;
+    let dir = tempfile::tempdir().unwrap();
+    let Some(cluster) = harness::start_cluster(backend, common::exe(), &dir.path().join("coord"))
+        .unwrap_or_else(|why| panic!("cannot start the {backend} cluster: {why}"))
+    else {
+        return;
+    };
+    let settings = leaderq::config::Settings::load(None, cluster.env()).expect("settings");
+    let coord = leaderq::coord::connect(&settings).expect("coordinator");
+    let coord = coord.as_ref();
+    assert!(!admin::status(coord, &settings).await.unwrap().paused);
+    assert!(
+        !admin::pause(coord, &settings).await.unwrap(),
+        "not paused before"
+    );
+    assert!(
+        admin::pause(coord, &settings).await.unwrap(),
+        "paused already"
+    );
+    assert!(admin::status(coord, &settings).await.unwrap().paused);
+    assert!(admin::resume(coord, &settings).await.unwrap());
+    assert!(!admin::status(coord, &settings).await.unwrap().paused);
+    assert!(!admin::resume(coord, &settings).await.unwrap());
 }
 
 on_every_backend!(consul, etcd, redis, zookeeper);
