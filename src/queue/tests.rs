@@ -89,16 +89,7 @@ async fn lead_claims_in_order_relists_on_conflict_and_steps_down_when_not_leader
     );
     let metrics = Arc::new(Metrics::new(["Work"]));
     let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
-    let queue = Queue {
-        coord: coord.clone(),
-        settings: settings.queue.clone(),
-        registry,
-        node_id: "n1".into(),
-        wait: Duration::from_secs(1),
-        metrics: metrics.clone(),
-        rotation: None,
-        term: Default::default(),
-    };
+    let queue = queue_on(&coord, &settings, registry, metrics.clone());
     let shutdown = CancellationToken::new();
     let leading = {
         let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
@@ -231,6 +222,25 @@ async fn rotate_mode_ends_the_term_after_its_runs_with_nothing_held() {
     stop.cancel();
 }
 
+/// The leader's loop as the consumer builds it, in latch mode, on `coord`.
+fn queue_on(
+    coord: &Arc<dyn Coordinator>,
+    settings: &crate::config::Settings,
+    registry: Registry,
+    metrics: Arc<Metrics>,
+) -> Queue {
+    Queue {
+        coord: coord.clone(),
+        settings: settings.queue.clone(),
+        registry,
+        node_id: "n1".into(),
+        wait: Duration::from_secs(1),
+        metrics,
+        rotation: None,
+        term: Default::default(),
+    }
+}
+
 /// A lone leader on `coord`, its lease kept alive until the returned token is cancelled.
 async fn lone_leader(
     coord: &Arc<dyn Coordinator>,
@@ -302,16 +312,7 @@ async fn a_permanent_failure_is_dead_lettered_at_once_and_a_retryable_one_retrie
     registry.register("Work", Failing(runs.clone()));
     let metrics = Arc::new(Metrics::new(["Work"]));
     let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
-    let queue = Queue {
-        coord: coord.clone(),
-        settings: settings.queue.clone(),
-        registry,
-        node_id: "n1".into(),
-        wait: Duration::from_secs(1),
-        metrics,
-        rotation: None,
-        term: Default::default(),
-    };
+    let queue = queue_on(&coord, &settings, registry, metrics);
     let shutdown = CancellationToken::new();
     let leading = {
         let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
@@ -389,16 +390,7 @@ async fn tasks_sent_back_after_a_slow_run_still_go_before_later_ones() {
     registry.register("Work", SlowOne(runs.clone()));
     let metrics = Arc::new(Metrics::new(["Work"]));
     let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
-    let queue = Queue {
-        coord: coord.clone(),
-        settings: settings.queue.clone(),
-        registry,
-        node_id: "n1".into(),
-        wait: Duration::from_secs(1),
-        metrics,
-        rotation: None,
-        term: Default::default(),
-    };
+    let queue = queue_on(&coord, &settings, registry, metrics);
     let shutdown = CancellationToken::new();
     let leading = {
         let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
@@ -432,16 +424,7 @@ async fn a_paused_queue_claims_nothing_until_resumed() {
     registry.register("Work", SlowOne(ran.clone()));
     let metrics = Arc::new(Metrics::new(["Work"]));
     let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
-    let queue = Queue {
-        coord: coord.clone(),
-        settings: settings.queue.clone(),
-        registry,
-        node_id: "n1".into(),
-        wait: Duration::from_secs(1),
-        metrics,
-        rotation: None,
-        term: Default::default(),
-    };
+    let queue = queue_on(&coord, &settings, registry, metrics);
     let shutdown = CancellationToken::new();
     let leading = {
         let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
