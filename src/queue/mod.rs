@@ -177,7 +177,6 @@ impl Queue {
         // They are still held by this lease, so until they are recorded the leader neither
         // lists nor claims: a listing would take them for runs cut short and run them again.
         let mut unrecorded: Vec<Finished> = Vec::new();
-        let mut paused_logged = false;
         self.term.begin();
         loop {
             if shutdown.is_cancelled() {
@@ -228,29 +227,6 @@ impl Queue {
                 self.metrics.blocking_restarts.inc();
             }
             after = version;
-            // Looked at after the listing, which may have waited for a new task: a pause
-            // set meanwhile still stops the claim.
-            if self.paused().await {
-                if !paused_logged {
-                    tracing::info!(
-                        fencing_token = leadership.fencing_token,
-                        "queue paused: claiming nothing until `leaderq resume`"
-                    );
-                    paused_logged = true;
-                }
-                tokio::select! {
-                    _ = shutdown.cancelled() => return LeadEnd::Shutdown,
-                    _ = lease.expired() => return LeadEnd::StepDown("lease not renewed within its TTL".into()),
-                    _ = self.term_over() => {}
-                    _ = tokio::time::sleep(PAUSE_POLL) => {}
-                }
-                after = Version::default();
-                continue;
-            }
-            if paused_logged {
-                tracing::info!(fencing_token = leadership.fencing_token, "queue resumed");
-                paused_logged = false;
-            }
             // What listing cost, for spacing listings out: a listing that may have waited
             // for a change counts from its answer.
             let listed_from = if asked == Version::default() {
@@ -263,6 +239,17 @@ impl Queue {
                 .await
             {
                 Ok(Pick::Run(backlog)) => {
+                    // Looked at after the listing, which may have waited for a new task,
+                    // and only when there is something to claim: a pause set meanwhile
+                    // still stops the claim.
+                    if self.paused().await {
+                        if let Some(end) = self.wait_while_paused(leadership, lease, shutdown).await
+                        {
+                            return end;
+                        }
+                        after = Version::default();
+                        continue;
+                    }
                     let (end, left) = self
                         .work_through(leadership, lease, shutdown, backlog, &mut memory)
                         .await;
@@ -306,6 +293,32 @@ impl Queue {
             .get(&key)
             .await
             .is_ok_and(|found| !found.is_empty())
+    }
+
+    /// Waits, reading only the pause flag, until it is cleared (`None`: list again), the
+    /// term ends by time (`None`: the loop rotates), or the leading must end.
+    async fn wait_while_paused(
+        &self,
+        leadership: &Leadership,
+        lease: &Lease,
+        shutdown: &CancellationToken,
+    ) -> Option<LeadEnd> {
+        tracing::info!(
+            fencing_token = leadership.fencing_token,
+            "queue paused: claiming nothing until `leaderq resume`"
+        );
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Some(LeadEnd::Shutdown),
+                _ = lease.expired() => return Some(LeadEnd::StepDown("lease not renewed within its TTL".into())),
+                _ = self.term_over() => return None,
+                _ = tokio::time::sleep(PAUSE_POLL) => {}
+            }
+            if !self.paused().await {
+                tracing::info!(fencing_token = leadership.fencing_token, "queue resumed");
+                return None;
+            }
+        }
     }
 
     /// Whether rotate mode ends this term now.
