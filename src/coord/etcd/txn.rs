@@ -251,7 +251,7 @@ pub fn txn_bytes(txn: &Txn) -> usize {
     compares + ops
 }
 
-/// What `op` costs: [`OP_ENTRIES`] entries, and its bytes. Measured on the op without its
+/// What `op` costs: `OP_ENTRIES` entries, and its bytes. Measured on the op without its
 /// value, plus the value's length, so that costing a large task copies nothing big.
 pub fn cost(layout: &Layout, op: &TaskOp) -> WriteCost {
     let (bare, value_len) = match op {

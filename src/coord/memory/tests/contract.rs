@@ -51,25 +51,7 @@ macro_rules! contract_tests {
     };
 }
 
-contract_tests!(
-    one_leader_among_concurrent_campaigners,
-    fencing_rises_across_leaders,
-    lock_delay_follows_a_death_not_a_resignation,
-    previous_lease_is_taken_up_only_if_alive_and_own,
-    deposed_leader_writes_nothing,
-    conflict_names_the_key_and_applies_nothing,
-    completing_or_moving_a_gone_task_conflicts,
-    claim_and_complete_follow_versions,
-    list_gives_versions_and_creation_order,
-    list_and_observe_wait_for_a_change_or_the_wait,
-    dead_lease_leaves_its_claims_unheld,
-    move_and_rewrite_keep_the_data,
-    write_own_touches_only_own_claims,
-    write_own_cannot_complete_or_move_what_it_does_not_hold,
-    over_limit_writes_are_refused_whole,
-    keep_alive_of_an_ended_lease_is_gone,
-    edits_create_only_new_keys_and_apply_whole,
-);
+contract::with_checks!(contract_tests);
 
 /// `run_all` runs every check and passes on a coordinator that keeps the contract.
 #[tokio::test(start_paused = true)]
