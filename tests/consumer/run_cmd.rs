@@ -20,7 +20,14 @@ macro_rules! on_every_backend {
                 #[tokio::test]
                 async fn one_command_at_a_time_and_a_killed_leaders_command_dies_with_it() {
                     if let Some(runs) = Runs::new(stringify!($backend)) {
-                        super::one_command_at_a_time(runs).await;
+                        super::one_command_at_a_time(runs, "KILL").await;
+                    }
+                }
+
+                #[tokio::test]
+                async fn a_frozen_leaders_command_is_killed_before_another_starts() {
+                    if let Some(runs) = Runs::new(stringify!($backend)) {
+                        super::one_command_at_a_time(runs, "STOP").await;
                     }
                 }
 
@@ -138,7 +145,7 @@ fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
 
 /// Three replicas: one command runs; SIGKILL of its `leaderq run` kills it, another
 /// replica's starts with a higher token, and at no moment did two commands beat at once.
-async fn one_command_at_a_time(runs: Runs) {
+async fn one_command_at_a_time(runs: Runs, hit: &str) {
     let mut replicas: Vec<Child> = (0..3).map(|n| runs.start(n, &[], BEATING)).collect();
     let first = runs.wait_for_starts(1, Duration::from_secs(30)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -151,35 +158,24 @@ async fn one_command_at_a_time(runs: Runs) {
     assert_eq!(first[0][4], "job");
     // Whose command is it? The replica whose process is the command's grandparent.
     let command_pid = first[0][2].clone();
-    let supervisor = std::fs::read_to_string(format!("/proc/{command_pid}/stat"))
-        .unwrap()
-        .rsplit(") ")
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .to_string();
-    let leader_pid: u32 = std::fs::read_to_string(format!("/proc/{supervisor}/stat"))
-        .unwrap()
-        .rsplit(") ")
-        .next()
-        .unwrap()
-        .split_whitespace()
-        .nth(1)
-        .unwrap()
-        .parse()
-        .unwrap();
+    let supervisor = harness::parent_of(command_pid.parse().unwrap()).unwrap();
+    let leader_pid = harness::parent_of(supervisor).unwrap();
     let leader = replicas
         .iter()
         .position(|r| r.id() == leader_pid)
         .expect("the command runs under one of the replicas");
-    replicas[leader].kill().unwrap();
-    let _ = replicas[leader].wait();
+    if hit == "KILL" {
+        replicas[leader].kill().unwrap();
+        let _ = replicas[leader].wait();
+    } else {
+        // Frozen, `leaderq run` renews nothing: its supervisor must kill the command
+        // before the lease could end, before any other replica may start its own.
+        common::signal(leader_pid, hit);
+    }
     let starts = runs.wait_for_starts(2, Duration::from_secs(30)).await;
     assert!(
         !alive(&command_pid),
-        "the killed leader's command outlived it"
+        "the {hit} leader's command outlived its lease"
     );
     let (old, new) = (&starts[0], &starts[1]);
     let old_token: u64 = old[1].parse().unwrap();
@@ -200,6 +196,13 @@ async fn one_command_at_a_time(runs: Runs) {
         last_old_beat - new_start_ns
     );
     assert_eq!(runs.starts().len(), 2, "{:?}", runs.lines());
+    if hit == "STOP" {
+        // Woken, it finds its leadership gone and exits 75 (`--on-loss exit`).
+        common::signal(leader_pid, "CONT");
+        let status = wait_exit(&mut replicas[leader], Duration::from_secs(20));
+        assert_eq!(status.code(), Some(75));
+        assert_eq!(runs.starts().len(), 2, "{:?}", runs.lines());
+    }
     for (n, replica) in replicas.iter_mut().enumerate() {
         if n != leader {
             replica.kill().unwrap();

@@ -11,7 +11,7 @@ use anyhow::{bail, Context};
 use serde_json::json;
 
 use super::{progress, summarize, Latency, Report, TempDir};
-use crate::tools::harness::{self, signal_pid};
+use crate::tools::harness::{self, parent_of, signal_pid};
 
 /// The replicas' TTL and lock-delay: the chaos settings, so the figures compare.
 const SESSION_TTL: &str = crate::tools::chaos::SESSION_TTL;
@@ -48,17 +48,6 @@ fn starts(dir: &Path) -> Vec<(u128, u32)> {
             Some((f.first()?.parse().ok()?, f.get(2)?.parse().ok()?))
         })
         .collect()
-}
-
-/// The parent of `pid`, from /proc.
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit(") ")
-        .next()?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
 }
 
 async fn wait_for_starts(dir: &Path, count: usize) -> anyhow::Result<Vec<(u128, u32)>> {

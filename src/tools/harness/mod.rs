@@ -82,6 +82,18 @@ pub fn wait_for(
     }
 }
 
+/// The parent of process `pid`, from /proc; `None` once it is gone.
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name, in parentheses, may hold spaces: the fields follow its last ')'.
+    stat.rsplit(") ")
+        .next()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
 /// Sends `signal` ("KILL", "STOP", "CONT", "TERM", …) to the one process `pid`.
 pub fn signal_pid(pid: u32, signal: &str) {
     signal_target(&pid.to_string(), signal);
