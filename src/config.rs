@@ -15,6 +15,8 @@ use serde::{Deserialize, Deserializer};
 
 use crate::util::duration;
 
+/// The largest `queue.concurrency`: runs in flight, each a supervised process group.
+pub const MAX_CONCURRENCY: usize = 256;
 /// The largest `queue.claim_batch`. A batch's transaction (leader check, deletions of the
 /// previous batch, a check and a lock per task) is further cut to what fits the limits in
 /// `consul::TXN_MAX_OPS` and `consul::TXN_MAX_BODY`.
@@ -156,6 +158,8 @@ pub struct QueueSettings {
     pub dead_prefix: String,
     pub max_attempts: u32,
     pub claim_batch: usize,
+    /// Runs at once, at most one per `taskGroup` (1: one task at a time).
+    pub concurrency: usize,
     #[serde(deserialize_with = "go_duration")]
     pub backoff_base: Duration,
     #[serde(deserialize_with = "go_duration")]
@@ -394,6 +398,11 @@ impl Settings {
         if !(1..=MAX_CLAIM_BATCH).contains(&self.queue.claim_batch) {
             return invalid(format!(
                 "queue.claim_batch must be between 1 and {MAX_CLAIM_BATCH} (one transaction holds at most 128 operations)"
+            ));
+        }
+        if !(1..=MAX_CONCURRENCY).contains(&self.queue.concurrency) {
+            return invalid(format!(
+                "queue.concurrency must be between 1 and {MAX_CONCURRENCY}"
             ));
         }
         if self.queue.max_attempts == 0 {

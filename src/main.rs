@@ -138,7 +138,7 @@ struct BenchArgs {
     #[arg(long, default_value_t = 100_000)]
     memory_keys: usize,
     /// Run one section only.
-    #[arg(long, value_parser = ["server", "contention", "consumer", "failover", "run"])]
+    #[arg(long, value_parser = ["server", "contention", "consumer", "failover", "run", "groups"])]
     only: Option<String>,
     /// Blocked queries (one per key) parked while their keys are written.
     #[arg(long, default_value_t = 10_000)]
@@ -147,8 +147,8 @@ struct BenchArgs {
     /// measurements (reads under writes, wakes among many watchers), printed beside these.
     #[arg(long)]
     baseline_exe: Option<PathBuf>,
-    /// The coordinator the consumer and failover sections run on, started on loopback by
-    /// the bench itself (its server must be installed); server and contention always
+    /// The coordinator the consumer, failover, run and groups sections run on, started on
+    /// loopback by the bench itself (its server must be installed); server and contention always
     /// measure `leaderq server`.
     #[arg(long, default_value = "consul", value_parser = clap::builder::PossibleValuesParser::new(leaderq::tools::harness::BACKENDS))]
     backend: String,

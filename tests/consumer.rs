@@ -17,6 +17,8 @@ mod contract_zookeeper;
 mod coord_consul;
 #[path = "consumer/etcd_queue.rs"]
 mod etcd_queue;
+#[path = "consumer/groups.rs"]
+mod groups;
 #[path = "consumer/hostile_input.rs"]
 mod hostile_input;
 #[path = "consumer/identity.rs"]

@@ -10,12 +10,14 @@
 //! refuses moves the task away instead of costing the leadership. The pure decisions
 //! (what to claim, when to look for newer tasks, when to list again) live in `plan.rs`;
 //! the I/O for them is cut by what it does: `sort.rs` (what a listing holds), `claim.rs`
-//! (claiming a backlog), `run.rs` (running and settling a task), `dead.rs` (dead letters
-//! and requeued orphans). This file holds the leader's loop and the types they share.
+//! (claiming a backlog), `groups.rs` (the same with several runs at once, one per
+//! `taskGroup`), `run.rs` (running and settling a task), `dead.rs` (dead letters and
+//! requeued orphans). This file holds the leader's loop and the types they share.
 //! Leadership itself is `leader`'s business.
 
 mod claim;
 mod dead;
+mod groups;
 mod plan;
 mod run;
 mod sort;
@@ -141,6 +143,10 @@ struct Memory {
     warned: HashSet<String>,
     /// Keys whose claims are refused for a while (lock-delay), and when to try them again.
     deferred: HashMap<String, DateTime<Utc>>,
+    /// Groups (`taskGroup`) of tasks the last listing found held by another lease: a run
+    /// of a previous leader may still be going, so with concurrency groups none of their
+    /// tasks starts before a listing shows them free.
+    held_groups: HashSet<String>,
 }
 
 /// Entries sorted out: what can be claimed now or later, and the keys left as they were.
@@ -250,9 +256,13 @@ impl Queue {
                         after = Version::default();
                         continue;
                     }
-                    let (end, left) = self
-                        .work_through(leadership, lease, shutdown, backlog, &mut memory)
-                        .await;
+                    let (end, left) = if self.settings.concurrency > 1 {
+                        self.work_through_groups(leadership, lease, shutdown, backlog, &mut memory)
+                            .await
+                    } else {
+                        self.work_through(leadership, lease, shutdown, backlog, &mut memory)
+                            .await
+                    };
                     unrecorded = left;
                     match end {
                         // Recorded first, at the top of the loop.

@@ -263,6 +263,32 @@ impl Backlog {
         self.pending.drain(..n).collect()
     }
 
+    /// Takes, to claim it, the first pending task `free` admits. With concurrency groups
+    /// `free` admits the tasks of groups with no run in progress, and the first such task
+    /// is its group's earliest pending one, unless a delayed task of its group comes before
+    /// it (a retry waiting for its backoff): then the whole group waits.
+    pub fn take_first_free(&mut self, free: impl Fn(&Task) -> bool) -> Option<Task> {
+        let at = self
+            .pending
+            .iter()
+            .position(|task| free(task) && !self.waits_in_group(task))?;
+        self.claimed += 1;
+        self.pending.remove(at)
+    }
+
+    /// Whether a delayed task of `task`'s group comes before it in claim order.
+    fn waits_in_group(&self, task: &Task) -> bool {
+        self.delayed.iter().any(|(_, delayed)| {
+            delayed.group() == task.group() && delayed.order_key() < task.order_key()
+        })
+    }
+
+    /// Puts one task taken but not claimed back in its place in claim order.
+    pub fn put_back_one(&mut self, task: Task) {
+        self.claimed = self.claimed.saturating_sub(1);
+        self.learn(Vec::new(), vec![task], Vec::new());
+    }
+
     /// Takes the first pending task out without claiming it (it is to be moved away).
     pub fn take_first(&mut self) -> Option<Task> {
         self.pending.pop_front()
@@ -387,6 +413,78 @@ mod tests {
             holder: None,
         })
         .unwrap()
+    }
+
+    fn grouped(key: &str, time: i64, group: &str) -> Task {
+        let value = serde_json::json!({"taskType": "x", "taskTime": time, "taskGroup": group});
+        Task::parse(&StoredTask {
+            key: key.into(),
+            value: value.to_string().into_bytes(),
+            version: 1,
+            created: 1,
+            holder: None,
+        })
+        .unwrap()
+    }
+
+    /// With groups, the next claim is the earliest task of a group with nothing running,
+    /// and a group whose earlier task waits for a retry waits with it.
+    #[test]
+    fn a_group_runs_in_order_one_at_a_time_and_waits_for_its_retry() {
+        let now = at(0);
+        let pending = vec![
+            grouped("q/a1", 1, "a"),
+            grouped("q/a2", 2, "a"),
+            grouped("q/b1", 3, "b"),
+            grouped("q/c2", 5, "c"),
+        ];
+        let retry = grouped("q/c1", 4, "c");
+        let mut backlog = Backlog::new(
+            pending,
+            vec![(at(60_000), retry)],
+            HashSet::new(),
+            now,
+            Duration::ZERO,
+        );
+        let mut running: HashSet<String> = HashSet::new();
+        let take = |backlog: &mut Backlog, running: &mut HashSet<String>| {
+            let task = backlog.take_first_free(|t| !running.contains(t.group()))?;
+            running.insert(task.group().to_string());
+            Some(task.key)
+        };
+        assert_eq!(take(&mut backlog, &mut running).as_deref(), Some("q/a1"));
+        // a2 waits for a1; c2 waits for c1's retry, due in a minute.
+        assert_eq!(take(&mut backlog, &mut running).as_deref(), Some("q/b1"));
+        assert_eq!(take(&mut backlog, &mut running), None);
+        running.remove("a");
+        assert_eq!(take(&mut backlog, &mut running).as_deref(), Some("q/a2"));
+        assert_eq!(keys(&backlog), vec!["q/c2"]);
+        // Once c1 is due it goes first, then c2 after it.
+        backlog.promote(at(60_000));
+        running.clear();
+        assert_eq!(take(&mut backlog, &mut running).as_deref(), Some("q/c1"));
+        assert_eq!(take(&mut backlog, &mut running), None);
+        running.clear();
+        assert_eq!(take(&mut backlog, &mut running).as_deref(), Some("q/c2"));
+    }
+
+    /// A task taken but not claimed goes back to its place, not to the front.
+    #[test]
+    fn a_task_put_back_alone_keeps_its_place() {
+        let mut backlog = Backlog::new(
+            vec![
+                grouped("q/a1", 1, "a"),
+                grouped("q/b1", 2, "b"),
+                grouped("q/b2", 3, "b"),
+            ],
+            Vec::new(),
+            HashSet::new(),
+            at(0),
+            Duration::ZERO,
+        );
+        let b1 = backlog.take_first_free(|t| t.group() == "b").unwrap();
+        backlog.put_back_one(b1);
+        assert_eq!(keys(&backlog), vec!["q/a1", "q/b1", "q/b2"]);
     }
 
     fn keys(backlog: &Backlog) -> Vec<&str> {

@@ -16,6 +16,7 @@ impl Queue {
         listed_from: Instant,
     ) -> Result<Pick, LeadEnd> {
         let now = Utc::now();
+        memory.held_groups.clear();
         let sorted = self.sort_out(leadership, entries, memory, now).await?;
         self.metrics
             .queue_depth(sorted.pending.len(), sorted.in_flight, sorted.delayed.len());
@@ -108,6 +109,7 @@ impl Queue {
                     sorted.changed = true;
                 }
                 Status::InFlight => {
+                    memory.held_groups.insert(task.group().to_string());
                     sorted.in_flight += 1;
                     sorted.keys.insert(task.key.clone());
                 }

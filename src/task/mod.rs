@@ -76,7 +76,12 @@ pub enum Invalid {
     BadTime(String),
     #[error("taskTaken {0} is neither true nor false")]
     BadTaken(String),
+    #[error("taskGroup {0} is not a string of at most {MAX_GROUP_LEN} bytes")]
+    BadGroup(String),
 }
+
+/// The longest `taskGroup`: a name, not a payload.
+pub const MAX_GROUP_LEN: usize = 256;
 
 /// Where a task stands, as the leader sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -117,6 +122,22 @@ impl Task {
             Some(Value::String(s)) if s.eq_ignore_ascii_case("false") => false,
             Some(other) => return Err(Invalid::BadTaken(other.to_string())),
         };
+        match fields.get("taskGroup") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(group)) if group.len() <= MAX_GROUP_LEN => {}
+            Some(other) => {
+                let mut shown = other.to_string();
+                if shown.len() > 64 {
+                    let cut = (0..=61)
+                        .rev()
+                        .find(|at| shown.is_char_boundary(*at))
+                        .unwrap_or(0);
+                    shown.truncate(cut);
+                    shown.push_str("...");
+                }
+                return Err(Invalid::BadGroup(shown));
+            }
+        }
         let id = match fields.get("taskId") {
             Some(Value::String(s)) if !s.is_empty() => s.clone(),
             Some(Value::Number(n)) => n.to_string(),
@@ -149,6 +170,15 @@ impl Task {
     /// The number of the next run: attempts made so far plus one, saturating.
     pub fn run_number(&self) -> u32 {
         self.attempts.saturating_add(1)
+    }
+
+    /// The task's concurrency group (`taskGroup`): no two tasks of one group run at once.
+    /// Tasks without one form one group, the empty name.
+    pub fn group(&self) -> &str {
+        self.fields
+            .get("taskGroup")
+            .and_then(Value::as_str)
+            .unwrap_or("")
     }
 
     /// Claim order: `taskTime`, then creation, then key.
@@ -433,6 +463,15 @@ mod tests {
         assert_eq!(parse(r#"{"taskTime":1}"#), Invalid::MissingType);
         assert_eq!(parse(r#"{"taskType":"","taskTime":1}"#), Invalid::BadType);
         assert_eq!(parse(r#"{"taskType":"x"}"#), Invalid::MissingTime);
+        assert_eq!(
+            parse(r#"{"taskType":"x","taskTime":1,"taskGroup":7}"#),
+            Invalid::BadGroup("7".into())
+        );
+        let long = format!(
+            r#"{{"taskType":"x","taskTime":1,"taskGroup":"{}"}}"#,
+            "g".repeat(MAX_GROUP_LEN + 1)
+        );
+        assert!(matches!(parse(&long), Invalid::BadGroup(shown) if shown.ends_with("...")));
         assert!(matches!(
             parse(r#"{"taskType":"x","taskTime":"yesterday"}"#),
             Invalid::BadTime(_)

@@ -65,15 +65,15 @@ impl Handler for Recorder {
 }
 
 /// A coordinator for one measurement: its processes, and the seam to write and read it.
-struct Target {
-    coord: Arc<dyn Coordinator>,
+pub(super) struct Target {
+    pub(super) coord: Arc<dyn Coordinator>,
     env: Vec<(String, String)>,
     _cluster: Box<dyn Cluster>,
     _dir: TempDir,
 }
 
 impl Target {
-    fn start(backend: &str) -> anyhow::Result<Target> {
+    pub(super) fn start(backend: &str) -> anyhow::Result<Target> {
         let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
         let dir = TempDir::new()?;
         let cluster = harness::start_cluster(backend, &exe, &dir.0.join("coordinator"))
@@ -127,7 +127,7 @@ struct Replica {
     task: tokio::task::JoinHandle<()>,
 }
 
-fn settings(target: &Target, name: &str, dir: &TempDir) -> anyhow::Result<Settings> {
+pub(super) fn settings(target: &Target, name: &str, dir: &TempDir) -> anyhow::Result<Settings> {
     let mut env = target.env.clone();
     env.extend([
         ("LEADERQ__ELECTION__NODE_ID".to_string(), name.to_string()),

@@ -4,7 +4,8 @@
 //! (or one JSON object), each number next to its target.
 //!
 //! `server.rs` measures the embedded server, `consumer.rs` the consumer, `failover.rs`
-//! handover and failover of replica processes, `run.rs` the takeover of `leaderq run`.
+//! handover and failover of replica processes, `run.rs` the takeover of `leaderq run`,
+//! `groups.rs` drains at several `queue.concurrency` settings.
 //! Numbers only: nothing here fails on a missed target; people judge.
 
 use std::path::PathBuf;
@@ -16,6 +17,7 @@ use serde_json::{json, Map, Value};
 
 mod consumer;
 mod failover;
+mod groups;
 mod run;
 mod server;
 
@@ -42,7 +44,8 @@ pub struct Options {
     pub order_probes: usize,
     /// SIGTERM handovers measured.
     pub handovers: usize,
-    /// Run only this section ("server", "contention", "consumer", "failover" or "run").
+    /// Run only this section ("server", "contention", "consumer", "failover", "run" or
+    /// "groups").
     pub only: Option<String>,
     /// Blocked queries parked for the wake measurement among many watchers.
     pub watchers: usize,
@@ -243,6 +246,9 @@ pub async fn run(options: Options, as_json: bool) -> anyhow::Result<()> {
     }
     if wants("run") {
         run::section(options.handovers, &options.backend, &mut report).await?;
+    }
+    if wants("groups") {
+        groups::section(&options, &mut report).await?;
     }
     if as_json {
         println!("{}", Value::Object(report.json));

@@ -15,6 +15,8 @@ use crate::handler::{Handler, HandlerFuture, Registry, TaskContext};
 use crate::leader::{Election, Lease};
 use crate::observe::Metrics;
 
+mod groups;
+
 const TTL: Duration = Duration::from_secs(10);
 
 /// Records the task ids it runs; running `rewrite_on` rewrites another task meanwhile, as
