@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::config::{HandlerKind, HandlerSettings, Settings};
 use crate::coord::{Coordinator, Leadership, LeaseId, Version};
@@ -119,6 +120,21 @@ pub async fn run(
         .map_err(|reason| RunError::Refused(format!("the command cannot run: {reason}")))?;
     let data_dir = lock_data_dir(&settings, &options)?;
     let node_id = data_dir.node_id(&settings.election.node_id)?;
+    // Every line this replica logs carries its node id, as `consume`'s do.
+    let span = tracing::info_span!("replica", node = %node_id);
+    lead_command(settings, options, shutdown, data_dir, node_id)
+        .instrument(span)
+        .await
+}
+
+/// `run` once its data dir is locked and its node id known.
+async fn lead_command(
+    settings: Settings,
+    options: RunOptions,
+    shutdown: CancellationToken,
+    data_dir: DataDir,
+    node_id: String,
+) -> Result<i32, RunError> {
     let coord = crate::coord::connect(&settings)?;
     let lock_file = supervise::lock::lock_file(data_dir.path());
     supervise::lock::wait_for_previous_handlers(
@@ -154,13 +170,16 @@ pub async fn run(
     );
     let metrics = Arc::new(Metrics::new(std::iter::empty::<&str>()));
     let stop_renewer = CancellationToken::new();
-    let renewer = tokio::spawn(Election::renew_until(
-        coord.clone(),
-        election.lease(),
-        settings.election.session_ttl,
-        metrics.clone(),
-        stop_renewer.clone(),
-    ));
+    let renewer = tokio::spawn(
+        Election::renew_until(
+            coord.clone(),
+            election.lease(),
+            settings.election.session_ttl,
+            metrics.clone(),
+            stop_renewer.clone(),
+        )
+        .in_current_span(),
+    );
     tracing::info!(name = %options.name, node = %node_id, coordinator = %coord.describe(), command = ?options.command, "run starting");
 
     let wait = settings.watch_wait();
