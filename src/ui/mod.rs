@@ -8,14 +8,15 @@
 //! dead letters, the holder and the pause flag, and waits on the coordinator's blocking
 //! `list`/`observe` for the next change (or an action here), at most four times a second;
 //! every page in every browser gets each new reading from it, so a hundred open tabs cost
-//! the coordinator what one does. The panes are computed by `view.rs` (pure); who may call
-//! what is `auth.rs` (pure); records kept by other parts (history, timeline, standbys) and
-//! the actions they own are behind `data.rs`. The queue's own reads and writes are
-//! `service::admin`'s.
+//! the coordinator what one does (`watcher.rs`). The panes are computed by `view.rs`
+//! (pure); who may call what is `auth.rs` (pure); records kept by other parts (history,
+//! timeline, standbys) and the actions they own are behind `data.rs`. The queue's own
+//! reads and writes are `service::admin`'s.
 
 pub mod auth;
 pub mod data;
 pub mod view;
+mod watcher;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -30,7 +31,6 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use chrono::Utc;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::{watch, Notify};
@@ -38,23 +38,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Settings;
-use crate::coord::{CoordError, Coordinator, Holder, StoredTask, Version};
+use crate::coord::{CoordError, Coordinator};
 use crate::service::admin::{self, AdminError};
 use crate::task::key::Key;
-use view::{Panes, Seen, Throughput};
+use view::Panes;
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
 const APP_JS: &str = include_str!("assets/app.js");
 const APP_CSS: &str = include_str!("assets/app.css");
 
-/// The watcher reads at most this often, however busy the queue: a burst of changes costs
-/// one reading per interval, not one per change.
-const MIN_REFRESH: Duration = Duration::from_millis(250);
-/// After a failed reading, the next one waits this long.
-const ERROR_RETRY: Duration = Duration::from_secs(1);
-/// The pause flag is its own key, outside the queue's listing: looked at this often, so a
-/// `leaderq pause` from a shell shows within a second.
-const PAUSE_POLL: Duration = Duration::from_millis(900);
 /// A request waits this long for the watcher's first reading.
 const FIRST_READING: Duration = Duration::from_secs(10);
 /// Rows per page of the queue pane, by default and at most.
@@ -122,7 +114,7 @@ impl Ui {
 
     fn ensure_watching(self: &Arc<Self>) {
         if !self.watching.swap(true, Ordering::SeqCst) {
-            self.tracker.spawn(watch_coordinator(self.clone()));
+            self.tracker.spawn(watcher::watch_coordinator(self.clone()));
         }
     }
 
@@ -134,113 +126,6 @@ impl Ui {
         let _ = tokio::time::timeout(FIRST_READING, first).await;
         let panes = receiver.borrow().clone();
         panes
-    }
-}
-
-/// One reading of everything the panes show.
-struct Reading {
-    holder: Holder,
-    holder_version: Version,
-    queued: Vec<StoredTask>,
-    queue_version: Version,
-    dead: Vec<StoredTask>,
-    dead_version: Version,
-    paused: bool,
-}
-
-async fn read(ui: &Ui) -> Result<Reading, CoordError> {
-    let queue = &ui.settings.queue;
-    let (holder, holder_version) = ui.coord.observe(Version(0), Duration::ZERO).await?;
-    let (queued, queue_version) = ui
-        .coord
-        .list(&queue.prefix, Version(0), Duration::ZERO)
-        .await?;
-    let (dead, dead_version) = ui
-        .coord
-        .list(&queue.dead_prefix, Version(0), Duration::ZERO)
-        .await?;
-    let paused = paused(ui).await?;
-    Ok(Reading {
-        holder,
-        holder_version,
-        queued,
-        queue_version,
-        dead,
-        dead_version,
-        paused,
-    })
-}
-
-async fn paused(ui: &Ui) -> Result<bool, CoordError> {
-    let key = [crate::queue::pause_key(&ui.settings.queue.prefix)];
-    Ok(!ui.coord.get(&key).await?.is_empty())
-}
-
-/// The watcher: read, publish, wait for a change, again; until `stop`.
-async fn watch_coordinator(ui: Arc<Ui>) {
-    let mut seen: Option<Seen> = None;
-    let mut throughput = Throughput::default();
-    let mut seq = 0;
-    let wait = ui.settings.watch_wait();
-    loop {
-        seq += 1;
-        match read(&ui).await {
-            Ok(reading) => {
-                let now = Utc::now();
-                let next = Seen::of(&reading.queued, &reading.dead);
-                let (completed, failed) = seen.as_ref().map_or((0, 0), |seen| seen.changes(&next));
-                throughput.record(now, completed, failed);
-                seen = Some(next);
-                let mut panes = view::panes(
-                    &reading.holder,
-                    reading.queued,
-                    reading.dead,
-                    reading.paused,
-                    now,
-                );
-                panes.overview.seq = seq;
-                panes.overview.chart = throughput.chart(now);
-                panes.overview.completed_last_hour =
-                    panes.overview.chart.iter().map(|m| m.completed).sum();
-                panes.overview.failed_last_hour =
-                    panes.overview.chart.iter().map(|m| m.failed).sum();
-                ui.panes.send_replace(Arc::new(panes));
-                let coord = ui.coord.as_ref();
-                let queue = &ui.settings.queue;
-                tokio::select! {
-                    _ = ui.stop.cancelled() => return,
-                    _ = ui.refresh.notified() => {}
-                    _ = coord.list(&queue.prefix, reading.queue_version, wait) => {}
-                    _ = coord.list(&queue.dead_prefix, reading.dead_version, wait) => {}
-                    _ = coord.observe(reading.holder_version, wait) => {}
-                    _ = pause_changes(&ui, reading.paused) => {}
-                }
-            }
-            Err(err) => {
-                let mut panes = Panes::clone(&ui.panes.borrow());
-                panes.overview.seq = seq;
-                panes.overview.error = Some(format!("cannot read {}: {err}", ui.coord.describe()));
-                ui.panes.send_replace(Arc::new(panes));
-                tokio::select! {
-                    _ = ui.stop.cancelled() => return,
-                    _ = tokio::time::sleep(ERROR_RETRY) => {}
-                }
-            }
-        }
-        tokio::select! {
-            _ = ui.stop.cancelled() => return,
-            _ = tokio::time::sleep(MIN_REFRESH) => {}
-        }
-    }
-}
-
-/// Returns once the pause flag is no longer `paused` (or cannot be read).
-async fn pause_changes(ui: &Ui, was: bool) {
-    loop {
-        tokio::time::sleep(PAUSE_POLL).await;
-        if paused(ui).await.ok() != Some(was) {
-            return;
-        }
     }
 }
 
