@@ -69,6 +69,7 @@ pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
     let wait = ui.settings.watch_wait();
     loop {
         seq += 1;
+        let read_at = tokio::time::Instant::now();
         match read(&ui).await {
             Ok(reading) => {
                 let now = Utc::now();
@@ -114,7 +115,8 @@ pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
         }
         tokio::select! {
             _ = ui.stop.cancelled() => return,
-            _ = tokio::time::sleep(MIN_REFRESH) => {}
+            // A change after a quiet spell is read at once; a burst, once per interval.
+            _ = tokio::time::sleep_until(read_at + MIN_REFRESH) => {}
         }
     }
 }

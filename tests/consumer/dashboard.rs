@@ -307,3 +307,177 @@ fn ui_off_loopback_refuses_to_start_without_a_token() {
         "{stderr}"
     );
 }
+
+/// One test module per backend, each running the same scenario.
+macro_rules! on_every_backend {
+    ($($backend:ident),* $(,)?) => {
+        $(
+            mod $backend {
+                /// `leaderq ui` on this backend: its token guards reads, its CSRF token
+                /// guards actions, and a task a producer writes reaches an open live
+                /// feed within a second.
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn standalone_ui_needs_its_token_and_shows_a_new_task_live() {
+                    super::standalone_ui(stringify!($backend)).await;
+                }
+            }
+        )*
+    };
+}
+
+on_every_backend!(consul, etcd, redis, zookeeper);
+
+const TOKEN: &str = "test-token-0123456789abcdef";
+
+/// `leaderq ui --listen 127.0.0.1:0` against `cluster`, with [`TOKEN`]; its address.
+fn start_ui(cluster: &dyn harness::Cluster) -> (Proc, String) {
+    let mut command = Command::new(common::exe());
+    command
+        .args(["ui", "--listen", "127.0.0.1:0"])
+        .envs(cluster.env())
+        .env("LEADERQ__OBSERVE__ADMIN_TOKEN", TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut ui = Proc::spawn("leaderq ui", command).unwrap();
+    let stdout = ui.child().stdout.take().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
+    let address = line
+        .trim()
+        .strip_prefix("dashboard: http://")
+        .and_then(|rest| rest.strip_suffix("/ui/"))
+        .unwrap_or_else(|| panic!("no dashboard line: {line:?}"))
+        .to_string();
+    (ui, address)
+}
+
+/// The next overview on a live feed (skipping keep-alive comments), within `limit`.
+async fn next_overview(
+    feed: &mut reqwest::Response,
+    buffer: &mut String,
+    limit: Duration,
+) -> Value {
+    let started = Instant::now();
+    loop {
+        if let Some(end) = buffer.find("\n\n") {
+            let event: String = buffer.drain(..end + 2).collect();
+            if let Some(data) = event.lines().find_map(|l| l.strip_prefix("data: ")) {
+                return serde_json::from_str(data).unwrap();
+            }
+            continue;
+        }
+        let left = limit.saturating_sub(started.elapsed());
+        let chunk = tokio::time::timeout(left, feed.chunk())
+            .await
+            .unwrap_or_else(|_| panic!("no overview within {limit:?}"))
+            .unwrap()
+            .expect("the feed stays open");
+        buffer.push_str(&String::from_utf8_lossy(&chunk));
+    }
+}
+
+async fn standalone_ui(backend: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(cluster) = harness::start_cluster(backend, common::exe(), &dir.path().join("coord"))
+        .unwrap_or_else(|why| panic!("cannot start the {backend} cluster: {why}"))
+    else {
+        return;
+    };
+    let (_ui, address) = start_ui(cluster.as_ref());
+    let url = |path: &str| format!("http://{address}{path}");
+    let bearer = format!("Bearer {TOKEN}");
+
+    // Reads need the token; the page itself does not (it asks for it).
+    let anonymous = client().get(url("/ui/api/overview")).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    let wrong = client()
+        .get(url("/ui/api/overview"))
+        .header("Authorization", "Bearer test-token-0123456789abcdeX")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    let page = client().get(url("/ui/")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let csrf = page.headers()["set-cookie"].to_str().unwrap().to_string();
+    let csrf = csrf
+        .split(';')
+        .next()
+        .unwrap()
+        .split_once('=')
+        .unwrap()
+        .1
+        .to_string();
+
+    let mut feed = client()
+        .get(url("/ui/api/events"))
+        .header("Authorization", &bearer)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(feed.status(), 200);
+    let mut buffer = String::new();
+    let first = next_overview(&mut feed, &mut buffer, Duration::from_secs(10)).await;
+    assert_eq!(first["status"]["pending"], 0, "{first}");
+    assert_eq!(first["leader"], Value::Null, "{first}");
+
+    // After a quiet spell (the watcher reads at most every 250 ms), a change is read at once.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let task = json!({"taskId": "live", "taskTime": 1, "taskType": "Work"}).to_string();
+    let written = Instant::now();
+    cluster
+        .produce("oracleTask/task_live", task.as_bytes())
+        .unwrap();
+    let seen = loop {
+        let overview = next_overview(&mut feed, &mut buffer, Duration::from_secs(5)).await;
+        if overview["status"]["pending"] == 1 {
+            break written.elapsed();
+        }
+    };
+    eprintln!("{backend}: a new task reached the live feed in {seen:?}");
+    assert!(seen < Duration::from_secs(1), "{backend}: {seen:?}");
+    let queue: Value = client()
+        .get(url("/ui/api/queue?q=task_li&type=Work"))
+        .header("Authorization", &bearer)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(queue["total"], 1, "{queue}");
+    assert_eq!(queue["rows"][0]["key"], "oracleTask/task_live", "{queue}");
+
+    // An action needs the token and the CSRF token; with both, pause shows live.
+    let pause = |with_csrf: bool| {
+        let mut request = client()
+            .post(url("/ui/api/pause"))
+            .header("Authorization", &bearer);
+        if with_csrf {
+            request = request
+                .header("Cookie", format!("leaderq_csrf={csrf}"))
+                .header("X-CSRF-Token", &csrf);
+        }
+        request.send()
+    };
+    assert_eq!(pause(false).await.unwrap().status(), 403);
+    assert_eq!(pause(true).await.unwrap().status(), 200);
+    loop {
+        let overview = next_overview(&mut feed, &mut buffer, Duration::from_secs(5)).await;
+        if overview["status"]["paused"] == true {
+            break;
+        }
+    }
+    // A key outside the dead-letter prefix is refused before the coordinator is asked.
+    let bad = client()
+        .post(url("/ui/api/delete"))
+        .header("Authorization", &bearer)
+        .header("Cookie", format!("leaderq_csrf={csrf}"))
+        .header("X-CSRF-Token", &csrf)
+        .json(&json!({"key": "oracleTask/../consumerLeader"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+}
