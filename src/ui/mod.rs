@@ -436,7 +436,10 @@ async fn login(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Re
         return refusal(auth::Refusal::Token);
     };
     if !auth::same(given, expected) {
-        return refusal(auth::Refusal::Token);
+        return refused(
+            StatusCode::UNAUTHORIZED,
+            "that is not the dashboard's token (observe.admin_token); try again",
+        );
     }
     let mut response = answer(StatusCode::OK, json!({ "ok": true }));
     let cookie = format!(

@@ -148,6 +148,24 @@ impl Browser {
             .await;
     }
 
+    /// Replaces the text in the first element matching `css` with `text`, typed.
+    async fn type_text(&self, css: &str, text: &str) {
+        let element = self
+            .find_all(css)
+            .await
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| panic!("nothing to type into at {css}"));
+        self.command("POST", &format!("/element/{element}/clear"), json!({}))
+            .await;
+        self.command(
+            "POST",
+            &format!("/element/{element}/value"),
+            json!({ "text": text }),
+        )
+        .await;
+    }
+
     /// Waits until the text at `css` satisfies `wanted`; panics with the page's text after
     /// `limit`.
     async fn wait_text(&self, css: &str, limit: Duration, wanted: impl Fn(&str) -> bool) {
@@ -231,6 +249,51 @@ async fn dashboard_shows_the_leader_and_retries_a_dead_letter_by_click() {
     browser.click("#tab-overview").await;
     browser
         .wait_text("#dead-count", Duration::from_secs(5), |t| t == "0")
+        .await;
+    browser.quit().await;
+}
+
+/// `leaderq ui` with a token, in a real browser: the page asks for the token, refuses a
+/// wrong one, and with the right one shows the leader and follows the queue live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_asks_for_its_token_in_the_browser() {
+    let Some((driver, chromium)) = Browser::installed() else {
+        return;
+    };
+    let mut bed = Bed::new();
+    bed.start_replica("t1");
+    let leader = bed.leader_node().await;
+    let (_ui, address) = start_ui_with(&[("CONSUL_HTTP_ADDR".into(), bed.server.addr.clone())]);
+    let browser =
+        Browser::start(&driver, &chromium, &bed.dir.path().join("chromedriver.log")).await;
+    browser.goto(&format!("http://{address}/ui/")).await;
+    browser
+        .wait_text("#login", Duration::from_secs(10), |t| t.contains("token"))
+        .await;
+    browser
+        .type_text("#login-token", "not-the-token-at-all")
+        .await;
+    browser.click("#login button").await;
+    browser
+        .wait_text("#message", Duration::from_secs(5), |t| {
+            t.contains("not the dashboard's token")
+        })
+        .await;
+    assert_eq!(browser.text("#leader-node").await.as_deref(), Some("–"));
+    browser.type_text("#login-token", TOKEN).await;
+    browser.click("#login button").await;
+    browser
+        .wait_text("#leader-node", Duration::from_secs(10), |t| t == leader)
+        .await;
+    bed.put_task(
+        "task_t",
+        json!({"taskId": "t", "taskTime": 1, "taskType": "Slow"}),
+    )
+    .await;
+    browser
+        .wait_text("#running-rows", Duration::from_secs(10), |t| {
+            t.contains("oracleTask/task_t")
+        })
         .await;
     browser.quit().await;
 }
@@ -331,10 +394,15 @@ const TOKEN: &str = "test-token-0123456789abcdef";
 
 /// `leaderq ui --listen 127.0.0.1:0` against `cluster`, with [`TOKEN`]; its address.
 fn start_ui(cluster: &dyn harness::Cluster) -> (Proc, String) {
+    start_ui_with(&cluster.env())
+}
+
+/// `leaderq ui --listen 127.0.0.1:0` with `env` and [`TOKEN`]; its address.
+fn start_ui_with(env: &[(String, String)]) -> (Proc, String) {
     let mut command = Command::new(common::exe());
     command
         .args(["ui", "--listen", "127.0.0.1:0"])
-        .envs(cluster.env())
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .env("LEADERQ__OBSERVE__ADMIN_TOKEN", TOKEN)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
