@@ -4,6 +4,7 @@
 //!   one refuses to start ([`check_listen`]). When set, every API call must carry it, as
 //!   `Authorization: Bearer <token>` or in the cookie the page's login sets; it is compared
 //!   in constant time.
+//! - Without a token, only requests naming a loopback `Host` are served (no DNS rebinding).
 //! - Every action (a POST) must also carry this process's CSRF token twice: in the
 //!   `SameSite=Strict` cookie the page was served with and in the `X-CSRF-Token` header that
 //!   only the page's own script can set; and its `Origin`, when the browser sends one, must
@@ -32,6 +33,8 @@ pub enum Refusal {
     Csrf,
     /// A POST whose Origin is not the address it was sent to (403).
     Origin,
+    /// No token is set and the request does not name a loopback host (403).
+    Host,
 }
 
 impl Refusal {
@@ -41,6 +44,7 @@ impl Refusal {
             Refusal::Token => "the dashboard needs its token (observe.admin_token): enter it, or send Authorization: Bearer <token>",
             Refusal::Csrf => "missing or stale CSRF token: reload the dashboard and try again",
             Refusal::Origin => "the request comes from another site than the dashboard: open the dashboard at its own address",
+            Refusal::Host => "without observe.admin_token the dashboard answers only at a loopback address (http://127.0.0.1:PORT/ui/ or http://localhost:PORT/ui/); set a token to reach it by another name",
         }
     }
 }
@@ -78,11 +82,11 @@ pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
         .map(|(_, value)| value)
 }
 
-/// A read (or a login's follow-ups): allowed when no token is set, or when the request
-/// carries it.
+/// A read (or a login's follow-ups): allowed when the request carries the token, or when
+/// none is set and the request names a loopback host (see [`check_loopback_host`]).
 pub fn check_read(headers: &HeaderMap, token: Option<&str>) -> Result<(), Refusal> {
     let Some(token) = token else {
-        return Ok(());
+        return check_loopback_host(headers);
     };
     let bearer = headers
         .get(header::AUTHORIZATION)
@@ -95,10 +99,41 @@ pub fn check_read(headers: &HeaderMap, token: Option<&str>) -> Result<(), Refusa
     }
 }
 
+/// Without a token the dashboard serves only on loopback, and only requests whose `Host`
+/// is a loopback name or address: a page on another site that rebinds its own name to
+/// 127.0.0.1 (DNS rebinding) would otherwise be the dashboard's "same origin", able to
+/// read its CSRF token and act.
+pub fn check_loopback_host(headers: &HeaderMap) -> Result<(), Refusal> {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|value| value.to_str().ok())
+        .ok_or(Refusal::Host)?;
+    // "[::1]:9464", "127.0.0.1:9464", "localhost:9464", or any of them without the port.
+    let name = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    let loopback = name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    if loopback {
+        Ok(())
+    } else {
+        Err(Refusal::Host)
+    }
+}
+
 /// An action: the token as for a read, the same origin, and this process's CSRF token in
 /// both the cookie and the header.
 pub fn check_action(headers: &HeaderMap, token: Option<&str>, csrf: &str) -> Result<(), Refusal> {
     check_read(headers, token)?;
+    check_csrf(headers, csrf)
+}
+
+/// The same origin, and this process's CSRF token in both the cookie and the header (what
+/// an action needs besides the token; all the login needs).
+pub fn check_csrf(headers: &HeaderMap, csrf: &str) -> Result<(), Refusal> {
     check_origin(headers)?;
     let header = headers
         .get(CSRF_HEADER)
@@ -169,7 +204,7 @@ mod tests {
     /// With a token set, a read needs it as a bearer header or in the login cookie.
     #[test]
     fn reads_need_the_token_when_one_is_set() {
-        assert_eq!(check_read(&headers(&[]), None), Ok(()));
+        assert_eq!(check_read(&headers(&[("host", "127.0.0.1")]), None), Ok(()));
         assert_eq!(check_read(&headers(&[]), Some("t0k")), Err(Refusal::Token));
         let bearer = headers(&[("authorization", "Bearer t0k")]);
         assert_eq!(check_read(&bearer, Some("t0k")), Ok(()));
@@ -177,6 +212,39 @@ mod tests {
         assert_eq!(check_read(&wrong, Some("t0k")), Err(Refusal::Token));
         let cookie = headers(&[("cookie", "a=b; leaderq_token=t0k")]);
         assert_eq!(check_read(&cookie, Some("t0k")), Ok(()));
+    }
+
+    /// Without a token only loopback hosts are served (no DNS rebinding); with one, any.
+    #[test]
+    fn without_a_token_only_loopback_hosts_are_served() {
+        for host in [
+            "127.0.0.1:9464",
+            "localhost:9464",
+            "[::1]:9464",
+            "127.0.0.1",
+            "LOCALHOST",
+        ] {
+            assert_eq!(
+                check_read(&headers(&[("host", host)]), None),
+                Ok(()),
+                "{host}"
+            );
+        }
+        for host in [
+            "evil.example:9464",
+            "10.0.0.1:9464",
+            "[::2]:80",
+            "localhost.evil.example",
+        ] {
+            assert_eq!(
+                check_read(&headers(&[("host", host)]), None),
+                Err(Refusal::Host),
+                "{host}"
+            );
+        }
+        assert_eq!(check_read(&headers(&[]), None), Err(Refusal::Host));
+        let remote = headers(&[("host", "evil.example"), ("authorization", "Bearer t0k")]);
+        assert_eq!(check_read(&remote, Some("t0k")), Ok(()));
     }
 
     /// An action needs the CSRF token in cookie and header, and the same origin.

@@ -187,7 +187,7 @@ fn refusal(refusal: auth::Refusal) -> Response {
 fn why(refusal: auth::Refusal) -> Refused {
     let status = match refusal {
         auth::Refusal::Token => StatusCode::UNAUTHORIZED,
-        auth::Refusal::Csrf | auth::Refusal::Origin => StatusCode::FORBIDDEN,
+        auth::Refusal::Csrf | auth::Refusal::Origin | auth::Refusal::Host => StatusCode::FORBIDDEN,
     };
     Refused(status, refusal.message().to_string())
 }
@@ -204,7 +204,12 @@ fn admin_failure(err: AdminError) -> Response {
 
 /// The page, with this process's CSRF token in a meta tag (for the script's header) and
 /// in a `SameSite=Strict` cookie.
-async fn index(State(ui): State<Arc<Ui>>) -> Response {
+async fn index(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
+    if ui.token.is_none() {
+        if let Err(why) = auth::check_loopback_host(&headers) {
+            return (StatusCode::FORBIDDEN, format!("{}\n", why.message())).into_response();
+        }
+    }
     let page = INDEX_HTML.replace("__CSRF__", &ui.csrf);
     (
         [
@@ -428,7 +433,7 @@ fn done(ui: &Ui, body: Value) -> Response {
 
 /// Keeps the admin token in a cookie once the operator typed it, if it is the right one.
 async fn login(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(why) = auth::check_action(&headers, None, &ui.csrf) {
+    if let Err(why) = auth::check_csrf(&headers, &ui.csrf) {
         return refusal(why);
     }
     let given: Action = serde_json::from_slice(&body).unwrap_or_default();

@@ -299,7 +299,8 @@ async fn dashboard_asks_for_its_token_in_the_browser() {
 }
 
 /// An action without the page's CSRF token, or from another origin, is refused (403) and
-/// changes nothing; with both, the same POST is done.
+/// changes nothing; with both, the same POST is done. Without a token, a request naming
+/// another host than loopback (DNS rebinding) is refused too.
 #[tokio::test]
 async fn dashboard_actions_need_the_csrf_token_and_the_same_origin() {
     let mut bed = Bed::new();
@@ -347,6 +348,16 @@ async fn dashboard_actions_need_the_csrf_token_and_the_same_origin() {
             .status(),
         403
     );
+    // Another name for this address (DNS rebinding) gets neither the page nor the data.
+    for path in ["/ui/", "/ui/api/overview"] {
+        let rebound = client()
+            .get(format!("http://{observe}{path}"))
+            .header("Host", "evil.example")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(rebound.status(), 403, "{path}");
+    }
     let status = leaderq(&bed, &["status"]);
     assert!(!String::from_utf8_lossy(&status.stdout).contains("paused:"));
     assert_eq!(pause(Some(&token), &own).await.unwrap().status(), 200);
@@ -456,6 +467,15 @@ async fn standalone_ui(backend: &str) {
     let url = |path: &str| format!("http://{address}{path}");
     let bearer = format!("Bearer {TOKEN}");
 
+    // With a token, any name may be used: the token is what guards.
+    let by_name = client()
+        .get(url("/ui/api/overview"))
+        .header("Authorization", &bearer)
+        .header("Host", "dashboard.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(by_name.status(), 200);
     // Reads need the token; the page itself does not (it asks for it).
     let anonymous = client().get(url("/ui/api/overview")).send().await.unwrap();
     assert_eq!(anonymous.status(), 401);
