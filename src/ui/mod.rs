@@ -303,15 +303,15 @@ async fn queue(
     let mut types: Vec<&str> = panes
         .queue
         .iter()
-        .map(|row| row.task_type.as_str())
+        .map(|row| row.row.task_type.as_str())
         .collect();
     types.sort_unstable();
     types.dedup();
     let rows: Vec<_> = panes
         .queue
         .iter()
-        .filter(|row| task_type.is_none_or(|wanted| row.task_type == wanted))
-        .filter(|row| search.is_none_or(|part| row.key.contains(part)))
+        .filter(|row| task_type.is_none_or(|wanted| row.row.task_type == wanted))
+        .filter(|row| search.is_none_or(|part| row.matches(part)))
         .collect();
     let total = rows.len();
     let shown: Vec<_> = rows

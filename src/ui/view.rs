@@ -75,12 +75,28 @@ pub struct Overview {
     pub failed_last_hour: u64,
 }
 
+/// A row of the queue pane: `leaderq tasks list`'s, with the producer's id to search by.
+#[derive(Clone, Debug, Serialize)]
+pub struct QueueRow {
+    #[serde(flatten)]
+    pub row: TaskRow,
+    /// taskId (or the key's last segment), "" for a value that is not a task.
+    pub id: String,
+}
+
+impl QueueRow {
+    /// Whether `part` is in its id or its key.
+    pub fn matches(&self, part: &str) -> bool {
+        self.id.contains(part) || self.row.key.contains(part)
+    }
+}
+
 /// A reading turned into the panes' data.
 #[derive(Clone, Debug, Default)]
 pub struct Panes {
     pub overview: Overview,
     /// The queue in claim order (as `leaderq tasks list`), dead letters left out.
-    pub queue: Vec<TaskRow>,
+    pub queue: Vec<QueueRow>,
     pub dead: Vec<Dead>,
 }
 
@@ -135,7 +151,18 @@ pub fn panes(
         .collect();
     running.sort_by(|a, b| a.taken_at.cmp(&b.taken_at));
     let dead_rows = dead.iter().map(dead_row).collect();
-    let queue = admin::task_rows(queued, Vec::new(), now);
+    let ids: BTreeMap<String, String> = queued
+        .iter()
+        .filter_map(|stored| Task::parse(stored).ok())
+        .map(|task| (task.key, task.id))
+        .collect();
+    let queue = admin::task_rows(queued, Vec::new(), now)
+        .into_iter()
+        .map(|row| QueueRow {
+            id: ids.get(&row.key).cloned().unwrap_or_default(),
+            row,
+        })
+        .collect();
     Panes {
         overview: Overview {
             now: crate::task::rfc3339(now),
@@ -338,6 +365,8 @@ mod tests {
         assert_eq!(overview.running[0].node, "r1");
         assert_eq!(overview.running[0].elapsed_seconds, Some(30));
         assert_eq!(panes.queue.len(), 2);
+        assert_eq!(panes.queue[0].id, "a");
+        assert!(panes.queue[1].matches("b") && !panes.queue[1].matches("zz"));
         assert_eq!(panes.dead[0].reason, "failed 3 times");
         assert_eq!(panes.dead[0].last_error, "boom");
         assert!(panes.dead[0].retryable);

@@ -526,7 +526,7 @@ async fn standalone_ui(backend: &str) {
     eprintln!("{backend}: a new task reached the live feed in {seen:?}");
     assert!(seen < Duration::from_secs(1), "{backend}: {seen:?}");
     let queue: Value = client()
-        .get(url("/ui/api/queue?q=task_li&type=Work"))
+        .get(url("/ui/api/queue?q=liv&type=Work"))
         .header("Authorization", &bearer)
         .send()
         .await
@@ -536,6 +536,7 @@ async fn standalone_ui(backend: &str) {
         .unwrap();
     assert_eq!(queue["total"], 1, "{queue}");
     assert_eq!(queue["rows"][0]["key"], "oracleTask/task_live", "{queue}");
+    assert_eq!(queue["rows"][0]["id"], "live", "{queue}");
 
     // An action needs the token and the CSRF token; with both, pause shows live.
     let pause = |with_csrf: bool| {
