@@ -23,6 +23,9 @@ WORKDIR /var/lib/leaderq
 ENV LEADERQ__DATA__DIR=/var/lib/leaderq/data \
     LEADERQ__OBSERVE__LISTEN=0.0.0.0:9464
 EXPOSE 9464
+# The dashboard (/ui/) off loopback needs a token: set LEADERQ__OBSERVE__ADMIN_TOKEN and
+# LEADERQ__OBSERVE__DASHBOARD=true to serve it from a container.
+ENV LEADERQ__OBSERVE__DASHBOARD=false
 # Healthy while the replica's session is renewed within its TTL (/ready); bash's /dev/tcp,
 # since the image has no curl. Override or disable it for `leaderq server`.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \

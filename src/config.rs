@@ -22,6 +22,10 @@ pub const MAX_CONCURRENCY: usize = 256;
 /// `consul::TXN_MAX_OPS` and `consul::TXN_MAX_BODY`.
 pub const MAX_CLAIM_BATCH: usize = 32;
 
+/// The shortest `observe.admin_token`: a token that guards actions on the queue must not
+/// be guessable.
+pub const MIN_ADMIN_TOKEN: usize = 16;
+
 /// The defaults, compiled in so that the binary runs with no file at all.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
@@ -178,6 +182,18 @@ pub struct QueueSettings {
 pub struct ObserveSettings {
     pub enabled: bool,
     pub listen: std::net::SocketAddr,
+    /// Serve the web dashboard at `/ui/` on `listen`.
+    pub dashboard: bool,
+    /// The bearer token the dashboard asks for (its reads and its actions); "" for none,
+    /// which only a loopback `listen` allows.
+    pub admin_token: String,
+}
+
+impl ObserveSettings {
+    /// The dashboard's token, if one is set.
+    pub fn admin_token(&self) -> Option<&str> {
+        Some(self.admin_token.as_str()).filter(|token| !token.is_empty())
+    }
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -330,7 +346,20 @@ impl Settings {
                 return invalid(format!("consul.addresses: {reason}"));
             }
         }
+        if let Some(token) = self.observe.admin_token() {
+            // Kept in a cookie once typed into the page, so only cookie-safe characters;
+            // and long enough not to be guessed.
+            let cookie_safe = token
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && !b"\";,\\".contains(&b));
+            if token.len() < MIN_ADMIN_TOKEN || !cookie_safe {
+                return invalid(format!(
+                    "observe.admin_token must be at least {MIN_ADMIN_TOKEN} printable ASCII characters without spaces, quotes, ';', ',' or '\\' (for example the output of `openssl rand -hex 24`)"
+                ));
+            }
+        }
         crate::coord::etcd::check_settings(&self.etcd).map_err(ConfigError::Invalid)?;
+
         if let Err(reason) = crate::coord::zookeeper::check_settings(&self.zookeeper) {
             return invalid(reason);
         }
@@ -589,6 +618,22 @@ mod supervision_tests {
             ("LEADERQ__QUEUE__KILL_GRACE", "1.6s"),
         ])
         .unwrap();
+    }
+
+    /// The dashboard's token comes from the environment too, and a short or cookie-unsafe
+    /// one is refused with what to use instead.
+    #[test]
+    fn admin_token_is_read_and_checked() {
+        assert_eq!(load(&[]).unwrap().observe.admin_token(), None);
+        let token = "0123456789abcdef0123";
+        let settings = load(&[("LEADERQ__OBSERVE__ADMIN_TOKEN", token)]).unwrap();
+        assert_eq!(settings.observe.admin_token(), Some(token));
+        for bad in ["short", "0123456789abcdef;0123", "0123456789 abcdef0123"] {
+            let err = load(&[("LEADERQ__OBSERVE__ADMIN_TOKEN", bad)])
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("observe.admin_token"), "{err}");
+        }
     }
 
     /// A handler's env names must be usable, and its cwd must exist.

@@ -17,6 +17,8 @@
 //!   `tasks`).
 //! - [`observe`]: metrics, /metrics, /health, /ready, /leader, logging, and the replica in
 //!   Consul's service catalog.
+//! - [`ui`]: the web dashboard at `/ui/` (replicas' observe listener, `leaderq dev`,
+//!   `leaderq ui`): panes, live feed, actions behind CSRF and token checks.
 //! - [`server`]: the embedded, durable, single-node Consul-compatible server.
 //! - [`config`]: settings, layered from defaults, a file and the environment.
 //! - [`tools`]: `leaderq bench` and `leaderq chaos`, over real processes.
@@ -34,6 +36,7 @@ pub mod service;
 pub mod supervise;
 pub mod task;
 pub mod tools;
+pub mod ui;
 pub mod util;
 
 #[cfg(test)]

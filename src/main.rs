@@ -66,6 +66,10 @@ enum Cmd {
     Pause,
     /// Resume a paused queue.
     Resume,
+    /// Serve the web dashboard alone, against the configured coordinator (any backend):
+    /// overview, queue, dead letters, history, leadership; retry, delete, pause, resume.
+    /// Off loopback it needs observe.admin_token (LEADERQ__OBSERVE__ADMIN_TOKEN).
+    Ui(UiArgs),
     /// Run the embedded single-node, durable, Consul-compatible KV/session/txn server.
     Server(ServerArgs),
     /// Measure the server (durable PUTs/s, blocking-query wake, ?recurse, RSS) and the
@@ -289,6 +293,13 @@ struct StatusArgs {
 }
 
 #[derive(clap::Args)]
+struct UiArgs {
+    /// Address to serve the dashboard on (http://ADDR/ui/); port 0 picks a free port.
+    #[arg(long, default_value = "127.0.0.1:9463")]
+    listen: SocketAddr,
+}
+
+#[derive(clap::Args)]
 struct ServerArgs {
     /// Address to serve Consul's HTTP API on; port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:8500")]
@@ -416,6 +427,7 @@ fn main() -> ExitCode {
             Cmd::Tasks(args) => run_tasks(args, &cli.config).await,
             Cmd::Pause => run_pause(true, &cli.config).await,
             Cmd::Resume => run_pause(false, &cli.config).await,
+            Cmd::Ui(args) => run_ui(args, &cli.config).await,
             Cmd::Server(args) => run_server(args).await,
             Cmd::Chaos(args) => run_chaos(args).await,
             Cmd::Completions { shell } => {
@@ -894,6 +906,21 @@ async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
     if !audit.passed() {
         anyhow::bail!("chaos run broke an invariant");
     }
+    Ok(())
+}
+
+async fn run_ui(args: UiArgs, config: &ConfigArgs) -> anyhow::Result<()> {
+    let settings = load_settings(config)?;
+    let listener = leaderq::ui::bind(args.listen, &settings).await?;
+    let address = listener.local_addr()?;
+    outln!("dashboard: http://{address}/ui/")?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let trigger = shutdown.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        trigger.cancel();
+    });
+    leaderq::ui::serve(settings, listener, shutdown).await?;
     Ok(())
 }
 

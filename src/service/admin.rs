@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::config::Settings;
-use crate::coord::{CoordError, Coordinator, Edit, Edited, StoredTask, Version};
+use crate::coord::{CoordError, Coordinator, Edit, Edited, Holder, StoredTask, Version};
 use crate::task::key::{self, Key};
 use crate::task::{Status, Task};
 
@@ -185,7 +185,7 @@ pub async fn enqueue(
     }
 }
 
-#[derive(Debug, Default, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct StatusReport {
     pub leader: Option<Value>,
     pub fencing_token: Option<u64>,
@@ -213,8 +213,26 @@ pub async fn status(
     coord: &dyn Coordinator,
     settings: &Settings,
 ) -> Result<StatusReport, AdminError> {
-    let mut report = StatusReport::default();
     let (holder, _) = coord.observe(Version(0), std::time::Duration::ZERO).await?;
+    let tasks = list_now(coord, &settings.queue.prefix).await?;
+    let dead = list_now(coord, &settings.queue.dead_prefix).await?.len();
+    let paused = !coord
+        .get(&[crate::queue::pause_key(&settings.queue.prefix)])
+        .await?
+        .is_empty();
+    Ok(status_of(&holder, &tasks, dead, paused, Utc::now()))
+}
+
+/// The status from what was read: the holder, the queue, the number of dead letters and
+/// the pause flag (the dashboard builds it from its own reads).
+pub fn status_of(
+    holder: &Holder,
+    tasks: &[StoredTask],
+    dead: usize,
+    paused: bool,
+    now: chrono::DateTime<Utc>,
+) -> StatusReport {
+    let mut report = StatusReport::default();
     if let Some(lease) = &holder.lease {
         report.leader = Some(match &holder.record {
             Some(record) => serde_json::to_value(record).unwrap_or_default(),
@@ -222,9 +240,7 @@ pub async fn status(
         });
         report.fencing_token = Some(holder.token);
     }
-    let tasks = list_now(coord, &settings.queue.prefix).await?;
-    let now = Utc::now();
-    for stored in &tasks {
+    for stored in tasks {
         match Task::parse(stored).map(|task| task.status(now)) {
             Ok(Status::Pending) => report.pending += 1,
             Ok(Status::Delayed(_)) => report.delayed += 1,
@@ -234,16 +250,13 @@ pub async fn status(
             Err(_) => report.malformed += 1,
         }
     }
-    report.dead = list_now(coord, &settings.queue.dead_prefix).await?.len();
-    report.paused = !coord
-        .get(&[crate::queue::pause_key(&settings.queue.prefix)])
-        .await?
-        .is_empty();
-    Ok(report)
+    report.dead = dead;
+    report.paused = paused;
+    report
 }
 
 /// One row of `leaderq tasks list`.
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct TaskRow {
     pub state: String,
     pub key: String,
@@ -259,8 +272,18 @@ pub async fn list(
     coord: &dyn Coordinator,
     settings: &Settings,
 ) -> Result<Vec<TaskRow>, AdminError> {
-    let now = Utc::now();
     let queued = list_now(coord, &settings.queue.prefix).await?;
+    let dead = list_now(coord, &settings.queue.dead_prefix).await?;
+    Ok(task_rows(queued, dead, Utc::now()))
+}
+
+/// The rows of `leaderq tasks list` from what was read: the queue in claim order, then the
+/// dead letters.
+pub fn task_rows(
+    queued: Vec<StoredTask>,
+    dead: Vec<StoredTask>,
+    now: chrono::DateTime<Utc>,
+) -> Vec<TaskRow> {
     let mut tasks: Vec<(Option<Task>, StoredTask)> = queued
         .into_iter()
         .map(|stored| (Task::parse(&stored).ok(), stored))
@@ -298,7 +321,7 @@ pub async fn list(
             },
         });
     }
-    for pair in list_now(coord, &settings.queue.dead_prefix).await? {
+    for pair in dead {
         let value: Value = serde_json::from_slice(&pair.value).unwrap_or_default();
         let dead_at = value
             .get("deadAt")
@@ -321,7 +344,7 @@ pub async fn list(
                 .into(),
         });
     }
-    Ok(rows)
+    rows
 }
 
 /// Finds a task by full key, or by name under the queue or the dead-letter prefix. Reads

@@ -96,6 +96,10 @@ pub async fn run(
 ) -> Result<(), ConsumerError> {
     check_handlers(&settings, &registry, std::env::var_os("PATH").as_deref())
         .map_err(ConsumerError::Settings)?;
+    if settings.observe.enabled && settings.observe.dashboard {
+        crate::ui::auth::check_listen(settings.observe.listen, settings.observe.admin_token())
+            .map_err(ConsumerError::Settings)?;
+    }
     // Held until this function returns: the dir's session and node id are this replica's.
     let data_dir = DataDir::lock(&settings.data.dir)?;
     let node_id = data_dir.node_id(&settings.election.node_id)?;
@@ -147,9 +151,18 @@ pub async fn run(
             let address = listener
                 .local_addr()
                 .map_err(|e| ConsumerError::Observe(e.to_string()))?;
-            tracing::info!(%address, "observe endpoints on http://{address} (/metrics, /health, /ready, /leader)");
+            tracing::info!(%address, "observe endpoints on http://{address} (/metrics, /health, /ready, /leader{})", if settings.observe.dashboard { ", /ui/" } else { "" });
             observe_address = Some(address);
-            let app = observe::router(observed.clone());
+            let mut app = observe::router(observed.clone());
+            if settings.observe.dashboard {
+                let ui = crate::ui::Ui::new(
+                    coord.clone(),
+                    settings.clone(),
+                    stop_renewer.clone(),
+                    tracker.clone(),
+                );
+                app = app.merge(crate::ui::router(ui));
+            }
             let stop = stop_renewer.clone();
             tracker.spawn(async move {
                 let served = axum::serve(listener, app)

@@ -1,6 +1,7 @@
 //! `leaderq dev`: the quick start. Runs the embedded server in this process and N
 //! `leaderq consume` replicas as child processes (so one can be killed to watch a
-//! standby take over), with the log handler for the example task types in `tasks/`.
+//! standby take over), with the log handler for the example task types in `tasks/`, and
+//! the dashboard (`dashboard: http://…/ui/`) in this process.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -38,8 +39,8 @@ fn dev_settings(task_types: &[String]) -> String {
     text
 }
 
-/// Replica n's observe address: 9464, 9465, … beside a server on 8500; a free port
-/// otherwise (as when tests and CI give the server port 0).
+/// Replica n's observe address: 9464, 9465, … beside a server on 8500 (n = 0: 9463, the
+/// dashboard's); a free port otherwise (as when tests and CI give the server port 0).
 fn observe_address(server: std::net::SocketAddr, n: usize) -> String {
     let port = if server.port() == 8500 {
         FIRST_OBSERVE_PORT + n as u16 - 1
@@ -140,11 +141,24 @@ pub async fn run(
         }
         children.push((node, child));
     }
+    // The dashboard, in this process, on the replicas' settings (their queue prefixes).
+    let mut env: Vec<(String, String)> = std::env::vars().collect();
+    env.push(("CONSUL_HTTP_ADDR".into(), address.to_string()));
+    let ui_settings = crate::config::Settings::load(Some(&config_path), env)
+        .context("cannot read the replicas' settings for the dashboard")?;
+    let ui_listen: std::net::SocketAddr = observe_address(address, 0)
+        .parse()
+        .context("dashboard address")?;
+    let ui_listener = crate::ui::bind(ui_listen, &ui_settings).await?;
+    let ui_address = ui_listener.local_addr()?;
+    let stop_ui = tokio_util::sync::CancellationToken::new();
+    let ui_task = tokio::spawn(crate::ui::serve(ui_settings, ui_listener, stop_ui.clone()));
     println!(
         "leaderq dev: server on http://{address}, {} replicas, settings {}",
         options.replicas,
         config_path.display()
     );
+    println!("dashboard: http://{ui_address}/ui/");
     println!("enqueue a task:");
     println!(
         "  curl -X PUT http://{address}/v1/kv/oracleTask/task_1 -d '{{\"taskId\":\"1\",\"taskTime\":\"1445599887\",\"taskTaken\":false,\"taskType\":\"CreateTableSpace\",\"taskPara\":{{\"name\":\"users\"}}}}'"
@@ -152,6 +166,10 @@ pub async fn run(
     println!("see who leads: curl -s http://{address}/v1/kv/consumerLeader?raw   (kill that replica's pid to watch a standby take over)");
 
     shutdown.await;
+    stop_ui.cancel();
+    if let Ok(Err(err)) = ui_task.await {
+        tracing::warn!(error = %err, "the dashboard stopped with an error");
+    }
     println!("leaderq dev: stopping replicas");
     for (_, child) in &children {
         if let Some(pid) = child.id() {

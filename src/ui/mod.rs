@@ -1,0 +1,568 @@
+//! The web dashboard at `/ui/`: served on every replica's observe listener, by `leaderq
+//! dev`, and standalone by `leaderq ui` against the configured backend. It owns the page
+//! (HTML, CSS and JS embedded in the binary, no framework, no CDN), its JSON API under
+//! `/ui/api/`, the live feed (server-sent events) and the actions (retry, retry all,
+//! delete, cancel, pause, resume).
+//!
+//! One watcher per serving process, started by the first request, reads the queue, the
+//! dead letters, the holder and the pause flag, and waits on the coordinator's blocking
+//! `list`/`observe` for the next change (or an action here), at most four times a second;
+//! every page in every browser gets each new reading from it, so a hundred open tabs cost
+//! the coordinator what one does (`watcher.rs`). The panes are computed by `view.rs`
+//! (pure); who may call what is `auth.rs` (pure); records kept by other parts (history,
+//! timeline, standbys) and the actions they own are behind `data.rs`. The queue's own
+//! reads and writes are `service::admin`'s.
+
+pub mod auth;
+pub mod data;
+pub mod view;
+mod watcher;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{RawQuery, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use tokio::sync::{watch, Notify};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::Settings;
+use crate::coord::{CoordError, Coordinator};
+use crate::service::admin::{self, AdminError};
+use crate::task::key::Key;
+use view::Panes;
+
+const INDEX_HTML: &str = include_str!("assets/index.html");
+const APP_JS: &str = include_str!("assets/app.js");
+const APP_CSS: &str = include_str!("assets/app.css");
+
+/// A request waits this long for the watcher's first reading.
+const FIRST_READING: Duration = Duration::from_secs(10);
+/// Rows per page of the queue pane, by default and at most.
+const PAGE_DEFAULT: usize = 50;
+const PAGE_MAX: usize = 500;
+
+/// Why `leaderq ui` did not serve.
+#[derive(Debug, thiserror::Error)]
+pub enum UiError {
+    #[error("{0}")]
+    Settings(String),
+    #[error("{0}")]
+    Coordinator(#[from] CoordError),
+    #[error(
+        "cannot listen on {listen} for the dashboard: {reason}; pick another address with --listen"
+    )]
+    Bind { listen: SocketAddr, reason: String },
+    #[error("the dashboard stopped: {0}")]
+    Serve(std::io::Error),
+}
+
+/// A serving process's dashboard: the coordinator, the settings, the tokens and the
+/// watcher's latest reading.
+pub struct Ui {
+    coord: Arc<dyn Coordinator>,
+    settings: Settings,
+    /// `observe.admin_token`, if set.
+    token: Option<String>,
+    /// This process's CSRF token.
+    csrf: String,
+    panes: watch::Sender<Arc<Panes>>,
+    watching: AtomicBool,
+    /// An action here: read again now.
+    refresh: Notify,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+}
+
+impl Ui {
+    /// A dashboard over `coord`; its watcher (started by the first request) is spawned on
+    /// `tracker` and ends, with every live feed, when `stop` is cancelled.
+    pub fn new(
+        coord: Arc<dyn Coordinator>,
+        settings: Settings,
+        stop: CancellationToken,
+        tracker: TaskTracker,
+    ) -> Arc<Ui> {
+        let token = settings.observe.admin_token().map(str::to_string);
+        Arc::new(Ui {
+            coord,
+            settings,
+            token,
+            csrf: format!(
+                "{}{}",
+                uuid::Uuid::new_v4().simple(),
+                uuid::Uuid::new_v4().simple()
+            ),
+            panes: watch::Sender::new(Arc::new(Panes::default())),
+            watching: AtomicBool::new(false),
+            refresh: Notify::new(),
+            stop,
+            tracker,
+        })
+    }
+
+    fn ensure_watching(self: &Arc<Self>) {
+        if !self.watching.swap(true, Ordering::SeqCst) {
+            self.tracker.spawn(watcher::watch_coordinator(self.clone()));
+        }
+    }
+
+    /// The latest reading, waiting for the first one.
+    async fn panes(self: &Arc<Self>) -> Arc<Panes> {
+        self.ensure_watching();
+        let mut receiver = self.panes.subscribe();
+        let first = receiver.wait_for(|panes| panes.overview.seq > 0);
+        let _ = tokio::time::timeout(FIRST_READING, first).await;
+        let panes = receiver.borrow().clone();
+        panes
+    }
+}
+
+/// The dashboard's routes, all under `/ui`.
+pub fn router(ui: Arc<Ui>) -> Router {
+    Router::new()
+        .route("/ui", get(|| async { Redirect::permanent("/ui/") }))
+        .route("/ui/", get(index))
+        .route("/ui/app.js", get(app_js))
+        .route("/ui/app.css", get(app_css))
+        .route("/ui/api/overview", get(overview))
+        .route("/ui/api/queue", get(queue))
+        .route("/ui/api/dead", get(dead))
+        .route("/ui/api/history", get(history))
+        .route("/ui/api/timeline", get(timeline))
+        .route("/ui/api/standbys", get(standbys))
+        .route("/ui/api/events", get(events))
+        .route("/ui/api/login", post(login))
+        .route("/ui/api/retry", post(retry))
+        .route("/ui/api/retry-all", post(retry_all))
+        .route("/ui/api/delete", post(delete))
+        .route("/ui/api/cancel", post(cancel))
+        .route("/ui/api/pause", post(pause))
+        .route("/ui/api/resume", post(resume))
+        .with_state(ui)
+}
+
+/// Answers a JSON value.
+fn answer(status: StatusCode, body: Value) -> Response {
+    let mut response = (status, body.to_string()).into_response();
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-store"),
+    );
+    response
+}
+
+fn refused(status: StatusCode, message: &str) -> Response {
+    answer(status, json!({ "error": message }))
+}
+
+/// A request refused before it reached the coordinator: its status and message.
+struct Refused(StatusCode, String);
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        refused(self.0, &self.1)
+    }
+}
+
+fn refusal(refusal: auth::Refusal) -> Response {
+    why(refusal).into_response()
+}
+
+fn why(refusal: auth::Refusal) -> Refused {
+    let status = match refusal {
+        auth::Refusal::Token => StatusCode::UNAUTHORIZED,
+        auth::Refusal::Csrf | auth::Refusal::Origin | auth::Refusal::Host => StatusCode::FORBIDDEN,
+    };
+    Refused(status, refusal.message().to_string())
+}
+
+fn admin_failure(err: AdminError) -> Response {
+    let status = match &err {
+        AdminError::Coordinator(_) => StatusCode::BAD_GATEWAY,
+        AdminError::NoSuchTask { .. } => StatusCode::NOT_FOUND,
+        AdminError::InvalidId { .. } | AdminError::InvalidKey { .. } => StatusCode::BAD_REQUEST,
+        _ => StatusCode::CONFLICT,
+    };
+    refused(status, &err.to_string())
+}
+
+/// The page, with this process's CSRF token in a meta tag (for the script's header) and
+/// in a `SameSite=Strict` cookie.
+async fn index(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
+    if ui.token.is_none() {
+        if let Err(why) = auth::check_loopback_host(&headers) {
+            return (StatusCode::FORBIDDEN, format!("{}\n", why.message())).into_response();
+        }
+    }
+    let page = INDEX_HTML.replace("__CSRF__", &ui.csrf);
+    (
+        [
+            (header::CONTENT_TYPE, "text/html; charset=utf-8".to_string()),
+            (header::CACHE_CONTROL, "no-store".to_string()),
+            (
+                header::SET_COOKIE,
+                format!(
+                    "{}={}; Path=/ui; HttpOnly; SameSite=Strict",
+                    auth::CSRF_COOKIE,
+                    ui.csrf
+                ),
+            ),
+            (
+                header::CONTENT_SECURITY_POLICY,
+                "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'".to_string(),
+            ),
+            (header::X_FRAME_OPTIONS, "DENY".to_string()),
+        ],
+        page,
+    )
+        .into_response()
+}
+
+async fn app_js() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/javascript; charset=utf-8")],
+        APP_JS,
+    )
+        .into_response()
+}
+
+async fn app_css() -> Response {
+    ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], APP_CSS).into_response()
+}
+
+async fn overview(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
+    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
+        return refusal(why);
+    }
+    let panes = ui.panes().await;
+    answer(StatusCode::OK, json!(panes.overview))
+}
+
+/// The query's parameters, decoded (`+` as a space, percent escapes).
+fn parameters(query: Option<&str>) -> Vec<(String, String)> {
+    let decode = |text: &str| {
+        percent_encoding::percent_decode_str(&text.replace('+', " "))
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|pair| !pair.is_empty())
+        .map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (decode(name), decode(value))
+        })
+        .collect()
+}
+
+/// The queue pane: the queue in claim order, filtered by taskType (`type`) and by a part
+/// of the key or id (`q`), a page (`page`, from 0) of `per` rows.
+async fn queue(
+    State(ui): State<Arc<Ui>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
+        return refusal(why);
+    }
+    let parameters = parameters(query.as_deref());
+    let parameter = |name: &str| {
+        parameters
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.as_str())
+            .filter(|value| !value.is_empty())
+    };
+    let task_type = parameter("type");
+    let search = parameter("q");
+    let per = parameter("per")
+        .and_then(|per| per.parse().ok())
+        .unwrap_or(PAGE_DEFAULT)
+        .clamp(1, PAGE_MAX);
+    let page: usize = parameter("page")
+        .and_then(|page| page.parse().ok())
+        .unwrap_or(0);
+    let panes = ui.panes().await;
+    let mut types: Vec<&str> = panes
+        .queue
+        .iter()
+        .map(|row| row.row.task_type.as_str())
+        .collect();
+    types.sort_unstable();
+    types.dedup();
+    let rows: Vec<_> = panes
+        .queue
+        .iter()
+        .filter(|row| task_type.is_none_or(|wanted| row.row.task_type == wanted))
+        .filter(|row| search.is_none_or(|part| row.matches(part)))
+        .collect();
+    let total = rows.len();
+    let shown: Vec<_> = rows
+        .into_iter()
+        .skip(page.saturating_mul(per))
+        .take(per)
+        .collect();
+    answer(
+        StatusCode::OK,
+        json!({ "total": total, "page": page, "per": per, "types": types, "rows": shown }),
+    )
+}
+
+async fn dead(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
+    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
+        return refusal(why);
+    }
+    let panes = ui.panes().await;
+    answer(StatusCode::OK, json!({ "rows": panes.dead }))
+}
+
+async fn history(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
+    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
+        return refusal(why);
+    }
+    let rows = data::history(ui.coord.as_ref(), &ui.settings).await;
+    answer(StatusCode::OK, json!(rows))
+}
+
+async fn timeline(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
+    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
+        return refusal(why);
+    }
+    let rows = data::timeline(ui.coord.as_ref(), &ui.settings).await;
+    answer(StatusCode::OK, json!(rows))
+}
+
+async fn standbys(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
+    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
+        return refusal(why);
+    }
+    let rows = data::standbys(ui.coord.as_ref(), &ui.settings).await;
+    answer(StatusCode::OK, json!(rows))
+}
+
+/// The live feed: the overview at once, then on every new reading, until the page goes
+/// or the process stops.
+async fn events(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
+    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
+        return refusal(why);
+    }
+    ui.ensure_watching();
+    let mut receiver = ui.panes.subscribe();
+    if receiver.borrow().overview.seq > 0 {
+        receiver.mark_changed();
+    }
+    let stop = ui.stop.clone();
+    let feed = futures_util::stream::unfold((receiver, stop), |(mut receiver, stop)| async move {
+        tokio::select! {
+            _ = stop.cancelled() => None,
+            changed = receiver.changed() => {
+                changed.ok()?;
+                let overview = serde_json::to_string(&receiver.borrow_and_update().overview).ok()?;
+                let event = Event::default().event("overview").data(overview);
+                Some((Ok::<Event, Infallible>(event), (receiver, stop)))
+            }
+        }
+    });
+    Sse::new(feed)
+        .keep_alive(KeepAlive::default())
+        .into_response()
+}
+
+/// An action's body: `{"key": ...}` or `{"taskType": ...}` or `{"token": ...}`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Action {
+    key: Option<String>,
+    #[serde(rename = "taskType")]
+    task_type: Option<String>,
+    token: Option<String>,
+}
+
+/// Checks an action's headers and decodes its body.
+fn action(ui: &Ui, headers: &HeaderMap, body: &[u8]) -> Result<Action, Refused> {
+    auth::check_action(headers, ui.token.as_deref(), &ui.csrf).map_err(why)?;
+    if body.is_empty() {
+        return Ok(Action::default());
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        Refused(
+            StatusCode::BAD_REQUEST,
+            format!("the request is not an action: {e}"),
+        )
+    })
+}
+
+/// The key an action names, which must be a valid key under `prefix`.
+fn key_under(action: &Action, prefix: &str) -> Result<String, Refused> {
+    let key = action
+        .key
+        .as_deref()
+        .ok_or_else(|| Refused(StatusCode::BAD_REQUEST, "no key given".into()))?;
+    Key::within(key, &[prefix])
+        .map(String::from)
+        .map_err(|reason| {
+            Refused(
+                StatusCode::BAD_REQUEST,
+                format!("{key:?} is not a key under {prefix}: {reason}"),
+            )
+        })
+}
+
+/// After an action: read again now, so every page shows its effect.
+fn done(ui: &Ui, body: Value) -> Response {
+    ui.refresh.notify_one();
+    answer(StatusCode::OK, body)
+}
+
+/// Keeps the admin token in a cookie once the operator typed it, if it is the right one.
+async fn login(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(why) = auth::check_csrf(&headers, &ui.csrf) {
+        return refusal(why);
+    }
+    let given: Action = serde_json::from_slice(&body).unwrap_or_default();
+    let (Some(expected), Some(given)) = (ui.token.as_deref(), given.token.as_deref()) else {
+        return refusal(auth::Refusal::Token);
+    };
+    if !auth::same(given, expected) {
+        return refused(
+            StatusCode::UNAUTHORIZED,
+            "that is not the dashboard's token (observe.admin_token); try again",
+        );
+    }
+    let mut response = answer(StatusCode::OK, json!({ "ok": true }));
+    let cookie = format!(
+        "{}={given}; Path=/ui; HttpOnly; SameSite=Strict",
+        auth::TOKEN_COOKIE
+    );
+    if let Ok(value) = header::HeaderValue::from_str(&cookie) {
+        response.headers_mut().insert(header::SET_COOKIE, value);
+    }
+    response
+}
+
+async fn retry(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Response {
+    let key = match action(&ui, &headers, &body)
+        .and_then(|action| key_under(&action, &ui.settings.queue.dead_prefix))
+    {
+        Ok(key) => key,
+        Err(refused) => return refused.into_response(),
+    };
+    match admin::retry(ui.coord.as_ref(), &ui.settings, &key).await {
+        Ok(requeued) => done(&ui, json!({ "requeued": requeued })),
+        Err(err) => admin_failure(err),
+    }
+}
+
+async fn retry_all(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Response {
+    let action = match action(&ui, &headers, &body) {
+        Ok(action) => action,
+        Err(refused) => return refused.into_response(),
+    };
+    if let Some(task_type) = &action.task_type {
+        if let Err(reason) = crate::task::key::check_id(task_type) {
+            return refused(
+                StatusCode::BAD_REQUEST,
+                &format!("{task_type:?} is not a taskType: {reason}"),
+            );
+        }
+    }
+    match data::retry_all(ui.coord.as_ref(), &ui.settings, action.task_type.as_deref()).await {
+        Ok((requeued, errors)) => done(&ui, json!({ "requeued": requeued, "errors": errors })),
+        Err(err) => admin_failure(err),
+    }
+}
+
+async fn delete(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Response {
+    let key = match action(&ui, &headers, &body)
+        .and_then(|action| key_under(&action, &ui.settings.queue.dead_prefix))
+    {
+        Ok(key) => key,
+        Err(refused) => return refused.into_response(),
+    };
+    match data::delete(ui.coord.as_ref(), &ui.settings, &key).await {
+        Ok(()) => done(&ui, json!({ "deleted": key })),
+        Err(err) => admin_failure(err),
+    }
+}
+
+async fn cancel(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Response {
+    let key = match action(&ui, &headers, &body)
+        .and_then(|action| key_under(&action, &ui.settings.queue.prefix))
+    {
+        Ok(key) => key,
+        Err(refused) => return refused.into_response(),
+    };
+    match data::cancel(ui.coord.as_ref(), &ui.settings, &key).await {
+        Ok(()) => done(&ui, json!({ "cancelled": key })),
+        Err(reason) => refused(StatusCode::CONFLICT, &reason),
+    }
+}
+
+async fn pause(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(refused) = action(&ui, &headers, &body) {
+        return refused.into_response();
+    }
+    match admin::pause(ui.coord.as_ref(), &ui.settings).await {
+        Ok(was) => done(&ui, json!({ "paused": true, "already": was })),
+        Err(err) => admin_failure(err),
+    }
+}
+
+async fn resume(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(refused) = action(&ui, &headers, &body) {
+        return refused.into_response();
+    }
+    match admin::resume(ui.coord.as_ref(), &ui.settings).await {
+        Ok(was) => done(&ui, json!({ "paused": false, "was_paused": was })),
+        Err(err) => admin_failure(err),
+    }
+}
+
+/// Binds `listen` for a dashboard, after checking that it may serve there.
+pub async fn bind(
+    listen: SocketAddr,
+    settings: &Settings,
+) -> Result<tokio::net::TcpListener, UiError> {
+    auth::check_listen(listen, settings.observe.admin_token()).map_err(UiError::Settings)?;
+    tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| UiError::Bind {
+            listen,
+            reason: e.to_string(),
+        })
+}
+
+/// Serves the dashboard alone on `listener` (`leaderq ui`, `leaderq dev`) over the
+/// configured coordinator, until `shutdown`.
+pub async fn serve(
+    settings: Settings,
+    listener: tokio::net::TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), UiError> {
+    let coord = crate::coord::connect(&settings)?;
+    let tracker = TaskTracker::new();
+    let ui = Ui::new(coord, settings, shutdown.clone(), tracker.clone());
+    let served = axum::serve(listener, router(ui))
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await;
+    tracker.close();
+    tracker.wait().await;
+    served.map_err(UiError::Serve)
+}

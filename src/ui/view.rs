@@ -1,0 +1,411 @@
+//! What the dashboard shows, computed from what was read (the queue, the dead letters, the
+//! holder, the pause flag) and `now`: pure, so its rules are unit-tested with scripted time.
+//! Also the throughput ring buffer, fed by the difference between two readings.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::coord::{Holder, StoredTask};
+use crate::service::admin::{self, StatusReport, TaskRow};
+use crate::task::{Status, Task};
+
+/// The chart covers the last hour, a bar a minute.
+pub const CHART_MINUTES: usize = 60;
+
+/// The leader as the overview shows it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Leader {
+    pub node: String,
+    pub host: String,
+    pub pid: u32,
+    pub since: String,
+    pub fencing_token: u64,
+}
+
+/// A task a leader holds now.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Running {
+    pub key: String,
+    pub task_type: String,
+    pub node: String,
+    /// RFC 3339, from takenAt; the page counts the elapsed time from it.
+    pub taken_at: String,
+    pub elapsed_seconds: Option<i64>,
+    pub attempt: u32,
+}
+
+/// One dead letter, with what the pane shows.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Dead {
+    pub key: String,
+    pub task_type: String,
+    pub reason: String,
+    pub attempts: u64,
+    pub last_error: String,
+    pub dead_at: String,
+    /// A record retry can move back (a JSON object with a taskType).
+    pub retryable: bool,
+}
+
+/// One minute of the chart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Minute {
+    /// Minutes since the epoch.
+    pub minute: i64,
+    pub completed: u64,
+    pub failed: u64,
+}
+
+/// Everything the overview pane shows, pushed to the page on every change.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Overview {
+    /// Rises with every reading, so the page knows it is newer.
+    pub seq: u64,
+    pub now: String,
+    /// The coordinator could not be read: the rest is the last good reading.
+    pub error: Option<String>,
+    pub leader: Option<Leader>,
+    pub status: StatusReport,
+    pub running: Vec<Running>,
+    pub chart: Vec<Minute>,
+    pub completed_last_hour: u64,
+    pub failed_last_hour: u64,
+}
+
+/// A row of the queue pane: `leaderq tasks list`'s, with the producer's id to search by.
+#[derive(Clone, Debug, Serialize)]
+pub struct QueueRow {
+    #[serde(flatten)]
+    pub row: TaskRow,
+    /// taskId (or the key's last segment), "" for a value that is not a task.
+    pub id: String,
+}
+
+impl QueueRow {
+    /// Whether `part` is in its id or its key.
+    pub fn matches(&self, part: &str) -> bool {
+        self.id.contains(part) || self.row.key.contains(part)
+    }
+}
+
+/// A reading turned into the panes' data.
+#[derive(Clone, Debug, Default)]
+pub struct Panes {
+    pub overview: Overview,
+    /// The queue in claim order (as `leaderq tasks list`), dead letters left out.
+    pub queue: Vec<QueueRow>,
+    pub dead: Vec<Dead>,
+}
+
+/// Builds every pane from one reading.
+pub fn panes(
+    holder: &Holder,
+    queued: Vec<StoredTask>,
+    dead: Vec<StoredTask>,
+    paused: bool,
+    now: DateTime<Utc>,
+) -> Panes {
+    let status = admin::status_of(holder, &queued, dead.len(), paused, now);
+    let leader = holder.lease.as_ref().map(|_| {
+        let record = holder.record.clone().unwrap_or_default();
+        Leader {
+            node: record.node,
+            host: record.host,
+            pid: record.pid,
+            since: record.since,
+            fencing_token: holder.token,
+        }
+    });
+    let mut running: Vec<Running> = queued
+        .iter()
+        .filter_map(|stored| Task::parse(stored).ok())
+        .filter(|task| task.status(now) == Status::InFlight)
+        .map(|task| {
+            let taken_at = task
+                .fields
+                .get("takenAt")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let elapsed_seconds = DateTime::parse_from_rfc3339(&taken_at)
+                .ok()
+                .map(|t| (now - t.with_timezone(&Utc)).num_seconds().max(0));
+            Running {
+                node: task
+                    .taken_by
+                    .as_ref()
+                    .and_then(|by| by.get("node"))
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string(),
+                attempt: task.run_number(),
+                key: task.key,
+                task_type: task.task_type,
+                taken_at,
+                elapsed_seconds,
+            }
+        })
+        .collect();
+    running.sort_by(|a, b| a.taken_at.cmp(&b.taken_at));
+    let dead_rows = dead.iter().map(dead_row).collect();
+    let ids: BTreeMap<String, String> = queued
+        .iter()
+        .filter_map(|stored| Task::parse(stored).ok())
+        .map(|task| (task.key, task.id))
+        .collect();
+    let queue = admin::task_rows(queued, Vec::new(), now)
+        .into_iter()
+        .map(|row| QueueRow {
+            id: ids.get(&row.key).cloned().unwrap_or_default(),
+            row,
+        })
+        .collect();
+    Panes {
+        overview: Overview {
+            now: crate::task::rfc3339(now),
+            leader,
+            status,
+            running,
+            ..Overview::default()
+        },
+        queue,
+        dead: dead_rows,
+    }
+}
+
+fn dead_row(stored: &StoredTask) -> Dead {
+    let value: Value = serde_json::from_slice(&stored.value).unwrap_or_default();
+    let text = |name: &str| {
+        value
+            .get(name)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    Dead {
+        key: stored.key.clone(),
+        task_type: text("taskType"),
+        reason: text("deadReason"),
+        attempts: value.get("attempts").and_then(Value::as_u64).unwrap_or(0),
+        last_error: text("lastError"),
+        dead_at: text("deadAt"),
+        retryable: value.is_object()
+            && value.get("taskType").is_some()
+            && value.get("rawValue").is_none(),
+    }
+}
+
+/// What one reading remembers for the next: each queued key's attempts, the dead keys.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Seen {
+    queued: BTreeMap<String, u64>,
+    dead: BTreeSet<String>,
+}
+
+impl Seen {
+    pub fn of(queued: &[StoredTask], dead: &[StoredTask]) -> Seen {
+        let attempts = |stored: &StoredTask| {
+            serde_json::from_slice::<Value>(&stored.value)
+                .ok()
+                .and_then(|v| v.get("attempts").and_then(Value::as_u64))
+                .unwrap_or(0)
+        };
+        Seen {
+            queued: queued
+                .iter()
+                .map(|s| (s.key.clone(), attempts(s)))
+                .collect(),
+            dead: dead.iter().map(|s| s.key.clone()).collect(),
+        }
+    }
+
+    /// Completions and failures between `self` and `next`: a task gone from the queue
+    /// without becoming a dead letter completed; a new dead letter, or a queued task whose
+    /// attempts rose, failed. Sampled: a task enqueued and finished between two readings
+    /// is not seen (the history records, when kept, are exact).
+    pub fn changes(&self, next: &Seen) -> (u64, u64) {
+        let new_dead: BTreeSet<&String> = next.dead.difference(&self.dead).collect();
+        let completed = self
+            .queued
+            .keys()
+            .filter(|key| !next.queued.contains_key(*key))
+            .filter(|key| {
+                // A dead letter's key is its own (under the dead prefix), named like the
+                // task: a task that left the queue as a new dead letter has failed.
+                let name = key.rsplit('/').next().unwrap_or(key);
+                !new_dead
+                    .iter()
+                    .any(|dead| dead.rsplit('/').next() == Some(name))
+            })
+            .count() as u64;
+        let retried = next
+            .queued
+            .iter()
+            .filter(|(key, attempts)| {
+                self.queued
+                    .get(*key)
+                    .is_some_and(|before| *attempts > before)
+            })
+            .count() as u64;
+        (completed, new_dead.len() as u64 + retried)
+    }
+}
+
+/// Completions and failures by minute over the last hour, kept in the serving process.
+#[derive(Clone, Debug, Default)]
+pub struct Throughput {
+    minutes: VecDeque<Minute>,
+}
+
+impl Throughput {
+    /// Counts `completed` and `failed` in the minute of `now`, dropping minutes older than
+    /// an hour.
+    pub fn record(&mut self, now: DateTime<Utc>, completed: u64, failed: u64) {
+        let minute = now.timestamp().div_euclid(60);
+        match self.minutes.back_mut() {
+            Some(last) if last.minute == minute => {
+                last.completed += completed;
+                last.failed += failed;
+            }
+            _ => self.minutes.push_back(Minute {
+                minute,
+                completed,
+                failed,
+            }),
+        }
+        while self
+            .minutes
+            .front()
+            .is_some_and(|first| first.minute <= minute - CHART_MINUTES as i64)
+        {
+            self.minutes.pop_front();
+        }
+    }
+
+    /// The last hour, one entry a minute (zero where nothing was seen), oldest first.
+    pub fn chart(&self, now: DateTime<Utc>) -> Vec<Minute> {
+        let current = now.timestamp().div_euclid(60);
+        (current - CHART_MINUTES as i64 + 1..=current)
+            .map(|minute| {
+                self.minutes
+                    .iter()
+                    .find(|m| m.minute == minute)
+                    .copied()
+                    .unwrap_or(Minute {
+                        minute,
+                        ..Minute::default()
+                    })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coord::{HolderRecord, LeaseId};
+    use serde_json::json;
+
+    fn stored(key: &str, value: Value) -> StoredTask {
+        StoredTask {
+            key: key.into(),
+            value: value.to_string().into_bytes(),
+            version: 1,
+            created: 1,
+            holder: None,
+        }
+    }
+
+    fn at(seconds: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(seconds, 0).unwrap()
+    }
+
+    /// The overview names the leader and its token, counts the queue, and shows a held
+    /// task as running with its node and elapsed time; dead letters carry their reason.
+    #[test]
+    fn panes_show_leader_running_task_and_dead_letters() {
+        let holder = Holder {
+            lease: Some(LeaseId("s1".into())),
+            record: Some(HolderRecord {
+                node: "r1".into(),
+                since: "2026-01-01T00:00:00Z".into(),
+                ..HolderRecord::default()
+            }),
+            token: 7,
+        };
+        let mut running = stored(
+            "oracleTask/task_a",
+            json!({"taskId": "a", "taskTime": 1, "taskType": "T", "taskTaken": true,
+                   "takenBy": {"session": "s1", "node": "r1"}, "takenAt": "1970-01-01T00:01:40Z"}),
+        );
+        running.holder = Some(LeaseId("s1".into()));
+        let queued = vec![
+            running,
+            stored(
+                "oracleTask/task_b",
+                json!({"taskId": "b", "taskTime": 2, "taskType": "T"}),
+            ),
+        ];
+        let dead = vec![stored(
+            "oracleTaskDead/task_c",
+            json!({"taskType": "T", "deadReason": "failed 3 times", "attempts": 3, "lastError": "boom"}),
+        )];
+        let panes = panes(&holder, queued, dead, true, at(130));
+        let overview = &panes.overview;
+        assert_eq!(overview.leader.as_ref().unwrap().node, "r1");
+        assert_eq!(overview.leader.as_ref().unwrap().fencing_token, 7);
+        assert_eq!(overview.status.pending, 1);
+        assert_eq!(overview.status.in_flight, 1);
+        assert_eq!(overview.status.dead, 1);
+        assert!(overview.status.paused);
+        assert_eq!(overview.running.len(), 1);
+        assert_eq!(overview.running[0].node, "r1");
+        assert_eq!(overview.running[0].elapsed_seconds, Some(30));
+        assert_eq!(panes.queue.len(), 2);
+        assert_eq!(panes.queue[0].id, "a");
+        assert!(panes.queue[1].matches("b") && !panes.queue[1].matches("zz"));
+        assert_eq!(panes.dead[0].reason, "failed 3 times");
+        assert_eq!(panes.dead[0].last_error, "boom");
+        assert!(panes.dead[0].retryable);
+    }
+
+    /// Between two readings: a task that left the queue completed, one that became a dead
+    /// letter failed, one whose attempts rose failed once.
+    #[test]
+    fn changes_count_completions_and_failures() {
+        let before = Seen::of(
+            &[
+                stored("q/task_a", json!({})),
+                stored("q/task_b", json!({})),
+                stored("q/task_c", json!({"attempts": 1})),
+            ],
+            &[],
+        );
+        let after = Seen::of(
+            &[stored("q/task_c", json!({"attempts": 2}))],
+            &[stored("d/task_b", json!({}))],
+        );
+        assert_eq!(before.changes(&after), (1, 2));
+        assert_eq!(after.changes(&after), (0, 0));
+    }
+
+    /// The chart keeps an hour, a minute a bar, zero where nothing was seen.
+    #[test]
+    fn throughput_keeps_the_last_hour_by_minute() {
+        let mut throughput = Throughput::default();
+        throughput.record(at(0), 2, 1);
+        throughput.record(at(30), 1, 0);
+        throughput.record(at(120), 5, 0);
+        let chart = throughput.chart(at(150));
+        assert_eq!(chart.len(), CHART_MINUTES);
+        assert_eq!(chart[CHART_MINUTES - 1].completed, 5);
+        assert_eq!(chart[CHART_MINUTES - 3].completed, 3);
+        assert_eq!(chart[CHART_MINUTES - 3].failed, 1);
+        throughput.record(at(3600 + 60), 1, 0);
+        let chart = throughput.chart(at(3600 + 60));
+        assert_eq!(chart.iter().map(|m| m.completed).sum::<u64>(), 6);
+    }
+}

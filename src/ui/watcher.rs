@@ -1,0 +1,132 @@
+//! The dashboard's watcher: one per serving process, started by the first request. It
+//! reads the queue, the dead letters, the holder and the pause flag, publishes the panes
+//! built from them (and the throughput seen between two readings), then waits on the
+//! coordinator's blocking `list`/`observe` for the next change, an action on this
+//! dashboard, or the pause flag moving; at most once per `MIN_REFRESH`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+
+use super::view::{self, Panes, Seen, Throughput};
+use super::Ui;
+use crate::coord::{CoordError, Holder, StoredTask, Version};
+
+/// The watcher reads at most this often, however busy the queue: a burst of changes costs
+/// one reading per interval, not one per change.
+const MIN_REFRESH: Duration = Duration::from_millis(250);
+/// After a failed reading, the next one waits this long.
+const ERROR_RETRY: Duration = Duration::from_secs(1);
+/// The pause flag is its own key, outside the queue's listing: looked at this often, so a
+/// `leaderq pause` from a shell shows within a second.
+const PAUSE_POLL: Duration = Duration::from_millis(900);
+
+/// One reading of everything the panes show.
+struct Reading {
+    holder: Holder,
+    holder_version: Version,
+    queued: Vec<StoredTask>,
+    queue_version: Version,
+    dead: Vec<StoredTask>,
+    dead_version: Version,
+    paused: bool,
+}
+
+async fn read(ui: &Ui) -> Result<Reading, CoordError> {
+    let queue = &ui.settings.queue;
+    let (holder, holder_version) = ui.coord.observe(Version(0), Duration::ZERO).await?;
+    let (queued, queue_version) = ui
+        .coord
+        .list(&queue.prefix, Version(0), Duration::ZERO)
+        .await?;
+    let (dead, dead_version) = ui
+        .coord
+        .list(&queue.dead_prefix, Version(0), Duration::ZERO)
+        .await?;
+    let paused = paused(ui).await?;
+    Ok(Reading {
+        holder,
+        holder_version,
+        queued,
+        queue_version,
+        dead,
+        dead_version,
+        paused,
+    })
+}
+
+async fn paused(ui: &Ui) -> Result<bool, CoordError> {
+    let key = [crate::queue::pause_key(&ui.settings.queue.prefix)];
+    Ok(!ui.coord.get(&key).await?.is_empty())
+}
+
+/// The watcher: read, publish, wait for a change, again; until `stop`.
+pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
+    let mut seen: Option<Seen> = None;
+    let mut throughput = Throughput::default();
+    let mut seq = 0;
+    let wait = ui.settings.watch_wait();
+    loop {
+        seq += 1;
+        let read_at = tokio::time::Instant::now();
+        match read(&ui).await {
+            Ok(reading) => {
+                let now = Utc::now();
+                let next = Seen::of(&reading.queued, &reading.dead);
+                let (completed, failed) = seen.as_ref().map_or((0, 0), |seen| seen.changes(&next));
+                throughput.record(now, completed, failed);
+                seen = Some(next);
+                let mut panes = view::panes(
+                    &reading.holder,
+                    reading.queued,
+                    reading.dead,
+                    reading.paused,
+                    now,
+                );
+                panes.overview.seq = seq;
+                panes.overview.chart = throughput.chart(now);
+                panes.overview.completed_last_hour =
+                    panes.overview.chart.iter().map(|m| m.completed).sum();
+                panes.overview.failed_last_hour =
+                    panes.overview.chart.iter().map(|m| m.failed).sum();
+                ui.panes.send_replace(Arc::new(panes));
+                let coord = ui.coord.as_ref();
+                let queue = &ui.settings.queue;
+                tokio::select! {
+                    _ = ui.stop.cancelled() => return,
+                    _ = ui.refresh.notified() => {}
+                    _ = coord.list(&queue.prefix, reading.queue_version, wait) => {}
+                    _ = coord.list(&queue.dead_prefix, reading.dead_version, wait) => {}
+                    _ = coord.observe(reading.holder_version, wait) => {}
+                    _ = pause_changes(&ui, reading.paused) => {}
+                }
+            }
+            Err(err) => {
+                let mut panes = Panes::clone(&ui.panes.borrow());
+                panes.overview.seq = seq;
+                panes.overview.error = Some(format!("cannot read {}: {err}", ui.coord.describe()));
+                ui.panes.send_replace(Arc::new(panes));
+                tokio::select! {
+                    _ = ui.stop.cancelled() => return,
+                    _ = tokio::time::sleep(ERROR_RETRY) => {}
+                }
+            }
+        }
+        tokio::select! {
+            _ = ui.stop.cancelled() => return,
+            // A change after a quiet spell is read at once; a burst, once per interval.
+            _ = tokio::time::sleep_until(read_at + MIN_REFRESH) => {}
+        }
+    }
+}
+
+/// Returns once the pause flag is no longer `paused` (or cannot be read).
+async fn pause_changes(ui: &Ui, was: bool) {
+    loop {
+        tokio::time::sleep(PAUSE_POLL).await;
+        if paused(ui).await.ok() != Some(was) {
+            return;
+        }
+    }
+}

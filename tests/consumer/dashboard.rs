@@ -1,0 +1,572 @@
+//! The web dashboard (`/ui/` on a replica's observe listener) in a real browser: Debian's
+//! chromium driven over the W3C WebDriver protocol by chromedriver, through the small client
+//! below (plain JSON over HTTP: new session, navigate, find, click, text). A missing
+//! chromium or chromedriver skips the test, or fails it under LEADERQ_REQUIRE_SERVERS.
+//! Also, over plain HTTP: the actions' CSRF and token checks, and `leaderq ui` refusing an
+//! address off loopback without `observe.admin_token`.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use leaderq::tools::harness::{self, Proc};
+
+use super::*;
+
+/// The W3C name of an element reference in WebDriver answers.
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+/// A headless chromium under chromedriver; chromedriver (and the browser, in its process
+/// group) is killed when dropped.
+struct Browser {
+    http: reqwest::Client,
+    base: String,
+    _driver: Proc,
+}
+
+impl Browser {
+    /// chromium and chromedriver, if installed (else the test skips, or fails in CI).
+    fn installed() -> Option<(std::path::PathBuf, std::path::PathBuf)> {
+        let install = "the Debian packages chromium and chromium-driver";
+        let driver = harness::external(&["chromedriver", "/usr/bin/chromedriver"], install)?;
+        let chromium = harness::external(&["chromium", "/usr/bin/chromium"], install)?;
+        Some((driver, chromium))
+    }
+
+    /// Starts chromedriver on a free port and opens a headless session.
+    async fn start(driver: &Path, chromium: &Path, log: &Path) -> Browser {
+        let port = harness::free_port();
+        let mut command = Command::new(driver);
+        command
+            .arg(format!("--port={port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap());
+        let driver = Proc::spawn("chromedriver", command).unwrap();
+        let http = client();
+        let base = format!("http://127.0.0.1:{port}");
+        let started = Instant::now();
+        loop {
+            if let Ok(answer) = http.get(format!("{base}/status")).send().await {
+                let status: Value = answer.json().await.unwrap_or_default();
+                if status["value"]["ready"] == true {
+                    break;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "chromedriver did not start: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut browser = Browser {
+            http,
+            base,
+            _driver: driver,
+        };
+        // Root in a container needs --no-sandbox; /dev/shm is often small there.
+        let session = browser
+            .command(
+                "POST",
+                "/session",
+                json!({"capabilities": {"alwaysMatch": {
+                    "browserName": "chrome",
+                    "goog:chromeOptions": {
+                        "binary": chromium,
+                        "args": ["--headless=new", "--no-sandbox", "--disable-gpu",
+                                 "--disable-dev-shm-usage", "--window-size=1280,900"],
+                    },
+                }}}),
+            )
+            .await;
+        let id = session["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no session: {session}"));
+        browser.base = format!("{}/session/{id}", browser.base);
+        browser
+    }
+
+    /// One WebDriver command; its `value`. Panics on a WebDriver error.
+    async fn command(&self, method: &str, path: &str, body: Value) -> Value {
+        let url = format!("{}{path}", self.base);
+        let request = match method {
+            "GET" => self.http.get(&url),
+            "DELETE" => self.http.delete(&url),
+            _ => self.http.post(&url).json(&body),
+        };
+        let answer: Value = request.send().await.unwrap().json().await.unwrap();
+        let value = answer["value"].clone();
+        if let Some(error) = value.get("error") {
+            panic!("webdriver {method} {path}: {error}: {}", value["message"]);
+        }
+        value
+    }
+
+    async fn goto(&self, url: &str) {
+        self.command("POST", "/url", json!({ "url": url })).await;
+    }
+
+    /// The elements matching a CSS selector now.
+    async fn find_all(&self, css: &str) -> Vec<String> {
+        let found = self
+            .command(
+                "POST",
+                "/elements",
+                json!({"using": "css selector", "value": css}),
+            )
+            .await;
+        found
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                e[ELEMENT]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("not an element: {e}"))
+                    .to_string()
+            })
+            .collect()
+    }
+
+    /// The visible text of the first element matching `css`, `None` if there is none.
+    async fn text(&self, css: &str) -> Option<String> {
+        let element = self.find_all(css).await.into_iter().next()?;
+        let text = self
+            .command("GET", &format!("/element/{element}/text"), Value::Null)
+            .await;
+        Some(text.as_str().unwrap_or_default().to_string())
+    }
+
+    async fn click(&self, css: &str) {
+        let element = self
+            .find_all(css)
+            .await
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| panic!("nothing to click at {css}"));
+        self.command("POST", &format!("/element/{element}/click"), json!({}))
+            .await;
+    }
+
+    /// Replaces the text in the first element matching `css` with `text`, typed.
+    async fn type_text(&self, css: &str, text: &str) {
+        let element = self
+            .find_all(css)
+            .await
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| panic!("nothing to type into at {css}"));
+        self.command("POST", &format!("/element/{element}/clear"), json!({}))
+            .await;
+        self.command(
+            "POST",
+            &format!("/element/{element}/value"),
+            json!({ "text": text }),
+        )
+        .await;
+    }
+
+    /// Waits until the text at `css` satisfies `wanted`; panics with the page's text after
+    /// `limit`.
+    async fn wait_text(&self, css: &str, limit: Duration, wanted: impl Fn(&str) -> bool) {
+        let started = Instant::now();
+        loop {
+            if self.text(css).await.is_some_and(|text| wanted(&text)) {
+                return;
+            }
+            if started.elapsed() > limit {
+                let page = self.text("body").await.unwrap_or_default();
+                panic!("{css} never showed what was expected; the page:\n{page}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    async fn quit(self) {
+        let _ = self.http.delete(&self.base).send().await;
+    }
+}
+
+/// The dashboard in a real browser: the overview names the leader; a task whose handler
+/// fails lands in the dead letters with its reason; a click on retry moves it back to the
+/// queue, where it runs (its handler fixed meanwhile) and leaves the dead letters; the
+/// page follows each change live, without a reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_shows_the_leader_and_retries_a_dead_letter_by_click() {
+    let Some((driver, chromium)) = Browser::installed() else {
+        return;
+    };
+    let mut bed = Bed::new();
+    bed.start_replica("r1");
+    let leader = bed.leader_node().await;
+    let observe = observe_address(&bed.replicas[0]).await;
+    let browser =
+        Browser::start(&driver, &chromium, &bed.dir.path().join("chromedriver.log")).await;
+    browser.goto(&format!("http://{observe}/ui/")).await;
+    browser
+        .wait_text("#leader-node", Duration::from_secs(10), |t| t == leader)
+        .await;
+
+    // Fails three times (max_attempts), then is a dead letter; the page is not reloaded.
+    bed.put_task(
+        "task_x",
+        json!({"taskId": "x", "taskTime": 1, "taskType": "Flaky"}),
+    )
+    .await;
+    browser.click("#tab-dead").await;
+    let row = "#dead-rows tr[data-key='oracleTaskDead/task_x']";
+    browser
+        .wait_text(row, Duration::from_secs(20), |t| {
+            t.contains("failed 3 times")
+        })
+        .await;
+    browser
+        .wait_text("#dead-badge", Duration::from_secs(5), |t| t == "1")
+        .await;
+
+    std::fs::write(format!("{}.fixed", bed.journal.display()), "").unwrap();
+    browser
+        .click(&format!("{row} button[data-action='retry']"))
+        .await;
+    let ran = bed
+        .wait_for_line(Duration::from_secs(10), |l| l[0] == "run" && l[1] == "x")
+        .await;
+    assert_eq!(
+        ran[4], "1",
+        "a retried dead letter starts again at attempt 1"
+    );
+    let started = Instant::now();
+    while !browser.find_all(row).await.is_empty() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the retried task stays in the dead letters pane"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    browser
+        .wait_text("#dead-badge", Duration::from_secs(5), str::is_empty)
+        .await;
+    browser.click("#tab-overview").await;
+    browser
+        .wait_text("#dead-count", Duration::from_secs(5), |t| t == "0")
+        .await;
+    browser.quit().await;
+}
+
+/// `leaderq ui` with a token, in a real browser: the page asks for the token, refuses a
+/// wrong one, and with the right one shows the leader and follows the queue live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_asks_for_its_token_in_the_browser() {
+    let Some((driver, chromium)) = Browser::installed() else {
+        return;
+    };
+    let mut bed = Bed::new();
+    bed.start_replica("t1");
+    let leader = bed.leader_node().await;
+    let (_ui, address) = start_ui_with(&[("CONSUL_HTTP_ADDR".into(), bed.server.addr.clone())]);
+    let browser =
+        Browser::start(&driver, &chromium, &bed.dir.path().join("chromedriver.log")).await;
+    browser.goto(&format!("http://{address}/ui/")).await;
+    browser
+        .wait_text("#login", Duration::from_secs(10), |t| t.contains("token"))
+        .await;
+    browser
+        .type_text("#login-token", "not-the-token-at-all")
+        .await;
+    browser.click("#login button").await;
+    browser
+        .wait_text("#message", Duration::from_secs(5), |t| {
+            t.contains("not the dashboard's token")
+        })
+        .await;
+    assert_eq!(browser.text("#leader-node").await.as_deref(), Some("–"));
+    browser.type_text("#login-token", TOKEN).await;
+    browser.click("#login button").await;
+    browser
+        .wait_text("#leader-node", Duration::from_secs(10), |t| t == leader)
+        .await;
+    bed.put_task(
+        "task_t",
+        json!({"taskId": "t", "taskTime": 1, "taskType": "Slow"}),
+    )
+    .await;
+    browser
+        .wait_text("#running-rows", Duration::from_secs(10), |t| {
+            t.contains("oracleTask/task_t")
+        })
+        .await;
+    browser.quit().await;
+}
+
+/// An action without the page's CSRF token, or from another origin, is refused (403) and
+/// changes nothing; with both, the same POST is done. Without a token, a request naming
+/// another host than loopback (DNS rebinding) is refused too.
+#[tokio::test]
+async fn dashboard_actions_need_the_csrf_token_and_the_same_origin() {
+    let mut bed = Bed::new();
+    bed.start_replica("c1");
+    bed.leader_node().await;
+    let observe = observe_address(&bed.replicas[0]).await;
+    let page = client()
+        .get(format!("http://{observe}/ui/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    let cookie = page
+        .headers()
+        .get("set-cookie")
+        .expect("the page sets the CSRF cookie")
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(cookie.contains("SameSite=Strict"), "{cookie}");
+    let token = cookie
+        .split(';')
+        .next()
+        .unwrap()
+        .split_once('=')
+        .unwrap()
+        .1
+        .to_string();
+    let pause = |token: Option<&str>, origin: &str| {
+        let mut request = client()
+            .post(format!("http://{observe}/ui/api/pause"))
+            .header("Origin", origin)
+            .header("Cookie", format!("leaderq_csrf={}", token.unwrap_or("x")));
+        if let Some(token) = token {
+            request = request.header("X-CSRF-Token", token);
+        }
+        request.send()
+    };
+    let own = format!("http://{observe}");
+    assert_eq!(pause(None, &own).await.unwrap().status(), 403);
+    assert_eq!(
+        pause(Some(&token), "http://evil.example")
+            .await
+            .unwrap()
+            .status(),
+        403
+    );
+    // Another name for this address (DNS rebinding) gets neither the page nor the data.
+    for path in ["/ui/", "/ui/api/overview"] {
+        let rebound = client()
+            .get(format!("http://{observe}{path}"))
+            .header("Host", "evil.example")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(rebound.status(), 403, "{path}");
+    }
+    let status = leaderq(&bed, &["status"]);
+    assert!(!String::from_utf8_lossy(&status.stdout).contains("paused:"));
+    assert_eq!(pause(Some(&token), &own).await.unwrap().status(), 200);
+    let status = leaderq(&bed, &["status"]);
+    assert!(String::from_utf8_lossy(&status.stdout).contains("paused:        yes"));
+}
+
+/// `leaderq ui` on an address that is not loopback refuses to start without
+/// `observe.admin_token`, naming the setting.
+#[test]
+fn ui_off_loopback_refuses_to_start_without_a_token() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_leaderq"))
+        .args(["ui", "--listen", "0.0.0.0:0"])
+        .env("CONSUL_HTTP_ADDR", "127.0.0.1:1")
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("observe.admin_token") && stderr.contains("LEADERQ__OBSERVE__ADMIN_TOKEN"),
+        "{stderr}"
+    );
+}
+
+/// One test module per backend, each running the same scenario.
+macro_rules! on_every_backend {
+    ($($backend:ident),* $(,)?) => {
+        $(
+            mod $backend {
+                /// `leaderq ui` on this backend: its token guards reads, its CSRF token
+                /// guards actions, and a task a producer writes reaches an open live
+                /// feed within a second.
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn standalone_ui_needs_its_token_and_shows_a_new_task_live() {
+                    super::standalone_ui(stringify!($backend)).await;
+                }
+            }
+        )*
+    };
+}
+
+on_every_backend!(consul, etcd, redis, zookeeper);
+
+const TOKEN: &str = "test-token-0123456789abcdef";
+
+/// `leaderq ui --listen 127.0.0.1:0` against `cluster`, with [`TOKEN`]; its address.
+fn start_ui(cluster: &dyn harness::Cluster) -> (Proc, String) {
+    start_ui_with(&cluster.env())
+}
+
+/// `leaderq ui --listen 127.0.0.1:0` with `env` and [`TOKEN`]; its address.
+fn start_ui_with(env: &[(String, String)]) -> (Proc, String) {
+    let mut command = Command::new(common::exe());
+    command
+        .args(["ui", "--listen", "127.0.0.1:0"])
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .env("LEADERQ__OBSERVE__ADMIN_TOKEN", TOKEN)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut ui = Proc::spawn("leaderq ui", command).unwrap();
+    let stdout = ui.child().stdout.take().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).unwrap();
+    let address = line
+        .trim()
+        .strip_prefix("dashboard: http://")
+        .and_then(|rest| rest.strip_suffix("/ui/"))
+        .unwrap_or_else(|| panic!("no dashboard line: {line:?}"))
+        .to_string();
+    (ui, address)
+}
+
+/// The next overview on a live feed (skipping keep-alive comments), within `limit`.
+async fn next_overview(
+    feed: &mut reqwest::Response,
+    buffer: &mut String,
+    limit: Duration,
+) -> Value {
+    let started = Instant::now();
+    loop {
+        if let Some(end) = buffer.find("\n\n") {
+            let event: String = buffer.drain(..end + 2).collect();
+            if let Some(data) = event.lines().find_map(|l| l.strip_prefix("data: ")) {
+                return serde_json::from_str(data).unwrap();
+            }
+            continue;
+        }
+        let left = limit.saturating_sub(started.elapsed());
+        let chunk = tokio::time::timeout(left, feed.chunk())
+            .await
+            .unwrap_or_else(|_| panic!("no overview within {limit:?}"))
+            .unwrap()
+            .expect("the feed stays open");
+        buffer.push_str(&String::from_utf8_lossy(&chunk));
+    }
+}
+
+async fn standalone_ui(backend: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(cluster) = harness::start_cluster(backend, common::exe(), &dir.path().join("coord"))
+        .unwrap_or_else(|why| panic!("cannot start the {backend} cluster: {why}"))
+    else {
+        return;
+    };
+    let (_ui, address) = start_ui(cluster.as_ref());
+    let url = |path: &str| format!("http://{address}{path}");
+    let bearer = format!("Bearer {TOKEN}");
+
+    // With a token, any name may be used: the token is what guards.
+    let by_name = client()
+        .get(url("/ui/api/overview"))
+        .header("Authorization", &bearer)
+        .header("Host", "dashboard.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(by_name.status(), 200);
+    // Reads need the token; the page itself does not (it asks for it).
+    let anonymous = client().get(url("/ui/api/overview")).send().await.unwrap();
+    assert_eq!(anonymous.status(), 401);
+    let wrong = client()
+        .get(url("/ui/api/overview"))
+        .header("Authorization", "Bearer test-token-0123456789abcdeX")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    let page = client().get(url("/ui/")).send().await.unwrap();
+    assert_eq!(page.status(), 200);
+    let csrf = page.headers()["set-cookie"].to_str().unwrap().to_string();
+    let csrf = csrf
+        .split(';')
+        .next()
+        .unwrap()
+        .split_once('=')
+        .unwrap()
+        .1
+        .to_string();
+
+    let mut feed = client()
+        .get(url("/ui/api/events"))
+        .header("Authorization", &bearer)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(feed.status(), 200);
+    let mut buffer = String::new();
+    let first = next_overview(&mut feed, &mut buffer, Duration::from_secs(10)).await;
+    assert_eq!(first["status"]["pending"], 0, "{first}");
+    assert_eq!(first["leader"], Value::Null, "{first}");
+
+    // After a quiet spell (the watcher reads at most every 250 ms), a change is read at once.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let task = json!({"taskId": "live", "taskTime": 1, "taskType": "Work"}).to_string();
+    let written = Instant::now();
+    cluster
+        .produce("oracleTask/task_live", task.as_bytes())
+        .unwrap();
+    let seen = loop {
+        let overview = next_overview(&mut feed, &mut buffer, Duration::from_secs(5)).await;
+        if overview["status"]["pending"] == 1 {
+            break written.elapsed();
+        }
+    };
+    eprintln!("{backend}: a new task reached the live feed in {seen:?}");
+    assert!(seen < Duration::from_secs(1), "{backend}: {seen:?}");
+    let queue: Value = client()
+        .get(url("/ui/api/queue?q=liv&type=Work"))
+        .header("Authorization", &bearer)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(queue["total"], 1, "{queue}");
+    assert_eq!(queue["rows"][0]["key"], "oracleTask/task_live", "{queue}");
+    assert_eq!(queue["rows"][0]["id"], "live", "{queue}");
+
+    // An action needs the token and the CSRF token; with both, pause shows live.
+    let pause = |with_csrf: bool| {
+        let mut request = client()
+            .post(url("/ui/api/pause"))
+            .header("Authorization", &bearer);
+        if with_csrf {
+            request = request
+                .header("Cookie", format!("leaderq_csrf={csrf}"))
+                .header("X-CSRF-Token", &csrf);
+        }
+        request.send()
+    };
+    assert_eq!(pause(false).await.unwrap().status(), 403);
+    assert_eq!(pause(true).await.unwrap().status(), 200);
+    loop {
+        let overview = next_overview(&mut feed, &mut buffer, Duration::from_secs(5)).await;
+        if overview["status"]["paused"] == true {
+            break;
+        }
+    }
+    // A key outside the dead-letter prefix is refused before the coordinator is asked.
+    let bad = client()
+        .post(url("/ui/api/delete"))
+        .header("Authorization", &bearer)
+        .header("Cookie", format!("leaderq_csrf={csrf}"))
+        .header("X-CSRF-Token", &csrf)
+        .json(&json!({"key": "oracleTask/../consumerLeader"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+}
