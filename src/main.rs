@@ -220,6 +220,22 @@ enum TasksCmd {
     Show { key: String },
     /// Move a dead letter back to the queue under its original key, attempts reset.
     Retry { key: String },
+    /// Finished tasks, newest first: completed ones (their history records) and dead
+    /// letters, with outcome, duration, attempts, fencing token and node.
+    History {
+        /// Only tasks of this taskType.
+        #[arg(long = "type", value_name = "T")]
+        task_type: Option<String>,
+        /// Only tasks that did not complete (dead letters).
+        #[arg(long)]
+        failed: bool,
+        /// At most this many, the newest.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// One JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete dead letters (all, or those dead longer than --older-than).
     PurgeDead {
         /// Only dead letters older than this (a duration such as 24h).
@@ -814,6 +830,62 @@ async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
         TasksCmd::Retry { key } => {
             let target = leaderq::service::admin::retry(coord, &settings, &key).await?;
             outln!("requeued as {target}")?;
+        }
+        TasksCmd::History {
+            task_type,
+            failed,
+            limit,
+            json,
+        } => {
+            let filter = leaderq::service::ops::HistoryFilter {
+                task_type,
+                failed,
+                limit: Some(limit),
+            };
+            let records = leaderq::service::ops::history(coord, &settings, &filter).await?;
+            if json {
+                outln!("{}", serde_json::to_string(&records)?)?;
+                return Ok(());
+            }
+            outln!(
+                "{:<9} {:<24} {:<36} {:<16} {:>9} {:>8} {:>7} {:<12}  ERROR",
+                "OUTCOME",
+                "FINISHED",
+                "KEY",
+                "TYPE",
+                "DURATION",
+                "ATTEMPTS",
+                "TOKEN",
+                "NODE"
+            )?;
+            for record in &records {
+                let duration = record
+                    .duration_ms
+                    .map(|ms| leaderq::util::duration::format(Duration::from_millis(ms)))
+                    .unwrap_or_default();
+                let token = record
+                    .fencing_token
+                    .map(|t| t.to_string())
+                    .unwrap_or_default();
+                // Records are stored text: shown escaped.
+                let error = record.reason.as_ref().or(record.last_error.as_ref());
+                let error: String = error
+                    .map(|e| escape(e).chars().take(80).collect())
+                    .unwrap_or_default();
+                outln!(
+                    "{:<9} {:<24} {:<36} {:<16} {:>9} {:>8} {:>7} {:<12}  {}",
+                    record.outcome,
+                    escape(&record.finished_at),
+                    escape(&record.key),
+                    escape(&record.task_type),
+                    duration,
+                    record.attempts,
+                    token,
+                    escape(record.node.as_deref().unwrap_or("")),
+                    error
+                )?;
+            }
+            outln!("{} finished task(s)", records.len())?;
         }
         TasksCmd::PurgeDead { older_than, yes } => {
             if !yes {

@@ -21,6 +21,8 @@ mod etcd_queue;
 mod hostile_input;
 #[path = "consumer/identity.rs"]
 mod identity;
+#[path = "consumer/ops.rs"]
+mod ops;
 #[path = "consumer/queue_edges.rs"]
 mod queue_edges;
 #[path = "consumer/redis_queue.rs"]

@@ -10,12 +10,14 @@
 //! refuses moves the task away instead of costing the leadership. The pure decisions
 //! (what to claim, when to look for newer tasks, when to list again) live in `plan.rs`;
 //! the I/O for them is cut by what it does: `sort.rs` (what a listing holds), `claim.rs`
-//! (claiming a backlog), `run.rs` (running and settling a task), `dead.rs` (dead letters
-//! and requeued orphans). This file holds the leader's loop and the types they share.
+//! (claiming a backlog), `run.rs` (running and settling a task, its history record
+//! written by the completion), `dead.rs` (dead letters and requeued orphans), `history.rs`
+//! (pruning the history now and then). This file holds the leader's loop and the types they share.
 //! Leadership itself is `leader`'s business.
 
 mod claim;
 mod dead;
+mod history;
 mod plan;
 mod run;
 mod sort;
@@ -141,6 +143,8 @@ struct Memory {
     warned: HashSet<String>,
     /// Keys whose claims are refused for a while (lock-delay), and when to try them again.
     deferred: HashMap<String, DateTime<Utc>>,
+    /// When the history was last pruned (on tokio's clock).
+    pruned_at: Option<tokio::time::Instant>,
 }
 
 /// Entries sorted out: what can be claimed now or later, and the keys left as they were.
@@ -200,6 +204,13 @@ impl Queue {
                     continue;
                 }
                 after = Version::default();
+            }
+            if memory
+                .pruned_at
+                .is_none_or(|at| at.elapsed() >= history::HISTORY_PRUNE_EVERY)
+            {
+                memory.pruned_at = Some(tokio::time::Instant::now());
+                self.prune_history().await;
             }
             let asked = after;
             let list_started = Instant::now();
@@ -413,14 +424,25 @@ struct Finished {
     task: Box<Task>,
     claim_index: u64,
     elapsed_ms: u64,
+    /// Where its history record goes and the record (`None`: history is off).
+    history: Option<(String, Vec<u8>)>,
 }
 
 impl Finished {
-    /// Completes the version this run claimed, and only that one.
+    /// Completes the version this run claimed, and only that one: deletes it, or, with
+    /// history on, moves it to its history record in the same write (no extra round trip).
     fn completion(&self) -> TaskOp {
-        TaskOp::Complete {
-            key: self.task.key.clone(),
-            version: self.claim_index,
+        match &self.history {
+            Some((to, value)) => TaskOp::Move {
+                key: self.task.key.clone(),
+                version: self.claim_index,
+                to: to.clone(),
+                value: value.clone(),
+            },
+            None => TaskOp::Complete {
+                key: self.task.key.clone(),
+                version: self.claim_index,
+            },
         }
     }
 }

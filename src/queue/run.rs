@@ -19,6 +19,7 @@ impl Queue {
         self.term.ran_one();
         let attempt = task.attempts + 1;
         let started = std::time::Instant::now();
+        let started_at = Utc::now();
         let Some(handler) = self.registry.get(&task.task_type) else {
             // Checked before the claim; the task is requeued as ours at the next listing.
             return RunOutcome {
@@ -62,11 +63,15 @@ impl Queue {
         let elapsed = started.elapsed();
         let elapsed_ms = elapsed.as_millis() as u64;
         match (result, &ending) {
-            (Ok(()), _) => finished.push(Finished {
-                task,
-                claim_index,
-                elapsed_ms,
-            }),
+            (Ok(()), _) => {
+                let history = self.history_of(&task, leadership, started_at);
+                finished.push(Finished {
+                    task,
+                    claim_index,
+                    elapsed_ms,
+                    history,
+                })
+            }
             (Err(err), Some(LeadEnd::Shutdown)) if cancel.is_cancelled() => {
                 // Cut short by us, not failed: back in the queue without using an attempt.
                 let value = task.retried(
@@ -104,6 +109,34 @@ impl Queue {
             elapsed,
             end: ending,
         }
+    }
+
+    /// The history record of a task that finished now, and its key; `None` with history
+    /// off (`history_keep = 0`).
+    fn history_of(
+        &self,
+        task: &Task,
+        leadership: &Leadership,
+        started: chrono::DateTime<Utc>,
+    ) -> Option<(String, Vec<u8>)> {
+        if self.settings.history_keep == 0 {
+            return None;
+        }
+        let finished = Utc::now();
+        let run = crate::task::history::Run {
+            started,
+            finished,
+            fencing_token: leadership.fencing_token,
+            node: &self.node_id,
+        };
+        let record = crate::task::history::HistoryRecord::completed(task, &run);
+        let key = crate::task::history::record_key(
+            &self.settings.prefix,
+            &self.settings.done_prefix,
+            &task.key,
+            finished,
+        );
+        Some((key, record.encode()))
     }
 
     /// `fencing_token` is the leadership's token as the committed write saw it: logging it

@@ -14,6 +14,7 @@
 //! Size: lenient parsing of every producer field and the values leaderq writes back, with
 //! their tests; the key rule is in key.rs.
 
+pub mod history;
 pub mod key;
 
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};

@@ -1,0 +1,108 @@
+//! The operator's memory and control with real replicas on the embedded server: the
+//! history of finished tasks, the leadership timeline, the replicas' records (standbys in
+//! `status`), and `tasks cancel|delete|retry --all`.
+
+use super::*;
+
+/// `leaderq` with `args` against the bed's server; its stdout parsed as JSON.
+fn leaderq_json(bed: &Bed, args: &[&str]) -> Value {
+    let output = leaderq(bed, args);
+    assert!(
+        output.status.success(),
+        "leaderq {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "leaderq {args:?} printed no JSON ({e}): {}",
+            String::from_utf8_lossy(&output.stdout)
+        )
+    })
+}
+
+/// Polls `leaderq args` until `done` holds for its JSON, for at most `limit`.
+async fn wait_for_json(
+    bed: &Bed,
+    args: &[&str],
+    limit: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
+    let started = Instant::now();
+    loop {
+        let value = leaderq_json(bed, args);
+        if done(&value) {
+            return value;
+        }
+        assert!(
+            started.elapsed() < limit,
+            "leaderq {args:?} never showed what was awaited: {value}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A completed task leaves a history record (node, fencing token, attempts, duration)
+/// written by its completion; a dead letter shows as a failed one; `--type` and `--failed`
+/// filter them.
+#[tokio::test]
+async fn finished_tasks_are_listed_in_history_with_their_run() {
+    let mut bed = Bed::new();
+    bed.start_replica("r1");
+    bed.leader_node().await;
+    bed.put_task(
+        "task_ok",
+        json!({"taskId": "ok", "taskTime": 1, "taskType": "Work"}),
+    )
+    .await;
+    bed.put_task(
+        "task_bad",
+        json!({"taskId": "bad", "taskTime": 2, "taskType": "Fail"}),
+    )
+    .await;
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(20))
+        .await;
+    let all = wait_for_json(
+        &bed,
+        &["tasks", "history", "--json"],
+        Duration::from_secs(5),
+        |v| v.as_array().is_some_and(|a| a.len() == 2),
+    )
+    .await;
+    let token: u64 = bed
+        .wait_for_line(Duration::from_secs(1), |l| l[0] == "run")
+        .await[2]
+        .parse()
+        .unwrap();
+    let done = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["outcome"] == "completed")
+        .unwrap_or_else(|| panic!("no completed record: {all}"));
+    assert_eq!(done["key"], "oracleTask/task_ok");
+    assert_eq!(done["taskId"], "ok");
+    assert_eq!(done["taskType"], "Work");
+    assert_eq!(done["node"], "r1");
+    assert_eq!(done["attempts"], 1);
+    assert_eq!(done["fencingToken"], token);
+    assert!(done["durationMs"].is_u64(), "{done}");
+    assert!(done["recordKey"]
+        .as_str()
+        .unwrap()
+        .starts_with("oracleTaskDone/"));
+    let failed = leaderq_json(&bed, &["tasks", "history", "--failed", "--json"]);
+    let failed = failed.as_array().unwrap();
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0]["outcome"], "dead");
+    assert_eq!(failed[0]["taskId"], "bad");
+    assert_eq!(failed[0]["attempts"], 3);
+    assert!(failed[0]["lastError"].as_str().unwrap().contains("boom"));
+    let work = leaderq_json(&bed, &["tasks", "history", "--type", "Work", "--json"]);
+    assert_eq!(work.as_array().unwrap().len(), 1, "{work}");
+    let table = leaderq(&bed, &["tasks", "history"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        table.contains("completed") && table.contains("dead"),
+        "{table}"
+    );
+}
