@@ -149,6 +149,10 @@ pub struct ElectionSettings {
     pub service_name: String,
 }
 
+/// Where leaderq keeps its own records in the coordinator (the pause flag, the replicas'
+/// records, the leadership timeline): no queue prefix may overlap it.
+pub const OWN_NAMESPACE: &str = "leaderq/";
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QueueSettings {
@@ -414,6 +418,17 @@ impl Settings {
             {
                 return invalid(format!(
                     "queue.done_prefix ({done:?}) must not be empty nor contain or lie under {name} ({other:?})"
+                ));
+            }
+        }
+        for (name, prefix) in [
+            ("queue.prefix", &self.queue.prefix),
+            ("queue.dead_prefix", &self.queue.dead_prefix),
+            ("queue.done_prefix", &self.queue.done_prefix),
+        ] {
+            if prefix.starts_with(OWN_NAMESPACE) || OWN_NAMESPACE.starts_with(prefix.as_str()) {
+                return invalid(format!(
+                    "{name} {prefix:?} overlaps {OWN_NAMESPACE:?}, where leaderq keeps its own records (pause flag, replicas, leadership timeline): pick another prefix"
                 ));
             }
         }

@@ -302,6 +302,10 @@ struct StatusArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    /// Show the leadership timeline instead: who led when, with which fencing token, and
+    /// why each term ended (newest first).
+    #[arg(long, conflicts_with = "name")]
+    timeline: bool,
 }
 
 #[derive(clap::Args)]
@@ -660,6 +664,9 @@ async fn run_status(args: StatusArgs, config: &ConfigArgs) -> anyhow::Result<()>
         return run_status_of_run(settings, name, args.json).await;
     }
     let coord = leaderq::coord::connect(&settings)?;
+    if args.timeline {
+        return print_timeline(coord.as_ref(), &settings, args.json).await;
+    }
     let report = leaderq::service::admin::status(coord.as_ref(), &settings)
         .await
         .with_context(|| format!("cannot read the queue from {}", coord.describe()))?;
@@ -692,6 +699,70 @@ async fn run_status(args: StatusArgs, config: &ConfigArgs) -> anyhow::Result<()>
     outln!("dead letters:  {}", report.dead)?;
     if report.paused {
         outln!("paused:        yes (leaderq resume)")?;
+    }
+    if !report.replicas.is_empty() {
+        outln!("replicas:")?;
+        for replica in &report.replicas {
+            let token = replica
+                .record
+                .fencing_token
+                .map(|t| format!(", fencing token {t}"))
+                .unwrap_or_default();
+            outln!(
+                "  {:<8} {} (pid {} on {}{token}), last heartbeat {}s ago",
+                replica.status,
+                escape(&replica.record.node),
+                replica.record.pid,
+                escape(&replica.record.host),
+                replica.last_seen_seconds
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// `leaderq status --timeline`.
+async fn print_timeline(
+    coord: &dyn leaderq::coord::Coordinator,
+    settings: &leaderq::config::Settings,
+    json: bool,
+) -> anyhow::Result<()> {
+    let entries = leaderq::service::ops::timeline(coord, settings, leaderq::leader::timeline::KEEP)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot read the leadership timeline from {}",
+                coord.describe()
+            )
+        })?;
+    if json {
+        outln!("{}", serde_json::to_string(&entries)?)?;
+        return Ok(());
+    }
+    outln!(
+        "{:>7} {:<16} {:<24} {:<40}  ENDED",
+        "TOKEN",
+        "NODE",
+        "SINCE",
+        "PREVIOUS TERM ENDED"
+    )?;
+    for (n, entry) in entries.iter().enumerate() {
+        // A term that said nothing of its end: the next one says why it began, and the
+        // newest is the current one.
+        let ended = match (&entry.ended, n.checked_sub(1).map(|next| &entries[next])) {
+            (Some(ended), _) => ended.as_str(),
+            (None, Some(next)) => next.previous_end.as_str(),
+            (None, None) => "(leading)",
+        };
+        // Entries are stored text: shown escaped.
+        outln!(
+            "{:>7} {:<16} {:<24} {:<40}  {}",
+            entry.fencing_token,
+            escape(&entry.node),
+            escape(&entry.since),
+            escape(&entry.previous_end),
+            escape(ended)
+        )?;
     }
     Ok(())
 }

@@ -70,7 +70,11 @@ const PAUSE_POLL: Duration = Duration::from_secs(1);
 /// prefixes, so that no listing of tasks ever sees it, and named after the queue so that
 /// queues sharing a coordinator pause one at a time.
 pub fn pause_key(queue_prefix: &str) -> String {
-    format!("leaderq/paused/{}", queue_prefix.trim_end_matches('/'))
+    format!(
+        "{}paused/{}",
+        crate::config::OWN_NAMESPACE,
+        queue_prefix.trim_end_matches('/')
+    )
 }
 
 /// Why the leader stopped leading.

@@ -199,6 +199,8 @@ pub struct StatusReport {
     pub dead: usize,
     /// `leaderq pause` is in effect: the leader claims nothing.
     pub paused: bool,
+    /// Every replica's record: the leader, standbys with their last heartbeat, the gone.
+    pub replicas: Vec<crate::leader::replicas::ReplicaView>,
 }
 
 /// Every task under `prefix` now.
@@ -239,6 +241,7 @@ pub async fn status(
         .get(&[crate::queue::pause_key(&settings.queue.prefix)])
         .await?
         .is_empty();
+    report.replicas = crate::service::ops::replicas(coord, settings).await?;
     Ok(report)
 }
 

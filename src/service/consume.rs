@@ -88,6 +88,55 @@ pub fn client(settings: &Settings) -> Result<Client, consul::Error> {
     crate::coord::consul::client_for(settings)
 }
 
+/// Records the start of a term in the leadership timeline; a failure is logged, never
+/// fatal (the timeline is for operators).
+async fn record_term_start(
+    coord: &dyn crate::coord::Coordinator,
+    settings: &Settings,
+    node_id: &str,
+    fencing_token: u64,
+) -> Option<crate::leader::timeline::TimelineEntry> {
+    match crate::leader::timeline::record_start(
+        coord,
+        &settings.election.leader_key,
+        node_id,
+        fencing_token,
+    )
+    .await
+    {
+        Ok(entry) => {
+            tracing::info!(fencing_token, previous_end = %entry.previous_end, "term recorded in the leadership timeline");
+            Some(entry)
+        }
+        Err(err) => {
+            tracing::warn!(fencing_token, error = %err, "cannot record the term in the leadership timeline");
+            None
+        }
+    }
+}
+
+/// Writes how the term ended into its timeline entry.
+async fn record_term_end(
+    coord: &dyn crate::coord::Coordinator,
+    settings: &Settings,
+    term: Option<crate::leader::timeline::TimelineEntry>,
+    end: &LeadEnd,
+) {
+    let Some(entry) = term else { return };
+    let ended = match end {
+        LeadEnd::Shutdown => "resigned (shut down)".to_string(),
+        LeadEnd::Rotate => "rotated".to_string(),
+        LeadEnd::StepDown(reason) => format!("stepped down: {reason}"),
+    };
+    let token = entry.fencing_token;
+    if let Err(err) =
+        crate::leader::timeline::record_end(coord, &settings.election.leader_key, entry, ended)
+            .await
+    {
+        tracing::warn!(fencing_token = token, error = %err, "cannot record the end of the term in the leadership timeline");
+    }
+}
+
 /// Runs one replica until `shutdown` is cancelled.
 pub async fn run(
     settings: Settings,
@@ -192,6 +241,29 @@ pub async fn run(
                 stop_renewer.clone(),
             ).in_current_span());
         }
+        // This replica's record of itself (standbys with their heartbeat, for `status`).
+        let (standing, standing_changes) =
+            tokio::sync::watch::channel(crate::leader::replicas::Standing::default());
+        {
+            let prefix = crate::leader::replicas::prefix(&settings.election.leader_key);
+            let me = crate::leader::replicas::Me {
+                node: node_id.clone(),
+                key: format!("{prefix}{node_id}"),
+                prefix,
+                every: settings.election.session_ttl / 3,
+                started_at: crate::task::rfc3339(chrono::Utc::now()),
+            };
+            tracker.spawn(
+                crate::leader::replicas::keep_present(
+                    coord.clone(),
+                    me,
+                    election.lease(),
+                    standing_changes,
+                    stop_renewer.clone(),
+                )
+                .in_current_span(),
+            );
+        }
         tracker.close();
 
         let mut backoff = BACKOFF_FIRST;
@@ -208,9 +280,16 @@ pub async fn run(
                     let lease = election.lease();
                     metrics.leading(Some(leadership.fencing_token));
                     role.send_replace(crate::observe::registration::Role::Leader);
+                    standing.send_replace(crate::leader::replicas::Standing {
+                        leading: Some(leadership.fencing_token),
+                    });
+                    let term = record_term_start(coord.as_ref(), &settings, &node_id, leadership.fencing_token).await;
                     let end = queue.lead(&leadership, &lease, &shutdown).await;
+                    // Said before leadership is given up, so that the next leader reads it.
+                    record_term_end(coord.as_ref(), &settings, term, &end).await;
                     metrics.leading(None);
                     role.send_replace(crate::observe::registration::Role::Standby);
+                    standing.send_replace(crate::leader::replicas::Standing { leading: None });
                     match end {
                         LeadEnd::Shutdown => break,
                         LeadEnd::Rotate => {

@@ -1,13 +1,16 @@
 //! The operator's memory and control, as plain functions over the coordinator seam that the
 //! CLI and the dashboard both call, each answering serializable values: [`history`] (finished
-//! tasks: history records and dead letters), and the actions on single tasks and on the
-//! dead letters as a whole. Reads go through `list`/`get`, writes through
+//! tasks: history records and dead letters), [`replicas`] (leader and standbys with their
+//! last heartbeat), [`timeline`] (who led when, and why each term ended), and the actions
+//! on single tasks and on the dead letters as a whole. Reads go through `list`/`get`, writes through
 //! `Coordinator::edit` at the versions read, as in `admin.rs`, whose errors they share.
 
 use serde::Serialize;
 
 use crate::config::Settings;
 use crate::coord::{Coordinator, StoredTask, Version};
+use crate::leader::replicas::{self, ReplicaView};
+use crate::leader::timeline::TimelineEntry;
 use crate::service::admin::AdminError;
 use crate::task::history::HistoryRecord;
 
@@ -55,4 +58,24 @@ pub async fn history(
         records.truncate(limit);
     }
     Ok(records)
+}
+
+/// Every replica's record, as of now: the leader first, then standbys, then those gone
+/// (no heartbeat for `replicas::GONE_AFTER` periods).
+pub async fn replicas(
+    coord: &dyn Coordinator,
+    settings: &Settings,
+) -> Result<Vec<ReplicaView>, AdminError> {
+    let stored = list_now(coord, &replicas::prefix(&settings.election.leader_key)).await?;
+    Ok(replicas::view(&stored, chrono::Utc::now()))
+}
+
+/// The newest `limit` terms of leadership, newest first: who led, from when, with which
+/// fencing token, and why the term before ended.
+pub async fn timeline(
+    coord: &dyn Coordinator,
+    settings: &Settings,
+    limit: usize,
+) -> Result<Vec<TimelineEntry>, AdminError> {
+    Ok(crate::leader::timeline::read(coord, &settings.election.leader_key, limit).await?)
 }

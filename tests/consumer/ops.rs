@@ -106,3 +106,108 @@ async fn finished_tasks_are_listed_in_history_with_their_run() {
         "{table}"
     );
 }
+
+/// The status's replicas, once `done` holds for them.
+async fn wait_for_replicas(
+    bed: &Bed,
+    limit: Duration,
+    done: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    let status = wait_for_json(bed, &["status", "--json"], limit, |v| {
+        v["replicas"].as_array().is_some_and(|r| done(r))
+    })
+    .await;
+    status["replicas"].as_array().unwrap().clone()
+}
+
+fn status_of<'a>(replicas: &'a [Value], node: &str) -> Option<&'a str> {
+    replicas
+        .iter()
+        .find(|r| r["node"] == node)
+        .and_then(|r| r["status"].as_str())
+}
+
+/// `status` lists the leader and its standbys with their heartbeats; the timeline records
+/// each term with its fencing token and why the one before ended: first, a resignation at
+/// SIGTERM (the replica's record goes with it), an expired lease after SIGKILL (its record
+/// shows as gone).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_lists_standbys_and_the_timeline_says_why_each_term_ended() {
+    let mut bed = Bed::with_short_ttl();
+    for node in ["r1", "r2", "r3"] {
+        bed.start_replica(node);
+    }
+    let first = bed.leader_node().await;
+    let replicas = wait_for_replicas(&bed, Duration::from_secs(10), |r| {
+        r.len() == 3 && r.iter().filter(|r| r["status"] == "standby").count() == 2
+    })
+    .await;
+    assert_eq!(
+        replicas[0]["node"],
+        first.as_str(),
+        "the leader first: {replicas:?}"
+    );
+    assert_eq!(replicas[0]["status"], "leader");
+    assert!(replicas[0]["fencingToken"].is_u64(), "{replicas:?}");
+    for replica in &replicas {
+        assert!(
+            replica["lastSeenSeconds"].as_i64().unwrap() <= 2,
+            "{replica}"
+        );
+        assert!(replica["heartbeatAt"].is_string(), "{replica}");
+    }
+    let timeline = leaderq_json(&bed, &["status", "--timeline", "--json"]);
+    assert_eq!(timeline[0]["node"], first.as_str(), "{timeline}");
+    assert_eq!(timeline[0]["previousEnd"], "first");
+
+    let status = bed.replica(&first).terminate();
+    assert!(status.success());
+    let timeline = wait_for_json(
+        &bed,
+        &["status", "--timeline", "--json"],
+        Duration::from_secs(10),
+        |t| t.as_array().is_some_and(|t| t.len() == 2),
+    )
+    .await;
+    let second = timeline[0]["node"].as_str().unwrap().to_string();
+    assert_ne!(second, first);
+    assert_eq!(
+        timeline[0]["previousEnd"], "resigned (shut down)",
+        "{timeline}"
+    );
+    assert_eq!(timeline[1]["ended"], "resigned (shut down)", "{timeline}");
+    assert!(timeline[0]["fencingToken"].as_u64() > timeline[1]["fencingToken"].as_u64());
+    wait_for_replicas(&bed, Duration::from_secs(5), |r| {
+        r.len() == 2 && status_of(r, &second) == Some("leader")
+    })
+    .await;
+
+    bed.replica(&second).kill();
+    let timeline = wait_for_json(
+        &bed,
+        &["status", "--timeline", "--json"],
+        Duration::from_secs(15),
+        |t| t.as_array().is_some_and(|t| t.len() == 3),
+    )
+    .await;
+    assert_ne!(timeline[0]["node"], second.as_str());
+    assert!(
+        timeline[0]["previousEnd"]
+            .as_str()
+            .unwrap()
+            .starts_with("expired lease"),
+        "{timeline}"
+    );
+    let third = timeline[0]["node"].as_str().unwrap().to_string();
+    let replicas = wait_for_replicas(&bed, Duration::from_secs(5), |r| {
+        status_of(r, &second) == Some("gone") && status_of(r, &third) == Some("leader")
+    })
+    .await;
+    assert_eq!(replicas.len(), 2, "{replicas:?}");
+    let text = leaderq(&bed, &["status", "--timeline"]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("expired lease") && text.contains("(leading)"),
+        "{text}"
+    );
+}
