@@ -218,8 +218,23 @@ enum TasksCmd {
     },
     /// One task or dead letter, by key or by name.
     Show { key: String },
-    /// Move a dead letter back to the queue under its original key, attempts reset.
-    Retry { key: String },
+    /// Move a dead letter back to the queue under its original key, attempts reset; with
+    /// --all, every dead letter (of --type).
+    Retry {
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        key: Option<String>,
+        /// Every dead letter that is a task.
+        #[arg(long)]
+        all: bool,
+        /// With --all: only dead letters of this taskType.
+        #[arg(long = "type", value_name = "T", requires = "all")]
+        task_type: Option<String>,
+    },
+    /// Cancel a queued task: a pending one moves to the dead letters as cancelled; a running
+    /// one has its handler stopped by the leader first, then is dead-lettered.
+    Cancel { key: String },
+    /// Delete a pending task or a dead letter (not a running task: cancel it).
+    Delete { key: String },
     /// Finished tasks, newest first: completed ones (their history records) and dead
     /// letters, with outcome, duration, attempts, fencing token and node.
     History {
@@ -898,9 +913,58 @@ async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
             outln!("version:      {}", pair.version)?;
             outln!("{}", serde_json::to_string_pretty(&value)?)?;
         }
-        TasksCmd::Retry { key } => {
+        TasksCmd::Retry { key: Some(key), .. } => {
             let target = leaderq::service::admin::retry(coord, &settings, &key).await?;
             outln!("requeued as {target}")?;
+        }
+        TasksCmd::Retry {
+            key: None,
+            task_type,
+            ..
+        } => {
+            let mut progress = Progress::new("retrying");
+            let report = leaderq::service::ops::retry_all(
+                coord,
+                &settings,
+                task_type.as_deref(),
+                &mut |done, total| progress.show(done, total),
+            )
+            .await?;
+            progress.finish();
+            for (key, why) in &report.failed {
+                eprintln!("not retried: {}: {}", escape(key), escape(why));
+            }
+            outln!(
+                "requeued {} dead letter(s){}",
+                report.retried.len(),
+                if report.failed.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {} left (see above)", report.failed.len())
+                }
+            )?;
+            if !report.failed.is_empty() {
+                return Err(ExitWith(1).into());
+            }
+        }
+        TasksCmd::Cancel { key } => {
+            use leaderq::service::ops::Cancelled;
+            match leaderq::service::ops::cancel(coord, &settings, &key).await? {
+                Cancelled::DeadLettered { dead_key } => {
+                    outln!("cancelled: moved to {}", escape(&dead_key))?
+                }
+                Cancelled::Requested { .. } => {
+                    outln!(
+                        "{} is running: the leader stops its handler and dead-letters it",
+                        escape(&key)
+                    )?;
+                    wait_cancelled(coord, &settings, &key).await?;
+                }
+            }
+        }
+        TasksCmd::Delete { key } => {
+            let deleted = leaderq::service::ops::delete(coord, &settings, &key).await?;
+            outln!("deleted {}", escape(&deleted))?;
         }
         TasksCmd::History {
             task_type,
@@ -962,11 +1026,86 @@ async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
             if !yes {
                 confirm_purge(coord, &settings, older_than).await?;
             }
-            let purged = leaderq::service::admin::purge_dead(coord, &settings, older_than).await?;
+            let mut progress = Progress::new("purging");
+            let purged = leaderq::service::admin::purge_dead_with_progress(
+                coord,
+                &settings,
+                older_than,
+                &mut |done, total| progress.show(done, total),
+            )
+            .await?;
+            progress.finish();
             outln!("purged {purged} dead letter(s)")?;
         }
     }
     Ok(())
+}
+
+/// Waits (a bounded while) until the running task `key` left the queue after a cancel.
+async fn wait_cancelled(
+    coord: &dyn leaderq::coord::Coordinator,
+    settings: &leaderq::config::Settings,
+    key: &str,
+) -> anyhow::Result<()> {
+    // The leader looks every second, then stops the handler (kill_grace at most).
+    let limit = settings.queue.kill_grace + settings.election.session_ttl + Duration::from_secs(5);
+    let started = std::time::Instant::now();
+    loop {
+        match leaderq::service::admin::find(coord, settings, key).await {
+            Ok(found) if found.key.starts_with(&settings.queue.dead_prefix) => {
+                outln!("cancelled: moved to {}", escape(&found.key))?;
+                return Ok(());
+            }
+            Ok(found) if found.holder.is_none() => {
+                anyhow::bail!("{} is no longer running but was not cancelled (it finished or was put back meanwhile); see `leaderq tasks show`", escape(&found.key))
+            }
+            Err(leaderq::service::admin::AdminError::NoSuchTask { .. }) => {
+                outln!(
+                    "{} finished before it could be stopped (see `leaderq tasks history`)",
+                    escape(key)
+                )?;
+                return Ok(());
+            }
+            Err(err) => return Err(err.into()),
+            Ok(_) => {}
+        }
+        if started.elapsed() > limit {
+            anyhow::bail!("{} still runs after {}: is a leader running? the request stands until its handler ends", escape(key), leaderq::util::duration::format(limit));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `done/total` on stderr while it is a terminal, rewritten in place; nothing in a pipe.
+struct Progress {
+    what: &'static str,
+    shown: bool,
+    terminal: bool,
+}
+
+impl Progress {
+    fn new(what: &'static str) -> Progress {
+        use std::io::IsTerminal as _;
+        Progress {
+            what,
+            shown: false,
+            terminal: std::io::stderr().is_terminal(),
+        }
+    }
+
+    fn show(&mut self, done: usize, total: usize) {
+        if self.terminal {
+            eprint!("\r{} {done}/{total}", self.what);
+            self.shown = true;
+        }
+    }
+
+    fn finish(&mut self) {
+        if self.shown {
+            eprintln!();
+            self.shown = false;
+        }
+    }
 }
 
 /// Asks a terminal to confirm a purge of the dead letters; refuses without one.

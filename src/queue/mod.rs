@@ -12,9 +12,10 @@
 //! the I/O for them is cut by what it does: `sort.rs` (what a listing holds), `claim.rs`
 //! (claiming a backlog), `run.rs` (running and settling a task, its history record
 //! written by the completion), `dead.rs` (dead letters and requeued orphans), `history.rs`
-//! (pruning the history now and then). This file holds the leader's loop and the types they share.
+//! (pruning the history now and then), `cancel.rs` (an operator's cancel of a running task). This file holds the leader's loop and the types they share.
 //! Leadership itself is `leader`'s business.
 
+mod cancel;
 mod claim;
 mod dead;
 mod history;
@@ -44,6 +45,8 @@ use crate::task::key::Key;
 use crate::task::{dead_letter_within, Status, Task};
 
 use plan::{Backlog, ClaimPlan, Looked, Next};
+
+pub use cancel::{cancel_key, CancelMarker};
 
 /// Back-off after coordinator errors while leading, so an outage is not a hot loop.
 const ERROR_BACKOFF: Duration = Duration::from_secs(1);

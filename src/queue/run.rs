@@ -40,9 +40,16 @@ impl Queue {
         };
         let mut run = handler.handle(&ctx);
         let mut ending: Option<LeadEnd> = None;
+        // `leaderq tasks cancel` of this run: its handler is stopped, the task dead-lettered.
+        let mut cancelled = false;
         let result = loop {
             tokio::select! {
                 result = &mut run => break result,
+                _ = self.cancel_requested(&task.key, claim_index), if ending.is_none() && !cancelled => {
+                    tracing::warn!(task_key = %task.key, fencing_token = leadership.fencing_token, "cancel requested by an operator: stopping the handler");
+                    cancelled = true;
+                    cancel.cancel();
+                }
                 _ = lease.expired(), if ending.is_none() => {
                     // Another replica may lead soon: stop the handler now.
                     cancel.cancel();
@@ -64,6 +71,10 @@ impl Queue {
         let elapsed_ms = elapsed.as_millis() as u64;
         match (result, &ending) {
             (Ok(()), _) => {
+                if cancelled {
+                    // It finished before it could be stopped: it stands as completed.
+                    self.clear_cancel(&task.key).await;
+                }
                 let history = self.history_of(&task, leadership, started_at);
                 finished.push(Finished {
                     task,
@@ -71,6 +82,22 @@ impl Queue {
                     elapsed_ms,
                     history,
                 })
+            }
+            (Err(err), None) if cancelled => {
+                let value = task.with(&[
+                    ("attempts", serde_json::json!(attempt)),
+                    ("lastError", serde_json::Value::String(err.message.clone())),
+                ]);
+                let pair = pair_of(&task, value, claim_index);
+                let reason = format!("cancelled (leaderq tasks cancel) on attempt {attempt}");
+                let moved = self.dead_letter(leadership, &pair, &reason).await;
+                self.clear_cancel(&task.key).await;
+                if let Err(end) = moved {
+                    return RunOutcome {
+                        elapsed,
+                        end: Some(end),
+                    };
+                }
             }
             (Err(err), Some(LeadEnd::Shutdown)) if cancel.is_cancelled() => {
                 // Cut short by us, not failed: back in the queue without using an attempt.

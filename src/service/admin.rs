@@ -33,6 +33,12 @@ pub enum AdminError {
     NoSuchTask { key: String },
     #[error("{key} is not a dead letter; only dead letters can be retried")]
     NotDead { key: String },
+    #[error("{key} is a dead letter, not a queued task; only queued tasks can be cancelled (delete it with `leaderq tasks delete`)")]
+    NotQueued { key: String },
+    #[error("{key} is running; cancel it with `leaderq tasks cancel` instead")]
+    Running { key: String },
+    #[error("{key} changed or went meanwhile; look again with `leaderq tasks show` and try again")]
+    Changed { key: String },
     #[error(
         "{key} was not a task (not a JSON object with a taskType); fix it and enqueue it anew"
     )]
@@ -453,10 +459,22 @@ pub async fn purge_dead(
     settings: &Settings,
     older_than: Option<std::time::Duration>,
 ) -> Result<usize, AdminError> {
+    purge_dead_with_progress(coord, settings, older_than, &mut |_, _| {}).await
+}
+
+/// [`purge_dead`], calling `progress(looked at, total)` after each dead letter.
+pub async fn purge_dead_with_progress(
+    coord: &dyn Coordinator,
+    settings: &Settings,
+    older_than: Option<std::time::Duration>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<usize, AdminError> {
     let now = Utc::now();
     let dead = list_now(coord, &settings.queue.dead_prefix).await?;
+    let total = dead.len();
     let mut purged = 0;
-    for pair in dead {
+    for (n, pair) in dead.into_iter().enumerate() {
+        progress(n, total);
         // A listing is by byte prefix, so this always holds; checked so that not even a
         // misbehaving server can make purge delete anything else.
         if !pair.key.starts_with(&settings.queue.dead_prefix) {
@@ -482,6 +500,7 @@ pub async fn purge_dead(
             purged += 1;
         }
     }
+    progress(total, total);
     Ok(purged)
 }
 

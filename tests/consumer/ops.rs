@@ -211,3 +211,117 @@ async fn status_lists_standbys_and_the_timeline_says_why_each_term_ended() {
         "{text}"
     );
 }
+
+/// `tasks cancel` of a pending task dead-letters it at once; of a running one, the leader
+/// stops its handler (a 30 s sleep, gone within seconds) and dead-letters it as cancelled;
+/// `tasks delete` removes a pending task or a dead letter but refuses a running one;
+/// `tasks retry --all --type` brings back only the dead letters of that type.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_delete_and_retry_all_act_on_pending_running_and_dead_tasks() {
+    let mut bed = Bed::new();
+    let journal = bed.journal.display().to_string();
+    let config = settings(&bed.journal, bed.ttl).replace("$NODE", "r1")
+        + &format!(
+            "[handlers.Long]\nkind = \"exec\"\ncommand = [\"sh\", \"-c\", \"echo start $TASK_ID >> {journal}; sleep 30; echo end $TASK_ID >> {journal}\"]\n"
+        );
+    let replica = ConsumerProcess::start(&bed.server.addr, "r1", bed.dir.path(), &config);
+    bed.replicas.push(replica);
+    bed.leader_node().await;
+
+    // Paused, so that these two stay pending.
+    assert!(leaderq(&bed, &["pause"]).status.success());
+    bed.put_task(
+        "task_p1",
+        json!({"taskId": "p1", "taskTime": 1, "taskType": "Work"}),
+    )
+    .await;
+    bed.put_task(
+        "task_p2",
+        json!({"taskId": "p2", "taskTime": 2, "taskType": "Work"}),
+    )
+    .await;
+    let cancelled = leaderq(&bed, &["tasks", "cancel", "task_p1"]);
+    assert!(
+        cancelled.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cancelled.stderr)
+    );
+    let dead = bed.dead_letters().await;
+    let letter = &dead["oracleTaskDead/task_p1"];
+    assert!(
+        letter["deadReason"]
+            .as_str()
+            .unwrap()
+            .starts_with("cancelled"),
+        "{letter}"
+    );
+    let deleted = leaderq(&bed, &["tasks", "delete", "oracleTask/task_p2"]);
+    assert!(
+        deleted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&deleted.stderr)
+    );
+    let listed = leaderq_json(&bed, &["tasks", "list", "--json"]);
+    assert_eq!(
+        listed.as_array().unwrap().len(),
+        1,
+        "only the dead letter: {listed}"
+    );
+    assert!(leaderq(&bed, &["resume"]).status.success());
+
+    bed.put_task(
+        "task_long",
+        json!({"taskId": "long", "taskTime": 3, "taskType": "Long"}),
+    )
+    .await;
+    bed.wait_for_line(Duration::from_secs(10), |l| {
+        l[0] == "start" && l[1] == "long"
+    })
+    .await;
+    let refused = leaderq(&bed, &["tasks", "delete", "task_long"]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("is running"));
+    let started = Instant::now();
+    let cancelled = leaderq(&bed, &["tasks", "cancel", "task_long"]);
+    let said = String::from_utf8_lossy(&cancelled.stdout);
+    assert!(
+        cancelled.status.success() && said.contains("cancelled: moved to oracleTaskDead/task_long"),
+        "{said}{}",
+        String::from_utf8_lossy(&cancelled.stderr)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    let dead = bed.dead_letters().await;
+    let letter = &dead["oracleTaskDead/task_long"];
+    assert!(
+        letter["deadReason"]
+            .as_str()
+            .unwrap()
+            .starts_with("cancelled"),
+        "{letter}"
+    );
+    assert!(
+        !bed.journal().iter().any(|l| l[0] == "end"),
+        "the handler ran on"
+    );
+
+    let retried = leaderq(&bed, &["tasks", "retry", "--all", "--type", "Work"]);
+    let said = String::from_utf8_lossy(&retried.stdout);
+    assert!(
+        retried.status.success() && said.contains("requeued 1 dead letter"),
+        "{said}"
+    );
+    assert!(
+        retried.stderr.is_empty(),
+        "no progress into a pipe: {:?}",
+        String::from_utf8_lossy(&retried.stderr)
+    );
+    bed.wait_for_line(Duration::from_secs(10), |l| l[0] == "run" && l[1] == "p1")
+        .await;
+    let deleted = leaderq(&bed, &["tasks", "delete", "oracleTaskDead/task_long"]);
+    assert!(deleted.status.success());
+    assert!(bed.dead_letters().await.is_empty());
+}
