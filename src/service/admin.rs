@@ -29,7 +29,7 @@ pub enum AdminError {
     Para(String),
     #[error("{key} already exists; tasks are enqueued only under new keys (delete it or pick another taskId)")]
     Exists { key: String },
-    #[error("no task {key} under the queue or dead-letter prefix (see `leaderq tasks list`)")]
+    #[error("no task {key} under the queue or dead-letter prefix, by key, name or id (see `leaderq tasks list`)")]
     NoSuchTask { key: String },
     #[error("{key} is not a dead letter; only dead letters can be retried")]
     NotDead { key: String },
@@ -333,9 +333,10 @@ pub async fn list(
     Ok(rows)
 }
 
-/// Finds a task by full key, or by name under the queue or the dead-letter prefix. Reads
-/// nothing else: a key outside both prefixes is taken as a name under them, and one that is
-/// not a valid key there is refused.
+/// Finds a task by full key, by name under the queue or the dead-letter prefix, or by the
+/// id `leaderq enqueue --id` was given (its key is `task_<id>`). Reads nothing else: a key
+/// outside both prefixes is taken as a name under them, and one that is not a valid key
+/// there is refused.
 pub async fn find(
     coord: &dyn Coordinator,
     settings: &Settings,
@@ -347,15 +348,22 @@ pub async fn find(
     ];
     let candidates = match Key::within(key, &prefixes) {
         Ok(full) => vec![full],
-        Err(_) => prefixes
-            .iter()
-            .map(|prefix| Key::under(prefix, key))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|reason| AdminError::InvalidKey {
-                key: key.to_string(),
-                prefixes: prefixes.join(" or "),
-                reason,
-            })?,
+        Err(_) => {
+            let mut names = prefixes
+                .iter()
+                .map(|prefix| Key::under(prefix, key))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|reason| AdminError::InvalidKey {
+                    key: key.to_string(),
+                    prefixes: prefixes.join(" or "),
+                    reason,
+                })?;
+            if key::check_id(key).is_ok() && !key.starts_with("task_") {
+                let name = format!("task_{key}");
+                names.extend(prefixes.iter().filter_map(|p| Key::under(p, &name).ok()));
+            }
+            names
+        }
     };
     for candidate in candidates {
         let wanted = [String::from(candidate)];

@@ -325,3 +325,29 @@ async fn cancel_delete_and_retry_all_act_on_pending_running_and_dead_tasks() {
     assert!(deleted.status.success());
     assert!(bed.dead_letters().await.is_empty());
 }
+
+/// The id given to `enqueue --id` finds the task in `tasks show`, `cancel` and `delete`,
+/// as its key and its name do.
+#[tokio::test]
+async fn an_enqueued_id_names_the_task_for_show_and_delete() {
+    let bed = Bed::new();
+    let enqueued = leaderq(&bed, &["enqueue", "--type", "Work", "--id", "abc"]);
+    assert!(enqueued.status.success());
+    for name in ["abc", "task_abc", "oracleTask/task_abc"] {
+        let shown = leaderq(&bed, &["tasks", "show", name]);
+        let said = String::from_utf8_lossy(&shown.stdout);
+        assert!(
+            shown.status.success() && said.contains("oracleTask/task_abc"),
+            "tasks show {name}: {said}{}",
+            String::from_utf8_lossy(&shown.stderr)
+        );
+    }
+    let deleted = leaderq(&bed, &["tasks", "delete", "abc"]);
+    assert!(
+        deleted.status.success(),
+        "{}",
+        String::from_utf8_lossy(&deleted.stderr)
+    );
+    let missing = leaderq(&bed, &["tasks", "show", "abc"]);
+    assert_eq!(missing.status.code(), Some(1));
+}
