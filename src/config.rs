@@ -708,6 +708,15 @@ mod key_settings {
                 "oracleTask/leader",
                 "election.leader_key",
             ),
+            ("LEADERQ__QUEUE__DONE_PREFIX", "done//", "queue.done_prefix"),
+            (
+                "LEADERQ__QUEUE__DONE_PREFIX",
+                "oracleTask/done/",
+                "queue.done_prefix",
+            ),
+            ("LEADERQ__QUEUE__DONE_PREFIX", "oracle", "queue.done_prefix"),
+            ("LEADERQ__QUEUE__PREFIX", "leaderq/jobs/", "queue.prefix"),
+            ("LEADERQ__QUEUE__DEAD_PREFIX", "lead", "queue.dead_prefix"),
         ] {
             let err = Settings::load(None, vec![(name.to_string(), value.to_string())])
                 .unwrap_err()

@@ -419,6 +419,8 @@ pub async fn retry(
     for field in [
         "deadReason",
         "deadAt",
+        "deadNode",
+        "deadFencingToken",
         "originalKey",
         "attempts",
         "lastError",

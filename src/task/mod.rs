@@ -339,6 +339,18 @@ fn parse_attempts(value: &Value) -> u32 {
     }
 }
 
+/// `pair` with `fields` set in its value, when that is a JSON object; as it is otherwise.
+pub fn stamped(pair: &StoredTask, fields: &[(&str, Value)]) -> StoredTask {
+    let mut stamped = pair.clone();
+    if let Ok(Value::Object(mut object)) = serde_json::from_slice::<Value>(&pair.value) {
+        for (name, value) in fields {
+            object.insert((*name).to_string(), value.clone());
+        }
+        stamped.value = encode(&object);
+    }
+    stamped
+}
+
 pub fn rfc3339(time: DateTime<Utc>) -> String {
     time.to_rfc3339_opts(SecondsFormat::Millis, true)
 }

@@ -97,6 +97,8 @@ async fn finished_tasks_are_listed_in_history_with_their_run() {
     assert_eq!(failed[0]["taskId"], "bad");
     assert_eq!(failed[0]["attempts"], 3);
     assert!(failed[0]["lastError"].as_str().unwrap().contains("boom"));
+    assert_eq!(failed[0]["node"], "r1");
+    assert_eq!(failed[0]["fencingToken"], token);
     let work = leaderq_json(&bed, &["tasks", "history", "--type", "Work", "--json"]);
     assert_eq!(work.as_array().unwrap().len(), 1, "{work}");
     let table = leaderq(&bed, &["tasks", "history"]);
