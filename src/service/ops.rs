@@ -1,6 +1,6 @@
 //! The operator's memory and control, as plain functions over the coordinator seam that the
 //! CLI and the dashboard both call, each answering serializable values: [`history`] (finished
-//! tasks: history records and dead letters), [`replicas`] (leader and standbys with their
+//! tasks: history records and dead letters), [`replicas()`] (leader and standbys with their
 //! last heartbeat), [`timeline`] (who led when, and why each term ended), and the actions
 //! on single tasks and on the dead letters as a whole. Reads go through `list`/`get`, writes through
 //! `Coordinator::edit` at the versions read, as in `admin.rs`, whose errors they share.
