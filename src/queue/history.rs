@@ -1,5 +1,6 @@
-//! The leader's upkeep of the history of finished tasks: now and then (at most every
-//! [`HISTORY_PRUNE_EVERY`], never on the path of each task) it deletes the records that
+//! The leader's upkeep of the history of finished tasks: now and then (every
+//! [`HISTORY_PRUNE_EVERY`], or [`HISTORY_PRUNE_AGAIN`] while a large backlog of records is
+//! being worked off, never on the path of each task) it deletes the records that
 //! `[queue] history_keep` and `history_max_age` no longer keep, at the versions it read.
 //! The records themselves are written by the completions (`run.rs`); what they hold and
 //! which to drop is `task::history`'s business.
@@ -10,20 +11,29 @@ use crate::task::history::{to_prune, Retention};
 
 /// How often the leader looks at the history's size.
 pub(super) const HISTORY_PRUNE_EVERY: Duration = Duration::from_secs(30);
-/// Records deleted per edit: well within every backend's limits on one write.
-const PRUNE_BATCH: usize = 32;
+/// At most this many records are deleted in one look (twenty writes), so that pruning a
+/// large history delays the next claim by a few writes only; the rest is deleted in the
+/// looks that follow, [`HISTORY_PRUNE_AGAIN`] apart.
+const PRUNE_PER_LOOK: usize = 1280;
+/// How soon the leader looks again after a look that left records to prune.
+pub(super) const HISTORY_PRUNE_AGAIN: Duration = Duration::from_millis(500);
+/// Records deleted per edit: Consul's 64 operations per transaction, and etcd's 128 at two
+/// per delete.
+const PRUNE_BATCH: usize = 64;
 
 impl Queue {
-    /// Deletes the history records retention drops. Errors are logged and left for the
-    /// next time: pruning never costs the leadership.
-    pub(super) async fn prune_history(&self) {
+    /// Deletes the history records retention drops, at most PRUNE_PER_LOOK of them;
+    /// answers whether more are left. Errors are logged and left for the next time:
+    /// pruning never costs the leadership.
+    pub(super) async fn prune_history(&self) -> bool {
+        let started = Instant::now();
         let prefix = &self.settings.done_prefix;
         let keys = match self.coord.keys(prefix).await {
             Ok((keys, _)) => keys,
             Err(err) => {
                 self.metrics.coordinator_error(&err);
                 tracing::debug!(error = %err, "cannot read the history's keys; pruning later");
-                return;
+                return false;
             }
         };
         let retention = Retention {
@@ -31,8 +41,9 @@ impl Queue {
             max_age: self.settings.history_max_age,
         };
         let drop = to_prune(&keys, prefix, retention, Utc::now());
+        let more = drop.len() > PRUNE_PER_LOOK;
         let mut pruned = 0;
-        for chunk in drop.chunks(PRUNE_BATCH) {
+        for chunk in drop[..drop.len().min(PRUNE_PER_LOOK)].chunks(PRUNE_BATCH) {
             let found = match self.coord.get(chunk).await {
                 Ok(found) => found,
                 Err(err) => {
@@ -58,7 +69,14 @@ impl Queue {
             }
         }
         if pruned > 0 {
-            tracing::info!(pruned, kept = keys.len() - pruned, "history pruned");
+            let elapsed_ms = started.elapsed().as_millis() as u64;
+            tracing::info!(
+                pruned,
+                left = keys.len() - pruned,
+                elapsed_ms,
+                "history pruned"
+            );
         }
+        more
     }
 }

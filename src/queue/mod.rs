@@ -150,8 +150,8 @@ struct Memory {
     warned: HashSet<String>,
     /// Keys whose claims are refused for a while (lock-delay), and when to try them again.
     deferred: HashMap<String, DateTime<Utc>>,
-    /// When the history was last pruned (on tokio's clock).
-    pruned_at: Option<tokio::time::Instant>,
+    /// When the history is to be pruned next (on tokio's clock); `None`: now.
+    prune_at: Option<tokio::time::Instant>,
 }
 
 /// Entries sorted out: what can be claimed now or later, and the keys left as they were.
@@ -213,11 +213,16 @@ impl Queue {
                 after = Version::default();
             }
             if memory
-                .pruned_at
-                .is_none_or(|at| at.elapsed() >= history::HISTORY_PRUNE_EVERY)
+                .prune_at
+                .is_none_or(|at| tokio::time::Instant::now() >= at)
             {
-                memory.pruned_at = Some(tokio::time::Instant::now());
-                self.prune_history().await;
+                let more = self.prune_history().await;
+                let next = if more {
+                    history::HISTORY_PRUNE_AGAIN
+                } else {
+                    history::HISTORY_PRUNE_EVERY
+                };
+                memory.prune_at = Some(tokio::time::Instant::now() + next);
             }
             let asked = after;
             let list_started = Instant::now();
