@@ -878,7 +878,7 @@ async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
             for row in &rows {
                 let age = row
                     .age_seconds
-                    .map(|s| leaderq::util::duration::format(Duration::from_secs(s.max(0) as u64)))
+                    .map(leaderq::util::duration::format_age)
                     .unwrap_or_default();
                 // Keys, types and errors are stored text: shown escaped.
                 let error: String = escape(&row.last_error).chars().take(80).collect();
