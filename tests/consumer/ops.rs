@@ -353,3 +353,130 @@ async fn an_enqueued_id_names_the_task_for_show_and_delete() {
     let missing = leaderq(&bed, &["tasks", "show", "abc"]);
     assert_eq!(missing.status.code(), Some(1));
 }
+
+macro_rules! on_every_backend {
+    ($($backend:ident),* $(,)?) => {
+        $(
+            mod $backend {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn history_replicas_and_timeline_are_kept() {
+                    super::history_replicas_and_timeline_are_kept(stringify!($backend)).await;
+                }
+            }
+        )*
+    };
+}
+
+on_every_backend!(consul, etcd, redis, zookeeper);
+
+/// Polls `read` until `done` holds for what it answers, for at most `limit`.
+async fn until_it<T: std::fmt::Debug, F: std::future::Future<Output = T>>(
+    limit: Duration,
+    read: impl Fn() -> F,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let started = Instant::now();
+    loop {
+        let value = read().await;
+        if done(&value) || started.elapsed() > limit {
+            assert!(done(&value), "never reached: {value:?}");
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// On every backend's real servers: completions leave history records, the replicas'
+/// records show a leader and a standby, and the timeline records each term with why the one
+/// before ended (the seam's `Edit::Put` and listings of leaderq's own prefixes).
+async fn history_replicas_and_timeline_are_kept(backend: &str) {
+    use leaderq::service::ops;
+    let dir = tempfile::tempdir().unwrap();
+    let Some(cluster) =
+        leaderq::tools::harness::start_cluster(backend, common::exe(), &dir.path().join("coord"))
+            .unwrap_or_else(|why| panic!("cannot start the {backend} cluster: {why}"))
+    else {
+        return;
+    };
+    let journal = dir.path().join("journal");
+    std::fs::write(&journal, "").unwrap();
+    let settings = leaderq::config::Settings::load(None, cluster.env()).expect("settings");
+    let coord = leaderq::coord::connect(&settings).expect("coordinator");
+    let coord = coord.as_ref();
+    let tasks: Vec<leaderq::coord::Edit> = (0..3u64)
+        .map(|n| leaderq::coord::Edit::Create {
+            key: format!("oracleTask/task_{n}"),
+            value: json!({"taskId": format!("h{n}"), "taskTime": 1000 + n, "taskType": "Work"})
+                .to_string()
+                .into_bytes(),
+        })
+        .collect();
+    assert_eq!(
+        coord.edit(&tasks).await.expect("enqueue"),
+        leaderq::coord::Edited::Done
+    );
+    let mut replicas = Vec::new();
+    for node in ["ops-a", "ops-b"] {
+        let config = settings_for_test(&journal, node);
+        replicas.push(ConsumerProcess::start_with_env(
+            "127.0.0.1:1",
+            node,
+            dir.path(),
+            &config,
+            &cluster.env(),
+        ));
+    }
+    let limit = Duration::from_secs(30);
+    let filter = ops::HistoryFilter::default();
+    let history = until_it(
+        limit,
+        || ops::history(coord, &settings, &filter),
+        |h| h.as_ref().is_ok_and(|h| h.len() == 3),
+    )
+    .await
+    .unwrap();
+    assert!(history
+        .iter()
+        .all(|r| r.outcome == "completed" && r.fencing_token.is_some()));
+    assert_eq!(history[2].task_id, "h0", "newest first: {history:?}");
+    let seen = until_it(
+        limit,
+        || ops::replicas(coord, &settings),
+        |r| {
+            r.as_ref()
+                .is_ok_and(|r| r.len() == 2 && r[0].status == "leader" && r[1].status == "standby")
+        },
+    )
+    .await
+    .unwrap();
+    let first = seen[0].record.node.clone();
+    let timeline = ops::timeline(coord, &settings, 10).await.unwrap();
+    assert_eq!(timeline.len(), 1, "{timeline:?}");
+    assert_eq!(
+        (timeline[0].node.as_str(), timeline[0].previous_end.as_str()),
+        (first.as_str(), "first")
+    );
+    let leader = replicas.iter_mut().find(|r| r.node == first).unwrap();
+    assert!(leader.terminate().success());
+    let timeline = until_it(
+        limit,
+        || ops::timeline(coord, &settings, 10),
+        |t| t.as_ref().is_ok_and(|t| t.len() == 2),
+    )
+    .await
+    .unwrap();
+    assert_ne!(timeline[0].node, first);
+    assert_eq!(timeline[0].previous_end, "resigned (shut down)");
+    assert!(timeline[0].fencing_token > timeline[1].fencing_token);
+    let seen = ops::replicas(coord, &settings).await.unwrap();
+    assert_eq!(
+        seen.len(),
+        1,
+        "a replica that shut down took its record along: {seen:?}"
+    );
+}
+
+/// The bed's settings for `node`, with the journal's handlers.
+fn settings_for_test(journal: &std::path::Path, node: &str) -> String {
+    settings(journal, "3s").replace("$NODE", node)
+}
