@@ -317,9 +317,10 @@ struct StatusArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
-    /// Show the leadership timeline instead: who led when, with which fencing token, and
-    /// why each term ended (newest first).
-    #[arg(long, conflicts_with = "name")]
+    /// Show the leadership timeline instead (of the queue's leadership, or with --name of
+    /// that run's): who led when, with which fencing token, and why each term ended
+    /// (newest first).
+    #[arg(long)]
     timeline: bool,
 }
 
@@ -676,6 +677,11 @@ async fn run_enqueue(args: EnqueueArgs, config: &ConfigArgs) -> anyhow::Result<(
 async fn run_status(args: StatusArgs, config: &ConfigArgs) -> anyhow::Result<()> {
     let settings = load_settings(config)?;
     if let Some(name) = &args.name {
+        if args.timeline {
+            let settings = leaderq::service::run::settings_for(settings, name)?;
+            let coord = leaderq::coord::connect(&settings)?;
+            return print_timeline(coord.as_ref(), &settings, args.json).await;
+        }
         return run_status_of_run(settings, name, args.json).await;
     }
     let coord = leaderq::coord::connect(&settings)?;

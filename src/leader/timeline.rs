@@ -141,6 +141,39 @@ pub async fn record_end(
     Ok(())
 }
 
+/// [`record_start`], its outcome logged, never fatal (the timeline is for operators).
+pub async fn start_logged(
+    coord: &dyn Coordinator,
+    leader_key: &str,
+    node: &str,
+    fencing_token: u64,
+) -> Option<TimelineEntry> {
+    match record_start(coord, leader_key, node, fencing_token).await {
+        Ok(entry) => {
+            tracing::info!(fencing_token, previous_end = %entry.previous_end, "term recorded in the leadership timeline");
+            Some(entry)
+        }
+        Err(err) => {
+            tracing::warn!(fencing_token, error = %err, "cannot record the term in the leadership timeline");
+            None
+        }
+    }
+}
+
+/// [`record_end`] of the term [`start_logged`] recorded, if it did; a failure is logged.
+pub async fn end_logged(
+    coord: &dyn Coordinator,
+    leader_key: &str,
+    term: Option<TimelineEntry>,
+    ended: String,
+) {
+    let Some(entry) = term else { return };
+    let fencing_token = entry.fencing_token;
+    if let Err(err) = record_end(coord, leader_key, entry, ended).await {
+        tracing::warn!(fencing_token, error = %err, "cannot record the end of the term in the leadership timeline");
+    }
+}
+
 /// The newest `limit` terms, newest first.
 pub async fn read(
     coord: &dyn Coordinator,

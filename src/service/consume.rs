@@ -88,52 +88,12 @@ pub fn client(settings: &Settings) -> Result<Client, consul::Error> {
     crate::coord::consul::client_for(settings)
 }
 
-/// Records the start of a term in the leadership timeline; a failure is logged, never
-/// fatal (the timeline is for operators).
-async fn record_term_start(
-    coord: &dyn crate::coord::Coordinator,
-    settings: &Settings,
-    node_id: &str,
-    fencing_token: u64,
-) -> Option<crate::leader::timeline::TimelineEntry> {
-    match crate::leader::timeline::record_start(
-        coord,
-        &settings.election.leader_key,
-        node_id,
-        fencing_token,
-    )
-    .await
-    {
-        Ok(entry) => {
-            tracing::info!(fencing_token, previous_end = %entry.previous_end, "term recorded in the leadership timeline");
-            Some(entry)
-        }
-        Err(err) => {
-            tracing::warn!(fencing_token, error = %err, "cannot record the term in the leadership timeline");
-            None
-        }
-    }
-}
-
-/// Writes how the term ended into its timeline entry.
-async fn record_term_end(
-    coord: &dyn crate::coord::Coordinator,
-    settings: &Settings,
-    term: Option<crate::leader::timeline::TimelineEntry>,
-    end: &LeadEnd,
-) {
-    let Some(entry) = term else { return };
-    let ended = match end {
+/// How a term of `consume` ended, as the leadership timeline says it.
+fn term_ended(end: &LeadEnd) -> String {
+    match end {
         LeadEnd::Shutdown => "resigned (shut down)".to_string(),
         LeadEnd::Rotate => "rotated".to_string(),
         LeadEnd::StepDown(reason) => format!("stepped down: {reason}"),
-    };
-    let token = entry.fencing_token;
-    if let Err(err) =
-        crate::leader::timeline::record_end(coord, &settings.election.leader_key, entry, ended)
-            .await
-    {
-        tracing::warn!(fencing_token = token, error = %err, "cannot record the end of the term in the leadership timeline");
     }
 }
 
@@ -283,10 +243,11 @@ pub async fn run(
                     standing.send_replace(crate::leader::replicas::Standing {
                         leading: Some(leadership.fencing_token),
                     });
-                    let term = record_term_start(coord.as_ref(), &settings, &node_id, leadership.fencing_token).await;
+                    let leader_key = &settings.election.leader_key;
+                    let term = crate::leader::timeline::start_logged(coord.as_ref(), leader_key, &node_id, leadership.fencing_token).await;
                     let end = queue.lead(&leadership, &lease, &shutdown).await;
                     // Said before leadership is given up, so that the next leader reads it.
-                    record_term_end(coord.as_ref(), &settings, term, &end).await;
+                    crate::leader::timeline::end_logged(coord.as_ref(), leader_key, term, term_ended(&end)).await;
                     metrics.leading(None);
                     role.send_replace(crate::observe::registration::Role::Standby);
                     standing.send_replace(crate::leader::replicas::Standing { leading: None });

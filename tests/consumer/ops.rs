@@ -480,3 +480,46 @@ async fn history_replicas_and_timeline_are_kept(backend: &str) {
 fn settings_for_test(journal: &std::path::Path, node: &str) -> String {
     settings(journal, "3s").replace("$NODE", node)
 }
+
+/// `leaderq run` records its terms too: a command that failed and was restarted shows as a
+/// term that ended with its exit status, in `status --name NAME --timeline`.
+#[tokio::test]
+async fn leaderq_run_records_its_terms_in_the_timeline() {
+    let bed = Bed::new();
+    let flag = bed.dir.path().join("once");
+    let flaky = format!(
+        "if [ -f {0} ]; then exit 0; fi; touch {0}; exit 3",
+        flag.display()
+    );
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_leaderq"))
+        .args([
+            "run",
+            "--name",
+            "job",
+            "--restart",
+            "on-failure",
+            "--data-dir",
+        ])
+        .arg(bed.dir.path().join("run"))
+        .args(["--", "sh", "-c", &flaky])
+        .env("CONSUL_HTTP_ADDR", &bed.server.addr)
+        .env("LEADERQ__ELECTION__SESSION_TTL", "2s")
+        .env("LEADERQ__ELECTION__LOCK_DELAY", "200ms")
+        .env("LEADERQ__QUEUE__KILL_GRACE", "200ms")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let timeline = leaderq_json(&bed, &["status", "--name", "job", "--timeline", "--json"]);
+    let terms = timeline.as_array().unwrap();
+    assert_eq!(terms.len(), 2, "{timeline}");
+    assert_eq!(terms[1]["previousEnd"], "first");
+    assert_eq!(terms[1]["ended"], "resigned (the command exited with 3)");
+    assert_eq!(
+        terms[0]["previousEnd"],
+        "resigned (the command exited with 3)"
+    );
+    assert_eq!(terms[0]["ended"], "resigned (the command exited with 0)");
+    assert!(terms[0]["fencingToken"].as_u64() > terms[1]["fencingToken"].as_u64());
+}
