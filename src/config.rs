@@ -155,11 +155,22 @@ pub struct ElectionSettings {
     pub service_name: String,
 }
 
+/// Where leaderq keeps its own records in the coordinator (the pause flag, the replicas'
+/// records, the leadership timeline): no queue prefix may overlap it.
+pub const OWN_NAMESPACE: &str = "leaderq/";
+
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QueueSettings {
     pub prefix: String,
     pub dead_prefix: String,
+    /// Where finished tasks leave their history records.
+    pub done_prefix: String,
+    /// How many history records to keep (0: none, history off).
+    pub history_keep: usize,
+    /// History records older than this are pruned (0s: no age limit).
+    #[serde(deserialize_with = "go_duration")]
+    pub history_max_age: Duration,
     pub max_attempts: u32,
     pub claim_batch: usize,
     /// Runs at once, at most one per `taskGroup` (1: one task at a time).
@@ -388,6 +399,7 @@ impl Settings {
         for (name, prefix) in [
             ("queue.prefix", &self.queue.prefix),
             ("queue.dead_prefix", &self.queue.dead_prefix),
+            ("queue.done_prefix", &self.queue.done_prefix),
         ] {
             if let Err(reason) = crate::task::key::check_prefix(prefix) {
                 return invalid(format!(
@@ -401,12 +413,16 @@ impl Settings {
                 self.election.leader_key
             ));
         }
-        if [&self.queue.prefix, &self.queue.dead_prefix]
-            .iter()
-            .any(|prefix| self.election.leader_key.starts_with(prefix.as_str()))
+        if [
+            &self.queue.prefix,
+            &self.queue.dead_prefix,
+            &self.queue.done_prefix,
+        ]
+        .iter()
+        .any(|prefix| self.election.leader_key.starts_with(prefix.as_str()))
         {
             return invalid(format!(
-                "election.leader_key {:?} lies under queue.prefix or queue.dead_prefix, where it would be taken for a task",
+                "election.leader_key {:?} lies under queue.prefix, queue.dead_prefix or queue.done_prefix, where it would be taken for a task",
                 self.election.leader_key
             ));
         }
@@ -423,6 +439,31 @@ impl Settings {
                 "queue.prefix ({:?}) and queue.dead_prefix ({:?}) must not contain each other",
                 self.queue.prefix, self.queue.dead_prefix
             ));
+        }
+        for (name, other) in [
+            ("queue.prefix", &self.queue.prefix),
+            ("queue.dead_prefix", &self.queue.dead_prefix),
+        ] {
+            let done = &self.queue.done_prefix;
+            if done.is_empty()
+                || done.starts_with(other.as_str())
+                || other.starts_with(done.as_str())
+            {
+                return invalid(format!(
+                    "queue.done_prefix ({done:?}) must not be empty nor contain or lie under {name} ({other:?})"
+                ));
+            }
+        }
+        for (name, prefix) in [
+            ("queue.prefix", &self.queue.prefix),
+            ("queue.dead_prefix", &self.queue.dead_prefix),
+            ("queue.done_prefix", &self.queue.done_prefix),
+        ] {
+            if prefix.starts_with(OWN_NAMESPACE) || OWN_NAMESPACE.starts_with(prefix.as_str()) {
+                return invalid(format!(
+                    "{name} {prefix:?} overlaps {OWN_NAMESPACE:?}, where leaderq keeps its own records (pause flag, replicas, leadership timeline): pick another prefix"
+                ));
+            }
         }
         if !(1..=MAX_CLAIM_BATCH).contains(&self.queue.claim_batch) {
             return invalid(format!(
@@ -721,6 +762,15 @@ mod key_settings {
                 "oracleTask/leader",
                 "election.leader_key",
             ),
+            ("LEADERQ__QUEUE__DONE_PREFIX", "done//", "queue.done_prefix"),
+            (
+                "LEADERQ__QUEUE__DONE_PREFIX",
+                "oracleTask/done/",
+                "queue.done_prefix",
+            ),
+            ("LEADERQ__QUEUE__DONE_PREFIX", "oracle", "queue.done_prefix"),
+            ("LEADERQ__QUEUE__PREFIX", "leaderq/jobs/", "queue.prefix"),
+            ("LEADERQ__QUEUE__DEAD_PREFIX", "lead", "queue.dead_prefix"),
         ] {
             let err = Settings::load(None, vec![(name.to_string(), value.to_string())])
                 .unwrap_err()

@@ -222,8 +222,39 @@ enum TasksCmd {
     },
     /// One task or dead letter, by key or by name.
     Show { key: String },
-    /// Move a dead letter back to the queue under its original key, attempts reset.
-    Retry { key: String },
+    /// Move a dead letter back to the queue under its original key, attempts reset; with
+    /// --all, every dead letter (of --type).
+    Retry {
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        key: Option<String>,
+        /// Every dead letter that is a task.
+        #[arg(long)]
+        all: bool,
+        /// With --all: only dead letters of this taskType.
+        #[arg(long = "type", value_name = "T", requires = "all")]
+        task_type: Option<String>,
+    },
+    /// Cancel a queued task: a pending one moves to the dead letters as cancelled; a running
+    /// one has its handler stopped by the leader first, then is dead-lettered.
+    Cancel { key: String },
+    /// Delete a pending task or a dead letter (not a running task: cancel it).
+    Delete { key: String },
+    /// Finished tasks, newest first: completed ones (their history records) and dead
+    /// letters, with outcome, duration, attempts, fencing token and node.
+    History {
+        /// Only tasks of this taskType.
+        #[arg(long = "type", value_name = "T")]
+        task_type: Option<String>,
+        /// Only tasks that did not complete (dead letters).
+        #[arg(long)]
+        failed: bool,
+        /// At most this many, the newest.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// One JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete dead letters (all, or those dead longer than --older-than).
     PurgeDead {
         /// Only dead letters older than this (a duration such as 24h).
@@ -290,6 +321,11 @@ struct StatusArgs {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    /// Show the leadership timeline instead (of the queue's leadership, or with --name of
+    /// that run's): who led when, with which fencing token, and why each term ended
+    /// (newest first).
+    #[arg(long)]
+    timeline: bool,
 }
 
 #[derive(clap::Args)]
@@ -653,9 +689,17 @@ async fn run_enqueue(args: EnqueueArgs, config: &ConfigArgs) -> anyhow::Result<(
 async fn run_status(args: StatusArgs, config: &ConfigArgs) -> anyhow::Result<()> {
     let settings = load_settings(config)?;
     if let Some(name) = &args.name {
+        if args.timeline {
+            let settings = leaderq::service::run::settings_for(settings, name)?;
+            let coord = leaderq::coord::connect(&settings)?;
+            return print_timeline(coord.as_ref(), &settings, args.json).await;
+        }
         return run_status_of_run(settings, name, args.json).await;
     }
     let coord = leaderq::coord::connect(&settings)?;
+    if args.timeline {
+        return print_timeline(coord.as_ref(), &settings, args.json).await;
+    }
     let report = leaderq::service::admin::status(coord.as_ref(), &settings)
         .await
         .with_context(|| format!("cannot read the queue from {}", coord.describe()))?;
@@ -688,6 +732,70 @@ async fn run_status(args: StatusArgs, config: &ConfigArgs) -> anyhow::Result<()>
     outln!("dead letters:  {}", report.dead)?;
     if report.paused {
         outln!("paused:        yes (leaderq resume)")?;
+    }
+    if !report.replicas.is_empty() {
+        outln!("replicas:")?;
+        for replica in &report.replicas {
+            let token = replica
+                .record
+                .fencing_token
+                .map(|t| format!(", fencing token {t}"))
+                .unwrap_or_default();
+            outln!(
+                "  {:<8} {} (pid {} on {}{token}), last heartbeat {}s ago",
+                replica.status,
+                escape(&replica.record.node),
+                replica.record.pid,
+                escape(&replica.record.host),
+                replica.last_seen_seconds
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// `leaderq status --timeline`.
+async fn print_timeline(
+    coord: &dyn leaderq::coord::Coordinator,
+    settings: &leaderq::config::Settings,
+    json: bool,
+) -> anyhow::Result<()> {
+    let entries = leaderq::service::ops::timeline(coord, settings, leaderq::leader::timeline::KEEP)
+        .await
+        .with_context(|| {
+            format!(
+                "cannot read the leadership timeline from {}",
+                coord.describe()
+            )
+        })?;
+    if json {
+        outln!("{}", serde_json::to_string(&entries)?)?;
+        return Ok(());
+    }
+    outln!(
+        "{:>7} {:<16} {:<24} {:<40}  ENDED",
+        "TOKEN",
+        "NODE",
+        "SINCE",
+        "PREVIOUS TERM ENDED"
+    )?;
+    for (n, entry) in entries.iter().enumerate() {
+        // A term that said nothing of its end: the next one says why it began, and the
+        // newest is the current one.
+        let ended = match (&entry.ended, n.checked_sub(1).map(|next| &entries[next])) {
+            (Some(ended), _) => ended.as_str(),
+            (None, Some(next)) => next.previous_end.as_str(),
+            (None, None) => "(leading)",
+        };
+        // Entries are stored text: shown escaped.
+        outln!(
+            "{:>7} {:<16} {:<24} {:<40}  {}",
+            entry.fencing_token,
+            escape(&entry.node),
+            escape(&entry.since),
+            escape(&entry.previous_end),
+            escape(ended)
+        )?;
     }
     Ok(())
 }
@@ -788,7 +896,7 @@ async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
             for row in &rows {
                 let age = row
                     .age_seconds
-                    .map(|s| leaderq::util::duration::format(Duration::from_secs(s.max(0) as u64)))
+                    .map(leaderq::util::duration::format_age)
                     .unwrap_or_default();
                 // Keys, types and errors are stored text: shown escaped.
                 let error: String = escape(&row.last_error).chars().take(80).collect();
@@ -823,19 +931,199 @@ async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
             outln!("version:      {}", pair.version)?;
             outln!("{}", serde_json::to_string_pretty(&value)?)?;
         }
-        TasksCmd::Retry { key } => {
+        TasksCmd::Retry { key: Some(key), .. } => {
             let target = leaderq::service::admin::retry(coord, &settings, &key).await?;
             outln!("requeued as {target}")?;
+        }
+        TasksCmd::Retry {
+            key: None,
+            task_type,
+            ..
+        } => {
+            let mut progress = Progress::new("retrying");
+            let report = leaderq::service::ops::retry_all(
+                coord,
+                &settings,
+                task_type.as_deref(),
+                &mut |done, total| progress.show(done, total),
+            )
+            .await?;
+            progress.finish();
+            for (key, why) in &report.failed {
+                eprintln!("not retried: {}: {}", escape(key), escape(why));
+            }
+            outln!(
+                "requeued {} dead letter(s){}",
+                report.retried.len(),
+                if report.failed.is_empty() {
+                    String::new()
+                } else {
+                    format!(", {} left (see above)", report.failed.len())
+                }
+            )?;
+            if !report.failed.is_empty() {
+                return Err(ExitWith(1).into());
+            }
+        }
+        TasksCmd::Cancel { key } => {
+            use leaderq::service::ops::Cancelled;
+            match leaderq::service::ops::cancel(coord, &settings, &key).await? {
+                Cancelled::DeadLettered { dead_key } => {
+                    outln!("cancelled: moved to {}", escape(&dead_key))?
+                }
+                Cancelled::Requested { .. } => {
+                    outln!(
+                        "{} is running: the leader stops its handler and dead-letters it",
+                        escape(&key)
+                    )?;
+                    wait_cancelled(coord, &settings, &key).await?;
+                }
+            }
+        }
+        TasksCmd::Delete { key } => {
+            let deleted = leaderq::service::ops::delete(coord, &settings, &key).await?;
+            outln!("deleted {}", escape(&deleted))?;
+        }
+        TasksCmd::History {
+            task_type,
+            failed,
+            limit,
+            json,
+        } => {
+            let filter = leaderq::service::ops::HistoryFilter {
+                task_type,
+                failed,
+                limit: Some(limit),
+            };
+            let records = leaderq::service::ops::history(coord, &settings, &filter).await?;
+            if json {
+                outln!("{}", serde_json::to_string(&records)?)?;
+                return Ok(());
+            }
+            outln!(
+                "{:<9} {:<24} {:<36} {:<16} {:>9} {:>8} {:>7} {:<12}  ERROR",
+                "OUTCOME",
+                "FINISHED",
+                "KEY",
+                "TYPE",
+                "DURATION",
+                "ATTEMPTS",
+                "TOKEN",
+                "NODE"
+            )?;
+            for record in &records {
+                let duration = record
+                    .duration_ms
+                    .map(|ms| leaderq::util::duration::format(Duration::from_millis(ms)))
+                    .unwrap_or_default();
+                let token = record
+                    .fencing_token
+                    .map(|t| t.to_string())
+                    .unwrap_or_default();
+                // Records are stored text: shown escaped.
+                let error = record.reason.as_ref().or(record.last_error.as_ref());
+                let error: String = error
+                    .map(|e| escape(e).chars().take(80).collect())
+                    .unwrap_or_default();
+                outln!(
+                    "{:<9} {:<24} {:<36} {:<16} {:>9} {:>8} {:>7} {:<12}  {}",
+                    record.outcome,
+                    escape(&record.finished_at),
+                    escape(&record.key),
+                    escape(&record.task_type),
+                    duration,
+                    record.attempts,
+                    token,
+                    escape(record.node.as_deref().unwrap_or("")),
+                    error
+                )?;
+            }
+            outln!("{} finished task(s)", records.len())?;
         }
         TasksCmd::PurgeDead { older_than, yes } => {
             if !yes {
                 confirm_purge(coord, &settings, older_than).await?;
             }
-            let purged = leaderq::service::admin::purge_dead(coord, &settings, older_than).await?;
+            let mut progress = Progress::new("purging");
+            let purged = leaderq::service::admin::purge_dead_with_progress(
+                coord,
+                &settings,
+                older_than,
+                &mut |done, total| progress.show(done, total),
+            )
+            .await?;
+            progress.finish();
             outln!("purged {purged} dead letter(s)")?;
         }
     }
     Ok(())
+}
+
+/// Waits (a bounded while) until the running task `key` left the queue after a cancel.
+async fn wait_cancelled(
+    coord: &dyn leaderq::coord::Coordinator,
+    settings: &leaderq::config::Settings,
+    key: &str,
+) -> anyhow::Result<()> {
+    // The leader looks every second, then stops the handler (kill_grace at most).
+    let limit = settings.queue.kill_grace + settings.election.session_ttl + Duration::from_secs(5);
+    let started = std::time::Instant::now();
+    loop {
+        match leaderq::service::admin::find(coord, settings, key).await {
+            Ok(found) if found.key.starts_with(&settings.queue.dead_prefix) => {
+                outln!("cancelled: moved to {}", escape(&found.key))?;
+                return Ok(());
+            }
+            Ok(found) if found.holder.is_none() => {
+                anyhow::bail!("{} is no longer running but was not cancelled (it finished or was put back meanwhile); see `leaderq tasks show`", escape(&found.key))
+            }
+            Err(leaderq::service::admin::AdminError::NoSuchTask { .. }) => {
+                outln!(
+                    "{} finished before it could be stopped (see `leaderq tasks history`)",
+                    escape(key)
+                )?;
+                return Ok(());
+            }
+            Err(err) => return Err(err.into()),
+            Ok(_) => {}
+        }
+        if started.elapsed() > limit {
+            anyhow::bail!("{} still runs after {}: is a leader running? the request stands until its handler ends", escape(key), leaderq::util::duration::format(limit));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `done/total` on stderr while it is a terminal, rewritten in place; nothing in a pipe.
+struct Progress {
+    what: &'static str,
+    shown: bool,
+    terminal: bool,
+}
+
+impl Progress {
+    fn new(what: &'static str) -> Progress {
+        use std::io::IsTerminal as _;
+        Progress {
+            what,
+            shown: false,
+            terminal: std::io::stderr().is_terminal(),
+        }
+    }
+
+    fn show(&mut self, done: usize, total: usize) {
+        if self.terminal {
+            eprint!("\r{} {done}/{total}", self.what);
+            self.shown = true;
+        }
+    }
+
+    fn finish(&mut self) {
+        if self.shown {
+            eprintln!();
+            self.shown = false;
+        }
+    }
 }
 
 /// Asks a terminal to confirm a purge of the dead letters; refuses without one.

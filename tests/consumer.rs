@@ -25,6 +25,8 @@ mod groups;
 mod hostile_input;
 #[path = "consumer/identity.rs"]
 mod identity;
+#[path = "consumer/ops.rs"]
+mod ops;
 #[path = "consumer/queue_edges.rs"]
 mod queue_edges;
 #[path = "consumer/redis_queue.rs"]

@@ -239,7 +239,7 @@ pub enum Written {
 }
 
 /// A producer's or an operator's write, outside any leadership: `leaderq enqueue`, `tasks
-/// retry` and `tasks purge-dead`. A batch of them applies all or nothing.
+/// retry` and `tasks purge-dead`, and a replica's own records (heartbeat, timeline). A batch of them applies all or nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Edit {
     /// Creates `key` holding `value`; conflicts if the key exists (a task is never
@@ -247,12 +247,16 @@ pub enum Edit {
     Create { key: String, value: Vec<u8> },
     /// Deletes `key` if it is still at `version`.
     Delete { key: String, version: u64 },
+    /// Writes `key` holding `value` whatever is there (creates or replaces it): for
+    /// records that only their writer updates, such as a replica's heartbeat, never for
+    /// tasks. Never conflicts on its own; a batch with a failing op applies none.
+    Put { key: String, value: Vec<u8> },
 }
 
 impl Edit {
     pub fn key(&self) -> &str {
         match self {
-            Edit::Create { key, .. } | Edit::Delete { key, .. } => key,
+            Edit::Create { key, .. } | Edit::Delete { key, .. } | Edit::Put { key, .. } => key,
         }
     }
 }

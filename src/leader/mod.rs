@@ -6,6 +6,8 @@
 //! - `lease.rs`: the replica's own view of its lease and the deadline it publishes.
 //! - `gate.rs`: the pure decisions (watch, defer to the previous leader, campaign).
 //! - `rotation.rs`: rotate mode's pure decisions (when a term ends, when to contest again).
+//! - `replicas.rs`: every replica's record of itself (standbys with their heartbeat).
+//! - `timeline.rs`: the leadership timeline (who led when, why each term ended).
 //!
 //! The lease id is kept in the data dir (`session`), so a restarted replica asks the
 //! coordinator to take it up again; the backend decides whether it still may. What the
@@ -14,7 +16,9 @@
 pub mod gate;
 pub mod identity;
 pub mod lease;
+pub mod replicas;
 pub mod rotation;
+pub mod timeline;
 
 use std::path::PathBuf;
 use std::sync::Arc;

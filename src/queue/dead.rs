@@ -20,6 +20,18 @@ impl Queue {
         pair: &StoredTask,
         reason: &str,
     ) -> Result<bool, LeadEnd> {
+        // Which replica and leadership moved it, for the history (`tasks history`).
+        let stamped = crate::task::stamped(
+            pair,
+            &[
+                ("deadNode", serde_json::json!(self.node_id)),
+                (
+                    "deadFencingToken",
+                    serde_json::json!(leadership.fencing_token),
+                ),
+            ],
+        );
+        let pair = &stamped;
         let dead_key = self.dead_key(&pair.key);
         let ops = |value: Vec<u8>| {
             [TaskOp::Move {

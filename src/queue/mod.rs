@@ -11,13 +11,17 @@
 //! (what to claim, when to look for newer tasks, when to list again) live in `plan.rs`;
 //! the I/O for them is cut by what it does: `sort.rs` (what a listing holds), `claim.rs`
 //! (claiming a backlog), `groups.rs` (the same with several runs at once, one per
-//! `taskGroup`), `run.rs` (running and settling a task), `dead.rs` (dead letters and
-//! requeued orphans). This file holds the leader's loop and the types they share.
+//! `taskGroup`), `run.rs` (running and settling a task, its history record written by the
+//! completion), `dead.rs` (dead letters and requeued orphans), `history.rs` (pruning the
+//! history now and then), `cancel.rs` (an operator's cancel of a running task). This file
+//! holds the leader's loop and the types they share.
 //! Leadership itself is `leader`'s business.
 
+mod cancel;
 mod claim;
 mod dead;
 mod groups;
+mod history;
 mod plan;
 mod run;
 mod sort;
@@ -45,6 +49,8 @@ use crate::task::{dead_letter_within, Status, Task};
 
 use plan::{Backlog, ClaimPlan, Looked, Next};
 
+pub use cancel::{cancel_key, CancelMarker};
+
 /// Back-off after coordinator errors while leading, so an outage is not a hot loop.
 const ERROR_BACKOFF: Duration = Duration::from_secs(1);
 /// A handler run shorter than this lets the next claim take a batch.
@@ -70,7 +76,11 @@ const PAUSE_POLL: Duration = Duration::from_secs(1);
 /// prefixes, so that no listing of tasks ever sees it, and named after the queue so that
 /// queues sharing a coordinator pause one at a time.
 pub fn pause_key(queue_prefix: &str) -> String {
-    format!("leaderq/paused/{}", queue_prefix.trim_end_matches('/'))
+    format!(
+        "{}paused/{}",
+        crate::config::OWN_NAMESPACE,
+        queue_prefix.trim_end_matches('/')
+    )
 }
 
 /// Why the leader stopped leading.
@@ -147,6 +157,8 @@ struct Memory {
     /// of a previous leader may still be going, so with concurrency groups none of their
     /// tasks starts before a listing shows them free.
     held_groups: HashSet<String>,
+    /// When the history is to be pruned next (on tokio's clock); `None`: now.
+    prune_at: Option<tokio::time::Instant>,
 }
 
 /// Entries sorted out: what can be claimed now or later, and the keys left as they were.
@@ -206,6 +218,18 @@ impl Queue {
                     continue;
                 }
                 after = Version::default();
+            }
+            if memory
+                .prune_at
+                .is_none_or(|at| tokio::time::Instant::now() >= at)
+            {
+                let more = self.prune_history().await;
+                let next = if more {
+                    history::HISTORY_PRUNE_AGAIN
+                } else {
+                    history::HISTORY_PRUNE_EVERY
+                };
+                memory.prune_at = Some(tokio::time::Instant::now() + next);
             }
             let asked = after;
             let list_started = Instant::now();
@@ -423,14 +447,25 @@ struct Finished {
     task: Box<Task>,
     claim_index: u64,
     elapsed_ms: u64,
+    /// Where its history record goes and the record (`None`: history is off).
+    history: Option<(String, Vec<u8>)>,
 }
 
 impl Finished {
-    /// Completes the version this run claimed, and only that one.
+    /// Completes the version this run claimed, and only that one: deletes it, or, with
+    /// history on, moves it to its history record in the same write (no extra round trip).
     fn completion(&self) -> TaskOp {
-        TaskOp::Complete {
-            key: self.task.key.clone(),
-            version: self.claim_index,
+        match &self.history {
+            Some((to, value)) => TaskOp::Move {
+                key: self.task.key.clone(),
+                version: self.claim_index,
+                to: to.clone(),
+                value: value.clone(),
+            },
+            None => TaskOp::Complete {
+                key: self.task.key.clone(),
+                version: self.claim_index,
+            },
         }
     }
 }

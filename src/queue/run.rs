@@ -19,6 +19,7 @@ impl Queue {
         self.term.ran_one();
         let attempt = task.attempts + 1;
         let started = std::time::Instant::now();
+        let started_at = Utc::now();
         let Some(handler) = self.registry.get(&task.task_type) else {
             // Checked before the claim; the task is requeued as ours at the next listing.
             return RunOutcome {
@@ -39,9 +40,16 @@ impl Queue {
         };
         let mut run = handler.handle(&ctx);
         let mut ending: Option<LeadEnd> = None;
+        // `leaderq tasks cancel` of this run: its handler is stopped, the task dead-lettered.
+        let mut cancelled = false;
         let result = loop {
             tokio::select! {
                 result = &mut run => break result,
+                _ = self.cancel_requested(&task.key, claim_index), if ending.is_none() && !cancelled => {
+                    tracing::warn!(task_key = %task.key, fencing_token = leadership.fencing_token, "cancel requested by an operator: stopping the handler");
+                    cancelled = true;
+                    cancel.cancel();
+                }
                 _ = lease.expired(), if ending.is_none() => {
                     // Another replica may lead soon: stop the handler now.
                     cancel.cancel();
@@ -62,11 +70,35 @@ impl Queue {
         let elapsed = started.elapsed();
         let elapsed_ms = elapsed.as_millis() as u64;
         match (result, &ending) {
-            (Ok(()), _) => finished.push(Finished {
-                task,
-                claim_index,
-                elapsed_ms,
-            }),
+            (Ok(()), _) => {
+                if cancelled {
+                    // It finished before it could be stopped: it stands as completed.
+                    self.clear_cancel(&task.key).await;
+                }
+                let history = self.history_of(&task, leadership, started_at);
+                finished.push(Finished {
+                    task,
+                    claim_index,
+                    elapsed_ms,
+                    history,
+                })
+            }
+            (Err(err), None) if cancelled => {
+                let value = task.with(&[
+                    ("attempts", serde_json::json!(attempt)),
+                    ("lastError", serde_json::Value::String(err.message.clone())),
+                ]);
+                let pair = pair_of(&task, value, claim_index);
+                let reason = format!("cancelled (leaderq tasks cancel) on attempt {attempt}");
+                let moved = self.dead_letter(leadership, &pair, &reason).await;
+                self.clear_cancel(&task.key).await;
+                if let Err(end) = moved {
+                    return RunOutcome {
+                        elapsed,
+                        end: Some(end),
+                    };
+                }
+            }
             (Err(err), Some(LeadEnd::Shutdown)) if cancel.is_cancelled() => {
                 // Cut short by us, not failed: back in the queue without using an attempt.
                 let value = task.retried(
@@ -104,6 +136,34 @@ impl Queue {
             elapsed,
             end: ending,
         }
+    }
+
+    /// The history record of a task that finished now, and its key; `None` with history
+    /// off (`history_keep = 0`).
+    fn history_of(
+        &self,
+        task: &Task,
+        leadership: &Leadership,
+        started: chrono::DateTime<Utc>,
+    ) -> Option<(String, Vec<u8>)> {
+        if self.settings.history_keep == 0 {
+            return None;
+        }
+        let finished = Utc::now();
+        let run = crate::task::history::Run {
+            started,
+            finished,
+            fencing_token: leadership.fencing_token,
+            node: &self.node_id,
+        };
+        let record = crate::task::history::HistoryRecord::completed(task, &run);
+        let key = crate::task::history::record_key(
+            &self.settings.prefix,
+            &self.settings.done_prefix,
+            &task.key,
+            finished,
+        );
+        Some((key, record.encode()))
     }
 
     /// `fencing_token` is the leadership's token as the committed write saw it: logging it

@@ -29,10 +29,16 @@ pub enum AdminError {
     Para(String),
     #[error("{key} already exists; tasks are enqueued only under new keys (delete it or pick another taskId)")]
     Exists { key: String },
-    #[error("no task {key} under the queue or dead-letter prefix (see `leaderq tasks list`)")]
+    #[error("no task {key} under the queue or dead-letter prefix, by key, name or id (see `leaderq tasks list`)")]
     NoSuchTask { key: String },
     #[error("{key} is not a dead letter; only dead letters can be retried")]
     NotDead { key: String },
+    #[error("{key} is a dead letter, not a queued task; only queued tasks can be cancelled (delete it with `leaderq tasks delete`)")]
+    NotQueued { key: String },
+    #[error("{key} is running; cancel it with `leaderq tasks cancel` instead")]
+    Running { key: String },
+    #[error("{key} changed or went meanwhile; look again with `leaderq tasks show` and try again")]
+    Changed { key: String },
     #[error(
         "{key} was not a task (not a JSON object with a taskType); fix it and enqueue it anew"
     )]
@@ -199,6 +205,8 @@ pub struct StatusReport {
     pub dead: usize,
     /// `leaderq pause` is in effect: the leader claims nothing.
     pub paused: bool,
+    /// Every replica's record: the leader, standbys with their last heartbeat, the gone.
+    pub replicas: Vec<crate::leader::replicas::ReplicaView>,
 }
 
 /// Every task under `prefix` now.
@@ -220,7 +228,9 @@ pub async fn status(
         .get(&[crate::queue::pause_key(&settings.queue.prefix)])
         .await?
         .is_empty();
-    Ok(status_of(&holder, &tasks, dead, paused, Utc::now()))
+    let mut report = status_of(&holder, &tasks, dead, paused, Utc::now());
+    report.replicas = crate::service::ops::replicas(coord, settings).await?;
+    Ok(report)
 }
 
 /// The status from what was read: the holder, the queue, the number of dead letters and
@@ -347,9 +357,10 @@ pub fn task_rows(
     rows
 }
 
-/// Finds a task by full key, or by name under the queue or the dead-letter prefix. Reads
-/// nothing else: a key outside both prefixes is taken as a name under them, and one that is
-/// not a valid key there is refused.
+/// Finds a task by full key, by name under the queue or the dead-letter prefix, or by the
+/// id `leaderq enqueue --id` was given (its key is `task_<id>`). Reads nothing else: a key
+/// outside both prefixes is taken as a name under them, and one that is not a valid key
+/// there is refused.
 pub async fn find(
     coord: &dyn Coordinator,
     settings: &Settings,
@@ -361,15 +372,22 @@ pub async fn find(
     ];
     let candidates = match Key::within(key, &prefixes) {
         Ok(full) => vec![full],
-        Err(_) => prefixes
-            .iter()
-            .map(|prefix| Key::under(prefix, key))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|reason| AdminError::InvalidKey {
-                key: key.to_string(),
-                prefixes: prefixes.join(" or "),
-                reason,
-            })?,
+        Err(_) => {
+            let mut names = prefixes
+                .iter()
+                .map(|prefix| Key::under(prefix, key))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|reason| AdminError::InvalidKey {
+                    key: key.to_string(),
+                    prefixes: prefixes.join(" or "),
+                    reason,
+                })?;
+            if key::check_id(key).is_ok() && !key.starts_with("task_") {
+                let name = format!("task_{key}");
+                names.extend(prefixes.iter().filter_map(|p| Key::under(p, &name).ok()));
+            }
+            names
+        }
     };
     for candidate in candidates {
         let wanted = [String::from(candidate)];
@@ -425,6 +443,8 @@ pub async fn retry(
     for field in [
         "deadReason",
         "deadAt",
+        "deadNode",
+        "deadFencingToken",
         "originalKey",
         "attempts",
         "lastError",
@@ -473,10 +493,22 @@ pub async fn purge_dead(
     settings: &Settings,
     older_than: Option<std::time::Duration>,
 ) -> Result<usize, AdminError> {
+    purge_dead_with_progress(coord, settings, older_than, &mut |_, _| {}).await
+}
+
+/// [`purge_dead`], calling `progress(looked at, total)` after each dead letter.
+pub async fn purge_dead_with_progress(
+    coord: &dyn Coordinator,
+    settings: &Settings,
+    older_than: Option<std::time::Duration>,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<usize, AdminError> {
     let now = Utc::now();
     let dead = list_now(coord, &settings.queue.dead_prefix).await?;
+    let total = dead.len();
     let mut purged = 0;
-    for pair in dead {
+    for (n, pair) in dead.into_iter().enumerate() {
+        progress(n, total);
         // A listing is by byte prefix, so this always holds; checked so that not even a
         // misbehaving server can make purge delete anything else.
         if !pair.key.starts_with(&settings.queue.dead_prefix) {
@@ -502,6 +534,7 @@ pub async fn purge_dead(
             purged += 1;
         }
     }
+    progress(total, total);
     Ok(purged)
 }
 

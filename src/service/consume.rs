@@ -88,6 +88,15 @@ pub fn client(settings: &Settings) -> Result<Client, consul::Error> {
     crate::coord::consul::client_for(settings)
 }
 
+/// How a term of `consume` ended, as the leadership timeline says it.
+fn term_ended(end: &LeadEnd) -> String {
+    match end {
+        LeadEnd::Shutdown => "resigned (shut down)".to_string(),
+        LeadEnd::Rotate => "rotated".to_string(),
+        LeadEnd::StepDown(reason) => format!("stepped down: {reason}"),
+    }
+}
+
 /// Runs one replica until `shutdown` is cancelled.
 pub async fn run(
     settings: Settings,
@@ -205,6 +214,29 @@ pub async fn run(
                 stop_renewer.clone(),
             ).in_current_span());
         }
+        // This replica's record of itself (standbys with their heartbeat, for `status`).
+        let (standing, standing_changes) =
+            tokio::sync::watch::channel(crate::leader::replicas::Standing::default());
+        {
+            let prefix = crate::leader::replicas::prefix(&settings.election.leader_key);
+            let me = crate::leader::replicas::Me {
+                node: node_id.clone(),
+                key: format!("{prefix}{node_id}"),
+                prefix,
+                every: settings.election.session_ttl / 3,
+                started_at: crate::task::rfc3339(chrono::Utc::now()),
+            };
+            tracker.spawn(
+                crate::leader::replicas::keep_present(
+                    coord.clone(),
+                    me,
+                    election.lease(),
+                    standing_changes,
+                    stop_renewer.clone(),
+                )
+                .in_current_span(),
+            );
+        }
         tracker.close();
 
         let mut backoff = BACKOFF_FIRST;
@@ -221,9 +253,17 @@ pub async fn run(
                     let lease = election.lease();
                     metrics.leading(Some(leadership.fencing_token));
                     role.send_replace(crate::observe::registration::Role::Leader);
+                    standing.send_replace(crate::leader::replicas::Standing {
+                        leading: Some(leadership.fencing_token),
+                    });
+                    let leader_key = &settings.election.leader_key;
+                    let term = crate::leader::timeline::start_logged(coord.as_ref(), leader_key, &node_id, leadership.fencing_token).await;
                     let end = queue.lead(&leadership, &lease, &shutdown).await;
+                    // Said before leadership is given up, so that the next leader reads it.
+                    crate::leader::timeline::end_logged(coord.as_ref(), leader_key, term, term_ended(&end)).await;
                     metrics.leading(None);
                     role.send_replace(crate::observe::registration::Role::Standby);
+                    standing.send_replace(crate::leader::replicas::Standing { leading: None });
                     match end {
                         LeadEnd::Shutdown => break,
                         LeadEnd::Rotate => {

@@ -14,6 +14,7 @@
 //! Size: lenient parsing of every producer field and the values leaderq writes back, with
 //! their tests; the key rule is in key.rs.
 
+pub mod history;
 pub mod key;
 
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
@@ -366,6 +367,18 @@ fn parse_attempts(value: &Value) -> u32 {
         Some(n) if n > 0.0 => (n as u32).min(MAX_ATTEMPTS_READ),
         _ => 0,
     }
+}
+
+/// `pair` with `fields` set in its value, when that is a JSON object; as it is otherwise.
+pub fn stamped(pair: &StoredTask, fields: &[(&str, Value)]) -> StoredTask {
+    let mut stamped = pair.clone();
+    if let Ok(Value::Object(mut object)) = serde_json::from_slice::<Value>(&pair.value) {
+        for (name, value) in fields {
+            object.insert((*name).to_string(), value.clone());
+        }
+        stamped.value = encode(&object);
+    }
+    stamped
 }
 
 pub fn rfc3339(time: DateTime<Utc>) -> String {

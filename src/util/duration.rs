@@ -126,6 +126,28 @@ fn fixed(value: u128, scale: u128) -> String {
     format!("{whole}.{}", digits.trim_end_matches('0'))
 }
 
+/// An age for a table column: its two largest units (`45s`, `12m3s`, `5h7m`, `4049d10h`),
+/// and `in 5m` for a time still ahead (a taskTime in the future).
+pub fn format_age(seconds: i64) -> String {
+    let ahead = seconds < 0;
+    let s = seconds.unsigned_abs();
+    let (d, h, m, sec) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
+    let text = if d > 0 {
+        format!("{d}d{h}h")
+    } else if h > 0 {
+        format!("{h}h{m}m")
+    } else if m > 0 {
+        format!("{m}m{sec}s")
+    } else {
+        format!("{sec}s")
+    };
+    if ahead {
+        format!("in {text}")
+    } else {
+        text
+    }
+}
+
 /// Go's `%q` for the strings that appear in error messages.
 pub fn quote(s: &str) -> String {
     format!("{s:?}")
@@ -134,6 +156,16 @@ pub fn quote(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ages show their two largest units, and a time ahead says so.
+    #[test]
+    fn ages_show_two_units() {
+        assert_eq!(format_age(45), "45s");
+        assert_eq!(format_age(723), "12m3s");
+        assert_eq!(format_age(5 * 3600 + 7 * 60 + 9), "5h7m");
+        assert_eq!(format_age(97_186 * 3600 + 31 * 60), "4049d10h");
+        assert_eq!(format_age(-300), "in 5m0s");
+    }
 
     /// The forms Consul clients send parse to the same durations Go would produce.
     #[test]

@@ -104,7 +104,7 @@ impl ConsulCoordinator {
         ))
     }
 
-    /// `edit`: one transaction of create-only `cas` (index 0) and `delete-cas` ops; a
+    /// `edit`: one transaction of create-only `cas` (index 0), `delete-cas` and `set` ops; a
     /// rollback names the keys of the failed ops.
     pub(super) async fn edit_kv(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
         if ops.is_empty() {
@@ -128,6 +128,10 @@ impl ConsulCoordinator {
                 Edit::Delete { key, version } => TxnOp::DeleteCas {
                     key: key.clone(),
                     index: *version,
+                },
+                Edit::Put { key, value } => TxnOp::Set {
+                    key: key.clone(),
+                    value: value.clone(),
                 },
             })
             .collect();

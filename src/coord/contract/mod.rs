@@ -147,6 +147,7 @@ macro_rules! with_checks {
             over_limit_writes_are_refused_whole,
             keep_alive_of_an_ended_lease_is_gone,
             edits_create_only_new_keys_and_apply_whole,
+            put_writes_a_key_whatever_is_there,
         );
     };
 }

@@ -363,3 +363,66 @@ pub async fn edits_create_only_new_keys_and_apply_whole(s: Subject) -> Result<()
         format!("a delete at the version read answered {deleted:?} and left {left:?}")
     })
 }
+
+/// An operator's `Put` writes a key whatever is there (a replica's heartbeat record): it
+/// creates a new key, replaces an existing one (its version moves), also below a nested
+/// name, and a batch with a failing op applies none of its puts.
+pub async fn put_writes_a_key_whatever_is_there(s: Subject) -> Result<(), String> {
+    let key = format!("{}put", s.queue_prefix);
+    let put = |value: &[u8]| Edit::Put {
+        key: key.clone(),
+        value: value.to_vec(),
+    };
+    let first = s.coord.edit(&[put(b"{\"n\":1}")]).await.ctx("edit")?;
+    ensure(first == Edited::Done, || {
+        format!("a put of a new key answered {first:?}")
+    })?;
+    let one = get_one(&s, &key).await?;
+    ensure(one.value == b"{\"n\":1}" && one.holder.is_none(), || {
+        format!("a put key reads back as {one:?}")
+    })?;
+    let second = s.coord.edit(&[put(b"{\"n\":2}")]).await.ctx("edit")?;
+    let two = get_one(&s, &key).await?;
+    ensure(
+        second == Edited::Done && two.value == b"{\"n\":2}" && two.version != one.version,
+        || format!("a put over an existing key answered {second:?} and left {two:?} (was {one:?})"),
+    )?;
+    // Another key that exists, so that creating it fails (etcd takes no two writes of one
+    // key in a transaction).
+    let other = format!("{}put-other", s.queue_prefix);
+    s.producer.put(&other, b"{}").await.ctx("put")?;
+    let blocked = s
+        .coord
+        .edit(&[
+            put(b"{\"n\":3}"),
+            Edit::Create {
+                key: other.clone(),
+                value: b"{}".to_vec(),
+            },
+        ])
+        .await
+        .ctx("edit")?;
+    let kept = get_one(&s, &key).await?;
+    ensure(
+        blocked == Edited::Conflict(vec![other.clone()]) && kept == two,
+        || format!("a put beside a failing create answered {blocked:?} and left {kept:?}"),
+    )?;
+    let nested = format!("{}replicas/r1", s.dead_prefix);
+    let both = s
+        .coord
+        .edit(&[
+            Edit::Put {
+                key: nested.clone(),
+                value: b"{\"r\":1}".to_vec(),
+            },
+            put(b"{\"n\":4}"),
+        ])
+        .await
+        .ctx("edit")?;
+    let deep = get_one(&s, &nested).await?;
+    let four = get_one(&s, &key).await?;
+    ensure(
+        both == Edited::Done && deep.value == b"{\"r\":1}" && four.value == b"{\"n\":4}",
+        || format!("two puts answered {both:?} and left {deep:?} and {four:?}"),
+    )
+}

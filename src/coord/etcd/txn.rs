@@ -139,13 +139,23 @@ pub fn written(txn: &Txn, response: &TxnResponse, ops: &[TaskOp], token: u64) ->
     ))
 }
 
-/// The transaction for an operator's edit: create-only puts and deletes at a version.
+/// The transaction for an operator's edit: create-only puts and deletes at a version, two
+/// compares each, and puts of whatever is there, with none.
 pub fn edit_txn(layout: &Layout, ops: &[Edit]) -> Txn {
     let mut txn = Txn::default();
     for op in ops {
         let key = op.key().as_bytes().to_vec();
         let claim = layout.claim(op.key()).into_bytes();
         match op {
+            Edit::Put { value, .. } => {
+                txn.success.push(Op::Put {
+                    key: key.clone(),
+                    value: value.clone(),
+                    lease: 0,
+                });
+                // Nothing to compare, so nothing to read back on failure.
+                continue;
+            }
             Edit::Create { value, .. } => {
                 txn.compare.push(Compare::Created(key.clone(), 0));
                 // Two compares per edit keep the judging uniform; a claim of a key that
@@ -180,12 +190,12 @@ pub fn edited(txn: &Txn, response: &TxnResponse, ops: &[Edit]) -> Edited {
         return Edited::Done;
     }
     let seen = seen(txn, response);
-    Edited::Conflict(failed_keys(
-        ops.iter().map(Edit::key),
-        &txn.compare,
-        2,
-        &seen,
-    ))
+    // Only creates and deletes have compares (two each); a put never fails.
+    let compared = ops
+        .iter()
+        .filter(|op| !matches!(op, Edit::Put { .. }))
+        .map(Edit::key);
+    Edited::Conflict(failed_keys(compared, &txn.compare, 2, &seen))
 }
 
 /// What the failure branch read, by key.

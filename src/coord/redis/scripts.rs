@@ -249,8 +249,8 @@ for _, key in ipairs(versions) do out[#out + 1] = key end
 return out
 "#;
 
-/// `A = [(create|delete, key, counter, gone, value)*]`: create-only writes and deletes at
-/// a version, all or nothing. Answers `[done]` or `[conflict, keys…]`.
+/// `A = [(create|delete|put, key, counter, gone, value)*]`: create-only writes, deletes at
+/// a version and puts of whatever is there, all or nothing. Answers `[done]` or `[conflict, keys…]`.
 const EDIT: &str = r#"
 local next = string.format('%d', tonumber(redis.call('GET', P .. 'version') or '0') + 1)
 local staged, failed = {}, {}
@@ -267,6 +267,8 @@ while i <= #A do
   if staged[key] ~= nil then exists = staged[key] end
   if kind == 'create' then
     if exists then fail(key) else staged[key] = true end
+  elseif kind == 'put' then
+    staged[key] = true
   else
     local holder = f[2] or ''
     local orphan = holder ~= '' and not alive(holder)
@@ -290,6 +292,11 @@ while i <= #A do
   i = i + 5
   if kind == 'create' then
     redis.call('HSET', P .. 'task/' .. key, 'value', value, 'version', next, 'created', next,
+      'holder', '')
+    redis.call('ZADD', P .. 'tasks', 0, key)
+  elseif kind == 'put' then
+    local created = redis.call('HGET', P .. 'task/' .. key, 'created') or next
+    redis.call('HSET', P .. 'task/' .. key, 'value', value, 'version', next, 'created', created,
       'holder', '')
     redis.call('ZADD', P .. 'tasks', 0, key)
   else
@@ -382,6 +389,7 @@ pub fn edit_args(ops: &[Edit]) -> Vec<Vec<u8>> {
         let (kind, version, value): (&str, u64, &[u8]) = match op {
             Edit::Create { value, .. } => ("create", 0, value),
             Edit::Delete { version, .. } => ("delete", *version, b""),
+            Edit::Put { value, .. } => ("put", 0, value),
         };
         let [counter, gone] = version_args(version);
         args.extend([

@@ -448,6 +448,24 @@ impl ZkCoordinator {
                     };
                     planned.push((op, key.clone()));
                 }
+                Edit::Put { key, value } => {
+                    // Another writer creating or deleting it meanwhile fails the multi,
+                    // answered as a conflict on it: the caller puts again.
+                    let op = if seen.contains_key(key) {
+                        ZkOp::SetData {
+                            path: layout::path_of(key),
+                            data: value.clone(),
+                            version: None,
+                        }
+                    } else {
+                        ZkOp::Create {
+                            path: layout::path_of(key),
+                            data: value.clone(),
+                            ephemeral: false,
+                        }
+                    };
+                    planned.push((op, key.clone()));
+                }
                 Edit::Delete { key, version } => {
                     let Some(task) = seen.get(key).filter(|task| task.version == *version) else {
                         conflicts.push(key.clone());
@@ -474,7 +492,7 @@ impl ZkCoordinator {
         let created: Vec<&str> = ops
             .iter()
             .filter_map(|op| match op {
-                Edit::Create { key, .. } => Some(key.as_str()),
+                Edit::Create { key, .. } | Edit::Put { key, .. } => Some(key.as_str()),
                 Edit::Delete { .. } => None,
             })
             .collect();

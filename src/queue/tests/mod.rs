@@ -448,3 +448,79 @@ async fn a_paused_queue_claims_nothing_until_resumed() {
     assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
     stop.cancel();
 }
+
+/// Each completion moves its task to a history record in the same write; the leader prunes
+/// the history to `history_keep` records on its next look, keeping the newest.
+#[tokio::test(start_paused = true)]
+async fn completions_leave_history_that_the_leader_prunes_to_its_count() {
+    let memory = Arc::new(MemoryCoordinator::default());
+    let coord: Arc<dyn Coordinator> = memory.clone();
+    let mut settings = crate::config::Settings::load(None, crate::config::Env::new())
+        .expect("the default settings load");
+    settings.queue.history_keep = 2;
+    let prefix = settings.queue.prefix.clone();
+    let done_prefix = settings.queue.done_prefix.clone();
+    for n in 1..=5 {
+        memory
+            .put(&format!("{prefix}t{n}"), &task(&format!("id{n}"), n))
+            .unwrap();
+    }
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let mut registry = Registry::default();
+    registry.register(
+        "Work",
+        Recorder {
+            ran: ran.clone(),
+            coord: memory.clone(),
+            rewrite_on: "none",
+            rewrite: Default::default(),
+        },
+    );
+    let metrics = Arc::new(Metrics::new(["Work"]));
+    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
+    let queue = queue_on(&coord, &settings, registry, metrics);
+    let shutdown = CancellationToken::new();
+    let leading = {
+        let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
+        tokio::spawn(async move { queue.lead(&leadership, &lease, &shutdown).await })
+    };
+    until("all five ran", || ran.lock().unwrap().len() == 5).await;
+    let mut records = Vec::new();
+    for _ in 0..100 {
+        records = coord
+            .list(&done_prefix, crate::coord::Version(0), Duration::ZERO)
+            .await
+            .unwrap()
+            .0;
+        if records.len() == 5 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(records.len(), 5, "one record per completion");
+    assert!(coord.keys(&prefix).await.unwrap().0.is_empty());
+    let record: serde_json::Value = serde_json::from_slice(&records[0].value).unwrap();
+    assert_eq!(record["outcome"], "completed");
+    assert_eq!(record["node"], "n1");
+    assert_eq!(record["fencingToken"], leadership.fencing_token);
+    // The next look at the history, at most HISTORY_PRUNE_EVERY later, keeps the newest two.
+    tokio::time::sleep(super::history::HISTORY_PRUNE_EVERY + Duration::from_secs(2)).await;
+    let left = coord
+        .list(&done_prefix, crate::coord::Version(0), Duration::ZERO)
+        .await
+        .unwrap()
+        .0;
+    let ids: Vec<String> = left
+        .iter()
+        .map(|r| {
+            serde_json::from_slice::<serde_json::Value>(&r.value).unwrap()["taskId"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(ids, ["id4", "id5"]);
+    shutdown.cancel();
+    assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
+    stop.cancel();
+}

@@ -224,6 +224,13 @@ async fn lead_command(
                 _ = tokio::time::sleep(delay) => {}
             }
         }
+        let term = crate::leader::timeline::start_logged(
+            coord.as_ref(),
+            &settings.election.leader_key,
+            &node_id,
+            leadership.fencing_token,
+        )
+        .await;
         let event = lead(
             &supervision,
             &options,
@@ -234,6 +241,26 @@ async fn lead_command(
             coord.as_ref(),
             wait,
             &shutdown,
+        )
+        .await;
+        // Said before leadership is given up, so that the next leader reads it.
+        let ended = match event {
+            Event::Exited {
+                exit: plan::Exit::Code(code),
+                ..
+            } => format!("resigned (the command exited with {code})"),
+            Event::Exited {
+                exit: plan::Exit::Signal(signal),
+                ..
+            } => format!("resigned (the command was killed by signal {signal})"),
+            Event::Lost => "lost leadership; the command was stopped".to_string(),
+            Event::Shutdown { .. } => "resigned (shut down)".to_string(),
+        };
+        crate::leader::timeline::end_logged(
+            coord.as_ref(),
+            &settings.election.leader_key,
+            term,
+            ended,
         )
         .await;
         quick_failures = plan::quick_failures_after(event, quick_failures);

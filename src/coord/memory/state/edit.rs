@@ -1,5 +1,5 @@
 //! The in-memory coordinator's producer and operator edits (`Coordinator::edit`):
-//! create-only writes and deletes at a version, all or nothing.
+//! create-only writes, deletes at a version and puts of whatever is there, all or nothing.
 
 use std::collections::BTreeMap;
 
@@ -21,6 +21,7 @@ impl State {
             };
             let ok = match op {
                 Edit::Create { .. } => !exists,
+                Edit::Put { .. } => true,
                 Edit::Delete { version, .. } => {
                     exists
                         && !staged.contains_key(key)
@@ -31,7 +32,7 @@ impl State {
                 fail(&mut failed, key);
                 continue;
             }
-            staged.insert(key.to_string(), matches!(op, Edit::Create { .. }));
+            staged.insert(key.to_string(), !matches!(op, Edit::Delete { .. }));
         }
         if !failed.is_empty() {
             return Edited::Conflict(failed);
@@ -56,6 +57,18 @@ impl State {
                 }
                 Edit::Delete { key, .. } => {
                     self.tasks.remove(key);
+                }
+                Edit::Put { key, value } => {
+                    let created = self.tasks.get(key).map_or(index, |task| task.created);
+                    self.tasks.insert(
+                        key.clone(),
+                        Task {
+                            value: value.clone(),
+                            version: index,
+                            created,
+                            holder: None,
+                        },
+                    );
                 }
             }
         }

@@ -1,0 +1,82 @@
+//! The leader's upkeep of the history of finished tasks: now and then (every
+//! [`HISTORY_PRUNE_EVERY`], or [`HISTORY_PRUNE_AGAIN`] while a large backlog of records is
+//! being worked off, never on the path of each task) it deletes the records that
+//! `[queue] history_keep` and `history_max_age` no longer keep, at the versions it read.
+//! The records themselves are written by the completions (`run.rs`); what they hold and
+//! which to drop is `task::history`'s business.
+
+use super::*;
+use crate::coord::{Edit, Edited};
+use crate::task::history::{to_prune, Retention};
+
+/// How often the leader looks at the history's size.
+pub(super) const HISTORY_PRUNE_EVERY: Duration = Duration::from_secs(30);
+/// At most this many records are deleted in one look (twenty writes), so that pruning a
+/// large history delays the next claim by a few writes only; the rest is deleted in the
+/// looks that follow, [`HISTORY_PRUNE_AGAIN`] apart.
+const PRUNE_PER_LOOK: usize = 1280;
+/// How soon the leader looks again after a look that left records to prune.
+pub(super) const HISTORY_PRUNE_AGAIN: Duration = Duration::from_millis(500);
+/// Records deleted per edit: Consul's 64 operations per transaction, and etcd's 128 at two
+/// per delete.
+const PRUNE_BATCH: usize = 64;
+
+impl Queue {
+    /// Deletes the history records retention drops, at most PRUNE_PER_LOOK of them;
+    /// answers whether more are left. Errors are logged and left for the next time:
+    /// pruning never costs the leadership.
+    pub(super) async fn prune_history(&self) -> bool {
+        let started = Instant::now();
+        let prefix = &self.settings.done_prefix;
+        let keys = match self.coord.keys(prefix).await {
+            Ok((keys, _)) => keys,
+            Err(err) => {
+                self.metrics.coordinator_error(&err);
+                tracing::debug!(error = %err, "cannot read the history's keys; pruning later");
+                return false;
+            }
+        };
+        let retention = Retention {
+            keep: self.settings.history_keep,
+            max_age: self.settings.history_max_age,
+        };
+        let drop = to_prune(&keys, prefix, retention, Utc::now());
+        let more = drop.len() > PRUNE_PER_LOOK;
+        let mut pruned = 0;
+        for chunk in drop[..drop.len().min(PRUNE_PER_LOOK)].chunks(PRUNE_BATCH) {
+            let found = match self.coord.get(chunk).await {
+                Ok(found) => found,
+                Err(err) => {
+                    self.metrics.coordinator_error(&err);
+                    break;
+                }
+            };
+            let ops: Vec<Edit> = found
+                .iter()
+                .map(|record| Edit::Delete {
+                    key: record.key.clone(),
+                    version: record.version,
+                })
+                .collect();
+            match self.coord.edit(&ops).await {
+                Ok(Edited::Done) => pruned += ops.len(),
+                // Another pruner (a leader before this one) got there first.
+                Ok(Edited::Conflict(_)) => {}
+                Err(err) => {
+                    self.metrics.coordinator_error(&err);
+                    break;
+                }
+            }
+        }
+        if pruned > 0 {
+            let elapsed_ms = started.elapsed().as_millis() as u64;
+            tracing::info!(
+                pruned,
+                left = keys.len() - pruned,
+                elapsed_ms,
+                "history pruned"
+            );
+        }
+        more
+    }
+}
