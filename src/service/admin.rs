@@ -501,7 +501,7 @@ pub async fn purge_dead_with_progress(
     coord: &dyn Coordinator,
     settings: &Settings,
     older_than: Option<std::time::Duration>,
-    progress: &mut dyn FnMut(usize, usize),
+    progress: &mut (dyn FnMut(usize, usize) + Send),
 ) -> Result<usize, AdminError> {
     let now = Utc::now();
     let dead = list_now(coord, &settings.queue.dead_prefix).await?;

@@ -184,7 +184,7 @@ pub async fn retry_all(
     coord: &dyn Coordinator,
     settings: &Settings,
     task_type: Option<&str>,
-    progress: &mut dyn FnMut(usize, usize),
+    progress: &mut (dyn FnMut(usize, usize) + Send),
 ) -> Result<RetriedAll, AdminError> {
     let dead = list_now(coord, &settings.queue.dead_prefix).await?;
     let chosen: Vec<&StoredTask> = dead

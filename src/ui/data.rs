@@ -1,112 +1,137 @@
-//! The dashboard's calls into what other parts of leaderq record or do, behind one small
-//! seam: history of finished tasks, the leadership timeline, standbys' heartbeats, and the
-//! operator actions delete, retry all and cancel.
-//!
-//! History, timeline and heartbeats are not recorded by this build: their calls answer
-//! [`Recorded::No`], which the page shows as a "not recorded" pane. They are to be wired to
-//! the history records and the `tasks cancel/delete/retry --all` functions where those are
-//! kept; until then delete and retry-all are done here over `service::admin`'s reads and
-//! `Coordinator::edit`, and cancel is refused with a message.
+//! The dashboard's calls into what the rest of leaderq records and does, shaped as the
+//! page's panes want them: history of finished tasks (`service::ops::history`), the
+//! leadership timeline, the replicas with their last heartbeat, and the operator actions
+//! delete, retry all and cancel (the same functions as `leaderq tasks …`).
 
 use serde::Serialize;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::config::Settings;
-use crate::coord::{Coordinator, Edit, Edited};
-use crate::service::admin::{self, AdminError};
+use crate::coord::Coordinator;
+use crate::service::admin::AdminError;
+use crate::service::ops::{self, Cancelled, HistoryFilter};
 
-/// Rows of a pane that depends on records this build may not keep.
+/// History records the pane shows, newest first.
+const HISTORY_ROWS: usize = 200;
+/// Leadership terms the pane shows, newest first.
+const TIMELINE_ROWS: usize = 100;
+
+/// Rows of a pane read from records: or why they could not be read.
 #[derive(Clone, Debug, Serialize)]
 #[serde(tag = "recorded", rename_all = "lowercase")]
 pub enum Recorded {
-    /// Kept: the rows, newest first.
+    /// The rows, newest first.
     Yes { rows: Vec<Value> },
-    /// Not kept by this build: the page says so (and why).
+    /// Not readable now (the coordinator did not answer): the page says why.
     No { why: String },
 }
 
-fn not_recorded(what: &str) -> Recorded {
-    Recorded::No {
-        why: format!("{what} are not recorded by this version of leaderq"),
+fn rows_or_why<T>(read: Result<Vec<T>, AdminError>, row: impl Fn(T) -> Value) -> Recorded {
+    match read {
+        Ok(items) => Recorded::Yes {
+            rows: items.into_iter().map(row).collect(),
+        },
+        Err(err) => Recorded::No {
+            why: err.to_string(),
+        },
     }
 }
 
-/// Finished tasks: outcome, duration, attempts, fencing token, node.
-pub async fn history(_coord: &dyn Coordinator, _settings: &Settings) -> Recorded {
-    not_recorded("finished tasks")
+/// Finished tasks: outcome, duration, attempts, fencing token, node, and for a dead
+/// letter its reason.
+pub async fn history(coord: &dyn Coordinator, settings: &Settings) -> Recorded {
+    let filter = HistoryFilter {
+        task_type: None,
+        failed: false,
+        limit: Some(HISTORY_ROWS),
+    };
+    rows_or_why(ops::history(coord, settings, &filter).await, |record| {
+        json!({
+            "key": record.key,
+            "task_type": record.task_type,
+            "outcome": record.outcome,
+            "duration": record.duration_ms.map(|ms| format!("{ms} ms")).unwrap_or_default(),
+            "attempts": record.attempts,
+            "fencing_token": record.fencing_token,
+            "node": record.node.unwrap_or_default(),
+            "finished_at": record.finished_at,
+            "detail": record.reason.or(record.last_error).unwrap_or_default(),
+        })
+    })
 }
 
-/// Who led when, and why it changed.
-pub async fn timeline(_coord: &dyn Coordinator, _settings: &Settings) -> Recorded {
-    not_recorded("leadership changes")
+/// Who led when, and why each term began and ended.
+pub async fn timeline(coord: &dyn Coordinator, settings: &Settings) -> Recorded {
+    rows_or_why(
+        ops::timeline(coord, settings, TIMELINE_ROWS).await,
+        |entry| {
+            json!({
+                "node": entry.node,
+                "fencing_token": entry.fencing_token,
+                "since": entry.since,
+                "until": entry.ended_at.unwrap_or_default(),
+                "why": format!(
+                    "began: {}{}",
+                    entry.previous_end,
+                    entry.ended.map(|ended| format!("; ended: {ended}")).unwrap_or_default()
+                ),
+            })
+        },
+    )
 }
 
-/// The standbys and their last heartbeat.
-pub async fn standbys(_coord: &dyn Coordinator, _settings: &Settings) -> Recorded {
-    not_recorded("standby heartbeats")
+/// Every replica's record: the leader, the standbys with their last heartbeat, the gone.
+pub async fn standbys(coord: &dyn Coordinator, settings: &Settings) -> Recorded {
+    rows_or_why(ops::replicas(coord, settings).await, |view| {
+        json!({
+            "node": view.record.node,
+            "status": view.status,
+            "last_heartbeat": format!("{} s ago", view.last_seen_seconds),
+            "host": view.record.host,
+        })
+    })
 }
 
-/// Deletes one dead letter at the version read, so a record written anew meanwhile stays.
-/// `key` was validated as a key under the dead-letter prefix.
+/// Deletes a dead letter (or a pending task) at the version read; a running task is
+/// refused.
 pub async fn delete(
     coord: &dyn Coordinator,
     settings: &Settings,
     key: &str,
 ) -> Result<(), AdminError> {
-    let found = admin::find(coord, settings, key).await?;
-    if !found.key.starts_with(&settings.queue.dead_prefix) {
-        return Err(AdminError::NotDead { key: found.key });
-    }
-    let delete = [Edit::Delete {
-        key: found.key.clone(),
-        version: found.version,
-    }];
-    match coord.edit(&delete).await? {
-        Edited::Done => Ok(()),
-        Edited::Conflict(_) => Err(AdminError::Conflict {
-            key: found.key,
-            reason: "it changed meanwhile; look again".into(),
-        }),
-    }
+    ops::delete(coord, settings, key).await.map(drop)
 }
 
-/// Moves every dead letter (of `task_type`, if given) back to the queue, as `tasks retry`
-/// does one. Answers how many moved and the errors of those that did not.
+/// Moves every dead letter (of `task_type`, if given) back to the queue. Answers how many
+/// moved and why the others did not.
 pub async fn retry_all(
     coord: &dyn Coordinator,
     settings: &Settings,
     task_type: Option<&str>,
 ) -> Result<(usize, Vec<String>), AdminError> {
-    let (dead, _) = coord
-        .list(
-            &settings.queue.dead_prefix,
-            crate::coord::Version(0),
-            std::time::Duration::ZERO,
-        )
-        .await?;
-    let mut moved = 0;
-    let mut errors = Vec::new();
-    for stored in dead {
-        let value: Value = serde_json::from_slice(&stored.value).unwrap_or_default();
-        let of_type = value.get("taskType").and_then(Value::as_str);
-        if task_type.is_some_and(|wanted| of_type != Some(wanted)) {
-            continue;
-        }
-        match admin::retry(coord, settings, &stored.key).await {
-            Ok(_) => moved += 1,
-            Err(err) => errors.push(err.to_string()),
-        }
-    }
-    Ok((moved, errors))
+    let done = ops::retry_all(coord, settings, task_type, &mut |_, _| {}).await?;
+    let errors = done
+        .failed
+        .into_iter()
+        .map(|(key, why)| format!("{key}: {why}"))
+        .collect();
+    Ok((done.retried.len(), errors))
 }
 
-/// Cancels a pending or running task: not available in this build.
+/// Cancels a pending task (dead-lettered as cancelled) or a running one (the leader stops
+/// its handler and dead-letters it). Answers what happened, for the page.
 pub async fn cancel(
-    _coord: &dyn Coordinator,
-    _settings: &Settings,
+    coord: &dyn Coordinator,
+    settings: &Settings,
     key: &str,
-) -> Result<(), String> {
-    Err(format!(
-        "cannot cancel {key}: this version of leaderq has no cancel; delete it with the coordinator's own tools, or wait for it to finish"
-    ))
+) -> Result<String, String> {
+    match ops::cancel(coord, settings, key).await {
+        Ok(Cancelled::DeadLettered { dead_key }) => Ok(format!(
+            "cancelled: moved to the dead letters as {dead_key}"
+        )),
+        Ok(Cancelled::Requested { .. }) => {
+            Ok("cancel requested: the leader stops its handler within about a second".into())
+        }
+        Err(err) => Err(err.to_string()),
+    }
 }

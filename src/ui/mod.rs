@@ -510,7 +510,7 @@ async fn cancel(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> R
         Err(refused) => return refused.into_response(),
     };
     match data::cancel(ui.coord.as_ref(), &ui.settings, &key).await {
-        Ok(()) => done(&ui, json!({ "cancelled": key })),
+        Ok(what) => done(&ui, json!({ "cancelled": key, "what": what })),
         Err(reason) => refused(StatusCode::CONFLICT, &reason),
     }
 }

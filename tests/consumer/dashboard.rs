@@ -250,6 +250,25 @@ async fn dashboard_shows_the_leader_and_retries_a_dead_letter_by_click() {
     browser
         .wait_text("#dead-count", Duration::from_secs(5), |t| t == "0")
         .await;
+    // The run that completed is in the history, with the replica that ran it.
+    browser.click("#tab-history").await;
+    browser
+        .wait_text("#history", Duration::from_secs(5), |t| {
+            t.lines().any(|line| {
+                line.contains("oracleTask/task_x")
+                    && line.contains("completed")
+                    && line.contains(&leader)
+            })
+        })
+        .await;
+    // And the leadership timeline names the leader's term.
+    browser.click("#tab-timeline").await;
+    browser
+        .wait_text("#timeline", Duration::from_secs(5), |t| {
+            t.lines()
+                .any(|line| line.contains(&leader) && line.contains("first"))
+        })
+        .await;
     browser.quit().await;
 }
 

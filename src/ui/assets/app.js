@@ -179,14 +179,14 @@ async function loadDead() {
 }
 
 async function loadStandbys() {
-  recordedPane($("standbys"), await api("/ui/api/standbys"), ["node", "last_heartbeat"]);
+  recordedPane($("standbys"), await api("/ui/api/standbys"), ["node", "status", "last_heartbeat", "host"]);
 }
 
 async function loadActive() {
   try {
     if (active === "queue") await loadQueue();
     else if (active === "dead") await loadDead();
-    else if (active === "history") recordedPane($("history"), await api("/ui/api/history"), ["key", "outcome", "duration", "attempts", "fencing_token", "node", "finished_at"]);
+    else if (active === "history") recordedPane($("history"), await api("/ui/api/history"), ["key", "task_type", "outcome", "duration", "attempts", "fencing_token", "node", "finished_at", "detail"]);
     else if (active === "timeline") recordedPane($("timeline"), await api("/ui/api/timeline"), ["node", "fencing_token", "since", "until", "why"]);
   } catch (err) {
     show(err.message);
