@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::coord::{Holder, StoredTask};
 use crate::service::admin::{self, StatusReport, TaskRow};
+use crate::task::history::HistoryRecord;
 use crate::task::{Status, Task};
 
 /// The chart covers the last hour, a bar a minute.
@@ -73,6 +74,9 @@ pub struct Overview {
     pub chart: Vec<Minute>,
     pub completed_last_hour: u64,
     pub failed_last_hour: u64,
+    /// Where the chart's counts come from: "history" (the finished tasks' records) or
+    /// "seen" (changes this dashboard saw between its readings, when history is off).
+    pub chart_source: &'static str,
 }
 
 /// A row of the queue pane: `leaderq tasks list`'s, with the producer's id to search by.
@@ -254,6 +258,29 @@ impl Seen {
     }
 }
 
+/// Completions and dead letters by minute over the last hour, from the history records
+/// (`finishedAt`), oldest first: exact whenever the dashboard was opened, as far as the
+/// history keeps records.
+pub fn chart_of_history(records: &[HistoryRecord], now: DateTime<Utc>) -> Vec<Minute> {
+    let mut throughput = Throughput::default();
+    let current = now.timestamp().div_euclid(60);
+    let mut counted: Vec<(i64, bool)> = records
+        .iter()
+        .filter_map(|record| {
+            let at = DateTime::parse_from_rfc3339(&record.finished_at).ok()?;
+            let minute = at.timestamp().div_euclid(60);
+            let recent = minute > current - CHART_MINUTES as i64 && minute <= current;
+            recent.then_some((minute, record.outcome == crate::task::history::COMPLETED))
+        })
+        .collect();
+    counted.sort();
+    for (minute, completed) in counted {
+        let at = DateTime::from_timestamp(minute * 60, 0).unwrap_or(now);
+        throughput.record(at, u64::from(completed), u64::from(!completed));
+    }
+    throughput.chart(now)
+}
+
 /// Completions and failures by minute over the last hour, kept in the serving process.
 #[derive(Clone, Debug, Default)]
 pub struct Throughput {
@@ -390,6 +417,34 @@ mod tests {
         );
         assert_eq!(before.changes(&after), (1, 2));
         assert_eq!(after.changes(&after), (0, 0));
+    }
+
+    /// From history: completions and dead letters of the last hour, by the minute they
+    /// finished; older records and unreadable times are left out.
+    #[test]
+    fn the_chart_counts_the_history_of_the_last_hour() {
+        let record = |outcome: &str, seconds: i64| HistoryRecord {
+            outcome: outcome.into(),
+            finished_at: crate::task::rfc3339(at(seconds)),
+            ..HistoryRecord::default()
+        };
+        let records = [
+            record("completed", 3600 + 10),
+            record("completed", 3600 + 20),
+            record("dead", 3600 + 70),
+            record("completed", 0),
+            HistoryRecord {
+                finished_at: "yesterday".into(),
+                ..record("completed", 0)
+            },
+        ];
+        let chart = chart_of_history(&records, at(3600 + 90));
+        assert_eq!(chart.len(), CHART_MINUTES);
+        let last = &chart[chart.len() - 2..];
+        assert_eq!((last[0].completed, last[0].failed), (2, 0));
+        assert_eq!((last[1].completed, last[1].failed), (0, 1));
+        let total: u64 = chart.iter().map(|m| m.completed + m.failed).sum();
+        assert_eq!(total, 3, "the record of an hour ago is out");
     }
 
     /// The chart keeps an hour, a minute a bar, zero where nothing was seen.

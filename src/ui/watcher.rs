@@ -1,6 +1,7 @@
 //! The dashboard's watcher: one per serving process, started by the first request. It
 //! reads the queue, the dead letters, the holder and the pause flag, publishes the panes
-//! built from them (and the throughput seen between two readings), then waits on the
+//! built from them (and the last hour's throughput, from the history records every few
+//! seconds, or as seen between two readings when history is off), then waits on the
 //! coordinator's blocking `list`/`observe` for the next change, an action on this
 //! dashboard, or the pause flag moving; at most once per `MIN_REFRESH`.
 
@@ -21,6 +22,10 @@ const ERROR_RETRY: Duration = Duration::from_secs(1);
 /// The pause flag is its own key, outside the queue's listing: looked at this often, so a
 /// `leaderq pause` from a shell shows within a second.
 const PAUSE_POLL: Duration = Duration::from_millis(900);
+
+/// The chart's history records are read again at most this often (a listing of up to
+/// `queue.history_keep` records).
+const HISTORY_REFRESH: Duration = Duration::from_secs(5);
 
 /// One reading of everything the panes show.
 struct Reading {
@@ -65,6 +70,8 @@ async fn paused(ui: &Ui) -> Result<bool, CoordError> {
 pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
     let mut seen: Option<Seen> = None;
     let mut throughput = Throughput::default();
+    // The last hour from the history records, and when they were read.
+    let mut history: Option<(tokio::time::Instant, Vec<view::Minute>)> = None;
     let mut seq = 0;
     let wait = ui.settings.watch_wait();
     loop {
@@ -86,6 +93,26 @@ pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
                 );
                 panes.overview.seq = seq;
                 panes.overview.chart = throughput.chart(now);
+                panes.overview.chart_source = "seen";
+                if ui.settings.queue.history_keep > 0 {
+                    let stale = history
+                        .as_ref()
+                        .is_none_or(|(read, _)| read.elapsed() >= HISTORY_REFRESH);
+                    if stale {
+                        let filter = crate::service::ops::HistoryFilter::default();
+                        if let Ok(records) =
+                            crate::service::ops::history(ui.coord.as_ref(), &ui.settings, &filter)
+                                .await
+                        {
+                            let chart = view::chart_of_history(&records, now);
+                            history = Some((tokio::time::Instant::now(), chart));
+                        }
+                    }
+                    if let Some((_, chart)) = &history {
+                        panes.overview.chart = chart.clone();
+                        panes.overview.chart_source = "history";
+                    }
+                }
                 panes.overview.completed_last_hour =
                     panes.overview.chart.iter().map(|m| m.completed).sum();
                 panes.overview.failed_last_hour =

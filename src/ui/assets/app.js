@@ -93,6 +93,7 @@ function renderOverview(data) {
       el("td", {}, task.attempt), el("td", { class: "elapsed", "data-since": task.taken_at }, age(since(task.taken_at)))));
   $("running-rows").replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colSpan: 5 }, "nothing running"))]));
   $("completed-hour").textContent = data.completed_last_hour;
+  $("chart-source").textContent = data.chart_source === "history" ? "from the history" : "seen by this dashboard (history is off)";
   $("failed-hour").textContent = data.failed_last_hour;
   const total = data.completed_last_hour + data.failed_last_hour;
   $("failure-rate").textContent = total ? Math.round((100 * data.failed_last_hour) / total) : 0;
