@@ -160,6 +160,7 @@ impl Queue {
             Looked::Relist => return Ok(Look::Relist),
             Looked::New(new) => new,
         };
+        backlog.look_took(started.elapsed());
         if new.is_empty() {
             return Ok(Look::Continue);
         }
@@ -180,6 +181,7 @@ impl Queue {
             sorted.pending,
             sorted.delayed,
         );
+        backlog.look_took(started.elapsed());
         Ok(Look::Continue)
     }
 }
