@@ -251,7 +251,7 @@ impl Queue {
                         continue;
                     }
                     let (end, left) = self
-                        .work_through(leadership, lease, shutdown, backlog, &mut memory)
+                        .work_through(leadership, lease, shutdown, *backlog, &mut memory)
                         .await;
                     unrecorded = left;
                     match end {
@@ -401,7 +401,7 @@ impl Queue {
 
 enum Pick {
     /// Pending tasks to work through.
-    Run(Backlog),
+    Run(Box<Backlog>),
     WaitUntil(DateTime<Utc>),
     /// Something was moved; list again at once.
     Again,

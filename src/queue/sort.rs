@@ -27,7 +27,7 @@ impl Queue {
                 Utc::now(),
                 listed_from.elapsed(),
             );
-            return Ok(Pick::Run(backlog));
+            return Ok(Pick::Run(Box::new(backlog)));
         }
         if sorted.changed {
             return Ok(Pick::Again);
