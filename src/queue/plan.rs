@@ -323,22 +323,33 @@ impl Backlog {
     pub fn looked(&mut self, keys: Vec<String>, now: DateTime<Utc>, cost: Duration) -> Looked {
         self.last_look = now;
         self.look_cost = cost;
-        let present: HashSet<String> = keys.into_iter().collect();
-        let gone: Vec<String> = self
-            .places
-            .keys()
-            .filter(|key| !present.contains(*key))
-            .cloned()
-            .collect();
-        for key in gone {
-            self.remove(&key);
+        // One pass over the names, one hash each: on a large backlog the comparison costs
+        // as much as reading them, and it is made every look. Nothing is dropped unless
+        // some known key is missing (the leader forgets the keys it deletes itself).
+        let mut still = 0;
+        let mut new = Vec::new();
+        for key in &keys {
+            if self.known.contains(key) {
+                still += 1;
+            } else {
+                new.push(key.clone());
+            }
         }
-        self.delayed.retain(|(_, task)| present.contains(&task.key));
-        self.known.retain(|key| present.contains(key));
-        let mut new: Vec<String> = present
-            .into_iter()
-            .filter(|key| !self.known.contains(key))
-            .collect();
+        if still < self.known.len() {
+            let present: HashSet<&str> = keys.iter().map(String::as_str).collect();
+            let gone: Vec<String> = self
+                .places
+                .keys()
+                .filter(|key| !present.contains(key.as_str()))
+                .cloned()
+                .collect();
+            for key in gone {
+                self.remove(&key);
+            }
+            self.delayed
+                .retain(|(_, task)| present.contains(task.key.as_str()));
+            self.known.retain(|key| present.contains(key.as_str()));
+        }
         if new.len() > MAX_FETCH {
             return Looked::Relist;
         }
