@@ -142,7 +142,7 @@ struct BenchArgs {
     #[arg(long, default_value_t = 100_000)]
     memory_keys: usize,
     /// Run one section only.
-    #[arg(long, value_parser = ["server", "contention", "consumer", "failover", "run", "groups"])]
+    #[arg(long, value_parser = ["server", "contention", "consumer", "backlog", "failover", "run", "groups"])]
     only: Option<String>,
     /// Blocked queries (one per key) parked while their keys are written.
     #[arg(long, default_value_t = 10_000)]
@@ -156,6 +156,12 @@ struct BenchArgs {
     /// measure `leaderq server`.
     #[arg(long, default_value = "consul", value_parser = clap::builder::PossibleValuesParser::new(leaderq::tools::harness::BACKENDS))]
     backend: String,
+    /// Backlogs the backlog section enqueues and drains, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = leaderq::tools::bench::DEFAULT_BACKLOGS)]
+    backlogs: Vec<usize>,
+    /// Where the backlog section writes its SVG chart (rate and RSS against backlog).
+    #[arg(long, default_value = leaderq::tools::bench::DEFAULT_CHART)]
+    chart: PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -481,6 +487,8 @@ fn main() -> ExitCode {
                     watchers: args.watchers,
                     baseline_exe: args.baseline_exe,
                     backend: args.backend,
+                    backlogs: args.backlogs,
+                    chart: Some(args.chart),
                     ..Default::default()
                 };
                 leaderq::tools::bench::run(options, args.json).await

@@ -11,8 +11,9 @@ impl Queue {
     /// eligible task known is always claimed next. Tasks are claimed one at a time, or in
     /// batches of up to `claim_batch` while handlers finish fast, each batch within the
     /// coordinator's write limits; a task too large to claim at all is dead-lettered. Each
-    /// claim is conditioned on the version read, and a conflict sends the leader back to
-    /// list again. Finished tasks are completed in the next claim's write.
+    /// claim is conditioned on the version read; a conflict on some of the batch's claims
+    /// reads just those tasks again (any other conflict sends the leader back to list
+    /// again). Finished tasks are completed in the next claim's write.
     pub(super) async fn work_through(
         &self,
         leadership: &Leadership,
@@ -100,6 +101,19 @@ impl Queue {
                     claimed
                 }
                 Claim::Relist => break,
+                Claim::Moved(batch, keys) => {
+                    match self
+                        .reread(leadership, &mut backlog, memory, batch, &keys)
+                        .await
+                    {
+                        Ok(true) => continue,
+                        Ok(false) => break,
+                        Err(stop) => {
+                            end = Some(stop);
+                            break;
+                        }
+                    }
+                }
                 Claim::LockDelayed(batch, refused) => {
                     // The coordinator refuses these keys for a while (Consul: another
                     // session's lock-delay): nothing was applied.
@@ -310,6 +324,12 @@ impl Queue {
                 if !refused.is_empty() && refused.len() == keys.len() {
                     return Claim::LockDelayed(batch, refused);
                 }
+                // Only claims of the batch conflicted: its other tasks and the rest of
+                // the backlog are as read, and re-reading the moved ones is enough.
+                if !keys.is_empty() && keys.iter().all(|key| batch.iter().any(|t| t.key == *key)) {
+                    tracing::debug!(?keys, "claim conflict; reading the moved tasks again");
+                    return Claim::Moved(batch, keys);
+                }
                 tracing::debug!(?keys, "claim conflict; listing again");
                 return Claim::Relist;
             }
@@ -347,6 +367,43 @@ impl Queue {
             ));
         }
         Claim::Claimed(claimed)
+    }
+
+    /// After a claim conflicted on `keys` of `batch` only: puts the rest of the batch back
+    /// and reads those keys again, so that a task that moved takes its new place (or goes,
+    /// if it was deleted) without listing the whole queue. `false`: they could not be read,
+    /// list again.
+    pub(super) async fn reread(
+        &self,
+        leadership: &Leadership,
+        backlog: &mut Backlog,
+        memory: &mut Memory,
+        batch: Vec<Task>,
+        keys: &[String],
+    ) -> Result<bool, LeadEnd> {
+        let (_, others): (Vec<Task>, Vec<Task>) =
+            batch.into_iter().partition(|task| keys.contains(&task.key));
+        backlog.put_back(others);
+        for key in keys {
+            backlog.forget(key);
+        }
+        let entries = match self.coord.get(keys).await {
+            Ok(entries) => entries,
+            Err(err) => {
+                self.metrics.coordinator_error(&err);
+                tracing::warn!(error = %err, "cannot read tasks that moved; listing again");
+                return Ok(false);
+            }
+        };
+        let sorted = self
+            .sort_out(leadership, entries, memory, Utc::now())
+            .await?;
+        backlog.learn(
+            sorted.keys.into_iter().collect(),
+            sorted.pending,
+            sorted.delayed,
+        );
+        Ok(true)
     }
 
     /// Of a conflicted claim's `keys`, the tasks of `batch` (indexes) that are still as

@@ -355,6 +355,14 @@ impl Queue {
                 Started::Runs(claimed)
             }
             Claim::Relist => Started::Relist,
+            // Only tasks of this batch moved since they were read: read just them again.
+            Claim::Moved(batch, keys) => {
+                match self.reread(leadership, backlog, memory, batch, &keys).await {
+                    Ok(true) => Started::Runs(Vec::new()),
+                    Ok(false) => Started::Relist,
+                    Err(stop) => Started::End(stop),
+                }
+            }
             Claim::End(stop) => Started::End(stop),
             Claim::LockDelayed(batch, refused) => {
                 let until =

@@ -281,10 +281,10 @@ impl Queue {
                         continue;
                     }
                     let (end, left) = if self.settings.concurrency > 1 {
-                        self.work_through_groups(leadership, lease, shutdown, backlog, &mut memory)
+                        self.work_through_groups(leadership, lease, shutdown, *backlog, &mut memory)
                             .await
                     } else {
-                        self.work_through(leadership, lease, shutdown, backlog, &mut memory)
+                        self.work_through(leadership, lease, shutdown, *backlog, &mut memory)
                             .await
                     };
                     unrecorded = left;
@@ -435,7 +435,7 @@ impl Queue {
 
 enum Pick {
     /// Pending tasks to work through.
-    Run(Backlog),
+    Run(Box<Backlog>),
     WaitUntil(DateTime<Utc>),
     /// Something was moved; list again at once.
     Again,
@@ -524,6 +524,9 @@ enum Claim {
     Claimed(Vec<(Claimed, u64)>),
     /// The listing is stale (a claim conflict or an error): list again.
     Relist,
+    /// These tasks of the batch moved since they were read (a producer rewrote one, a
+    /// retry was written back): nothing was applied; read just them again.
+    Moved(Vec<Task>, Vec<String>),
     /// The coordinator refused the write as too large; nothing was applied.
     TooLarge(Vec<Task>, String),
     /// Only the claims of these tasks (indexes into the batch) failed, refused for a while

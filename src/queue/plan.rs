@@ -12,7 +12,7 @@
 //!
 //! Size: half of it is the scripted-time tests of the decisions.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::ops::Range;
 use std::time::Duration;
 
@@ -28,10 +28,16 @@ pub const LOOK_INTERVAL: Duration = Duration::from_millis(20);
 /// many times the last one's duration, so that on a huge backlog they take at most a tenth
 /// of the leader's time.
 pub const LOOK_COST_FACTOR: u32 = 10;
-/// Tasks claimed from one listing before listing again. New keys and due retries are seen
-/// by the looks; only a pending task that a producer rewrote in place with an earlier
-/// taskTime (its key is not new) waits for the next listing.
+/// Tasks claimed from one listing before listing again, at least. New keys and due retries
+/// are seen by the looks; only a pending task that a producer rewrote in place with an
+/// earlier taskTime (its key is not new) waits for the next listing.
 pub const MAX_TASKS_PER_LISTING: usize = 256;
+/// On a large backlog the leader lists again only after claiming this fraction of the
+/// tasks the listing held (1/4): each listing reads what is left, so the listings of a
+/// whole drain read about four times the backlog, and a task costs the same to drain
+/// whatever the backlog (relisting every MAX_TASKS_PER_LISTING claims read the backlog
+/// again and again: O(N²) for a drain of N).
+pub const RELIST_FRACTION: usize = 4;
 /// A listing costs time in proportion to the queue's bytes (a backlog of large values is
 /// tens of MB); the leader lists again no sooner than this many times the last listing's
 /// duration, so that listing again takes at most a tenth of its time.
@@ -189,11 +195,22 @@ pub enum Looked {
     Relist,
 }
 
+/// A pending task's place in claim order: `Task::order_key`, owned.
+type Place = (DateTime<Utc>, u64, String);
+
+fn place_of(task: &Task) -> Place {
+    (task.time, task.created, task.key.clone())
+}
+
 /// The leader's picture of the queue between two listings: pending tasks in claim order,
-/// tasks waiting for their backoff, and every key it knows of.
+/// tasks waiting for their backoff, and every key it knows of. Finding, adding or dropping
+/// one task costs O(log N), not O(N): a drain touches every task of the backlog several
+/// times.
 #[derive(Debug)]
 pub struct Backlog {
-    pending: VecDeque<Task>,
+    pending: BTreeMap<Place, Task>,
+    /// Where each pending task is in `pending`, by key.
+    places: HashMap<String, Place>,
     /// Tasks not eligible before a time: a retry's notBefore, or a key under another
     /// lease's lock-delay.
     delayed: Vec<(DateTime<Utc>, Task)>,
@@ -203,6 +220,8 @@ pub struct Backlog {
     last_look: DateTime<Utc>,
     look_cost: Duration,
     claimed: usize,
+    /// Pending tasks the listing held: claims before listing again scale with it.
+    listed: usize,
 }
 
 impl Backlog {
@@ -215,8 +234,10 @@ impl Backlog {
         now: DateTime<Utc>,
         list_cost: Duration,
     ) -> Backlog {
+        let listed = pending.len();
         let mut backlog = Backlog {
-            pending: VecDeque::with_capacity(pending.len()),
+            pending: BTreeMap::new(),
+            places: HashMap::with_capacity(listed),
             delayed: Vec::new(),
             known,
             listed_at: now,
@@ -224,17 +245,19 @@ impl Backlog {
             last_look: now,
             look_cost: Duration::ZERO,
             claimed: 0,
+            listed,
         };
         backlog.learn(Vec::new(), pending, delayed);
         backlog
     }
 
-    /// Decides the next step: list again after MAX_TASKS_PER_LISTING claims once the
-    /// listing is ten times its cost old; move retries that are due now among the pending
+    /// Decides the next step: list again after MAX_TASKS_PER_LISTING claims, or a
+    /// RELIST_FRACTION of the tasks listed if more, once the listing is ten times its cost
+    /// old; move retries that are due now among the pending
     /// ones; look at the keys when the last look is LOOK_INTERVAL (or ten times its cost)
     /// old; otherwise claim. A clock that went back counts as old enough.
     pub fn next(&mut self, now: DateTime<Utc>) -> Next {
-        if self.claimed >= MAX_TASKS_PER_LISTING
+        if self.claimed >= MAX_TASKS_PER_LISTING.max(self.listed / RELIST_FRACTION)
             && older_than(now, self.listed_at, self.list_cost * LIST_COST_FACTOR)
         {
             return Next::Relist;
@@ -253,14 +276,14 @@ impl Backlog {
 
     /// The pending tasks, front (next to claim) first.
     pub fn pending(&self) -> impl Iterator<Item = &Task> {
-        self.pending.iter()
+        self.pending.values()
     }
 
     /// Takes the first `n` pending tasks to claim them.
     pub fn take(&mut self, n: usize) -> Vec<Task> {
-        let n = n.min(self.pending.len());
-        self.claimed += n;
-        self.pending.drain(..n).collect()
+        let taken: Vec<Task> = std::iter::from_fn(|| self.take_first()).take(n).collect();
+        self.claimed += taken.len();
+        taken
     }
 
     /// Takes, to claim it, the first pending task `free` admits. With concurrency groups
@@ -268,12 +291,15 @@ impl Backlog {
     /// is its group's earliest pending one, unless a delayed task of its group comes before
     /// it (a retry waiting for its backoff): then the whole group waits.
     pub fn take_first_free(&mut self, free: impl Fn(&Task) -> bool) -> Option<Task> {
-        let at = self
+        let place = self
             .pending
             .iter()
-            .position(|task| free(task) && !self.waits_in_group(task))?;
+            .find(|(_, task)| free(task) && !self.waits_in_group(task))
+            .map(|(place, _)| place.clone())?;
+        let task = self.pending.remove(&place)?;
+        self.places.remove(&task.key);
         self.claimed += 1;
-        self.pending.remove(at)
+        Some(task)
     }
 
     /// Whether a delayed task of `task`'s group comes before it in claim order.
@@ -286,19 +312,38 @@ impl Backlog {
     /// Puts one task taken but not claimed back in its place in claim order.
     pub fn put_back_one(&mut self, task: Task) {
         self.claimed = self.claimed.saturating_sub(1);
-        self.learn(Vec::new(), vec![task], Vec::new());
+        self.insert(task);
     }
 
     /// Takes the first pending task out without claiming it (it is to be moved away).
     pub fn take_first(&mut self) -> Option<Task> {
-        self.pending.pop_front()
+        let (_, task) = self.pending.pop_first()?;
+        self.places.remove(&task.key);
+        Some(task)
     }
 
-    /// Puts tasks taken but not claimed back at the front, in their order.
+    /// Puts tasks taken but not claimed back in their places (at the front, unless
+    /// earlier tasks arrived meanwhile).
     pub fn put_back(&mut self, tasks: Vec<Task>) {
         self.claimed = self.claimed.saturating_sub(tasks.len());
-        for task in tasks.into_iter().rev() {
-            self.pending.push_front(task);
+        for task in tasks {
+            self.insert(task);
+        }
+    }
+
+    /// Adds a pending task in claim order, replacing what was pending under its key.
+    fn insert(&mut self, task: Task) {
+        let place = place_of(&task);
+        if let Some(old) = self.places.insert(task.key.clone(), place.clone()) {
+            self.pending.remove(&old);
+        }
+        self.pending.insert(place, task);
+    }
+
+    /// Drops the pending task under `key`, if there is one.
+    fn remove(&mut self, key: &str) {
+        if let Some(place) = self.places.remove(key) {
+            self.pending.remove(&place);
         }
     }
 
@@ -307,19 +352,45 @@ impl Backlog {
     pub fn looked(&mut self, keys: Vec<String>, now: DateTime<Utc>, cost: Duration) -> Looked {
         self.last_look = now;
         self.look_cost = cost;
-        let present: HashSet<String> = keys.into_iter().collect();
-        self.pending.retain(|task| present.contains(&task.key));
-        self.delayed.retain(|(_, task)| present.contains(&task.key));
-        self.known.retain(|key| present.contains(key));
-        let mut new: Vec<String> = present
-            .into_iter()
-            .filter(|key| !self.known.contains(key))
-            .collect();
+        // One pass over the names, one hash each: on a large backlog the comparison costs
+        // as much as reading them, and it is made every look. Nothing is dropped unless
+        // some known key is missing (the leader forgets the keys it deletes itself).
+        let mut still = 0;
+        let mut new = Vec::new();
+        for key in &keys {
+            if self.known.contains(key) {
+                still += 1;
+            } else {
+                new.push(key.clone());
+            }
+        }
+        if still < self.known.len() {
+            let present: HashSet<&str> = keys.iter().map(String::as_str).collect();
+            let gone: Vec<String> = self
+                .places
+                .keys()
+                .filter(|key| !present.contains(key.as_str()))
+                .cloned()
+                .collect();
+            for key in gone {
+                self.remove(&key);
+            }
+            self.delayed
+                .retain(|(_, task)| present.contains(task.key.as_str()));
+            self.known.retain(|key| present.contains(key.as_str()));
+        }
         if new.len() > MAX_FETCH {
             return Looked::Relist;
         }
         new.sort();
         Looked::New(new)
+    }
+
+    /// Records what the whole last look cost (reading the names, comparing them with the
+    /// backlog's, reading the new tasks), once known: on a large backlog the comparison
+    /// costs as much as the read, and looks are spaced by their whole cost.
+    pub fn look_took(&mut self, cost: Duration) {
+        self.look_cost = self.look_cost.max(cost);
     }
 
     /// Adds what reading new keys found: every key read (whatever became of it) is known,
@@ -333,10 +404,7 @@ impl Backlog {
         self.known.extend(keys);
         for task in pending {
             self.known.insert(task.key.clone());
-            let at = self
-                .pending
-                .partition_point(|t| t.order_key() <= task.order_key());
-            self.pending.insert(at, task);
+            self.insert(task);
         }
         for (at, task) in delayed {
             self.known.insert(task.key.clone());
@@ -348,8 +416,10 @@ impl Backlog {
     /// read again (a retry written back).
     pub fn forget(&mut self, key: &str) {
         self.known.remove(key);
-        self.pending.retain(|task| task.key != key);
-        self.delayed.retain(|(_, task)| task.key != key);
+        self.remove(key);
+        if self.delayed.iter().any(|(_, task)| task.key == key) {
+            self.delayed.retain(|(_, task)| task.key != key);
+        }
     }
 
     /// Puts tasks taken but refused by the coordinator for a while (their keys are under another
@@ -694,6 +764,12 @@ mod tests {
         backlog.looked(vec!["q/a".into()], at(0), Duration::from_millis(8));
         assert_eq!(backlog.next(at(79)), Next::Claim);
         assert_eq!(backlog.next(at(80)), Next::Look);
+        // The whole look (names compared, new tasks read) cost 30 ms: the next one waits
+        // ten times that, not ten times the 8 ms the names took to arrive.
+        backlog.looked(vec!["q/a".into()], at(100), Duration::from_millis(8));
+        backlog.look_took(Duration::from_millis(30));
+        assert_eq!(backlog.next(at(399)), Next::Claim);
+        assert_eq!(backlog.next(at(400)), Next::Look);
     }
 
     /// A task with an earlier taskTime that arrives is found at the next look and claimed
@@ -840,6 +916,46 @@ mod tests {
         backlog.take(MAX_TASKS_PER_LISTING);
         assert_eq!(backlog.next(at(10)), Next::Claim);
         assert_eq!(backlog.next(at(2_000)), Next::Relist);
+    }
+
+    /// On a large backlog the leader lists again only after claiming a quarter of what
+    /// the listing held, not after every MAX_TASKS_PER_LISTING claims: a drain of N tasks
+    /// reads about 4N tasks in all, not N²/256.
+    #[test]
+    fn a_large_backlog_is_listed_again_after_a_quarter_of_it() {
+        let tasks = (0..4_000)
+            .map(|n| task(&format!("q/{n:04}"), n, None))
+            .collect();
+        let mut backlog = Backlog::new(tasks, vec![], HashSet::new(), at(0), Duration::ZERO);
+        backlog.take(MAX_TASKS_PER_LISTING);
+        assert_eq!(backlog.next(at(1)), Next::Claim);
+        backlog.take(4_000 / RELIST_FRACTION - MAX_TASKS_PER_LISTING - 1);
+        assert_eq!(backlog.next(at(2)), Next::Claim);
+        assert_eq!(keys(&backlog)[0], "q/0999");
+        backlog.take(1);
+        assert_eq!(backlog.next(at(3)), Next::Relist);
+    }
+
+    /// A task read again under a key the backlog holds (a conflict's re-read, a retry)
+    /// replaces the old one and takes its new place; forgetting one task leaves the order
+    /// of the others; a task put back goes before later ones that arrived meanwhile.
+    #[test]
+    fn one_task_moves_without_disturbing_the_others() {
+        let tasks = (0..1_000)
+            .map(|n| task(&format!("q/{n:04}"), 10 + n, None))
+            .collect();
+        let mut backlog = Backlog::new(tasks, vec![], HashSet::new(), at(0), Duration::ZERO);
+        backlog.learn(vec![], vec![task("q/0500", 1, None)], vec![]);
+        assert_eq!(keys(&backlog)[..2], ["q/0500", "q/0000"]);
+        assert_eq!(backlog.pending().count(), 1_000);
+        backlog.forget("q/0000");
+        assert_eq!(keys(&backlog)[..2], ["q/0500", "q/0001"]);
+        let taken = backlog.take(2);
+        backlog.learn(vec![], vec![task("q/new", 5_000, None)], vec![]);
+        backlog.put_back(taken);
+        assert_eq!(keys(&backlog)[..2], ["q/0500", "q/0001"]);
+        assert_eq!(keys(&backlog).last(), Some(&"q/new"));
+        assert_eq!(backlog.pending().count(), 1_000);
     }
 
     /// More new keys than MAX_FETCH at one look: list again.

@@ -28,7 +28,7 @@ impl Queue {
                 Utc::now(),
                 listed_from.elapsed(),
             );
-            return Ok(Pick::Run(backlog));
+            return Ok(Pick::Run(Box::new(backlog)));
         }
         if sorted.changed {
             return Ok(Pick::Again);
@@ -162,6 +162,7 @@ impl Queue {
             Looked::Relist => return Ok(Look::Relist),
             Looked::New(new) => new,
         };
+        backlog.look_took(started.elapsed());
         if new.is_empty() {
             return Ok(Look::Continue);
         }
@@ -182,6 +183,7 @@ impl Queue {
             sorted.pending,
             sorted.delayed,
         );
+        backlog.look_took(started.elapsed());
         Ok(Look::Continue)
     }
 }

@@ -61,8 +61,8 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
 }
 
 /// A leader claims in taskTime order (not key order); a task a producer rewrote after it
-/// was listed makes its claim conflict, and the leader lists again and runs the new
-/// version once; when leadership is gone, the next claim answers NotLeader and the leader
+/// was listed makes its claim conflict, and the leader reads that task again (not the
+/// whole queue) and runs the new version once; when leadership is gone, the next claim answers NotLeader and the leader
 /// steps down without running the task.
 #[tokio::test(start_paused = true)]
 async fn lead_claims_in_order_relists_on_conflict_and_steps_down_when_not_leader() {

@@ -29,7 +29,7 @@ use crate::handler::{Handler, HandlerFuture, Registry, TaskContext};
 use crate::tools::chaos::wait_for_leader;
 use crate::tools::harness::{self, Cluster};
 
-const TASK_TYPE: &str = "Bench";
+pub(super) const TASK_TYPE: &str = "Bench";
 /// Clients that enqueue the drain backlog concurrently.
 const ENQUEUE_CLIENTS: usize = 32;
 /// Steady flow during handover measurements: one task per this interval.
@@ -67,7 +67,7 @@ impl Handler for Recorder {
 /// A coordinator for one measurement: its processes, and the seam to write and read it.
 pub(super) struct Target {
     pub(super) coord: Arc<dyn Coordinator>,
-    env: Vec<(String, String)>,
+    pub(super) env: Vec<(String, String)>,
     _cluster: Box<dyn Cluster>,
     _dir: TempDir,
 }
@@ -178,7 +178,7 @@ async fn stop_all(replicas: Vec<Replica>) {
     }
 }
 
-fn task_body(id: &str) -> String {
+pub(super) fn task_body(id: &str) -> String {
     json!({"taskId": id, "taskTime": BACKLOG_TASK_TIME, "taskTaken": false, "taskType": TASK_TYPE, "taskPara": {}})
         .to_string()
 }

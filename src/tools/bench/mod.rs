@@ -15,11 +15,14 @@ use std::time::Duration;
 use anyhow::Context;
 use serde_json::{json, Map, Value};
 
+mod backlog;
 mod consumer;
 mod failover;
 mod groups;
 mod run;
 mod server;
+
+pub use backlog::{DEFAULT_BACKLOGS, DEFAULT_CHART};
 
 /// Size of the values written by the load phases, as in the memory target.
 const VALUE_BYTES: usize = 300;
@@ -44,8 +47,8 @@ pub struct Options {
     pub order_probes: usize,
     /// SIGTERM handovers measured.
     pub handovers: usize,
-    /// Run only this section ("server", "contention", "consumer", "failover", "run" or
-    /// "groups").
+    /// Run only this section ("server", "contention", "consumer", "backlog", "failover",
+    /// "run" or "groups").
     pub only: Option<String>,
     /// Blocked queries parked for the wake measurement among many watchers.
     pub watchers: usize,
@@ -57,6 +60,10 @@ pub struct Options {
     /// The coordinator the consumer and failover sections run on (`[coordinator] backend`);
     /// the server and contention sections measure `leaderq server` itself.
     pub backend: String,
+    /// Backlogs the backlog section drains, one fresh coordinator each.
+    pub backlogs: Vec<usize>,
+    /// Where the backlog section writes its chart (default `bench-backlog.svg`).
+    pub chart: Option<PathBuf>,
 }
 
 impl Default for Options {
@@ -76,6 +83,8 @@ impl Default for Options {
             watch_rate: 1_000,
             baseline_exe: None,
             backend: "consul".into(),
+            backlogs: backlog::DEFAULT_BACKLOGS.to_vec(),
+            chart: None,
         }
     }
 }
@@ -220,6 +229,12 @@ fn disk_probe(seconds: f64) -> anyhow::Result<Latency> {
 
 pub async fn run(options: Options, as_json: bool) -> anyhow::Result<()> {
     let mut report = Report::default();
+    let wants = |section: &str| options.only.as_deref().is_none_or(|only| only == section);
+    if wants("backlog") {
+        if let Some(chart) = &options.chart {
+            backlog::check_chart_path(chart)?;
+        }
+    }
     progress("disk: fdatasync latency for 2s");
     let disk = disk_probe(2.0)?;
     report.row(
@@ -231,7 +246,6 @@ pub async fn run(options: Options, as_json: bool) -> anyhow::Result<()> {
         "disk_fdatasync_ms".into(),
         json!({"p50": disk.p50, "p99": disk.p99, "max": disk.max}),
     );
-    let wants = |section: &str| options.only.as_deref().is_none_or(|only| only == section);
     if wants("server") {
         server_section(&options, &mut report).await?;
     }
@@ -240,6 +254,9 @@ pub async fn run(options: Options, as_json: bool) -> anyhow::Result<()> {
     }
     if wants("consumer") {
         consumer::section(&options, &mut report).await?;
+    }
+    if wants("backlog") {
+        backlog::section(&options, &mut report).await?;
     }
     if wants("failover") {
         failover::section(options.handovers, &options.backend, &mut report).await?;

@@ -115,7 +115,7 @@ pub(crate) async fn leader_record(coord: &dyn Coordinator) -> Option<crate::coor
 }
 
 /// The leader's node name.
-async fn leader_node(coord: &dyn Coordinator) -> Option<String> {
+pub(crate) async fn leader_node(coord: &dyn Coordinator) -> Option<String> {
     leader_record(coord).await.map(|record| record.node)
 }
 

@@ -1,0 +1,397 @@
+//! The backlog measurement: how fast one `leaderq consume` process drains a queue that
+//! backed up, and how much memory it takes, at growing backlogs (1k, 10k, 100k no-op tasks
+//! by default). Each backlog is enqueued first on a fresh coordinator (in create-only
+//! batches through the seam, so it is quick on every backend), then one replica starts;
+//! the drain is timed from its election to an empty queue, and its peak RSS read from
+//! /proc before it stops. Writes a row per backlog, a JSON object and an SVG chart (rate
+//! and RSS against backlog, drawn here by hand: a chart is a few lines of SVG).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::json;
+
+use super::consumer::{task_body, Target, TASK_TYPE};
+use super::{mib, progress, rss_of, Options, Report, TempDir};
+use crate::coord::{Coordinator, Edit, Edited};
+use crate::tools::chaos::leader_node;
+
+/// Backlogs measured when none are given.
+pub const DEFAULT_BACKLOGS: [usize; 3] = [1_000, 10_000, 100_000];
+/// Where the chart goes when no path is given (the current directory).
+pub const DEFAULT_CHART: &str = "bench-backlog.svg";
+/// Concurrent writers of the backlog.
+const ENQUEUE_CLIENTS: usize = 16;
+/// Tasks per create-only batch at most (fewer if the coordinator's limits are lower).
+const ENQUEUE_BATCH: usize = 64;
+/// A drain that has not emptied the queue by then is reported as far as it got.
+const DRAIN_LIMIT: Duration = Duration::from_secs(300);
+/// How long the bench waits for the replica to win the election.
+const LEADER_LIMIT: Duration = Duration::from_secs(30);
+
+/// One backlog's drain.
+#[derive(Clone, Debug)]
+pub struct Drain {
+    pub backlog: usize,
+    pub drained: usize,
+    pub seconds: f64,
+    pub rate: f64,
+    pub peak_rss: u64,
+}
+
+pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<()> {
+    let mut drains = Vec::new();
+    for &backlog in &options.backlogs {
+        drains.push(drain(&options.backend, backlog).await?);
+    }
+    let first = drains.first().map_or(0.0, |d| d.rate);
+    for d in &drains {
+        let result = if d.drained < d.backlog {
+            format!(
+                "{:.0} ({} in {:.0} s), {:.1} MiB",
+                d.rate,
+                d.drained,
+                d.seconds,
+                mib(d.peak_rss)
+            )
+        } else {
+            format!("{:.0}, {:.1} MiB", d.rate, mib(d.peak_rss))
+        };
+        let target = if d.backlog >= 100_000 {
+            ">= 5000 and >= 80% of the first; <= 64 MiB"
+        } else {
+            ""
+        };
+        report.row(
+            format!(
+                "backlog: drain {} no-op tasks, 1 `leaderq consume`, tasks/s, peak RSS ({})",
+                d.backlog, options.backend
+            ),
+            result,
+            target,
+        );
+    }
+    let chart = options
+        .chart
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CHART));
+    std::fs::write(&chart, svg(&drains, &options.backend))
+        .with_context(|| format!("cannot write the chart to {}", chart.display()))?;
+    progress(&format!("backlog: chart written to {}", chart.display()));
+    report.json.insert(
+        "backlog".into(),
+        json!({
+            "backend": options.backend,
+            "chart": chart.display().to_string(),
+            "drains": drains.iter().map(|d| json!({
+                "backlog": d.backlog,
+                "drained": d.drained,
+                "seconds": (d.seconds * 1000.0).round() / 1000.0,
+                "tasks_per_sec": d.rate.round(),
+                "peak_rss_mib": (mib(d.peak_rss) * 10.0).round() / 10.0,
+            })).collect::<Vec<_>>(),
+            "rate_vs_first": drains.last().map(|d| if first > 0.0 { (d.rate / first * 100.0).round() / 100.0 } else { 0.0 }),
+        }),
+    );
+    Ok(())
+}
+
+/// Enqueues `backlog` tasks on a fresh coordinator, then drains them with one child
+/// `leaderq consume` whose handler for the bench's taskType is the built-in log handler.
+async fn drain(backend: &str, backlog: usize) -> anyhow::Result<Drain> {
+    let server = Target::start(backend)?;
+    let dir = TempDir::new()?;
+    progress(&format!("backlog: enqueueing {backlog} tasks"));
+    enqueue(&server.coord, backlog).await?;
+    let config = dir.0.join("consume.toml");
+    std::fs::write(&config, format!("[handlers.{TASK_TYPE}]\nkind = \"log\"\n"))
+        .context("cannot write the replica's settings")?;
+    progress(&format!(
+        "backlog: draining {backlog} tasks with one replica"
+    ));
+    let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
+    let mut child = Command::new(exe)
+        .arg("consume")
+        .arg("--config")
+        .arg(&config)
+        .envs(server.env.iter().map(|(k, v)| (k, v)))
+        .env("LEADERQ__DATA__DIR", dir.0.join("replica"))
+        .env("LEADERQ__OBSERVE__LISTEN", "127.0.0.1:0")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("cannot start leaderq consume")?;
+    let measured = measure(&server, &child, backlog).await;
+    let _ = child.kill();
+    let _ = child.wait();
+    measured
+}
+
+async fn measure(
+    server: &Target,
+    child: &std::process::Child,
+    backlog: usize,
+) -> anyhow::Result<Drain> {
+    // The drain is timed from the election, seen within a millisecond: a 1k backlog
+    // drains in tens of them.
+    let waiting = Instant::now();
+    while leader_node(server.coord.as_ref()).await.is_none() {
+        if waiting.elapsed() > LEADER_LIMIT {
+            bail!("no leader within {LEADER_LIMIT:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let started = Instant::now();
+    // Polling names costs the coordinator in proportion to the backlog: poll less often
+    // on a large one, so the measurement does not slow down what it measures (at most
+    // 1% of the drain's time off).
+    let poll = Duration::from_millis((backlog as u64 / 1000).clamp(1, 100));
+    let mut left = backlog;
+    while started.elapsed() < DRAIN_LIMIT {
+        left = server.coord.keys("oracleTask/").await?.0.len();
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(poll).await;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let (_, peak_rss) = rss_of(child.id()).unwrap_or((0, 0));
+    let drained = backlog - left.min(backlog);
+    Ok(Drain {
+        backlog,
+        drained,
+        seconds,
+        rate: drained as f64 / seconds,
+        peak_rss,
+    })
+}
+
+/// Creates `count` no-op tasks as `leaderq enqueue` would, in create-only batches.
+async fn enqueue(coord: &Arc<dyn Coordinator>, count: usize) -> anyhow::Result<()> {
+    let body_len = task_body("b000000").len() + "oracleTask/b000000".len();
+    let limits = coord.limits();
+    // Room for each op's own overhead in the backend's encoding.
+    let batch = ENQUEUE_BATCH
+        .min(limits.max_ops)
+        .min(limits.max_bytes / (2 * body_len + 256))
+        .max(1);
+    let mut clients = Vec::new();
+    for client in 0..ENQUEUE_CLIENTS {
+        let coord = coord.clone();
+        clients.push(tokio::spawn(async move {
+            let mut start = client * batch;
+            while start < count {
+                let edits: Vec<Edit> = (start..(start + batch).min(count))
+                    .map(|n| {
+                        let id = format!("b{n:06}");
+                        Edit::Create {
+                            key: format!("oracleTask/{id}"),
+                            value: task_body(&id).into_bytes(),
+                        }
+                    })
+                    .collect();
+                match coord.edit(&edits).await? {
+                    Edited::Done => {}
+                    Edited::Conflict(keys) => bail!("enqueue: {keys:?} exist"),
+                }
+                start += ENQUEUE_CLIENTS * batch;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for client in clients {
+        client.await??;
+    }
+    Ok(())
+}
+
+/// A chart of drain rate (left axis) and peak RSS (right axis) against the backlog (log
+/// scale), as a standalone SVG document.
+pub fn svg(drains: &[Drain], backend: &str) -> String {
+    const W: f64 = 640.0;
+    const H: f64 = 360.0;
+    const LEFT: f64 = 70.0;
+    const RIGHT: f64 = 70.0;
+    const TOP: f64 = 40.0;
+    const BOTTOM: f64 = 50.0;
+    let plot_w = W - LEFT - RIGHT;
+    let plot_h = H - TOP - BOTTOM;
+    let max_rate = nice_max(drains.iter().map(|d| d.rate).fold(0.0, f64::max));
+    let max_rss = nice_max(drains.iter().map(|d| mib(d.peak_rss)).fold(0.0, f64::max));
+    let (lo, hi) = drains.iter().fold((f64::MAX, f64::MIN), |(lo, hi), d| {
+        let x = (d.backlog.max(1) as f64).log10();
+        (lo.min(x), hi.max(x))
+    });
+    let span = if hi > lo { hi - lo } else { 1.0 };
+    let x_of = |backlog: usize| {
+        if drains.len() < 2 {
+            LEFT + plot_w / 2.0
+        } else {
+            LEFT + ((backlog.max(1) as f64).log10() - lo) / span * plot_w
+        }
+    };
+    let y_of = |value: f64, max: f64| TOP + plot_h - value / max * plot_h;
+    let mut out = String::new();
+    out.push_str(&format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{W}\" height=\"{H}\" viewBox=\"0 0 {W} {H}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    ));
+    out.push_str(&format!(
+        "<text x=\"{}\" y=\"22\" text-anchor=\"middle\" font-size=\"14\">leaderq: drain of a backlog, one replica ({})</text>\n",
+        W / 2.0,
+        escape(backend)
+    ));
+    // Axes and grid: five steps on each value axis.
+    for step in 0..=4 {
+        let frac = f64::from(step) / 4.0;
+        let y = TOP + plot_h - frac * plot_h;
+        out.push_str(&format!(
+            "<line x1=\"{LEFT}\" y1=\"{y:.1}\" x2=\"{:.1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\n",
+            LEFT + plot_w
+        ));
+        out.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#1f77b4\">{:.0}</text>\n",
+            LEFT - 6.0,
+            y + 4.0,
+            max_rate * frac
+        ));
+        out.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" fill=\"#d62728\">{:.0}</text>\n",
+            LEFT + plot_w + 6.0,
+            y + 4.0,
+            max_rss * frac
+        ));
+    }
+    out.push_str(&format!(
+        "<rect x=\"{LEFT}\" y=\"{TOP}\" width=\"{plot_w}\" height=\"{plot_h}\" fill=\"none\" stroke=\"#333\"/>\n"
+    ));
+    for d in drains {
+        out.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n",
+            x_of(d.backlog),
+            TOP + plot_h + 18.0,
+            d.backlog
+        ));
+    }
+    out.push_str(&format!(
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">backlog (tasks, log scale)</text>\n",
+        LEFT + plot_w / 2.0,
+        H - 10.0
+    ));
+    out.push_str(&format!(
+        "<text transform=\"translate(16 {:.1}) rotate(-90)\" text-anchor=\"middle\" fill=\"#1f77b4\">drain, tasks/s</text>\n",
+        TOP + plot_h / 2.0
+    ));
+    out.push_str(&format!(
+        "<text transform=\"translate({:.1} {:.1}) rotate(90)\" text-anchor=\"middle\" fill=\"#d62728\">peak RSS, MiB</text>\n",
+        W - 14.0,
+        TOP + plot_h / 2.0
+    ));
+    let series = |values: Vec<(f64, f64)>, colour: &str| {
+        let points: Vec<String> = values
+            .iter()
+            .map(|(x, y)| format!("{x:.1},{y:.1}"))
+            .collect();
+        let mut s = format!(
+            "<polyline points=\"{}\" fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\"/>\n",
+            points.join(" ")
+        );
+        for (x, y) in values {
+            s.push_str(&format!(
+                "<circle cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"4\" fill=\"{colour}\"/>\n"
+            ));
+        }
+        s
+    };
+    out.push_str(&series(
+        drains
+            .iter()
+            .map(|d| (x_of(d.backlog), y_of(d.rate, max_rate)))
+            .collect(),
+        "#1f77b4",
+    ));
+    out.push_str(&series(
+        drains
+            .iter()
+            .map(|d| (x_of(d.backlog), y_of(mib(d.peak_rss), max_rss)))
+            .collect(),
+        "#d62728",
+    ));
+    out.push_str("</svg>\n");
+    out
+}
+
+/// A round number at or above `value` for an axis' top (1, 2 or 5 times a power of ten).
+fn nice_max(value: f64) -> f64 {
+    if value <= 0.0 || !value.is_finite() {
+        return 1.0;
+    }
+    let power = 10f64.powf(value.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * power)
+        .find(|top| *top >= value)
+        .unwrap_or(10.0 * power)
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// Whether `path`'s directory exists, for a clear error before a long measurement.
+pub fn check_chart_path(path: &Path) -> anyhow::Result<()> {
+    match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() && !dir.is_dir() => {
+            bail!(
+                "cannot write the chart to {}: {} is not a directory (create it or pass another --chart)",
+                path.display(),
+                dir.display()
+            )
+        }
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drain(backlog: usize, rate: f64, rss_mib: u64) -> Drain {
+        Drain {
+            backlog,
+            drained: backlog,
+            seconds: backlog as f64 / rate,
+            rate,
+            peak_rss: rss_mib * 1024 * 1024,
+        }
+    }
+
+    #[test]
+    fn axes_top_at_round_numbers() {
+        assert_eq!(nice_max(3255.0), 5000.0);
+        assert_eq!(nice_max(1000.0), 1000.0);
+        assert_eq!(nice_max(41.0), 50.0);
+        assert_eq!(nice_max(0.0), 1.0);
+    }
+
+    #[test]
+    fn the_chart_has_a_point_per_backlog_on_each_series() {
+        let chart = svg(
+            &[
+                drain(1_000, 3000.0, 20),
+                drain(10_000, 2500.0, 30),
+                drain(100_000, 1000.0, 60),
+            ],
+            "consul",
+        );
+        assert!(chart.starts_with("<svg") && chart.ends_with("</svg>\n"));
+        assert_eq!(chart.matches("<circle").count(), 6);
+        assert_eq!(chart.matches("<polyline").count(), 2);
+        assert!(chart.contains(">100000<"));
+    }
+}
