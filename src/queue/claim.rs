@@ -54,38 +54,24 @@ impl Queue {
                 1
             };
             let riders = &finished[..if single { 0 } else { finished.len() }];
-            let (batch, candidates, deletions) = match self.plan_batch(
-                leadership,
-                &mut backlog,
-                riders,
-                max_tasks,
-            ) {
-                Planned::Batch {
-                    tasks,
-                    candidates,
-                    deletions,
-                } => (tasks, candidates, deletions),
-                Planned::TooLarge { task, cost } => {
-                    let limits = self.coord.limits();
-                    let reason = format!(
-                            "too large to claim: its claim would be {} operations and {} bytes as the coordinator counts them, over its limits of {} and {}; the task's value is {} bytes",
-                            cost.ops,
-                            cost.bytes,
-                            limits.max_ops,
-                            limits.max_bytes,
-                            task.with(&[]).len()
-                        );
-                    let pair = pair_of(&task, task.with(&[]), task.version);
-                    match self.dead_letter(leadership, &pair, &reason).await {
-                        Ok(_) => backlog.forget(&task.key),
-                        Err(stop) => {
-                            end = Some(stop);
-                            break;
+            let (batch, candidates, deletions) =
+                match self.plan_batch(leadership, &mut backlog, riders, max_tasks) {
+                    Planned::Batch {
+                        tasks,
+                        candidates,
+                        deletions,
+                    } => (tasks, candidates, deletions),
+                    Planned::TooLarge { task, cost } => {
+                        match self.dead_letter_too_large(leadership, &task, cost).await {
+                            Ok(_) => backlog.forget(&task.key),
+                            Err(stop) => {
+                                end = Some(stop);
+                                break;
+                            }
                         }
+                        continue;
                     }
-                    continue;
-                }
-            };
+                };
             let deleted: Vec<String> = finished[..deletions]
                 .iter()
                 .map(|done| done.task.key.clone())

@@ -185,4 +185,25 @@ impl Queue {
         self.dead_letter(leadership, &pair, &reason).await?;
         Ok(())
     }
+
+    /// Dead-letters a task whose claim would cost `cost`, over the coordinator's limits.
+    pub(super) async fn dead_letter_too_large(
+        &self,
+        leadership: &Leadership,
+        task: &Task,
+        cost: WriteCost,
+    ) -> Result<(), LeadEnd> {
+        let limits = self.coord.limits();
+        let reason = format!(
+            "too large to claim: its claim would be {} operations and {} bytes as the coordinator counts them, over its limits of {} and {}; the task's value is {} bytes",
+            cost.ops,
+            cost.bytes,
+            limits.max_ops,
+            limits.max_bytes,
+            task.with(&[]).len()
+        );
+        let pair = pair_of(task, task.with(&[]), task.version);
+        self.dead_letter(leadership, &pair, &reason).await?;
+        Ok(())
+    }
 }

@@ -23,6 +23,17 @@ pub fn exe() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_leaderq"))
 }
 
+/// `backend`'s servers for one test, under `dir`/coord, from the shared harness; `None`
+/// when they are not installed (the harness said so, or failed the test under
+/// LEADERQ_REQUIRE_SERVERS).
+pub fn start_cluster(
+    backend: &str,
+    dir: &Path,
+) -> Option<Box<dyn leaderq::tools::harness::Cluster>> {
+    leaderq::tools::harness::start_cluster(backend, exe(), &dir.join("coord"))
+        .unwrap_or_else(|why| panic!("cannot start the {backend} cluster: {why}"))
+}
+
 impl ServerProcess {
     /// Starts a server on a free port with a fresh data dir and a 1s session TTL minimum.
     pub fn start() -> ServerProcess {

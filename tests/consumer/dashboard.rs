@@ -477,9 +477,7 @@ async fn next_overview(
 
 async fn standalone_ui(backend: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let Some(cluster) = harness::start_cluster(backend, common::exe(), &dir.path().join("coord"))
-        .unwrap_or_else(|why| panic!("cannot start the {backend} cluster: {why}"))
-    else {
+    let Some(cluster) = common::start_cluster(backend, dir.path()) else {
         return;
     };
     let (_ui, address) = start_ui(cluster.as_ref());

@@ -3,8 +3,6 @@
 //! `queue.concurrency = 4`, exec handlers of different `taskGroup`s run at once, never two
 //! of one group, and each group in `taskTime` order.
 
-use leaderq::tools::harness;
-
 use super::*;
 
 macro_rules! on_every_backend {
@@ -32,9 +30,7 @@ struct Run {
 
 async fn groups_run_side_by_side_never_within_one(backend: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let Some(cluster) = harness::start_cluster(backend, common::exe(), &dir.path().join("coord"))
-        .unwrap_or_else(|why| panic!("cannot start the {backend} cluster: {why}"))
-    else {
+    let Some(cluster) = common::start_cluster(backend, dir.path()) else {
         return;
     };
     let journal = dir.path().join("journal");

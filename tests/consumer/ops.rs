@@ -392,10 +392,7 @@ async fn until_it<T: std::fmt::Debug, F: std::future::Future<Output = T>>(
 async fn history_replicas_and_timeline_are_kept(backend: &str) {
     use leaderq::service::ops;
     let dir = tempfile::tempdir().unwrap();
-    let Some(cluster) =
-        leaderq::tools::harness::start_cluster(backend, common::exe(), &dir.path().join("coord"))
-            .unwrap_or_else(|why| panic!("cannot start the {backend} cluster: {why}"))
-    else {
+    let Some(cluster) = common::start_cluster(backend, dir.path()) else {
         return;
     };
     let journal = dir.path().join("journal");

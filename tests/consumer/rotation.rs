@@ -5,7 +5,6 @@
 //! new term runs under a higher fencing token; the pause flag is set, read and cleared.
 
 use leaderq::coord::Version;
-use leaderq::tools::harness;
 
 use super::*;
 
@@ -32,9 +31,7 @@ macro_rules! on_every_backend {
 async fn pause_flag_is_set_read_and_cleared(backend: &str) {
     use leaderq::service::admin;
     let dir = tempfile::tempdir().unwrap();
-    let Some(cluster) = harness::start_cluster(backend, common::exe(), &dir.path().join("coord"))
-        .unwrap_or_else(|why| panic!("cannot start the {backend} cluster: {why}"))
-    else {
+    let Some(cluster) = common::start_cluster(backend, dir.path()) else {
         return;
     };
     let settings = leaderq::config::Settings::load(None, cluster.env()).expect("settings");
@@ -59,9 +56,7 @@ on_every_backend!(consul, etcd, redis, zookeeper);
 
 async fn rotate_mode_passes_leadership_around(backend: &str) {
     let dir = tempfile::tempdir().unwrap();
-    let Some(cluster) = harness::start_cluster(backend, common::exe(), &dir.path().join("coord"))
-        .unwrap_or_else(|why| panic!("cannot start the {backend} cluster: {why}"))
-    else {
+    let Some(cluster) = common::start_cluster(backend, dir.path()) else {
         return;
     };
     let journal = dir.path().join("journal");

@@ -5,6 +5,15 @@
 
 use super::*;
 
+/// A producer's write of task `id` at `key`, of `group` if given, for the `Work` handler.
+fn put_grouped(memory: &MemoryCoordinator, key: &str, id: &str, time: u64, group: Option<&str>) {
+    let mut value = json!({"taskId": id, "taskTime": time, "taskType": "Work"});
+    if let Some(group) = group {
+        value["taskGroup"] = json!(group);
+    }
+    memory.put(key, value.to_string().as_bytes()).unwrap();
+}
+
 /// Records each run's start and end on the (paused) clock, taking 100 ms a run; `c1`
 /// fails its first attempt.
 struct Timed(Arc<Mutex<Vec<TimedRun>>>);
@@ -38,8 +47,7 @@ impl Handler for Timed {
 async fn concurrency_groups_overlap_runs_but_never_within_a_group() {
     let memory = Arc::new(MemoryCoordinator::default());
     let coord: Arc<dyn Coordinator> = memory.clone();
-    let mut settings = crate::config::Settings::load(None, crate::config::Env::new())
-        .expect("the default settings load");
+    let mut settings = default_settings();
     settings.queue.concurrency = 3;
     // Retries fall due on the wall clock, which the paused one does not move.
     settings.queue.backoff_base = Duration::from_millis(1);
@@ -57,13 +65,7 @@ async fn concurrency_groups_overlap_runs_but_never_within_a_group() {
     ];
     // Key order is the reverse of taskTime order.
     for (n, (id, time, group)) in tasks.iter().enumerate() {
-        let mut value = json!({"taskId": id, "taskTime": time, "taskType": "Work"});
-        if let Some(group) = group {
-            value["taskGroup"] = json!(group);
-        }
-        memory
-            .put(&format!("{prefix}t{}", 9 - n), value.to_string().as_bytes())
-            .unwrap();
+        put_grouped(&memory, &format!("{prefix}t{}", 9 - n), id, *time, *group);
     }
     let runs = Arc::new(Mutex::new(Vec::new()));
     let mut registry = Registry::default();
@@ -72,10 +74,7 @@ async fn concurrency_groups_overlap_runs_but_never_within_a_group() {
     let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
     let queue = queue_on(&coord, &settings, registry, metrics.clone());
     let shutdown = CancellationToken::new();
-    let leading = {
-        let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
-        tokio::spawn(async move { queue.lead(&leadership, &lease, &shutdown).await })
-    };
+    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
     until("every task ran (c1 twice)", || {
         runs.lock().unwrap().len() == 10
     })
@@ -147,16 +146,11 @@ async fn a_group_held_by_a_previous_leaders_lease_waits_for_it() {
     use crate::coord::{TaskOp, Written};
     let memory = Arc::new(MemoryCoordinator::default());
     let coord: Arc<dyn Coordinator> = memory.clone();
-    let mut settings = crate::config::Settings::load(None, crate::config::Env::new())
-        .expect("the default settings load");
+    let mut settings = default_settings();
     settings.queue.concurrency = 4;
     let prefix = settings.queue.prefix.clone();
     let put = |name: &str, time: u64, group: &str| {
-        let value =
-            json!({"taskId": name, "taskTime": time, "taskType": "Work", "taskGroup": group});
-        memory
-            .put(&format!("{prefix}{name}"), value.to_string().as_bytes())
-            .unwrap();
+        put_grouped(&memory, &format!("{prefix}{name}"), name, time, Some(group));
     };
     put("a1", 1, "a");
     put("a2", 2, "a");
@@ -186,10 +180,7 @@ async fn a_group_held_by_a_previous_leaders_lease_waits_for_it() {
     let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
     let queue = queue_on(&coord, &settings, registry, metrics.clone());
     let shutdown = CancellationToken::new();
-    let leading = {
-        let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
-        tokio::spawn(async move { queue.lead(&leadership, &lease, &shutdown).await })
-    };
+    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
     let ran = |runs: &Arc<Mutex<Vec<TimedRun>>>| -> Vec<String> {
         runs.lock().unwrap().iter().map(|r| r.0.clone()).collect()
     };
@@ -232,16 +223,11 @@ impl Handler for Long {
 async fn losing_leadership_mid_runs_stops_the_other_runs() {
     let memory = Arc::new(MemoryCoordinator::default());
     let coord: Arc<dyn Coordinator> = memory.clone();
-    let mut settings = crate::config::Settings::load(None, crate::config::Env::new())
-        .expect("the default settings load");
+    let mut settings = default_settings();
     settings.queue.concurrency = 4;
     let prefix = settings.queue.prefix.clone();
     let put = |name: &str, time: u64, group: &str| {
-        let value =
-            json!({"taskId": name, "taskTime": time, "taskType": "Work", "taskGroup": group});
-        memory
-            .put(&format!("{prefix}{name}"), value.to_string().as_bytes())
-            .unwrap();
+        put_grouped(&memory, &format!("{prefix}{name}"), name, time, Some(group));
     };
     put("long", 1, "a");
     let ended = Arc::new(Mutex::new(Vec::new()));
@@ -252,10 +238,7 @@ async fn losing_leadership_mid_runs_stops_the_other_runs() {
     let queue = queue_on(&coord, &settings, registry, metrics.clone());
     let shutdown = CancellationToken::new();
     let began = tokio::time::Instant::now();
-    let leading = {
-        let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
-        tokio::spawn(async move { queue.lead(&leadership, &lease, &shutdown).await })
-    };
+    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Leadership goes behind the leader's back; its next claim finds out.
     coord.resign(&leadership.lease).await.unwrap();

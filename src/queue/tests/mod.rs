@@ -68,8 +68,7 @@ async fn until(what: &str, mut done: impl FnMut() -> bool) {
 async fn lead_claims_in_order_relists_on_conflict_and_steps_down_when_not_leader() {
     let memory = Arc::new(MemoryCoordinator::default());
     let coord: Arc<dyn Coordinator> = memory.clone();
-    let settings = crate::config::Settings::load(None, crate::config::Env::new())
-        .expect("the default settings load");
+    let settings = default_settings();
     let prefix = settings.queue.prefix.clone();
     let key = |name: &str| format!("{prefix}{name}");
 
@@ -93,10 +92,7 @@ async fn lead_claims_in_order_relists_on_conflict_and_steps_down_when_not_leader
     let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
     let queue = queue_on(&coord, &settings, registry, metrics.clone());
     let shutdown = CancellationToken::new();
-    let leading = {
-        let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
-        tokio::spawn(async move { queue.lead(&leadership, &lease, &shutdown).await })
-    };
+    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
 
     until("the three tasks ran", || ran.lock().unwrap().len() == 3).await;
     assert_eq!(
@@ -145,8 +141,7 @@ async fn lead_claims_in_order_relists_on_conflict_and_steps_down_when_not_leader
 async fn rotate_mode_ends_the_term_after_its_runs_with_nothing_held() {
     let memory = Arc::new(MemoryCoordinator::default());
     let coord: Arc<dyn Coordinator> = memory.clone();
-    let settings = crate::config::Settings::load(None, crate::config::Env::new())
-        .expect("the default settings load");
+    let settings = default_settings();
     let prefix = settings.queue.prefix.clone();
     for n in 0..10u64 {
         memory
@@ -222,6 +217,23 @@ async fn rotate_mode_ends_the_term_after_its_runs_with_nothing_held() {
     assert_eq!(end, LeadEnd::Rotate);
     assert!(began.elapsed() >= Duration::from_secs(5) && began.elapsed() < Duration::from_secs(6));
     stop.cancel();
+}
+
+/// The compiled-in settings, as a replica without a settings file has them.
+fn default_settings() -> crate::config::Settings {
+    crate::config::Settings::load(None, crate::config::Env::new())
+        .expect("the default settings load")
+}
+
+/// `queue` leading in a task of its own until it ends; its answer is the task's.
+fn lead_in_background(
+    queue: Queue,
+    leadership: &crate::coord::Leadership,
+    lease: &Arc<Lease>,
+    shutdown: &CancellationToken,
+) -> tokio::task::JoinHandle<LeadEnd> {
+    let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
+    tokio::spawn(async move { queue.lead(&leadership, &lease, &shutdown).await })
 }
 
 /// The leader's loop as the consumer builds it, in latch mode, on `coord`.
@@ -300,8 +312,7 @@ impl Handler for Failing {
 async fn a_permanent_failure_is_dead_lettered_at_once_and_a_retryable_one_retried() {
     let memory = Arc::new(MemoryCoordinator::default());
     let coord: Arc<dyn Coordinator> = memory.clone();
-    let mut settings = crate::config::Settings::load(None, crate::config::Env::new())
-        .expect("the default settings load");
+    let mut settings = default_settings();
     settings.queue.backoff_base = Duration::from_millis(10);
     let prefix = settings.queue.prefix.clone();
     let dead_prefix = settings.queue.dead_prefix.clone();
@@ -316,10 +327,7 @@ async fn a_permanent_failure_is_dead_lettered_at_once_and_a_retryable_one_retrie
     let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
     let queue = queue_on(&coord, &settings, registry, metrics);
     let shutdown = CancellationToken::new();
-    let leading = {
-        let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
-        tokio::spawn(async move { queue.lead(&leadership, &lease, &shutdown).await })
-    };
+    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
     until("flaky ran twice", || runs.lock().unwrap().len() == 3).await;
     for _ in 0..1000 {
         if coord.keys(&prefix).await.unwrap().0.is_empty() {
@@ -370,8 +378,7 @@ impl Handler for SlowOne {
 async fn tasks_sent_back_after_a_slow_run_still_go_before_later_ones() {
     let memory = Arc::new(MemoryCoordinator::default());
     let coord: Arc<dyn Coordinator> = memory.clone();
-    let mut settings = crate::config::Settings::load(None, crate::config::Env::new())
-        .expect("the default settings load");
+    let mut settings = default_settings();
     settings.queue.claim_batch = 2;
     let prefix = settings.queue.prefix.clone();
     let order = [
@@ -394,10 +401,7 @@ async fn tasks_sent_back_after_a_slow_run_still_go_before_later_ones() {
     let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
     let queue = queue_on(&coord, &settings, registry, metrics);
     let shutdown = CancellationToken::new();
-    let leading = {
-        let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
-        tokio::spawn(async move { queue.lead(&leadership, &lease, &shutdown).await })
-    };
+    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
     until("every task ran", || {
         runs.lock().unwrap().len() == order.len()
     })
@@ -414,8 +418,7 @@ async fn tasks_sent_back_after_a_slow_run_still_go_before_later_ones() {
 async fn a_paused_queue_claims_nothing_until_resumed() {
     let memory = Arc::new(MemoryCoordinator::default());
     let coord: Arc<dyn Coordinator> = memory.clone();
-    let settings = crate::config::Settings::load(None, crate::config::Env::new())
-        .expect("the default settings load");
+    let settings = default_settings();
     let prefix = settings.queue.prefix.clone();
     let flag = super::pause_key(&prefix);
     memory.put(&flag, b"{}").unwrap();
@@ -428,10 +431,7 @@ async fn a_paused_queue_claims_nothing_until_resumed() {
     let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
     let queue = queue_on(&coord, &settings, registry, metrics);
     let shutdown = CancellationToken::new();
-    let leading = {
-        let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
-        tokio::spawn(async move { queue.lead(&leadership, &lease, &shutdown).await })
-    };
+    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(ran.lock().unwrap().is_empty(), "a paused queue ran tasks");
     let found = coord.get(std::slice::from_ref(&flag)).await.unwrap();
@@ -455,8 +455,7 @@ async fn a_paused_queue_claims_nothing_until_resumed() {
 async fn completions_leave_history_that_the_leader_prunes_to_its_count() {
     let memory = Arc::new(MemoryCoordinator::default());
     let coord: Arc<dyn Coordinator> = memory.clone();
-    let mut settings = crate::config::Settings::load(None, crate::config::Env::new())
-        .expect("the default settings load");
+    let mut settings = default_settings();
     settings.queue.history_keep = 2;
     let prefix = settings.queue.prefix.clone();
     let done_prefix = settings.queue.done_prefix.clone();
@@ -480,10 +479,7 @@ async fn completions_leave_history_that_the_leader_prunes_to_its_count() {
     let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
     let queue = queue_on(&coord, &settings, registry, metrics);
     let shutdown = CancellationToken::new();
-    let leading = {
-        let (leadership, lease, shutdown) = (leadership.clone(), lease.clone(), shutdown.clone());
-        tokio::spawn(async move { queue.lead(&leadership, &lease, &shutdown).await })
-    };
+    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
     until("all five ran", || ran.lock().unwrap().len() == 5).await;
     let mut records = Vec::new();
     for _ in 0..100 {
