@@ -104,6 +104,8 @@ pub struct ConsulSettings {
     pub wait: Duration,
     #[serde(deserialize_with = "go_duration")]
     pub request_timeout: Duration,
+    /// Operations in one transaction: 128 (Consul 1.6 and later), 64 for older servers.
+    pub txn_max_ops: usize,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -470,6 +472,12 @@ impl Settings {
                 "queue.claim_batch must be between 1 and {MAX_CLAIM_BATCH} (one transaction holds at most 128 operations)"
             ));
         }
+        if !(64..=128).contains(&self.consul.txn_max_ops) {
+            return invalid(format!(
+                "consul.txn_max_ops must be between 64 and 128 (Consul accepts 128 operations in a transaction since 1.6, 64 before), not {}",
+                self.consul.txn_max_ops
+            ));
+        }
         if !(1..=MAX_CONCURRENCY).contains(&self.queue.concurrency) {
             return invalid(format!(
                 "queue.concurrency must be between 1 and {MAX_CONCURRENCY}"
@@ -613,6 +621,17 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("max_attempts"), "{err}");
+        for (key, bad, named) in [
+            ("LEADERQ__CONSUL__TXN_MAX_OPS", "63", "consul.txn_max_ops"),
+            ("LEADERQ__CONSUL__TXN_MAX_OPS", "129", "consul.txn_max_ops"),
+            ("LEADERQ__QUEUE__CONCURRENCY", "0", "queue.concurrency"),
+            ("LEADERQ__QUEUE__CONCURRENCY", "257", "queue.concurrency"),
+        ] {
+            let err = Settings::load(None, env(&[(key, bad)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(named), "{err}");
+        }
         for bad in ["0", "33"] {
             let err = Settings::load(None, env(&[("LEADERQ__QUEUE__CLAIM_BATCH", bad)]))
                 .unwrap_err()

@@ -49,6 +49,7 @@ async fn the_consul_backend_keeps_the_coordinator_contract() {
                 ConsulCoordSettings {
                     leader_key: format!("contract/{name}/leader"),
                     health_check: false,
+                    txn_max_ops: 128,
                 },
             );
             Subject {

@@ -31,6 +31,7 @@ fn coordinator(server: &ServerProcess, health_check: bool) -> ConsulCoordinator 
         ConsulCoordSettings {
             leader_key: LEADER_KEY.into(),
             health_check,
+            txn_max_ops: 128,
         },
     )
 }

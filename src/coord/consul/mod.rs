@@ -44,6 +44,9 @@ pub struct ConsulCoordSettings {
     /// Bind each lease to a TTL check passed at every keep-alive (`election.health_check`),
     /// so that a replica whose loop hangs loses its session, not only a dead node.
     pub health_check: bool,
+    /// Operations one transaction may carry (`consul.txn_max_ops`: 128 since Consul 1.6,
+    /// 64 before).
+    pub txn_max_ops: usize,
 }
 
 /// The Consul backend of the coordinator seam. One per replica; it may hold several leases
@@ -77,6 +80,7 @@ pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator
         ConsulCoordSettings {
             leader_key: settings.election.leader_key.clone(),
             health_check: settings.election.health_check,
+            txn_max_ops: settings.consul.txn_max_ops,
         },
     )))
 }
@@ -135,17 +139,13 @@ impl From<consul::Error> for CoordError {
     }
 }
 
-/// One transaction: Consul's operation limit (64 works with every version) and its body
-/// budget (see `consul::txn`), less the array's brackets.
 /// The shape of every Consul session id (a UUID): what a cost is counted with.
 const SESSION_SHAPE: &str = "00000000-0000-0000-0000-000000000000";
 
-const LIMITS: WriteLimits = WriteLimits {
-    max_ops: consul::TXN_MAX_OPS,
-    max_bytes: consul::TXN_MAX_BODY - 2,
-};
-// Every Consul version accepts 64 operations and a body under 512 KiB.
-const _: () = assert!(LIMITS.max_ops <= 64 && LIMITS.max_bytes < 512 * 1024);
+/// One transaction's body budget (see `consul::txn`), less the array's brackets.
+const MAX_BYTES: usize = consul::TXN_MAX_BODY - 2;
+// Every Consul version accepts a body under 512 KiB.
+const _: () = assert!(MAX_BYTES < 512 * 1024);
 
 impl Coordinator for ConsulCoordinator {
     fn describe(&self) -> String {
@@ -234,7 +234,10 @@ impl Coordinator for ConsulCoordinator {
     }
 
     fn limits(&self) -> WriteLimits {
-        LIMITS
+        WriteLimits {
+            max_ops: self.settings.txn_max_ops,
+            max_bytes: MAX_BYTES,
+        }
     }
 }
 
