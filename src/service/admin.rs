@@ -209,6 +209,17 @@ pub struct StatusReport {
     pub replicas: Vec<crate::leader::replicas::ReplicaView>,
 }
 
+/// Every replica's record, as of now: the leader first, then standbys, then those gone
+/// (no heartbeat for `replicas::GONE_AFTER` periods).
+pub async fn replicas(
+    coord: &dyn Coordinator,
+    settings: &Settings,
+) -> Result<Vec<crate::leader::replicas::ReplicaView>, AdminError> {
+    use crate::leader::replicas;
+    let stored = list_now(coord, &replicas::prefix(&settings.election.leader_key)).await?;
+    Ok(replicas::view(&stored, chrono::Utc::now()))
+}
+
 /// Every task under `prefix` now.
 async fn list_now(coord: &dyn Coordinator, prefix: &str) -> Result<Vec<StoredTask>, AdminError> {
     let (tasks, _) = coord
@@ -229,7 +240,7 @@ pub async fn status(
         .await?
         .is_empty();
     let mut report = status_of(&holder, &tasks, dead, paused, Utc::now());
-    report.replicas = crate::service::ops::replicas(coord, settings).await?;
+    report.replicas = replicas(coord, settings).await?;
     Ok(report)
 }
 

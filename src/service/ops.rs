@@ -9,7 +9,6 @@ use serde::Serialize;
 
 use crate::config::Settings;
 use crate::coord::{Coordinator, Edit, Edited, StoredTask, Version};
-use crate::leader::replicas::{self, ReplicaView};
 use crate::leader::timeline::TimelineEntry;
 use crate::service::admin::AdminError;
 use crate::task::history::HistoryRecord;
@@ -60,15 +59,8 @@ pub async fn history(
     Ok(records)
 }
 
-/// Every replica's record, as of now: the leader first, then standbys, then those gone
-/// (no heartbeat for `replicas::GONE_AFTER` periods).
-pub async fn replicas(
-    coord: &dyn Coordinator,
-    settings: &Settings,
-) -> Result<Vec<ReplicaView>, AdminError> {
-    let stored = list_now(coord, &replicas::prefix(&settings.election.leader_key)).await?;
-    Ok(replicas::view(&stored, chrono::Utc::now()))
-}
+// Every replica's record: `status` shows them too, so they are read where it is.
+pub use crate::service::admin::replicas;
 
 /// The newest `limit` terms of leadership, newest first: who led, from when, with which
 /// fencing token, and why the term before ended.
