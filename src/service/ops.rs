@@ -32,6 +32,19 @@ async fn list_now(coord: &dyn Coordinator, prefix: &str) -> Result<Vec<StoredTas
     Ok(tasks)
 }
 
+/// The history records of completed tasks under `queue.done_prefix`, in key order; a
+/// record that is not one of leaderq's is skipped.
+pub async fn completed(
+    coord: &dyn Coordinator,
+    settings: &Settings,
+) -> Result<Vec<HistoryRecord>, AdminError> {
+    Ok(list_now(coord, &settings.queue.done_prefix)
+        .await?
+        .iter()
+        .filter_map(|stored| HistoryRecord::decode(&stored.key, &stored.value))
+        .collect())
+}
+
 /// Finished tasks, newest first: the history records under `queue.done_prefix` (completed)
 /// and the dead letters under `queue.dead_prefix` (dead), filtered by `filter`. A record
 /// that is not one of leaderq's is skipped.
@@ -42,9 +55,7 @@ pub async fn history(
 ) -> Result<Vec<HistoryRecord>, AdminError> {
     let mut records: Vec<HistoryRecord> = Vec::new();
     if !filter.failed {
-        for stored in list_now(coord, &settings.queue.done_prefix).await? {
-            records.extend(HistoryRecord::decode(&stored.key, &stored.value));
-        }
+        records = completed(coord, settings).await?;
     }
     for stored in list_now(coord, &settings.queue.dead_prefix).await? {
         records.extend(HistoryRecord::from_dead_letter(&stored.key, &stored.value));

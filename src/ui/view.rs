@@ -261,11 +261,14 @@ impl Seen {
 /// Completions and dead letters by minute over the last hour, from the history records
 /// (`finishedAt`), oldest first: exact whenever the dashboard was opened, as far as the
 /// history keeps records.
-pub fn chart_of_history(records: &[HistoryRecord], now: DateTime<Utc>) -> Vec<Minute> {
+pub fn chart_of_history<'a>(
+    records: impl IntoIterator<Item = &'a HistoryRecord>,
+    now: DateTime<Utc>,
+) -> Vec<Minute> {
     let mut throughput = Throughput::default();
     let current = now.timestamp().div_euclid(60);
     let mut counted: Vec<(i64, bool)> = records
-        .iter()
+        .into_iter()
         .filter_map(|record| {
             let at = DateTime::parse_from_rfc3339(&record.finished_at).ok()?;
             let minute = at.timestamp().div_euclid(60);

@@ -13,6 +13,7 @@ use chrono::Utc;
 use super::view::{self, Panes, Seen, Throughput};
 use super::Ui;
 use crate::coord::{CoordError, Holder, StoredTask, Version};
+use crate::task::history::HistoryRecord;
 
 /// The watcher reads at most this often, however busy the queue: a burst of changes costs
 /// one reading per interval, not one per change.
@@ -23,8 +24,8 @@ const ERROR_RETRY: Duration = Duration::from_secs(1);
 /// `leaderq pause` from a shell shows within a second.
 const PAUSE_POLL: Duration = Duration::from_millis(900);
 
-/// The chart's history records are read again at most this often (a listing of up to
-/// `queue.history_keep` records).
+/// The chart's completed records are read again at most this often (a listing of up to
+/// `queue.history_keep` records); the dead letters come with every reading.
 const HISTORY_REFRESH: Duration = Duration::from_secs(5);
 
 /// One reading of everything the panes show.
@@ -70,8 +71,9 @@ async fn paused(ui: &Ui) -> Result<bool, CoordError> {
 pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
     let mut seen: Option<Seen> = None;
     let mut throughput = Throughput::default();
-    // The last hour from the history records, and when they were read.
-    let mut history: Option<(tokio::time::Instant, Vec<view::Minute>)> = None;
+    // The completed tasks' history records, and when they were read (the dead letters come
+    // with every reading).
+    let mut done_records: Option<(tokio::time::Instant, Vec<HistoryRecord>)> = None;
     let mut seq = 0;
     let wait = ui.settings.watch_wait();
     loop {
@@ -84,6 +86,16 @@ pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
                 let (completed, failed) = seen.as_ref().map_or((0, 0), |seen| seen.changes(&next));
                 throughput.record(now, completed, failed);
                 seen = Some(next);
+                let history_on = ui.settings.queue.history_keep > 0;
+                let dead: Vec<HistoryRecord> = if history_on {
+                    reading
+                        .dead
+                        .iter()
+                        .filter_map(|s| HistoryRecord::from_dead_letter(&s.key, &s.value))
+                        .collect()
+                } else {
+                    Vec::new()
+                };
                 let mut panes = view::panes(
                     &reading.holder,
                     reading.queued,
@@ -94,22 +106,20 @@ pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
                 panes.overview.seq = seq;
                 panes.overview.chart = throughput.chart(now);
                 panes.overview.chart_source = "seen";
-                if ui.settings.queue.history_keep > 0 {
-                    let stale = history
+                if history_on {
+                    let stale = done_records
                         .as_ref()
                         .is_none_or(|(read, _)| read.elapsed() >= HISTORY_REFRESH);
                     if stale {
-                        let filter = crate::service::ops::HistoryFilter::default();
                         if let Ok(records) =
-                            crate::service::ops::history(ui.coord.as_ref(), &ui.settings, &filter)
-                                .await
+                            crate::service::ops::completed(ui.coord.as_ref(), &ui.settings).await
                         {
-                            let chart = view::chart_of_history(&records, now);
-                            history = Some((tokio::time::Instant::now(), chart));
+                            done_records = Some((tokio::time::Instant::now(), records));
                         }
                     }
-                    if let Some((_, chart)) = &history {
-                        panes.overview.chart = chart.clone();
+                    if let Some((_, records)) = &done_records {
+                        panes.overview.chart =
+                            view::chart_of_history(records.iter().chain(&dead), now);
                         panes.overview.chart_source = "history";
                     }
                 }
