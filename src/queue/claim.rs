@@ -87,13 +87,12 @@ impl Queue {
                     claimed
                 }
                 Claim::Relist => break,
-                Claim::Moved(batch, keys) => {
+                Claim::Moved(batch, keys, current) => {
                     match self
-                        .reread(leadership, &mut backlog, memory, batch, &keys)
+                        .reread(leadership, &mut backlog, memory, batch, &keys, current)
                         .await
                     {
-                        Ok(true) => continue,
-                        Ok(false) => break,
+                        Ok(()) => continue,
                         Err(stop) => {
                             end = Some(stop);
                             break;
@@ -306,18 +305,31 @@ impl Queue {
             }
             Ok(Written::Conflict(keys)) => {
                 self.metrics.claim_conflicts.inc();
-                let refused = self.refused_for_a_while(&batch, &keys).await;
+                // Only claims of the batch conflicted: its other tasks and the rest of the
+                // backlog are as read, and those tasks read again are enough.
+                let own =
+                    !keys.is_empty() && keys.iter().all(|key| batch.iter().any(|t| t.key == *key));
+                if !own {
+                    tracing::debug!(?keys, "claim conflict; listing again");
+                    return Claim::Relist;
+                }
+                let current = match self.coord.get(&keys).await {
+                    Ok(current) => current,
+                    Err(err) => {
+                        self.metrics.coordinator_error(&err);
+                        tracing::warn!(error = %err, "cannot read tasks that moved; listing again");
+                        return Claim::Relist;
+                    }
+                };
+                let refused = refused_for_a_while(&batch, &keys, &current);
                 if !refused.is_empty() && refused.len() == keys.len() {
                     return Claim::LockDelayed(batch, refused);
                 }
-                // Only claims of the batch conflicted: its other tasks and the rest of
-                // the backlog are as read, and re-reading the moved ones is enough.
-                if !keys.is_empty() && keys.iter().all(|key| batch.iter().any(|t| t.key == *key)) {
-                    tracing::debug!(?keys, "claim conflict; reading the moved tasks again");
-                    return Claim::Moved(batch, keys);
-                }
-                tracing::debug!(?keys, "claim conflict; listing again");
-                return Claim::Relist;
+                tracing::debug!(
+                    ?keys,
+                    "claim conflict; taking the moved tasks as read again"
+                );
+                return Claim::Moved(batch, keys, current);
             }
             Err(CoordError::Refused(why)) => return Claim::TooLarge(batch, why),
             Err(err) => {
@@ -356,9 +368,8 @@ impl Queue {
     }
 
     /// After a claim conflicted on `keys` of `batch` only: puts the rest of the batch back
-    /// and reads those keys again, so that a task that moved takes its new place (or goes,
-    /// if it was deleted) without listing the whole queue. `false`: they could not be read,
-    /// list again.
+    /// and takes those keys as `current` read them, so that a task that moved takes its new
+    /// place (or goes, if it was deleted) without listing the whole queue.
     pub(super) async fn reread(
         &self,
         leadership: &Leadership,
@@ -366,52 +377,23 @@ impl Queue {
         memory: &mut Memory,
         batch: Vec<Task>,
         keys: &[String],
-    ) -> Result<bool, LeadEnd> {
+        current: Vec<StoredTask>,
+    ) -> Result<(), LeadEnd> {
         let (_, others): (Vec<Task>, Vec<Task>) =
             batch.into_iter().partition(|task| keys.contains(&task.key));
         backlog.put_back(others);
         for key in keys {
             backlog.forget(key);
         }
-        let entries = match self.coord.get(keys).await {
-            Ok(entries) => entries,
-            Err(err) => {
-                self.metrics.coordinator_error(&err);
-                tracing::warn!(error = %err, "cannot read tasks that moved; listing again");
-                return Ok(false);
-            }
-        };
         let sorted = self
-            .sort_out(leadership, entries, memory, Utc::now())
+            .sort_out(leadership, current, memory, Utc::now())
             .await?;
         backlog.learn(
             sorted.keys.into_iter().collect(),
             sorted.pending,
             sorted.delayed,
         );
-        Ok(true)
-    }
-
-    /// Of a conflicted claim's `keys`, the tasks of `batch` (indexes) that are still as
-    /// read and held by no lease: nothing moved them, the coordinator refuses them for a
-    /// while (Consul: lock-delay). Empty unless every conflicted key is such a task.
-    pub(super) async fn refused_for_a_while(&self, batch: &[Task], keys: &[String]) -> Vec<usize> {
-        let tried: Vec<usize> = keys
-            .iter()
-            .filter_map(|key| batch.iter().position(|task| task.key == *key))
-            .collect();
-        if tried.len() != keys.len() {
-            return Vec::new();
-        }
-        let Ok(current) = self.coord.get(keys).await else {
-            return Vec::new();
-        };
-        let still = plan::unmoved(batch, &tried, &current);
-        if still.len() == tried.len() {
-            still
-        } else {
-            Vec::new()
-        }
+        Ok(())
     }
 
     /// Releases claimed tasks whose handlers never started, restoring their value, so they
@@ -440,5 +422,22 @@ impl Queue {
                 tracing::warn!(error = %err, "cannot release tasks claimed but not started; the next leader requeues them");
             }
         }
+    }
+}
+
+/// Of a conflicted claim's `keys` (all of them tasks of `batch`), the tasks of `batch`
+/// (indexes) that `current` shows still as read and held by no lease: nothing moved them,
+/// the coordinator refuses them for a while (Consul: lock-delay). Empty unless every
+/// conflicted key is such a task.
+fn refused_for_a_while(batch: &[Task], keys: &[String], current: &[StoredTask]) -> Vec<usize> {
+    let tried: Vec<usize> = keys
+        .iter()
+        .filter_map(|key| batch.iter().position(|task| task.key == *key))
+        .collect();
+    let still = plan::unmoved(batch, &tried, current);
+    if still.len() == tried.len() {
+        still
+    } else {
+        Vec::new()
     }
 }

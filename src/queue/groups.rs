@@ -356,10 +356,12 @@ impl Queue {
             }
             Claim::Relist => Started::Relist,
             // Only tasks of this batch moved since they were read: read just them again.
-            Claim::Moved(batch, keys) => {
-                match self.reread(leadership, backlog, memory, batch, &keys).await {
-                    Ok(true) => Started::Runs(Vec::new()),
-                    Ok(false) => Started::Relist,
+            Claim::Moved(batch, keys, current) => {
+                match self
+                    .reread(leadership, backlog, memory, batch, &keys, current)
+                    .await
+                {
+                    Ok(()) => Started::Runs(Vec::new()),
                     Err(stop) => Started::End(stop),
                 }
             }

@@ -524,9 +524,10 @@ enum Claim {
     Claimed(Vec<(Claimed, u64)>),
     /// The listing is stale (a claim conflict or an error): list again.
     Relist,
-    /// These tasks of the batch moved since they were read (a producer rewrote one, a
-    /// retry was written back): nothing was applied; read just them again.
-    Moved(Vec<Task>, Vec<String>),
+    /// These tasks of the batch (keys) moved since they were read (a producer rewrote one,
+    /// a retry was written back): nothing was applied; what they hold now (those that are
+    /// still there), read once, takes their place.
+    Moved(Vec<Task>, Vec<String>, Vec<StoredTask>),
     /// The coordinator refused the write as too large; nothing was applied.
     TooLarge(Vec<Task>, String),
     /// Only the claims of these tasks (indexes into the batch) failed, refused for a while
