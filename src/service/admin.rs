@@ -221,7 +221,10 @@ pub async fn replicas(
 }
 
 /// Every task under `prefix` now.
-async fn list_now(coord: &dyn Coordinator, prefix: &str) -> Result<Vec<StoredTask>, AdminError> {
+pub(crate) async fn list_now(
+    coord: &dyn Coordinator,
+    prefix: &str,
+) -> Result<Vec<StoredTask>, AdminError> {
     let (tasks, _) = coord
         .list(prefix, Version(0), std::time::Duration::ZERO)
         .await?;

@@ -8,9 +8,9 @@
 use serde::Serialize;
 
 use crate::config::Settings;
-use crate::coord::{Coordinator, Edit, Edited, StoredTask, Version};
+use crate::coord::{Coordinator, Edit, Edited, StoredTask};
 use crate::leader::timeline::TimelineEntry;
-use crate::service::admin::AdminError;
+use crate::service::admin::{list_now, AdminError};
 use crate::task::history::HistoryRecord;
 
 /// Which finished tasks [`history`] answers.
@@ -22,14 +22,6 @@ pub struct HistoryFilter {
     pub failed: bool,
     /// At most this many, the newest.
     pub limit: Option<usize>,
-}
-
-/// Every task under `prefix` now.
-async fn list_now(coord: &dyn Coordinator, prefix: &str) -> Result<Vec<StoredTask>, AdminError> {
-    let (tasks, _) = coord
-        .list(prefix, Version(0), std::time::Duration::ZERO)
-        .await?;
-    Ok(tasks)
 }
 
 /// The history records of completed tasks under `queue.done_prefix`, in key order; a
