@@ -1,7 +1,9 @@
 //! Concurrency groups with real processes on every backend's real servers (a backend whose
 //! server is missing is skipped, or fails the test under LEADERQ_REQUIRE_SERVERS): with
 //! `queue.concurrency = 4`, exec handlers of different `taskGroup`s run at once, never two
-//! of one group, and each group in `taskTime` order.
+//! of one group, and each group in `taskTime` order; and when the leader is SIGKILLed
+//! mid-runs, nothing is lost and the next leader starts no task of a group before the
+//! killed leader's run of that group is gone.
 
 use super::*;
 
@@ -12,6 +14,11 @@ macro_rules! on_every_backend {
                 #[tokio::test]
                 async fn groups_run_side_by_side_never_within_one() {
                     super::groups_run_side_by_side_never_within_one(stringify!($backend)).await;
+                }
+
+                #[tokio::test]
+                async fn a_killed_leaders_groups_wait_for_its_runs_to_die() {
+                    super::a_killed_leaders_groups_wait_for_its_runs_to_die(stringify!($backend)).await;
                 }
             }
         )*
@@ -143,5 +150,152 @@ command = ["sh", "-c", "echo \"start $TASK_ID $(date +%s%N)\" >> {journal_path};
     assert!(
         (2..=4).contains(&most),
         "runs of different groups overlap, at most 4 at once (saw {most}): {text}"
+    );
+}
+
+/// Now, in nanoseconds since the epoch, as the handlers' `date +%s%N` writes it.
+fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// Two replicas with `concurrency = 4` over three groups of 0.5 s runs (so a free slot
+/// always has a task of a running group to refuse); the leader's PID is
+/// SIGKILLed while its runs are going (their supervisors kill them at once). Every task
+/// still ends, and the runs of a group never overlap, across the two leaders: a run that
+/// never ended counts as going until the kill.
+async fn a_killed_leaders_groups_wait_for_its_runs_to_die(backend: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(cluster) = common::start_cluster(backend, dir.path()) else {
+        return;
+    };
+    let journal = dir.path().join("journal");
+    std::fs::write(&journal, "").unwrap();
+    let coord = leaderq::coord::connect(
+        &leaderq::config::Settings::load(None, cluster.env()).expect("settings"),
+    )
+    .expect("coordinator");
+    let mut replicas = Vec::new();
+    for node in ["ka", "kb"] {
+        let journal_path = journal.display();
+        let config = settings(&journal, "3s")
+            .replace("$NODE", node)
+            .replace("[queue]\n", "[queue]\nconcurrency = 4\n")
+            + &format!(
+                r#"
+[handlers.Grouped]
+kind = "exec"
+command = ["sh", "-c", "echo \"start $TASK_ID $(date +%s%N) {node}\" >> {journal_path}; sleep 0.5; echo \"end $TASK_ID $(date +%s%N) {node}\" >> {journal_path}"]
+"#
+            );
+        replicas.push(ConsumerProcess::start_with_env(
+            "127.0.0.1:1",
+            node,
+            dir.path(),
+            &config,
+            &cluster.env(),
+        ));
+    }
+    let started = Instant::now();
+    let leader = loop {
+        let (holder, _) = coord
+            .observe(leaderq::coord::Version(0), Duration::ZERO)
+            .await
+            .expect("observe");
+        if let Some(record) = holder.record.filter(|_| holder.lease.is_some()) {
+            break record.node;
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "no leader");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let tasks: Vec<leaderq::coord::Edit> = (0..15u64)
+        .map(|n| {
+            let group = ["a", "b", "c"][(n % 3) as usize];
+            leaderq::coord::Edit::Create {
+                key: format!("oracleTask/task_{n:02}"),
+                value: json!({"taskId": format!("{group}{n:02}"), "taskTime": 1000 + n, "taskType": "Grouped", "taskGroup": group})
+                    .to_string()
+                    .into_bytes(),
+            }
+        })
+        .collect();
+    assert_eq!(
+        coord.edit(&tasks).await.expect("enqueue"),
+        leaderq::coord::Edited::Done
+    );
+    // Kill the leader once its second wave of runs has started.
+    loop {
+        let text = std::fs::read_to_string(&journal).unwrap();
+        if text.lines().filter(|l| l.starts_with("start")).count() >= 5 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no runs: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let index = if leader == "ka" { 0 } else { 1 };
+    replicas[index].kill();
+    let killed_at = now_ns();
+    loop {
+        let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
+        if keys.is_empty() {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(90) {
+            let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
+            panic!("{keys:?} left:\n{}", logs.join("\n----\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let text = std::fs::read_to_string(&journal).unwrap();
+    // (id, node, start, end): a run the kill cut short ends at the kill.
+    let mut runs: Vec<(String, String, u128, u128)> = Vec::new();
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let at: u128 = words[2].parse().unwrap();
+        if words[0] == "start" {
+            runs.push((words[1].into(), words[3].into(), at, 0));
+        } else if let Some(run) = runs
+            .iter_mut()
+            .find(|r| r.0 == words[1] && r.1 == words[3] && r.3 == 0)
+        {
+            run.3 = at;
+        }
+    }
+    for run in runs.iter_mut().filter(|r| r.3 == 0) {
+        assert_eq!(
+            run.1, leader,
+            "only the killed leader's runs end unrecorded: {text}"
+        );
+        run.3 = killed_at;
+    }
+    for n in 0..15u64 {
+        let id = format!("{}{n:02}", ["a", "b", "c"][(n % 3) as usize]);
+        assert!(
+            text.lines().any(|l| l.starts_with(&format!("end {id} "))),
+            "{id} never ran to its end: {text}"
+        );
+    }
+    for (i, a) in runs.iter().enumerate() {
+        for b in &runs[i + 1..] {
+            let same_group = a.0[..1] == b.0[..1];
+            let overlap = a.2 < b.3 && b.2 < a.3;
+            assert!(
+                !(same_group && overlap),
+                "{} on {} and {} on {} of one group overlapped: {text}",
+                a.0,
+                a.1,
+                b.0,
+                b.1
+            );
+        }
+    }
+    assert!(
+        runs.iter().any(|r| r.1 != leader),
+        "the other replica took over: {text}"
     );
 }
