@@ -156,8 +156,8 @@ struct BenchArgs {
     /// measure `leaderq server`.
     #[arg(long, default_value = "consul", value_parser = clap::builder::PossibleValuesParser::new(leaderq::tools::harness::BACKENDS))]
     backend: String,
-    /// Backlogs the backlog section enqueues and drains, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = leaderq::tools::bench::DEFAULT_BACKLOGS)]
+    /// Backlogs the backlog section enqueues and drains, comma-separated (1 to 10,000,000).
+    #[arg(long, value_delimiter = ',', default_values_t = leaderq::tools::bench::DEFAULT_BACKLOGS, value_parser = backlog_size)]
     backlogs: Vec<usize>,
     /// Where the backlog section writes its SVG chart (rate and RSS against backlog).
     #[arg(long, default_value = leaderq::tools::bench::DEFAULT_CHART)]
@@ -1278,4 +1278,14 @@ async fn shutdown_signal() {
         _ = term => {}
     }
     tracing::info!("shutdown requested");
+}
+
+/// A backlog for the bench: at least one task (the last one tells the drain is over).
+fn backlog_size(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n @ 1..=10_000_000) => Ok(n),
+        _ => Err(format!(
+            "{s:?} is not a backlog: give a count from 1 to 10000000"
+        )),
+    }
 }

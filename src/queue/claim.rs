@@ -7,7 +7,8 @@ use super::*;
 impl Queue {
     /// Works through a listing's backlog. Before each claim the plan decides: look at the
     /// queue's keys (every LOOK_INTERVAL) for tasks that arrived and retries written back,
-    /// list again, or claim. Retries that fall due join the pending tasks, so the earliest
+    /// list again, or claim. A look's names are read while the claims go on, and the look
+    /// is finished (new keys read and put in their places) before the first claim after. Retries that fall due join the pending tasks, so the earliest
     /// eligible task known is always claimed next. Tasks are claimed one at a time, or in
     /// batches of up to `claim_batch` while handlers finish fast, each batch within the
     /// coordinator's write limits; a task too large to claim at all is dead-lettered. Each
@@ -29,23 +30,33 @@ impl Queue {
         // listing.
         let mut single = false;
         let mut end = None;
+        // A look whose names are being read.
+        let mut reading: Option<sort::Reading> = None;
         'listing: loop {
             if let Some(stop) = self.must_stop(lease, shutdown) {
                 end = Some(stop);
                 break;
             }
-            match backlog.next(Utc::now()) {
-                Next::Claim => {}
-                Next::Look => match self.look(leadership, &mut backlog, memory).await {
+            if let Some(read) = reading.take_if(|reading| reading.is_ready()) {
+                match self
+                    .finish_look(leadership, &mut backlog, memory, read)
+                    .await
+                {
                     // A pause takes effect between batches: the loop waits it out.
                     Ok(Look::Continue) if self.paused().await => break,
-                    Ok(Look::Continue) => continue,
+                    Ok(Look::Continue) => {}
                     Ok(Look::Relist) => break,
                     Err(stop) => {
                         end = Some(stop);
                         break;
                     }
-                },
+                }
+            }
+            match backlog.next(Utc::now()) {
+                Next::Claim => {}
+                // The names are read while this claim and the next ones are written.
+                Next::Look if reading.is_none() => reading = Some(self.start_look(&mut backlog)),
+                Next::Look => {}
                 Next::Relist | Next::Done => break,
             }
             let max_tasks = if fast && !single {

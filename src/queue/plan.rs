@@ -222,6 +222,9 @@ pub struct Backlog {
     claimed: usize,
     /// Pending tasks the listing held: claims before listing again scale with it.
     listed: usize,
+    /// While a look's names are being read: the keys forgotten since it began (deleted,
+    /// or to be read again). They may be among the names, yet are not new to that look.
+    forgotten: Option<HashSet<String>>,
 }
 
 impl Backlog {
@@ -246,6 +249,7 @@ impl Backlog {
             look_cost: Duration::ZERO,
             claimed: 0,
             listed,
+            forgotten: None,
         };
         backlog.learn(Vec::new(), pending, delayed);
         backlog
@@ -347,6 +351,13 @@ impl Backlog {
         }
     }
 
+    /// Records that a look began at `now`: no other is asked for until it is spaced from
+    /// this one (the look's names are read while the leader claims).
+    pub fn look_started(&mut self, now: DateTime<Utc>) {
+        self.last_look = now;
+        self.forgotten = Some(HashSet::new());
+    }
+
     /// Records a look at `now` that took `cost` and found `keys` under the prefix: tasks
     /// whose keys are gone are dropped; keys never seen (or forgotten) are new.
     pub fn looked(&mut self, keys: Vec<String>, now: DateTime<Utc>, cost: Duration) -> Looked {
@@ -355,12 +366,13 @@ impl Backlog {
         // One pass over the names, one hash each: on a large backlog the comparison costs
         // as much as reading them, and it is made every look. Nothing is dropped unless
         // some known key is missing (the leader forgets the keys it deletes itself).
+        let forgotten = self.forgotten.take().unwrap_or_default();
         let mut still = 0;
         let mut new = Vec::new();
         for key in &keys {
             if self.known.contains(key) {
                 still += 1;
-            } else {
+            } else if !forgotten.contains(key) {
                 new.push(key.clone());
             }
         }
@@ -415,6 +427,9 @@ impl Backlog {
     /// Forgets a key: its task was deleted, or changed in a way that the next look must
     /// read again (a retry written back).
     pub fn forget(&mut self, key: &str) {
+        if let Some(forgotten) = &mut self.forgotten {
+            forgotten.insert(key.to_string());
+        }
         self.known.remove(key);
         self.remove(key);
         if self.delayed.iter().any(|(_, task)| task.key == key) {
@@ -749,6 +764,43 @@ mod tests {
         );
         assert_eq!(backlog.next(at(21)), Next::Claim);
         assert_eq!(backlog.next(at(10)), Next::Look, "the clock went back");
+    }
+
+    /// A look whose names are read while the leader claims: no other look is asked for
+    /// meanwhile; keys the leader deleted or let go during the read are among the names
+    /// but not new to that look (the next one reads a key that is still there).
+    #[test]
+    fn a_look_read_while_claiming_takes_no_deleted_key_for_new() {
+        let mut backlog = Backlog::new(
+            vec![
+                task("q/a", 1, None),
+                task("q/b", 2, None),
+                task("q/c", 3, None),
+            ],
+            vec![],
+            known(&["q/a", "q/b", "q/c"]),
+            at(0),
+            Duration::ZERO,
+        );
+        assert_eq!(backlog.next(at(20)), Next::Look);
+        backlog.look_started(at(20));
+        assert_eq!(backlog.next(at(21)), Next::Claim, "one look at a time");
+        // The names, read at 20: q/a is claimed and completed meanwhile, q/b claimed and
+        // written back as a retry (forgotten, to be read again); q/new arrived.
+        let names = vec!["q/a".into(), "q/b".into(), "q/c".into(), "q/new".into()];
+        let taken: Vec<String> = backlog.take(2).into_iter().map(|t| t.key).collect();
+        assert_eq!(taken, ["q/a", "q/b"]);
+        backlog.forget("q/a");
+        backlog.forget("q/b");
+        assert_eq!(
+            backlog.looked(names, at(30), Duration::from_millis(10)),
+            Looked::New(vec!["q/new".into()])
+        );
+        assert_eq!(
+            backlog.looked(vec!["q/b".into(), "q/c".into()], at(130), Duration::ZERO),
+            Looked::New(vec!["q/b".into()]),
+            "the retry is read at the next look"
+        );
     }
 
     /// A costly look spaces the next one out to ten times its cost.

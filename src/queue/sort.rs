@@ -2,6 +2,8 @@
 //! orphans to requeue or malformed ones to dead-letter (`pick`, `sort_out`), and the quick
 //! look at the keys between claims that catches newer or earlier tasks (`look`).
 
+use tokio_util::task::AbortOnDropHandle;
+
 use super::*;
 
 impl Queue {
@@ -149,21 +151,61 @@ impl Queue {
         backlog: &mut Backlog,
         memory: &mut Memory,
     ) -> Result<Look, LeadEnd> {
+        let reading = self.start_look(backlog);
+        self.finish_look(leadership, backlog, memory, reading).await
+    }
+
+    /// Starts reading the queue's keys for a look, in the background: the leader goes on
+    /// claiming meanwhile (on a large backlog the names take as long to read as several
+    /// claims), and finishes the look once they are read. The backlog counts the look
+    /// from now, so that it asks for no other look meanwhile.
+    pub(super) fn start_look(&self, backlog: &mut Backlog) -> Reading {
+        backlog.look_started(Utc::now());
+        let coord = self.coord.clone();
+        let prefix = self.settings.prefix.clone();
         let started = Instant::now();
-        let keys = match self.coord.keys(&self.settings.prefix).await {
-            Ok((keys, _)) => keys,
+        Reading {
+            keys: AbortOnDropHandle::new(tokio::spawn(async move {
+                let keys = coord.keys(&prefix).await.map(|(keys, _)| keys);
+                (keys, started.elapsed())
+            })),
+            started,
+        }
+    }
+
+    /// Finishes a look with the names `reading` read: tasks whose keys were gone then are
+    /// dropped (unless learned again since), new keys are read and sorted out. Tasks the
+    /// leader claimed or deleted meanwhile are not new: it knows their keys, or forgot
+    /// them on purpose (then reading them again finds what they hold now, or nothing).
+    pub(super) async fn finish_look(
+        &self,
+        leadership: &Leadership,
+        backlog: &mut Backlog,
+        memory: &mut Memory,
+        reading: Reading,
+    ) -> Result<Look, LeadEnd> {
+        let (keys, read_in) = match reading.keys.await {
+            Ok(read) => read,
+            Err(err) => {
+                tracing::warn!(error = %err, "the read of the queue's keys did not end; listing again");
+                return Ok(Look::Relist);
+            }
+        };
+        let keys = match keys {
+            Ok(keys) => keys,
             Err(err) => {
                 self.metrics.coordinator_error(&err);
                 tracing::warn!(error = %err, "cannot read the queue's keys; listing again");
                 return Ok(Look::Relist);
             }
         };
-        let new = match backlog.looked(keys, Utc::now(), started.elapsed()) {
+        let merging = Instant::now();
+        let new = match backlog.looked(keys, Utc::now(), read_in) {
             Looked::Relist => return Ok(Look::Relist),
             Looked::New(new) => new,
         };
-        backlog.look_took(started.elapsed());
         if new.is_empty() {
+            backlog.look_took(read_in + merging.elapsed());
             return Ok(Look::Continue);
         }
         // A key that went away meanwhile is simply not among them.
@@ -183,7 +225,22 @@ impl Queue {
             sorted.pending,
             sorted.delayed,
         );
-        backlog.look_took(started.elapsed());
+        backlog.look_took(read_in + merging.elapsed());
+        tracing::trace!(since_start = ?reading.started.elapsed(), "look finished");
         Ok(Look::Continue)
+    }
+}
+
+/// The names of the queue's keys being read for a look (`Queue::start_look`); dropped,
+/// the read is abandoned.
+pub(super) struct Reading {
+    keys: AbortOnDropHandle<(Result<Vec<String>, CoordError>, Duration)>,
+    started: Instant,
+}
+
+impl Reading {
+    /// Whether the names are read (or the read failed): finishing the look waits no more.
+    pub(super) fn is_ready(&self) -> bool {
+        self.keys.is_finished()
     }
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::json;
 
-use super::consumer::{task_body, Target, TASK_TYPE};
+use super::consumer::{task_body, task_body_at, Target, BACKLOG_TASK_TIME, TASK_TYPE};
 use super::{mib, progress, rss_of, Options, Report, TempDir};
 use crate::coord::{Coordinator, Edit, Edited};
 use crate::tools::chaos::leader_node;
@@ -146,17 +146,19 @@ async fn measure(
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let started = Instant::now();
-    // Polling names costs the coordinator in proportion to the backlog: poll less often
-    // on a large one, so the measurement does not slow down what it measures (at most
-    // 1% of the drain's time off).
-    let poll = Duration::from_millis((backlog as u64 / 1000).clamp(1, 100));
+    // The last task comes last in claim order (a later taskTime), so the queue is empty
+    // once it is gone: it alone is read, every millisecond; a count of the names (which
+    // costs the coordinator in proportion to the backlog) confirms it once.
+    let last = [task_key(backlog - 1)];
     let mut left = backlog;
     while started.elapsed() < DRAIN_LIMIT {
-        left = server.coord.keys("oracleTask/").await?.0.len();
-        if left == 0 {
-            break;
+        if server.coord.get(&last).await?.is_empty() {
+            left = server.coord.keys("oracleTask/").await?.0.len();
+            if left == 0 {
+                break;
+            }
         }
-        tokio::time::sleep(poll).await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let seconds = started.elapsed().as_secs_f64();
     let (_, peak_rss) = rss_of(child.id()).unwrap_or((0, 0));
@@ -170,7 +172,14 @@ async fn measure(
     })
 }
 
-/// Creates `count` no-op tasks as `leaderq enqueue` would, in create-only batches.
+/// The key of the `n`th task of a backlog.
+fn task_key(n: usize) -> String {
+    format!("oracleTask/b{n:06}")
+}
+
+/// Creates `count` no-op tasks as `leaderq enqueue` would, in create-only batches; the
+/// last one is written alone after the others, a second later in taskTime: it is the
+/// last to be claimed.
 async fn enqueue(coord: &Arc<dyn Coordinator>, count: usize) -> anyhow::Result<()> {
     let body_len = task_body("b000000").len() + "oracleTask/b000000".len();
     let limits = coord.limits();
@@ -184,14 +193,11 @@ async fn enqueue(coord: &Arc<dyn Coordinator>, count: usize) -> anyhow::Result<(
         let coord = coord.clone();
         clients.push(tokio::spawn(async move {
             let mut start = client * batch;
-            while start < count {
-                let edits: Vec<Edit> = (start..(start + batch).min(count))
-                    .map(|n| {
-                        let id = format!("b{n:06}");
-                        Edit::Create {
-                            key: format!("oracleTask/{id}"),
-                            value: task_body(&id).into_bytes(),
-                        }
+            while start < count - 1 {
+                let edits: Vec<Edit> = (start..(start + batch).min(count - 1))
+                    .map(|n| Edit::Create {
+                        key: task_key(n),
+                        value: task_body(&format!("b{n:06}")).into_bytes(),
                     })
                     .collect();
                 match coord.edit(&edits).await? {
@@ -206,7 +212,15 @@ async fn enqueue(coord: &Arc<dyn Coordinator>, count: usize) -> anyhow::Result<(
     for client in clients {
         client.await??;
     }
-    Ok(())
+    let later = (BACKLOG_TASK_TIME.parse::<u64>()? + 1).to_string();
+    let last = Edit::Create {
+        key: task_key(count - 1),
+        value: task_body_at(&format!("b{:06}", count - 1), &later).into_bytes(),
+    };
+    match coord.edit(&[last]).await? {
+        Edited::Done => Ok(()),
+        Edited::Conflict(keys) => bail!("enqueue: {keys:?} exist"),
+    }
 }
 
 /// A chart of drain rate (left axis) and peak RSS (right axis) against the backlog (log

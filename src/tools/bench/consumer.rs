@@ -47,7 +47,7 @@ const ORDER_BACKLOG: usize = 8_000;
 /// Pause between two earlier tasks of the order-window measurement.
 const ORDER_PROBE_INTERVAL: Duration = Duration::from_millis(10);
 /// The backlog's taskTime; the earlier tasks use 1 (1970).
-const BACKLOG_TASK_TIME: &str = "1445599887";
+pub(super) const BACKLOG_TASK_TIME: &str = "1445599887";
 
 /// A no-op handler that reports (task id, replica, start instant).
 struct Recorder {
@@ -179,7 +179,12 @@ async fn stop_all(replicas: Vec<Replica>) {
 }
 
 pub(super) fn task_body(id: &str) -> String {
-    json!({"taskId": id, "taskTime": BACKLOG_TASK_TIME, "taskTaken": false, "taskType": TASK_TYPE, "taskPara": {}})
+    task_body_at(id, BACKLOG_TASK_TIME)
+}
+
+/// A no-op task at `task_time`.
+pub(super) fn task_body_at(id: &str, task_time: &str) -> String {
+    json!({"taskId": id, "taskTime": task_time, "taskTaken": false, "taskType": TASK_TYPE, "taskPara": {}})
         .to_string()
 }
 
