@@ -39,7 +39,7 @@ impl Queue {
             }
             if let Some(read) = reading.take_if(|reading| reading.is_ready()) {
                 match self
-                    .finish_look(leadership, &mut backlog, memory, read)
+                    .finish_reading(leadership, &mut backlog, memory, read)
                     .await
                 {
                     // A pause takes effect between batches: the loop waits it out.
@@ -54,10 +54,11 @@ impl Queue {
             }
             match backlog.next(Utc::now()) {
                 Next::Claim => {}
-                // The names are read while this claim and the next ones are written.
-                Next::Look if reading.is_none() => reading = Some(self.start_look(&mut backlog)),
-                Next::Look => {}
-                Next::Relist | Next::Done => break,
+                // Read while this claim and the next ones are written (the backlog asks
+                // for one read at a time).
+                Next::Look => reading = Some(self.start_look(&mut backlog)),
+                Next::Relist => reading = Some(self.start_relist(&mut backlog)),
+                Next::Done => break,
             }
             let max_tasks = if fast && !single {
                 self.settings.claim_batch

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::coord::{StoredTask, WriteCost, WriteLimits};
+use crate::coord::{LeaseId, StoredTask, WriteCost, WriteLimits};
 use crate::task::{Status, Task};
 
 /// Least time between two looks at the queue's keys while the leader works through a
@@ -255,20 +255,24 @@ impl Backlog {
         backlog
     }
 
-    /// Decides the next step: list again after MAX_TASKS_PER_LISTING claims, or a
+    /// Decides the next step: move retries that are due now among the pending ones; done
+    /// when nothing is pending; list again after MAX_TASKS_PER_LISTING claims, or a
     /// RELIST_FRACTION of the tasks listed if more, once the listing is ten times its cost
-    /// old; move retries that are due now among the pending
-    /// ones; look at the keys when the last look is LOOK_INTERVAL (or ten times its cost)
+    /// old; look at the keys when the last look is LOOK_INTERVAL (or ten times its cost)
     /// old; otherwise claim. A clock that went back counts as old enough.
     pub fn next(&mut self, now: DateTime<Utc>) -> Next {
+        self.promote(now);
+        if self.pending.is_empty() {
+            return Next::Done;
+        }
+        // A look or a listing is being read: it is finished first.
+        if self.forgotten.is_some() {
+            return Next::Claim;
+        }
         if self.claimed >= MAX_TASKS_PER_LISTING.max(self.listed / RELIST_FRACTION)
             && older_than(now, self.listed_at, self.list_cost * LIST_COST_FACTOR)
         {
             return Next::Relist;
-        }
-        self.promote(now);
-        if self.pending.is_empty() {
-            return Next::Done;
         }
         let spacing = LOOK_INTERVAL.max(self.look_cost * LOOK_COST_FACTOR);
         if older_than(now, self.last_look, spacing) {
@@ -276,6 +280,18 @@ impl Backlog {
         } else {
             Next::Claim
         }
+    }
+
+    /// Records that a listing began at `now`, read while the leader claims: no other
+    /// look or listing is asked for until it is merged (`relisted`).
+    pub fn relist_started(&mut self, now: DateTime<Utc>) {
+        self.look_started(now);
+        self.listed_at = now;
+    }
+
+    /// How many tasks are pending, and how many wait for their time.
+    pub fn depth(&self) -> (usize, usize) {
+        (self.pending.len(), self.delayed.len())
     }
 
     /// The pending tasks, front (next to claim) first.
@@ -363,21 +379,34 @@ impl Backlog {
     pub fn looked(&mut self, keys: Vec<String>, now: DateTime<Utc>, cost: Duration) -> Looked {
         self.last_look = now;
         self.look_cost = cost;
+        let names: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let mut new = self.compare(&names);
+        if new.len() > MAX_FETCH {
+            return Looked::Relist;
+        }
+        new.sort();
+        Looked::New(new)
+    }
+
+    /// Compares the keys under the prefix with the known ones: drops the tasks whose keys
+    /// are gone, and returns the keys that are new (not known, and not forgotten since the
+    /// look or listing that read them began). Ends that look or listing.
+    fn compare(&mut self, keys: &[&str]) -> Vec<String> {
         // One pass over the names, one hash each: on a large backlog the comparison costs
         // as much as reading them, and it is made every look. Nothing is dropped unless
         // some known key is missing (the leader forgets the keys it deletes itself).
         let forgotten = self.forgotten.take().unwrap_or_default();
         let mut still = 0;
         let mut new = Vec::new();
-        for key in &keys {
+        for &key in keys {
             if self.known.contains(key) {
                 still += 1;
             } else if !forgotten.contains(key) {
-                new.push(key.clone());
+                new.push(key.to_string());
             }
         }
         if still < self.known.len() {
-            let present: HashSet<&str> = keys.iter().map(String::as_str).collect();
+            let present: HashSet<&str> = keys.iter().copied().collect();
             let gone: Vec<String> = self
                 .places
                 .keys()
@@ -391,11 +420,54 @@ impl Backlog {
                 .retain(|(_, task)| present.contains(task.key.as_str()));
             self.known.retain(|key| present.contains(key.as_str()));
         }
-        if new.len() > MAX_FETCH {
-            return Looked::Relist;
+        new
+    }
+
+    /// Records a listing read while the leader claimed (started with `look_started`), at
+    /// `now`, which took `cost`, and returns the entries to sort out: keys never seen (or
+    /// forgotten since the listing began) and pending tasks whose version is not the one
+    /// known (a producer rewrote them in place: an earlier taskTime moves them up). Every
+    /// other entry is left as known, unparsed: a task the leader claimed or let go during
+    /// the read is not taken back from it, and an entry held by `own` lease (the leader's)
+    /// never is. Keys the listing lacks drop their tasks, as a look's names do. The
+    /// listing counts as a look.
+    pub fn relisted(
+        &mut self,
+        own: &LeaseId,
+        entries: Vec<StoredTask>,
+        now: DateTime<Utc>,
+        cost: Duration,
+    ) -> Vec<StoredTask> {
+        let names: Vec<&str> = entries.iter().map(|entry| entry.key.as_str()).collect();
+        let new: HashSet<String> = self.compare(&names).into_iter().collect();
+        let mut sort = Vec::new();
+        for entry in entries {
+            // Held by this lease: one of its runs, or one that ended during the read.
+            if entry.holder.as_ref() == Some(own) {
+                continue;
+            }
+            if new.contains(&entry.key) {
+                sort.push(entry);
+                continue;
+            }
+            let rewritten = entry.holder.is_none()
+                && self
+                    .places
+                    .get(&entry.key)
+                    .and_then(|place| self.pending.get(place))
+                    .is_some_and(|task| task.version != entry.version);
+            if rewritten {
+                self.known.remove(&entry.key);
+                self.remove(&entry.key);
+                sort.push(entry);
+            }
         }
-        new.sort();
-        Looked::New(new)
+        self.last_look = now;
+        self.listed_at = now;
+        self.list_cost = cost;
+        self.claimed = 0;
+        self.listed = self.pending.len() + sort.len();
+        sort
     }
 
     /// Records what the whole last look cost (reading the names, comparing them with the
@@ -800,6 +872,63 @@ mod tests {
             backlog.looked(vec!["q/b".into(), "q/c".into()], at(130), Duration::ZERO),
             Looked::New(vec!["q/b".into()]),
             "the retry is read at the next look"
+        );
+    }
+
+    /// A listing read while the leader claims is merged, not taken whole: only new keys
+    /// and pending tasks rewritten in place are to be sorted out; a task claimed during the
+    /// read (and any held by the leader's lease) is not taken back; gone keys drop their
+    /// tasks; claims before the next listing count from the merge.
+    #[test]
+    fn a_listing_read_while_claiming_is_merged() {
+        let tasks = (0..300)
+            .map(|n| task(&format!("q/{n:03}"), n, None))
+            .collect();
+        let names: Vec<&str> = (0..300)
+            .map(|n| format!("q/{n:03}"))
+            .map(|k| &*k.leak())
+            .collect();
+        let mut backlog = Backlog::new(tasks, vec![], known(&names), at(0), Duration::ZERO);
+        backlog.take(MAX_TASKS_PER_LISTING);
+        assert_eq!(backlog.next(at(1)), Next::Relist);
+        backlog.relist_started(at(1));
+        assert_eq!(backlog.next(at(2)), Next::Claim, "one listing at a time");
+        // Claimed during the read: q/256; completed during it: q/000.
+        assert_eq!(backlog.take(1)[0].key, "q/256");
+        backlog.forget("q/000");
+        let own = LeaseId("mine".into());
+        let entry = |key: &str, version: u64, holder: Option<&LeaseId>| StoredTask {
+            key: key.into(),
+            value: b"{}".to_vec(),
+            version,
+            created: 1,
+            holder: holder.cloned(),
+        };
+        let mut entries = vec![
+            entry("q/000", 2, Some(&own)),
+            entry("q/255", 2, Some(&own)),
+            entry("q/256", 1, None),
+            entry("q/257", 1, None),
+            entry("q/258", 5, None),
+            entry("q/259", 5, Some(&LeaseId("other".into()))),
+            entry("q/new", 1, None),
+        ];
+        entries.extend((260..299).map(|n| entry(&format!("q/{n:03}"), 1, None)));
+        let sort: Vec<String> = backlog
+            .relisted(&own, entries, at(3), Duration::from_millis(1))
+            .into_iter()
+            .map(|e| e.key)
+            .collect();
+        assert_eq!(sort, ["q/258", "q/new"]);
+        // q/258 is sorted out again, q/299 is gone; q/259 stays as known.
+        assert_eq!(keys(&backlog).first(), Some(&"q/257"));
+        assert!(!keys(&backlog).contains(&"q/258"));
+        assert!(!keys(&backlog).contains(&"q/299"));
+        assert!(keys(&backlog).contains(&"q/259"));
+        assert_eq!(
+            backlog.next(at(4)),
+            Next::Claim,
+            "claims count from the merge"
         );
     }
 

@@ -152,7 +152,8 @@ impl Queue {
         memory: &mut Memory,
     ) -> Result<Look, LeadEnd> {
         let reading = self.start_look(backlog);
-        self.finish_look(leadership, backlog, memory, reading).await
+        self.finish_reading(leadership, backlog, memory, reading)
+            .await
     }
 
     /// Starts reading the queue's keys for a look, in the background: the leader goes on
@@ -163,57 +164,104 @@ impl Queue {
         backlog.look_started(Utc::now());
         let coord = self.coord.clone();
         let prefix = self.settings.prefix.clone();
+        self.read_in_background(async move {
+            Read::Names(coord.keys(&prefix).await.map(|(keys, _)| keys))
+        })
+    }
+
+    /// Starts listing the queue again, in the background, as `start_look` does: the
+    /// listing is merged into the backlog once read (`finish_reading`), parsing only what
+    /// is new or rewritten.
+    pub(super) fn start_relist(&self, backlog: &mut Backlog) -> Reading {
+        backlog.relist_started(Utc::now());
+        let coord = self.coord.clone();
+        let prefix = self.settings.prefix.clone();
+        let wait = self.wait;
+        self.read_in_background(async move {
+            Read::Tasks(
+                coord
+                    .list(&prefix, Version::default(), wait)
+                    .await
+                    .map(|(entries, _)| entries),
+            )
+        })
+    }
+
+    fn read_in_background(
+        &self,
+        read: impl std::future::Future<Output = Read> + Send + 'static,
+    ) -> Reading {
         let started = Instant::now();
         Reading {
-            keys: AbortOnDropHandle::new(tokio::spawn(async move {
-                let keys = coord.keys(&prefix).await.map(|(keys, _)| keys);
-                (keys, started.elapsed())
+            read: AbortOnDropHandle::new(tokio::spawn(async move {
+                let read = read.await;
+                (read, started.elapsed())
             })),
-            started,
         }
     }
 
-    /// Finishes a look with the names `reading` read: tasks whose keys were gone then are
-    /// dropped (unless learned again since), new keys are read and sorted out. Tasks the
-    /// leader claimed or deleted meanwhile are not new: it knows their keys, or forgot
-    /// them on purpose (then reading them again finds what they hold now, or nothing).
-    pub(super) async fn finish_look(
+    /// Finishes a look or a listing read in the background.
+    ///
+    /// A look's names: tasks whose keys were gone then are dropped (unless learned again
+    /// since), new keys are read and sorted out. Tasks the leader claimed or deleted
+    /// meanwhile are not new: it knows their keys, or forgot them on purpose (then reading
+    /// them again finds what they hold now, or nothing).
+    ///
+    /// A listing: merged as `Backlog::relisted` says, the new and rewritten entries sorted
+    /// out.
+    pub(super) async fn finish_reading(
         &self,
         leadership: &Leadership,
         backlog: &mut Backlog,
         memory: &mut Memory,
         reading: Reading,
     ) -> Result<Look, LeadEnd> {
-        let (keys, read_in) = match reading.keys.await {
+        let (read, read_in) = match reading.read.await {
             Ok(read) => read,
             Err(err) => {
-                tracing::warn!(error = %err, "the read of the queue's keys did not end; listing again");
-                return Ok(Look::Relist);
-            }
-        };
-        let keys = match keys {
-            Ok(keys) => keys,
-            Err(err) => {
-                self.metrics.coordinator_error(&err);
-                tracing::warn!(error = %err, "cannot read the queue's keys; listing again");
+                tracing::warn!(error = %err, "the read of the queue did not end; listing again");
                 return Ok(Look::Relist);
             }
         };
         let merging = Instant::now();
-        let new = match backlog.looked(keys, Utc::now(), read_in) {
-            Looked::Relist => return Ok(Look::Relist),
-            Looked::New(new) => new,
-        };
-        if new.is_empty() {
-            backlog.look_took(read_in + merging.elapsed());
-            return Ok(Look::Continue);
-        }
-        // A key that went away meanwhile is simply not among them.
-        let entries = match self.coord.get(&new).await {
-            Ok(entries) => entries,
-            Err(err) => {
+        let entries = match read {
+            Read::Names(Ok(keys)) => {
+                let new = match backlog.looked(keys, Utc::now(), read_in) {
+                    Looked::Relist => return Ok(Look::Relist),
+                    Looked::New(new) => new,
+                };
+                if new.is_empty() {
+                    backlog.look_took(read_in + merging.elapsed());
+                    return Ok(Look::Continue);
+                }
+                // A key that went away meanwhile is simply not among them.
+                match self.coord.get(&new).await {
+                    Ok(entries) => entries,
+                    Err(err) => {
+                        self.metrics.coordinator_error(&err);
+                        tracing::warn!(error = %err, "cannot read new tasks; listing again");
+                        return Ok(Look::Relist);
+                    }
+                }
+            }
+            Read::Tasks(Ok(entries)) => {
+                let in_flight = entries.iter().filter(|e| e.holder.is_some()).count();
+                let changed = backlog.relisted(&leadership.lease, entries, Utc::now(), read_in);
+                let sorted = self
+                    .sort_out(leadership, changed, memory, Utc::now())
+                    .await?;
+                backlog.learn(
+                    sorted.keys.into_iter().collect(),
+                    sorted.pending,
+                    sorted.delayed,
+                );
+                let (pending, delayed) = backlog.depth();
+                self.metrics.queue_depth(pending, in_flight, delayed);
+                return Ok(Look::Continue);
+            }
+            Read::Names(Err(err)) | Read::Tasks(Err(err)) => {
                 self.metrics.coordinator_error(&err);
-                tracing::warn!(error = %err, "cannot read new tasks; listing again");
+                tracing::warn!(error = %err, "cannot read the queue; listing again");
                 return Ok(Look::Relist);
             }
         };
@@ -226,21 +274,25 @@ impl Queue {
             sorted.delayed,
         );
         backlog.look_took(read_in + merging.elapsed());
-        tracing::trace!(since_start = ?reading.started.elapsed(), "look finished");
         Ok(Look::Continue)
     }
 }
 
-/// The names of the queue's keys being read for a look (`Queue::start_look`); dropped,
-/// the read is abandoned.
+/// What a read in the background brings.
+enum Read {
+    Names(Result<Vec<String>, CoordError>),
+    Tasks(Result<Vec<StoredTask>, CoordError>),
+}
+
+/// A look's names or a listing being read in the background (`Queue::start_look`,
+/// `start_relist`); dropped, the read is abandoned.
 pub(super) struct Reading {
-    keys: AbortOnDropHandle<(Result<Vec<String>, CoordError>, Duration)>,
-    started: Instant,
+    read: AbortOnDropHandle<(Read, Duration)>,
 }
 
 impl Reading {
-    /// Whether the names are read (or the read failed): finishing the look waits no more.
+    /// Whether the read is over (done or failed): finishing it waits no more.
     pub(super) fn is_ready(&self) -> bool {
-        self.keys.is_finished()
+        self.read.is_finished()
     }
 }

@@ -4,7 +4,8 @@
 use super::*;
 
 /// Extra handlers for these tests. `Paced` takes about 50 ms and writes
-/// `start <taskId> <epoch ns>`; `FailOnce` fails its first attempt (`fail <taskId> <ns>`)
+/// `start <taskId> <epoch ns>`; `Steady` writes `run <taskId>` and takes just over the
+/// 5 ms under which the leader claims batches (so it claims one task at a time); `FailOnce` fails its first attempt (`fail <taskId> <ns>`)
 /// and then behaves like `Paced`.
 fn paced_handlers(journal: &Path) -> String {
     let journal = journal.display();
@@ -13,6 +14,9 @@ fn paced_handlers(journal: &Path) -> String {
 [handlers.Paced]
 kind = "exec"
 command = ["sh", "-c", "echo \"start $TASK_ID $(date +%s%N)\" >> {journal}; sleep 0.05"]
+[handlers.Steady]
+kind = "exec"
+command = ["sh", "-c", "echo \"run $TASK_ID\" >> {journal}; sleep 0.006"]
 [handlers.FailOnce]
 kind = "exec"
 command = ["sh", "-c", "if [ \"$LEADERQ_ATTEMPT\" -gt 1 ]; then echo \"start $TASK_ID $(date +%s%N)\" >> {journal}; sleep 0.05; else echo \"fail $TASK_ID $(date +%s%N)\" >> {journal}; exit 1; fi"]
@@ -167,6 +171,50 @@ async fn earlier_task_put_during_a_backlog_is_claimed_next() {
     );
     bed.wait_until_empty("oracleTask/", Duration::from_secs(30))
         .await;
+}
+
+/// A pending task that a producer rewrites in place with an earlier taskTime (its key is
+/// not new, so no look at the names sees it) is moved up by the next listing, which the
+/// leader reads while it claims and merges (after 256 claims of a 300-task backlog, one at
+/// a time), not left for its old turn at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_rewritten_earlier_in_place_is_moved_up_by_the_next_listing() {
+    let mut bed = Bed::new();
+    for n in 0..300 {
+        bed.put_task(
+            &format!("b{n:03}"),
+            json!({"taskId": format!("b{n:03}"), "taskTime": 1000 + n, "taskType": "Steady"}),
+        )
+        .await;
+    }
+    start_paced_replica(&mut bed, "r1");
+    bed.wait_for_line(Duration::from_secs(30), |l| l.len() >= 2 && l[1] == "b010")
+        .await;
+    bed.put_task(
+        "b299",
+        json!({"taskId": "b299", "taskTime": 1, "taskType": "Steady"}),
+    )
+    .await;
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(60))
+        .await;
+    let order: Vec<String> = bed
+        .journal()
+        .into_iter()
+        .filter(|l| l.len() >= 2 && l[0] == "run")
+        .map(|l| l[1].clone())
+        .collect();
+    let at = |id: &str| order.iter().position(|ran| ran == id);
+    eprintln!(
+        "the rewritten task ran {}th of {}",
+        at("b299").map_or(0, |n| n + 1),
+        order.len()
+    );
+    assert_eq!(order.len(), 300, "every task ran once: {order:?}");
+    assert!(
+        at("b299") < at("b280"),
+        "the rewritten task waited for its old turn: {order:?}\n{}",
+        bed.replicas[0].log_text()
+    );
 }
 
 /// A retry whose backoff passes while the leader works through a backlog of later tasks
