@@ -1,9 +1,12 @@
-//! The leader's upkeep of the history of finished tasks: now and then (every
-//! [`HISTORY_PRUNE_EVERY`], or [`HISTORY_PRUNE_AGAIN`] while a large backlog of records is
-//! being worked off, never on the path of each task) it deletes the records that
-//! `[queue] history_keep` and `history_max_age` no longer keep, at the versions it read.
+//! The leader's upkeep of the history of finished tasks: a task of its own for the whole
+//! term, beside the claims (never on their path, whatever the backlog), deletes now and
+//! then (every [`HISTORY_PRUNE_EVERY`], or [`HISTORY_PRUNE_AGAIN`] while a large backlog of
+//! records is being worked off) the records that `[queue] history_keep` and
+//! `history_max_age` no longer keep, at the versions it read.
 //! The records themselves are written by the completions (`run.rs`); what they hold and
 //! which to drop is `task::history`'s business.
+
+use tokio_util::task::AbortOnDropHandle;
 
 use super::*;
 use crate::coord::{Edit, Edited};
@@ -22,12 +25,50 @@ pub(super) const HISTORY_PRUNE_AGAIN: Duration = Duration::from_millis(500);
 const PRUNE_BATCH: usize = 64;
 
 impl Queue {
+    /// Starts the history's upkeep for this term: it prunes HISTORY_PRUNE_AGAIN into the
+    /// term (once the first claims are on their way), then every HISTORY_PRUNE_EVERY
+    /// (HISTORY_PRUNE_AGAIN while records are left to prune). Its
+    /// deletes are conditioned on the versions read, so a pruner of an earlier term that
+    /// still runs is harmless; dropped, the handle stops it.
+    pub(super) fn keep_history(&self) -> AbortOnDropHandle<()> {
+        let pruner = Pruner {
+            coord: self.coord.clone(),
+            prefix: self.settings.done_prefix.clone(),
+            retention: Retention {
+                keep: self.settings.history_keep,
+                max_age: self.settings.history_max_age,
+            },
+            metrics: self.metrics.clone(),
+        };
+        AbortOnDropHandle::new(tokio::spawn(async move {
+            tokio::time::sleep(HISTORY_PRUNE_AGAIN).await;
+            loop {
+                let next = if pruner.prune().await {
+                    HISTORY_PRUNE_AGAIN
+                } else {
+                    HISTORY_PRUNE_EVERY
+                };
+                tokio::time::sleep(next).await;
+            }
+        }))
+    }
+}
+
+/// What pruning the history needs, owned by its task.
+struct Pruner {
+    coord: Arc<dyn Coordinator>,
+    prefix: String,
+    retention: Retention,
+    metrics: Arc<Metrics>,
+}
+
+impl Pruner {
     /// Deletes the history records retention drops, at most PRUNE_PER_LOOK of them;
     /// answers whether more are left. Errors are logged and left for the next time:
     /// pruning never costs the leadership.
-    pub(super) async fn prune_history(&self) -> bool {
+    async fn prune(&self) -> bool {
         let started = Instant::now();
-        let prefix = &self.settings.done_prefix;
+        let prefix = &self.prefix;
         let keys = match self.coord.keys(prefix).await {
             Ok((keys, _)) => keys,
             Err(err) => {
@@ -36,11 +77,7 @@ impl Queue {
                 return false;
             }
         };
-        let retention = Retention {
-            keep: self.settings.history_keep,
-            max_age: self.settings.history_max_age,
-        };
-        let drop = to_prune(&keys, prefix, retention, Utc::now());
+        let drop = to_prune(&keys, prefix, self.retention, Utc::now());
         let more = drop.len() > PRUNE_PER_LOOK;
         let mut pruned = 0;
         for chunk in drop[..drop.len().min(PRUNE_PER_LOOK)].chunks(PRUNE_BATCH) {

@@ -157,8 +157,6 @@ struct Memory {
     /// of a previous leader may still be going, so with concurrency groups none of their
     /// tasks starts before a listing shows them free.
     held_groups: HashSet<String>,
-    /// When the history is to be pruned next (on tokio's clock); `None`: now.
-    prune_at: Option<tokio::time::Instant>,
 }
 
 /// Entries sorted out: what can be claimed now or later, and the keys left as they were.
@@ -196,6 +194,8 @@ impl Queue {
         // lists nor claims: a listing would take them for runs cut short and run them again.
         let mut unrecorded: Vec<Finished> = Vec::new();
         self.term.begin();
+        // Pruned beside the claims for as long as this term lasts.
+        let _history = self.keep_history();
         loop {
             if shutdown.is_cancelled() {
                 return LeadEnd::Shutdown;
@@ -218,18 +218,6 @@ impl Queue {
                     continue;
                 }
                 after = Version::default();
-            }
-            if memory
-                .prune_at
-                .is_none_or(|at| tokio::time::Instant::now() >= at)
-            {
-                let more = self.prune_history().await;
-                let next = if more {
-                    history::HISTORY_PRUNE_AGAIN
-                } else {
-                    history::HISTORY_PRUNE_EVERY
-                };
-                memory.prune_at = Some(tokio::time::Instant::now() + next);
             }
             let asked = after;
             let list_started = Instant::now();
