@@ -2,8 +2,8 @@
 //! server is missing is skipped, or fails the test under LEADERQ_REQUIRE_SERVERS): with
 //! `queue.concurrency = 4`, exec handlers of different `taskGroup`s run at once, never two
 //! of one group, and each group in `taskTime` order; and when the leader is SIGKILLed
-//! mid-runs, nothing is lost and the next leader starts no task of a group before the
-//! killed leader's run of that group is gone.
+//! or SIGSTOPped mid-runs, nothing is lost and the next leader starts no task of a group
+//! before the first leader's run of that group is gone.
 
 use super::*;
 
@@ -19,6 +19,11 @@ macro_rules! on_every_backend {
                 #[tokio::test]
                 async fn a_killed_leaders_groups_wait_for_its_runs_to_die() {
                     super::a_killed_leaders_groups_wait_for_its_runs_to_die(stringify!($backend)).await;
+                }
+
+                #[tokio::test]
+                async fn a_frozen_leaders_group_runs_die_before_the_next_leader_runs_their_groups() {
+                    super::a_frozen_leaders_group_runs_die_before_the_next_leader_runs_their_groups(stringify!($backend)).await;
                 }
             }
         )*
@@ -161,17 +166,21 @@ fn now_ns() -> u128 {
         .as_nanos()
 }
 
-/// Two replicas with `concurrency = 4` over three groups of 0.5 s runs (so a free slot
-/// always has a task of a running group to refuse); the leader's PID is
-/// SIGKILLed while its runs are going (their supervisors kill them at once). Every task
-/// still ends, and the runs of a group never overlap, across the two leaders: a run that
-/// never ended counts as going until the kill.
-async fn a_killed_leaders_groups_wait_for_its_runs_to_die(backend: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(cluster) = common::start_cluster(backend, dir.path()) else {
-        return;
-    };
-    let journal = dir.path().join("journal");
+/// Two replicas with `concurrency = 4` on `backend`'s servers, whose `Grouped` handler
+/// journals `start <taskId> <ns> <node> <shell pid>`, sleeps `run_for` and journals
+/// `end <taskId> <ns> <node>`; and the node that leads them.
+struct Pair {
+    _cluster: Box<dyn leaderq::tools::harness::Cluster>,
+    coord: std::sync::Arc<dyn leaderq::coord::Coordinator>,
+    journal: PathBuf,
+    replicas: Vec<ConsumerProcess>,
+    leader: String,
+    started: Instant,
+}
+
+async fn leading_pair(backend: &str, dir: &Path, run_for: &str) -> Option<Pair> {
+    let cluster = common::start_cluster(backend, dir)?;
+    let journal = dir.join("journal");
     std::fs::write(&journal, "").unwrap();
     let coord = leaderq::coord::connect(
         &leaderq::config::Settings::load(None, cluster.env()).expect("settings"),
@@ -187,13 +196,13 @@ async fn a_killed_leaders_groups_wait_for_its_runs_to_die(backend: &str) {
                 r#"
 [handlers.Grouped]
 kind = "exec"
-command = ["sh", "-c", "echo \"start $TASK_ID $(date +%s%N) {node}\" >> {journal_path}; sleep 0.5; echo \"end $TASK_ID $(date +%s%N) {node}\" >> {journal_path}"]
+command = ["sh", "-c", "echo \"start $TASK_ID $(date +%s%N) {node} $$\" >> {journal_path}; sleep {run_for}; echo \"end $TASK_ID $(date +%s%N) {node}\" >> {journal_path}"]
 "#
             );
         replicas.push(ConsumerProcess::start_with_env(
             "127.0.0.1:1",
             node,
-            dir.path(),
+            dir,
             &config,
             &cluster.env(),
         ));
@@ -210,7 +219,20 @@ command = ["sh", "-c", "echo \"start $TASK_ID $(date +%s%N) {node}\" >> {journal
         assert!(started.elapsed() < Duration::from_secs(20), "no leader");
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    let tasks: Vec<leaderq::coord::Edit> = (0..15u64)
+    Some(Pair {
+        _cluster: cluster,
+        coord,
+        journal,
+        replicas,
+        leader,
+        started,
+    })
+}
+
+/// Enqueues `count` `Grouped` tasks over the groups a, b and c in turn (ids `a00`,
+/// `b01`, …), in taskTime order.
+async fn enqueue_grouped(coord: &dyn leaderq::coord::Coordinator, count: u64) {
+    let tasks: Vec<leaderq::coord::Edit> = (0..count)
         .map(|n| {
             let group = ["a", "b", "c"][(n % 3) as usize];
             leaderq::coord::Edit::Create {
@@ -225,40 +247,53 @@ command = ["sh", "-c", "echo \"start $TASK_ID $(date +%s%N) {node}\" >> {journal
         coord.edit(&tasks).await.expect("enqueue"),
         leaderq::coord::Edited::Done
     );
-    // Kill the leader once its second wave of runs has started.
+}
+
+/// Waits until `count` runs have started.
+async fn wait_for_starts(pair: &Pair, count: usize) -> String {
     loop {
-        let text = std::fs::read_to_string(&journal).unwrap();
-        if text.lines().filter(|l| l.starts_with("start")).count() >= 5 {
-            break;
+        let text = std::fs::read_to_string(&pair.journal).unwrap();
+        if text.lines().filter(|l| l.starts_with("start")).count() >= count {
+            return text;
         }
         assert!(
-            started.elapsed() < Duration::from_secs(30),
+            pair.started.elapsed() < Duration::from_secs(30),
             "no runs: {text}"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let index = if leader == "ka" { 0 } else { 1 };
-    replicas[index].kill();
-    let killed_at = now_ns();
+}
+
+/// Waits until the queue is empty.
+async fn wait_until_drained(pair: &Pair, limit: Duration) {
     loop {
-        let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
+        let (keys, _) = pair.coord.keys("oracleTask/").await.expect("keys");
         if keys.is_empty() {
-            break;
+            return;
         }
-        if started.elapsed() > Duration::from_secs(90) {
-            let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
+        if pair.started.elapsed() > limit {
+            let logs: Vec<String> = pair.replicas.iter().map(|r| r.log_text()).collect();
             panic!("{keys:?} left:\n{}", logs.join("\n----\n"));
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let text = std::fs::read_to_string(&journal).unwrap();
-    // (id, node, start, end): a run the kill cut short ends at the kill.
-    let mut runs: Vec<(String, String, u128, u128)> = Vec::new();
+}
+
+/// The runs the journal holds, as (id, node, start, end, shell pid); `end` is 0 for a run
+/// that never journaled its end.
+fn journaled_runs(text: &str) -> Vec<(String, String, u128, u128, u32)> {
+    let mut runs: Vec<(String, String, u128, u128, u32)> = Vec::new();
     for line in text.lines() {
         let words: Vec<&str> = line.split_whitespace().collect();
         let at: u128 = words[2].parse().unwrap();
         if words[0] == "start" {
-            runs.push((words[1].into(), words[3].into(), at, 0));
+            runs.push((
+                words[1].into(),
+                words[3].into(),
+                at,
+                0,
+                words[4].parse().unwrap(),
+            ));
         } else if let Some(run) = runs
             .iter_mut()
             .find(|r| r.0 == words[1] && r.1 == words[3] && r.3 == 0)
@@ -266,14 +301,16 @@ command = ["sh", "-c", "echo \"start $TASK_ID $(date +%s%N) {node}\" >> {journal
             run.3 = at;
         }
     }
-    for run in runs.iter_mut().filter(|r| r.3 == 0) {
-        assert_eq!(
-            run.1, leader,
-            "only the killed leader's runs end unrecorded: {text}"
-        );
-        run.3 = killed_at;
-    }
-    for n in 0..15u64 {
+    runs
+}
+
+/// Every task of `count` ran to its end, and no two runs of one group overlapped.
+fn assert_groups_never_overlapped(
+    runs: &[(String, String, u128, u128, u32)],
+    count: u64,
+    text: &str,
+) {
+    for n in 0..count {
         let id = format!("{}{n:02}", ["a", "b", "c"][(n % 3) as usize]);
         assert!(
             text.lines().any(|l| l.starts_with(&format!("end {id} "))),
@@ -294,8 +331,122 @@ command = ["sh", "-c", "echo \"start $TASK_ID $(date +%s%N) {node}\" >> {journal
             );
         }
     }
+}
+
+/// Two replicas with `concurrency = 4` over three groups of 0.5 s runs (so a free slot
+/// always has a task of a running group to refuse); the leader's PID is
+/// SIGKILLed while its runs are going (their supervisors kill them at once). Every task
+/// still ends, and the runs of a group never overlap, across the two leaders: a run that
+/// never ended counts as going until the kill.
+async fn a_killed_leaders_groups_wait_for_its_runs_to_die(backend: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut pair) = leading_pair(backend, dir.path(), "0.5").await else {
+        return;
+    };
+    enqueue_grouped(pair.coord.as_ref(), 15).await;
+    // Kill the leader once its second wave of runs has started.
+    wait_for_starts(&pair, 5).await;
+    let leader = pair.leader.clone();
+    let index = if leader == "ka" { 0 } else { 1 };
+    pair.replicas[index].kill();
+    let killed_at = now_ns();
+    wait_until_drained(&pair, Duration::from_secs(90)).await;
+    let text = std::fs::read_to_string(&pair.journal).unwrap();
+    // A run the kill cut short ends at the kill.
+    let mut runs = journaled_runs(&text);
+    for run in runs.iter_mut().filter(|r| r.3 == 0) {
+        assert_eq!(
+            run.1, leader,
+            "only the killed leader's runs end unrecorded: {text}"
+        );
+        run.3 = killed_at;
+    }
+    assert_groups_never_overlapped(&runs, 15, &text);
     assert!(
         runs.iter().any(|r| r.1 != leader),
         "the other replica took over: {text}"
     );
+}
+
+/// The same pair with runs of 4 s, longer than the 3 s TTL; the leader is frozen
+/// (SIGSTOP, a paused VM) while its first three runs, one per group, are going. Their
+/// supervisors kill them by the lease deadline, each seen gone (its shell's pid) before the
+/// other replica starts a task of its group; the frozen leader, woken once the other leads,
+/// runs nothing more. Every task still ends, and no two runs of one group overlap.
+async fn a_frozen_leaders_group_runs_die_before_the_next_leader_runs_their_groups(backend: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(pair) = leading_pair(backend, dir.path(), "4").await else {
+        return;
+    };
+    enqueue_grouped(pair.coord.as_ref(), 6).await;
+    let text = wait_for_starts(&pair, 3).await;
+    let leader = pair.leader.clone();
+    let frozen = pair.replicas[if leader == "ka" { 0 } else { 1 }].pid();
+    common::signal(frozen, "STOP");
+    let frozen_at = now_ns();
+    // When each of the frozen leader's runs is gone.
+    let cut = journaled_runs(&text);
+    let mut gone: HashMap<u32, u128> = HashMap::new();
+    while gone.len() < cut.len() {
+        for run in &cut {
+            if !gone.contains_key(&run.4) && !process_alive(run.4) {
+                gone.insert(run.4, now_ns());
+            }
+        }
+        assert!(
+            now_ns() - frozen_at < 10_000_000_000,
+            "the frozen leader's runs are still alive 10 s later: {:?}",
+            cut.iter()
+                .filter(|r| !gone.contains_key(&r.4))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Woken once the other replica has started a run.
+    loop {
+        let text = std::fs::read_to_string(&pair.journal).unwrap();
+        if journaled_runs(&text).iter().any(|r| r.1 != leader) {
+            break;
+        }
+        assert!(
+            now_ns() - frozen_at < 30_000_000_000,
+            "the other replica never took over: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    common::signal(frozen, "CONT");
+    wait_until_drained(&pair, Duration::from_secs(90)).await;
+    let text = std::fs::read_to_string(&pair.journal).unwrap();
+    let mut runs = journaled_runs(&text);
+    for run in runs.iter_mut() {
+        if run.1 == leader {
+            assert!(
+                run.2 < frozen_at,
+                "the frozen leader started {} after it was woken: {text}",
+                run.0
+            );
+        }
+        if run.3 == 0 {
+            run.3 = *gone
+                .get(&run.4)
+                .unwrap_or_else(|| panic!("{} never ended: {text}", run.0));
+        }
+    }
+    assert_groups_never_overlapped(&runs, 6, &text);
+}
+
+/// Whether a process runs (a zombie does not).
+fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_string();
+            Some(state != "Z")
+        })
+        .unwrap_or(false)
 }
