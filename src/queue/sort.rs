@@ -224,7 +224,8 @@ impl Queue {
             }
         };
         let merging = Instant::now();
-        let entries = match read {
+        // The entries to sort out, and for a listing the tasks it found in flight.
+        let (entries, listed_in_flight) = match read {
             Read::Names(Ok(keys)) => {
                 let new = match backlog.looked(keys, Utc::now(), read_in) {
                     Looked::Relist => return Ok(Look::Relist),
@@ -236,7 +237,7 @@ impl Queue {
                 }
                 // A key that went away meanwhile is simply not among them.
                 match self.coord.get(&new).await {
-                    Ok(entries) => entries,
+                    Ok(entries) => (entries, None),
                     Err(err) => {
                         self.metrics.coordinator_error(&err);
                         tracing::warn!(error = %err, "cannot read new tasks; listing again");
@@ -247,17 +248,7 @@ impl Queue {
             Read::Tasks(Ok(entries)) => {
                 let in_flight = entries.iter().filter(|e| e.holder.is_some()).count();
                 let changed = backlog.relisted(&leadership.lease, entries, Utc::now(), read_in);
-                let sorted = self
-                    .sort_out(leadership, changed, memory, Utc::now())
-                    .await?;
-                backlog.learn(
-                    sorted.keys.into_iter().collect(),
-                    sorted.pending,
-                    sorted.delayed,
-                );
-                let (pending, delayed) = backlog.depth();
-                self.metrics.queue_depth(pending, in_flight, delayed);
-                return Ok(Look::Continue);
+                (changed, Some(in_flight))
             }
             Read::Names(Err(err)) | Read::Tasks(Err(err)) => {
                 self.metrics.coordinator_error(&err);
@@ -273,7 +264,13 @@ impl Queue {
             sorted.pending,
             sorted.delayed,
         );
-        backlog.look_took(read_in + merging.elapsed());
+        match listed_in_flight {
+            Some(in_flight) => {
+                let (pending, delayed) = backlog.depth();
+                self.metrics.queue_depth(pending, in_flight, delayed);
+            }
+            None => backlog.look_took(read_in + merging.elapsed()),
+        }
         Ok(Look::Continue)
     }
 }

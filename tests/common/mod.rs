@@ -100,6 +100,22 @@ impl ServerProcess {
     }
 }
 
+/// Whether a process runs (a zombie does not).
+pub fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .next()?
+                .to_string();
+            Some(state != "Z")
+        })
+        .unwrap_or(false)
+}
+
 pub fn signal(pid: u32, name: &str) {
     let status = Command::new("kill")
         .arg(format!("-{name}"))

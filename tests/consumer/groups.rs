@@ -389,7 +389,7 @@ async fn a_frozen_leaders_group_runs_die_before_the_next_leader_runs_their_group
     let mut gone: HashMap<u32, u128> = HashMap::new();
     while gone.len() < cut.len() {
         for run in &cut {
-            if !gone.contains_key(&run.4) && !process_alive(run.4) {
+            if !gone.contains_key(&run.4) && !common::process_alive(run.4) {
                 gone.insert(run.4, now_ns());
             }
         }
@@ -433,20 +433,4 @@ async fn a_frozen_leaders_group_runs_die_before_the_next_leader_runs_their_group
         }
     }
     assert_groups_never_overlapped(&runs, 6, &text);
-}
-
-/// Whether a process runs (a zombie does not).
-fn process_alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let state = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .next()?
-                .to_string();
-            Some(state != "Z")
-        })
-        .unwrap_or(false)
 }

@@ -67,27 +67,15 @@ fn fork_settings(bed: &Bed, node: &str, ttl: &str, queue: &str, handler: &str) -
     )
 }
 
-/// Whether `pid` is a live process (not gone, not a zombie).
-fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let state = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .next()?
-                .to_string();
-            Some(state != "Z")
-        })
-        .unwrap_or(false)
-}
-
 /// Waits until none of `pids` is alive; returns how long that took, or panics after `limit`.
 async fn wait_dead(pids: &[u32], limit: Duration) -> Duration {
     let started = Instant::now();
     loop {
-        let living: Vec<u32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+        let living: Vec<u32> = pids
+            .iter()
+            .copied()
+            .filter(|p| common::process_alive(*p))
+            .collect();
         if living.is_empty() {
             return started.elapsed();
         }
@@ -164,7 +152,7 @@ async fn restarted_replica_waits_for_the_previous_handlers() {
     bed.replicas.push(replica);
     wait_for_start(&bed, "r", "2", Duration::from_secs(20)).await;
     assert_eq!(overlaps(&bed), Vec::<Vec<String>>::new(), "runs overlapped");
-    assert!(pids(&first).iter().all(|p| !alive(*p)));
+    assert!(pids(&first).iter().all(|p| !common::process_alive(*p)));
     let log = bed.replicas[0].log_text();
     assert!(
         log.contains("waiting for the handlers of a previous leaderq process"),
@@ -294,7 +282,7 @@ async fn timeout_kills_the_whole_handler_group_before_the_retry() {
     let first = wait_for_start(&bed, "t", "1", Duration::from_secs(10)).await;
     wait_for_start(&bed, "t", "2", Duration::from_secs(10)).await;
     assert_eq!(overlaps(&bed), Vec::<Vec<String>>::new(), "runs overlapped");
-    assert!(pids(&first).iter().all(|p| !alive(*p)));
+    assert!(pids(&first).iter().all(|p| !common::process_alive(*p)));
 }
 
 /// A leader whose session is destroyed steps down and kills the handler's whole group
@@ -322,7 +310,7 @@ async fn step_down_kills_the_whole_handler_group() {
     assert_eq!(destroyed.status(), 200);
     wait_for_start(&bed, "d", "2", Duration::from_secs(20)).await;
     assert_eq!(overlaps(&bed), Vec::<Vec<String>>::new(), "runs overlapped");
-    assert!(pids(&first).iter().all(|p| !alive(*p)));
+    assert!(pids(&first).iter().all(|p| !common::process_alive(*p)));
     assert!(bed.replicas[0].log_text().contains("stepping down"));
 }
 
@@ -343,7 +331,10 @@ async fn shutdown_kills_the_whole_handler_group_before_exit() {
     let first = wait_for_start(&bed, "g", "1", Duration::from_secs(10)).await;
     let status = bed.replica("r1").terminate();
     assert!(status.success(), "{status}");
-    let living: Vec<u32> = pids(&first).into_iter().filter(|p| alive(*p)).collect();
+    let living: Vec<u32> = pids(&first)
+        .into_iter()
+        .filter(|p| common::process_alive(*p))
+        .collect();
     assert!(living.is_empty(), "{living:?} outlived the replica");
 }
 
@@ -369,7 +360,7 @@ async fn escaped_workers_are_killed_too() {
     let first = wait_for_start(&bed, "x", "1", Duration::from_secs(10)).await;
     wait_for_start(&bed, "x", "2", Duration::from_secs(10)).await;
     assert_eq!(overlaps(&bed), Vec::<Vec<String>>::new(), "runs overlapped");
-    assert!(pids(&first).iter().all(|p| !alive(*p)));
+    assert!(pids(&first).iter().all(|p| !common::process_alive(*p)));
 }
 
 /// If the supervisor itself is killed, the leader kills the handler's process group, and
