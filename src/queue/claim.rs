@@ -7,8 +7,9 @@ use super::*;
 impl Queue {
     /// Works through a listing's backlog. Before each claim the plan decides: look at the
     /// queue's keys (every LOOK_INTERVAL) for tasks that arrived and retries written back,
-    /// list again, or claim. A look's names are read while the claims go on, and the look
-    /// is finished (new keys read and put in their places) before the first claim after. Retries that fall due join the pending tasks, so the earliest
+    /// list again, or claim. A cheap look is made before the claim; the names of a costly
+    /// one, and a listing, are read while the claims go on, and merged (new keys read and
+    /// put in their places) before the first claim after they arrive. Retries that fall due join the pending tasks, so the earliest
     /// eligible task known is always claimed next. Tasks are claimed one at a time, or in
     /// batches of up to `claim_batch` while handlers finish fast, each batch within the
     /// coordinator's write limits; a task too large to claim at all is dead-lettered. Each
@@ -37,28 +38,37 @@ impl Queue {
                 end = Some(stop);
                 break;
             }
-            if let Some(read) = reading.take_if(|reading| reading.is_ready()) {
+            let in_line = match backlog.next(Utc::now()) {
+                Next::Claim => None,
+                // A cheap look is made before this claim, so that a task that arrived goes
+                // first; a costly one, and a listing, are read while this claim and the
+                // next ones are written (the backlog asks for one read at a time).
+                Next::Look if backlog.looks_in_line() => Some(self.start_look(&mut backlog)),
+                Next::Look => {
+                    reading = Some(self.start_look(&mut backlog));
+                    None
+                }
+                Next::Relist => {
+                    reading = Some(self.start_relist(&mut backlog));
+                    None
+                }
+                Next::Done => break,
+            };
+            if let Some(read) = in_line.or_else(|| reading.take_if(|reading| reading.is_ready())) {
                 match self
                     .finish_reading(leadership, &mut backlog, memory, read)
                     .await
                 {
                     // A pause takes effect between batches: the loop waits it out.
                     Ok(Look::Continue) if self.paused().await => break,
-                    Ok(Look::Continue) => {}
+                    // What was read may come first: decide again.
+                    Ok(Look::Continue) => continue,
                     Ok(Look::Relist) => break,
                     Err(stop) => {
                         end = Some(stop);
                         break;
                     }
                 }
-            }
-            match backlog.next(Utc::now()) {
-                Next::Claim => {}
-                // Read while this claim and the next ones are written (the backlog asks
-                // for one read at a time).
-                Next::Look => reading = Some(self.start_look(&mut backlog)),
-                Next::Relist => reading = Some(self.start_relist(&mut backlog)),
-                Next::Done => break,
             }
             let max_tasks = if fast && !single {
                 self.settings.claim_batch

@@ -28,6 +28,10 @@ pub const LOOK_INTERVAL: Duration = Duration::from_millis(20);
 /// many times the last one's duration, so that on a huge backlog they take at most a tenth
 /// of the leader's time.
 pub const LOOK_COST_FACTOR: u32 = 10;
+/// A look that took less than this is made before the next claim; a costlier one is read
+/// while the leader claims (a cheap look in line keeps the wait of a task that arrives
+/// during a backlog at its shortest; a costly one would hold every claim up).
+pub const LOOK_IN_LINE: Duration = Duration::from_millis(5);
 /// Tasks claimed from one listing before listing again, at least. New keys and due retries
 /// are seen by the looks; only a pending task that a producer rewrote in place with an
 /// earlier taskTime (its key is not new) waits for the next listing.
@@ -365,6 +369,11 @@ impl Backlog {
         if let Some(place) = self.places.remove(key) {
             self.pending.remove(&place);
         }
+    }
+
+    /// Whether the next look is made before the next claim: the last one was cheap.
+    pub fn looks_in_line(&self) -> bool {
+        self.look_cost < LOOK_IN_LINE
     }
 
     /// Records that a look began at `now`: no other is asked for until it is spaced from
@@ -930,6 +939,24 @@ mod tests {
             Next::Claim,
             "claims count from the merge"
         );
+    }
+
+    /// A look that cost less than LOOK_IN_LINE is made before the next claim; a costlier
+    /// one is read while the leader claims.
+    #[test]
+    fn cheap_looks_are_made_in_line_and_costly_ones_beside_the_claims() {
+        let mut backlog = Backlog::new(
+            vec![task("q/a", 1, None)],
+            vec![],
+            known(&["q/a"]),
+            at(0),
+            Duration::ZERO,
+        );
+        assert!(backlog.looks_in_line(), "the first look measures its cost");
+        backlog.looked(vec!["q/a".into()], at(20), Duration::from_millis(4));
+        assert!(backlog.looks_in_line());
+        backlog.looked(vec!["q/a".into()], at(40), Duration::from_millis(5));
+        assert!(!backlog.looks_in_line());
     }
 
     /// A costly look spaces the next one out to ten times its cost.
