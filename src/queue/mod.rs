@@ -167,7 +167,7 @@ struct Sorted {
     delayed: Vec<(DateTime<Utc>, Task)>,
     /// Keys of the entries left in place unchanged; those moved or rewritten are not here,
     /// so the next look reads them again.
-    keys: HashSet<String>,
+    keys: plan::Keys,
     in_flight: usize,
     /// Something was moved or rewritten.
     changed: bool,

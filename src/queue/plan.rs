@@ -199,6 +199,12 @@ pub enum Looked {
     Relist,
 }
 
+/// The hash of the backlog's key sets: seeded per process, and several times faster than
+/// std's SipHash on keys of queue names (the sets hold every task of the backlog).
+pub type KeyHash = foldhash::fast::RandomState;
+/// A set of task keys.
+pub type Keys = HashSet<String, KeyHash>;
+
 /// A pending task's place in claim order: `Task::order_key`, owned.
 type Place = (DateTime<Utc>, u64, String);
 
@@ -214,11 +220,11 @@ fn place_of(task: &Task) -> Place {
 pub struct Backlog {
     pending: BTreeMap<Place, Task>,
     /// Where each pending task is in `pending`, by key.
-    places: HashMap<String, Place>,
+    places: HashMap<String, Place, KeyHash>,
     /// Tasks not eligible before a time: a retry's notBefore, or a key under another
     /// lease's lock-delay.
     delayed: Vec<(DateTime<Utc>, Task)>,
-    known: HashSet<String>,
+    known: Keys,
     listed_at: DateTime<Utc>,
     list_cost: Duration,
     last_look: DateTime<Utc>,
@@ -228,7 +234,7 @@ pub struct Backlog {
     listed: usize,
     /// While a look's names are being read: the keys forgotten since it began (deleted,
     /// or to be read again). They may be among the names, yet are not new to that look.
-    forgotten: Option<HashSet<String>>,
+    forgotten: Option<Keys>,
 }
 
 impl Backlog {
@@ -237,14 +243,14 @@ impl Backlog {
     pub fn new(
         pending: Vec<Task>,
         delayed: Vec<(DateTime<Utc>, Task)>,
-        known: HashSet<String>,
+        known: Keys,
         now: DateTime<Utc>,
         list_cost: Duration,
     ) -> Backlog {
         let listed = pending.len();
         let mut backlog = Backlog {
             pending: BTreeMap::new(),
-            places: HashMap::with_capacity(listed),
+            places: HashMap::with_capacity_and_hasher(listed, KeyHash::default()),
             delayed: Vec::new(),
             known,
             listed_at: now,
@@ -380,7 +386,7 @@ impl Backlog {
     /// this one (the look's names are read while the leader claims).
     pub fn look_started(&mut self, now: DateTime<Utc>) {
         self.last_look = now;
-        self.forgotten = Some(HashSet::new());
+        self.forgotten = Some(Keys::default());
     }
 
     /// Records a look at `now` that took `cost` and found `keys` under the prefix: tasks
@@ -415,7 +421,7 @@ impl Backlog {
             }
         }
         if still < self.known.len() {
-            let present: HashSet<&str> = keys.iter().copied().collect();
+            let present: HashSet<&str, KeyHash> = keys.iter().copied().collect();
             let gone: Vec<String> = self
                 .places
                 .keys()
@@ -448,7 +454,7 @@ impl Backlog {
         cost: Duration,
     ) -> Vec<StoredTask> {
         let names: Vec<&str> = entries.iter().map(|entry| entry.key.as_str()).collect();
-        let new: HashSet<String> = self.compare(&names).into_iter().collect();
+        let new: Keys = self.compare(&names).into_iter().collect();
         let mut sort = Vec::new();
         for entry in entries {
             // Held by this lease: one of its runs, or one that ended during the read.
@@ -608,7 +614,7 @@ mod tests {
         let mut backlog = Backlog::new(
             pending,
             vec![(at(60_000), retry)],
-            HashSet::new(),
+            Keys::default(),
             now,
             Duration::ZERO,
         );
@@ -644,7 +650,7 @@ mod tests {
                 grouped("q/b2", 3, "b"),
             ],
             Vec::new(),
-            HashSet::new(),
+            Keys::default(),
             at(0),
             Duration::ZERO,
         );
@@ -657,7 +663,7 @@ mod tests {
         backlog.pending().map(|t| t.key.as_str()).collect()
     }
 
-    fn known(names: &[&str]) -> HashSet<String> {
+    fn known(names: &[&str]) -> Keys {
         names.iter().map(|s| s.to_string()).collect()
     }
 
@@ -1090,7 +1096,7 @@ mod tests {
         let tasks = (0..300)
             .map(|n| task(&format!("q/{n:03}"), n, None))
             .collect();
-        let mut backlog = Backlog::new(tasks, vec![], HashSet::new(), at(0), Duration::ZERO);
+        let mut backlog = Backlog::new(tasks, vec![], Keys::default(), at(0), Duration::ZERO);
         let taken = backlog.take(MAX_TASKS_PER_LISTING);
         assert_eq!(backlog.next(at(1)), Next::Relist);
         let mut taken = taken;
@@ -1100,7 +1106,7 @@ mod tests {
         let mut waiting = Backlog::new(
             vec![],
             vec![(at(500), task("q/a", 1, Some(at(500))))],
-            HashSet::new(),
+            Keys::default(),
             at(0),
             Duration::ZERO,
         );
@@ -1117,7 +1123,7 @@ mod tests {
         let mut backlog = Backlog::new(
             tasks,
             vec![],
-            HashSet::new(),
+            Keys::default(),
             at(0),
             Duration::from_millis(200),
         );
@@ -1134,7 +1140,7 @@ mod tests {
         let tasks = (0..4_000)
             .map(|n| task(&format!("q/{n:04}"), n, None))
             .collect();
-        let mut backlog = Backlog::new(tasks, vec![], HashSet::new(), at(0), Duration::ZERO);
+        let mut backlog = Backlog::new(tasks, vec![], Keys::default(), at(0), Duration::ZERO);
         backlog.take(MAX_TASKS_PER_LISTING);
         assert_eq!(backlog.next(at(1)), Next::Claim);
         backlog.take(4_000 / RELIST_FRACTION - MAX_TASKS_PER_LISTING - 1);
@@ -1152,7 +1158,7 @@ mod tests {
         let tasks = (0..1_000)
             .map(|n| task(&format!("q/{n:04}"), 10 + n, None))
             .collect();
-        let mut backlog = Backlog::new(tasks, vec![], HashSet::new(), at(0), Duration::ZERO);
+        let mut backlog = Backlog::new(tasks, vec![], Keys::default(), at(0), Duration::ZERO);
         backlog.learn(vec![], vec![task("q/0500", 1, None)], vec![]);
         assert_eq!(keys(&backlog)[..2], ["q/0500", "q/0000"]);
         assert_eq!(backlog.pending().count(), 1_000);
