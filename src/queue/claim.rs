@@ -247,10 +247,7 @@ impl Queue {
         max_tasks: usize,
     ) -> Planned {
         let now = Utc::now();
-        let completions: Vec<WriteCost> = finished
-            .iter()
-            .map(|done| self.coord.cost(&done.completion()))
-            .collect();
+        let completions: Vec<WriteCost> = finished.iter().map(|done| done.cost).collect();
         let guard = self.coord.guard_cost();
         let limits = self.coord.limits();
         // Claims are prepared one at a time and only while they fit: preparing one writes

@@ -309,10 +309,7 @@ impl Queue {
             .iter()
             .map(|task| Candidate::new(task, leadership, &self.node_id, now))
             .collect();
-        let completions: Vec<WriteCost> = finished
-            .iter()
-            .map(|done| self.coord.cost(&done.completion()))
-            .collect();
+        let completions: Vec<WriteCost> = finished.iter().map(|done| done.cost).collect();
         let claims: Vec<WriteCost> = candidates
             .iter()
             .map(|candidate| self.coord.cost(&candidate.op))

@@ -437,9 +437,29 @@ struct Finished {
     elapsed_ms: u64,
     /// Where its history record goes and the record (`None`: history is off).
     history: Option<(String, Vec<u8>)>,
+    /// What its completion costs in a write (asked for at every claim it may ride along).
+    cost: WriteCost,
 }
 
 impl Finished {
+    fn new(
+        coord: &dyn Coordinator,
+        task: Box<Task>,
+        claim_index: u64,
+        elapsed_ms: u64,
+        history: Option<(String, Vec<u8>)>,
+    ) -> Finished {
+        let mut finished = Finished {
+            task,
+            claim_index,
+            elapsed_ms,
+            history,
+            cost: WriteCost { ops: 0, bytes: 0 },
+        };
+        finished.cost = coord.cost(&finished.completion());
+        finished
+    }
+
     /// Completes the version this run claimed, and only that one: deletes it, or, with
     /// history on, moves it to its history record in the same write (no extra round trip).
     fn completion(&self) -> TaskOp {

@@ -219,8 +219,8 @@ fn place_of(task: &Task) -> Place {
 #[derive(Debug)]
 pub struct Backlog {
     pending: BTreeMap<Place, Task>,
-    /// Where each pending task is in `pending`, by key.
-    places: HashMap<String, Place, KeyHash>,
+    /// Where each pending task is in `pending`, and its version, by key.
+    places: HashMap<String, (Place, u64), KeyHash>,
     /// Tasks not eligible before a time: a retry's notBefore, or a key under another
     /// lease's lock-delay.
     delayed: Vec<(DateTime<Utc>, Task)>,
@@ -364,7 +364,10 @@ impl Backlog {
     /// Adds a pending task in claim order, replacing what was pending under its key.
     fn insert(&mut self, task: Task) {
         let place = place_of(&task);
-        if let Some(old) = self.places.insert(task.key.clone(), place.clone()) {
+        if let Some((old, _)) = self
+            .places
+            .insert(task.key.clone(), (place.clone(), task.version))
+        {
             self.pending.remove(&old);
         }
         self.pending.insert(place, task);
@@ -372,7 +375,7 @@ impl Backlog {
 
     /// Drops the pending task under `key`, if there is one.
     fn remove(&mut self, key: &str) {
-        if let Some(place) = self.places.remove(key) {
+        if let Some((place, _)) = self.places.remove(key) {
             self.pending.remove(&place);
         }
     }
@@ -421,7 +424,14 @@ impl Backlog {
             }
         }
         if still < self.known.len() {
-            let present: HashSet<&str, KeyHash> = keys.iter().copied().collect();
+            self.drop_missing(keys.iter().copied().collect());
+        }
+        new
+    }
+
+    /// Drops every task and known key not `present` under the prefix.
+    fn drop_missing(&mut self, present: HashSet<&str, KeyHash>) {
+        {
             let gone: Vec<String> = self
                 .places
                 .keys()
@@ -435,7 +445,6 @@ impl Backlog {
                 .retain(|(_, task)| present.contains(task.key.as_str()));
             self.known.retain(|key| present.contains(key.as_str()));
         }
-        new
     }
 
     /// Records a listing read while the leader claimed (started with `look_started`), at
@@ -453,30 +462,43 @@ impl Backlog {
         now: DateTime<Utc>,
         cost: Duration,
     ) -> Vec<StoredTask> {
-        let names: Vec<&str> = entries.iter().map(|entry| entry.key.as_str()).collect();
-        let new: Keys = self.compare(&names).into_iter().collect();
-        let mut sort = Vec::new();
-        for entry in entries {
+        // One pass, one probe of the known keys per entry (and one of the index for the
+        // known ones): on a large backlog the merge is on the leader's path.
+        let forgotten = self.forgotten.take().unwrap_or_default();
+        let mut still = 0;
+        let mut take = vec![false; entries.len()];
+        let mut rewritten = Vec::new();
+        for (n, entry) in entries.iter().enumerate() {
+            let known = self.known.contains(&entry.key);
+            still += usize::from(known);
             // Held by this lease: one of its runs, or one that ended during the read.
             if entry.holder.as_ref() == Some(own) {
                 continue;
             }
-            if new.contains(&entry.key) {
-                sort.push(entry);
-                continue;
-            }
-            let rewritten = entry.holder.is_none()
+            if !known {
+                take[n] = !forgotten.contains(&entry.key);
+            } else if entry.holder.is_none()
                 && self
                     .places
                     .get(&entry.key)
-                    .and_then(|place| self.pending.get(place))
-                    .is_some_and(|task| task.version != entry.version);
-            if rewritten {
-                self.known.remove(&entry.key);
-                self.remove(&entry.key);
-                sort.push(entry);
+                    .is_some_and(|(_, version)| *version != entry.version)
+            {
+                take[n] = true;
+                rewritten.push(n);
             }
         }
+        if still < self.known.len() {
+            self.drop_missing(entries.iter().map(|entry| entry.key.as_str()).collect());
+        }
+        for n in rewritten {
+            self.known.remove(&entries[n].key);
+            self.remove(&entries[n].key);
+        }
+        let sort: Vec<StoredTask> = entries
+            .into_iter()
+            .zip(take)
+            .filter_map(|(entry, take)| take.then_some(entry))
+            .collect();
         self.last_look = now;
         self.listed_at = now;
         self.list_cost = cost;

@@ -76,12 +76,13 @@ impl Queue {
                     self.clear_cancel(&task.key).await;
                 }
                 let history = self.history_of(&task, leadership, started_at);
-                finished.push(Finished {
+                finished.push(Finished::new(
+                    self.coord.as_ref(),
                     task,
                     claim_index,
                     elapsed_ms,
                     history,
-                })
+                ))
             }
             (Err(err), None) if cancelled => {
                 let value = task.with(&[
@@ -242,10 +243,7 @@ impl Queue {
             }
             return left;
         }
-        let costs: Vec<WriteCost> = finished
-            .iter()
-            .map(|done| self.coord.cost(&done.completion()))
-            .collect();
+        let costs: Vec<WriteCost> = finished.iter().map(|done| done.cost).collect();
         let guard = self.coord.guard_cost();
         let mut finished = finished.into_iter();
         for range in plan::chunks(Some(guard), &costs, self.coord.limits()) {

@@ -70,18 +70,18 @@ impl TxnOp {
         }
     }
 
-    /// Exactly how many bytes this op takes in the transaction's JSON body. The value is
-    /// counted by its base64 length (base64 needs no JSON escaping), so it is never encoded.
+    /// Exactly how many bytes this op takes in the transaction's JSON body, counted as it
+    /// would be written, without writing it: a cost is asked for every candidate of every
+    /// claim. The value is counted by its base64 length (base64 needs no JSON escaping).
     pub fn encoded_len(&self) -> usize {
-        let mut skeleton = Vec::new();
-        self.write_json(&mut skeleton, false);
-        skeleton.len() + self.value().map_or(0, |value| value.len().div_ceil(3) * 4)
+        let mut count = Count(0);
+        self.write_json(&mut count);
+        count.0
     }
 
     /// Writes the op's JSON, Consul's `{"KV":{"Verb":…}}`, straight into `out`: values of
-    /// hundreds of KB are base64-encoded into place, with no intermediate JSON tree. With
-    /// `with_value` false the value is left empty (to measure the rest).
-    fn write_json(&self, out: &mut Vec<u8>, with_value: bool) {
+    /// hundreds of KB are base64-encoded into place, with no intermediate JSON tree.
+    fn write_json(&self, out: &mut impl JsonOut) {
         let (verb, key) = match self {
             TxnOp::Set { key, .. } => ("set", key),
             TxnOp::Cas { key, .. } => ("cas", key),
@@ -92,43 +92,97 @@ impl TxnOp {
             TxnOp::CheckSession { key, .. } => ("check-session", key),
             TxnOp::Get { key } => ("get", key),
         };
-        out.extend_from_slice(b"{\"KV\":{\"Verb\":\"");
-        out.extend_from_slice(verb.as_bytes());
-        out.extend_from_slice(b"\",\"Key\":");
-        write_string(out, key);
+        out.put(b"{\"KV\":{\"Verb\":\"");
+        out.put(verb.as_bytes());
+        out.put(b"\",\"Key\":");
+        out.string(key);
         if let Some(value) = self.value() {
-            out.extend_from_slice(b",\"Value\":\"");
-            if with_value {
-                let start = out.len();
-                out.resize(start + value.len().div_ceil(3) * 4, 0);
-                let written = base64::engine::general_purpose::STANDARD
-                    .encode_slice(value, &mut out[start..])
-                    .expect("buffer sized for base64");
-                out.truncate(start + written);
-            }
-            out.push(b'"');
+            out.put(b",\"Value\":\"");
+            out.base64(value);
+            out.put(b"\"");
         }
         match self {
             TxnOp::Cas { index, .. }
             | TxnOp::DeleteCas { index, .. }
             | TxnOp::CheckIndex { index, .. } => {
-                out.extend_from_slice(format!(",\"Index\":{index}").as_bytes());
+                out.put(b",\"Index\":");
+                out.number(*index);
             }
             TxnOp::Lock { session, .. }
             | TxnOp::Unlock { session, .. }
             | TxnOp::CheckSession { session, .. } => {
-                out.extend_from_slice(b",\"Session\":");
-                write_string(out, session);
+                out.put(b",\"Session\":");
+                out.string(session);
             }
             TxnOp::Set { .. } | TxnOp::Get { .. } => {}
         }
-        out.extend_from_slice(b"}}");
+        out.put(b"}}");
     }
 }
 
-/// A JSON string, escaped as serde_json escapes it.
-fn write_string(out: &mut Vec<u8>, text: &str) {
-    serde_json::to_writer(out, text).expect("a string serializes");
+/// Where an op's JSON goes: the body itself, or a count of its bytes.
+trait JsonOut {
+    fn put(&mut self, bytes: &[u8]);
+    /// A JSON string, escaped as serde_json escapes it.
+    fn string(&mut self, text: &str);
+    fn number(&mut self, n: u64);
+    /// `value` in base64 (which needs no JSON escaping).
+    fn base64(&mut self, value: &[u8]);
+}
+
+impl JsonOut for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+
+    fn string(&mut self, text: &str) {
+        serde_json::to_writer(self, text).expect("a string serializes");
+    }
+
+    fn number(&mut self, n: u64) {
+        std::io::Write::write_fmt(self, format_args!("{n}")).expect("a Vec takes every byte");
+    }
+
+    fn base64(&mut self, value: &[u8]) {
+        let start = self.len();
+        self.resize(start + value.len().div_ceil(3) * 4, 0);
+        let written = base64::engine::general_purpose::STANDARD
+            .encode_slice(value, &mut self[start..])
+            .expect("buffer sized for base64");
+        self.truncate(start + written);
+    }
+}
+
+/// Counts the bytes an op's JSON takes.
+struct Count(usize);
+
+impl std::io::Write for Count {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0 += bytes.len();
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl JsonOut for Count {
+    fn put(&mut self, bytes: &[u8]) {
+        self.0 += bytes.len();
+    }
+
+    fn string(&mut self, text: &str) {
+        serde_json::to_writer(self, text).expect("a string serializes");
+    }
+
+    fn number(&mut self, n: u64) {
+        self.0 += n.checked_ilog10().map_or(1, |digits| digits as usize + 1);
+    }
+
+    fn base64(&mut self, value: &[u8]) {
+        self.0 += value.len().div_ceil(3) * 4;
+    }
 }
 
 /// The transaction's JSON body: the ops as an array.
@@ -139,7 +193,7 @@ fn body(ops: &[TxnOp]) -> Vec<u8> {
         if n > 0 {
             out.push(b',');
         }
-        op.write_json(&mut out, true);
+        op.write_json(&mut out);
     }
     out.push(b']');
     out
@@ -295,6 +349,14 @@ mod tests {
                 TxnOp::DeleteCas {
                     key: "q/b".into(),
                     index: 7,
+                },
+                TxnOp::DeleteCas {
+                    key: "q/z".into(),
+                    index: 0,
+                },
+                TxnOp::CheckIndex {
+                    key: "q/m".into(),
+                    index: u64::MAX,
                 },
                 TxnOp::Get { key: "q/c".into() },
                 TxnOp::Set {
