@@ -50,8 +50,12 @@ pub struct Task {
     pub not_before: Option<DateTime<Utc>>,
     pub taken_by: Option<Value>,
     pub last_error: Option<String>,
-    /// The whole JSON object, as the producer (and leaderq) wrote it.
-    pub fields: Map<String, Value>,
+    /// The whole JSON object, as the producer (and leaderq) wrote it: kept as read and
+    /// parsed again only to write the task back (`with`), since a backlog holds every
+    /// pending task and a parsed object takes several times its bytes.
+    value: Box<[u8]>,
+    /// `taskGroup`, empty when there is none.
+    group: Box<str>,
     /// The lease holding the task's claim, if one still does.
     pub holder: Option<LeaseId>,
     /// When the task was first written, for ordering ties.
@@ -123,9 +127,9 @@ impl Task {
             Some(Value::String(s)) if s.eq_ignore_ascii_case("false") => false,
             Some(other) => return Err(Invalid::BadTaken(other.to_string())),
         };
-        match fields.get("taskGroup") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(group)) if group.len() <= MAX_GROUP_LEN => {}
+        let group = match fields.get("taskGroup") {
+            None | Some(Value::Null) => Box::from(""),
+            Some(Value::String(group)) if group.len() <= MAX_GROUP_LEN => Box::from(group.as_str()),
             Some(other) => {
                 let mut shown = other.to_string();
                 if shown.len() > 64 {
@@ -138,7 +142,7 @@ impl Task {
                 }
                 return Err(Invalid::BadGroup(shown));
             }
-        }
+        };
         let id = match fields.get("taskId") {
             Some(Value::String(s)) if !s.is_empty() => s.clone(),
             Some(Value::Number(n)) => n.to_string(),
@@ -161,7 +165,8 @@ impl Task {
             not_before,
             taken_by,
             last_error,
-            fields,
+            value: Box::from(pair.value.as_slice()),
+            group,
             holder: pair.holder.clone(),
             created: pair.created,
             version: pair.version,
@@ -176,10 +181,12 @@ impl Task {
     /// The task's concurrency group (`taskGroup`): no two tasks of one group run at once.
     /// Tasks without one form one group, the empty name.
     pub fn group(&self) -> &str {
-        self.fields
-            .get("taskGroup")
-            .and_then(Value::as_str)
-            .unwrap_or("")
+        &self.group
+    }
+
+    /// The task's JSON object, parsed again from the value read.
+    pub fn fields(&self) -> Map<String, Value> {
+        serde_json::from_slice(&self.value).expect("the value parsed as an object when read")
     }
 
     /// Claim order: `taskTime`, then creation, then key.
@@ -206,11 +213,11 @@ impl Task {
         }
     }
 
-    /// The task's JSON with `updates` applied (a `Null` removes the field). Written
-    /// straight from the fields, without copying them: values can be hundreds of KB.
+    /// The task's JSON with `updates` applied (a `Null` removes the field), written from
+    /// its fields parsed again, in their order.
     pub fn with(&self, updates: &[(&str, Value)]) -> Vec<u8> {
         serde_json::to_vec(&Rewritten {
-            fields: &self.fields,
+            fields: &self.fields(),
             updates,
         })
         .expect("task JSON serializes")

@@ -129,7 +129,7 @@ pub fn panes(
         .filter(|task| task.status(now) == Status::InFlight)
         .map(|task| {
             let taken_at = task
-                .fields
+                .fields()
                 .get("takenAt")
                 .and_then(Value::as_str)
                 .unwrap_or_default()
