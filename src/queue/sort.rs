@@ -62,9 +62,9 @@ impl Queue {
                 }
                 continue;
             }
-            let task = match Task::parse(&pair) {
+            let task = match Task::parse_owned(pair) {
                 Ok(task) => task,
-                Err(invalid) => {
+                Err((invalid, pair)) => {
                     // A locked entry is someone's run in progress: left alone until it ends.
                     if pair.holder.is_none() {
                         sorted.changed = true;
@@ -83,6 +83,7 @@ impl Queue {
             match plan::eligibility(&task, now, horizon, deferred) {
                 Status::Pending if self.registry.get(&task.task_type).is_none() => {
                     let reason = format!("no handler for taskType {:?}", task.task_type);
+                    let pair = pair_of(&task, task.value().to_vec(), task.version);
                     self.dead_letter(leadership, &pair, &reason).await?;
                     sorted.changed = true;
                 }

@@ -105,6 +105,25 @@ pub enum Status {
 
 impl Task {
     pub fn parse(pair: &StoredTask) -> Result<Task, Invalid> {
+        let mut task = Task::read(pair)?;
+        task.value = Box::from(pair.value.as_slice());
+        Ok(task)
+    }
+
+    /// `parse`, taking the value over instead of copying it (a listing of a large backlog
+    /// holds every value once); an entry that is not a task comes back with the reason.
+    pub fn parse_owned(mut pair: StoredTask) -> Result<Task, (Invalid, StoredTask)> {
+        match Task::read(&pair) {
+            Ok(mut task) => {
+                task.value = std::mem::take(&mut pair.value).into_boxed_slice();
+                Ok(task)
+            }
+            Err(invalid) => Err((invalid, pair)),
+        }
+    }
+
+    /// The task in `pair`, its value left empty.
+    fn read(pair: &StoredTask) -> Result<Task, Invalid> {
         let value: Value =
             serde_json::from_slice(&pair.value).map_err(|e| Invalid::NotJson(e.to_string()))?;
         let fields = match value {
@@ -165,7 +184,7 @@ impl Task {
             not_before,
             taken_by,
             last_error,
-            value: Box::from(pair.value.as_slice()),
+            value: Box::default(),
             group,
             holder: pair.holder.clone(),
             created: pair.created,
@@ -182,6 +201,11 @@ impl Task {
     /// Tasks without one form one group, the empty name.
     pub fn group(&self) -> &str {
         &self.group
+    }
+
+    /// The value as read.
+    pub fn value(&self) -> &[u8] {
+        &self.value
     }
 
     /// The task's JSON object, parsed again from the value read.
