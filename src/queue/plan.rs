@@ -37,11 +37,12 @@ pub const LOOK_IN_LINE: Duration = Duration::from_millis(5);
 /// earlier taskTime (its key is not new) waits for the next listing.
 pub const MAX_TASKS_PER_LISTING: usize = 256;
 /// On a large backlog the leader lists again only after claiming this fraction of the
-/// tasks the listing held (1/4): each listing reads what is left, so the listings of a
-/// whole drain read about four times the backlog, and a task costs the same to drain
-/// whatever the backlog (relisting every MAX_TASKS_PER_LISTING claims read the backlog
-/// again and again: O(N²) for a drain of N).
-pub const RELIST_FRACTION: usize = 4;
+/// tasks the listing held (1/2): each listing reads what is left, so the listings of a
+/// whole drain read about twice the backlog, and a task costs the same to drain whatever
+/// the backlog (relisting every MAX_TASKS_PER_LISTING claims read the backlog again and
+/// again: O(N²) for a drain of N). A listing is read while the backlog is held, so its
+/// size sets the leader's peak memory: after half of the backlog it is half as large.
+pub const RELIST_FRACTION: usize = 2;
 /// A listing costs time in proportion to the queue's bytes (a backlog of large values is
 /// tens of MB); the leader lists again no sooner than this many times the last listing's
 /// duration, so that listing again takes at most a tenth of its time.
@@ -1154,11 +1155,11 @@ mod tests {
         assert_eq!(backlog.next(at(2_000)), Next::Relist);
     }
 
-    /// On a large backlog the leader lists again only after claiming a quarter of what
-    /// the listing held, not after every MAX_TASKS_PER_LISTING claims: a drain of N tasks
-    /// reads about 4N tasks in all, not N²/256.
+    /// On a large backlog the leader lists again only after claiming half of what the
+    /// listing held, not after every MAX_TASKS_PER_LISTING claims: a drain of N tasks
+    /// reads about 2N tasks in all, not N²/256.
     #[test]
-    fn a_large_backlog_is_listed_again_after_a_quarter_of_it() {
+    fn a_large_backlog_is_listed_again_after_half_of_it() {
         let tasks = (0..4_000)
             .map(|n| task(&format!("q/{n:04}"), n, None))
             .collect();
@@ -1167,7 +1168,10 @@ mod tests {
         assert_eq!(backlog.next(at(1)), Next::Claim);
         backlog.take(4_000 / RELIST_FRACTION - MAX_TASKS_PER_LISTING - 1);
         assert_eq!(backlog.next(at(2)), Next::Claim);
-        assert_eq!(keys(&backlog)[0], "q/0999");
+        assert_eq!(
+            keys(&backlog)[0],
+            format!("q/{:04}", 4_000 / RELIST_FRACTION - 1)
+        );
         backlog.take(1);
         assert_eq!(backlog.next(at(3)), Next::Relist);
     }
