@@ -3,8 +3,8 @@
 //! by default). Each backlog is enqueued first on a fresh coordinator (in create-only
 //! batches through the seam, so it is quick on every backend), then one replica starts;
 //! the drain is timed from its election to an empty queue, and its peak RSS read from
-//! /proc before it stops. Each backlog is drained three times, and the median rate
-//! reported. Writes a row per backlog, a JSON object and an SVG chart (rate and RSS
+//! /proc before it stops. Each backlog is drained several times (`runs_for`), and the
+//! median rate reported. Writes a row per backlog, a JSON object and an SVG chart (rate and RSS
 //! against backlog, drawn here by hand: a chart is a few lines of SVG).
 
 use std::path::{Path, PathBuf};
@@ -30,9 +30,12 @@ const ENQUEUE_CLIENTS: usize = 16;
 const ENQUEUE_BATCH: usize = 64;
 /// A drain that has not emptied the queue by then is reported as far as it got.
 const DRAIN_LIMIT: Duration = Duration::from_secs(300);
-/// Drains of each backlog; the median rate is reported (a 1k drain lasts tens of
-/// milliseconds, and one run of it says little).
-const RUNS: usize = 3;
+/// How many times a backlog is drained; the median rate is reported. A 1k drain lasts
+/// tens of milliseconds and moves with whatever else the machine does, so small backlogs
+/// are drained more often: 15 times up to 20k tasks, 3 times at 100k and more.
+fn runs_for(backlog: usize) -> usize {
+    (300_000 / backlog.max(1)).clamp(3, 15)
+}
 /// How long the bench waits for the replica to win the election.
 const LEADER_LIMIT: Duration = Duration::from_secs(30);
 
@@ -50,7 +53,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
     let mut drains = Vec::new();
     for &backlog in &options.backlogs {
         let mut runs = Vec::new();
-        for _ in 0..RUNS {
+        for _ in 0..runs_for(backlog) {
             runs.push(drain(&options.backend, backlog).await?);
         }
         drains.push(median(runs));
@@ -75,8 +78,10 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         };
         report.row(
             format!(
-                "backlog: drain {} no-op tasks, 1 `leaderq consume`, tasks/s (median of {RUNS}), peak RSS ({})",
-                d.backlog, options.backend
+                "backlog: drain {} no-op tasks, 1 `leaderq consume`, tasks/s (median of {}), peak RSS ({})",
+                d.backlog,
+                runs_for(d.backlog),
+                options.backend
             ),
             result,
             target,
@@ -435,5 +440,14 @@ mod tests {
         ]);
         assert_eq!(median.rate, 1000.0);
         assert_eq!(median.peak_rss, 30 * 1024 * 1024);
+    }
+
+    #[test]
+    fn small_backlogs_are_drained_more_often() {
+        assert_eq!(runs_for(1_000), 15);
+        assert_eq!(runs_for(20_000), 15);
+        assert_eq!(runs_for(30_000), 10);
+        assert_eq!(runs_for(100_000), 3);
+        assert_eq!(runs_for(10_000_000), 3);
     }
 }
