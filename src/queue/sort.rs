@@ -51,6 +51,10 @@ impl Queue {
         let horizon = self.not_before_horizon();
         memory.deferred.retain(|_, until| *until > now);
         let mut sorted = Sorted::default();
+        // Sized once: grown by doubling, a 100k listing's tasks would be copied at their
+        // largest, and both copies held at once.
+        sorted.pending.reserve(entries.len());
+        sorted.keys.reserve(entries.len());
         for pair in entries {
             // A key that breaks the key rule could not be addressed safely (a `..` segment
             // resolves elsewhere in a URL): such a task is not run but dead-lettered.
