@@ -84,6 +84,9 @@ pub struct HandlerError {
     pub message: String,
     /// Retrying cannot help (bad input, a task that can never succeed).
     pub permanent: bool,
+    /// Not the handler's failure: leaderq stopped the run because its lease could not be
+    /// confirmed in time. The task goes back without using an attempt.
+    pub interrupted: bool,
 }
 
 impl HandlerError {
@@ -92,6 +95,7 @@ impl HandlerError {
         HandlerError {
             message: message.into(),
             permanent: false,
+            interrupted: false,
         }
     }
 
@@ -100,6 +104,16 @@ impl HandlerError {
         HandlerError {
             message: message.into(),
             permanent: true,
+            interrupted: false,
+        }
+    }
+
+    /// A run leaderq cut short for its lease, not a failure of the handler.
+    pub fn interrupted(message: impl Into<String>) -> HandlerError {
+        HandlerError {
+            message: message.into(),
+            permanent: false,
+            interrupted: true,
         }
     }
 }
@@ -409,6 +423,11 @@ impl ExecHandler {
                     HandlerError::new(reason)
                 }
             })?;
+        if ended.status.success() {
+            // A clean end is an end, whatever stopped it meanwhile: a handler that exits 0
+            // after a SIGTERM (shutdown, step-down, a late lease) has done its work.
+            return Ok(());
+        }
         match (ended.asked, ended.stopped) {
             (Some(Asked::TimedOut), _) => {
                 return Err(HandlerError::new(format!(
@@ -420,14 +439,11 @@ impl ExecHandler {
                 return Err(HandlerError::new(format!("{program} was cancelled")))
             }
             (None, Some(StopReason::Lease)) => {
-                return Err(HandlerError::new(format!(
-                    "{program} was killed: the lease was not confirmed in time"
+                return Err(HandlerError::interrupted(format!(
+                    "{program} was stopped: the lease was not confirmed in time"
                 )))
             }
             _ => {}
-        }
-        if ended.status.success() {
-            return Ok(());
         }
         let text = String::from_utf8_lossy(&ended.stderr_tail)
             .trim()

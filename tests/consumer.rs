@@ -15,6 +15,8 @@ mod contract_redis;
 mod contract_zookeeper;
 #[path = "consumer/coord_consul.rs"]
 mod coord_consul;
+#[path = "consumer/coordinator_losses.rs"]
+mod coordinator_losses;
 #[path = "consumer/dashboard.rs"]
 mod dashboard;
 #[path = "consumer/etcd_queue.rs"]

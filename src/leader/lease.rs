@@ -3,6 +3,13 @@
 //! when it received the request, which is no earlier). A leader that cannot say its lease
 //! is fresh stops acting. The deadline is published for those who enforce it outside this
 //! process (handler supervisors).
+//!
+//! A leadership can also end at the coordinator while the lease itself lives on (an
+//! operator deleted or rewrote the leader record, another lease holds it): the term's
+//! leadership watch then *deposes* the lease for the rest of the term. A deposed lease is
+//! no longer fresh and wakes every `expired` waiter at once, but its deadline stays as it
+//! was: the runs it started are stopped by request (SIGTERM, then SIGKILL after the kill
+//! grace), and the lease's own deadline still bounds them.
 
 use std::sync::Mutex;
 use std::time::Duration;
@@ -27,6 +34,8 @@ struct LeaseState {
     lease: Option<LeaseId>,
     renewed_at: Option<Instant>,
     lost: bool,
+    /// Why the current term's leadership ended at the coordinator, if it did.
+    deposed: Option<String>,
 }
 
 impl Lease {
@@ -79,6 +88,7 @@ impl Lease {
             lease: Some(lease.clone()),
             renewed_at: Some(renewed_at),
             lost: false,
+            deposed: None,
         };
         drop(state);
         self.announce();
@@ -103,6 +113,64 @@ impl Lease {
         self.announce();
     }
 
+    /// The leadership this lease won has ended at the coordinator (`reason` says how):
+    /// nothing more may be done under it this term.
+    pub fn depose(&self, reason: &str) {
+        let mut state = self.lock();
+        if state.deposed.is_none() {
+            state.deposed = Some(reason.to_string());
+        }
+        drop(state);
+        self.changed.notify_waiters();
+    }
+
+    /// Why this term's leadership ended at the coordinator, if it did.
+    pub fn deposed(&self) -> Option<String> {
+        self.lock().deposed.clone()
+    }
+
+    /// A new term begins on this lease: a deposition of an earlier one no longer counts.
+    pub fn begin_term(&self) {
+        self.lock().deposed = None;
+    }
+
+    /// Why the lease may not be acted on now: deposed, lost, or not renewed within its TTL.
+    pub fn why_not_fresh(&self) -> String {
+        self.deposed()
+            .unwrap_or_else(|| "lease not renewed within its TTL".to_string())
+    }
+
+    /// Whether the lease is fresh and stays so for longer than `span` without another
+    /// renewal: a run started now could still be stopped whole (SIGTERM, the kill grace,
+    /// SIGKILL) before its supervisor's kill window would cut it.
+    pub fn outlasts(&self, span: Duration) -> bool {
+        if self.lock().deposed.is_some() {
+            return false;
+        }
+        self.deadline()
+            .is_some_and(|deadline| Instant::now() + span < deadline)
+    }
+
+    /// Waits until the lease outlasts `span` (`true`) or stops being fresh (`false`).
+    pub async fn until_it_outlasts(&self, span: Duration) -> bool {
+        loop {
+            let notified = self.changed.notified();
+            if self.outlasts(span) {
+                return true;
+            }
+            if !self.is_fresh() {
+                return false;
+            }
+            let Some(deadline) = self.deadline() else {
+                return false;
+            };
+            tokio::select! {
+                _ = notified => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
     pub(crate) fn forget(&self) {
         *self.lock() = LeaseState::default();
         self.announce();
@@ -118,14 +186,20 @@ impl Lease {
     }
 
     pub fn is_fresh(&self) -> bool {
+        if self.lock().deposed.is_some() {
+            return false;
+        }
         self.deadline()
             .is_some_and(|deadline| Instant::now() < deadline)
     }
 
-    /// Resolves once the lease is lost or has not been renewed for a TTL.
+    /// Resolves once the lease is lost, deposed, or has not been renewed for a TTL.
     pub async fn expired(&self) {
         loop {
             let notified = self.changed.notified();
+            if self.lock().deposed.is_some() {
+                return;
+            }
             match self.deadline() {
                 None => return,
                 Some(deadline) if Instant::now() >= deadline => return,
@@ -217,5 +291,57 @@ mod tests {
         assert!(!waiter.is_finished());
         tokio::time::advance(Duration::from_secs(6)).await;
         waiter.await.unwrap();
+    }
+
+    /// A deposed lease wakes `expired` at once and is not fresh, but keeps publishing its
+    /// deadline (the runs are stopped by request, still bounded by it); a new term clears
+    /// the deposition.
+    #[tokio::test(start_paused = true)]
+    async fn a_deposed_lease_ends_the_term_but_keeps_its_deadline() {
+        let s = LeaseId("s".into());
+        let ttl = Duration::from_secs(15);
+        let lease = Arc::new(Lease::new(ttl));
+        let start = Instant::now();
+        lease.adopt(&s, start);
+        let mut watch = lease.deadline_watch();
+        watch.borrow_and_update();
+        let waiter = {
+            let lease = lease.clone();
+            tokio::spawn(async move { lease.expired().await })
+        };
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        lease.depose("the leader record was deleted");
+        waiter.await.unwrap();
+        assert!(!lease.is_fresh());
+        assert!(!lease.outlasts(Duration::ZERO));
+        assert_eq!(lease.why_not_fresh(), "the leader record was deleted");
+        assert!(!watch.has_changed().unwrap(), "the deadline moved");
+        assert_eq!(*watch.borrow(), Some(start + ttl));
+        lease.begin_term();
+        assert!(lease.is_fresh());
+    }
+
+    /// A lease outlasts a span only while its deadline is further away than that; waiting
+    /// for room ends with a renewal (`true`) or the lease's expiry (`false`).
+    #[tokio::test(start_paused = true)]
+    async fn claims_need_a_lease_that_outlasts_the_kill_sequence() {
+        let s = LeaseId("s".into());
+        let lease = Arc::new(Lease::new(Duration::from_secs(15)));
+        lease.adopt(&s, Instant::now());
+        let span = Duration::from_secs(5);
+        assert!(lease.outlasts(span));
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert!(!lease.outlasts(span));
+        assert!(lease.is_fresh());
+        let waiter = {
+            let lease = lease.clone();
+            tokio::spawn(async move { lease.until_it_outlasts(span).await })
+        };
+        tokio::time::advance(Duration::from_secs(1)).await;
+        lease.renewed(&s, Instant::now());
+        assert!(waiter.await.unwrap());
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert!(!lease.until_it_outlasts(span).await);
     }
 }

@@ -8,6 +8,7 @@
 //! - `rotation.rs`: rotate mode's pure decisions (when a term ends, when to contest again).
 //! - `replicas.rs`: every replica's record of itself (standbys with their heartbeat).
 //! - `timeline.rs`: the leadership timeline (who led when, why each term ended).
+//! - `watch.rs`: the leader's watch on its own leadership record during a term.
 //!
 //! The lease id is kept in the data dir (`session`), so a restarted replica asks the
 //! coordinator to take it up again; the backend decides whether it still may. What the
@@ -19,6 +20,7 @@ pub mod lease;
 pub mod replicas;
 pub mod rotation;
 pub mod timeline;
+pub mod watch;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -68,6 +68,7 @@ pub struct Metrics {
     queue_depth: Family<StateLabels, Gauge>,
     consul_errors: Family<KindLabels, Counter>,
     pub blocking_restarts: Counter,
+    leadership_losses: Counter,
 }
 
 impl Metrics {
@@ -153,6 +154,12 @@ impl Metrics {
             "Blocking queries restarted from index 0 (errors or an index that went backwards)",
             blocking_restarts.clone(),
         );
+        let leadership_losses = Counter::default();
+        registry.register(
+            "leadership_lost",
+            "Terms ended because the leadership record was lost at the coordinator (deleted, rewritten, taken, or its lease revoked)",
+            leadership_losses.clone(),
+        );
         Metrics {
             registry,
             known_types: task_types.into_iter().map(str::to_string).collect(),
@@ -170,7 +177,13 @@ impl Metrics {
             queue_depth,
             consul_errors,
             blocking_restarts,
+            leadership_losses,
         }
+    }
+
+    /// A term ended because its leadership was seen lost at the coordinator.
+    pub fn leadership_lost(&self) {
+        self.leadership_losses.inc();
     }
 
     fn labels(&self, task_type: &str) -> TaskLabels {

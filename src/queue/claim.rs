@@ -38,6 +38,16 @@ impl Queue {
                 end = Some(stop);
                 break;
             }
+            if !lease.outlasts(self.lease_rules.claim_headroom) {
+                // Renewals are late: a run claimed now could be cut by its supervisor's
+                // kill window. Claim nothing until a renewal comes or the lease runs out.
+                tracing::warn!(headroom = %crate::util::duration::format(self.lease_rules.claim_headroom), "the lease may not outlast a run's kill sequence; claiming nothing until it is renewed");
+                tokio::select! {
+                    _ = shutdown.cancelled() => {}
+                    _ = lease.until_it_outlasts(self.lease_rules.claim_headroom) => {}
+                }
+                continue;
+            }
             let in_line = match backlog.next(Utc::now()) {
                 Next::Claim => None,
                 // A cheap look is made before this claim, so that a task that arrived goes

@@ -122,6 +122,12 @@ impl Queue {
                     end = Some(stop);
                     continue;
                 }
+                if !lease.outlasts(self.lease_rules.claim_headroom) {
+                    // Renewals are late: a run claimed now could be cut by its supervisor's
+                    // kill window. Nothing starts until a renewal comes or the lease runs
+                    // out; the runs going on are polled meanwhile.
+                    break Stall::NothingFree;
+                }
                 let next = if look_first {
                     Next::Look
                 } else {

@@ -135,6 +135,34 @@ pub struct Queue {
     pub rotation: Option<Rotation>,
     /// The current term's clock (start with `Term::default()`).
     pub term: Term,
+    /// What the lease allows: when a claim may start, when an orphan may be requeued.
+    pub lease_rules: LeaseRules,
+}
+
+/// The leader's rules against runs it cannot see: a run of an earlier holder that may
+/// still go on, and a run of its own that the lease's kill window would cut.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseRules {
+    /// How long after this leader first sees an orphan (a task whose claiming lease
+    /// ended) it is requeued, and (with one run at a time) how long nothing starts
+    /// meanwhile. The earlier holder's runs are killed by their supervisors before its own
+    /// view of its lease runs out, at most one TTL after the lease ended, however it ended:
+    /// expired, or revoked by an operator while its runs went on.
+    pub orphan_fence: Duration,
+    /// A claim is made only while the lease outlasts this (the kill grace plus the
+    /// supervisor's margin): a run started then can still be stopped whole, by request,
+    /// before the supervisor's kill window would cut it.
+    pub claim_headroom: Duration,
+}
+
+impl LeaseRules {
+    pub fn from_settings(settings: &crate::config::Settings) -> LeaseRules {
+        let ttl = settings.election.session_ttl;
+        LeaseRules {
+            orphan_fence: ttl,
+            claim_headroom: settings.queue.kill_grace + crate::supervise::lease_margin(ttl),
+        }
+    }
 }
 
 /// The outcome of a guarded write whose lost leadership ends the leading.
@@ -157,6 +185,8 @@ struct Memory {
     /// of a previous leader may still be going, so with concurrency groups none of their
     /// tasks starts before a listing shows them free.
     held_groups: HashSet<String>,
+    /// Orphans and when this term first saw each: requeued once `orphan_fence` has passed.
+    orphans_seen: HashMap<String, tokio::time::Instant>,
 }
 
 /// Entries sorted out: what can be claimed now or later, and the keys left as they were.
@@ -169,6 +199,8 @@ struct Sorted {
     /// so the next look reads them again.
     keys: plan::Keys,
     in_flight: usize,
+    /// When the earliest orphan still fenced may be requeued, if one is.
+    fenced_until: Option<tokio::time::Instant>,
     /// Something was moved or rewritten.
     changed: bool,
 }
@@ -207,7 +239,9 @@ impl Queue {
 
             // "Renew between tasks": no claim unless the lease is known to be fresh.
             if !lease.is_fresh() {
-                return LeadEnd::StepDown("lease not renewed within its TTL".into());
+                self.record_own(leadership, std::mem::take(&mut unrecorded))
+                    .await;
+                return LeadEnd::StepDown(lease.why_not_fresh());
             }
             if !unrecorded.is_empty() {
                 unrecorded = self.complete_all(leadership, unrecorded).await;
@@ -224,7 +258,7 @@ impl Queue {
             // The backend paces listings that come back at once (Consul's blocking query).
             let listed = tokio::select! {
                 _ = shutdown.cancelled() => return LeadEnd::Shutdown,
-                _ = lease.expired() => return LeadEnd::StepDown("lease not renewed within its TTL".into()),
+                _ = lease.expired() => return LeadEnd::StepDown(lease.why_not_fresh()),
                 _ = self.term_over() => continue,
                 listed = self.coord.list(&self.settings.prefix, asked, self.wait) => listed,
             };
@@ -279,7 +313,13 @@ impl Queue {
                     match end {
                         // Recorded first, at the top of the loop.
                         Some(LeadEnd::Rotate) => continue,
-                        Some(end) => return end,
+                        Some(end) => {
+                            // A clean end is an end: what finished is recorded under the
+                            // lease's own claims if the leadership could not record it.
+                            self.record_own(leadership, std::mem::take(&mut unrecorded))
+                                .await;
+                            return end;
+                        }
                         None => {}
                     }
                     // The leader's own writes moved the queue: list again without waiting.
@@ -293,7 +333,7 @@ impl Queue {
                         let wait = until.max(Duration::from_millis(1));
                         tokio::select! {
                             _ = shutdown.cancelled() => return LeadEnd::Shutdown,
-                            _ = lease.expired() => return LeadEnd::StepDown("lease not renewed within its TTL".into()),
+                            _ = lease.expired() => return LeadEnd::StepDown(lease.why_not_fresh()),
                             _ = self.term_over() => {}
                             _ = self.coord.list(&self.settings.prefix, after, wait) => {}
                         }
@@ -332,7 +372,7 @@ impl Queue {
         loop {
             tokio::select! {
                 _ = shutdown.cancelled() => return Some(LeadEnd::Shutdown),
-                _ = lease.expired() => return Some(LeadEnd::StepDown("lease not renewed within its TTL".into())),
+                _ = lease.expired() => return Some(LeadEnd::StepDown(lease.why_not_fresh())),
                 _ = self.term_over() => return None,
                 _ = tokio::time::sleep(PAUSE_POLL) => {}
             }
@@ -412,7 +452,7 @@ impl Queue {
             return Some(LeadEnd::Shutdown);
         }
         if !lease.is_fresh() {
-            return Some(LeadEnd::StepDown("lease not renewed within its TTL".into()));
+            return Some(LeadEnd::StepDown(lease.why_not_fresh()));
         }
         if self.rotation_due() {
             return Some(LeadEnd::Rotate);

@@ -53,7 +53,7 @@ impl Queue {
                 _ = lease.expired(), if ending.is_none() => {
                     // Another replica may lead soon: stop the handler now.
                     cancel.cancel();
-                    ending = Some(LeadEnd::StepDown("lease not renewed within its TTL".into()));
+                    ending = Some(LeadEnd::StepDown(lease.why_not_fresh()));
                 }
                 _ = shutdown.cancelled(), if ending.is_none() => {
                     ending = Some(LeadEnd::Shutdown);
@@ -107,6 +107,29 @@ impl Queue {
                     &format!("interrupted by shutdown: {err}"),
                     Utc::now(),
                 );
+                self.settle(leadership, &task, claim_index, value, "put back")
+                    .await;
+            }
+            (Err(err), Some(LeadEnd::StepDown(why)))
+                if cancel.is_cancelled() || err.interrupted =>
+            {
+                // Stopped because the lease or the leadership could not be confirmed: not
+                // the handler's failure, so no attempt is used and it is never
+                // dead-lettered for it; it goes back for whoever leads next.
+                tracing::warn!(task_key = %task.key, fencing_token = leadership.fencing_token, reason = %why, "run stopped for the lease; putting the task back without using an attempt");
+                let value = task.retried(
+                    task.attempts,
+                    &format!("interrupted ({why}): {err}"),
+                    Utc::now(),
+                );
+                self.settle(leadership, &task, claim_index, value, "put back")
+                    .await;
+            }
+            (Err(err), None) if err.interrupted => {
+                // The supervisor stopped it on the lease's deadline before this loop saw
+                // the lease go stale: the same as above.
+                tracing::warn!(task_key = %task.key, fencing_token = leadership.fencing_token, error = %err, "run stopped for the lease; putting the task back without using an attempt");
+                let value = task.retried(task.attempts, &format!("interrupted: {err}"), Utc::now());
                 self.settle(leadership, &task, claim_index, value, "put back")
                     .await;
             }
@@ -265,6 +288,44 @@ impl Queue {
         left
     }
 
+    /// Finished runs whose completion the leadership could not record because it was lost
+    /// (a run that ended cleanly while being stopped included): the runs are over and the
+    /// claims are still this lease's, so each is completed under the lease's own claim. If
+    /// the lease is gone too, the next leader will run the task again; its history record
+    /// is written anyway, saying why, so that the repeat is explained.
+    pub(super) async fn record_own(&self, leadership: &Leadership, unrecorded: Vec<Finished>) {
+        for done in unrecorded {
+            let ops = [done.completion()];
+            match self.coord.write_own(&leadership.lease, &ops).await {
+                Ok(()) => {
+                    tracing::info!(task_key = %done.task.key, "leadership lost: the finished run is recorded under this replica's own claim");
+                    self.log_completed(leadership, &done, leadership.fencing_token);
+                }
+                Err(err) => {
+                    tracing::warn!(task_key = %done.task.key, error = %err, "a run finished, but leadership and lease were lost before its completion was recorded: the next leader runs the task again");
+                    let Some((key, value)) = &done.history else {
+                        continue;
+                    };
+                    let Ok(mut record) =
+                        serde_json::from_slice::<crate::task::history::HistoryRecord>(value)
+                    else {
+                        continue;
+                    };
+                    record.reason = Some(
+                        "finished, but leadership and lease were lost before the completion was recorded: the next leader runs the task again".into(),
+                    );
+                    let put = [crate::coord::Edit::Put {
+                        key: key.clone(),
+                        value: record.encode(),
+                    }];
+                    if let Err(err) = self.coord.edit(&put).await {
+                        tracing::warn!(task_key = %done.task.key, error = %err, "cannot write the history record of an unrecorded completion");
+                    }
+                }
+            }
+        }
+    }
+
     /// Completes finished tasks, and forgets the keys whose outcome is recorded: deleted,
     /// or released to a producer's newer version, which the next look then reads.
     pub(super) async fn complete_known(
@@ -309,7 +370,17 @@ impl Queue {
                 }
             }
             Ok(Written::NotLeader) => {
-                tracing::warn!(task_key = %task.key, "cannot {what}: leadership lost; the task is requeued when this lease ends")
+                // The run is over and the claim is still this lease's: write it back
+                // without the leadership guard while the lease lives, so that the next
+                // leader finds it as settled here rather than as a run cut short.
+                match self.coord.write_own(&leadership.lease, &ops).await {
+                    Ok(()) => {
+                        tracing::info!(task_key = %task.key, "leadership lost: {what} under this replica's own claim")
+                    }
+                    Err(err) => {
+                        tracing::warn!(task_key = %task.key, error = %err, "cannot {what}: leadership and claim lost; the next leader requeues the task")
+                    }
+                }
             }
             Err(err) => {
                 tracing::warn!(task_key = %task.key, error = %err, "cannot {what}; the task is requeued when this lease ends")

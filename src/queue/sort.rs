@@ -22,6 +22,26 @@ impl Queue {
         let sorted = self.sort_out(leadership, entries, memory, now).await?;
         self.metrics
             .queue_depth(sorted.pending.len(), sorted.in_flight, sorted.delayed.len());
+        if self.settings.concurrency <= 1 && (sorted.in_flight > 0 || sorted.fenced_until.is_some())
+        {
+            // One run at a time: a run of an earlier holder may still go on (its task held
+            // by a live lease, or an orphan whose lease may have been revoked mid-run), so
+            // nothing starts here until it is provably over. A held task's end changes the
+            // queue, which ends the next listing's wait.
+            if sorted.changed {
+                return Ok(Pick::Again);
+            }
+            return Ok(match sorted.fenced_until {
+                Some(at) => Pick::WaitUntil(
+                    Utc::now()
+                        + chrono::Duration::from_std(
+                            at.saturating_duration_since(tokio::time::Instant::now()),
+                        )
+                        .unwrap_or_default(),
+                ),
+                None => Pick::Nothing,
+            });
+        }
         if !sorted.pending.is_empty() {
             let backlog = Backlog::new(
                 sorted.pending,
@@ -35,7 +55,14 @@ impl Queue {
         if sorted.changed {
             return Ok(Pick::Again);
         }
-        let earliest = sorted.delayed.iter().map(|(at, _)| *at).min();
+        let fenced = sorted.fenced_until.map(|at| {
+            Utc::now()
+                + chrono::Duration::from_std(
+                    at.saturating_duration_since(tokio::time::Instant::now()),
+                )
+                .unwrap_or_default()
+        });
+        let earliest = sorted.delayed.iter().map(|(at, _)| *at).chain(fenced).min();
         Ok(earliest.map_or(Pick::Nothing, Pick::WaitUntil))
     }
 
@@ -121,6 +148,25 @@ impl Queue {
                     sorted.keys.insert(task.key.clone());
                 }
                 Status::Orphan => {
+                    let seen = *memory
+                        .orphans_seen
+                        .entry(task.key.clone())
+                        .or_insert_with(tokio::time::Instant::now);
+                    let free_at = seen + self.lease_rules.orphan_fence;
+                    if tokio::time::Instant::now() < free_at {
+                        // Its lease may have been revoked while its run went on: that run
+                        // is provably over only once the earlier holder's own view of its
+                        // lease has run out.
+                        if memory.warned.insert(format!("fenced {}", task.key)) {
+                            tracing::info!(task_key = %task.key, requeue_in = %crate::util::duration::format(free_at - tokio::time::Instant::now()), "the lease that claimed this task ended; requeueing it once that lease's runs are provably over");
+                        }
+                        memory.held_groups.insert(task.group().to_string());
+                        sorted.fenced_until =
+                            Some(sorted.fenced_until.map_or(free_at, |at| at.min(free_at)));
+                        sorted.keys.insert(task.key.clone());
+                        continue;
+                    }
+                    memory.orphans_seen.remove(&task.key);
                     self.requeue(leadership, &task, "the replica running the task died")
                         .await?;
                     sorted.changed = true;

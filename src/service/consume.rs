@@ -97,6 +97,35 @@ fn term_ended(end: &LeadEnd) -> String {
     }
 }
 
+/// Leads one term while watching the leadership record: a loss seen at the coordinator
+/// deposes the lease at once, which stops the runs (SIGTERM, then SIGKILL after the kill
+/// grace) and ends the term, instead of waiting for the next renewal to fail.
+async fn lead_watched(
+    queue: &Queue,
+    coord: &dyn crate::coord::Coordinator,
+    leadership: &crate::coord::Leadership,
+    lease: &crate::leader::Lease,
+    wait: Duration,
+    shutdown: &CancellationToken,
+) -> LeadEnd {
+    lease.begin_term();
+    let lead = queue.lead(leadership, lease, shutdown);
+    let watch = crate::leader::watch::until_lost(coord, leadership, wait);
+    tokio::pin!(lead, watch);
+    let mut watching = true;
+    loop {
+        tokio::select! {
+            end = &mut lead => return end,
+            reason = &mut watch, if watching => {
+                watching = false;
+                tracing::warn!(fencing_token = leadership.fencing_token, %reason, "stopping every run and stepping down");
+                queue.metrics.leadership_lost();
+                lease.depose(&reason);
+            }
+        }
+    }
+}
+
 /// Runs one replica until `shutdown` is cancelled.
 pub async fn run(
     settings: Settings,
@@ -140,6 +169,7 @@ pub async fn run(
             metrics: metrics.clone(),
             rotation: crate::leader::rotation::Rotation::from_settings(&settings.election),
             term: Default::default(),
+            lease_rules: crate::queue::LeaseRules::from_settings(&settings),
         };
         let task_types: Vec<&str> = registry.task_types().collect();
         tracing::info!(node = %node_id, coordinator = %coord.describe(), prefix = %settings.queue.prefix, ?task_types, "consumer starting");
@@ -258,7 +288,7 @@ pub async fn run(
                     });
                     let leader_key = &settings.election.leader_key;
                     let term = crate::leader::timeline::start_logged(coord.as_ref(), leader_key, &node_id, leadership.fencing_token).await;
-                    let end = queue.lead(&leadership, &lease, &shutdown).await;
+                    let end = lead_watched(&queue, coord.as_ref(), &leadership, &lease, settings.watch_wait(), &shutdown).await;
                     // Said before leadership is given up, so that the next leader reads it.
                     crate::leader::timeline::end_logged(coord.as_ref(), leader_key, term, term_ended(&end)).await;
                     metrics.leading(None);

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::{LeadEnd, Queue};
+use super::{LeadEnd, LeaseRules, Queue};
 use crate::coord::memory::MemoryCoordinator;
 use crate::coord::{Campaign, Coordinator, HolderRecord, LeaseSpec};
 use crate::handler::{Handler, HandlerFuture, Registry, TaskContext};
@@ -173,6 +173,7 @@ async fn rotate_mode_ends_the_term_after_its_runs_with_nothing_held() {
             after_tasks: Some(4),
         }),
         term: Default::default(),
+        lease_rules: LeaseRules::from_settings(&settings),
     };
     let shutdown = CancellationToken::new();
     let end = tokio::time::timeout(
@@ -252,6 +253,7 @@ fn queue_on(
         metrics,
         rotation: None,
         term: Default::default(),
+        lease_rules: LeaseRules::from_settings(settings),
     }
 }
 

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
 use crate::config::{HandlerKind, HandlerSettings, Settings};
-use crate::coord::{Coordinator, Leadership, LeaseId, Version};
+use crate::coord::{Coordinator, Leadership, Version};
 use crate::leader::identity::{DataDir, IdentityError};
 use crate::leader::{Election, ElectionError};
 use crate::observe::Metrics;
@@ -294,9 +294,10 @@ async fn lead_command(
     Ok(code)
 }
 
-/// Resolves when `leadership` is lost: another lease holds the key, or this lease is
-/// gone or not renewed within its TTL. A coordinator that cannot be asked does not count
-/// as a loss by itself: the lease's own deadline decides.
+/// Resolves when `leadership` is lost: seen lost at the coordinator (the record deleted,
+/// rewritten or held by another lease), or this lease gone or not renewed within its TTL.
+/// A coordinator that cannot be asked does not count as a loss by itself: the lease's own
+/// deadline decides.
 async fn watch_leadership(
     coord: &dyn Coordinator,
     leadership: &Leadership,
@@ -304,31 +305,12 @@ async fn watch_leadership(
     wait: Duration,
 ) {
     let lease = election.lease();
-    let watch = async {
-        let mut after = Version::default();
-        loop {
-            match coord.observe(after, wait).await {
-                Ok((holder, version)) => {
-                    if !holds(holder.lease.as_ref(), &leadership.lease) {
-                        return;
-                    }
-                    after = version;
-                }
-                Err(_) => {
-                    after = Version::default();
-                    tokio::time::sleep(COORD_BACKOFF).await;
-                }
-            }
-        }
-    };
     tokio::select! {
-        _ = watch => {}
+        reason = crate::leader::watch::until_lost(coord, leadership, wait) => {
+            tracing::warn!(fencing_token = leadership.fencing_token, %reason, "stopping the command");
+        }
         _ = lease.expired() => {}
     }
-}
-
-fn holds(holder: Option<&LeaseId>, ours: &LeaseId) -> bool {
-    holder == Some(ours)
 }
 
 /// Runs the command once under `leadership`, until it exits, leadership is lost or

@@ -20,6 +20,21 @@ pub struct LeaderqServer {
 }
 
 impl LeaderqServer {
+    /// An operator's `curl -X METHOD` of `path` on the server; the body, or why it failed.
+    pub fn curl(&self, method: &str, path: &str) -> Result<String, String> {
+        let output = Command::new("curl")
+            .args(["-sf", "-X", method, &format!("http://{}{path}", self.addr)])
+            .output()
+            .map_err(|e| format!("cannot run curl: {e}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "curl -X {method} {path} failed ({})",
+                output.status
+            ));
+        }
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    }
+
     /// Starts `exe server` on `listen` ("127.0.0.1:0" picks a port) and `data_dir`, with a
     /// session TTL minimum of 1 s unless `extra` gives its own `--session-ttl-min`. `Err`
     /// holds what the server wrote to stderr if it exits instead of listening.
@@ -120,6 +135,22 @@ impl Cluster for LeaderqServer {
         let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
         *self = LeaderqServer::start(&self.exe, &self.addr, &self.data_dir, &extra)?;
         Ok(())
+    }
+
+    fn delete_leader_record(&self, leader_key: &str) -> Result<(), String> {
+        self.curl("DELETE", &format!("/v1/kv/{leader_key}"))
+            .map(drop)
+    }
+
+    fn revoke_leader_lease(&self, leader_key: &str) -> Result<bool, String> {
+        let body = self.curl("GET", &format!("/v1/kv/{leader_key}"))?;
+        let entries: serde_json::Value =
+            serde_json::from_str(&body).map_err(|e| format!("{body}: {e}"))?;
+        let session = entries[0]["Session"]
+            .as_str()
+            .ok_or_else(|| format!("the leader key is not held: {body}"))?;
+        self.curl("PUT", &format!("/v1/session/destroy/{session}"))?;
+        Ok(true)
     }
 
     /// A producer's plain `PUT /v1/kv/<key>`, over a bare HTTP/1.1 connection.

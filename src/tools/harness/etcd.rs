@@ -244,6 +244,27 @@ impl Cluster for EtcdCluster {
         "etcd"
     }
 
+    fn delete_leader_record(&self, leader_key: &str) -> Result<(), String> {
+        self.ctl(&["del", "--prefix", &format!("{leader_key}/")])
+            .map(drop)
+    }
+
+    fn revoke_leader_lease(&self, leader_key: &str) -> Result<bool, String> {
+        let out = self.ctl(&["get", "--prefix", &format!("{leader_key}/"), "-w", "json"])?;
+        let read: serde_json::Value =
+            serde_json::from_str(&out).map_err(|e| format!("{out}: {e}"))?;
+        let lease = read["kvs"]
+            .as_array()
+            .and_then(|kvs| {
+                kvs.iter()
+                    .min_by_key(|kv| kv["create_revision"].as_u64().unwrap_or(u64::MAX))
+            })
+            .and_then(|kv| kv["lease"].as_u64())
+            .ok_or_else(|| format!("no campaign key holds a lease: {out}"))?;
+        self.ctl(&["lease", "revoke", &format!("{lease:x}")])?;
+        Ok(true)
+    }
+
     fn env(&self) -> Vec<(String, String)> {
         vec![
             ("LEADERQ__COORDINATOR__BACKEND".into(), "etcd".into()),

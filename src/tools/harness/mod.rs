@@ -128,6 +128,15 @@ pub trait Cluster: Send {
     /// Writes a task as a producer does, with the backend's plain write (a KV PUT, a
     /// znode create, `etcdctl put`, the documented Redis command): creates or replaces.
     fn produce(&self, key: &str, value: &[u8]) -> Result<(), String>;
+    /// An operator deletes the leadership record of `leader_key` by hand, with the
+    /// backend's own tool (`curl -X DELETE`, `etcdctl del`, `redis-cli DEL`, `zkCli.sh
+    /// delete` of the leader's latch), while the lease that held it lives on.
+    fn delete_leader_record(&self, leader_key: &str) -> Result<(), String>;
+    /// An operator ends the lease holding `leader_key` by hand (Consul: destroy the
+    /// session; etcd: revoke the lease; Redis: delete the lease key). `Ok(false)` where the
+    /// backend's operators have no such tool (a ZooKeeper session ends only with its
+    /// client).
+    fn revoke_leader_lease(&self, leader_key: &str) -> Result<bool, String>;
 }
 
 /// The backends a [`Cluster`] can be started for, by `[coordinator] backend` name.

@@ -135,6 +135,20 @@ impl Cluster for RedisServer {
         "redis"
     }
 
+    fn delete_leader_record(&self, leader_key: &str) -> Result<(), String> {
+        self.cli(&[b"DEL", format!("{PREFIX}leader/{leader_key}").as_bytes()])
+            .map(drop)
+    }
+
+    fn revoke_leader_lease(&self, leader_key: &str) -> Result<bool, String> {
+        let lease = self.cli(&[b"GET", format!("{PREFIX}leader/{leader_key}").as_bytes()])?;
+        if lease.is_empty() {
+            return Err("the leader key is not held".into());
+        }
+        self.cli(&[b"DEL", format!("{PREFIX}lease/{lease}").as_bytes()])?;
+        Ok(true)
+    }
+
     fn env(&self) -> Vec<(String, String)> {
         vec![
             ("LEADERQ__COORDINATOR__BACKEND".into(), "redis".into()),

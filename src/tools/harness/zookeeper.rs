@@ -267,6 +267,25 @@ impl Cluster for Ensemble {
         "zookeeper"
     }
 
+    fn delete_leader_record(&self, leader_key: &str) -> Result<(), String> {
+        let listing = self.zkcli(&["ls", &format!("/{leader_key}")])?;
+        // The leader is the latch with the lowest sequence (its name's last 10 digits).
+        let latch = listing
+            .lines()
+            .filter(|line| line.starts_with('['))
+            .flat_map(|line| line.trim_matches(|c| c == '[' || c == ']').split(", "))
+            .filter(|name| name.starts_with("latch-"))
+            .min_by_key(|name| name.rsplit('-').next().unwrap_or_default().to_string())
+            .ok_or_else(|| format!("no latch under /{leader_key}: {listing}"))?
+            .to_string();
+        self.zkcli(&["delete", &format!("/{leader_key}/{latch}")])
+            .map(drop)
+    }
+
+    fn revoke_leader_lease(&self, _leader_key: &str) -> Result<bool, String> {
+        Ok(false)
+    }
+
     fn env(&self) -> Vec<(String, String)> {
         vec![
             ("LEADERQ__COORDINATOR__BACKEND".into(), "zookeeper".into()),

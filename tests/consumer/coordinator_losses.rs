@@ -1,0 +1,227 @@
+//! Leadership lost at the coordinator, by an operator's hand, on every backend's real
+//! servers: the leader record deleted while the leader's lease lives on (`curl -X DELETE`,
+//! `etcdctl del`, `redis-cli DEL`, `zkCli.sh delete` of the latch), and the lease itself
+//! ended (Consul: session destroyed; etcd: lease revoked; Redis: lease key deleted). Each
+//! time the old leader's run is stopped at once, the other replica starts nothing before
+//! that run is gone (one run at a time, across the two leaders), its fencing token is
+//! higher, and every task still runs to its end.
+
+use super::*;
+
+macro_rules! on_every_backend {
+    ($($backend:ident),* $(,)?) => {
+        $(
+            mod $backend {
+                #[tokio::test]
+                async fn a_deleted_leader_record_stops_the_run_before_the_next_leader_starts_one() {
+                    super::lose_leadership(stringify!($backend), super::Loss::DeleteRecord).await;
+                }
+
+                #[tokio::test]
+                async fn a_revoked_lease_stops_the_run_before_the_next_leader_starts_one() {
+                    super::lose_leadership(stringify!($backend), super::Loss::RevokeLease).await;
+                }
+            }
+        )*
+    };
+}
+
+on_every_backend!(consul, etcd, redis, zookeeper);
+
+#[derive(Clone, Copy, Debug)]
+enum Loss {
+    DeleteRecord,
+    RevokeLease,
+}
+
+/// One run as its handler journaled it.
+#[derive(Debug)]
+struct Run {
+    id: String,
+    node: String,
+    started: u128,
+    /// 0 until its end is journaled or its shell is seen gone.
+    ended: u128,
+    pid: u32,
+    token: u64,
+}
+
+fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+fn runs_in(text: &str) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let at: u128 = words[2].parse().unwrap();
+        if words[0] == "start" {
+            runs.push(Run {
+                id: words[1].into(),
+                node: words[3].into(),
+                started: at,
+                ended: 0,
+                pid: words[4].parse().unwrap(),
+                token: words[5].parse().unwrap(),
+            });
+        } else if let Some(run) = runs
+            .iter_mut()
+            .find(|r| r.id == words[1] && r.node == words[3] && r.ended == 0)
+        {
+            run.ended = at;
+        }
+    }
+    runs
+}
+
+/// Two replicas, one run at a time; `l00` runs 8 s, `s01`..`s03` 0.2 s each. Once the
+/// leader runs `l00`, its leadership is lost by `loss`.
+async fn lose_leadership(backend: &str, loss: Loss) {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(cluster) = common::start_cluster(backend, dir.path()) else {
+        return;
+    };
+    let journal = dir.path().join("journal");
+    std::fs::write(&journal, "").unwrap();
+    let coord = leaderq::coord::connect(
+        &leaderq::config::Settings::load(None, cluster.env()).expect("settings"),
+    )
+    .expect("coordinator");
+    let mut replicas = Vec::new();
+    for node in ["la", "lb"] {
+        let j = journal.display();
+        let run = |secs: &str| {
+            format!(
+                "echo \\\"start $TASK_ID $(date +%s%N) {node} $$ $LEADERQ_FENCING_TOKEN\\\" >> {j}; sleep {secs}; echo \\\"end $TASK_ID $(date +%s%N) {node}\\\" >> {j}"
+            )
+        };
+        let config = settings(&journal, "3s").replace("$NODE", node)
+            + &format!(
+                "\n[handlers.Long]\nkind = \"exec\"\ncommand = [\"sh\", \"-c\", \"{}\"]\n[handlers.Short]\nkind = \"exec\"\ncommand = [\"sh\", \"-c\", \"{}\"]\n",
+                run("8"),
+                run("0.2")
+            );
+        replicas.push(ConsumerProcess::start_with_env(
+            "127.0.0.1:1",
+            node,
+            dir.path(),
+            &config,
+            &cluster.env(),
+        ));
+    }
+    let tasks: Vec<leaderq::coord::Edit> = (0..4u64)
+        .map(|n| {
+            let (id, kind) = if n == 0 {
+                ("l00".to_string(), "Long")
+            } else {
+                (format!("s{n:02}"), "Short")
+            };
+            leaderq::coord::Edit::Create {
+                key: format!("oracleTask/task_{n:02}"),
+                value: json!({"taskId": id, "taskTime": 1000 + n, "taskType": kind})
+                    .to_string()
+                    .into_bytes(),
+            }
+        })
+        .collect();
+    assert_eq!(
+        coord.edit(&tasks).await.expect("enqueue"),
+        leaderq::coord::Edited::Done
+    );
+    let started = Instant::now();
+    let first = loop {
+        let text = std::fs::read_to_string(&journal).unwrap();
+        if let Some(run) = runs_in(&text).into_iter().next() {
+            break run;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "nothing ran: {}",
+            replicas[0].log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(first.id, "l00");
+    // The cut run's end is when its shell is seen gone: watched from before the loss, as
+    // the operator's tool may take a while to return (zkCli.sh starts a JVM).
+    let pid = first.pid;
+    let watcher = std::thread::spawn(move || loop {
+        if !common::process_alive(pid) {
+            return now_ns();
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    });
+    let lost_at = now_ns();
+    let done = match loss {
+        Loss::DeleteRecord => cluster.delete_leader_record("consumerLeader").map(|_| true),
+        Loss::RevokeLease => cluster.revoke_leader_lease("consumerLeader"),
+    };
+    if !done.unwrap_or_else(|e| panic!("{loss:?}: {e}")) {
+        eprintln!("{backend}: {loss:?} has no operator's tool; nothing to test");
+        return;
+    }
+    // The old leader's run is gone (its shell seen dead) long before its 8 s are up.
+    while !watcher.is_finished() {
+        assert!(
+            now_ns() - lost_at < 6_000_000_000,
+            "{loss:?}: the old leader's run went on: {}",
+            replicas[0].log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let gone_at = watcher.join().unwrap();
+    eprintln!(
+        "{backend} {loss:?}: the old leader's run was gone {} ms after the loss",
+        (gone_at - lost_at) / 1_000_000
+    );
+    loop {
+        let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
+        if keys.is_empty() {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
+            panic!("{keys:?} left:\n{}", logs.join("\n----\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let journal_text = std::fs::read_to_string(&journal).unwrap();
+    let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
+    // What a failure shows: the journal, then both replicas' logs.
+    let text = format!("{journal_text}\n----\n{}", logs.join("\n----\n"));
+    let mut runs = runs_in(&journal_text);
+    for run in runs.iter_mut().filter(|r| r.ended == 0) {
+        assert_eq!(run.pid, first.pid, "only the cut run has no end: {text}");
+        run.ended = gone_at;
+    }
+    for id in ["l00", "s01", "s02", "s03"] {
+        assert!(
+            text.lines().any(|l| l.starts_with(&format!("end {id} "))),
+            "{id} never ran to its end: {text}"
+        );
+    }
+    for (i, a) in runs.iter().enumerate() {
+        for b in &runs[i + 1..] {
+            assert!(
+                !(a.started < b.ended && b.started < a.ended),
+                "{loss:?}: {} on {} and {} on {} overlapped: {text}",
+                a.id,
+                a.node,
+                b.id,
+                b.node
+            );
+        }
+    }
+    for run in runs.iter().filter(|r| r.started > lost_at) {
+        assert!(
+            run.token > first.token,
+            "{loss:?}: {} ran under token {}, not above the lost leadership's {}: {text}",
+            run.id,
+            run.token,
+            first.token
+        );
+    }
+}
