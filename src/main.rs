@@ -373,7 +373,7 @@ struct ServerArgs {
     #[arg(long, default_value = "2m", value_parser = parse_timeout)]
     http_idle_timeout: Duration,
     /// On SIGTERM or Ctrl-C, time in-flight requests get before their connections are
-    /// dropped and the data file is closed.
+    /// dropped and the data file is closed; a request still arriving is dropped at once.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     shutdown_timeout: Duration,
 }

@@ -5,8 +5,9 @@
 //! `state`, durability in `store`, the HTTP API in `http`, blocking reads in `watch`,
 //! connections (per-client cap, timeouts, shutdown deadline) in `serve`.
 //!
-//! Shutdown: blocked queries are released, connections get `shutdown_timeout` to finish
-//! their requests and are then dropped, and only then is the writer told to stop; it
+//! Shutdown: blocked queries are released, connections whose request is still arriving are
+//! dropped at once, the others get `shutdown_timeout` to finish their requests and are then
+//! dropped, and only then is the writer told to stop; it
 //! commits what it holds and closes the data file, so a new server can open it at once.
 //!
 //! Every write goes through one writer thread, which owns the working state. It takes all

@@ -1,7 +1,7 @@
 //! The server's connection layer: the accept loop, Consul's per-client connection cap, the
 //! header, idle and shutdown deadlines, and the raised open-files limit. What a request means
-//! is `http.rs`'s business (including the body read timeout); this file decides which
-//! connections are taken and how long each may live.
+//! is `http.rs`'s business (including the body read timeout and its 408); this file decides
+//! which connections are taken and how long each may live.
 //!
 //! An accept loop of our own rather than `axum::serve`: axum's loop has no per-address cap,
 //! no read or idle timeout, and its graceful shutdown waits forever for a client that holds
@@ -11,14 +11,31 @@
 //! idle timeout.
 //!
 //! Each connection is in one phase at a time:
-//! - `Head`: waiting for a request's head, since the connection opened or since the first
-//!   byte after an idle wait; cut after the header timeout.
+//! - `Open`: a new connection waiting for its first request's head; cut after the header
+//!   timeout, counted from the connection's start.
+//! - `Head`: a later request's head, since its first byte after an idle wait; cut after the
+//!   header timeout. Bytes of it that came in the same read as the end of the request
+//!   before wait in hyper's buffer unseen, so such a head is cut after the idle timeout:
+//!   no later than an idle client's connection.
+//! - `Body`: the handler is reading a request body that has not all arrived. No deadline
+//!   here: the handler answers 408 after the body timeout, and that answer ends the phase.
 //! - `Busy`: a request is being answered. No deadline here: a blocking query may wait its
-//!   full `wait`. A stalled body is the handler's to time out.
+//!   full `wait`.
 //! - `Idle`: the answer was handed over; waiting for the next request. Cut after the idle
 //!   timeout, which thus also bounds writing an answer to a client that does not read it.
 //!
 //! A connection is cut by dropping it, as Go's server does on a read timeout: no answer.
+//!
+//! On shutdown a connection in `Open` or `Body`, then or later, is dropped at once: it waits
+//! for its client, not for an answer, and no handler has acted on a body it has not read to
+//! its end. hyper cannot tell these apart from a request in flight (a new connection counts
+//! as busy until its first answer), so its graceful shutdown would wait for them until the
+//! shutdown deadline. Every other connection gets hyper's graceful shutdown: an idle one,
+//! or one with only a later head half-sent, is closed as soon as its last answer is
+//! written; one in `Busy` finishes its answer within the shutdown deadline.
+//!
+//! Size: the phases, the two watchers that move them (the stream, the request body) and the
+//! shutdown rule are one mechanism with the accept loop, and their tests are beside them.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -29,7 +46,9 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::Router;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use hyper_util::service::TowerToHyperService;
@@ -51,7 +70,8 @@ pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 /// closes an idle connection and never sends a request into one being closed.
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(120);
 /// Time in-flight requests get to finish after a shutdown signal before their connections
-/// are dropped. Blocking queries are released at once, so only a slow client needs it.
+/// are dropped. Blocking queries are released and requests still arriving dropped at once,
+/// so only a slow handler or a client slow to read its answer needs it.
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause after an accept error other than a connection's own (such as EMFILE), so that the
 /// loop does not spin while no descriptor is free.
@@ -89,9 +109,10 @@ impl Default for Limits {
     }
 }
 
-/// Serves `app` on `listener` until `stop` resolves; then stops accepting, lets in-flight
-/// requests finish within the shutdown timeout and drops the connections still open. When it
-/// returns, no connection task is left, so nothing holds the app any more.
+/// Serves `app` on `listener` until `stop` resolves; then stops accepting, drops at once the
+/// connections whose request is still arriving, lets in-flight requests finish within the
+/// shutdown timeout and drops the connections still open. When it returns, no connection
+/// task is left, so nothing holds the app any more.
 pub async fn run(
     listener: TcpListener,
     app: Router,
@@ -173,22 +194,27 @@ async fn refuse(mut stream: TcpStream) {
 }
 
 /// Serves one connection until it ends, its deadline passes, or shutdown asks it to finish
-/// its request and close.
+/// its request and close (dropping it at once when it waits on its client mid-request).
 async fn serve_connection(
     stream: TcpStream,
     app: Router,
     limits: Limits,
     shutdown: CancellationToken,
 ) {
-    let (phase, watched) = watch::channel(Phase::Head(Instant::now()));
+    let (phase, watched) = watch::channel(Phase::Open(Instant::now()));
+    let stalled = stalled_mid_request(phase.subscribe());
     let phase = Arc::new(phase);
     let io = TokioIo::new(Watched {
         stream,
         phase: phase.clone(),
     });
     let app = TowerToHyperService::new(app);
-    let service = hyper::service::service_fn(move |request| {
+    let service = hyper::service::service_fn(move |request: hyper::Request<Incoming>| {
         let busy = Busy::start(phase.clone());
+        let request = request.map(|body| WatchedBody {
+            body,
+            phase: phase.clone(),
+        });
         let answer = hyper::service::Service::call(&app, request);
         async move {
             let response = answer.await;
@@ -205,6 +231,7 @@ async fn serve_connection(
     tokio::pin!(connection);
     let expired = expiry(watched, limits);
     tokio::pin!(expired);
+    tokio::pin!(stalled);
     let mut finishing = false;
     loop {
         tokio::select! {
@@ -222,6 +249,10 @@ async fn serve_connection(
                 finishing = true;
                 connection.as_mut().graceful_shutdown();
             }
+            _ = &mut stalled, if finishing => {
+                tracing::debug!("connection dropped on shutdown: its request was still arriving");
+                return;
+            }
         }
     }
 }
@@ -229,19 +260,28 @@ async fn serve_connection(
 /// Where a connection stands; see the module header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Phase {
+    Open(Instant),
     Head(Instant),
+    Body,
     Busy,
     Idle(Instant),
 }
 
 impl Phase {
-    /// When a connection in this phase is cut; `None` while a request is being answered.
+    /// When a connection in this phase is cut; `None` while a request is being answered or
+    /// its body read (the handler's timeout bounds that).
     fn deadline(self, limits: &Limits) -> Option<Instant> {
         match self {
-            Phase::Head(since) => Some(since + limits.header_timeout),
-            Phase::Busy => None,
+            Phase::Open(since) | Phase::Head(since) => Some(since + limits.header_timeout),
+            Phase::Body | Phase::Busy => None,
             Phase::Idle(since) => Some(since + limits.idle_timeout),
         }
+    }
+
+    /// Whether shutdown drops a connection in this phase at once: it waits on its client for
+    /// a first head or for a body, and no handler has acted on that request yet.
+    fn stalled_mid_request(self) -> bool {
+        matches!(self, Phase::Open(_) | Phase::Body)
     }
 }
 
@@ -257,6 +297,19 @@ async fn expiry(mut phase: watch::Receiver<Phase>, limits: Limits) {
             None => phase.changed().await,
         };
         if changed.is_err() {
+            // Nobody can change the phase any more: the connection is ending by itself.
+            return std::future::pending().await;
+        }
+    }
+}
+
+/// Resolves as soon as the connection waits on its client mid-request (now or later).
+async fn stalled_mid_request(mut phase: watch::Receiver<Phase>) {
+    loop {
+        if phase.borrow_and_update().stalled_mid_request() {
+            return;
+        }
+        if phase.changed().await.is_err() {
             // Nobody can change the phase any more: the connection is ending by itself.
             return std::future::pending().await;
         }
@@ -305,6 +358,63 @@ impl AsyncRead for Watched {
             });
         }
         read
+    }
+}
+
+/// A request's body as the handler reads it, noting whether it has all arrived: from the
+/// first read until its end the connection is in `Body`, then `Busy` again. A body the
+/// handler never reads leaves the connection `Busy`, since the handler is answering.
+struct WatchedBody {
+    body: Incoming,
+    phase: Arc<watch::Sender<Phase>>,
+}
+
+impl WatchedBody {
+    /// Moves the connection between `Busy` and `Body`; other phases are not this body's.
+    fn note(&self, arriving: bool) {
+        let next = if arriving { Phase::Body } else { Phase::Busy };
+        self.phase.send_if_modified(|phase| match phase {
+            Phase::Busy | Phase::Body if *phase != next => {
+                *phase = next;
+                true
+            }
+            _ => false,
+        });
+    }
+}
+
+impl Body for WatchedBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self.get_mut();
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        let ended = match &polled {
+            Poll::Pending => false,
+            Poll::Ready(Some(Ok(_))) => this.body.is_end_stream(),
+            Poll::Ready(None | Some(Err(_))) => true,
+        };
+        this.note(!ended);
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for WatchedBody {
+    /// A handler that stops reading (the body timeout, or a body too large) is answering.
+    fn drop(&mut self) {
+        self.note(false);
     }
 }
 
@@ -413,15 +523,21 @@ mod tests {
     }
 
     /// Waiting for a head is cut after the header timeout, an idle wait after the idle
-    /// timeout, and a request being answered (a blocking query) never.
+    /// timeout, and a request being answered (a blocking query) or reading its body (the
+    /// handler's 408) never.
     #[test]
     fn each_phase_has_its_own_deadline() {
         let now = Instant::now();
         let limits = limits();
         assert_eq!(
+            Phase::Open(now).deadline(&limits),
+            Some(now + Duration::from_secs(3))
+        );
+        assert_eq!(
             Phase::Head(now).deadline(&limits),
             Some(now + Duration::from_secs(3))
         );
+        assert_eq!(Phase::Body.deadline(&limits), None);
         assert_eq!(
             Phase::Idle(now).deadline(&limits),
             Some(now + Duration::from_secs(100))
@@ -466,12 +582,43 @@ mod tests {
         assert!(head.contains(&format!("Content-Length: {}", body.len())));
     }
 
+    /// Shutdown drops at once a connection that waits for its first head or for a body, and
+    /// leaves the others to hyper's graceful shutdown: a request being answered, an answer
+    /// being written, a later head that hyper closes once its last answer is out.
+    #[test]
+    fn shutdown_drops_connections_stalled_mid_request() {
+        let now = Instant::now();
+        assert!(Phase::Open(now).stalled_mid_request());
+        assert!(Phase::Body.stalled_mid_request());
+        assert!(!Phase::Busy.stalled_mid_request());
+        assert!(!Phase::Idle(now).stalled_mid_request());
+        assert!(!Phase::Head(now).stalled_mid_request());
+    }
+
+    /// Waiting for a stalled request resolves when the connection reaches `Body`, even if it
+    /// was busy when shutdown began, and never for a connection that stays busy.
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_connection_that_starts_waiting_for_its_body_is_stalled() {
+        let (phase, watched) = watch::channel(Phase::Busy);
+        let stalled = tokio::spawn(stalled_mid_request(watched));
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        assert!(
+            !stalled.is_finished(),
+            "a busy connection counted as stalled"
+        );
+        phase.send_replace(Phase::Body);
+        tokio::time::timeout(Duration::from_secs(1), stalled)
+            .await
+            .expect("a connection waiting for its body counts as stalled")
+            .unwrap();
+    }
+
     /// A phase change re-arms the deadline: a connection that became busy before its head
     /// deadline is not cut, and is cut the idle timeout after it went idle again.
     #[tokio::test(start_paused = true)]
     async fn expiry_follows_the_phase() {
         let limits = limits();
-        let (phase, watched) = watch::channel(Phase::Head(Instant::now()));
+        let (phase, watched) = watch::channel(Phase::Open(Instant::now()));
         let expired = tokio::spawn(expiry(watched, limits));
         tokio::time::sleep(Duration::from_secs(2)).await;
         phase.send_replace(Phase::Busy);
