@@ -11,9 +11,13 @@
 //!   kept alive loses it within its TTL (plus the backend's own delay, such as Consul's
 //!   lock-delay), never sooner than the holder's own view of the lease allows;
 //! - **fencing**: the token of each new leadership is strictly greater than every token
-//!   handed out before, across leases, restarts and coordinator restarts;
+//!   handed out before, across leases, restarts, coordinator restarts and an operator's
+//!   deletion of the leader record (so never a per-key counter that a key created anew
+//!   starts again, such as Consul's `LockIndex`);
 //! - **guarded writes**: a [`Coordinator::write`] is applied all or nothing, and only while
-//!   the given leadership still holds; otherwise it answers [`Written::NotLeader`];
+//!   the given leadership still holds (its lease, under its token: not one its lease's
+//!   re-campaign superseded, nor one whose record an operator deleted or rewrote);
+//!   otherwise it answers [`Written::NotLeader`];
 //! - **versions**: every task carries a version that changes on every write to it, and a
 //!   write conditioned on a version that moved answers [`Written::Conflict`];
 //! - **no loss**: a task claimed by a lease that ends is still in the queue, marked held
@@ -130,7 +134,9 @@ pub struct Holder {
     pub lease: Option<LeaseId>,
     /// The last holder's record, kept after it let go (for `prefer_previous_leader`).
     pub record: Option<HolderRecord>,
-    /// The current (or last) leadership's fencing token.
+    /// The current leadership's fencing token. While leadership is free: the last one
+    /// where the backend keeps it, 0 where it does not (Consul: a free key's index is its
+    /// release's, not a token).
     pub token: u64,
 }
 

@@ -83,7 +83,7 @@ impl Metrics {
         let fencing_token = Gauge::default();
         registry.register(
             "fencing_token",
-            "LockIndex of the leader key when this replica won it (0 when not leading)",
+            "Fencing token of this replica's leadership, rising across leaders (Consul: the leader key's ModifyIndex as its winning acquire wrote it); 0 when not leading",
             fencing_token.clone(),
         );
         let seconds_since_renewal = Gauge::<f64, std::sync::atomic::AtomicU64>::default();

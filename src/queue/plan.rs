@@ -578,8 +578,8 @@ mod tests {
         max_ops: 64,
         max_bytes: 1000,
     };
-    /// A guard as Consul's costs it: one op.
-    const GUARD: WriteCost = WriteCost { ops: 1, bytes: 20 };
+    /// A guard as Consul's costs it: two ops (check-session, check-index).
+    const GUARD: WriteCost = WriteCost { ops: 2, bytes: 20 };
 
     /// A claim (Consul: check-index and lock, two ops) of `bytes`.
     fn claims(bytes: usize, n: usize) -> Vec<WriteCost> {
@@ -706,7 +706,7 @@ mod tests {
                 tasks: 32
             }
         );
-        // 64 ops: the guard and 31 claims of 2 ops.
+        // 64 ops: the guard's 2 and 31 claims of 2 ops.
         assert_eq!(
             plan_claim(GUARD, &[], &small, 32, LIMITS),
             ClaimPlan::Take {
@@ -714,7 +714,7 @@ mod tests {
                 tasks: 31
             }
         );
-        // 1 guard + 32 completions leave 31 ops: 15 claims of 2 ops.
+        // 2 guard + 32 completions leave 30 ops: 15 claims of 2 ops.
         let many_bytes = WriteLimits {
             max_ops: 64,
             max_bytes: 100_000,
@@ -751,7 +751,7 @@ mod tests {
             plan_claim(GUARD, &[], &claims(981, 1), 32, LIMITS),
             ClaimPlan::TooLarge {
                 cost: WriteCost {
-                    ops: 3,
+                    ops: 4,
                     bytes: 1001
                 }
             }
@@ -784,8 +784,9 @@ mod tests {
                 tasks: 1
             }
         );
+        // The guard's 2 and a claim's 2 leave room for 2 completions, none for a claim.
         let few_ops = WriteLimits {
-            max_ops: 5,
+            max_ops: 6,
             max_bytes: 100_000,
         };
         assert_eq!(

@@ -199,7 +199,8 @@ impl Queue {
         fencing_token: u64,
     ) {
         let task = &done.task;
-        // The name the chaos audit reads (Consul's LockIndex of the leader key).
+        // The token the committing write saw (Consul: the leader key's ModifyIndex), under
+        // the field name the chaos audit reads.
         let leader_lock_index = fencing_token;
         self.metrics
             .completed(&task.task_type, Duration::from_millis(done.elapsed_ms));

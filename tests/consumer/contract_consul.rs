@@ -11,17 +11,36 @@ use leaderq::coord::{CoordError, CoordFuture};
 
 use super::*;
 
-/// A producer's plain KV PUT.
-struct KvProducer(Arc<Client>);
+/// A producer's plain KV PUT; an operator's `curl -X DELETE` of the leader key.
+struct KvProducer {
+    client: Arc<Client>,
+    /// The server's address, for the operator's plain HTTP request.
+    addr: String,
+    leader_key: String,
+}
 
 impl Producer for KvProducer {
     fn put<'a>(&'a self, key: &'a str, value: &'a [u8]) -> CoordFuture<'a, ()> {
         Box::pin(async move {
-            self.0
+            self.client
                 .kv_put(key, value, PutMode::Set)
                 .await
                 .map(drop)
                 .map_err(|err| CoordError::Unavailable(err.to_string()))
+        })
+    }
+
+    fn delete_leader_record(&self) -> CoordFuture<'_, ()> {
+        Box::pin(async move {
+            let url = format!("http://{}/v1/kv/{}", self.addr, self.leader_key);
+            let unavailable = |err: reqwest::Error| CoordError::Unavailable(err.to_string());
+            let response = client().delete(url).send().await.map_err(unavailable)?;
+            match response.text().await.map_err(unavailable)?.as_str() {
+                "true" => Ok(()),
+                other => Err(CoordError::Unavailable(format!(
+                    "DELETE answered {other:?}"
+                ))),
+            }
         })
     }
 }
@@ -37,24 +56,29 @@ async fn the_consul_backend_keeps_the_coordinator_contract() {
         async move {
             let client = Arc::new(
                 Client::new(&ClientConfig {
-                    addresses: vec![addr],
+                    addresses: vec![addr.clone()],
                     token: String::new(),
                     ca_file: String::new(),
                     request_timeout: Duration::from_secs(10),
                 })
                 .expect("client"),
             );
+            let leader_key = format!("contract/{name}/leader");
             let coord = ConsulCoordinator::new(
                 client.clone(),
                 ConsulCoordSettings {
-                    leader_key: format!("contract/{name}/leader"),
+                    leader_key: leader_key.clone(),
                     health_check: false,
                     txn_max_ops: 128,
                 },
             );
             Subject {
                 coord: Arc::new(coord),
-                producer: Arc::new(KvProducer(client)),
+                producer: Arc::new(KvProducer {
+                    client,
+                    addr,
+                    leader_key,
+                }),
                 queue_prefix: format!("contract/{name}/queue/"),
                 dead_prefix: format!("contract/{name}/dead/"),
                 timing: Timing::new(Duration::from_secs(1)),

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use leaderq::coord::contract::{self, Producer, Subject, Timing};
-use leaderq::coord::etcd::client::{Client, ClientConfig};
+use leaderq::coord::etcd::client::{Client, ClientConfig, Op, Range, Txn};
 use leaderq::coord::etcd::{EtcdCoordSettings, EtcdCoordinator};
 use leaderq::coord::{
     Campaign, CoordError, CoordFuture, Coordinator as _, HolderRecord, LeaseSpec, TaskOp, Version,
@@ -15,16 +15,39 @@ use leaderq::tools::harness::etcd::EtcdCluster;
 
 use super::*;
 
-/// A producer's plain put, through the gateway (`etcdctl put` is the same request).
-struct PutProducer(Arc<Client>);
+/// A producer's plain put, through the gateway (`etcdctl put` is the same request); an
+/// operator's `etcdctl del --prefix <leader_key>/` of the campaign keys.
+struct PutProducer {
+    client: Arc<Client>,
+    leader_key: String,
+}
 
 impl Producer for PutProducer {
     fn put<'a>(&'a self, key: &'a str, value: &'a [u8]) -> CoordFuture<'a, ()> {
         Box::pin(async move {
-            self.0
+            self.client
                 .put(key.as_bytes(), value)
                 .await
                 .map_err(|err| CoordError::Unavailable(err.to_string()))
+        })
+    }
+
+    fn delete_leader_record(&self) -> CoordFuture<'_, ()> {
+        Box::pin(async move {
+            let unavailable =
+                |err: leaderq::coord::etcd::client::Error| CoordError::Unavailable(err.to_string());
+            let candidates = format!("{}/", self.leader_key);
+            let found = self
+                .client
+                .range(&Range::prefix(candidates.as_bytes()))
+                .await
+                .map_err(unavailable)?;
+            let delete = Txn {
+                success: found.kvs.into_iter().map(|kv| Op::Delete(kv.key)).collect(),
+                ..Txn::default()
+            };
+            self.client.txn(&delete).await.map_err(unavailable)?;
+            Ok(())
         })
     }
 }
@@ -52,15 +75,16 @@ async fn the_etcd_backend_keeps_the_coordinator_contract() {
     let outcome = contract::run_all(|name| {
         let client = etcd_client(endpoints.clone());
         async move {
+            let leader_key = format!("contract/{name}/leader");
             let coord = EtcdCoordinator::new(
                 client.clone(),
                 EtcdCoordSettings {
-                    leader_key: format!("contract/{name}/leader"),
+                    leader_key: leader_key.clone(),
                 },
             );
             Subject {
                 coord: Arc::new(coord),
-                producer: Arc::new(PutProducer(client)),
+                producer: Arc::new(PutProducer { client, leader_key }),
                 queue_prefix: format!("contract/{name}/queue/"),
                 dead_prefix: format!("contract/{name}/dead/"),
                 timing: Timing::new(Duration::from_secs(1)).without_lock_delay(),
@@ -159,14 +183,15 @@ async fn user_and_password_reach_an_etcd_with_auth_on() {
     let outcome = contract::run_all(|name| {
         let client = with("secret-pw");
         async move {
+            let leader_key = format!("auth/{name}/leader");
             Subject {
                 coord: Arc::new(EtcdCoordinator::new(
                     client.clone(),
                     EtcdCoordSettings {
-                        leader_key: format!("auth/{name}/leader"),
+                        leader_key: leader_key.clone(),
                     },
                 )),
-                producer: Arc::new(PutProducer(client)),
+                producer: Arc::new(PutProducer { client, leader_key }),
                 queue_prefix: format!("auth/{name}/queue/"),
                 dead_prefix: format!("auth/{name}/dead/"),
                 timing: Timing::new(Duration::from_secs(1)).without_lock_delay(),

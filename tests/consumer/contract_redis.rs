@@ -6,17 +6,40 @@ use std::sync::Arc;
 
 use leaderq::coord::contract::{self, Producer, Subject, Timing};
 use leaderq::coord::redis::{Layout, RedisCoordSettings, RedisCoordinator};
-use leaderq::coord::CoordFuture;
+use leaderq::coord::{CoordError, CoordFuture};
 use leaderq::tools::harness::redis::RedisServer;
 
 use super::*;
 
-/// The producers' documented script, run by the coordinator's own connection.
-struct ScriptProducer(Arc<RedisCoordinator>);
+/// The producers' documented script, run by the coordinator's own connection; an
+/// operator's `redis-cli DEL` of the leader key.
+struct ScriptProducer {
+    coord: Arc<RedisCoordinator>,
+    url: String,
+    /// The leader key's full name: `<prefix>leader/<leader name>`.
+    leader_key: String,
+}
 
 impl Producer for ScriptProducer {
     fn put<'a>(&'a self, key: &'a str, value: &'a [u8]) -> CoordFuture<'a, ()> {
-        Box::pin(self.0.produce(key, value))
+        Box::pin(self.coord.produce(key, value))
+    }
+
+    fn delete_leader_record(&self) -> CoordFuture<'_, ()> {
+        Box::pin(async move {
+            let unavailable = |err: redis::RedisError| CoordError::Unavailable(err.to_string());
+            let client = redis::Client::open(self.url.as_str()).map_err(unavailable)?;
+            let mut connection = client
+                .get_multiplexed_async_connection()
+                .await
+                .map_err(unavailable)?;
+            redis::cmd("DEL")
+                .arg(&self.leader_key)
+                .query_async::<i64>(&mut connection)
+                .await
+                .map_err(unavailable)?;
+            Ok(())
+        })
     }
 }
 
@@ -46,11 +69,17 @@ async fn the_redis_backend_keeps_the_coordinator_contract() {
     };
     let url = server.url();
     let outcome = contract::run_all(|name| {
-        let coord = redis_coordinator(&url, &format!("contract/{name}/"));
+        let prefix = format!("contract/{name}/");
+        let coord = redis_coordinator(&url, &prefix);
+        let producer = ScriptProducer {
+            coord: coord.clone(),
+            url: url.clone(),
+            leader_key: format!("{prefix}leader/consumerLeader"),
+        };
         async move {
             Subject {
-                coord: coord.clone(),
-                producer: Arc::new(ScriptProducer(coord)),
+                coord,
+                producer: Arc::new(producer),
                 queue_prefix: "queue/".into(),
                 dead_prefix: "dead/".into(),
                 timing: Timing::new(Duration::from_secs(1)).without_lock_delay(),

@@ -13,8 +13,13 @@ use zookeeper_client as zk;
 
 use super::*;
 
-/// A producer's plain znode write: create (with parents), or set when it exists.
-pub(crate) struct ZnodeProducer(pub(crate) zk::Client);
+/// A producer's plain znode write: create (with parents), or set when it exists; an
+/// operator's `zkCli.sh delete` of the latch znodes under the election znode.
+pub(crate) struct ZnodeProducer {
+    pub(crate) client: zk::Client,
+    /// The election's key (`election.leader_key`), whose znode holds the latches.
+    pub(crate) leader_key: String,
+}
 
 impl Producer for ZnodeProducer {
     fn put<'a>(&'a self, key: &'a str, value: &'a [u8]) -> CoordFuture<'a, ()> {
@@ -35,6 +40,25 @@ impl Producer for ZnodeProducer {
             }
         })
     }
+
+    fn delete_leader_record(&self) -> CoordFuture<'_, ()> {
+        Box::pin(async move {
+            let unavailable = |err: zk::Error| CoordError::Unavailable(err.to_string());
+            let dir = leaderq::coord::zookeeper::path_of(&self.leader_key);
+            let children = match self.client.list_children(&dir).await {
+                Ok(children) => children,
+                Err(zk::Error::NoNode) => return Ok(()),
+                Err(err) => return Err(unavailable(err)),
+            };
+            for latch in children.iter().filter(|name| name.starts_with("latch-")) {
+                match self.client.delete(&format!("{dir}/{latch}"), None).await {
+                    Ok(()) | Err(zk::Error::NoNode) => {}
+                    Err(err) => return Err(unavailable(err)),
+                }
+            }
+            Ok(())
+        })
+    }
 }
 
 impl ZnodeProducer {
@@ -42,14 +66,14 @@ impl ZnodeProducer {
         let path = format!("/{key}");
         let options = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
         if let Some((parent, _)) = path.rsplit_once('/').filter(|(p, _)| !p.is_empty()) {
-            match self.0.mkdir(parent, &options).await {
+            match self.client.mkdir(parent, &options).await {
                 Ok(()) | Err(zk::Error::NodeExists) => {}
                 Err(err) => return Err(err),
             }
         }
-        match self.0.create(&path, value, &options).await {
+        match self.client.create(&path, value, &options).await {
             Ok(_) => Ok(()),
-            Err(zk::Error::NodeExists) => self.0.set_data(&path, value, None).await.map(drop),
+            Err(zk::Error::NodeExists) => self.client.set_data(&path, value, None).await.map(drop),
             Err(err) => Err(err),
         }
     }
@@ -122,15 +146,16 @@ async fn run_contract(connect: String, auth: &str) {
         let client = client.clone();
         let auth = auth.to_string();
         async move {
+            let leader_key = format!("{name}/leader");
             let coord = ZkCoordinator::new(ZkCoordSettings {
                 connect,
                 session_timeout: Duration::from_secs(5),
-                leader_key: format!("{name}/leader"),
+                leader_key: leader_key.clone(),
                 auth,
             });
             Subject {
                 coord: Arc::new(coord),
-                producer: Arc::new(ZnodeProducer(client)),
+                producer: Arc::new(ZnodeProducer { client, leader_key }),
                 queue_prefix: format!("{name}/queue/"),
                 dead_prefix: format!("{name}/dead/"),
                 timing: Timing::new(Duration::from_secs(1))

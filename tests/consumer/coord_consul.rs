@@ -1,7 +1,9 @@
 //! The Consul coordinator (`coord::consul`) over real HTTP against a real `leaderq server`:
-//! leases are sessions bound to the node's check, leadership is the leader key with its
-//! LockIndex as fencing token, queue writes are transactions guarded by `check-session`,
-//! and a restart that takes its session up again campaigns under a higher token.
+//! leases are sessions bound to the node's check, leadership is the leader key with the
+//! ModifyIndex of the winning acquire as fencing token, queue writes are transactions
+//! guarded by `check-session` and `check-index` on it, a restart that takes its session up
+//! again campaigns under a higher token, and so does anyone after an operator deleted or
+//! rewrote the key.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -92,6 +94,16 @@ async fn put_raw(server: &ServerProcess, key: &str, value: &str) {
     let response = client()
         .put(server.url(&format!("/v1/kv/{key}")))
         .body(value.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.text().await.unwrap(), "true");
+}
+
+/// An operator's `curl -X DELETE` of `key`.
+async fn delete_raw(server: &ServerProcess, key: &str) {
+    let response = client()
+        .delete(server.url(&format!("/v1/kv/{key}")))
         .send()
         .await
         .unwrap();
@@ -487,6 +499,97 @@ async fn consul_restart_takes_up_its_session_under_a_higher_token() {
     assert!(third.fencing_token > second.fencing_token);
 }
 
+/// An operator deletes the leader key under its holder (`curl -X DELETE`): the holder's
+/// guarded write answers NotLeader and claims nothing, and the next leader's token is
+/// above the deleted one's, though Consul's LockIndex of the key created anew is 1 again;
+/// standbys observe the same token the new leader holds, and its writes commit under it.
+#[tokio::test]
+async fn consul_token_rises_after_an_operator_deletes_the_leader_key() {
+    let server = ServerProcess::start();
+    let coord = coordinator(&server, false);
+    put_raw(&server, &format!("{PREFIX}t1"), &task_json("t1")).await;
+    let (tasks, _) = coord
+        .list(PREFIX, Version(0), Duration::from_secs(1))
+        .await
+        .unwrap();
+    let a = coord.open_lease(&spec("a")).await.unwrap().lease;
+    let b = coord.open_lease(&spec("b")).await.unwrap().lease;
+    let first = won(&coord, &a, "a").await;
+
+    delete_raw(&server, LEADER_KEY).await;
+    let claim = TaskOp::Claim {
+        key: tasks[0].key.clone(),
+        version: tasks[0].version,
+        value: b"{\"taskTaken\":true}".to_vec(),
+    };
+    assert_eq!(
+        coord
+            .write(&first, std::slice::from_ref(&claim))
+            .await
+            .unwrap(),
+        Written::NotLeader
+    );
+    let second = won(&coord, &b, "b").await;
+    assert!(
+        second.fencing_token > first.fencing_token,
+        "the token after the leader key was deleted is {}, not above {}",
+        second.fencing_token,
+        first.fencing_token
+    );
+    let (holder, _) = coord
+        .observe(Version(0), Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(holder.lease, Some(b.clone()));
+    assert_eq!(holder.token, second.fencing_token);
+    let Written::Done { fencing_token, .. } = coord.write(&second, &[claim]).await.unwrap() else {
+        panic!("the new leader's claim was not applied");
+    };
+    assert_eq!(fencing_token, second.fencing_token);
+}
+
+/// An operator PUTs over the leader key's value (a rewrite without an acquire, which keeps
+/// the lock's session): the holder's guarded write answers NotLeader and claims nothing.
+/// Its next campaign takes the key again under a higher token, and writes under that.
+#[tokio::test]
+async fn consul_rewriting_the_leader_key_deposes_its_holder() {
+    let server = ServerProcess::start();
+    let coord = coordinator(&server, false);
+    put_raw(&server, &format!("{PREFIX}t1"), &task_json("t1")).await;
+    let (tasks, _) = coord
+        .list(PREFIX, Version(0), Duration::from_secs(1))
+        .await
+        .unwrap();
+    let a = coord.open_lease(&spec("a")).await.unwrap().lease;
+    let first = won(&coord, &a, "a").await;
+
+    put_raw(&server, LEADER_KEY, "{\"node\":\"by-hand\"}").await;
+    let claim = TaskOp::Claim {
+        key: tasks[0].key.clone(),
+        version: tasks[0].version,
+        value: b"{\"taskTaken\":true}".to_vec(),
+    };
+    assert_eq!(
+        coord
+            .write(&first, std::slice::from_ref(&claim))
+            .await
+            .unwrap(),
+        Written::NotLeader
+    );
+    let got = coord
+        .get(std::slice::from_ref(&tasks[0].key))
+        .await
+        .unwrap();
+    assert_eq!(got, tasks, "a deposed holder's claim was applied");
+
+    let again = won(&coord, &a, "a").await;
+    assert!(again.fencing_token > first.fencing_token);
+    let Written::Done { fencing_token, .. } = coord.write(&again, &[claim]).await.unwrap() else {
+        panic!("the claim under the new leadership was not applied");
+    };
+    assert_eq!(fencing_token, again.fencing_token);
+}
+
 /// A write at the coordinator's limits (the most operations, values up to the byte budget)
 /// is applied; one over Consul's own limits is `Refused`, not retried as if it could pass.
 #[tokio::test]
@@ -494,8 +597,9 @@ async fn consul_writes_within_the_limits_apply_and_beyond_them_are_refused() {
     let server = ServerProcess::start();
     let coord = coordinator(&server, false);
     let limits = coord.limits();
-    // A claim is two of Consul's operations (check-index and lock) beside the guard.
-    let count = (limits.max_ops - 1) / 2;
+    // A claim is two of Consul's operations (check-index and lock) beside the guard's two
+    // (check-session and check-index on the leader key).
+    let count = (limits.max_ops - 2) / 2;
     let keys: Vec<String> = (0..count).map(|i| format!("{PREFIX}big-{i:02}")).collect();
     for key in &keys {
         put_raw(&server, key, "{}").await;

@@ -81,7 +81,8 @@ impl Drop for Replica {
     }
 }
 
-/// The leader key as it stands: holder value, LockIndex and session; `None` when unheld.
+/// The leader key as it stands: holder value, ModifyIndex (the holder's fencing token) and
+/// session; `None` when unheld.
 async fn holder(bed: &Bed) -> Option<(Value, u64, String)> {
     let response = client()
         .get(bed.server.url("/v1/kv/consumerLeader"))
@@ -98,18 +99,19 @@ async fn holder(bed: &Bed) -> Option<(Value, u64, String)> {
         .ok()?;
     Some((
         serde_json::from_slice(&value).ok()?,
-        entries[0]["LockIndex"].as_u64()?,
+        entries[0]["ModifyIndex"].as_u64()?,
         session,
     ))
 }
 
-/// Waits until the leader key is held by the process `pid`; returns LockIndex and session.
+/// Waits until the leader key is held by the process `pid`; returns its fencing token and
+/// session.
 async fn held_by(bed: &Bed, pid: u32, limit: Duration) -> (u64, String) {
     let started = Instant::now();
     loop {
-        if let Some((value, lock_index, session)) = holder(bed).await {
+        if let Some((value, token, session)) = holder(bed).await {
             if value["pid"] == json!(pid) {
-                return (lock_index, session);
+                return (token, session);
             }
         }
         assert!(

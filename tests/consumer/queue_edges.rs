@@ -31,7 +31,7 @@ fn start_paced_replica(bed: &mut Bed, node: &str) {
     bed.replicas.push(replica);
 }
 
-/// The leader key's session and LockIndex (the fencing token).
+/// The leader key's session and ModifyIndex (the holder's fencing token).
 async fn leader_key(bed: &Bed) -> (String, u64) {
     let entries: Value = get_json(&bed.server.url("/v1/kv/consumerLeader")).await;
     (
@@ -39,7 +39,7 @@ async fn leader_key(bed: &Bed) -> (String, u64) {
             .as_str()
             .unwrap_or_default()
             .to_string(),
-        entries[0]["LockIndex"].as_u64().unwrap(),
+        entries[0]["ModifyIndex"].as_u64().unwrap(),
     )
 }
 

@@ -244,7 +244,10 @@ async fn a_member_kill_stops_nothing_and_a_frozen_leader_never_overlaps() {
     for node in ["zk-a", "zk-b", "zk-c"] {
         bed.start_replica(node);
     }
-    let producer = ZnodeProducer(producer_client(&bed.ensemble.connect()).await);
+    let producer = ZnodeProducer {
+        client: producer_client(&bed.ensemble.connect()).await,
+        leader_key: "consumerLeader".into(),
+    };
     use leaderq::coord::contract::Producer as _;
     producer
         .put("oracleTask/task_1", &task(1, "Work", 1))
@@ -346,7 +349,10 @@ async fn a_restarted_leader_does_not_wait_for_its_old_session() {
     };
     bed.ttl = "8s";
     bed.start_replica("zk-a");
-    let producer = ZnodeProducer(producer_client(&bed.ensemble.connect()).await);
+    let producer = ZnodeProducer {
+        client: producer_client(&bed.ensemble.connect()).await,
+        leader_key: "consumerLeader".into(),
+    };
     use leaderq::coord::contract::Producer as _;
     producer
         .put("oracleTask/task_1", &task(1, "Work", 1))

@@ -1,7 +1,10 @@
 //! Leadership as Consul's leader key: observe it with blocking GETs, campaign with
 //! `?acquire=<session>` (or, when a restart took up the session that still holds it, an
-//! unlock and lock in one transaction so that its `LockIndex` rises), resign with
-//! `?release=<session>`. The key's `LockIndex` is the fencing token; its value the
+//! unlock and lock in one transaction, a new write), resign with `?release=<session>`.
+//! The fencing token is the key's `ModifyIndex` as the winning acquire wrote it: the raft
+//! index of that write, from the one global index that only rises, so a later win (a key
+//! deleted and created anew included) has a higher one. Not `LockIndex`: Consul starts it
+//! again at 1 on a key created anew, and a plain PUT sets it to 0. The key's value is the
 //! [`HolderRecord`].
 //!
 //! One call is one attempt: waiting between attempts (lock-delay, deferring to the
@@ -38,14 +41,22 @@ pub async fn settle(sent: Instant, wait: Duration, after: Version, next: Version
     }
 }
 
-/// The leadership as the leader key shows it.
+/// The leadership as the leader key shows it. While the key is held, its `ModifyIndex` is
+/// the holder's token: nothing writes a held key but its holder's acquire, unless an
+/// operator rewrites it, which also ends that leadership (the guard checks the index). A
+/// free key's `ModifyIndex` is its release's (or its session's end), no token at all, so
+/// a free leadership reports 0: Consul keeps no record of the last token.
 pub fn holder_of(entry: Option<KvPair>) -> Holder {
     match entry {
         None => Holder::default(),
         Some(entry) => Holder {
             record: HolderRecord::decode(&entry.value),
+            token: if entry.session.is_some() {
+                entry.modify_index
+            } else {
+                0
+            },
             lease: entry.session.map(LeaseId),
-            token: entry.lock_index,
         },
     }
 }
@@ -53,10 +64,10 @@ pub fn holder_of(entry: Option<KvPair>) -> Holder {
 /// What one acquire attempt came to, given whether Consul said it took the key and the key
 /// as read right after.
 fn after_acquire(lease: &LeaseId, entry: Option<&KvPair>) -> Campaign {
-    match entry.and_then(|entry| entry.session.as_deref().map(|s| (s, entry.lock_index))) {
-        Some((session, lock_index)) if session == lease.0 => Campaign::Won(Leadership {
+    match entry.and_then(|entry| entry.session.as_deref().map(|s| (s, entry.modify_index))) {
+        Some((session, modify_index)) if session == lease.0 => Campaign::Won(Leadership {
             lease: lease.clone(),
-            fencing_token: lock_index,
+            fencing_token: modify_index,
         }),
         Some(_) => Campaign::Held,
         // Free: refused under lock-delay, or won and lost again at once (the session was
@@ -99,12 +110,12 @@ impl ConsulCoordinator {
             Some(entry) if entry.session.as_deref() == Some(lease.0.as_str()) => {
                 // Held by this very lease: a restart took it up, or an earlier attempt won
                 // and could not read the key back. An earlier run may have handed out this
-                // LockIndex, so take the key again for a higher one.
+                // ModifyIndex, so take the key again for a higher one.
                 match self.reacquire(lease, &value).await? {
-                    Some(token) if token > entry.lock_index => {
+                    Some(token) if token > entry.modify_index => {
                         return Ok(self.won(lease, value, token));
                     }
-                    // A server whose transaction kept LockIndex: release the key and
+                    // A server whose transaction did not write the key anew: release it and
                     // acquire it like any free key (a release sets no lock-delay).
                     Some(_) => {
                         self.client
@@ -129,7 +140,9 @@ impl ConsulCoordinator {
             Err(err) => return Err(err.into()),
         };
         // Won or refused, the key as it is now says which: held by this lease (its
-        // LockIndex is the token), by another (it won the race), or free (lock-delay).
+        // ModifyIndex, the acquire's write, is the token), by another (it won the race), or
+        // free (lock-delay). Should an operator rewrite the key in between, its index is
+        // still one no other leadership had, and above every earlier one.
         let (entry, _) = self.client.kv_get(key, QueryOptions::default()).await?;
         let campaign = after_acquire(lease, entry.as_ref());
         if let Campaign::Won(leadership) = &campaign {
@@ -149,10 +162,10 @@ impl ConsulCoordinator {
         })
     }
 
-    /// Releases and acquires again the leader key this lease holds, in one transaction: the
-    /// acquire of an unlocked key raises its LockIndex by one, a release sets no lock-delay,
-    /// and no other replica can take the key in between. The new LockIndex, or `None` if
-    /// the lease no longer holds the key.
+    /// Releases and acquires again the leader key this lease holds, in one transaction: a
+    /// new write of the key (its ModifyIndex rises to the transaction's index), a release
+    /// sets no lock-delay, and no other replica can take the key in between. The new
+    /// ModifyIndex, or `None` if the lease no longer holds the key.
     async fn reacquire(&self, lease: &LeaseId, value: &[u8]) -> Result<Option<u64>, CoordError> {
         let key = self.settings.leader_key.clone();
         let ops = [
@@ -172,7 +185,7 @@ impl ConsulCoordinator {
                 .iter()
                 .rev()
                 .find(|entry| entry.key == key)
-                .map(|entry| entry.lock_index)),
+                .map(|entry| entry.modify_index)),
             TxnOutcome::RolledBack(errors) => {
                 tracing::info!(
                     ?errors,
@@ -195,15 +208,17 @@ impl ConsulCoordinator {
 mod tests {
     use super::*;
 
-    fn entry(session: Option<&str>, lock_index: u64, value: &[u8]) -> KvPair {
+    /// The leader key written at `modify_index`; its LockIndex is 1, as on a key created
+    /// anew, whatever that index.
+    fn entry(session: Option<&str>, modify_index: u64, value: &[u8]) -> KvPair {
         KvPair {
             key: "consumerLeader".into(),
             value: value.to_vec(),
             flags: 0,
             session: session.map(str::to_string),
-            lock_index,
+            lock_index: 1,
             create_index: 1,
-            modify_index: 9,
+            modify_index,
         }
     }
 
@@ -235,7 +250,8 @@ mod tests {
     }
 
     /// The holder is the lock's session, the record the value if it is one, the token the
-    /// LockIndex; a free key keeps the last record and token; no key is nobody.
+    /// ModifyIndex (not the LockIndex); a free key keeps the last record but no token; no
+    /// key is nobody.
     #[test]
     fn the_holder_is_read_from_the_leader_key() {
         let record = HolderRecord {
@@ -250,13 +266,14 @@ mod tests {
         let free = holder_of(Some(entry(None, 4, &record.encode())));
         assert_eq!(free.lease, None);
         assert_eq!(free.record, Some(record));
+        assert_eq!(free.token, 0);
         let foreign = holder_of(Some(entry(Some("s2"), 2, b"not json")));
         assert_eq!(foreign.record, None);
         assert_eq!(holder_of(None), Holder::default());
     }
 
-    /// After an acquire, the key says the outcome: ours (with the token), another's, or
-    /// free under lock-delay.
+    /// After an acquire, the key says the outcome: ours (with its ModifyIndex as the
+    /// token), another's, or free under lock-delay.
     #[test]
     fn an_acquire_is_judged_by_the_key_read_after_it() {
         let lease = LeaseId("s1".into());

@@ -4,11 +4,14 @@
 //! - a lease is a session named `leaderq:<node-id>` with behaviour `release`, bound to
 //!   `serfHealth` and (with `health_check`) to a TTL check of the same name that the
 //!   replica passes at every keep-alive (`lease.rs`, `leftovers.rs`);
-//! - leadership is the leader key acquired with that session; its `LockIndex` is the
-//!   fencing token, and the key's value the [`HolderRecord`] (`leadership.rs`);
+//! - leadership is the leader key acquired with that session; its `ModifyIndex` as the
+//!   winning acquire wrote it is the fencing token (not its `LockIndex`, which starts
+//!   again at 1 on a key deleted and created anew), and the key's value the
+//!   [`HolderRecord`] (`leadership.rs`);
 //! - the queue is the KV prefix; a task's `ModifyIndex` is its version, its lock `Session`
 //!   the lease holding its claim, and every guarded write one transaction whose first
-//!   operation is `check-session` on the leader key (`queue.rs`, `txn.rs`).
+//!   operations check the leader key's session and its `ModifyIndex` (`queue.rs`,
+//!   `txn.rs`).
 //!
 //! Consul's errors become [`CoordError`] in one place, the `From` below. What each
 //! guarantee of the seam rests on is written in ARCHITECTURE.md ("Coordinators"). Persisting
@@ -142,6 +145,23 @@ impl From<consul::Error> for CoordError {
 /// The shape of every Consul session id (a UUID): what a cost is counted with.
 const SESSION_SHAPE: &str = "00000000-0000-0000-0000-000000000000";
 
+/// What the guard on `leader_key` costs: two operations (check-session, check-index),
+/// counted with a session id's shape and the longest token (20 digits), so the cost never
+/// falls short of the guard that is sent.
+fn guard_cost_on(leader_key: &str) -> WriteCost {
+    let widest = Leadership {
+        lease: LeaseId(SESSION_SHAPE.into()),
+        fencing_token: u64::MAX,
+    };
+    txn::guard(leader_key, &widest)
+        .iter()
+        .map(|op| WriteCost {
+            ops: 1,
+            bytes: op.encoded_len() + 1,
+        })
+        .sum()
+}
+
 /// One transaction's body budget (see `consul::txn`), less the array's brackets.
 const MAX_BYTES: usize = consul::TXN_MAX_BODY - 2;
 // Every Consul version accepts a body under 512 KiB.
@@ -223,14 +243,7 @@ impl Coordinator for ConsulCoordinator {
     }
 
     fn guard_cost(&self) -> WriteCost {
-        let guard = consul::TxnOp::CheckSession {
-            key: self.settings.leader_key.clone(),
-            session: SESSION_SHAPE.into(),
-        };
-        WriteCost {
-            ops: 1,
-            bytes: guard.encoded_len() + 1,
-        }
+        guard_cost_on(&self.settings.leader_key)
     }
 
     fn limits(&self) -> WriteLimits {
@@ -274,8 +287,9 @@ mod tests {
         }
     }
 
-    /// A batch's cost is its transaction exactly: as many Consul operations, and the
-    /// encoded body within a byte, so a batch the limits admit is one Consul accepts.
+    /// A batch's cost is its transaction exactly (the guard's two operations included): as
+    /// many Consul operations, and the encoded body within a byte under the longest token,
+    /// less under any other, so a batch the limits admit is one Consul accepts.
     #[test]
     fn costs_count_the_transaction_that_is_sent() {
         let lease = LeaseId(SESSION_SHAPE.into());
@@ -296,17 +310,23 @@ mod tests {
                 value: b"{\"reason\":\"<bad>\"}".to_vec(),
             },
         ];
-        let guard = consul::TxnOp::CheckSession {
-            key: "consumerLeader".into(),
-            session: SESSION_SHAPE.into(),
+        let guard = guard_cost_on("consumerLeader");
+        assert_eq!(guard.ops, 2);
+        let cost = guard + ops.iter().map(|op| txn::cost(&lease, op)).sum();
+        let sent_under = |fencing_token: u64| {
+            let leadership = Leadership {
+                lease: lease.clone(),
+                fencing_token,
+            };
+            txn::txn_ops(Some(("consumerLeader", &leadership)), &lease, &ops).0
         };
-        let cost = WriteCost {
-            ops: 1,
-            bytes: guard.encoded_len() + 1,
-        } + ops.iter().map(|op| txn::cost(&lease, op)).sum();
-        let (sent, _) = txn::txn_ops(Some(("consumerLeader", &lease)), &lease, &ops);
+        // Under the longest token the body is the cost exactly; under a shorter one, less.
+        let sent = sent_under(u64::MAX);
         assert_eq!(cost.ops, sent.len());
         let body = consul::body_len(sent.iter().map(consul::TxnOp::encoded_len));
         assert_eq!(cost.bytes + 1, body);
+        let sent = sent_under(7);
+        let body = consul::body_len(sent.iter().map(consul::TxnOp::encoded_len));
+        assert!(body < cost.bytes + 1);
     }
 }

@@ -1,8 +1,8 @@
 //! The queue on Consul's KV store: list (a blocking `?recurse`), keys (`?keys`), get, and
 //! writes as one transaction each (built and read in `txn.rs`). A guarded write's first
-//! operation is `check-session` on the leader key, so it applies only while the
-//! leadership's session holds the key, and that operation's result carries the key's
-//! LockIndex as the commit saw it.
+//! operations are `check-session` and `check-index` on the leader key, so it applies only
+//! while the leadership's session holds the key and nobody rewrote it since the acquire
+//! whose ModifyIndex is the token; their result carries that index as the commit saw it.
 
 use std::time::Duration;
 
@@ -81,7 +81,8 @@ impl ConsulCoordinator {
         Ok(tasks)
     }
 
-    /// `write`: one transaction, guarded by `check-session` on the leader key.
+    /// `write`: one transaction, guarded by `check-session` and `check-index` on the leader
+    /// key.
     pub(super) async fn write_guarded(
         &self,
         leadership: &Leadership,
@@ -89,11 +90,7 @@ impl ConsulCoordinator {
     ) -> Result<Written, CoordError> {
         crate::coord::admit(self, ops, true)?;
         let leader_key = self.settings.leader_key.as_str();
-        let (txn, owners) = txn_ops(
-            Some((leader_key, &leadership.lease)),
-            &leadership.lease,
-            ops,
-        );
+        let (txn, owners) = txn_ops(Some((leader_key, leadership)), &leadership.lease, ops);
         let outcome = self.client.txn(&txn).await?;
         Ok(written(
             outcome,

@@ -1,27 +1,44 @@
 //! A write to the queue as one Consul transaction, and its answer in the seam's words:
-//! each [`TaskOp`] becomes Consul verbs (`txn_ops`), after the guard (`check-session` on
-//! the leader key) when there is one, and the transaction's outcome becomes a [`Written`]
-//! (`written`). Pure: nobody outside this file reads an op index.
+//! each [`TaskOp`] becomes Consul verbs (`txn_ops`), after the guard (`check-session` and
+//! `check-index` on the leader key) when there is one, and the transaction's outcome
+//! becomes a [`Written`] (`written`). Pure: nobody outside this file reads an op index.
 
 use crate::coord::consul::client::{TxnOp, TxnOutcome};
-use crate::coord::{LeaseId, TaskOp, Written};
+use crate::coord::{Leadership, LeaseId, TaskOp, Written};
 
-/// The transaction for `ops`, written by `lease`: first the guard (`check-session` of the
-/// leader key with `guard`'s session) if any, then each op's verbs. Also returns, for each
+/// The leadership guard, the first ops of every guarded transaction: the leader key is
+/// still locked by the leadership's session, and still at the ModifyIndex its acquire
+/// wrote (the token). The session alone would not do: an operator's PUT over the key keeps
+/// the lock's session, yet the key no longer says who leads under which token, and a key
+/// deleted and acquired again by the same session would pass with an old token.
+pub fn guard(leader_key: &str, leadership: &Leadership) -> [TxnOp; 2] {
+    [
+        TxnOp::CheckSession {
+            key: leader_key.to_string(),
+            session: leadership.lease.0.clone(),
+        },
+        TxnOp::CheckIndex {
+            key: leader_key.to_string(),
+            index: leadership.fencing_token,
+        },
+    ]
+}
+
+/// The transaction for `ops`, written by `lease`: first the [`guard`] of `guard`'s
+/// leadership on the leader key if any, then each op's verbs. Also returns, for each
 /// transaction op, the index in `ops` it came from (`None` for the guard).
 pub fn txn_ops(
-    guard: Option<(&str, &LeaseId)>,
+    guard: Option<(&str, &Leadership)>,
     lease: &LeaseId,
     ops: &[TaskOp],
 ) -> (Vec<TxnOp>, Vec<Option<usize>>) {
-    let mut txn = Vec::with_capacity(1 + 2 * ops.len());
+    let mut txn = Vec::with_capacity(2 + 2 * ops.len());
     let mut owners = Vec::with_capacity(txn.capacity());
-    if let Some((leader_key, leader)) = guard {
-        txn.push(TxnOp::CheckSession {
-            key: leader_key.to_string(),
-            session: leader.0.clone(),
-        });
-        owners.push(None);
+    if let Some((leader_key, leadership)) = guard {
+        for op in self::guard(leader_key, leadership) {
+            txn.push(op);
+            owners.push(None);
+        }
     }
     for (i, op) in ops.iter().enumerate() {
         let before = txn.len();
@@ -149,8 +166,12 @@ pub fn cost(lease: &LeaseId, op: &TaskOp) -> crate::coord::WriteCost {
         },
         TaskOp::Complete { .. } => TaskOp::Complete { key, version },
     };
-    let (txn, _) = txn_ops(Some(("", lease)), lease, std::slice::from_ref(&bare));
-    let verbs = &txn[1..];
+    let leadership = Leadership {
+        lease: lease.clone(),
+        fencing_token: 0,
+    };
+    let (txn, owners) = txn_ops(Some(("", &leadership)), lease, std::slice::from_ref(&bare));
+    let verbs = &txn[owners.iter().take_while(|owner| owner.is_none()).count()..];
     crate::coord::WriteCost {
         ops: verbs.len(),
         bytes: verbs
@@ -164,8 +185,9 @@ pub fn cost(lease: &LeaseId, op: &TaskOp) -> crate::coord::WriteCost {
 /// The answer to a transaction built by [`txn_ops`] for `ops`. Committed: each claimed,
 /// released or rewritten task's version is the ModifyIndex of the last result for its key
 /// (a check-index result, which comes first, carries the old one), and the fencing token
-/// the LockIndex of the guard's result (`fallback_token` if there is none). Rolled back:
-/// a failed guard is `NotLeader`, whatever else failed; otherwise the failed ops' keys.
+/// the ModifyIndex of the guard's result, the leader key as the commit saw it
+/// (`fallback_token` if there is none). Rolled back: a failed guard op is `NotLeader`,
+/// whatever else failed; otherwise the failed ops' keys.
 pub fn written(
     outcome: TxnOutcome,
     ops: &[TaskOp],
@@ -178,7 +200,7 @@ pub fn written(
             let fencing_token = entries
                 .first()
                 .filter(|entry| owners.first() == Some(&None) && entry.key == leader_key)
-                .map_or(fallback_token, |entry| entry.lock_index);
+                .map_or(fallback_token, |entry| entry.modify_index);
             let versions = ops
                 .iter()
                 .filter(|op| {
@@ -243,6 +265,14 @@ mod tests {
         LeaseId("s1".into())
     }
 
+    /// Won by `lease()` with the acquire written at index 12.
+    fn leadership() -> Leadership {
+        Leadership {
+            lease: lease(),
+            fencing_token: 12,
+        }
+    }
+
     fn pair(key: &str, modify_index: u64, lock_index: u64) -> KvPair {
         KvPair {
             key: key.into(),
@@ -300,15 +330,17 @@ mod tests {
             .collect()
     }
 
-    /// A guarded batch opens with the leader check; each op becomes its verbs, conditioned
-    /// on the version it was read at, and every verb knows which op it came from.
+    /// A guarded batch opens with the leader check (the session holds the leader key, which
+    /// is still at the token's index); each op becomes its verbs, conditioned on the version
+    /// it was read at, and every verb knows which op it came from.
     #[test]
     fn task_ops_become_consul_verbs_after_the_leader_check() {
-        let (txn, owners) = txn_ops(Some((LEADER, &lease())), &lease(), &batch());
+        let (txn, owners) = txn_ops(Some((LEADER, &leadership())), &lease(), &batch());
         assert_eq!(
             verbs(&txn),
             [
                 "check-session consumerLeader s1",
+                "check-index consumerLeader 12",
                 "delete-cas q/done 5",
                 "check-index q/a 6",
                 "lock q/a s1",
@@ -323,6 +355,7 @@ mod tests {
         assert_eq!(
             owners,
             [
+                None,
                 None,
                 Some(0),
                 Some(1),
@@ -347,14 +380,16 @@ mod tests {
     }
 
     /// A commit answers each claimed, released or rewritten task's new version (the last
-    /// result for its key, not its check-index) and the token the guard's result carries.
+    /// result for its key, not its check-index) and the token the guard's result carries:
+    /// the leader key's ModifyIndex, not its LockIndex.
     #[test]
     fn a_commit_answers_new_versions_and_the_token_it_saw() {
         let ops = batch();
-        let (_, owners) = txn_ops(Some((LEADER, &lease())), &lease(), &ops);
+        let (_, owners) = txn_ops(Some((LEADER, &leadership())), &lease(), &ops);
         // Deletes add no result; check-index results carry the old index.
         let entries = vec![
-            pair(LEADER, 3, 12),
+            pair(LEADER, 12, 1),
+            pair(LEADER, 12, 1),
             pair("q/a", 6, 0),
             pair("q/a", 20, 1),
             pair("q/b", 7, 1),
@@ -382,12 +417,12 @@ mod tests {
         );
     }
 
-    /// A failed guard is NotLeader whatever else failed; otherwise the failed ops' keys,
-    /// each once, in the batch's order.
+    /// A failed guard op (the session's or the index's) is NotLeader whatever else failed;
+    /// otherwise the failed ops' keys, each once, in the batch's order.
     #[test]
     fn a_rollback_is_not_leader_or_a_conflict_on_the_failed_keys() {
         let ops = batch();
-        let (_, owners) = txn_ops(Some((LEADER, &lease())), &lease(), &ops);
+        let (_, owners) = txn_ops(Some((LEADER, &leadership())), &lease(), &ops);
         let error = |op_index: usize| TxnError {
             op_index,
             what: "failed".into(),
@@ -396,8 +431,9 @@ mod tests {
             written(TxnOutcome::RolledBack(errors), &ops, &owners, LEADER, 11)
         };
         assert_eq!(rolled_back(vec![error(0), error(2)]), Written::NotLeader);
+        assert_eq!(rolled_back(vec![error(1)]), Written::NotLeader);
         assert_eq!(
-            rolled_back(vec![error(8), error(3), error(2)]),
+            rolled_back(vec![error(9), error(4), error(3)]),
             Written::Conflict(vec!["q/a".into(), "q/d".into()])
         );
         assert_eq!(

@@ -1,5 +1,6 @@
-//! The contract's checks of leases and leadership: one leader, rising tokens, lock-delay,
-//! taking up a previous lease, keep-alives of ended leases.
+//! The contract's checks of leases and leadership: one leader, rising tokens (also past an
+//! operator's deletion of the leader record), lock-delay, taking up a previous lease,
+//! keep-alives of ended leases.
 
 use std::time::Duration;
 
@@ -7,7 +8,7 @@ use tokio::time::Instant;
 
 use super::support::*;
 use super::Subject;
-use crate::coord::{Campaign, Renewal, Version};
+use crate::coord::{Campaign, Renewal, Version, Written};
 
 /// Of several leases campaigning at once, exactly one wins; the others hear `Held`, and
 /// the holder observed is the winner, with its record and token.
@@ -125,6 +126,83 @@ pub async fn fencing_rises_across_leaders(s: Subject) -> Result<(), String> {
     let f = open(&s, "node-f", Duration::ZERO).await?;
     let by_f = lead(&s, &f, "node-f").await?;
     tokens.push(("after an expiry", by_f.fencing_token));
+
+    for pair in tokens.windows(2) {
+        let ((_, before), (when, after)) = (pair[0], pair[1]);
+        ensure(after > before, || {
+            format!("the token {when} is {after}, not above {before}: tokens {tokens:?}")
+        })?;
+    }
+    Ok(())
+}
+
+/// An operator deletes the leader record under its holder (Consul's leader key, etcd's
+/// campaign key, ZooKeeper's latch, Redis's leader key): the holder's writes answer
+/// `NotLeader` and change nothing, and every later leader's token is above the deleted
+/// one's, also after a record deleted while nobody held it. Consul restarts `LockIndex` at
+/// 1 on a key created anew, so it cannot be the token alone.
+pub async fn the_token_rises_after_an_operator_deletes_the_leader_record(
+    s: Subject,
+) -> Result<(), String> {
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let b = open(&s, "node-b", Duration::ZERO).await?;
+    let _renew_a = Renewer::start(&s, &a);
+    let _renew_b = Renewer::start(&s, &b);
+    let key = put(&s, "t1", b"{}").await?;
+    let task = get_one(&s, &key).await?;
+    let mut tokens = Vec::new();
+
+    let first = lead(&s, &a, "node-a").await?;
+    tokens.push(("first", first.fencing_token));
+    s.producer
+        .delete_leader_record()
+        .await
+        .ctx("delete_leader_record")?;
+    let written = s
+        .coord
+        .write(&first, &[claim(&key, task.version, b"{\"by\":\"a\"}")])
+        .await
+        .ctx("write")?;
+    ensure(written == Written::NotLeader, || {
+        format!("the holder wrote {written:?} after its leader record was deleted")
+    })?;
+    let after = get_one(&s, &key).await?;
+    ensure(after == task, || {
+        format!("a deposed holder's write changed {task:?} into {after:?}")
+    })?;
+
+    let by_b = lead(&s, &b, "node-b")
+        .await
+        .map_err(|why| format!("after the leader record was deleted: {why}"))?;
+    tokens.push(("after the record was deleted", by_b.fencing_token));
+    let (holder, _) = s
+        .coord
+        .observe(Version(0), Duration::ZERO)
+        .await
+        .ctx("observe")?;
+    ensure(
+        holder.lease.as_ref() == Some(&b) && holder.token == by_b.fencing_token,
+        || format!("the holder observed is {holder:?}, the leader {by_b:?}"),
+    )?;
+    let written = s
+        .coord
+        .write(&by_b, &[claim(&key, task.version, b"{\"by\":\"b\"}")])
+        .await
+        .ctx("write")?;
+    ensure(
+        matches!(&written, Written::Done { fencing_token, .. } if *fencing_token == by_b.fencing_token),
+        || format!("the new leader's claim answered {written:?}, under {by_b:?}"),
+    )?;
+
+    s.coord.resign(&b).await.ctx("resign")?;
+    s.producer
+        .delete_leader_record()
+        .await
+        .ctx("delete_leader_record")?;
+    let by_a = lead(&s, &a, "node-a")
+        .await
+        .map_err(|why| format!("after a free leader record was deleted: {why}"))?;
+    tokens.push(("after a free record was deleted", by_a.fencing_token));
 
     for pair in tokens.windows(2) {
         let ((_, before), (when, after)) = (pair[0], pair[1]);

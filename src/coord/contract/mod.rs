@@ -25,11 +25,15 @@ pub use self::queue::*;
 pub use self::writes::*;
 use super::{CoordFuture, Coordinator};
 
-/// How the checks write tasks: as a producer does, outside the coordinator trait (a KV
-/// PUT on Consul).
+/// How the checks write as producers and operators do, outside the coordinator trait (a KV
+/// PUT on Consul, a `curl -X DELETE` of the leader key).
 pub trait Producer: Send + Sync {
     /// Creates the task at `key` or replaces its value.
     fn put<'a>(&'a self, key: &'a str, value: &'a [u8]) -> CoordFuture<'a, ()>;
+    /// Deletes the subject's leader record by hand, as an operator would: Consul's leader
+    /// key, etcd's campaign keys, ZooKeeper's latch znodes, Redis's leader key (the record
+    /// that says who holds leadership now, not the fencing counter behind it).
+    fn delete_leader_record(&self) -> CoordFuture<'_, ()>;
 }
 
 /// The times a run uses: the backend's shortest TTL keeps the suite fast.
@@ -132,6 +136,7 @@ macro_rules! with_checks {
         $then!(
             one_leader_among_concurrent_campaigners,
             fencing_rises_across_leaders,
+            the_token_rises_after_an_operator_deletes_the_leader_record,
             lock_delay_follows_a_death_not_a_resignation,
             previous_lease_is_taken_up_only_if_alive_and_own,
             deposed_leader_writes_nothing,

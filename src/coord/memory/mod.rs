@@ -6,8 +6,9 @@
 //! pause it), and the wake-ups of blocking `observe`/`list` calls. Leases end lazily: every
 //! call first ends the leases whose TTL ran out, and a blocked waiter sleeps no longer than
 //! the next lease's deadline, so a death is seen on time without any background task.
-//! Test hooks (`put`, `expire_lease`, `set_unavailable`) stand in for producers and
-//! faults. How it meets each guarantee is written in ARCHITECTURE.md ("Coordinators").
+//! Test hooks (`put`, `delete_leader_record`, `expire_lease`, `set_unavailable`) stand in
+//! for producers, operators and faults. How it meets each guarantee is written in
+//! ARCHITECTURE.md ("Coordinators").
 
 mod state;
 #[cfg(test)]
@@ -69,6 +70,13 @@ impl MemoryCoordinator {
             value: value.to_vec(),
         })
         .map(drop)
+    }
+
+    /// Test support: deletes the leader record as an operator would (Consul's `DELETE` of
+    /// the leader key): its holder loses leadership at once, without lock-delay, and the
+    /// next leader's token is still above every one before.
+    pub fn delete_leader_record(&self) -> Result<(), CoordError> {
+        self.apply(Op::DeleteLeaderRecord).map(drop)
     }
 
     /// Test support: ends `lease` now as if its TTL had run out (a replica that hung or
@@ -299,5 +307,9 @@ impl Coordinator for MemoryCoordinator {
 impl Producer for MemoryCoordinator {
     fn put<'a>(&'a self, key: &'a str, value: &'a [u8]) -> CoordFuture<'a, ()> {
         Box::pin(async move { MemoryCoordinator::put(self, key, value) })
+    }
+
+    fn delete_leader_record(&self) -> CoordFuture<'_, ()> {
+        Box::pin(async move { MemoryCoordinator::delete_leader_record(self) })
     }
 }

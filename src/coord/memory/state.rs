@@ -8,7 +8,9 @@
 //! waits or knows about tasks' contents: the async shell in `mod.rs` does that. The rules
 //! copy Consul's as the embedded server implements them (`shared/consul-semantics.md`),
 //! said in the coordinator's words: a lease is a session, leadership is a lock on one key,
-//! the fencing token is its `LockIndex`, a version is a `ModifyIndex`.
+//! the fencing token is the `ModifyIndex` of the acquire that won it (here a counter of
+//! its own: what matters is that it only rises, also past a record an operator deleted),
+//! a version is a `ModifyIndex`.
 
 mod edit;
 
@@ -87,6 +89,10 @@ pub enum Op {
         key: String,
         value: Vec<u8>,
     },
+    /// An operator deletes the leader record (Consul's `DELETE` of the leader key): the
+    /// holder, if any, loses leadership at once, with no lock-delay, and the last record
+    /// goes; the fencing counter is not the record and stays.
+    DeleteLeaderRecord,
 }
 
 /// The answer to an [`Op`].
@@ -196,7 +202,12 @@ impl State {
             }
             Op::Write { leadership, ops } => {
                 self.check_limits(&ops, 1)?;
-                if self.leader.holder.as_ref() != Some(&leadership.lease) {
+                // Consul's guard: the leader key is locked by this lease (check-session) and
+                // still at the index of this leadership's acquire (check-index), so a
+                // leadership superseded by its own lease's re-campaign writes nothing.
+                if self.leader.holder.as_ref() != Some(&leadership.lease)
+                    || self.leader.token != leadership.fencing_token
+                {
                     return Ok(Outcome::Written(Written::NotLeader));
                 }
                 Ok(Outcome::Written(self.write(
@@ -223,6 +234,15 @@ impl State {
                 task.value = value;
                 task.version = index;
                 self.tasks_version = index;
+                Ok(Outcome::Done)
+            }
+            Op::DeleteLeaderRecord => {
+                if self.leader.holder.is_some() || self.leader.record.is_some() {
+                    self.index += 1;
+                    self.leader.holder = None;
+                    self.leader.record = None;
+                    self.leader.version = self.index;
+                }
                 Ok(Outcome::Done)
             }
         }

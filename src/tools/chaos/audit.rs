@@ -239,8 +239,9 @@ fn leaders(runs: &HashMap<String, Vec<Run>>, audit: &mut Audit) {
     }
 }
 
-/// Completions: each logs the fencing token it ran under and the leader key's LockIndex
-/// its committing transaction saw; they differ only if a stale leader completed a task.
+/// Completions: each logs the fencing token it ran under and, as `leader_lock_index`, the
+/// token its committing write saw (Consul: the leader key's ModifyIndex); they differ only
+/// if a stale leader completed a task.
 fn completions(dir: &Path, audit: &mut Audit) -> anyhow::Result<()> {
     for entry in std::fs::read_dir(dir)? {
         let path: PathBuf = entry?.path();

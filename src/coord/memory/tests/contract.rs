@@ -1,6 +1,7 @@
 //! The contract suite on the in-memory coordinator, one test per check, and coordinators
 //! with one fault each that the suite must catch.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -71,10 +72,28 @@ enum Fault {
     PartialWrites,
     /// `list` and `observe` answer at once, whatever the version.
     NoWaiting,
+    /// Tokens count wins since the leader record was last deleted, as Consul's LockIndex
+    /// of a key created anew does.
+    TokenRestartsWithTheRecord,
 }
 
-/// The in-memory coordinator with one fault, to show the contract catches it.
-struct Broken(MemoryCoordinator, Fault);
+/// The in-memory coordinator with one fault, to show the contract catches it; and, for
+/// `TokenRestartsWithTheRecord`, the inner token at the last deletion of the record.
+struct Broken(MemoryCoordinator, Fault, AtomicU64);
+
+impl Broken {
+    fn new(fault: Fault) -> Broken {
+        Broken(MemoryCoordinator::default(), fault, AtomicU64::new(0))
+    }
+
+    /// The token this coordinator hands out for the inner one's `token`.
+    fn token(&self, token: u64) -> u64 {
+        match self.1 {
+            Fault::TokenRestartsWithTheRecord => token - self.2.load(Ordering::SeqCst),
+            _ => token,
+        }
+    }
+}
 
 impl Coordinator for Broken {
     fn describe(&self) -> String {
@@ -93,10 +112,15 @@ impl Coordinator for Broken {
         self.0.close(lease)
     }
     fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)> {
-        match self.1 {
-            Fault::NoWaiting => self.0.observe(Version(0), wait),
-            _ => self.0.observe(after, wait),
-        }
+        Box::pin(async move {
+            let after = match self.1 {
+                Fault::NoWaiting => Version(0),
+                _ => after,
+            };
+            let (holder, version) = self.0.observe(after, wait).await?;
+            let token = self.token(holder.token);
+            Ok((Holder { token, ..holder }, version))
+        })
     }
     fn campaign<'a>(
         &'a self,
@@ -114,6 +138,12 @@ impl Coordinator for Broken {
                     fencing_token: 1,
                     ..leadership
                 }),
+                (Fault::TokenRestartsWithTheRecord, Campaign::Won(leadership)) => {
+                    Campaign::Won(Leadership {
+                        fencing_token: self.token(leadership.fencing_token),
+                        ..leadership
+                    })
+                }
                 (_, answer) => answer,
             })
         })
@@ -150,7 +180,16 @@ impl Coordinator for Broken {
                     self.0.write(leadership, std::slice::from_ref(op)).await?;
                 }
             }
-            Ok(answer)
+            Ok(match answer {
+                Written::Done {
+                    versions,
+                    fencing_token,
+                } => Written::Done {
+                    versions,
+                    fencing_token: self.token(fencing_token),
+                },
+                other => other,
+            })
         })
     }
     fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, ()> {
@@ -175,7 +214,7 @@ async fn run_broken(fault: Fault, check: &str) -> Result<(), String> {
         .iter()
         .find(|c| c.name == check)
         .expect("a check of that name");
-    let broken = Arc::new(Broken(MemoryCoordinator::default(), fault));
+    let broken = Arc::new(Broken::new(fault));
     // Tasks go to the coordinator under test, not to another one.
     let subject = Subject {
         coord: broken.clone(),
@@ -192,10 +231,22 @@ impl contract::Producer for ProducerOf {
     fn put<'a>(&'a self, key: &'a str, value: &'a [u8]) -> CoordFuture<'a, ()> {
         contract::Producer::put(&self.0 .0, key, value)
     }
+
+    fn delete_leader_record(&self) -> CoordFuture<'_, ()> {
+        Box::pin(async move {
+            let broken = &self.0;
+            if broken.1 == Fault::TokenRestartsWithTheRecord {
+                let (holder, _) = broken.0.observe(Version(0), Duration::ZERO).await?;
+                broken.2.store(holder.token, Ordering::SeqCst);
+            }
+            contract::Producer::delete_leader_record(&broken.0).await
+        })
+    }
 }
 
-/// The contract catches two leaders, a token that does not rise, a batch applied in part
-/// and reads that do not wait, each in the check that is about it.
+/// The contract catches two leaders, a token that does not rise, one that restarts with a
+/// leader record deleted by hand (Consul's LockIndex alone), a batch applied in part and
+/// reads that do not wait, each in the check that is about it.
 #[tokio::test(start_paused = true)]
 async fn the_contract_catches_broken_coordinators() {
     for (fault, check) in [
@@ -209,6 +260,10 @@ async fn the_contract_catches_broken_coordinators() {
             Fault::NoWaiting,
             "list_and_observe_wait_for_a_change_or_the_wait",
         ),
+        (
+            Fault::TokenRestartsWithTheRecord,
+            "the_token_rises_after_an_operator_deletes_the_leader_record",
+        ),
     ] {
         let result = run_broken(fault, check).await;
         assert!(result.is_err(), "{check} passed with {fault:?}");
@@ -220,7 +275,7 @@ async fn the_contract_catches_broken_coordinators() {
 #[tokio::test(start_paused = true)]
 async fn run_all_names_the_failed_checks() {
     let result = contract::run_all(|_| async {
-        let broken = Arc::new(Broken(MemoryCoordinator::default(), Fault::TwoLeaders));
+        let broken = Arc::new(Broken::new(Fault::TwoLeaders));
         Subject {
             coord: broken.clone(),
             producer: Arc::new(ProducerOf(broken)),

@@ -169,6 +169,44 @@ fn every_acquisition_raises_the_token() {
     assert_eq!((holder.lease, holder.token), (Some(b), 3));
 }
 
+/// A write answers `NotLeader` under a leadership that is not the current one, though its
+/// lease may still lead: one superseded by the holder's own re-campaign (Consul's guard
+/// checks the leader key's index, not only its session), or one whose record an operator
+/// deleted; the next acquisition's token still rises past every earlier one.
+#[test]
+fn only_the_current_leadership_writes() {
+    let (mut state, t0) = state();
+    let a = open(&mut state, spec("a", 10, 0), t0);
+    let first = lead(&mut state, &a, t0);
+    let again = lead(&mut state, &a, t0);
+    assert_eq!(
+        write(&mut state, &first, Vec::new(), t0),
+        Written::NotLeader
+    );
+    assert_eq!(
+        write(&mut state, &again, Vec::new(), t0),
+        Written::Done {
+            versions: Vec::new(),
+            fencing_token: again.fencing_token
+        }
+    );
+    state.apply(Op::DeleteLeaderRecord, t0).unwrap();
+    let free = Holder {
+        token: 2,
+        ..Holder::default()
+    };
+    assert_eq!(
+        state.holder().0,
+        free,
+        "the record goes, the last token stays"
+    );
+    assert_eq!(
+        write(&mut state, &again, Vec::new(), t0),
+        Written::NotLeader
+    );
+    assert_eq!(lead(&mut state, &a, t0).fencing_token, 3);
+}
+
 /// A holder whose lease expires holds leadership back for its lock-delay counted from its
 /// deadline, not from when the expiry was noticed; a resignation holds nothing back.
 #[test]
