@@ -110,26 +110,24 @@ impl Queue {
                 self.settle(leadership, &task, claim_index, value, "put back")
                     .await;
             }
-            (Err(err), Some(LeadEnd::StepDown(why)))
-                if cancel.is_cancelled() || err.interrupted =>
+            (Err(err), ending)
+                if err.interrupted
+                    || (cancel.is_cancelled() && matches!(ending, Some(LeadEnd::StepDown(_)))) =>
             {
-                // Stopped because the lease or the leadership could not be confirmed: not
-                // the handler's failure, so no attempt is used and it is never
-                // dead-lettered for it; it goes back for whoever leads next.
+                // Stopped because the lease or the leadership could not be confirmed (by
+                // this loop, or by the supervisor on the lease's deadline before this loop
+                // saw it go stale): not the handler's failure, so no attempt is used and it
+                // is never dead-lettered for it; it goes back for whoever leads next.
+                let why = match ending {
+                    Some(LeadEnd::StepDown(why)) => why.clone(),
+                    _ => "the lease was not confirmed in time".to_string(),
+                };
                 tracing::warn!(task_key = %task.key, fencing_token = leadership.fencing_token, reason = %why, "run stopped for the lease; putting the task back without using an attempt");
                 let value = task.retried(
                     task.attempts,
                     &format!("interrupted ({why}): {err}"),
                     Utc::now(),
                 );
-                self.settle(leadership, &task, claim_index, value, "put back")
-                    .await;
-            }
-            (Err(err), None) if err.interrupted => {
-                // The supervisor stopped it on the lease's deadline before this loop saw
-                // the lease go stale: the same as above.
-                tracing::warn!(task_key = %task.key, fencing_token = leadership.fencing_token, error = %err, "run stopped for the lease; putting the task back without using an attempt");
-                let value = task.retried(task.attempts, &format!("interrupted: {err}"), Utc::now());
                 self.settle(leadership, &task, claim_index, value, "put back")
                     .await;
             }
