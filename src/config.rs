@@ -132,6 +132,9 @@ pub struct RedisSettings {
     pub wait: Duration,
     #[serde(deserialize_with = "go_duration")]
     pub request_timeout: Duration,
+    /// Run on a Redis that can lose acknowledged writes (no AOF, `appendfsync no`, an
+    /// eviction policy, settings that cannot be read) instead of refusing it at start.
+    pub accept_data_loss: bool,
 }
 
 #[derive(Clone, Debug, Deserialize)]

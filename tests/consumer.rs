@@ -31,6 +31,8 @@ mod identity;
 mod ops;
 #[path = "consumer/queue_edges.rs"]
 mod queue_edges;
+#[path = "consumer/redis_durability.rs"]
+mod redis_durability;
 #[path = "consumer/redis_queue.rs"]
 mod redis_queue;
 #[path = "consumer/rotation.rs"]

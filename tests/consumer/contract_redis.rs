@@ -54,6 +54,7 @@ pub(crate) fn redis_coordinator(url: &str, prefix: &str) -> Arc<RedisCoordinator
                 leader: "consumerLeader".into(),
             },
             request_timeout: Duration::from_secs(10),
+            accept_data_loss: false,
         })
         .expect("a redis coordinator"),
     )

@@ -17,25 +17,30 @@ use super::*;
 
 /// Replicas on one Redis, with handlers that write to a journal (`settings` in
 /// consumer.rs), and a coordinator of the test's own to look at the leadership and queue.
-struct RedisBed {
-    server: RedisServer,
-    coord: Arc<RedisCoordinator>,
+pub(crate) struct RedisBed {
+    pub(crate) server: RedisServer,
+    pub(crate) coord: Arc<RedisCoordinator>,
     dir: tempfile::TempDir,
     journal: PathBuf,
     replicas: Vec<(String, Proc)>,
     ttl: &'static str,
     /// More environment for the replicas started from now on.
-    env: Vec<(String, String)>,
+    pub(crate) env: Vec<(String, String)>,
 }
 
 impl RedisBed {
-    fn new(ttl: &'static str) -> Option<RedisBed> {
-        let server = RedisServer::start()?;
+    /// On a durable Redis (`appendfsync always`).
+    pub(crate) fn new(ttl: &'static str) -> Option<RedisBed> {
+        Some(RedisBed::on(RedisServer::start()?, ttl))
+    }
+
+    /// On `server`, whatever its persistence settings.
+    pub(crate) fn on(server: RedisServer, ttl: &'static str) -> RedisBed {
         let coord = redis_coordinator(&server.url(), PREFIX);
         let dir = tempfile::tempdir().unwrap();
         let journal = dir.path().join("journal");
         std::fs::write(&journal, "").unwrap();
-        Some(RedisBed {
+        RedisBed {
             server,
             coord,
             dir,
@@ -43,10 +48,10 @@ impl RedisBed {
             replicas: Vec::new(),
             ttl,
             env: Vec::new(),
-        })
+        }
     }
 
-    fn start_replica(&mut self, node: &str) {
+    pub(crate) fn start_replica(&mut self, node: &str) {
         // One more handler: its runs hold a lock on a file, so a second run while the first
         // still lives (a frozen leader's handler left running) writes "overlap".
         let journal = self.journal.display();
@@ -78,7 +83,7 @@ command = ["sh", "-c", '''flock -n {journal}.lock sh -c 'echo "start $TASK_ID $L
         self.replicas.push((node.to_string(), proc));
     }
 
-    fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         self.replicas
             .iter()
             .map(|(node, _)| {
@@ -134,7 +139,7 @@ command = ["sh", "-c", '''flock -n {journal}.lock sh -c 'echo "start $TASK_ID $L
     }
 
     /// The leadership held now (its node and its lease and token), waiting for one.
-    async fn leader(&self, limit: Duration) -> (String, Leadership) {
+    pub(crate) async fn leader(&self, limit: Duration) -> (String, Leadership) {
         let started = Instant::now();
         let mut version = Version(0);
         loop {
@@ -182,6 +187,25 @@ command = ["sh", "-c", '''flock -n {journal}.lock sh -c 'echo "start $TASK_ID $L
     fn kill_replica(&mut self, node: &str) {
         let at = self.replicas.iter().position(|(n, _)| n == node).unwrap();
         self.replicas[at].1.kill();
+    }
+
+    /// How replica `node` exited, once it has, or `None` if it still runs after `limit`.
+    pub(crate) async fn exit_of(
+        &mut self,
+        node: &str,
+        limit: Duration,
+    ) -> Option<std::process::ExitStatus> {
+        let started = Instant::now();
+        let at = self.replicas.iter().position(|(n, _)| n == node).unwrap();
+        loop {
+            if let Ok(Some(status)) = self.replicas[at].1.child().try_wait() {
+                return Some(status);
+            }
+            if started.elapsed() > limit {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 }
 
@@ -375,7 +399,11 @@ async fn a_leader_frozen_past_its_ttl_is_fenced_off_when_it_wakes() {
 
 impl RedisBed {
     /// The leadership once it is held by another lease than `old`'s.
-    async fn leader_other_than(&self, old: &Leadership, limit: Duration) -> (String, Leadership) {
+    pub(crate) async fn leader_other_than(
+        &self,
+        old: &Leadership,
+        limit: Duration,
+    ) -> (String, Leadership) {
         let started = Instant::now();
         loop {
             let (node, leadership) = self.leader(limit).await;

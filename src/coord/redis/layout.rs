@@ -9,7 +9,9 @@
 //! - `P lease/<id>`: a lease, a hash `{node, ttl}` with a PX TTL, renewed by script;
 //! - `P leader/<name>`: the leader key, the holding lease's id, whose PX TTL follows the lease;
 //! - `P holder/<name>`: the last holder's record `{lease, token, record, version}`, kept
-//!   after it let go; `P fencing/<name>`: the fencing counter;
+//!   after it let go; `P fencing/<name>`: the last fencing token handed out (the next is
+//!   above it, Redis's clock in milliseconds and the floor the campaigner passes: see
+//!   `scripts.rs`, CAMPAIGN);
 //! - `P tasks`: a sorted set of every task key, all at score 0, so a prefix is a lex range;
 //! - `P task/<key>`: a task, a hash `{value, version, created, holder}`;
 //! - channel `P changes`: every write PUBLISHes the new counter there.
@@ -21,6 +23,11 @@
 //! a version checks both halves (`decode`).
 
 use crate::coord::{Holder, HolderRecord, LeaseId, StoredTask, Version};
+
+/// The highest fencing token handed out: 2^53 - 1, the largest integer a JSON number (a
+/// double) holds exactly, so the token reads the same in every language. Tokens start
+/// near Redis's clock in milliseconds (about 1.8e12 in 2026): far below it.
+pub const TOKEN_MAX: u64 = (1 << 53) - 1;
 
 /// Where the coordinator's keys live under the prefix, for one leader name.
 #[derive(Clone, Debug, PartialEq, Eq)]

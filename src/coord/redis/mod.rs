@@ -4,8 +4,14 @@
 //! - a lease is a random id's key with a PX TTL, renewed and ended only by scripts that
 //!   check it is still there;
 //! - leadership is `SET leader <lease> NX PX <the lease's time left>` in a script that first
-//!   checks the lease exists; the fencing token is an INCR on a counter kept beside it, and
-//!   the keep-alive script renews the leader key with the lease, so it never outlives it;
+//!   checks the lease exists, and the keep-alive script renews the leader key with the
+//!   lease, so it never outlives it;
+//! - the fencing token is the highest of the last one stored plus one, Redis's clock in
+//!   milliseconds and the highest token this coordinator has seen plus one, so it rises
+//!   even when Redis lost the last one (`scripts.rs`, CAMPAIGN);
+//! - before it opens a lease it reads Redis's persistence and eviction settings, and
+//!   refuses one that can lose acknowledged writes unless `redis.accept_data_loss` says so
+//!   (`durability.rs`); producers and operators (no lease) are never refused;
 //! - the queue is a hash per task and one sorted set of their keys; every write of it is
 //!   one script that checks the leader key and the holder's token (guarded writes), then
 //!   each task's version, and applies all or nothing;
@@ -15,10 +21,12 @@
 //!   they see would end, and at the latest every second, should a message be lost.
 //!
 //! Key layout and version encoding: `layout.rs`; the scripts: `scripts.rs`; waits:
-//! `wait.rs`; the `[redis]` section's checks: `settings.rs`. What Redis's
+//! `wait.rs`; the `[redis]` section's checks: `settings.rs`; the verdict on Redis's own
+//! settings: `durability.rs`. What Redis's
 //! persistence and replication do to the guarantees is said in README ("Production with
 //! Redis"), how it keeps each guarantee in ARCHITECTURE.md ("Coordinators").
 
+mod durability;
 mod layout;
 mod scripts;
 mod settings;
@@ -28,7 +36,7 @@ pub use layout::Layout;
 pub use scripts::PRODUCE;
 pub use settings::check_settings;
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,7 +44,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{IntoConnectionInfo, ProtocolVersion};
 use tokio::sync::{watch, OnceCell};
 
-use self::layout::{holder_row, number, task_rows, text, HolderRow, TaskRows};
+use self::layout::{holder_row, number, task_rows, text, HolderRow, TaskRows, TOKEN_MAX};
 use self::scripts::{edit_args, op_args, Scripts};
 use self::wait::{ReadHolder, ReadTasks};
 use crate::coord::{
@@ -68,6 +76,9 @@ pub struct RedisCoordSettings {
     pub layout: Layout,
     /// Each Redis call's limit (and a connection attempt's).
     pub request_timeout: Duration,
+    /// Open leases on a Redis that can lose acknowledged writes (`durability.rs`) rather
+    /// than refuse.
+    pub accept_data_loss: bool,
 }
 
 /// The Redis backend of the coordinator seam: one per replica.
@@ -81,6 +92,12 @@ pub struct RedisCoordinator {
     changes: Arc<watch::Sender<u64>>,
     /// Messages heard, for tests and logs.
     heard: Arc<AtomicU64>,
+    /// The highest fencing token this coordinator has seen (won, observed, or carried by a
+    /// guarded write), passed to every campaign as the floor of the next token: it rises
+    /// above them even if Redis lost its counter while its clock went back.
+    highest_token: AtomicU64,
+    /// Whether the risk `accept_data_loss` accepts has been logged.
+    warned: AtomicBool,
 }
 
 /// The Redis backend from `[redis]` and `[election]` (`coord::connect`'s line).
@@ -93,6 +110,7 @@ pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator
             leader: settings.election.leader_key.clone(),
         },
         request_timeout: settings.redis.request_timeout,
+        accept_data_loss: settings.redis.accept_data_loss,
     })?;
     Ok(Arc::new(coord))
 }
@@ -132,6 +150,8 @@ impl RedisCoordinator {
             manager: OnceCell::new(),
             changes: Arc::new(changes),
             heard: Arc::new(AtomicU64::new(0)),
+            highest_token: AtomicU64::new(0),
+            warned: AtomicBool::new(false),
         })
     }
 
@@ -160,7 +180,6 @@ impl RedisCoordinator {
                 let mut manager =
                     ConnectionManager::new_with_config(self.client.clone(), config).await?;
                 manager.subscribe(self.settings.layout.channel()).await?;
-                warn_about_persistence(&manager).await;
                 Ok::<_, redis::RedisError>(manager)
             })
             .await
@@ -203,6 +222,7 @@ impl RedisCoordinator {
                 spec.ttl
             )));
         }
+        self.check_durability().await?;
         let previous = spec.previous.as_ref().map_or("", |lease| lease.0.as_str());
         let ttl = spec.ttl.as_millis().to_string();
         let new = uuid::Uuid::new_v4().to_string();
@@ -237,28 +257,60 @@ impl RedisCoordinator {
         })
     }
 
+    /// Raises the floor of the next token to `token`. A number past [`TOKEN_MAX`] was
+    /// never handed out by leaderq (another program's write): it raises nothing.
+    fn saw_token(&self, token: u64) {
+        if token <= TOKEN_MAX {
+            self.highest_token.fetch_max(token, Ordering::Relaxed);
+        }
+    }
+
     async fn contend(
         &self,
         lease: &LeaseId,
         record: &HolderRecord,
     ) -> Result<Campaign, CoordError> {
         let record = record.encode();
+        let floor = self.highest_token.load(Ordering::Relaxed).to_string();
+        let max = TOKEN_MAX.to_string();
         let reply = self
-            .fields(&self.scripts.campaign, &[lease.0.as_bytes(), &record])
+            .fields(
+                &self.scripts.campaign,
+                &[
+                    lease.0.as_bytes(),
+                    &record,
+                    floor.as_bytes(),
+                    max.as_bytes(),
+                ],
+            )
             .await?;
         match reply.as_slice() {
-            [won, token] if won.as_slice() == b"won" => Ok(Campaign::Won(Leadership {
-                lease: lease.clone(),
-                fencing_token: number(token).map_err(bad_answer)?,
-            })),
+            [won, token] if won.as_slice() == b"won" => {
+                let token = number(token).map_err(bad_answer)?;
+                self.saw_token(token);
+                Ok(Campaign::Won(Leadership {
+                    lease: lease.clone(),
+                    fencing_token: token,
+                }))
+            }
             [held] if held.as_slice() == b"held" => Ok(Campaign::Held),
             [gone] if gone.as_slice() == b"gone" => Ok(Campaign::LeaseGone),
+            [exhausted, token] if exhausted.as_slice() == b"exhausted" => {
+                Err(CoordError::Refused(format!(
+                    "the next fencing token would be {}, past {TOKEN_MAX} (2^53 - 1, the largest leaderq hands out): {}fencing/{} holds a number leaderq never wrote; delete that key and restart the replicas",
+                    String::from_utf8_lossy(token),
+                    self.settings.layout.prefix,
+                    self.settings.layout.leader
+                )))
+            }
             _ => Err(bad_answer("campaign answered out of turn")),
         }
     }
 
     async fn read_holder(&self) -> Result<HolderRow, CoordError> {
-        holder_row(self.fields(&self.scripts.observe, &[]).await?).map_err(bad_answer)
+        let row = holder_row(self.fields(&self.scripts.observe, &[]).await?).map_err(bad_answer)?;
+        self.saw_token(row.holder.token);
+        Ok(row)
     }
 
     /// The tasks under `prefix`, read `LIST_PAGE` at a time (a backlog of 20 KB tasks in
@@ -328,13 +380,15 @@ impl RedisCoordinator {
                     return Err(bad_answer("a write answered done without its token"));
                 };
                 let version = layout::encode(number(counter).map_err(bad_answer)?, false);
+                let token = number(token).map_err(bad_answer)?;
+                self.saw_token(token);
                 Ok(Written::Done {
                     versions: keys
                         .iter()
                         .map(|key| text(key).map(|key| (key, version)))
                         .collect::<Result<_, _>>()
                         .map_err(bad_answer)?,
-                    fencing_token: number(token).map_err(bad_answer)?,
+                    fencing_token: token,
                 })
             }
             _ => Err(bad_answer("a write answered out of turn")),
@@ -370,34 +424,6 @@ impl RedisCoordinator {
             .await
             .map(drop)
             .map_err(|err| unavailable(&err))
-    }
-}
-
-/// Logs, once per connection manager, what in the server's settings could lose tasks or
-/// leadership (README's durability table); says nothing if CONFIG is refused.
-async fn warn_about_persistence(connection: &ConnectionManager) {
-    let read = |name: &'static str| {
-        let mut connection = connection.clone();
-        async move {
-            // A map in RESP3, pairs in RESP2: both read as one.
-            let mut found: std::collections::HashMap<String, String> = redis::cmd("CONFIG")
-                .arg("GET")
-                .arg(name)
-                .query_async(&mut connection)
-                .await
-                .ok()?;
-            found.remove(name)
-        }
-    };
-    let appendonly = read("appendonly").await;
-    let appendfsync = read("appendfsync").await;
-    let eviction = read("maxmemory-policy").await;
-    for warning in settings::persistence_warnings(
-        appendonly.as_deref(),
-        appendfsync.as_deref(),
-        eviction.as_deref(),
-    ) {
-        tracing::warn!("{warning}");
     }
 }
 

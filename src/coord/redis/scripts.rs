@@ -94,17 +94,37 @@ resign(A[1])
 return 'ok'
 "#;
 
-/// `A = [lease, record]`: `SET leader <lease> NX PX <the lease's PTTL>` if the lease lives
-/// and the key is free (or already its own: taken anew), with a new token from INCR and
-/// the holder's record. Answers `[won, token]`, `[held]` or `[gone]`.
+/// `A = [lease, record, floor, max]`: `SET leader <lease> NX PX <the lease's PTTL>` if the
+/// lease lives and the key is free (or already its own: taken anew), with a new token and
+/// the holder's record. Answers `[won, token]`, `[held]`, `[gone]`, or `[exhausted, token]`
+/// (writing nothing) when the token would pass `max`.
+///
+/// The token is the highest of: the last one stored plus one (tokens rise while Redis
+/// keeps its data); Redis's clock in milliseconds (`TIME`; tokens issued after the counter
+/// was lost, by a restart without persistence, an eviction or an operator's `DEL` or
+/// `FLUSHALL`, are above every earlier one unless Redis's clock went back by more than the
+/// time between the two wins); and `floor` plus one, the highest token the campaigner has
+/// seen (covers a clock that went back, for replicas that saw the earlier token). Redis 7
+/// replicates a script by its effects, so `TIME` may precede writes and a replica of Redis
+/// stores the token computed here. Milliseconds keep tokens under 10^14 (until the year
+/// 5138), which Lua's `tostring` still writes exactly: the previous release's script
+/// answered `tostring(INCR …)`, so its replicas keep reading tokens during a rolling
+/// upgrade. Lua numbers are doubles, exact up to `max` (2^53 - 1); written with `%d`.
 const CAMPAIGN: &str = r#"
 local lease, record = A[1], A[2]
+local floor, max = tonumber(A[3]) or 0, tonumber(A[4])
 local left = redis.call('PTTL', P .. 'lease/' .. lease)
 if left <= 0 then return {'gone'} end
 local key = P .. 'leader/' .. L
 local current = redis.call('GET', key)
 if current and current ~= lease then return {'held'} end
-local token = redis.call('INCR', P .. 'fencing/' .. L)
+local counter = P .. 'fencing/' .. L
+local now = redis.call('TIME')
+local token = math.max((tonumber(redis.call('GET', counter) or '0') or 0) + 1,
+  tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000), floor + 1)
+if token > max then return {'exhausted', string.format('%.0f', token)} end
+token = string.format('%d', token)
+redis.call('SET', counter, token)
 if current then
   redis.call('SET', key, lease, 'XX', 'PX', left)
 else
@@ -112,7 +132,7 @@ else
 end
 redis.call('HSET', P .. 'holder/' .. L, 'lease', lease, 'token', token, 'record', record,
   'version', bump())
-return {'won', tostring(token)}
+return {'won', token}
 "#;
 
 /// `A = []`: `[leader, leader_pttl, lease, token, record, version]`.

@@ -1,5 +1,5 @@
-//! The `[redis]` section's checks at start, beside the backend that reads it, and the
-//! judgement of the Redis server's own persistence settings (warned about once connected).
+//! The `[redis]` section's checks at start, beside the backend that reads it. The Redis
+//! server's own persistence settings are judged once connected (`durability.rs`).
 
 use redis::IntoConnectionInfo;
 
@@ -29,32 +29,6 @@ pub fn check_settings(redis: &crate::config::RedisSettings) -> Result<(), String
         return Err("redis.request_timeout must be more than 0s".into());
     }
     Ok(())
-}
-
-/// What is unsafe in a Redis server's settings (`CONFIG GET` of `appendonly`,
-/// `appendfsync` and `maxmemory-policy`), one sentence each; nothing for a value not read
-/// (a managed Redis may refuse CONFIG).
-pub fn persistence_warnings(
-    appendonly: Option<&str>,
-    appendfsync: Option<&str>,
-    eviction: Option<&str>,
-) -> Vec<String> {
-    let mut warnings = Vec::new();
-    if appendonly == Some("no") {
-        warnings.push(
-            "Redis runs with appendonly no: a Redis restart loses every task and the fencing counter; set appendonly yes".to_string(),
-        );
-    } else if let Some(policy @ ("everysec" | "no")) = appendfsync {
-        warnings.push(format!(
-            "Redis runs with appendfsync {policy}: an OS crash or power loss can lose acknowledged tasks and step the fencing counter back; appendfsync always loses none"
-        ));
-    }
-    if let Some(policy) = eviction.filter(|p| *p != "noeviction") {
-        warnings.push(format!(
-            "Redis runs with maxmemory-policy {policy}: under memory pressure it may evict a lease (ending leadership early) or a task; set maxmemory-policy noeviction"
-        ));
-    }
-    warnings
 }
 
 #[cfg(test)]
@@ -105,18 +79,17 @@ mod tests {
         }
     }
 
-    /// Only what loses data or leadership is warned about; values not read say nothing.
+    /// `redis.accept_data_loss` is off unless set; it is a boolean, and anything else is
+    /// refused at start with the key named.
     #[test]
-    fn unsafe_persistence_settings_are_named() {
-        use super::persistence_warnings as warn;
-        assert!(warn(Some("yes"), Some("always"), Some("noeviction")).is_empty());
-        assert!(warn(None, None, None).is_empty());
-        let off = warn(Some("no"), Some("everysec"), Some("noeviction"));
-        assert!(
-            off.len() == 1 && off[0].contains("appendonly no"),
-            "{off:?}"
-        );
-        let second = warn(Some("yes"), Some("everysec"), Some("allkeys-lru"));
-        assert!(second[0].contains("appendfsync everysec") && second[1].contains("allkeys-lru"));
+    fn accepting_data_loss_is_off_by_default_and_a_boolean() {
+        let load = |pairs: &[(&str, &str)]| Settings::load(None, env(pairs));
+        assert!(!load(&[]).unwrap().redis.accept_data_loss);
+        let accepted = load(&[("LEADERQ__REDIS__ACCEPT_DATA_LOSS", "true")]).unwrap();
+        assert!(accepted.redis.accept_data_loss);
+        let err = load(&[("LEADERQ__REDIS__ACCEPT_DATA_LOSS", "maybe")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("accept_data_loss"), "{err}");
     }
 }

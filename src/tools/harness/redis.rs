@@ -1,5 +1,7 @@
 //! A real `redis-server` on a free loopback port, in a directory of its own (removed on
 //! drop), with the append-only file on: what the Redis tests, bench and chaos run against.
+//! [`RedisServer::start_with`]`("off")` starts one without persistence, which loses
+//! everything on a restart: for the tests of what leaderq refuses, and accepts.
 //! `produce` writes with the producers' documented command (`redis-cli EVAL` of
 //! [`crate::coord::redis::PRODUCE`]). Missing binaries skip or fail by [`super::external`].
 
