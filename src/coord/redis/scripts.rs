@@ -110,6 +110,9 @@ return 'ok'
 /// 5138), which Lua's `tostring` still writes exactly: the previous release's script
 /// answered `tostring(INCR …)`, so its replicas keep reading tokens during a rolling
 /// upgrade. Lua numbers are doubles, exact up to `max` (2^53 - 1); written with `%d`.
+///
+/// A leader key naming a lease that is gone (its key deleted by hand: a revoke) is free:
+/// its holder lost leadership with its lease, and its guarded writes already fail.
 const CAMPAIGN: &str = r#"
 local lease, record = A[1], A[2]
 local floor, max = tonumber(A[3]) or 0, tonumber(A[4])
@@ -117,7 +120,7 @@ local left = redis.call('PTTL', P .. 'lease/' .. lease)
 if left <= 0 then return {'gone'} end
 local key = P .. 'leader/' .. L
 local current = redis.call('GET', key)
-if current and current ~= lease then return {'held'} end
+if current and current ~= lease and alive(current) then return {'held'} end
 local counter = P .. 'fencing/' .. L
 local now = redis.call('TIME')
 local token = math.max((tonumber(redis.call('GET', counter) or '0') or 0) + 1,
@@ -135,10 +138,13 @@ redis.call('HSET', P .. 'holder/' .. L, 'lease', lease, 'token', token, 'record'
 return {'won', token}
 "#;
 
-/// `A = []`: `[leader, leader_pttl, lease, token, record, version]`.
+/// `A = []`: `[leader, leader_pttl, lease, token, record, version]`; `leader` is empty
+/// when the leader key's lease is gone (as `CAMPAIGN` sees it), so its holder's watch sees
+/// a revoke at once.
 const OBSERVE: &str = r#"
 local key = P .. 'leader/' .. L
 local leader = redis.call('GET', key) or ''
+if not alive(leader) then leader = '' end
 local left = redis.call('PTTL', key)
 local h = redis.call('HMGET', P .. 'holder/' .. L, 'lease', 'token', 'record', 'version')
 return {leader, tostring(left), h[1] or '', h[2] or '0', h[3] or '', h[4] or '0'}
@@ -269,8 +275,9 @@ for _, key in ipairs(versions) do out[#out + 1] = key end
 return out
 "#;
 
-/// `A = [(create|delete|put, key, counter, gone, value)*]`: create-only writes, deletes at
-/// a version and puts of whatever is there, all or nothing. Answers `[done]` or `[conflict, keys…]`.
+/// `A = [(create|delete|put|replace, key, counter, gone, value)*]`: create-only writes,
+/// deletes and replaces (with no claim) at a version, and puts of whatever is there, all or
+/// nothing. Answers `[done]` or `[conflict, keys…]`.
 const EDIT: &str = r#"
 local next = string.format('%d', tonumber(redis.call('GET', P .. 'version') or '0') + 1)
 local staged, failed = {}, {}
@@ -295,7 +302,7 @@ while i <= #A do
     if not exists or staged[key] ~= nil or f[1] ~= version or (orphan and '1' or '0') ~= gone then
       fail(key)
     else
-      staged[key] = false
+      staged[key] = kind == 'replace'
     end
   end
 end
@@ -314,7 +321,7 @@ while i <= #A do
     redis.call('HSET', P .. 'task/' .. key, 'value', value, 'version', next, 'created', next,
       'holder', '')
     redis.call('ZADD', P .. 'tasks', 0, key)
-  elseif kind == 'put' then
+  elseif kind == 'put' or kind == 'replace' then
     local created = redis.call('HGET', P .. 'task/' .. key, 'created') or next
     redis.call('HSET', P .. 'task/' .. key, 'value', value, 'version', next, 'created', created,
       'holder', '')
@@ -410,6 +417,7 @@ pub fn edit_args(ops: &[Edit]) -> Vec<Vec<u8>> {
             Edit::Create { value, .. } => ("create", 0, value),
             Edit::Delete { version, .. } => ("delete", *version, b""),
             Edit::Put { value, .. } => ("put", 0, value),
+            Edit::Replace { version, value, .. } => ("replace", *version, value),
         };
         let [counter, gone] = version_args(version);
         args.extend([

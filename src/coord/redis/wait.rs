@@ -1,7 +1,10 @@
 //! The Redis coordinator's waits (`observe`, `list`): read, and until the answer's
 //! version passes the one asked about, look again on every message on the changes channel,
 //! when a lease the read saw would end (its death changes the answer without any write), and
-//! every [`POLL`] if the counter moved (a message lost to a reconnect).
+//! every [`POLL`] if the counter moved (a message lost to a reconnect). The holder is read
+//! again every [`HOLDER_POLL`] whatever the counter says: an operator's `DEL` of the leader
+//! key or of a lease publishes nothing and moves no counter, and a leader watching its own
+//! record must see it within that bound, not at its next renewal.
 
 use std::time::Duration;
 
@@ -17,6 +20,10 @@ const MAX_WAIT: Duration = Duration::from_secs(600);
 /// A waiter looks again at least this often: a publish lost to a reconnect delays a
 /// wake-up by no more than this.
 const POLL: Duration = Duration::from_secs(1);
+
+/// How often a waiter on the holder reads it again: the bound on how late a leader sees
+/// its record deleted by hand, for one small script call per waiter per period.
+const HOLDER_POLL: Duration = Duration::from_millis(250);
 
 /// A waiter that expects a lease to end looks this long after its PTTL, so that Redis has
 /// ended it by then.
@@ -56,12 +63,12 @@ impl RedisCoordinator {
             let expires = expiry.map(|ms| read_at + Duration::from_millis(ms) + EXPIRY_SLACK);
             loop {
                 let wake = expires.map_or(end, |at| at.min(end));
-                let poll = Instant::now() + POLL;
+                let poll = Instant::now() + read.poll();
                 tokio::select! {
                     _ = changes.changed() => break,
                     _ = tokio::time::sleep_until(wake) => break,
                     _ = tokio::time::sleep_until(poll) => {
-                        if self.counter().await? != counter {
+                        if read.poll_reads_again() || self.counter().await? != counter {
                             break;
                         }
                     }
@@ -78,6 +85,17 @@ pub(super) trait Reread<T>: Send + Sync {
         &'a self,
         coord: &'a RedisCoordinator,
     ) -> CoordFuture<'a, (T, Version, Option<u64>)>;
+
+    /// How often a waiter looks again without a message.
+    fn poll(&self) -> Duration {
+        POLL
+    }
+
+    /// Whether each poll reads again whatever the counter says (a read cheap enough, of
+    /// something that can change without a write of leaderq's).
+    fn poll_reads_again(&self) -> bool {
+        false
+    }
 }
 
 pub(super) struct ReadHolder;
@@ -91,6 +109,14 @@ impl Reread<Holder> for ReadHolder {
             let row = coord.read_holder().await?;
             Ok((row.holder, row.version, row.expiry_ms))
         })
+    }
+
+    fn poll(&self) -> Duration {
+        HOLDER_POLL
+    }
+
+    fn poll_reads_again(&self) -> bool {
+        true
     }
 }
 
