@@ -118,6 +118,18 @@ struct ChaosArgs {
     /// SIGKILL-and-restarts of the server, or of one member of a cluster (default 2; 1).
     #[arg(long)]
     server_restarts: Option<usize>,
+    /// The leader record deleted by hand, as an operator would (curl -X DELETE, etcdctl
+    /// del, redis-cli DEL, zkCli.sh delete) while the leader works (default 2; 1).
+    #[arg(long)]
+    record_deletions: Option<usize>,
+    /// The leader's lease ended by hand while it works: Consul session destroyed, etcd
+    /// lease revoked, Redis lease key deleted; ZooKeeper has no such tool (default 2; 1).
+    #[arg(long)]
+    revocations: Option<usize>,
+    /// The leader's renewals alone stalled (its claims still go through) until another
+    /// replica leads (default 2; 1).
+    #[arg(long)]
+    renewal_stalls: Option<usize>,
     /// Seed of the event schedule.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -1185,6 +1197,9 @@ async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
         (args.pauses, &mut options.pauses),
         (args.partitions, &mut options.partitions),
         (args.server_restarts, &mut options.server_restarts),
+        (args.record_deletions, &mut options.record_deletions),
+        (args.revocations, &mut options.revocations),
+        (args.renewal_stalls, &mut options.renewal_stalls),
     ];
     for (given, option) in counts {
         if let Some(given) = given {

@@ -244,6 +244,12 @@ pub enum Written {
     Conflict(Vec<String>),
 }
 
+/// `Conflict` on every task of `ops`: the answer to a lease's own write once the lease is
+/// gone, when none of its claims is its to settle any more.
+pub(crate) fn conflict_on_all(ops: &[TaskOp]) -> Written {
+    Written::Conflict(ops.iter().map(|op| op.key().to_string()).collect())
+}
+
 /// A producer's or an operator's write, outside any leadership: `leaderq enqueue`, `tasks
 /// retry` and `tasks purge-dead`, and a replica's own records (heartbeat, timeline). A batch of them applies all or nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -257,12 +263,24 @@ pub enum Edit {
     /// records that only their writer updates, such as a replica's heartbeat, never for
     /// tasks. Never conflicts on its own; a batch with a failing op applies none.
     Put { key: String, value: Vec<u8> },
+    /// Writes `value` to the task at `key` if it is still at `version`, with no claim on
+    /// it; conflicts if it moved or went. For the one writer that may settle a task outside
+    /// any leadership: the replica whose claim it was, after its lease ended (revoked,
+    /// expired) and its run is over, putting back what the run left, as read at `version`.
+    Replace {
+        key: String,
+        version: u64,
+        value: Vec<u8>,
+    },
 }
 
 impl Edit {
     pub fn key(&self) -> &str {
         match self {
-            Edit::Create { key, .. } | Edit::Delete { key, .. } | Edit::Put { key, .. } => key,
+            Edit::Create { key, .. }
+            | Edit::Delete { key, .. }
+            | Edit::Put { key, .. }
+            | Edit::Replace { key, .. } => key,
         }
     }
 }
@@ -400,8 +418,11 @@ pub trait Coordinator: Send + Sync {
         ops: &'a [TaskOp],
     ) -> CoordFuture<'a, Written>;
     /// Applies `ops` to tasks this lease itself holds, without the leadership guard: puts
-    /// back claimed tasks that never started, after leadership is lost.
-    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, ()>;
+    /// back claimed tasks that never started, or settles runs that ended, after leadership
+    /// is lost. All or nothing: `Done` if applied, else `Conflict` naming the tasks the
+    /// lease no longer holds (or all of them, once the lease itself is gone); never
+    /// `NotLeader`.
+    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, Written>;
     /// Applies a producer's or operator's `ops` all or nothing, without any leadership.
     fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited>;
     /// How much one write may carry.

@@ -9,11 +9,13 @@
 //! - `replicas.rs`: every replica's record of itself (standbys with their heartbeat).
 //! - `timeline.rs`: the leadership timeline (who led when, why each term ended).
 //! - `watch.rs`: the leader's watch on its own leadership record during a term.
+//! - `faults.rs`: a stall of the renewals only, injected by tests and chaos.
 //!
 //! The lease id is kept in the data dir (`session`), so a restarted replica asks the
 //! coordinator to take it up again; the backend decides whether it still may. What the
 //! leader does with its leadership is `queue`'s business.
 
+pub mod faults;
 pub mod gate;
 pub mod identity;
 pub mod lease;
@@ -156,7 +158,11 @@ impl Election {
                 continue;
             };
             let sent_at = Instant::now();
-            match coord.keep_alive(&id).await {
+            let answer = match faults::stalled_renewal(retry).await {
+                Some(stalled) => Err(stalled),
+                None => coord.keep_alive(&id).await,
+            };
+            match answer {
                 Ok(Renewal::Alive) => {
                     metrics.renewed(sent_at.elapsed());
                     lease.renewed(&id, sent_at);

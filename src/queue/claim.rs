@@ -427,7 +427,8 @@ impl Queue {
 
     /// Releases claimed tasks whose handlers never started, restoring their value, so they
     /// go back to the queue without using an attempt. Only this lease's own claims are
-    /// touched, so no leadership guard is needed.
+    /// touched, so no leadership guard is needed; a batch that no longer applies whole
+    /// (the lease ended, leaving orphans) is put back task by task.
     pub(super) async fn release_unstarted(
         &self,
         leadership: &Leadership,
@@ -446,9 +447,33 @@ impl Queue {
             .collect();
         let costs: Vec<WriteCost> = ops.iter().map(|op| self.coord.cost(op)).collect();
         for range in plan::chunks(None, &costs, self.coord.limits()) {
-            if let Err(err) = self.coord.write_own(&leadership.lease, &ops[range]).await {
-                self.metrics.coordinator_error(&err);
-                tracing::warn!(error = %err, "cannot release tasks claimed but not started; the next leader requeues them");
+            match self
+                .coord
+                .write_own(&leadership.lease, &ops[range.clone()])
+                .await
+            {
+                Ok(Written::Done { .. }) => continue,
+                Ok(_) => {}
+                Err(err) => self.metrics.coordinator_error(&err),
+            }
+            for op in &ops[range] {
+                let TaskOp::Release { key, value, .. } = op else {
+                    continue;
+                };
+                let put_back = |version| {
+                    vec![crate::coord::Edit::Replace {
+                        key: key.clone(),
+                        version,
+                        value: value.clone(),
+                    }]
+                };
+                let own = std::slice::from_ref(op);
+                if let Err(why) = self
+                    .write_own_or_orphan(&leadership.lease, own, put_back)
+                    .await
+                {
+                    tracing::warn!(task_key = %key, error = %why, "cannot put back a task claimed but not started; the next leader requeues it");
+                }
             }
         }
     }

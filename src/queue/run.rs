@@ -3,6 +3,7 @@
 //! that could not be recorded are kept and retried, never mistaken for runs cut short.
 
 use super::*;
+use crate::coord::{Edit, Edited, LeaseId};
 
 impl Queue {
     /// Runs one claimed task's handler and settles a failure; a success joins `finished`.
@@ -230,8 +231,20 @@ impl Queue {
                 self.log_completed(leadership, &done, fencing_token)
             }
             Ok(Written::Conflict(_)) => {
-                tracing::info!(task_key = %task.key, "task completed, but a producer rewrote it meanwhile; the new version stays queued");
-                self.release_current(leadership, &task.key).await;
+                // The lease ended and left the task an orphan, where that moves its version
+                // (Redis); or a producer rewrote it while it ran.
+                let edits = |version| orphan_completion(&done, version);
+                if self
+                    .settle_orphan(&leadership.lease, &task.key, edits)
+                    .await
+                    .is_ok()
+                {
+                    tracing::info!(task_key = %task.key, "lease lost: the finished run is recorded on the orphan it left");
+                    self.log_completed(leadership, &done, leadership.fencing_token);
+                } else {
+                    tracing::info!(task_key = %task.key, "task completed, but a producer rewrote it meanwhile; the new version stays queued");
+                    self.release_current(leadership, &task.key).await;
+                }
             }
             Ok(Written::NotLeader) => {
                 tracing::warn!(task_key = %task.key, "task completed after this replica lost leadership; the next leader will run it again");
@@ -288,20 +301,25 @@ impl Queue {
     }
 
     /// Finished runs whose completion the leadership could not record because it was lost
-    /// (a run that ended cleanly while being stopped included): the runs are over and the
-    /// claims are still this lease's, so each is completed under the lease's own claim. If
-    /// the lease is gone too, the next leader will run the task again; its history record
-    /// is written anyway, saying why, so that the repeat is explained.
+    /// (a run that ended cleanly while being stopped included): the runs are over, so each
+    /// is completed under the lease's own claim, or, if the lease ended too (revoked), as
+    /// the orphan it left ([`Queue::own_orphan`]). Only if neither can be written (the
+    /// coordinator cannot be reached) does the next leader run the task again; its history
+    /// record is written anyway, saying why, so that the repeat is explained.
     pub(super) async fn record_own(&self, leadership: &Leadership, unrecorded: Vec<Finished>) {
         for done in unrecorded {
             let ops = [done.completion()];
-            match self.coord.write_own(&leadership.lease, &ops).await {
-                Ok(()) => {
-                    tracing::info!(task_key = %done.task.key, "leadership lost: the finished run is recorded under this replica's own claim");
+            let orphan_edits = |version| orphan_completion(&done, version);
+            match self
+                .write_own_or_orphan(&leadership.lease, &ops, orphan_edits)
+                .await
+            {
+                Ok(how) => {
+                    tracing::info!(task_key = %done.task.key, "leadership lost: the finished run is recorded {how}");
                     self.log_completed(leadership, &done, leadership.fencing_token);
                 }
-                Err(err) => {
-                    tracing::warn!(task_key = %done.task.key, error = %err, "a run finished, but leadership and lease were lost before its completion was recorded: the next leader runs the task again");
+                Err(why) => {
+                    tracing::warn!(task_key = %done.task.key, error = %why, "a run finished, but leadership and lease were lost before its completion was recorded: the next leader runs the task again");
                     let Some((key, value)) = &done.history else {
                         continue;
                     };
@@ -358,9 +376,27 @@ impl Queue {
             version: claim_index,
             value: value.clone(),
         }];
+        let orphan_edits = |version| {
+            vec![Edit::Replace {
+                key: task.key.clone(),
+                version,
+                value: value.clone(),
+            }]
+        };
         match self.write(leadership, &ops).await {
             Ok(Written::Done { .. }) => {}
-            Ok(Written::Conflict(_)) => self.release_current(leadership, &task.key).await,
+            Ok(Written::Conflict(_)) => {
+                // A producer rewrote the task while it ran; or the lease ended and left it
+                // an orphan, where that moves the task's version (Redis).
+                self.release_current(leadership, &task.key).await;
+                if self
+                    .settle_orphan(&leadership.lease, &task.key, orphan_edits)
+                    .await
+                    .is_ok()
+                {
+                    tracing::info!(task_key = %task.key, "lease lost: {what} on the orphan it left");
+                }
+            }
             Err(CoordError::Refused(why)) => {
                 let pair = pair_of(task, value, claim_index);
                 let reason = format!("cannot {what}: the task is too large to write back: {why}");
@@ -369,15 +405,18 @@ impl Queue {
                 }
             }
             Ok(Written::NotLeader) => {
-                // The run is over and the claim is still this lease's: write it back
-                // without the leadership guard while the lease lives, so that the next
-                // leader finds it as settled here rather than as a run cut short.
-                match self.coord.write_own(&leadership.lease, &ops).await {
-                    Ok(()) => {
-                        tracing::info!(task_key = %task.key, "leadership lost: {what} under this replica's own claim")
+                // The run is over: write it back without the leadership guard, so that the
+                // next leader finds the task as settled here rather than as a run cut short
+                // (which would cost it an attempt).
+                match self
+                    .write_own_or_orphan(&leadership.lease, &ops, orphan_edits)
+                    .await
+                {
+                    Ok(how) => {
+                        tracing::info!(task_key = %task.key, "leadership lost: {what} {how}")
                     }
-                    Err(err) => {
-                        tracing::warn!(task_key = %task.key, error = %err, "cannot {what}: leadership and claim lost; the next leader requeues the task")
+                    Err(why) => {
+                        tracing::warn!(task_key = %task.key, error = %why, "cannot {what}: leadership and claim lost; the next leader requeues the task")
                     }
                 }
             }
@@ -385,6 +424,69 @@ impl Queue {
                 tracing::warn!(task_key = %task.key, error = %err, "cannot {what}; the task is requeued when this lease ends")
             }
         }
+    }
+
+    /// Writes the outcome of a run that is over, on one task, after leadership was lost:
+    /// `ops` under the lease's own claim while the lease holds it, or else, if the lease
+    /// ended leaving the task as its orphan, the `orphan_edits` at the orphan's version.
+    /// Says how it was written, or why it could not be.
+    pub(super) async fn write_own_or_orphan(
+        &self,
+        lease: &LeaseId,
+        ops: &[TaskOp],
+        orphan_edits: impl FnOnce(u64) -> Vec<Edit>,
+    ) -> Result<&'static str, String> {
+        let key = ops.first().map(TaskOp::key).unwrap_or_default();
+        match self.coord.write_own(lease, ops).await {
+            Ok(Written::Done { .. }) => return Ok("under this replica's own claim"),
+            Ok(_) => {}
+            Err(err) => {
+                tracing::debug!(task_key = %key, error = %err, "cannot write under this replica's own claim; looking for the orphan its lease left")
+            }
+        }
+        self.settle_orphan(lease, key, orphan_edits)
+            .await
+            .map(|()| "on the orphan its ended lease left")
+    }
+
+    /// Settles `key` with `edits` at its version if it is the orphan this lease left
+    /// ([`Queue::own_orphan`]); else says why not.
+    pub(super) async fn settle_orphan(
+        &self,
+        lease: &LeaseId,
+        key: &str,
+        edits: impl FnOnce(u64) -> Vec<Edit>,
+    ) -> Result<(), String> {
+        let Some(version) = self.own_orphan(lease, key).await else {
+            return Err("the task is no longer this lease's claim nor its orphan".into());
+        };
+        match self.coord.edit(&edits(version)).await {
+            Ok(Edited::Done) => Ok(()),
+            Ok(Edited::Conflict(_)) => Err(
+                "the orphan its ended lease left moved meanwhile (the next leader took it)".into(),
+            ),
+            Err(err) => Err(err.to_string()),
+        }
+    }
+
+    /// The version of `key` if it is a task this lease claimed and left as an orphan when
+    /// the lease ended (revoked, or expired) before the run's outcome was written under it,
+    /// with nothing written to it since: a requeue or another claim rewrites `takenBy`, so
+    /// the marks of this lease's claim prove it. Only the replica whose run it was, and
+    /// whose run is over, settles such a task outside any leadership, with an edit at
+    /// exactly that version; `None` for anything else (settled, requeued, claimed, gone).
+    async fn own_orphan(&self, lease: &LeaseId, key: &str) -> Option<u64> {
+        let stored = self.coord.get(&[key.to_string()]).await.ok()?.pop()?;
+        if stored.key != key || stored.holder.is_some() {
+            return None;
+        }
+        let task = Task::parse(&stored).ok()?;
+        let claimed_by = task
+            .taken_by
+            .as_deref()
+            .and_then(|by| by.get("session"))
+            .and_then(serde_json::Value::as_str);
+        (task.taken && claimed_by == Some(lease.0.as_str())).then_some(stored.version)
     }
 
     /// Releases a task a producer rewrote while it ran, keeping the producer's value.
@@ -423,4 +525,20 @@ impl Queue {
         let capped = base.min(self.settings.backoff_max);
         capped + capped.mul_f64(fastrand::f64() * 0.2)
     }
+}
+
+/// A finished run's completion as edits of the orphan its lease left at `version`, for the
+/// replica whose run it was once its lease ended: delete the task, write its history.
+fn orphan_completion(done: &Finished, version: u64) -> Vec<Edit> {
+    let mut edits = vec![Edit::Delete {
+        key: done.task.key.clone(),
+        version,
+    }];
+    if let Some((key, value)) = &done.history {
+        edits.push(Edit::Put {
+            key: key.clone(),
+            value: value.clone(),
+        });
+    }
+    edits
 }

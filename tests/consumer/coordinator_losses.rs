@@ -4,7 +4,10 @@
 //! ended (Consul: session destroyed; etcd: lease revoked; Redis: lease key deleted). Each
 //! time the old leader's run is stopped at once, the other replica starts nothing before
 //! that run is gone (one run at a time, across the two leaders), its fencing token is
-//! higher, and every task still runs to its end.
+//! higher, and every task still runs to its end. And the renewals alone stalled (the
+//! coordinator answers claims but not keep-alives): the leader stops claiming while its
+//! lease can still outlast a whole kill sequence, the run its kill window cuts goes back
+//! without using an attempt, and the next leader runs it; nothing is dead-lettered.
 
 use super::*;
 
@@ -21,6 +24,11 @@ macro_rules! on_every_backend {
                 async fn a_revoked_lease_stops_the_run_before_the_next_leader_starts_one() {
                     super::lose_leadership(stringify!($backend), super::Loss::RevokeLease).await;
                 }
+
+                #[tokio::test]
+                async fn stalled_renewals_cost_no_attempt_and_dead_letter_nothing() {
+                    super::lose_leadership(stringify!($backend), super::Loss::StallRenewals).await;
+                }
             }
         )*
     };
@@ -32,6 +40,9 @@ on_every_backend!(consul, etcd, redis, zookeeper);
 enum Loss {
     DeleteRecord,
     RevokeLease,
+    /// The leader's keep-alives time out while its claims still go through, until
+    /// another replica leads.
+    StallRenewals,
 }
 
 /// One run as its handler journaled it.
@@ -44,6 +55,11 @@ struct Run {
     ended: u128,
     pid: u32,
     token: u64,
+}
+
+/// The file whose existence stalls `node`'s renewals.
+fn stall_file(dir: &Path, node: &str) -> PathBuf {
+    dir.join(format!("{node}.stall-renewals"))
 }
 
 fn now_ns() -> u128 {
@@ -77,8 +93,10 @@ fn runs_in(text: &str) -> Vec<Run> {
     runs
 }
 
-/// Two replicas, one run at a time; `l00` runs 8 s, `s01`..`s03` 0.2 s each. Once the
-/// leader runs `l00`, its leadership is lost by `loss`.
+/// Two replicas, one run at a time, one attempt per task (a stop counted as a failure
+/// dead-letters the task); `l00` runs 8 s, `s01`..`s03` 0.2 s each. Once the leader runs
+/// `l00`, its leadership is lost by `loss`. The stall runs with the settings (TTL
+/// 6 s, `kill_grace` 3 s), where a leader that kept claiming saw each run cut at once.
 async fn lose_leadership(backend: &str, loss: Loss) {
     let dir = tempfile::tempdir().unwrap();
     let Some(cluster) = common::start_cluster(backend, dir.path()) else {
@@ -98,18 +116,31 @@ async fn lose_leadership(backend: &str, loss: Loss) {
                 "echo \\\"start $TASK_ID $(date +%s%N) {node} $$ $LEADERQ_FENCING_TOKEN\\\" >> {j}; sleep {secs}; echo \\\"end $TASK_ID $(date +%s%N) {node}\\\" >> {j}"
             )
         };
-        let config = settings(&journal, "3s").replace("$NODE", node)
+        let base = match loss {
+            Loss::StallRenewals => {
+                settings(&journal, "6s").replace("kill_grace = \"200ms\"", "kill_grace = \"3s\"")
+            }
+            _ => settings(&journal, "3s"),
+        };
+        let config = base
+            .replace("$NODE", node)
+            .replace("max_attempts = 3", "max_attempts = 1")
             + &format!(
                 "\n[handlers.Long]\nkind = \"exec\"\ncommand = [\"sh\", \"-c\", \"{}\"]\n[handlers.Short]\nkind = \"exec\"\ncommand = [\"sh\", \"-c\", \"{}\"]\n",
                 run("8"),
                 run("0.2")
             );
+        let mut env = cluster.env();
+        env.push((
+            leaderq::leader::faults::STALL_RENEWALS_ENV.into(),
+            stall_file(dir.path(), node).display().to_string(),
+        ));
         replicas.push(ConsumerProcess::start_with_env(
             "127.0.0.1:1",
             node,
             dir.path(),
             &config,
-            &cluster.env(),
+            &env,
         ));
     }
     let tasks: Vec<leaderq::coord::Edit> = (0..4u64)
@@ -158,11 +189,17 @@ async fn lose_leadership(backend: &str, loss: Loss) {
     let done = match loss {
         Loss::DeleteRecord => cluster.delete_leader_record("consumerLeader").map(|_| true),
         Loss::RevokeLease => cluster.revoke_leader_lease("consumerLeader"),
+        Loss::StallRenewals => std::fs::write(stall_file(dir.path(), &first.node), "")
+            .map(|_| true)
+            .map_err(|e| e.to_string()),
     };
     if !done.unwrap_or_else(|e| panic!("{loss:?}: {e}")) {
         eprintln!("{backend}: {loss:?} has no operator's tool; nothing to test");
         return;
     }
+    // The operator's tool may take a while (zkCli.sh starts a JVM): the loss happened
+    // between `lost_at` and now.
+    let returned_at = now_ns();
     // The old leader's run is gone (its shell seen dead) long before its 8 s are up.
     while !watcher.is_finished() {
         assert!(
@@ -174,9 +211,31 @@ async fn lose_leadership(backend: &str, loss: Loss) {
     }
     let gone_at = watcher.join().unwrap();
     eprintln!(
-        "{backend} {loss:?}: the old leader's run was gone {} ms after the loss",
-        (gone_at - lost_at) / 1_000_000
+        "{backend} {loss:?}: the old leader's run was gone {} ms after the loss began ({} ms after the operator's tool returned)",
+        (gone_at - lost_at) / 1_000_000,
+        gone_at.saturating_sub(returned_at) / 1_000_000
     );
+    if let Loss::StallRenewals = loss {
+        // The stall lasts until the other replica leads; then the first may renew again.
+        loop {
+            let (holder, _) = coord
+                .observe(leaderq::coord::Version::default(), Duration::ZERO)
+                .await
+                .expect("observe");
+            if holder.lease.is_some()
+                && holder.record.as_ref().is_some_and(|r| r.node != first.node)
+            {
+                break;
+            }
+            assert!(
+                now_ns() - lost_at < 30_000_000_000,
+                "the other replica never took over: {}",
+                replicas[0].log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        std::fs::remove_file(stall_file(dir.path(), &first.node)).unwrap();
+    }
     loop {
         let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
         if keys.is_empty() {
@@ -192,6 +251,11 @@ async fn lose_leadership(backend: &str, loss: Loss) {
     let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
     // What a failure shows: the journal, then both replicas' logs.
     let text = format!("{journal_text}\n----\n{}", logs.join("\n----\n"));
+    let (dead, _) = coord.keys("oracleTaskDead/").await.expect("keys");
+    assert!(
+        dead.is_empty(),
+        "{loss:?}: a stop for the leadership or the lease was counted as a failure, {dead:?} dead-lettered: {text}"
+    );
     let mut runs = runs_in(&journal_text);
     for run in runs.iter_mut().filter(|r| r.ended == 0) {
         assert_eq!(run.pid, first.pid, "only the cut run has no end: {text}");

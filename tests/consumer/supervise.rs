@@ -286,7 +286,8 @@ async fn timeout_kills_the_whole_handler_group_before_the_retry() {
 }
 
 /// A leader whose session is destroyed steps down and kills the handler's whole group
-/// before the task runs again.
+/// before the task runs again; the run it stopped for the lost session uses no attempt
+/// (it puts the task back on the orphan its session left).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn step_down_kills_the_whole_handler_group() {
     let mut bed = Bed::new();
@@ -308,7 +309,15 @@ async fn step_down_kills_the_whole_handler_group() {
         .await
         .unwrap();
     assert_eq!(destroyed.status(), 200);
-    wait_for_start(&bed, "d", "2", Duration::from_secs(20)).await;
+    let second = bed
+        .wait_for_line(Duration::from_secs(20), |l| {
+            l[0] == "start" && l[1] == "d" && l[3] != first[3]
+        })
+        .await;
+    assert_eq!(
+        second[2], "1",
+        "the stopped run used an attempt: {second:?}"
+    );
     assert_eq!(overlaps(&bed), Vec::<Vec<String>>::new(), "runs overlapped");
     assert!(pids(&first).iter().all(|p| !common::process_alive(*p)));
     assert!(bed.replicas[0].log_text().contains("stepping down"));

@@ -229,7 +229,7 @@ impl Coordinator for ConsulCoordinator {
         Box::pin(self.write_guarded(leadership, ops))
     }
 
-    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, ()> {
+    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, Written> {
         Box::pin(self.write_unguarded(lease, ops))
     }
 

@@ -101,7 +101,7 @@ impl ConsulCoordinator {
         ))
     }
 
-    /// `edit`: one transaction of create-only `cas` (index 0), `delete-cas` and `set` ops; a
+    /// `edit`: one transaction of create-only `cas` (index 0), `delete-cas`, `set` and `cas` ops; a
     /// rollback names the keys of the failed ops.
     pub(super) async fn edit_kv(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
         if ops.is_empty() {
@@ -130,6 +130,17 @@ impl ConsulCoordinator {
                     key: key.clone(),
                     value: value.clone(),
                 },
+                // A task's lock moves its ModifyIndex (a session's end releases it), so a
+                // cas at the version read also finds the claim as it was read.
+                Edit::Replace {
+                    key,
+                    version,
+                    value,
+                } => TxnOp::Cas {
+                    key: key.clone(),
+                    value: value.clone(),
+                    index: *version,
+                },
             })
             .collect();
         Ok(match self.client.txn(&txn).await? {
@@ -144,27 +155,23 @@ impl ConsulCoordinator {
     }
 
     /// `write_own`: the same transaction without the guard. A rollback (a task that moved
-    /// meanwhile) is not an error: the task is no longer this lease's to put back.
+    /// meanwhile, or a lock whose session ended) answers `Conflict`: the task is no longer
+    /// this lease's to settle.
     pub(super) async fn write_unguarded(
         &self,
         lease: &LeaseId,
         ops: &[TaskOp],
-    ) -> Result<(), CoordError> {
+    ) -> Result<Written, CoordError> {
         if ops.is_empty() {
-            return Ok(());
+            return Ok(Written::Done {
+                versions: Vec::new(),
+                fencing_token: 0,
+            });
         }
         crate::coord::admit(self, ops, false)?;
         let (txn, owners) = txn_ops(None, lease, ops);
         let outcome = self.client.txn(&txn).await?;
-        if let Written::Conflict(keys) =
-            written(outcome, ops, &owners, &self.settings.leader_key, 0)
-        {
-            tracing::info!(
-                ?keys,
-                "tasks changed since they were claimed; left as they are"
-            );
-        }
-        Ok(())
+        Ok(written(outcome, ops, &owners, &self.settings.leader_key, 0))
     }
 }
 

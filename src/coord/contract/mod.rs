@@ -149,6 +149,7 @@ macro_rules! with_checks {
             move_and_rewrite_keep_the_data,
             write_own_touches_only_own_claims,
             write_own_cannot_complete_or_move_what_it_does_not_hold,
+            a_revoked_holder_settles_its_orphan_at_the_version_read,
             over_limit_writes_are_refused_whole,
             keep_alive_of_an_ended_lease_is_gone,
             edits_create_only_new_keys_and_apply_whole,

@@ -1,5 +1,6 @@
 //! The contract's checks of the queue: listing and waiting, claims of a dead lease,
-//! dead-letters and requeues, a lease's writes to its own claims.
+//! dead-letters and requeues, a lease's writes to its own claims, and the settling of an
+//! orphan by its former holder.
 
 use std::time::Duration;
 
@@ -7,7 +8,7 @@ use tokio::time::Instant;
 
 use super::support::*;
 use super::Subject;
-use crate::coord::{TaskOp, Version, Written};
+use crate::coord::{Edit, Edited, TaskOp, Version, Written};
 
 /// `list` gives the tasks under the prefix in key order with their values, versions and
 /// creation order (kept across rewrites); `keys` and `get` agree with it.
@@ -314,27 +315,37 @@ pub async fn write_own_touches_only_own_claims(s: Subject) -> Result<(), String>
         value: value.to_vec(),
     };
 
-    s.coord
+    let written = s
+        .coord
         .write_own(&a, &[release(&k1, v1, b"{\"n\":1}")])
         .await
         .ctx("write_own")?;
     let after = get_one(&s, &k1).await?;
     ensure(
-        after.holder.is_none() && after.value == b"{\"n\":1}",
-        || format!("the lease's own release without leadership left {after:?}"),
+        matches!(written, Written::Done { .. })
+            && after.holder.is_none()
+            && after.value == b"{\"n\":1}",
+        || {
+            format!("the lease's own release without leadership answered {written:?} and left {after:?}")
+        },
     )?;
 
     let t2_held = get_one(&s, &k2).await?;
-    s.coord
+    let written = s
+        .coord
         .write_own(&b, &[release(&k2, v2, b"{\"n\":2}")])
         .await
         .ctx("write_own")?;
     let after = get_one(&s, &k2).await?;
-    ensure(after == t2_held, || {
-        format!("another lease released a's claim: {t2_held:?} became {after:?}")
-    })?;
+    ensure(
+        after == t2_held && written == Written::Conflict(vec![k2.clone()]),
+        || {
+            format!("another lease's release of a's claim answered {written:?}: {t2_held:?} became {after:?}")
+        },
+    )?;
 
-    s.coord
+    let written = s
+        .coord
         .write_own(
             &a,
             &[
@@ -345,6 +356,9 @@ pub async fn write_own_touches_only_own_claims(s: Subject) -> Result<(), String>
         .await
         .ctx("write_own")?;
     let (after2, after3) = (get_one(&s, &k2).await?, get_one(&s, &k3).await?);
+    ensure(matches!(written, Written::Conflict(_)), || {
+        format!("a batch with a task the lease does not hold answered {written:?}")
+    })?;
     ensure(after2 == t2_held && after3 == t3, || {
         format!("a batch with a task the lease does not hold was applied: {after2:?}, {after3:?}")
     })
@@ -372,14 +386,90 @@ pub async fn write_own_cannot_complete_or_move_what_it_does_not_hold(
         },
     ];
     for op in ops {
-        s.coord
+        let written = s
+            .coord
             .write_own(&a, std::slice::from_ref(&op))
             .await
             .ctx("write_own")?;
         let after = get(&s, &[key.clone(), dead.clone()]).await?;
-        ensure(after.len() == 1 && after[0] == task, || {
-            format!("{op:?} without leadership, of a task the lease does not hold, left {after:?}")
-        })?;
+        ensure(
+            after.len() == 1 && after[0] == task && written == Written::Conflict(vec![key.clone()]),
+            || {
+                format!("{op:?} without leadership, of a task the lease does not hold, answered {written:?} and left {after:?}")
+            },
+        )?;
     }
     Ok(())
+}
+
+/// The replica whose claim a task was settles it after its lease was revoked, with an
+/// edit at the version it reads: `Replace` writes what its run left (the task unheld and
+/// pending again), `Delete` completes it. At a version that moved since (the next leader
+/// requeued or claimed the task) either conflicts and changes nothing.
+pub async fn a_revoked_holder_settles_its_orphan_at_the_version_read(
+    s: Subject,
+) -> Result<(), String> {
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let renew = Renewer::start(&s, &a);
+    let by_a = lead(&s, &a, "node-a").await?;
+    let put_back = put(&s, "t1", b"{\"n\":1}").await?;
+    let done = put(&s, "t2", b"{\"n\":2}").await?;
+    let pending = get(&s, &[put_back.clone(), done.clone()]).await?;
+    let taken = b"{\"taken\":true}";
+    let claims: Vec<TaskOp> = pending
+        .iter()
+        .map(|task| claim(&task.key, task.version, taken))
+        .collect();
+    let written = s.coord.write(&by_a, &claims).await.ctx("write")?;
+    ensure(matches!(written, Written::Done { .. }), || {
+        format!("the claims answered {written:?}")
+    })?;
+    drop(renew);
+    s.coord.revoke(&a).await.ctx("revoke")?;
+    let orphan = get_one(&s, &put_back).await?;
+    ensure(orphan.holder.is_none() && orphan.value == taken, || {
+        format!("after its lease was revoked the claimed task is {orphan:?}")
+    })?;
+    let back = b"{\"n\":1,\"lastError\":\"interrupted\"}";
+    let replace = |version| Edit::Replace {
+        key: put_back.clone(),
+        version,
+        value: back.to_vec(),
+    };
+    let edited = s.coord.edit(&[replace(orphan.version)]).await.ctx("edit")?;
+    ensure(edited == Edited::Done, || {
+        format!("replacing the orphan at its version answered {edited:?}")
+    })?;
+    let replaced = get_one(&s, &put_back).await?;
+    ensure(
+        replaced.holder.is_none()
+            && replaced.value == back
+            && replaced.version != orphan.version
+            && replaced.created == orphan.created,
+        || format!("the orphan {orphan:?} was replaced as {replaced:?}"),
+    )?;
+    let edited = s.coord.edit(&[replace(orphan.version)]).await.ctx("edit")?;
+    ensure(edited == Edited::Conflict(vec![put_back.clone()]), || {
+        format!("replacing it again at the old version answered {edited:?}")
+    })?;
+    ensure(get_one(&s, &put_back).await? == replaced, || {
+        "a conflicting replace changed the task".to_string()
+    })?;
+
+    let orphan = get_one(&s, &done).await?;
+    let edited = s
+        .coord
+        .edit(&[Edit::Delete {
+            key: done.clone(),
+            version: orphan.version,
+        }])
+        .await
+        .ctx("edit")?;
+    ensure(edited == Edited::Done, || {
+        format!("deleting the orphan at its version answered {edited:?}")
+    })?;
+    let (left, _) = list_now(&s).await?;
+    ensure(left.iter().all(|task| task.key != done), || {
+        format!("the completed orphan is still listed: {left:?}")
+    })
 }

@@ -9,7 +9,8 @@ use crate::coord::etcd::client::{Kv, Op, Range, Txn};
 use crate::coord::etcd::layout::{lease_id, lease_number, position, revision_of, task_version};
 use crate::coord::etcd::txn::{edit_txn, edited, write_txn, written, Guard, Writer, MAX_TXN_OPS};
 use crate::coord::{
-    CoordError, Edit, Edited, Leadership, LeaseId, StoredTask, TaskOp, Version, Written,
+    conflict_on_all, CoordError, Edit, Edited, Leadership, LeaseId, StoredTask, TaskOp, Version,
+    Written,
 };
 
 use super::{not_a_lease, EtcdCoordinator};
@@ -164,9 +165,12 @@ impl EtcdCoordinator {
         &self,
         lease: &LeaseId,
         ops: &[TaskOp],
-    ) -> Result<(), CoordError> {
+    ) -> Result<Written, CoordError> {
         if ops.is_empty() {
-            return Ok(());
+            return Ok(Written::Done {
+                versions: Vec::new(),
+                fencing_token: 0,
+            });
         }
         crate::coord::admit(self, ops, false)?;
         let id = lease_number(lease).ok_or_else(|| not_a_lease(lease))?;
@@ -177,21 +181,11 @@ impl EtcdCoordinator {
         let txn = write_txn(&self.layout, None, writer, ops);
         let response = match self.client.txn(&txn).await {
             Ok(response) => response,
-            Err(err) if err.is_not_found() => {
-                tracing::info!(
-                    "the lease ended before its tasks were put back; they are orphans now"
-                );
-                return Ok(());
-            }
+            // The lease ended: its claims are orphans now, none of them its to settle.
+            Err(err) if err.is_not_found() => return Ok(conflict_on_all(ops)),
             Err(err) => return Err(err.into()),
         };
-        if let Written::Conflict(keys) = written(&txn, &response, ops, 0) {
-            tracing::info!(
-                ?keys,
-                "tasks changed since they were claimed; left as they are"
-            );
-        }
-        Ok(())
+        Ok(written(&txn, &response, ops, 0))
     }
 
     /// `edit`: one transaction of create-only puts and deletes at a version.

@@ -139,8 +139,8 @@ pub fn written(txn: &Txn, response: &TxnResponse, ops: &[TaskOp], token: u64) ->
     ))
 }
 
-/// The transaction for an operator's edit: create-only puts and deletes at a version, two
-/// compares each, and puts of whatever is there, with none.
+/// The transaction for an operator's edit: create-only puts, and deletes and replaces at a
+/// version, two compares each, and puts of whatever is there, with none.
 pub fn edit_txn(layout: &Layout, ops: &[Edit]) -> Txn {
     let mut txn = Txn::default();
     for op in ops {
@@ -167,7 +167,7 @@ pub fn edit_txn(layout: &Layout, ops: &[Edit]) -> Txn {
                     lease: 0,
                 });
             }
-            Edit::Delete { version, .. } => {
+            Edit::Delete { version, .. } | Edit::Replace { version, .. } => {
                 let (revision, held) = read_version(*version);
                 txn.compare.push(Compare::Modified(key.clone(), revision));
                 txn.compare.push(if held {
@@ -175,7 +175,14 @@ pub fn edit_txn(layout: &Layout, ops: &[Edit]) -> Txn {
                 } else {
                     Compare::Created(claim.clone(), 0)
                 });
-                txn.success.push(Op::Delete(key.clone()));
+                match op {
+                    Edit::Replace { value, .. } => txn.success.push(Op::Put {
+                        key: key.clone(),
+                        value: value.clone(),
+                        lease: 0,
+                    }),
+                    _ => txn.success.push(Op::Delete(key.clone())),
+                }
                 txn.success.push(Op::Delete(claim.clone()));
             }
         }
@@ -190,7 +197,7 @@ pub fn edited(txn: &Txn, response: &TxnResponse, ops: &[Edit]) -> Edited {
         return Edited::Done;
     }
     let seen = seen(txn, response);
-    // Only creates and deletes have compares (two each); a put never fails.
+    // Only creates, deletes and replaces have compares (two each); a put never fails.
     let compared = ops
         .iter()
         .filter(|op| !matches!(op, Edit::Put { .. }))

@@ -267,15 +267,16 @@ impl Coordinator for MemoryCoordinator {
         })
     }
 
-    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, ()> {
+    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, Written> {
         Box::pin(async move {
             let op = Op::WriteOwn {
                 lease: lease.clone(),
                 ops: ops.to_vec(),
             };
-            // The trait passes no answer on: a batch that does not apply changes nothing,
-            // which the caller sees on its next list.
-            self.apply(op).map(drop)
+            expect(self.apply(op)?, |o| match o {
+                Outcome::Written(written) => Some(written),
+                _ => None,
+            })
         })
     }
 

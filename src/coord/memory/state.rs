@@ -101,8 +101,7 @@ pub enum Outcome {
     Granted(Grant),
     Renewed(Renewal),
     Campaigned(Campaign),
-    /// A write's answer; for `WriteOwn` it says whether the batch was applied, which the
-    /// trait does not pass on.
+    /// A write's answer (`Write` and `WriteOwn`).
     Written(Written),
     Edited(Edited),
     /// Done, with nothing to say.

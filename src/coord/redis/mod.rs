@@ -541,10 +541,8 @@ impl Coordinator for RedisCoordinator {
         Box::pin(self.write_ops("guarded", &leadership.lease, leadership.fencing_token, ops))
     }
 
-    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, ()> {
-        // The trait passes no answer on: a batch that does not apply changes nothing,
-        // which the caller sees on its next list.
-        Box::pin(async move { self.write_ops("own", lease, 0, ops).await.map(drop) })
+    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, Written> {
+        Box::pin(self.write_ops("own", lease, 0, ops))
     }
 
     fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited> {

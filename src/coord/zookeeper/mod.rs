@@ -354,7 +354,7 @@ impl Coordinator for ZkCoordinator {
         Box::pin(self.write_guarded(leadership, ops))
     }
 
-    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, ()> {
+    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, Written> {
         Box::pin(self.write_unguarded(lease, ops))
     }
 

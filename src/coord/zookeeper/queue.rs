@@ -10,7 +10,8 @@ use zookeeper_client as zk;
 use super::plan::{self, Seen, Unsent, Writer, ZkOp};
 use super::{commit, election, layout, timed, unavailable, ZkCoordinator};
 use crate::coord::{
-    admit, CoordError, Edit, Edited, Leadership, LeaseId, StoredTask, TaskOp, Version, Written,
+    admit, conflict_on_all, CoordError, Edit, Edited, Leadership, LeaseId, StoredTask, TaskOp,
+    Version, Written,
 };
 
 /// The tasks at `keys` that exist, read at once (every request is sent before the first
@@ -398,16 +399,16 @@ impl ZkCoordinator {
         &self,
         lease: &LeaseId,
         ops: &[TaskOp],
-    ) -> Result<(), CoordError> {
+    ) -> Result<Written, CoordError> {
         admit(self, ops, false)?;
         let (Some(client), Some(session)) = (self.lease_client(lease), layout::session_of(lease))
         else {
             // Its claims ended with its session.
-            return Ok(());
+            return Ok(conflict_on_all(ops));
         };
         let seen = read_seen(&client, &keys_of(ops)).await?;
         let Ok(planned) = plan::plan(Vec::new(), ops, &seen, Writer::Own { session }) else {
-            return Ok(());
+            return Ok(conflict_on_all(ops));
         };
         let dead: Vec<&str> = ops
             .iter()
@@ -417,14 +418,22 @@ impl ZkCoordinator {
             })
             .collect();
         self.make_parents(&client, &dead).await?;
-        if let Committed::Failed(_) = send(&client, &planned.ops, self.acls()).await? {
-            self.made().clear();
+        match send(&client, &planned.ops, self.acls()).await? {
+            // `write_own`'s callers read only whether it applied: no versions are kept.
+            Committed::Done(_) => Ok(Written::Done {
+                versions: Vec::new(),
+                fencing_token: 0,
+            }),
+            Committed::Failed(_) => {
+                self.made().clear();
+                Ok(conflict_on_all(ops))
+            }
+            Committed::SessionGone => Ok(conflict_on_all(ops)),
         }
-        Ok(())
     }
 
     /// A producer's or operator's edit, all or nothing: creates only keys that do not
-    /// exist, deletes only at the version read.
+    /// exist, deletes and replaces only at the version read.
     pub(super) async fn edit_tasks(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
         if ops.is_empty() {
             return Ok(Edited::Done);
@@ -466,7 +475,7 @@ impl ZkCoordinator {
                     };
                     planned.push((op, key.clone()));
                 }
-                Edit::Delete { key, version } => {
+                Edit::Delete { key, version } | Edit::Replace { key, version, .. } => {
                     let Some(task) = seen.get(key).filter(|task| task.version == *version) else {
                         conflicts.push(key.clone());
                         continue;
@@ -478,9 +487,17 @@ impl ZkCoordinator {
                         };
                         planned.push((op, key.clone()));
                     }
-                    let op = ZkOp::Delete {
-                        path: layout::path_of(key),
-                        version: task.data_version,
+                    let path = layout::path_of(key);
+                    let op = match op {
+                        Edit::Replace { value, .. } => ZkOp::SetData {
+                            path,
+                            data: value.clone(),
+                            version: Some(task.data_version),
+                        },
+                        _ => ZkOp::Delete {
+                            path,
+                            version: task.data_version,
+                        },
                     };
                     planned.push((op, key.clone()));
                 }
@@ -493,7 +510,7 @@ impl ZkCoordinator {
             .iter()
             .filter_map(|op| match op {
                 Edit::Create { key, .. } | Edit::Put { key, .. } => Some(key.as_str()),
-                Edit::Delete { .. } => None,
+                Edit::Delete { .. } | Edit::Replace { .. } => None,
             })
             .collect();
         self.make_parents(&main, &created).await?;

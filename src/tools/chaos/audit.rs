@@ -1,8 +1,9 @@
 //! The chaos run's audit: reads the workers' own journal and the replicas' JSON logs and
 //! checks the promise. No task lost; no two runs of a task at once; every run under a
 //! fencing token over before any run under a later one starts (one leader at a time, as
-//! the work itself saw it); no token used by two replica processes; repeats only where the
-//! first run's replica was hit; no completion committed under a stale token.
+//! the work itself saw it); no token used by two replica processes, nor one lower than a
+//! token whose work began earlier; repeats only where the first run's replica was hit; no
+//! completion committed under a stale token.
 //!
 //! The journal is written by the worker processes (the handler's grandchildren), not by
 //! leaderq: `KIND task token replica time_ns attempt pid incarnation`, KIND one of `S`
@@ -46,6 +47,9 @@ pub struct Audit {
     pub leader_overlaps: Vec<String>,
     /// Fencing tokens seen by more than one replica process (must be empty).
     pub shared_tokens: Vec<String>,
+    /// A token whose first run started after a run under a higher token had: tokens must
+    /// rise with time across leaders (must be empty).
+    pub falling_tokens: Vec<String>,
     pub completions: usize,
     pub stale_completions: Vec<String>,
     pub max_without_leader_ms: u64,
@@ -60,6 +64,7 @@ impl Audit {
             && self.overlaps == 0
             && self.leader_overlaps.is_empty()
             && self.shared_tokens.is_empty()
+            && self.falling_tokens.is_empty()
             && self.stale_completions.is_empty()
             && self.dead_letters == 0
     }
@@ -221,6 +226,18 @@ fn leaders(runs: &HashMap<String, Vec<Run>>, audit: &mut Audit) {
             who.sort();
             audit.shared_tokens.push(format!("token {token}: {who:?}"));
         }
+    }
+    // In the order their work began, tokens only rise.
+    let mut by_start: Vec<(u128, u64)> = spans.iter().map(|(t, s)| (s.first_start, *t)).collect();
+    by_start.sort_unstable();
+    let mut highest: Option<u64> = None;
+    for (_, token) in by_start {
+        if let Some(high) = highest.filter(|high| token < *high) {
+            audit.falling_tokens.push(format!(
+                "token {token} began its work after token {high} had"
+            ));
+        }
+        highest = highest.max(Some(token));
     }
     // The latest end so far among earlier tokens, against each later token's first start.
     let mut latest: Option<(u64, u128)> = None;
@@ -399,6 +416,21 @@ mod tests {
         );
         let found = audit(dir.path(), &journal, &ids(&["a", "b"]), &[]).unwrap();
         assert_eq!(found.shared_tokens.len(), 1, "{found:?}");
+        assert!(!found.passed());
+    }
+
+    /// A later leader whose token is lower than an earlier one's fails, even with no
+    /// overlap in time (a token that went back: a coordinator that lost its counter).
+    #[test]
+    fn audit_fails_on_a_token_that_falls() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = write(
+            dir.path(),
+            "S a 5 r1 10 1 100 0\nE a 5 r1 20 1 100 0\nS b 3 r2 30 1 300 0\nE b 3 r2 40 1 300 0\n",
+            "",
+        );
+        let found = audit(dir.path(), &journal, &ids(&["a", "b"]), &[]).unwrap();
+        assert_eq!(found.falling_tokens.len(), 1, "{found:?}");
         assert!(!found.passed());
     }
 

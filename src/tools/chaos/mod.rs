@@ -2,8 +2,10 @@
 //! harness: one `leaderq server`, or a ZooKeeper, Redis or etcd cluster; three `leaderq
 //! consume` replicas, on Consul each behind a proxy that can cut it off) runs thousands of
 //! tasks while leaders are SIGKILLed (process group, or PID only, or PID only and restarted
-//! at once), paused past their lease, partitioned away (Consul), and coordinator members
-//! are killed and restarted; then the run is audited (`audit.rs`). Everything the driver
+//! at once), paused past their lease, partitioned away (Consul), coordinator members are
+//! killed and restarted, and leadership is lost at the coordinator by an operator's hand
+//! (the leader record deleted, the lease revoked) or by renewals that stall while claims
+//! still go through; then the run is audited (`audit.rs`). Everything the driver
 //! reads of the coordinator (the leader, what is left of the queue) it reads through the
 //! coordinator seam, so the run is the same on every backend.
 //!
@@ -15,6 +17,7 @@
 mod audit;
 mod procs;
 mod proxy;
+mod report;
 
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
@@ -36,6 +39,7 @@ pub(crate) use procs::{
     SESSION_TTL,
 };
 use proxy::Proxy;
+pub use report::print;
 
 /// A replica or server killed by the chaos is started again after this long.
 const RESTART_AFTER: Duration = Duration::from_millis(500);
@@ -58,6 +62,12 @@ pub struct ChaosOptions {
     pub partitions: usize,
     /// Coordinator member SIGKILL-and-restarts (the server, on `leaderq server`).
     pub server_restarts: usize,
+    /// The leader record deleted by hand while the leader works.
+    pub record_deletions: usize,
+    /// The leader's lease ended by hand while it works (not on ZooKeeper: no tool does).
+    pub revocations: usize,
+    /// The leader's renewals alone stalled until another replica leads.
+    pub renewal_stalls: usize,
     /// Every this many tasks, one works for half a second (so hits find a handler running).
     pub slow_every: usize,
     /// Seconds between chaos events: a random pick from this range.
@@ -77,6 +87,9 @@ impl ChaosOptions {
             pauses: 2,
             partitions: 2,
             server_restarts: 2,
+            record_deletions: 2,
+            revocations: 2,
+            renewal_stalls: 2,
             slow_every: 100,
             interval: (2.0, 5.0),
             seed: 1,
@@ -93,6 +106,9 @@ impl ChaosOptions {
             pauses: 1,
             partitions: 1,
             server_restarts: 1,
+            record_deletions: 1,
+            revocations: 1,
+            renewal_stalls: 1,
             slow_every: 10,
             interval: (0.3, 0.8),
             seed: 1,
@@ -243,6 +259,14 @@ fn last_record(journal: &Path) -> Option<String> {
     tail.lines().last().map(str::to_string)
 }
 
+/// The leader key the replicas contend for (the default `election.leader_key`).
+const LEADER_KEY: &str = "consumerLeader";
+
+/// The file whose existence stalls `replica`'s renewals.
+fn stall_file(dir: &Path, replica: &str) -> std::path::PathBuf {
+    dir.join(format!("{replica}.stall-renewals"))
+}
+
 /// The replicas by name, each with the environment that points it at the coordinator
 /// (on Consul through a proxy of its own) and how often it started.
 struct Cluster<'a> {
@@ -257,6 +281,10 @@ struct Cluster<'a> {
 impl Cluster<'_> {
     fn start(&mut self, name: &str, incarnation: u32) -> anyhow::Result<()> {
         let mut env = self.env.clone();
+        env.push((
+            crate::leader::faults::STALL_RENEWALS_ENV.into(),
+            stall_file(self.dir, name).display().to_string(),
+        ));
         if let Some(proxy) = self.proxies.get(name) {
             env.retain(|(key, _)| key != "CONSUL_HTTP_ADDR");
             env.push(("CONSUL_HTTP_ADDR".into(), proxy.addr.clone()));
@@ -347,6 +375,12 @@ async fn run_in(
     plan.extend(std::iter::repeat_n("pause", options.pauses));
     plan.extend(std::iter::repeat_n("partition", options.partitions));
     plan.extend(std::iter::repeat_n("server", options.server_restarts));
+    plan.extend(std::iter::repeat_n(
+        "delete-record",
+        options.record_deletions,
+    ));
+    plan.extend(std::iter::repeat_n("revoke", options.revocations));
+    plan.extend(std::iter::repeat_n("stall", options.renewal_stalls));
     rng.shuffle(&mut plan);
     wait_for_leader(coord.as_ref(), &[], Duration::from_secs(30)).await?;
 
@@ -387,6 +421,33 @@ async fn run_in(
                     tokio::time::sleep(RESTART_AFTER).await;
                     cluster.start(&leader, incarnation + 1)?;
                 }
+            }
+            "delete-record" | "revoke" => {
+                eprintln!("chaos: {kind} of leader {leader}'s leadership by hand");
+                let done = match kind {
+                    "revoke" => coordinator.revoke_leader_lease(LEADER_KEY),
+                    _ => coordinator.delete_leader_record(LEADER_KEY).map(|()| true),
+                }
+                .map_err(|why| anyhow::anyhow!(why))?;
+                if !done {
+                    eprintln!(
+                        "chaos: {} has no tool to {kind}; skipped",
+                        coordinator.backend()
+                    );
+                    continue;
+                }
+                wait_for_leader(coord.as_ref(), &[], Duration::from_secs(60)).await?;
+                max_without_leader = max_without_leader.max(hit.elapsed());
+            }
+            "stall" => {
+                eprintln!("chaos: stall leader {leader}'s renewals until another leads");
+                let stall = stall_file(dir, &leader);
+                std::fs::write(&stall, "")?;
+                let other =
+                    wait_for_leader(coord.as_ref(), &[&leader], Duration::from_secs(60)).await;
+                std::fs::remove_file(&stall)?;
+                other?;
+                max_without_leader = max_without_leader.max(hit.elapsed());
             }
             "pause" | "partition" => {
                 let pid = cluster.get(&leader)?.child.id();
@@ -468,83 +529,4 @@ async fn run_in(
         .map(|e| format!("{} {}", e.kind, e.replica))
         .collect();
     Ok(audit)
-}
-
-/// Prints the audit as a report.
-pub fn print(audit: &Audit) {
-    println!(
-        "chaos run: {} tasks in {:.0}s; events: {}",
-        audit.tasks,
-        audit.seconds,
-        audit.events.join(", ")
-    );
-    let verdict = |ok: bool| if ok { "ok" } else { "FAILED" };
-    println!(
-        "  tasks lost:                               {:>6}  {}",
-        audit.lost.len(),
-        verdict(audit.lost.is_empty())
-    );
-    println!(
-        "  tasks dead-lettered:                      {:>6}  {}",
-        audit.dead_letters,
-        verdict(audit.dead_letters == 0)
-    );
-    println!(
-        "  tasks completed more than once:           {:>6}  ({} unexplained) {}",
-        audit.repeats.len(),
-        audit.unexplained_repeats.len(),
-        verdict(audit.unexplained_repeats.is_empty())
-    );
-    for (id, why) in audit.repeats.iter().take(10) {
-        println!("    {id}: {why}");
-    }
-    println!(
-        "  handler runs (recorded by the workers):   {:>6}",
-        audit.runs
-    );
-    println!(
-        "  runs of one task alive at once:           {:>6}  {}",
-        audit.overlaps,
-        verdict(audit.overlaps == 0)
-    );
-    for overlap in audit.overlap_details.iter().take(10) {
-        println!("    {overlap}");
-    }
-    println!(
-        "  work under two tokens at once:            {:>6}  {}",
-        audit.leader_overlaps.len(),
-        verdict(audit.leader_overlaps.is_empty())
-    );
-    for overlap in audit.leader_overlaps.iter().take(10) {
-        println!("    {overlap}");
-    }
-    println!(
-        "  tokens used by two replica processes:     {:>6}  {}",
-        audit.shared_tokens.len(),
-        verdict(audit.shared_tokens.is_empty())
-    );
-    for shared in audit.shared_tokens.iter().take(10) {
-        println!("    {shared}");
-    }
-    println!(
-        "  completions audited:                      {:>6}",
-        audit.completions
-    );
-    println!(
-        "  completions under a stale fencing token:  {:>6}  {}",
-        audit.stale_completions.len(),
-        verdict(audit.stale_completions.is_empty())
-    );
-    println!(
-        "  longest time without a working leader:    {:>6} ms",
-        audit.max_without_leader_ms
-    );
-    println!(
-        "  verdict: {}",
-        if audit.passed() {
-            "all invariants hold"
-        } else {
-            "INVARIANT BROKEN"
-        }
-    );
 }

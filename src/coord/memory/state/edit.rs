@@ -1,5 +1,6 @@
 //! The in-memory coordinator's producer and operator edits (`Coordinator::edit`):
-//! create-only writes, deletes at a version and puts of whatever is there, all or nothing.
+//! create-only writes, deletes and replaces at a version and puts of whatever is there, all
+//! or nothing.
 
 use std::collections::BTreeMap;
 
@@ -22,7 +23,7 @@ impl State {
             let ok = match op {
                 Edit::Create { .. } => !exists,
                 Edit::Put { .. } => true,
-                Edit::Delete { version, .. } => {
+                Edit::Delete { version, .. } | Edit::Replace { version, .. } => {
                     exists
                         && !staged.contains_key(key)
                         && self.tasks.get(key).is_some_and(|t| t.version == *version)
@@ -58,7 +59,7 @@ impl State {
                 Edit::Delete { key, .. } => {
                     self.tasks.remove(key);
                 }
-                Edit::Put { key, value } => {
+                Edit::Put { key, value } | Edit::Replace { key, value, .. } => {
                     let created = self.tasks.get(key).map_or(index, |task| task.created);
                     self.tasks.insert(
                         key.clone(),

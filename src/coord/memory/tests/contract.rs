@@ -192,7 +192,7 @@ impl Coordinator for Broken {
             })
         })
     }
-    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, ()> {
+    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, Written> {
         self.0.write_own(lease, ops)
     }
     fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited> {
