@@ -12,6 +12,8 @@
 //! - [`queue`]: the leader's loop over the seam, and its pure plan (what to claim, when to
 //!   look or list again).
 //! - [`handler`]: the `Handler` trait, the registry, the exec and log handlers.
+//! - [`schedule`]: schedules (`every` an interval, or `cron` in a time zone), their
+//!   validation and schedule files, and the pure tick planner ([`schedule::plan`]).
 //! - [`supervise`]: exec handlers' processes, killed before their lease could end.
 //! - [`service`]: the commands as wiring: `consume`, `dev`, `admin` (`enqueue`, `status`,
 //!   `tasks`).
@@ -31,6 +33,7 @@ pub mod handler;
 pub mod leader;
 pub mod observe;
 pub mod queue;
+pub mod schedule;
 pub mod server;
 pub mod service;
 pub mod supervise;
