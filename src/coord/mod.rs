@@ -204,12 +204,17 @@ pub enum TaskOp {
         to: String,
         value: Vec<u8>,
     },
+    /// Create `key` holding `value`, unheld; conflicts if it exists: a schedule's tick,
+    /// enqueued by the leader in the same write that records the tick, so that it is
+    /// enqueued at most once whoever leads.
+    Create { key: String, value: Vec<u8> },
 }
 
 impl TaskOp {
-    /// The version the op is conditioned on.
+    /// The version the op is conditioned on (0 for a key that must not exist yet).
     pub fn version(&self) -> u64 {
         match self {
+            TaskOp::Create { .. } => 0,
             TaskOp::Claim { version, .. }
             | TaskOp::Complete { version, .. }
             | TaskOp::Release { version, .. }
@@ -224,7 +229,8 @@ impl TaskOp {
             | TaskOp::Complete { key, .. }
             | TaskOp::Release { key, .. }
             | TaskOp::Rewrite { key, .. }
-            | TaskOp::Move { key, .. } => key,
+            | TaskOp::Move { key, .. }
+            | TaskOp::Create { key, .. } => key,
         }
     }
 }

@@ -93,6 +93,19 @@ pub fn txn_ops(
                 value: value.clone(),
                 index: *version,
             }),
+            // A cas at index 0 writes only a key that does not exist. Without the guard
+            // nothing may be created: the check of a lock on a key that does not exist
+            // fails the transaction.
+            TaskOp::Create { key, value } => {
+                if guard.is_none() {
+                    txn.push(own_check(key, lease));
+                }
+                txn.push(TxnOp::Cas {
+                    key: key.clone(),
+                    value: value.clone(),
+                    index: 0,
+                })
+            }
             TaskOp::Move {
                 key,
                 version,
@@ -138,7 +151,8 @@ pub fn cost(lease: &LeaseId, op: &TaskOp) -> crate::coord::WriteCost {
         TaskOp::Claim { value, .. }
         | TaskOp::Release { value, .. }
         | TaskOp::Rewrite { value, .. }
-        | TaskOp::Move { value, .. } => value.len(),
+        | TaskOp::Move { value, .. }
+        | TaskOp::Create { value, .. } => value.len(),
         TaskOp::Complete { .. } => 0,
     };
     let (key, version, value) = (op.key().to_string(), op.version(), Vec::new());
@@ -165,6 +179,7 @@ pub fn cost(lease: &LeaseId, op: &TaskOp) -> crate::coord::WriteCost {
             value,
         },
         TaskOp::Complete { .. } => TaskOp::Complete { key, version },
+        TaskOp::Create { .. } => TaskOp::Create { key, value },
     };
     let leadership = Leadership {
         lease: lease.clone(),

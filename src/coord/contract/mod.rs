@@ -154,6 +154,7 @@ macro_rules! with_checks {
             keep_alive_of_an_ended_lease_is_gone,
             edits_create_only_new_keys_and_apply_whole,
             put_writes_a_key_whatever_is_there,
+            a_leaders_create_writes_only_a_new_key,
         );
     };
 }

@@ -426,3 +426,110 @@ pub async fn put_writes_a_key_whatever_is_there(s: Subject) -> Result<(), String
         || format!("two puts answered {both:?} and left {deep:?} and {four:?}"),
     )
 }
+
+/// A leader's `Create` writes only a key that does not exist, all or nothing with the rest
+/// of its batch, and a record it created is then rewritten at its version (a schedule's
+/// tick and its last-tick record). Without leadership nothing is created: a deposed
+/// leader's create answers `NotLeader`, a lease's own write `Conflict`.
+pub async fn a_leaders_create_writes_only_a_new_key(s: Subject) -> Result<(), String> {
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let _renew = Renewer::start(&s, &a);
+    let leader = lead(&s, &a, "node-a").await?;
+    let tick = format!("{}tick-1", s.queue_prefix);
+    let state = format!("{}state", s.queue_prefix);
+    let create = |key: &str, value: &[u8]| TaskOp::Create {
+        key: key.to_string(),
+        value: value.to_vec(),
+    };
+    let written = s
+        .coord
+        .write(
+            &leader,
+            &[create(&tick, b"{\"t\":1}"), create(&state, b"{\"last\":1}")],
+        )
+        .await
+        .ctx("write")?;
+    ensure(matches!(written, Written::Done { .. }), || {
+        format!("creating two new keys answered {written:?}")
+    })?;
+    let (t, recorded) = (get_one(&s, &tick).await?, get_one(&s, &state).await?);
+    ensure(t.value == b"{\"t\":1}" && t.holder.is_none(), || {
+        format!("the created task reads back as {t:?}")
+    })?;
+    let tick2 = format!("{}tick-2", s.queue_prefix);
+    let again = s
+        .coord
+        .write(
+            &leader,
+            &[create(&tick2, b"{\"t\":2}"), create(&tick, b"{\"t\":9}")],
+        )
+        .await
+        .ctx("write")?;
+    ensure(again == Written::Conflict(vec![tick.clone()]), || {
+        format!("creating an existing key answered {again:?}, not Conflict([{tick:?}])")
+    })?;
+    ensure(get(&s, &[tick2.clone()]).await?.is_empty(), || {
+        "a batch with a conflicting create created its other key".to_string()
+    })?;
+    let advanced = s
+        .coord
+        .write(
+            &leader,
+            &[
+                create(&tick2, b"{\"t\":2}"),
+                TaskOp::Rewrite {
+                    key: state.clone(),
+                    version: recorded.version,
+                    value: b"{\"last\":2}".to_vec(),
+                },
+            ],
+        )
+        .await
+        .ctx("write")?;
+    let now = get_one(&s, &state).await?;
+    ensure(
+        matches!(advanced, Written::Done { .. }) && now.value == b"{\"last\":2}",
+        || format!("the next tick with its record rewritten answered {advanced:?}, record {now:?}"),
+    )?;
+    let stale = s
+        .coord
+        .write(
+            &leader,
+            &[
+                create(&format!("{}tick-3", s.queue_prefix), b"{}"),
+                TaskOp::Rewrite {
+                    key: state.clone(),
+                    version: recorded.version,
+                    value: b"{\"last\":3}".to_vec(),
+                },
+            ],
+        )
+        .await
+        .ctx("write")?;
+    ensure(stale == Written::Conflict(vec![state.clone()]), || {
+        format!("a tick recorded against a stale record answered {stale:?}")
+    })?;
+    let own = s
+        .coord
+        .write_own(&a, &[create(&format!("{}own", s.queue_prefix), b"{}")])
+        .await
+        .ctx("write_own")?;
+    ensure(matches!(own, Written::Conflict(_)), || {
+        format!("a lease's own create answered {own:?}")
+    })?;
+    s.coord.resign(&leader.lease).await.ctx("resign")?;
+    let deposed = s
+        .coord
+        .write(
+            &leader,
+            &[create(&format!("{}late", s.queue_prefix), b"{}")],
+        )
+        .await
+        .ctx("write")?;
+    let (listed, _) = list_now(&s).await?;
+    let keys: Vec<&str> = listed.iter().map(|t| t.key.as_str()).collect();
+    ensure(
+        deposed == Written::NotLeader && keys == [state.as_str(), tick.as_str(), tick2.as_str()],
+        || format!("a resigned leader's create answered {deposed:?}; the queue holds {keys:?}"),
+    )
+}

@@ -55,12 +55,25 @@ pub fn write_txn(layout: &Layout, guard: Option<&Guard>, writer: Writer, ops: &[
     for op in ops {
         let key = op.key().as_bytes().to_vec();
         let claim = layout.claim(op.key()).into_bytes();
-        let (revision, held) = read_version(op.version());
-        txn.compare.push(Compare::Modified(key.clone(), revision));
+        // A created key was never held: no claim may exist beside it.
+        let (revision, held) = match op {
+            TaskOp::Create { .. } => (0, false),
+            _ => read_version(op.version()),
+        };
+        txn.compare.push(match op {
+            // Created at revision 0: the key does not exist.
+            TaskOp::Create { .. } => Compare::Created(key.clone(), 0),
+            _ => Compare::Modified(key.clone(), revision),
+        });
+        // A lease's own write touches only its claims (so it creates nothing: a new key
+        // has no claim).
         let own_only = writer.own
             && matches!(
                 op,
-                TaskOp::Release { .. } | TaskOp::Complete { .. } | TaskOp::Move { .. }
+                TaskOp::Release { .. }
+                    | TaskOp::Complete { .. }
+                    | TaskOp::Move { .. }
+                    | TaskOp::Create { .. }
             );
         txn.compare.push(if own_only {
             Compare::Lease(claim.clone(), writer.lease)
@@ -93,7 +106,9 @@ pub fn write_txn(layout: &Layout, guard: Option<&Guard>, writer: Writer, ops: &[
                 txn.success.push(put(&key, value, 0));
                 txn.success.push(Op::Delete(claim));
             }
-            TaskOp::Rewrite { value, .. } => txn.success.push(put(&key, value, 0)),
+            TaskOp::Rewrite { value, .. } | TaskOp::Create { value, .. } => {
+                txn.success.push(put(&key, value, 0))
+            }
             TaskOp::Move { to, value, .. } => {
                 txn.success.push(Op::Delete(key));
                 txn.success.push(Op::Delete(claim));
@@ -323,6 +338,13 @@ pub fn cost(layout: &Layout, op: &TaskOp) -> WriteCost {
             value.len(),
         ),
         TaskOp::Complete { .. } => (op.clone(), 0),
+        TaskOp::Create { key, value } => (
+            TaskOp::Create {
+                key: key.clone(),
+                value: Vec::new(),
+            },
+            value.len(),
+        ),
     };
     // The longest lease id, so a cost does not depend on whose lease writes.
     let writer = Writer {

@@ -463,14 +463,22 @@ impl State {
                 Some(task) => task.clone(),
                 None => self.tasks.get(key).cloned(),
             };
-            let expected = match op {
-                TaskOp::Claim { version, .. }
-                | TaskOp::Complete { version, .. }
-                | TaskOp::Release { version, .. }
-                | TaskOp::Rewrite { version, .. }
-                | TaskOp::Move { version, .. } => *version,
-            };
-            let Some(task) = current.filter(|task| task.version == expected) else {
+            if let TaskOp::Create { value, .. } = op {
+                // Only a lease's leadership creates, never its own claims.
+                if own || current.is_some() {
+                    fail(&mut failed, key);
+                    continue;
+                }
+                let created = Task {
+                    value: value.clone(),
+                    version: index,
+                    created: index,
+                    holder: None,
+                };
+                staged.insert(key.to_string(), Some(created));
+                continue;
+            }
+            let Some(task) = current.filter(|task| task.version == op.version()) else {
                 fail(&mut failed, key);
                 continue;
             };
@@ -513,6 +521,7 @@ impl State {
                     }
                     staged.insert(key.to_string(), Some(written(value, None)));
                 }
+                TaskOp::Create { .. } => {}
                 TaskOp::Move { to, value, .. } => {
                     staged.insert(key.to_string(), None);
                     let target = match staged.get(to) {
@@ -570,7 +579,8 @@ pub(crate) fn op_bytes(op: &TaskOp) -> usize {
     match op {
         TaskOp::Claim { key, value, .. }
         | TaskOp::Release { key, value, .. }
-        | TaskOp::Rewrite { key, value, .. } => key.len() + value.len(),
+        | TaskOp::Rewrite { key, value, .. }
+        | TaskOp::Create { key, value } => key.len() + value.len(),
         TaskOp::Complete { key, .. } => key.len(),
         TaskOp::Move { key, to, value, .. } => key.len() + to.len() + value.len(),
     }

@@ -557,7 +557,8 @@ impl Coordinator for RedisCoordinator {
         let bytes = match op {
             TaskOp::Claim { key, value, .. }
             | TaskOp::Release { key, value, .. }
-            | TaskOp::Rewrite { key, value, .. } => key.len() + value.len(),
+            | TaskOp::Rewrite { key, value, .. }
+            | TaskOp::Create { key, value } => key.len() + value.len(),
             TaskOp::Complete { key, .. } => key.len(),
             TaskOp::Move { key, to, value, .. } => key.len() + to.len() + value.len(),
         };

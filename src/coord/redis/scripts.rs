@@ -217,7 +217,11 @@ while i <= #A do
   local task = load(key)
   local lives = task and alive(task.holder)
   local orphan = task and task.holder ~= '' and not lives
-  if not task or task.version ~= version or (orphan and '1' or '0') ~= gone then
+  if kind == 'create' then
+    if task or mode == 'own' then fail(key) else
+      stage(key, {value = value, version = next, created = next, holder = ''})
+    end
+  elseif not task or task.version ~= version or (orphan and '1' or '0') ~= gone then
     fail(key)
   else
     local own = lives and task.holder == lease
@@ -394,6 +398,7 @@ pub fn op_args(ops: &[TaskOp]) -> Vec<Vec<u8>> {
             TaskOp::Complete { .. } => ("complete", b"", ""),
             TaskOp::Release { value, .. } => ("release", value, ""),
             TaskOp::Rewrite { value, .. } => ("rewrite", value, ""),
+            TaskOp::Create { value, .. } => ("create", value, ""),
             TaskOp::Move { to, value, .. } => ("move", value, to),
         };
         let [counter, gone] = version_args(op.version());

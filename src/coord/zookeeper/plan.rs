@@ -136,6 +136,19 @@ pub fn plan(
     let mut conflicts = Vec::new();
     for op in ops {
         let key = op.key();
+        if let TaskOp::Create { value, .. } = op {
+            if seen.contains_key(key) || matches!(writer, Writer::Own { .. }) {
+                conflicts.push(key.to_string());
+                continue;
+            }
+            let create = ZkOp::Create {
+                path: layout::path_of(key),
+                data: value.clone(),
+                ephemeral: false,
+            };
+            planned.push(create, Some(key));
+            continue;
+        }
         let Some(task) = seen.get(key).filter(|task| task.version == op.version()) else {
             conflicts.push(key.to_string());
             continue;
@@ -188,6 +201,7 @@ pub fn plan(
             TaskOp::Rewrite { value, .. } => {
                 planned.push(set(&path, value, task.data_version), Some(key));
             }
+            TaskOp::Create { .. } => {}
             TaskOp::Move { to, value, .. } => {
                 drop_claim(&mut planned);
                 planned.push(delete(&path, task.data_version), Some(key));
@@ -252,7 +266,11 @@ pub fn cost(op: &TaskOp, root_len: usize) -> WriteCost {
     } else {
         worst
     };
-    let seen = HashMap::from([(op.key().to_string(), task)]);
+    // A create is planned only for a key that does not exist.
+    let seen = match op {
+        TaskOp::Create { .. } => HashMap::new(),
+        _ => HashMap::from([(op.key().to_string(), task)]),
+    };
     let writer = Writer::Leader { session: 1 };
     match plan(Vec::new(), std::slice::from_ref(op), &seen, writer) {
         Ok(planned) => WriteCost {

@@ -353,14 +353,16 @@ impl ZkCoordinator {
             Err(Unsent::Conflict(keys)) => return Ok(Written::Conflict(keys)),
             Err(Unsent::NotOwn) => return Ok(Written::NotLeader),
         };
-        let dead: Vec<&str> = ops
+        // Dead letters and created keys may be the first under their parents.
+        let new_keys: Vec<&str> = ops
             .iter()
             .filter_map(|op| match op {
                 TaskOp::Move { to, .. } => Some(to.as_str()),
+                TaskOp::Create { key, .. } => Some(key.as_str()),
                 _ => None,
             })
             .collect();
-        self.make_parents(&client, &dead).await?;
+        self.make_parents(&client, &new_keys).await?;
         match send(&client, &planned.ops, self.acls()).await? {
             Committed::Done(stats) => {
                 let versions = planned
