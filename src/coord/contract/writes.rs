@@ -468,9 +468,10 @@ pub async fn a_leaders_create_writes_only_a_new_key(s: Subject) -> Result<(), St
     ensure(again == Written::Conflict(vec![tick.clone()]), || {
         format!("creating an existing key answered {again:?}, not Conflict([{tick:?}])")
     })?;
-    ensure(get(&s, &[tick2.clone()]).await?.is_empty(), || {
-        "a batch with a conflicting create created its other key".to_string()
-    })?;
+    ensure(
+        get(&s, std::slice::from_ref(&tick2)).await?.is_empty(),
+        || "a batch with a conflicting create created its other key".to_string(),
+    )?;
     let advanced = s
         .coord
         .write(
