@@ -66,6 +66,9 @@ enum Cmd {
     Pause,
     /// Resume a paused queue.
     Resume,
+    /// Schedules kept in the coordinator: the leader enqueues one task per tick (`every` an
+    /// interval, or on a `cron` expression in a time zone), exactly once whoever leads.
+    Schedules(SchedulesArgs),
     /// Serve the web dashboard alone, against the configured coordinator (any backend):
     /// overview, queue, dead letters, history, leadership; retry, delete, pause, resume.
     /// Off loopback it needs observe.admin_token (LEADERQ__OBSERVE__ADMIN_TOKEN).
@@ -221,6 +224,35 @@ struct EnqueueArgs {
     id: Option<String>,
     /// Task files (JSON objects in the producers' format).
     files: Vec<PathBuf>,
+}
+
+#[derive(clap::Args)]
+struct SchedulesArgs {
+    #[command(subcommand)]
+    command: SchedulesCmd,
+}
+
+#[derive(Subcommand)]
+enum SchedulesCmd {
+    /// Every schedule with its last tick, where that tick's task is now, and its next tick.
+    List {
+        /// One JSON array instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// One schedule as JSON, with its last and next tick.
+    Show { name: String },
+    /// Make the coordinator hold exactly the schedules of a TOML file of `[[schedule]]`
+    /// tables (name, every or cron, timezone, task_type, task_para, task_group, catch_up =
+    /// "none" | "latest" | "all", catch_up_limit, paused); prints what changed. A schedule
+    /// not in the file is deleted.
+    Apply { file: std::path::PathBuf },
+    /// Delete a schedule and its tick record (its tasks already enqueued stay queued).
+    Delete { name: String },
+    /// Pause a schedule: it enqueues nothing until resumed.
+    Pause { name: String },
+    /// Resume a paused schedule; ticks it missed follow its catch_up policy.
+    Resume { name: String },
 }
 
 #[derive(clap::Args)]
@@ -480,6 +512,7 @@ fn main() -> ExitCode {
             Cmd::Status(args) => run_status(args, &cli.config).await,
             Cmd::Tasks(args) => run_tasks(args, &cli.config).await,
             Cmd::Pause => run_pause(true, &cli.config).await,
+            Cmd::Schedules(args) => run_schedules(args, &cli.config).await,
             Cmd::Resume => run_pause(false, &cli.config).await,
             Cmd::Ui(args) => run_ui(args, &cli.config).await,
             Cmd::Server(args) => run_server(args).await,
@@ -821,6 +854,85 @@ async fn print_timeline(
 }
 
 /// `leaderq pause` (`pause` true) and `leaderq resume`.
+async fn run_schedules(args: SchedulesArgs, config: &ConfigArgs) -> anyhow::Result<()> {
+    use leaderq::service::schedules;
+    let settings = load_settings(config)?;
+    // A file is read and checked before anything is sent.
+    let file = match &args.command {
+        SchedulesCmd::Apply { file } => {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            Some(
+                leaderq::schedule::parse_file(&text)
+                    .with_context(|| format!("{} is not a valid schedule file", file.display()))?,
+            )
+        }
+        _ => None,
+    };
+    let coord = leaderq::coord::connect(&settings)?;
+    let now = chrono::Utc::now();
+    match args.command {
+        SchedulesCmd::List { json } => {
+            let views = schedules::list(coord.as_ref(), &settings, now).await?;
+            if json {
+                outln!("{}", serde_json::to_string_pretty(&views)?)?;
+            } else {
+                outln!("{}", schedules::render(&views).trim_end())?;
+            }
+        }
+        SchedulesCmd::Show { name } => {
+            let views = schedules::list(coord.as_ref(), &settings, now).await?;
+            let view = views
+                .into_iter()
+                .find(|v| v.name == name)
+                .ok_or(schedules::SchedulesError::NoSuchSchedule(name))?;
+            outln!("{}", serde_json::to_string_pretty(&view)?)?;
+        }
+        SchedulesCmd::Apply { .. } => {
+            let changes =
+                schedules::apply(coord.as_ref(), &settings, file.unwrap_or_default(), now).await?;
+            if changes.is_empty() {
+                outln!("no schedules in the file, none in the coordinator")?;
+            }
+            for (name, change) in changes {
+                let sign = match change {
+                    schedules::Change::Created => "+ created",
+                    schedules::Change::Updated => "~ updated",
+                    schedules::Change::Unchanged => "= unchanged",
+                    schedules::Change::Deleted => "- deleted",
+                };
+                outln!("{sign} {name}")?;
+            }
+        }
+        SchedulesCmd::Delete { name } => {
+            schedules::delete(coord.as_ref(), &settings, &name).await?;
+            outln!("deleted schedule {name}")?;
+        }
+        SchedulesCmd::Pause { name } => {
+            pause_schedule(coord.as_ref(), &settings, &name, true).await?
+        }
+        SchedulesCmd::Resume { name } => {
+            pause_schedule(coord.as_ref(), &settings, &name, false).await?
+        }
+    }
+    Ok(())
+}
+
+async fn pause_schedule(
+    coord: &dyn leaderq::coord::Coordinator,
+    settings: &leaderq::config::Settings,
+    name: &str,
+    pause: bool,
+) -> anyhow::Result<()> {
+    let changed = leaderq::service::schedules::set_paused(coord, settings, name, pause).await?;
+    let state = if pause { "paused" } else { "resumed" };
+    outln!(
+        "{name} {}{state}",
+        if changed { "" } else { "was already " }
+    )?;
+    Ok(())
+}
+
 async fn run_pause(pause: bool, config: &ConfigArgs) -> anyhow::Result<()> {
     let settings = load_settings(config)?;
     let coord = leaderq::coord::connect(&settings)?;

@@ -4,11 +4,14 @@
 //! from TOML or JSON, with the producers' `taskType`/`taskPara`/`taskGroup` spellings
 //! accepted), its validation, and the schedule file of `[[schedule]]` tables.
 //!
-//! Which ticks are due, which are enqueued and which skipped is [`plan`]'s. Storing
-//! schedules, recording the last tick and writing the tasks are the caller's: nothing here
-//! reads the clock or does I/O.
+//! Which ticks are due, which are enqueued and which skipped is [`plan`]'s (pure). Where
+//! schedules and their last ticks are kept in the coordinator, and the task a tick
+//! enqueues, is [`store`]'s; the leader's loop that writes the ticks is [`ticker`]'s.
+//! Nothing in this file reads the clock or does I/O.
 
 pub mod plan;
+pub mod store;
+pub mod ticker;
 
 use std::fmt;
 use std::str::FromStr;

@@ -97,9 +97,10 @@ fn term_ended(end: &LeadEnd) -> String {
     }
 }
 
-/// Leads one term while watching the leadership record: a loss seen at the coordinator
-/// deposes the lease at once, which stops the runs (SIGTERM, then SIGKILL after the kill
-/// grace) and ends the term, instead of waiting for the next renewal to fail.
+/// Leads one term while watching the leadership record and ticking the queue's schedules:
+/// a loss seen at the coordinator deposes the lease at once, which stops the runs
+/// (SIGTERM, then SIGKILL after the kill grace) and ends the term, instead of waiting for
+/// the next renewal to fail. The ticker stops with the term.
 async fn lead_watched(
     queue: &Queue,
     coord: &dyn crate::coord::Coordinator,
@@ -111,11 +112,20 @@ async fn lead_watched(
     lease.begin_term();
     let lead = queue.lead(leadership, lease, shutdown);
     let watch = crate::leader::watch::until_lost(coord, leadership, wait);
-    tokio::pin!(lead, watch);
-    let mut watching = true;
+    let ticker = crate::schedule::ticker::tick_while_leading(
+        coord,
+        leadership,
+        lease,
+        &queue.settings.prefix,
+        &queue.node_id,
+        wait,
+    );
+    tokio::pin!(lead, watch, ticker);
+    let (mut watching, mut ticking) = (true, true);
     loop {
         tokio::select! {
             end = &mut lead => return end,
+            () = &mut ticker, if ticking => ticking = false,
             reason = &mut watch, if watching => {
                 watching = false;
                 tracing::warn!(fencing_token = leadership.fencing_token, %reason, "stopping every run and stepping down");
