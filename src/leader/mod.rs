@@ -68,6 +68,9 @@ pub struct Election {
     lease: Arc<Lease>,
     /// Whether the lease kept in the data dir has been offered since start.
     tried_previous: bool,
+    /// The lease kept in the data dir, once the coordinator let this process take it up,
+    /// until [`Election::take_reused`] hands it on.
+    reused: Option<LeaseId>,
 }
 
 impl Election {
@@ -84,7 +87,14 @@ impl Election {
             node_id,
             settings,
             tried_previous: false,
+            reused: None,
         }
+    }
+
+    /// The lease this process took up from before its restart, once: what that lease holds
+    /// was the previous process's, for the caller to settle.
+    pub fn take_reused(&mut self) -> Option<LeaseId> {
+        self.reused.take()
     }
 
     pub fn lease(&self) -> Arc<Lease> {
@@ -121,6 +131,7 @@ impl Election {
         let grant = self.coord.open_lease(&spec).await?;
         if grant.reused {
             tracing::info!(session = %grant.lease, "reusing the session from before the restart");
+            self.reused = Some(grant.lease.clone());
         } else {
             if let Some(dir) = self.lease_file.parent() {
                 let _ = std::fs::create_dir_all(dir);

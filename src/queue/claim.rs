@@ -425,6 +425,50 @@ impl Queue {
         Ok(())
     }
 
+    /// After a restart that took this replica's lease up again (before it leads, if it
+    /// ever does): every task that lease still holds was a run of the previous process,
+    /// gone by now (the replica waits for its handlers at start). Each is put back as a
+    /// failed attempt, as the leader would, so that no claim is left held by a live lease
+    /// that runs nothing: the next leader starts nothing while one is.
+    pub async fn release_previous(&self, lease: &crate::coord::LeaseId) {
+        let listed = self
+            .coord
+            .list(
+                &self.settings.prefix,
+                crate::coord::Version::default(),
+                Duration::ZERO,
+            )
+            .await;
+        let tasks = match listed {
+            Ok((tasks, _)) => tasks,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot look for tasks the previous process left claimed; the leader requeues them when this lease ends");
+                return;
+            }
+        };
+        let reason = "the replica restarted while running the task";
+        for stored in tasks.iter().filter(|t| t.holder.as_ref() == Some(lease)) {
+            let Ok(task) = Task::parse(stored) else {
+                continue;
+            };
+            let value = task.retried(task.run_number(), reason, Utc::now());
+            let op = [TaskOp::Release {
+                key: task.key.clone(),
+                version: task.version,
+                value,
+            }];
+            match self.coord.write_own(lease, &op).await {
+                Ok(Written::Done { .. }) => {
+                    tracing::warn!(task_key = %task.key, reason, "task requeued")
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(task_key = %task.key, error = %err, "cannot put back a task the previous process left claimed; the leader requeues it when this lease ends")
+                }
+            }
+        }
+    }
+
     /// Releases claimed tasks whose handlers never started, restoring their value, so they
     /// go back to the queue without using an attempt. Only this lease's own claims are
     /// touched, so no leadership guard is needed; a batch that no longer applies whole

@@ -285,6 +285,14 @@ pub async fn run(
             if shutdown.is_cancelled() {
                 break;
             }
+            // A lease taken up from before a restart may still hold the previous process's
+            // claims (its runs are gone: see above): put them back before standing by, or
+            // a leader would wait on them for as long as this replica keeps the lease alive.
+            if election.ensure_lease().await.is_ok() {
+                if let Some(lease) = election.take_reused() {
+                    queue.release_previous(&lease).await;
+                }
+            }
             match election.campaign(settings.watch_wait(), &shutdown).await {
                 Ok(None) => break,
                 Ok(Some(leadership)) => {

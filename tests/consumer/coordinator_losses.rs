@@ -289,3 +289,251 @@ async fn lose_leadership(backend: &str, loss: Loss) {
         );
     }
 }
+
+mod restart {
+    use super::*;
+
+    macro_rules! on_every_backend {
+        ($($backend:ident),* $(,)?) => {
+            $(
+                #[tokio::test]
+                async fn $backend() {
+                    restart_at_once(stringify!($backend)).await;
+                }
+            )*
+        };
+    }
+
+    // A leader SIGKILLed mid-run and started again at once on its data dir takes its lease
+    // up again; if another replica leads meanwhile, the claim that lease still holds must
+    // not keep the queue waiting for as long as the restarted replica keeps it alive.
+    on_every_backend!(consul, etcd, redis, zookeeper);
+
+    async fn restart_at_once(backend: &str) {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(cluster) = common::start_cluster(backend, dir.path()) else {
+            return;
+        };
+        let journal = dir.path().join("journal");
+        std::fs::write(&journal, "").unwrap();
+        let coord = leaderq::coord::connect(
+            &leaderq::config::Settings::load(None, cluster.env()).expect("settings"),
+        )
+        .expect("coordinator");
+        let config = |node: &str| {
+            let j = journal.display();
+            settings(&journal, "3s").replace("$NODE", node)
+                + &format!(
+                    "\n[handlers.Long]\nkind = \"exec\"\ncommand = [\"sh\", \"-c\", \"echo \\\"start $TASK_ID $(date +%s%N) {node} $$ $LEADERQ_FENCING_TOKEN\\\" >> {j}; sleep 8; echo \\\"end $TASK_ID $(date +%s%N) {node}\\\" >> {j}\"]\n[handlers.Short]\nkind = \"exec\"\ncommand = [\"sh\", \"-c\", \"echo \\\"start $TASK_ID $(date +%s%N) {node} $$ $LEADERQ_FENCING_TOKEN\\\" >> {j}; echo \\\"end $TASK_ID $(date +%s%N) {node}\\\" >> {j}\"]\n"
+                )
+        };
+        let start = |node: &str| {
+            ConsumerProcess::start_with_env(
+                "127.0.0.1:1",
+                node,
+                dir.path(),
+                &config(node),
+                &cluster.env(),
+            )
+        };
+        let mut replicas = [start("ra"), start("rb")];
+        let tasks: Vec<leaderq::coord::Edit> = (0..3u64)
+            .map(|n| leaderq::coord::Edit::Create {
+                key: format!("oracleTask/task_{n:02}"),
+                value: json!({"taskId": format!("t{n}"), "taskTime": 1000 + n, "taskType": if n == 0 { "Long" } else { "Short" }})
+                    .to_string()
+                    .into_bytes(),
+            })
+            .collect();
+        coord.edit(&tasks).await.expect("enqueue");
+        let started = Instant::now();
+        let first = loop {
+            if let Some(run) = runs_in(&std::fs::read_to_string(&journal).unwrap())
+                .into_iter()
+                .next()
+            {
+                break run;
+            }
+            assert!(started.elapsed() < Duration::from_secs(30), "nothing ran");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let index = replicas.iter().position(|r| r.node == first.node).unwrap();
+        common::signal(replicas[index].pid(), "KILL");
+        replicas[index].kill();
+        // Its log is kept: the restarted one logs beside it.
+        let node = first.node.clone();
+        let log = dir.path().join(format!("{node}.log"));
+        std::fs::rename(&log, dir.path().join(format!("{node}.0.log"))).unwrap();
+        replicas[index] = start(&node);
+        loop {
+            let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
+            if keys.is_empty() {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(45) {
+                let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
+                panic!(
+                    "{keys:?} left:\n{}\n----\n{}",
+                    std::fs::read_to_string(&journal).unwrap(),
+                    logs.join("\n----\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    macro_rules! with_lease_reuse {
+        ($($backend:ident),* $(,)?) => {
+            mod standby {
+                $(
+                    #[tokio::test]
+                    async fn $backend() {
+                        super::standby_reuses_a_lease_holding_a_claim(stringify!($backend)).await;
+                    }
+                )*
+            }
+        };
+    }
+
+    // A replica that takes its lease up again after a restart and stands by (another
+    // replica leads) puts back the claims that lease still holds: the leader starts
+    // nothing while a task is held by a live lease, and the standby keeps it alive. The
+    // previous process is played by the test itself through the seam, so the standby's
+    // position is not left to a race. ZooKeeper never hands a session to a new process.
+    with_lease_reuse!(consul, etcd, redis);
+
+    async fn standby_reuses_a_lease_holding_a_claim(backend: &str) {
+        let dir = tempfile::tempdir().unwrap();
+        let Some(cluster) = common::start_cluster(backend, dir.path()) else {
+            return;
+        };
+        let journal = dir.path().join("journal");
+        std::fs::write(&journal, "").unwrap();
+        let settings = leaderq::config::Settings::load(None, cluster.env()).expect("settings");
+        let coord = leaderq::coord::connect(&settings).expect("coordinator");
+        let key = "oracleTask/task_held".to_string();
+        let created = coord
+            .edit(&[leaderq::coord::Edit::Create {
+                key: key.clone(),
+                value: json!({"taskId": "held", "taskTime": 1, "taskType": "Work"})
+                    .to_string()
+                    .into_bytes(),
+            }])
+            .await
+            .expect("enqueue");
+        assert_eq!(created, leaderq::coord::Edited::Done);
+        // The previous process of "ra": a lease of its own, a claim under its leadership,
+        // then leadership given up while the lease lives on.
+        let spec = leaderq::coord::LeaseSpec {
+            node_id: "ra".into(),
+            ttl: Duration::from_secs(3),
+            lock_delay: Duration::from_millis(200),
+            previous: None,
+        };
+        let lease = coord.open_lease(&spec).await.expect("open lease").lease;
+        let renewer = {
+            let (coord, lease) = (coord.clone(), lease.clone());
+            tokio::spawn(async move {
+                loop {
+                    let _ = coord.keep_alive(&lease).await;
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            })
+        };
+        let record = leaderq::coord::HolderRecord {
+            node: "ra".into(),
+            session: lease.0.clone(),
+            ..Default::default()
+        };
+        let leaderq::coord::Campaign::Won(leadership) =
+            coord.campaign(&lease, &record).await.expect("campaign")
+        else {
+            panic!("the previous process did not lead");
+        };
+        let task = coord
+            .get(std::slice::from_ref(&key))
+            .await
+            .expect("get")
+            .remove(0);
+        let claimed = json!({"taskId": "held", "taskTime": 1, "taskType": "Work", "taskTaken": true,
+            "takenBy": {"session": lease.0, "node": "ra"}, "takenAt": "2026-01-01T00:00:00Z"});
+        let written = coord
+            .write(
+                &leadership,
+                &[leaderq::coord::TaskOp::Claim {
+                    key: key.clone(),
+                    version: task.version,
+                    value: claimed.to_string().into_bytes(),
+                }],
+            )
+            .await
+            .expect("claim");
+        assert!(
+            matches!(written, leaderq::coord::Written::Done { .. }),
+            "{written:?}"
+        );
+        coord.resign(&lease).await.expect("resign");
+
+        let config = |node: &str| settings_for(&journal, node);
+        let mut replicas = vec![ConsumerProcess::start_with_env(
+            "127.0.0.1:1",
+            "rb",
+            dir.path(),
+            &config("rb"),
+            &cluster.env(),
+        )];
+        let started = Instant::now();
+        loop {
+            let (holder, _) = coord
+                .observe(leaderq::coord::Version::default(), Duration::ZERO)
+                .await
+                .expect("observe");
+            if holder.record.is_some_and(|r| r.node == "rb") && holder.lease.is_some() {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(20), "rb never led");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // "ra" starts again on its data dir, takes its lease up and stands by.
+        std::fs::create_dir_all(dir.path().join("ra")).unwrap();
+        std::fs::write(dir.path().join("ra").join("session"), &lease.0).unwrap();
+        replicas.push(ConsumerProcess::start_with_env(
+            "127.0.0.1:1",
+            "ra",
+            dir.path(),
+            &config("ra"),
+            &cluster.env(),
+        ));
+        let reused = Instant::now();
+        while !replicas[1].log_text().contains("reusing the session") {
+            assert!(
+                reused.elapsed() < Duration::from_secs(10),
+                "ra did not take its lease up: {}",
+                replicas[1].log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        renewer.abort();
+        loop {
+            let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
+            if keys.is_empty() {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(30) {
+                let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
+                panic!(
+                    "{keys:?} left, held by the reused lease:\n{}",
+                    logs.join("\n----\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(std::fs::read_to_string(&journal)
+            .unwrap()
+            .contains("run held"));
+    }
+
+    fn settings_for(journal: &Path, node: &str) -> String {
+        settings(journal, "3s").replace("$NODE", node)
+    }
+}
