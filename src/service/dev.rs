@@ -16,7 +16,17 @@ use crate::server;
 /// Replica 1 serves its metrics here, replica 2 on the next port, and so on.
 const FIRST_OBSERVE_PORT: u16 = 9464;
 /// Task types that always get the log handler in dev, besides those found in `tasks/`.
-const DEFAULT_TASK_TYPES: &[&str] = &["CreateTableSpace"];
+const DEFAULT_TASK_TYPES: &[&str] = &["CreateTableSpace", "Heartbeat"];
+
+/// The schedule `leaderq dev` applies when the queue has none yet, so the quick start
+/// shows one ticking: a log task every minute.
+const EXAMPLE_SCHEDULE: &str = r#"
+[[schedule]]
+name = "heartbeat"
+every = "1m"
+task_type = "Heartbeat"
+task_para = { note = "one task a minute from the leader (leaderq schedules list)" }
+"#;
 
 pub struct DevOptions {
     pub replicas: usize,
@@ -74,6 +84,25 @@ fn example_task_types(dir: &Path) -> Vec<String> {
     }
     types.sort();
     types
+}
+
+/// Applies [`EXAMPLE_SCHEDULE`] if the queue has no schedule yet; says what is there.
+async fn example_schedule(settings: &crate::config::Settings) -> String {
+    let applied = async {
+        let coord = crate::coord::connect(settings)?;
+        let now = chrono::Utc::now();
+        let existing = crate::service::schedules::list(coord.as_ref(), settings, now).await?;
+        if existing.is_empty() {
+            let example = crate::schedule::parse_file(EXAMPLE_SCHEDULE)?;
+            crate::service::schedules::apply(coord.as_ref(), settings, example, now).await?;
+            return Ok::<_, anyhow::Error>(1);
+        }
+        Ok(existing.len())
+    };
+    match applied.await {
+        Ok(n) => format!("schedules: {n} (leaderq schedules list; the example `heartbeat` enqueues a Heartbeat task every minute)"),
+        Err(err) => format!("schedules: cannot apply the example schedule: {err:#}"),
+    }
 }
 
 pub async fn run(
@@ -152,6 +181,7 @@ pub async fn run(
     let ui_listener = crate::ui::bind(ui_listen, &ui_settings).await?;
     let ui_address = ui_listener.local_addr()?;
     let stop_ui = tokio_util::sync::CancellationToken::new();
+    let schedules = example_schedule(&ui_settings).await;
     let ui_task = tokio::spawn(crate::ui::serve(ui_settings, ui_listener, stop_ui.clone()));
     println!(
         "leaderq dev: server on http://{address}, {} replicas, settings {}",
@@ -164,6 +194,7 @@ pub async fn run(
         "  curl -X PUT http://{address}/v1/kv/oracleTask/task_1 -d '{{\"taskId\":\"1\",\"taskTime\":\"1445599887\",\"taskTaken\":false,\"taskType\":\"CreateTableSpace\",\"taskPara\":{{\"name\":\"users\"}}}}'"
     );
     println!("see who leads: curl -s http://{address}/v1/kv/consumerLeader?raw   (kill that replica's pid to watch a standby take over)");
+    println!("{schedules}");
 
     shutdown.await;
     stop_ui.cancel();
