@@ -247,7 +247,9 @@ impl Queue {
                 }
             }
             Ok(Written::NotLeader) => {
-                tracing::warn!(task_key = %task.key, "task completed after this replica lost leadership; the next leader will run it again");
+                // The run is over and done: recorded under this lease's own claim, or on the
+                // orphan its ended lease left, so the next leader does not run it again.
+                self.record_own(leadership, vec![done]).await;
             }
             Err(CoordError::Refused(why)) => {
                 // One completion cannot be too large for any coordinator; should one refuse

@@ -29,6 +29,16 @@ macro_rules! on_every_backend {
                 async fn stalled_renewals_cost_no_attempt_and_dead_letter_nothing() {
                     super::lose_leadership(stringify!($backend), super::Loss::StallRenewals).await;
                 }
+
+                #[tokio::test]
+                async fn a_run_ending_cleanly_as_its_record_is_deleted_is_not_run_again() {
+                    super::lose_leadership(stringify!($backend), super::Loss::DeleteRecordCleanEnd).await;
+                }
+
+                #[tokio::test]
+                async fn a_run_ending_cleanly_as_its_lease_is_revoked_is_not_run_again() {
+                    super::lose_leadership(stringify!($backend), super::Loss::RevokeLeaseCleanEnd).await;
+                }
             }
         )*
     };
@@ -43,6 +53,16 @@ enum Loss {
     /// The leader's keep-alives time out while its claims still go through, until
     /// another replica leads.
     StallRenewals,
+    /// As `DeleteRecord` and `RevokeLease`, with a handler that exits 0 on SIGTERM: a
+    /// clean end is an end, recorded by the replica whose run it was, never run again.
+    DeleteRecordCleanEnd,
+    RevokeLeaseCleanEnd,
+}
+
+impl Loss {
+    fn clean_end(self) -> bool {
+        matches!(self, Loss::DeleteRecordCleanEnd | Loss::RevokeLeaseCleanEnd)
+    }
 }
 
 /// One run as its handler journaled it.
@@ -83,10 +103,11 @@ fn runs_in(text: &str) -> Vec<Run> {
                 pid: words[4].parse().unwrap(),
                 token: words[5].parse().unwrap(),
             });
-        } else if let Some(run) = runs
-            .iter_mut()
-            .find(|r| r.id == words[1] && r.node == words[3] && r.ended == 0)
-        {
+        } else if let Some(run) = runs.iter_mut().find(|r| {
+            // An end names its shell's pid where it can: one node may run a task twice.
+            let pid = words.get(4).and_then(|p| p.parse::<u32>().ok());
+            r.id == words[1] && r.node == words[3] && r.ended == 0 && pid.is_none_or(|p| p == r.pid)
+        }) {
             run.ended = at;
         }
     }
@@ -111,9 +132,16 @@ async fn lose_leadership(backend: &str, loss: Loss) {
     let mut replicas = Vec::new();
     for node in ["la", "lb"] {
         let j = journal.display();
+        let end = format!("echo \\\"end $TASK_ID $(date +%s%N) {node} $$\\\" >> {j}");
         let run = |secs: &str| {
+            let body = if loss.clean_end() {
+                // On SIGTERM: journal the end and exit 0, a clean end.
+                format!("trap '{end}; exit 0' TERM; sleep {secs} & wait $!")
+            } else {
+                format!("sleep {secs}")
+            };
             format!(
-                "echo \\\"start $TASK_ID $(date +%s%N) {node} $$ $LEADERQ_FENCING_TOKEN\\\" >> {j}; sleep {secs}; echo \\\"end $TASK_ID $(date +%s%N) {node}\\\" >> {j}"
+                "echo \\\"start $TASK_ID $(date +%s%N) {node} $$ $LEADERQ_FENCING_TOKEN\\\" >> {j}; {body}; {end}"
             )
         };
         let base = match loss {
@@ -187,8 +215,12 @@ async fn lose_leadership(backend: &str, loss: Loss) {
     });
     let lost_at = now_ns();
     let done = match loss {
-        Loss::DeleteRecord => cluster.delete_leader_record("consumerLeader").map(|_| true),
-        Loss::RevokeLease => cluster.revoke_leader_lease("consumerLeader"),
+        Loss::DeleteRecord | Loss::DeleteRecordCleanEnd => {
+            cluster.delete_leader_record("consumerLeader").map(|_| true)
+        }
+        Loss::RevokeLease | Loss::RevokeLeaseCleanEnd => {
+            cluster.revoke_leader_lease("consumerLeader")
+        }
         Loss::StallRenewals => std::fs::write(stall_file(dir.path(), &first.node), "")
             .map(|_| true)
             .map_err(|e| e.to_string()),
@@ -278,6 +310,13 @@ async fn lose_leadership(backend: &str, loss: Loss) {
                 b.node
             );
         }
+    }
+    if loss.clean_end() {
+        let l00 = runs.iter().filter(|r| r.id == "l00").count();
+        assert_eq!(
+            l00, 1,
+            "{loss:?}: a run that ended cleanly ran again: {text}"
+        );
     }
     for run in runs.iter().filter(|r| r.started > lost_at) {
         assert!(
