@@ -184,6 +184,9 @@ pub struct QueueSettings {
     pub backoff_base: Duration,
     #[serde(deserialize_with = "go_duration")]
     pub backoff_max: Duration,
+    /// A producer's `runAt` further ahead than this dead-letters its task.
+    #[serde(deserialize_with = "go_duration")]
+    pub run_at_max_ahead: Duration,
     #[serde(deserialize_with = "go_duration")]
     pub shutdown_grace: Duration,
     /// Start even with no handler at all, which dead-letters every task.
@@ -489,6 +492,11 @@ impl Settings {
         if self.queue.max_attempts == 0 {
             return invalid("queue.max_attempts must be at least 1".into());
         }
+        if self.queue.run_at_max_ahead.is_zero() {
+            return invalid(
+                "queue.run_at_max_ahead must be more than 0s, or every scheduled task is dead-lettered (the default is \"8784h\", 366 days)".into(),
+            );
+        }
         for (task_type, handler) in &self.handlers {
             if handler.kind == HandlerKind::Exec && handler.command.is_empty() {
                 return invalid(format!(
@@ -562,6 +570,10 @@ mod tests {
         assert_eq!(settings.queue.prefix, "oracleTask/");
         assert_eq!(settings.election.session_ttl, Duration::from_secs(15));
         assert_eq!(settings.consul.addresses, vec!["http://127.0.0.1:8500"]);
+        assert_eq!(
+            settings.queue.run_at_max_ahead,
+            Duration::from_secs(366 * 24 * 3600)
+        );
     }
 
     /// A file overrides defaults, the environment overrides the file, Consul's variables
@@ -634,6 +646,12 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(err.contains(named), "{err}");
+        }
+        for bad in ["0s", "0", "366d"] {
+            let err = Settings::load(None, env(&[("LEADERQ__QUEUE__RUN_AT_MAX_AHEAD", bad)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("run_at_max_ahead"), "{bad}: {err}");
         }
         for bad in ["0", "33"] {
             let err = Settings::load(None, env(&[("LEADERQ__QUEUE__CLAIM_BATCH", bad)]))

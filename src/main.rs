@@ -18,6 +18,7 @@ use clap::{Parser, Subcommand};
 
 use leaderq::observe::logging::escape;
 use leaderq::server;
+use leaderq::util::duration::format_age;
 
 #[derive(Parser)]
 #[command(
@@ -778,6 +779,18 @@ async fn run_status(args: StatusArgs, config: &ConfigArgs) -> anyhow::Result<()>
     }
     outln!("pending:       {}", report.pending)?;
     outln!("delayed:       {}", report.delayed)?;
+    match &report.next_due {
+        Some(due) => {
+            let due_in = chrono::DateTime::parse_from_rfc3339(due)
+                .map(|at| format_age((chrono::Utc::now() - at.to_utc()).num_seconds()))
+                .unwrap_or_default();
+            outln!(
+                "scheduled:     {} (next due {due}, {due_in})",
+                report.scheduled
+            )?
+        }
+        None => outln!("scheduled:     {}", report.scheduled)?,
+    }
     outln!("in flight:     {}", report.in_flight)?;
     outln!("orphaned:      {}", report.orphaned)?;
     outln!("foreign:       {}", report.foreign)?;
@@ -1018,26 +1031,33 @@ async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
                 return Ok(());
             }
             outln!(
-                "{:<10} {:<40} {:<20} {:>10} {:>8}  LAST ERROR",
+                "{:<10} {:<40} {:<20} {:>10} {:>10} {:>8}  LAST ERROR",
                 "STATE",
                 "KEY",
                 "TYPE",
                 "AGE",
+                "DUE",
                 "ATTEMPTS"
             )?;
+            let now = chrono::Utc::now();
             for row in &rows {
-                let age = row
-                    .age_seconds
-                    .map(leaderq::util::duration::format_age)
+                let age = row.age_seconds.map(format_age).unwrap_or_default();
+                // When a delayed or scheduled task is due, as "in 5m0s" (`--json`: the time).
+                let due = row
+                    .due_at
+                    .as_deref()
+                    .and_then(|due| chrono::DateTime::parse_from_rfc3339(due).ok())
+                    .map(|at| format_age((now - at.to_utc()).num_seconds()))
                     .unwrap_or_default();
                 // Keys, types and errors are stored text: shown escaped.
                 let error: String = escape(&row.last_error).chars().take(80).collect();
                 outln!(
-                    "{:<10} {:<40} {:<20} {:>10} {:>8}  {}",
+                    "{:<10} {:<40} {:<20} {:>10} {:>10} {:>8}  {}",
                     row.state,
                     escape(&row.key),
                     escape(&row.task_type),
                     age,
+                    due,
                     row.attempts,
                     error
                 )?;

@@ -39,6 +39,8 @@ mod redis_queue;
 mod rotation;
 #[path = "consumer/run_cmd.rs"]
 mod run_cmd;
+#[path = "consumer/scheduled_tasks.rs"]
+mod scheduled_tasks;
 #[path = "consumer/schedules.rs"]
 mod schedules;
 #[path = "consumer/supervise.rs"]

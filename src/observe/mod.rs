@@ -139,7 +139,7 @@ impl Metrics {
         let queue_depth = Family::<StateLabels, Gauge>::default();
         registry.register(
             "queue_depth",
-            "Tasks by state at the leader's last listing (pending, in_flight, delayed, dead)",
+            "Tasks by state at the leader's last listing (pending, in_flight, delayed, scheduled, dead)",
             queue_depth.clone(),
         );
         let consul_errors = Family::<KindLabels, Counter>::default();
@@ -223,11 +223,14 @@ impl Metrics {
             .inc();
     }
 
-    pub fn queue_depth(&self, pending: usize, in_flight: usize, delayed: usize) {
+    /// `delayed`: waiting for a retry's backoff (or a lock-delay); `scheduled`: for the
+    /// time their producer set (runAt).
+    pub fn queue_depth(&self, pending: usize, in_flight: usize, delayed: usize, scheduled: usize) {
         for (state, value) in [
             ("pending", pending),
             ("in_flight", in_flight),
             ("delayed", delayed),
+            ("scheduled", scheduled),
         ] {
             self.queue_depth
                 .get_or_create(&StateLabels {

@@ -220,6 +220,8 @@ impl Queue {
         shutdown: &CancellationToken,
     ) -> LeadEnd {
         let mut after = Version::default();
+        // When the idle leader wakes by itself: the earliest waiting task falls due.
+        let mut wake: Option<DateTime<Utc>> = None;
         let mut memory = Memory::default();
         // Finished tasks whose completion could not be recorded (coordinator unreachable).
         // They are still held by this lease, so until they are recorded the leader neither
@@ -256,12 +258,21 @@ impl Queue {
             let asked = after;
             let list_started = Instant::now();
             // The backend paces listings that come back at once (Consul's blocking query).
+            // A task falling due changes nothing in the queue: the leader's own timer ends
+            // the wait then, to the millisecond, with no request made meanwhile (a wait
+            // the coordinator times would be late by its jitter: up to wait/16 on Consul).
             let listed = tokio::select! {
                 _ = shutdown.cancelled() => return LeadEnd::Shutdown,
                 _ = lease.expired() => return LeadEnd::StepDown(lease.why_not_fresh()),
                 _ = self.term_over() => continue,
+                _ = until_wall_clock(wake) => {
+                    wake = None;
+                    after = Version::default();
+                    continue;
+                }
                 listed = self.coord.list(&self.settings.prefix, asked, self.wait) => listed,
             };
+            wake = None;
             let (entries, version) = match listed {
                 Ok(listed) => listed,
                 Err(err) => {
@@ -328,17 +339,7 @@ impl Queue {
                 Ok(Pick::WaitUntil(at)) => {
                     self.count_dead().await;
                     // Nothing runnable before `at`: wait for a change, but not past `at`.
-                    let until = (at - Utc::now()).to_std().unwrap_or_default();
-                    if until < self.wait {
-                        let wait = until.max(Duration::from_millis(1));
-                        tokio::select! {
-                            _ = shutdown.cancelled() => return LeadEnd::Shutdown,
-                            _ = lease.expired() => return LeadEnd::StepDown(lease.why_not_fresh()),
-                            _ = self.term_over() => {}
-                            _ = self.coord.list(&self.settings.prefix, after, wait) => {}
-                        }
-                        after = Version::default();
-                    }
+                    wake = Some(at);
                 }
                 Ok(Pick::Nothing) => self.count_dead().await,
                 Ok(Pick::Again) => after = Version::default(),
@@ -458,6 +459,14 @@ impl Queue {
             return Some(LeadEnd::Rotate);
         }
         None
+    }
+}
+
+/// Resolves at `at` on the wall clock (never, for `None`), timed on tokio's clock.
+async fn until_wall_clock(at: Option<DateTime<Utc>>) {
+    match at {
+        Some(at) => tokio::time::sleep((at - Utc::now()).to_std().unwrap_or_default()).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -6,7 +6,9 @@
 //!   arrived, or list again ([`Backlog::next`]);
 //! - how its picture of the queue (the [`Backlog`]) changes as it learns of new keys,
 //!   retries that fall due and tasks that went away;
-//! - how far ahead a `notBefore` is believed ([`eligibility`]).
+//! - how far ahead a `notBefore` is believed, and that a producer's `runAt` is always
+//!   believed ([`eligibility`]); when the idle leader wakes for the earliest task that
+//!   falls due ([`wake_at`]).
 //!
 //! `queue/mod.rs` performs the I/O these decisions ask for.
 //!
@@ -150,9 +152,11 @@ pub fn unmoved(batch: &[Task], tried: &[usize], current: &[StoredTask]) -> Vec<u
 
 /// The status the leader acts on. A `notBefore` further ahead than `horizon` (the longest
 /// backoff leaderq writes, plus slack for clocks) was not written by a leader with a sane
-/// clock under these settings, or was crafted: it is ignored and the task is due now, so
-/// that a clock that jumped ahead cannot park tasks for years. A pending task whose key is
-/// `deferred` (under another lease's lock-delay) until a later time waits until then.
+/// clock under these settings, or was crafted: it is ignored and the task is due now (or at
+/// its `runAt`), so that a clock that jumped ahead cannot park tasks for years. A `runAt` is
+/// the producer's word and is not subject to the horizon (how far ahead it may be is checked
+/// when the task is read, `Task::check_run_at`). A pending task whose key is `deferred`
+/// (under another lease's lock-delay) until a later time waits until then.
 pub fn eligibility(
     task: &Task,
     now: DateTime<Utc>,
@@ -161,7 +165,10 @@ pub fn eligibility(
 ) -> Status {
     let status = match task.status(now) {
         Status::Delayed(at) if now.checked_add_signed(horizon).is_some_and(|h| at > h) => {
-            Status::Pending
+            match task.run_at {
+                Some(run_at) if run_at > now => Status::Scheduled(run_at),
+                _ => Status::Pending,
+            }
         }
         status => status,
     };
@@ -169,6 +176,24 @@ pub fn eligibility(
         (Status::Pending, Some(until)) if until > now => Status::Delayed(until),
         (status, _) => status,
     }
+}
+
+/// When a leader with nothing to claim wakes by itself: at the earliest time a waiting task
+/// (a retry's notBefore, a producer's runAt, a lock-delay's end) falls due, or an orphan's
+/// fence ends. Between now and then it only waits for the queue to change.
+pub fn wake_at(
+    waiting: &[(DateTime<Utc>, Task)],
+    fenced: Option<DateTime<Utc>>,
+) -> Option<DateTime<Utc>> {
+    waiting.iter().map(|(at, _)| *at).chain(fenced).min()
+}
+
+/// How many of `waiting` wait for their producer's runAt.
+pub fn scheduled_count(waiting: &[(DateTime<Utc>, Task)]) -> usize {
+    waiting
+        .iter()
+        .filter(|(at, task)| task.waits_for_run_at(*at))
+        .count()
 }
 
 /// Whether `then` is at least `age` before `now`, or after it (the wall clock went back).
@@ -222,8 +247,8 @@ pub struct Backlog {
     pending: BTreeMap<Place, Task>,
     /// Where each pending task is in `pending`, and its version, by key.
     places: HashMap<String, (Place, u64), KeyHash>,
-    /// Tasks not eligible before a time: a retry's notBefore, or a key under another
-    /// lease's lock-delay.
+    /// Tasks not eligible before a time: a retry's notBefore, a producer's runAt, or a key
+    /// under another lease's lock-delay.
     delayed: Vec<(DateTime<Utc>, Task)>,
     known: Keys,
     listed_at: DateTime<Utc>,
@@ -300,9 +325,15 @@ impl Backlog {
         self.listed_at = now;
     }
 
-    /// How many tasks are pending, and how many wait for their time.
-    pub fn depth(&self) -> (usize, usize) {
-        (self.pending.len(), self.delayed.len())
+    /// How many tasks are pending, how many wait for a retry's time (or a lock-delay), and
+    /// how many for their producer's runAt.
+    pub fn depth(&self) -> (usize, usize, usize) {
+        let scheduled = scheduled_count(&self.delayed);
+        (
+            self.pending.len(),
+            self.delayed.len() - scheduled,
+            scheduled,
+        )
     }
 
     /// The pending tasks, front (next to claim) first.
@@ -320,7 +351,8 @@ impl Backlog {
     /// Takes, to claim it, the first pending task `free` admits. With concurrency groups
     /// `free` admits the tasks of groups with no run in progress, and the first such task
     /// is its group's earliest pending one, unless a delayed task of its group comes before
-    /// it (a retry waiting for its backoff): then the whole group waits.
+    /// it (a retry waiting for its backoff): then the whole group waits. A task scheduled
+    /// for later (runAt) is not due, so it holds no place in its group's order until then.
     pub fn take_first_free(&mut self, free: impl Fn(&Task) -> bool) -> Option<Task> {
         let place = self
             .pending
@@ -333,10 +365,13 @@ impl Backlog {
         Some(task)
     }
 
-    /// Whether a delayed task of `task`'s group comes before it in claim order.
+    /// Whether a delayed task of `task`'s group (not one scheduled for later) comes before
+    /// it in claim order.
     fn waits_in_group(&self, task: &Task) -> bool {
-        self.delayed.iter().any(|(_, delayed)| {
-            delayed.group() == task.group() && delayed.order_key() < task.order_key()
+        self.delayed.iter().any(|(at, delayed)| {
+            delayed.group() == task.group()
+                && delayed.order_key() < task.order_key()
+                && !delayed.waits_for_run_at(*at)
         })
     }
 
@@ -1256,5 +1291,121 @@ mod tests {
             eligibility(&pending, at(1_000), horizon, Some(at(1_000))),
             Status::Pending
         );
+    }
+
+    /// A task scheduled by its producer (`runAt`), with a notBefore too when given.
+    fn scheduled(
+        key: &str,
+        time: i64,
+        run_at: DateTime<Utc>,
+        not_before: Option<DateTime<Utc>>,
+    ) -> Task {
+        let mut value = serde_json::json!({
+            "taskType": "x",
+            "taskTime": time,
+            "runAt": crate::task::rfc3339(run_at),
+            "taskGroup": "g",
+        });
+        if let Some(nb) = not_before {
+            value["notBefore"] = crate::task::rfc3339(nb).into();
+        }
+        Task::parse(&StoredTask {
+            key: key.into(),
+            value: value.to_string().into_bytes(),
+            version: 1,
+            created: 1,
+            holder: None,
+        })
+        .unwrap()
+    }
+
+    /// A runAt is believed however far ahead it is (the notBefore horizon is a clock
+    /// safety for leaderq's own backoff, not for a producer's schedule); a notBefore beyond
+    /// the horizon is still ignored, leaving the task due at its runAt.
+    #[test]
+    fn run_at_is_believed_beyond_the_not_before_horizon() {
+        let horizon = chrono::Duration::seconds(360);
+        let a_day = at(86_400_000);
+        assert_eq!(
+            eligibility(&scheduled("q/a", 1, a_day, None), at(0), horizon, None),
+            Status::Scheduled(a_day)
+        );
+        assert_eq!(
+            eligibility(
+                &scheduled("q/b", 1, at(60_000), Some(a_day)),
+                at(0),
+                horizon,
+                None
+            ),
+            Status::Scheduled(at(60_000)),
+            "the notBefore beyond the horizon is ignored, the runAt is not"
+        );
+        assert_eq!(
+            eligibility(
+                &scheduled("q/c", 1, at(60_000), Some(at(120_000))),
+                at(0),
+                horizon,
+                None
+            ),
+            Status::Delayed(at(120_000)),
+            "due at the later of the two"
+        );
+        assert_eq!(
+            eligibility(
+                &scheduled("q/d", 1, at(60_000), None),
+                at(60_000),
+                horizon,
+                None
+            ),
+            Status::Pending,
+            "due at its runAt exactly"
+        );
+    }
+
+    /// An idle leader wakes at the earliest time a waiting task falls due, a scheduled one
+    /// or a retry, or an orphan's fence ends; with nothing waiting it only waits for a change.
+    #[test]
+    fn the_idle_leader_wakes_for_the_earliest_due_task() {
+        let waiting = vec![
+            (at(5_000), scheduled("q/s", 1, at(5_000), None)),
+            (at(2_000), task("q/r", 2, Some(at(2_000)))),
+            (at(9_000), scheduled("q/t", 3, at(9_000), None)),
+        ];
+        assert_eq!(wake_at(&waiting, None), Some(at(2_000)));
+        assert_eq!(wake_at(&waiting[..1], None), Some(at(5_000)));
+        assert_eq!(wake_at(&waiting, Some(at(1_000))), Some(at(1_000)));
+        assert_eq!(wake_at(&[], None), None);
+        assert_eq!(scheduled_count(&waiting), 2);
+    }
+
+    /// A scheduled task waits in the backlog until its runAt, then is claimed in taskTime
+    /// order among the pending ones; while it waits it holds no place in its group, unlike
+    /// a retry waiting for its backoff.
+    #[test]
+    fn a_scheduled_task_falls_due_in_task_time_order_and_holds_no_group() {
+        let early = scheduled("q/early", 1, at(10_000), None);
+        let mut backlog = Backlog::new(
+            vec![grouped("q/g2", 2, "g"), grouped("q/g3", 3, "g")],
+            vec![(at(10_000), early)],
+            Keys::default(),
+            at(0),
+            Duration::ZERO,
+        );
+        assert_eq!(backlog.depth(), (2, 0, 1));
+        let first = backlog.take_first_free(|_| true).unwrap();
+        assert_eq!(
+            first.key, "q/g2",
+            "the scheduled task does not hold its group"
+        );
+        backlog.put_back_one(first);
+        backlog.next(at(9_999));
+        assert_eq!(keys(&backlog), vec!["q/g2", "q/g3"]);
+        backlog.next(at(10_000));
+        assert_eq!(
+            keys(&backlog),
+            vec!["q/early", "q/g2", "q/g3"],
+            "once due, it goes by its taskTime"
+        );
+        assert_eq!(backlog.depth(), (3, 0, 0));
     }
 }

@@ -1,6 +1,7 @@
-//! What a listing holds, sorted out: which tasks can run now or later, which are
-//! orphans to requeue or malformed ones to dead-letter (`pick`, `sort_out`), and the quick
-//! look at the keys between claims that catches newer or earlier tasks (`look`).
+//! What a listing holds, sorted out: which tasks can run now or later (a retry's backoff, a
+//! producer's runAt), which are orphans to requeue or malformed ones (a runAt too far ahead
+//! included) to dead-letter (`pick`, `sort_out`), and the quick look at the keys between
+//! claims that catches newer or earlier tasks (`look`).
 
 use tokio_util::task::AbortOnDropHandle;
 
@@ -20,8 +21,13 @@ impl Queue {
         let now = Utc::now();
         memory.held_groups.clear();
         let sorted = self.sort_out(leadership, entries, memory, now).await?;
-        self.metrics
-            .queue_depth(sorted.pending.len(), sorted.in_flight, sorted.delayed.len());
+        let scheduled = plan::scheduled_count(&sorted.delayed);
+        self.metrics.queue_depth(
+            sorted.pending.len(),
+            sorted.in_flight,
+            sorted.delayed.len() - scheduled,
+            scheduled,
+        );
         if self.settings.concurrency <= 1 && (sorted.in_flight > 0 || sorted.fenced_until.is_some())
         {
             // One run at a time: a run of an earlier holder may still go on (its task held
@@ -62,8 +68,7 @@ impl Queue {
                 )
                 .unwrap_or_default()
         });
-        let earliest = sorted.delayed.iter().map(|(at, _)| *at).chain(fenced).min();
-        Ok(earliest.map_or(Pick::Nothing, Pick::WaitUntil))
+        Ok(plan::wake_at(&sorted.delayed, fenced).map_or(Pick::Nothing, Pick::WaitUntil))
     }
 
     /// Sorts entries of the queue out: dead-letters what cannot run, requeues orphans, and
@@ -111,7 +116,20 @@ impl Queue {
                 }
             };
             let deferred = memory.deferred.get(&task.key).copied();
-            match plan::eligibility(&task, now, horizon, deferred) {
+            let status = plan::eligibility(&task, now, horizon, deferred);
+            if let (Status::Scheduled(_), Err(invalid)) = (
+                &status,
+                task.check_run_at(now, self.settings.run_at_max_ahead),
+            ) {
+                // Scheduled further ahead than the queue allows: the producer's mistake,
+                // said in a dead letter rather than kept out of sight for years.
+                let pair = pair_of(&task, task.value().to_vec(), task.version);
+                self.dead_letter(leadership, &pair, &invalid.to_string())
+                    .await?;
+                sorted.changed = true;
+                continue;
+            }
+            match status {
                 Status::Pending if self.registry.get(&task.task_type).is_none() => {
                     let reason = format!("no handler for taskType {:?}", task.task_type);
                     let pair = pair_of(&task, task.value().to_vec(), task.version);
@@ -127,7 +145,7 @@ impl Queue {
                     sorted.keys.insert(task.key.clone());
                     sorted.pending.push(task);
                 }
-                Status::Delayed(at) => {
+                Status::Delayed(at) | Status::Scheduled(at) => {
                     sorted.keys.insert(task.key.clone());
                     sorted.delayed.push((at, task));
                 }
@@ -317,8 +335,9 @@ impl Queue {
         );
         match listed_in_flight {
             Some(in_flight) => {
-                let (pending, delayed) = backlog.depth();
-                self.metrics.queue_depth(pending, in_flight, delayed);
+                let (pending, delayed, scheduled) = backlog.depth();
+                self.metrics
+                    .queue_depth(pending, in_flight, delayed, scheduled);
             }
             None => backlog.look_took(read_in + merging.elapsed()),
         }

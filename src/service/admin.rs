@@ -196,7 +196,12 @@ pub struct StatusReport {
     pub leader: Option<Value>,
     pub fencing_token: Option<u64>,
     pub pending: usize,
+    /// Waiting for a retry's backoff (`notBefore`).
     pub delayed: usize,
+    /// Waiting for the time their producer set (`runAt`).
+    pub scheduled: usize,
+    /// When the first scheduled task is due (RFC 3339).
+    pub next_due: Option<String>,
     pub in_flight: usize,
     /// Marked taken by leaderq, but no session holds them: requeued by the next leader.
     pub orphaned: usize,
@@ -264,16 +269,22 @@ pub fn status_of(
         });
         report.fencing_token = Some(holder.token);
     }
+    let mut next_due: Option<chrono::DateTime<Utc>> = None;
     for stored in tasks {
         match Task::parse(stored).map(|task| task.status(now)) {
             Ok(Status::Pending) => report.pending += 1,
             Ok(Status::Delayed(_)) => report.delayed += 1,
+            Ok(Status::Scheduled(at)) => {
+                report.scheduled += 1;
+                next_due = Some(next_due.map_or(at, |due| due.min(at)));
+            }
             Ok(Status::InFlight) => report.in_flight += 1,
             Ok(Status::Orphan) => report.orphaned += 1,
             Ok(Status::Foreign) => report.foreign += 1,
             Err(_) => report.malformed += 1,
         }
     }
+    report.next_due = next_due.map(crate::task::rfc3339);
     report.dead = dead;
     report.paused = paused;
     report
@@ -287,6 +298,8 @@ pub struct TaskRow {
     pub task_type: String,
     /// Seconds since taskTime (queued tasks) or since deadAt (dead letters).
     pub age_seconds: Option<i64>,
+    /// When a delayed or scheduled task is due (RFC 3339).
+    pub due_at: Option<String>,
     pub attempts: u64,
     pub last_error: String,
 }
@@ -320,17 +333,11 @@ pub fn task_rows(
     for (task, pair) in tasks {
         rows.push(match task {
             Some(task) => TaskRow {
-                state: match task.status(now) {
-                    Status::Pending => "pending",
-                    Status::Delayed(_) => "delayed",
-                    Status::InFlight => "in_flight",
-                    Status::Orphan => "orphaned",
-                    Status::Foreign => "foreign",
-                }
-                .into(),
+                state: task.status(now).name().into(),
                 key: pair.key,
                 task_type: task.task_type.clone(),
                 age_seconds: Some((now - task.time).num_seconds()),
+                due_at: task.status(now).due().map(crate::task::rfc3339),
                 attempts: u64::from(task.attempts),
                 last_error: task.last_error.clone().unwrap_or_default(),
             },
@@ -339,6 +346,7 @@ pub fn task_rows(
                 key: pair.key,
                 task_type: String::new(),
                 age_seconds: None,
+                due_at: None,
                 attempts: 0,
                 last_error: "not a valid task; the leader moves it to the dead-letter prefix"
                     .into(),
@@ -360,6 +368,7 @@ pub fn task_rows(
                 .unwrap_or("")
                 .into(),
             age_seconds: dead_at.map(|t| (now - t.with_timezone(&Utc)).num_seconds()),
+            due_at: None,
             attempts: value.get("attempts").and_then(Value::as_u64).unwrap_or(0),
             last_error: value
                 .get("deadReason")

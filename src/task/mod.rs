@@ -5,6 +5,11 @@
 //! `taskTaken` as a bool or `"true"`/`"false"`; both are accepted. Every field leaderq does not
 //! own is preserved untouched, in the producer's order. Knows nothing of Consul transport.
 //!
+//! A producer's `runAt` (the same time forms as `taskTime`) schedules the task: it is not
+//! due before then. Unlike leaderq's own `notBefore`, it is the producer's word: one that
+//! cannot be read, or lies further ahead than the queue allows (`check_run_at`), makes the
+//! task invalid rather than being ignored. With both, the task is due at the later one.
+//!
 //! The fields leaderq owns are read defensively, since anyone can write them: `attempts` is
 //! a count that saturates (huge numbers, floats, numeric strings; negative or junk is 0) and
 //! never reaches u32::MAX, so the run number `attempts + 1` cannot overflow; `notBefore` is
@@ -16,6 +21,8 @@
 
 pub mod history;
 pub mod key;
+
+use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
 use serde::ser::{Serialize, SerializeMap, Serializer};
@@ -48,6 +55,8 @@ pub struct Task {
     pub taken: bool,
     pub attempts: u32,
     pub not_before: Option<DateTime<Utc>>,
+    /// The producer's schedule (`runAt`): not due before then.
+    pub run_at: Option<DateTime<Utc>>,
     /// Boxed: rarely there, and a `Value` is 72 bytes in every pending task.
     pub taken_by: Option<Box<Value>>,
     pub last_error: Option<String>,
@@ -84,6 +93,13 @@ pub enum Invalid {
     BadTaken(String),
     #[error("taskGroup {0} is not a string of at most {MAX_GROUP_LEN} bytes")]
     BadGroup(String),
+    #[error("runAt {0} is neither epoch seconds (a number or a numeric string) nor an RFC 3339 time such as \"2030-01-31T08:00:00Z\"")]
+    BadRunAt(String),
+    #[error("runAt {} is more than {} ahead (queue.run_at_max_ahead): schedule it nearer, or raise the setting", rfc3339(*.run_at), crate::util::duration::format(*.max_ahead))]
+    RunAtTooFar {
+        run_at: DateTime<Utc>,
+        max_ahead: Duration,
+    },
 }
 
 /// The longest `taskGroup`: a name, not a payload.
@@ -94,14 +110,38 @@ pub const MAX_GROUP_LEN: usize = 256;
 pub enum Status {
     /// Ready to claim now.
     Pending,
-    /// Waiting for its retry backoff to pass.
+    /// Waiting for its retry backoff to pass (leaderq's `notBefore`).
     Delayed(DateTime<Utc>),
+    /// Waiting for the time its producer scheduled it for (`runAt`).
+    Scheduled(DateTime<Utc>),
     /// Held by a live lease: someone runs it.
     InFlight,
     /// Marked taken by leaderq, but the lease that held it is gone: its replica died.
     Orphan,
     /// Marked taken by some other program (no `takenBy`); left alone.
     Foreign,
+}
+
+impl Status {
+    /// The state's name in `tasks list`, `status` and the dashboard.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Status::Pending => "pending",
+            Status::Delayed(_) => "delayed",
+            Status::Scheduled(_) => "scheduled",
+            Status::InFlight => "in_flight",
+            Status::Orphan => "orphaned",
+            Status::Foreign => "foreign",
+        }
+    }
+
+    /// When a task waiting for its time (a retry's or its producer's) is due.
+    pub fn due(&self) -> Option<DateTime<Utc>> {
+        match self {
+            Status::Delayed(at) | Status::Scheduled(at) => Some(*at),
+            _ => None,
+        }
+    }
 }
 
 impl Task {
@@ -150,18 +190,11 @@ impl Task {
         let group = match fields.get("taskGroup") {
             None | Some(Value::Null) => Box::from(""),
             Some(Value::String(group)) if group.len() <= MAX_GROUP_LEN => Box::from(group.as_str()),
-            Some(other) => {
-                let mut shown = other.to_string();
-                if shown.len() > 64 {
-                    let cut = (0..=61)
-                        .rev()
-                        .find(|at| shown.is_char_boundary(*at))
-                        .unwrap_or(0);
-                    shown.truncate(cut);
-                    shown.push_str("...");
-                }
-                return Err(Invalid::BadGroup(shown));
-            }
+            Some(other) => return Err(Invalid::BadGroup(shown(other))),
+        };
+        let run_at = match fields.get("runAt") {
+            None | Some(Value::Null) => None,
+            Some(value) => Some(parse_time(value).ok_or_else(|| Invalid::BadRunAt(shown(value)))?),
         };
         let id = match fields.get("taskId") {
             Some(Value::String(s)) if !s.is_empty() => s.clone(),
@@ -187,6 +220,7 @@ impl Task {
             taken,
             attempts,
             not_before,
+            run_at,
             taken_by,
             last_error,
             value: Box::default(),
@@ -236,10 +270,37 @@ impl Task {
                 Status::Foreign
             };
         }
-        match self.not_before {
-            Some(at) if at > now => Status::Delayed(at),
-            _ => Status::Pending,
+        let ahead = |at: Option<DateTime<Utc>>| at.filter(|at| *at > now);
+        match (ahead(self.not_before), ahead(self.run_at)) {
+            // Due at the later of the two.
+            (Some(retry), Some(run_at)) if run_at > retry => Status::Scheduled(run_at),
+            (Some(retry), _) => Status::Delayed(retry),
+            (None, Some(run_at)) => Status::Scheduled(run_at),
+            (None, None) => Status::Pending,
         }
+    }
+
+    /// Refuses a `runAt` more than `max_ahead` after `now`: a time that far out is a
+    /// producer's mistake (milliseconds written as seconds, a wrong year) more often than a
+    /// plan, and a task parked for years would be silently lost from sight.
+    pub fn check_run_at(&self, now: DateTime<Utc>, max_ahead: Duration) -> Result<(), Invalid> {
+        let Some(run_at) = self.run_at else {
+            return Ok(());
+        };
+        let limit = chrono::Duration::from_std(max_ahead)
+            .ok()
+            .and_then(|ahead| now.checked_add_signed(ahead));
+        match limit {
+            Some(limit) if run_at > limit => Err(Invalid::RunAtTooFar { run_at, max_ahead }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether a task that is not due before `at` waits for its producer's schedule
+    /// (`runAt`), rather than for a retry's backoff or a lock-delay: such a task holds no
+    /// place in its group's order until it is due.
+    pub fn waits_for_run_at(&self, at: DateTime<Utc>) -> bool {
+        self.run_at == Some(at)
     }
 
     /// The task's JSON with `updates` applied (a `Null` removes the field), written from
@@ -443,6 +504,20 @@ fn parse_time(value: &Value) -> Option<DateTime<Utc>> {
         }
         _ => None,
     }
+}
+
+/// A producer's value as a reason quotes it: cut to about 64 bytes.
+fn shown(value: &Value) -> String {
+    let mut shown = value.to_string();
+    if shown.len() > 64 {
+        let cut = (0..=61)
+            .rev()
+            .find(|at| shown.is_char_boundary(*at))
+            .unwrap_or(0);
+        shown.truncate(cut);
+        shown.push_str("...");
+    }
+    shown
 }
 
 fn kind(value: &Value) -> &'static str {
@@ -686,6 +761,128 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(past.status(now), Status::Pending);
+    }
+
+    fn with_run_at(raw: &str) -> Result<Task, Invalid> {
+        let json = format!(r#"{{"taskType":"x","taskTime":1,"runAt":{raw}}}"#);
+        Task::parse(&pair("q/t", &json, 1))
+    }
+
+    /// runAt takes taskTime's forms: epoch seconds as a number or a numeric string,
+    /// fractions kept to the millisecond, or RFC 3339 with any offset; null is no runAt.
+    #[test]
+    fn run_at_reads_every_time_form() {
+        let run_at = |raw: &str| with_run_at(raw).unwrap().run_at;
+        let at = DateTime::from_timestamp_millis(1_700_000_000_250).unwrap();
+        for raw in [
+            "1700000000.25",
+            "\"1700000000.25\"",
+            "\" 1700000000.250 \"",
+            "\"2023-11-14T22:13:20.250Z\"",
+            "\"2023-11-15T00:13:20.250+02:00\"",
+        ] {
+            assert_eq!(run_at(raw), Some(at), "{raw}");
+        }
+        assert_eq!(run_at("1700000000").unwrap().timestamp(), 1_700_000_000);
+        assert_eq!(run_at("null"), None);
+        let none = Task::parse(&pair("q/t", r#"{"taskType":"x","taskTime":1}"#, 1)).unwrap();
+        assert_eq!(none.run_at, None);
+    }
+
+    /// A runAt that is not a time makes the task invalid (a dead letter), with a reason that
+    /// names runAt, quotes the value and says which forms are accepted; it is never taken as
+    /// "now" as a junk notBefore is.
+    #[test]
+    fn an_unreadable_run_at_is_invalid_with_the_accepted_forms() {
+        for raw in [
+            "\"next tuesday\"",
+            "\"\"",
+            "true",
+            "{}",
+            "[1]",
+            "1e300",
+            "\"+275760-09-13T00:00:01Z\"",
+        ] {
+            let invalid = with_run_at(raw).unwrap_err();
+            assert!(
+                matches!(invalid, Invalid::BadRunAt(_)),
+                "{raw}: {invalid:?}"
+            );
+            let reason = invalid.to_string();
+            assert!(
+                reason.starts_with("runAt ")
+                    && reason.contains("epoch seconds")
+                    && reason.contains("RFC 3339"),
+                "{reason}"
+            );
+        }
+        let long = format!("\"{}\"", "z".repeat(500));
+        let reason = with_run_at(&long).unwrap_err().to_string();
+        assert!(reason.len() < 250 && reason.contains("..."), "{reason}");
+    }
+
+    /// A runAt up to queue.run_at_max_ahead from now is accepted; one beyond it is refused
+    /// with a reason naming the time, the limit and the setting.
+    #[test]
+    fn a_run_at_too_far_ahead_is_refused_with_the_setting_named() {
+        let now = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let max = Duration::from_secs(24 * 3600);
+        let task = |seconds: i64| with_run_at(&(1_700_000_000 + seconds).to_string()).unwrap();
+        assert_eq!(task(24 * 3600).check_run_at(now, max), Ok(()));
+        assert_eq!(task(-3600).check_run_at(now, max), Ok(()));
+        let none = Task::parse(&pair("q/t", r#"{"taskType":"x","taskTime":1}"#, 1)).unwrap();
+        assert_eq!(none.check_run_at(now, max), Ok(()));
+        let far = task(24 * 3600 + 1).check_run_at(now, max).unwrap_err();
+        assert_eq!(
+            far.to_string(),
+            "runAt 2023-11-15T22:13:21.000Z is more than 24h0m0s ahead (queue.run_at_max_ahead): schedule it nearer, or raise the setting"
+        );
+        let millis = with_run_at("1700000000250").unwrap();
+        assert!(
+            matches!(
+                millis.check_run_at(now, Duration::from_secs(8784 * 3600)),
+                Err(Invalid::RunAtTooFar { .. })
+            ),
+            "epoch milliseconds written where seconds go are refused, not parked for 50,000 years"
+        );
+        // A limit too large for the calendar refuses nothing.
+        assert_eq!(
+            task(24 * 3600 * 365 * 1000).check_run_at(now, Duration::MAX),
+            Ok(())
+        );
+    }
+
+    /// A future runAt makes a free task Scheduled, distinct from a retry's Delayed; a past
+    /// one makes it Pending; with a notBefore too, the later of the two says when it is due;
+    /// a claim or a taken mark outranks both.
+    #[test]
+    fn a_run_at_schedules_the_task_until_the_later_of_it_and_not_before() {
+        let now = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let at = |seconds: i64| DateTime::from_timestamp(1_700_000_000 + seconds, 0).unwrap();
+        let task = |run_at: i64, not_before: Option<i64>| {
+            let mut value =
+                json!({"taskType": "x", "taskTime": 1, "runAt": 1_700_000_000 + run_at});
+            if let Some(nb) = not_before {
+                value["notBefore"] = json!(1_700_000_000 + nb);
+            }
+            Task::parse(&pair("q/t", &value.to_string(), 1)).unwrap()
+        };
+        assert_eq!(task(60, None).status(now), Status::Scheduled(at(60)));
+        assert_eq!(task(-60, None).status(now), Status::Pending);
+        assert_eq!(task(0, None).status(now), Status::Pending);
+        assert_eq!(task(60, Some(30)).status(now), Status::Scheduled(at(60)));
+        assert_eq!(task(30, Some(60)).status(now), Status::Delayed(at(60)));
+        assert_eq!(task(-30, Some(60)).status(now), Status::Delayed(at(60)));
+        assert_eq!(task(60, Some(-30)).status(now), Status::Scheduled(at(60)));
+        let scheduled = task(60, None);
+        assert!(scheduled.waits_for_run_at(at(60)));
+        assert!(!task(30, Some(60)).waits_for_run_at(at(60)));
+        let mut held = task(60, None);
+        held.holder = Some(LeaseId("s".into()));
+        assert_eq!(held.status(now), Status::InFlight);
+        held.holder = None;
+        held.taken = true;
+        assert_eq!(held.status(now), Status::Foreign);
     }
 
     /// A retry's lastError is cut to LAST_ERROR_MAX bytes on a character boundary.

@@ -353,8 +353,10 @@ mod tests {
         DateTime::from_timestamp(seconds, 0).unwrap()
     }
 
-    /// The overview names the leader and its token, counts the queue, and shows a held
-    /// task as running with its node and elapsed time; dead letters carry their reason.
+    /// The overview names the leader and its token, counts the queue (a scheduled task
+    /// apart, with when the next one is due), and shows a held task as running with its node
+    /// and elapsed time; the queue pane says when a scheduled task is due; dead letters
+    /// carry their reason.
     #[test]
     fn panes_show_leader_running_task_and_dead_letters() {
         let holder = Holder {
@@ -378,6 +380,10 @@ mod tests {
                 "oracleTask/task_b",
                 json!({"taskId": "b", "taskTime": 2, "taskType": "T"}),
             ),
+            stored(
+                "oracleTask/task_s",
+                json!({"taskId": "s", "taskTime": 3, "taskType": "T", "runAt": 190}),
+            ),
         ];
         let dead = vec![stored(
             "oracleTaskDead/task_c",
@@ -388,14 +394,26 @@ mod tests {
         assert_eq!(overview.leader.as_ref().unwrap().node, "r1");
         assert_eq!(overview.leader.as_ref().unwrap().fencing_token, 7);
         assert_eq!(overview.status.pending, 1);
+        assert_eq!(overview.status.scheduled, 1);
+        assert_eq!(
+            overview.status.next_due.as_deref(),
+            Some("1970-01-01T00:03:10.000Z")
+        );
         assert_eq!(overview.status.in_flight, 1);
         assert_eq!(overview.status.dead, 1);
         assert!(overview.status.paused);
         assert_eq!(overview.running.len(), 1);
         assert_eq!(overview.running[0].node, "r1");
         assert_eq!(overview.running[0].elapsed_seconds, Some(30));
-        assert_eq!(panes.queue.len(), 2);
+        assert_eq!(panes.queue.len(), 3);
         assert_eq!(panes.queue[0].id, "a");
+        let scheduled = &panes.queue[2].row;
+        assert_eq!(scheduled.state, "scheduled");
+        assert_eq!(
+            scheduled.due_at.as_deref(),
+            Some("1970-01-01T00:03:10.000Z")
+        );
+        assert_eq!(panes.queue[1].row.due_at, None);
         assert!(panes.queue[1].matches("b") && !panes.queue[1].matches("zz"));
         assert_eq!(panes.dead[0].reason, "failed 3 times");
         assert_eq!(panes.dead[0].last_error, "boom");

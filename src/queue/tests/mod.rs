@@ -16,6 +16,7 @@ use crate::leader::{Election, Lease};
 use crate::observe::Metrics;
 
 mod groups;
+mod scheduled;
 
 const TTL: Duration = Duration::from_secs(10);
 

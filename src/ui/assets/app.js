@@ -64,6 +64,12 @@ function age(seconds) {
   return Math.floor(seconds / 86400) + "d " + Math.floor((seconds % 86400) / 3600) + "h";
 }
 
+// When a delayed or scheduled task is due: "in 5m 0s", or "now" once passed.
+function due(time) {
+  const left = since(time);
+  return left == null ? "" : left >= 0 ? "now" : "in " + age(-left);
+}
+
 function since(time) {
   const at = Date.parse(time);
   return isNaN(at) ? null : (Date.now() - at) / 1000;
@@ -79,6 +85,8 @@ function renderOverview(data) {
   const status = data.status;
   $("pending-count").textContent = status.pending;
   $("delayed-count").textContent = status.delayed;
+  $("scheduled-count").textContent = status.scheduled;
+  $("next-due").textContent = status.next_due ? " (next " + due(status.next_due) + ")" : "";
   $("inflight-count").textContent = status.in_flight;
   $("orphan-count").textContent = status.orphaned;
   $("dead-count").textContent = status.dead;
@@ -158,10 +166,11 @@ async function loadQueue() {
   const rows = data.rows.map((row, i) =>
     el("tr", { "data-key": row.key },
       el("td", {}, first + i + 1), el("td", {}, row.state), el("td", { class: "key" }, row.key),
-      el("td", {}, row.task_type), el("td", {}, age(row.age_seconds)), el("td", {}, row.attempts),
+      el("td", {}, row.task_type), el("td", {}, age(row.age_seconds)),
+      el("td", { title: row.due_at || "" }, row.due_at ? due(row.due_at) : ""), el("td", {}, row.attempts),
       el("td", { class: "error" }, row.last_error),
       el("td", {}, row.state === "malformed" ? "" : actionButton("Cancel", "cancel", row.key, true))));
-  $("queue-rows").replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colSpan: 8 }, "the queue is empty"))]));
+  $("queue-rows").replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colSpan: 9 }, "the queue is empty"))]));
   const pages = Math.max(1, Math.ceil(data.total / data.per));
   $("queue-page").textContent = "page " + (data.page + 1) + " of " + pages + " (" + data.total + " tasks)";
   $("queue-prev").disabled = data.page === 0;

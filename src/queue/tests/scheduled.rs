@@ -1,0 +1,184 @@
+//! A task its producer scheduled (`runAt`), led against the in-memory coordinator on the
+//! real clock (a schedule is wall-clock time, which tokio's paused clock does not move): it
+//! starts at its time and not before, after a later task that was due, and the leader calls
+//! the coordinator's queue not once while it waits.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use chrono::{DateTime, Utc};
+
+use super::*;
+use crate::coord::{
+    CoordFuture, Edit, Edited, Grant, Holder, Leadership, LeaseId, Renewal, StoredTask, TaskOp,
+    Version, WriteCost, WriteLimits, Written,
+};
+
+/// The in-memory coordinator, counting the queue's calls (reads and writes of tasks, not
+/// the lease's renewals or the leadership's).
+struct Counting {
+    inner: Arc<MemoryCoordinator>,
+    calls: AtomicUsize,
+}
+
+impl Counting {
+    fn count(&self) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Coordinator for Counting {
+    fn describe(&self) -> String {
+        "the in-memory coordinator, counting".into()
+    }
+    fn open_lease<'a>(&'a self, spec: &'a LeaseSpec) -> CoordFuture<'a, Grant> {
+        self.inner.open_lease(spec)
+    }
+    fn keep_alive<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, Renewal> {
+        self.inner.keep_alive(lease)
+    }
+    fn revoke<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
+        self.inner.revoke(lease)
+    }
+    fn close<'a>(&'a self, lease: Option<&'a LeaseId>) -> CoordFuture<'a, ()> {
+        self.inner.close(lease)
+    }
+    fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)> {
+        self.inner.observe(after, wait)
+    }
+    fn campaign<'a>(
+        &'a self,
+        lease: &'a LeaseId,
+        record: &'a HolderRecord,
+    ) -> CoordFuture<'a, Campaign> {
+        self.inner.campaign(lease, record)
+    }
+    fn resign<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
+        self.inner.resign(lease)
+    }
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Version,
+        wait: Duration,
+    ) -> CoordFuture<'a, (Vec<StoredTask>, Version)> {
+        self.count();
+        self.inner.list(prefix, after, wait)
+    }
+    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)> {
+        self.count();
+        self.inner.keys(prefix)
+    }
+    fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>> {
+        self.count();
+        self.inner.get(keys)
+    }
+    fn write<'a>(
+        &'a self,
+        leadership: &'a Leadership,
+        ops: &'a [TaskOp],
+    ) -> CoordFuture<'a, Written> {
+        self.count();
+        self.inner.write(leadership, ops)
+    }
+    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, Written> {
+        self.count();
+        self.inner.write_own(lease, ops)
+    }
+    fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited> {
+        self.count();
+        self.inner.edit(ops)
+    }
+    fn limits(&self) -> WriteLimits {
+        self.inner.limits()
+    }
+    fn cost(&self, op: &TaskOp) -> WriteCost {
+        self.inner.cost(op)
+    }
+    fn guard_cost(&self) -> WriteCost {
+        self.inner.guard_cost()
+    }
+}
+
+/// Each run's task id and when it started.
+type Starts = Arc<Mutex<Vec<(String, DateTime<Utc>)>>>;
+
+/// Records each run's task id and when it started.
+struct Stamped(Starts);
+
+impl Handler for Stamped {
+    fn handle<'a>(&'a self, ctx: &'a TaskContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            self.0
+                .lock()
+                .unwrap()
+                .push((ctx.task_id.clone(), Utc::now()));
+            Ok(())
+        })
+    }
+}
+
+/// A task scheduled 400 ms ahead, with the earliest taskTime, runs after a later task that
+/// was due, at its runAt (not before, within 50 ms after), and while it waits the leader
+/// makes no call on the queue: its blocking listing waits for a change, its own timer for
+/// the time.
+#[tokio::test]
+async fn a_scheduled_task_starts_at_its_time_with_no_call_while_it_waits() {
+    let memory = Arc::new(MemoryCoordinator::default());
+    let counting = Arc::new(Counting {
+        inner: memory.clone(),
+        calls: AtomicUsize::new(0),
+    });
+    let coord: Arc<dyn Coordinator> = counting.clone();
+    let mut settings = default_settings();
+    // No history, so no pruning calls of its own.
+    settings.queue.history_keep = 0;
+    let prefix = settings.queue.prefix.clone();
+    let run_at = DateTime::from_timestamp_millis(Utc::now().timestamp_millis() + 400).unwrap();
+    let scheduled = json!({
+        "taskId": "timed", "taskTime": 1, "taskType": "Work",
+        "runAt": crate::task::rfc3339(run_at),
+    });
+    memory
+        .put(&format!("{prefix}a"), scheduled.to_string().as_bytes())
+        .unwrap();
+    memory.put(&format!("{prefix}b"), &task("due", 2)).unwrap();
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let mut registry = Registry::default();
+    registry.register("Work", Stamped(runs.clone()));
+    let metrics = Arc::new(Metrics::new(["Work"]));
+    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
+    let queue = queue_on(&coord, &settings, registry, metrics.clone());
+    let shutdown = CancellationToken::new();
+    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
+
+    until("the due task ran", || runs.lock().unwrap().len() == 1).await;
+    // Its completion recorded, the queue listed again, the wait begun.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = counting.calls.load(Ordering::SeqCst);
+    let quiet_until = run_at - chrono::Duration::milliseconds(30);
+    tokio::time::sleep((quiet_until - Utc::now()).to_std().unwrap()).await;
+    assert_eq!(
+        counting.calls.load(Ordering::SeqCst),
+        before,
+        "the leader called the queue while the scheduled task waited"
+    );
+    assert_eq!(
+        runs.lock().unwrap().len(),
+        1,
+        "the scheduled task ran early"
+    );
+    until("the scheduled task ran", || runs.lock().unwrap().len() == 2).await;
+    let runs = runs.lock().unwrap().clone();
+    assert_eq!(runs[0].0, "due");
+    let (id, started) = &runs[1];
+    assert_eq!(id, "timed");
+    let late = *started - run_at;
+    assert!(
+        late >= chrono::Duration::zero() && late < chrono::Duration::milliseconds(50),
+        "started {} ms after its runAt",
+        late.num_milliseconds()
+    );
+    shutdown.cancel();
+    assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
+    stop.cancel();
+}
