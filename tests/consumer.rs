@@ -761,9 +761,10 @@ async fn tasks_cli_lists_retries_and_purges_dead_letters() {
 }
 
 /// The short chaos run: leaders SIGKILLed (group, PID only, PID only and restarted at once),
-/// paused and partitioned past their lease, the server killed and restarted, handlers that
-/// fork, fail and hang; the audit's invariants, read from the workers' own records, must
-/// all hold.
+/// paused and partitioned past their lease, the server killed and restarted, the leader
+/// key deleted and the leader's session destroyed by hand, its renewals stalled, handlers
+/// that fork, fail and hang; the audit's invariants, read from the workers' own records,
+/// must all hold.
 #[test]
 fn short_chaos_run_keeps_every_invariant() {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_leaderq"))
@@ -778,6 +779,7 @@ fn short_chaos_run_keeps_every_invariant() {
     assert_eq!(audit["overlaps"], 0, "{audit:#}");
     assert_eq!(audit["leader_overlaps"], json!([]), "{audit:#}");
     assert_eq!(audit["shared_tokens"], json!([]), "{audit:#}");
+    assert_eq!(audit["falling_tokens"], json!([]), "{audit:#}");
     assert_eq!(audit["stale_completions"], json!([]), "{audit:#}");
     // Each task is deleted once. A completion goes unlogged when its replica is killed
     // between the commit and the log line, or the server is killed between committing it

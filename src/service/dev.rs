@@ -246,7 +246,7 @@ mod tests {
         std::fs::write(dir.path().join("c.json"), "not json").unwrap();
         assert_eq!(
             example_task_types(dir.path()),
-            ["CreateTableSpace", "DropTableSpace"]
+            ["CreateTableSpace", "DropTableSpace", "Heartbeat"]
         );
         let settings = dev_settings(&example_task_types(dir.path()));
         assert!(settings.contains("[handlers.DropTableSpace]\nkind = \"log\""));
