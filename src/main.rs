@@ -331,6 +331,23 @@ struct RunArgs {
     /// backoff after quick failures), or exit with its status.
     #[arg(long, value_enum, default_value = "never")]
     restart: leaderq::service::run::plan::Restart,
+    /// The periodic form: while leading, run the command once every DUR (ticks on
+    /// multiples of DUR since the epoch, e.g. 30s, 5m, 1h). Each tick is recorded in the
+    /// coordinator before its run, so a failover neither repeats nor skips it; a run that
+    /// outlasts its tick is not overlapped (see --catch-up). The command gets LEADERQ_TICK.
+    #[arg(long, value_name = "DUR", conflicts_with_all = ["cron", "restart", "handover"])]
+    every: Option<String>,
+    /// The periodic form on a cron expression (5 fields, or 6 with seconds first), read in
+    /// --timezone.
+    #[arg(long, value_name = "EXPR", conflicts_with_all = ["restart", "handover"])]
+    cron: Option<String>,
+    /// The IANA time zone --cron is read in (default UTC).
+    #[arg(long, value_name = "TZ", requires = "cron")]
+    timezone: Option<String>,
+    /// With --every or --cron: ticks that fell while no leader ran or while the command
+    /// ran: "latest" runs the latest once, at once; "none" runs none late; "all" runs each.
+    #[arg(long, value_name = "POLICY", default_value = "latest")]
+    catch_up: String,
     /// When leadership is lost while the command runs (it is stopped first): exit with
     /// status 75, or contest again and rerun it on winning.
     #[arg(long, value_enum, default_value = "exit")]
@@ -630,6 +647,30 @@ impl std::fmt::Display for ExitWith {
 
 impl std::error::Error for ExitWith {}
 
+/// `--every` or `--cron` as a schedule of the run's name; `None` without them.
+fn periodic(args: &RunArgs) -> anyhow::Result<Option<leaderq::schedule::Schedule>> {
+    if args.every.is_none() && args.cron.is_none() {
+        return Ok(None);
+    }
+    let catch_up = match args.catch_up.as_str() {
+        "none" => leaderq::schedule::CatchUp::None,
+        "latest" => leaderq::schedule::CatchUp::Latest,
+        "all" => leaderq::schedule::CatchUp::All,
+        other => anyhow::bail!("--catch-up {other:?}: use none, latest or all"),
+    };
+    let spec = leaderq::schedule::ScheduleSpec {
+        name: args.name.clone(),
+        every: args.every.clone(),
+        cron: args.cron.clone(),
+        timezone: args.timezone.clone(),
+        // The run's ticks enqueue no task: the command is the work.
+        task_type: "run".into(),
+        catch_up: Some(catch_up),
+        ..Default::default()
+    };
+    Ok(Some(leaderq::schedule::Schedule::from_spec(spec)?))
+}
+
 async fn run_run(args: RunArgs, config: &ConfigArgs) -> anyhow::Result<()> {
     let mut overrides = Vec::new();
     if let Some(node_id) = &args.node_id {
@@ -656,6 +697,7 @@ async fn run_run(args: RunArgs, config: &ConfigArgs) -> anyhow::Result<()> {
         },
         data_dir: args.data_dir.clone(),
         pass_env: args.pass_env.clone(),
+        schedule: periodic(&args)?,
     };
     if args.wait_leader {
         let (holder, would_lead) = leaderq::service::run::who_leads(&settings, &options).await?;

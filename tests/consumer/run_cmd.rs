@@ -44,6 +44,13 @@ macro_rules! on_every_backend {
                         super::sigterm_hands_over(runs).await;
                     }
                 }
+
+                #[tokio::test]
+                async fn every_runs_each_tick_once_through_a_killed_leader() {
+                    if let Some(runs) = Runs::new(stringify!($backend)) {
+                        super::every_tick_once(runs).await;
+                    }
+                }
             }
         )*
     };
@@ -247,4 +254,69 @@ async fn sigterm_hands_over(runs: Runs) {
     assert!(starts[1][1].parse::<u64>().unwrap() > starts[0][1].parse::<u64>().unwrap());
     b.kill().unwrap();
     let _ = b.wait();
+}
+
+/// `--every 1s` on two replicas: only the leader runs the command, once per tick (the tick
+/// in LEADERQ_TICK); the leader SIGKILLed, the other one goes on from the latest tick. No
+/// tick runs twice, ticks only rise, and both replicas ran some.
+async fn every_tick_once(runs: Runs) {
+    let script = r#"echo "tick $LEADERQ_TICK $LEADERQ_LEADER_ID $$" >> "$JOURNAL""#;
+    let mut children: Vec<Child> = (1..=2)
+        .map(|n| runs.start(n, &["--every", "1s", "--on-loss", "rerun"], script))
+        .collect();
+    let ticks = |runs: &Runs| -> Vec<(String, String)> {
+        runs.lines()
+            .into_iter()
+            .filter(|l| l.len() == 4 && l[0] == "tick")
+            .map(|l| (l[1].clone(), l[2].clone()))
+            .collect()
+    };
+    let started = Instant::now();
+    while ticks(&runs).len() < 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no ticks: {:?}",
+            runs.lines()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first = ticks(&runs)[0].1.clone();
+    let node_of = |n: usize| {
+        std::fs::read_to_string(runs.dir.path().join(format!("r{n}")).join("node-id"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    };
+    let index = (1..=2)
+        .position(|n| node_of(n) == first)
+        .expect("the leader's replica");
+    let _ = children[index].kill();
+    let _ = children[index].wait();
+    let killed_at = Instant::now();
+    loop {
+        let after: Vec<(String, String)> = ticks(&runs)
+            .into_iter()
+            .filter(|(_, node)| *node != first)
+            .collect();
+        if after.len() >= 3 {
+            break;
+        }
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(30),
+            "the other replica ran no tick: {:?}",
+            runs.lines()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let survivor = &mut children[1 - index];
+    common::signal(survivor.id(), "TERM");
+    let _ = survivor.wait();
+    let all = ticks(&runs);
+    let mut seen: Vec<&String> = all.iter().map(|(tick, _)| tick).collect();
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "ticks ran twice or out of order: {all:?}"
+    );
+    seen.dedup();
+    assert_eq!(seen.len(), all.len(), "a tick ran twice: {all:?}");
 }

@@ -14,10 +14,14 @@
 //! leads). SIGTERM or SIGINT stops the command gracefully, gives leadership up and exits
 //! with the command's status. The decisions are `plan.rs`'s; this file does the I/O.
 //!
+//! With `--every` or `--cron` the replica keeps leadership and runs the command once per
+//! tick instead (`periodic.rs`).
+//!
 //! Data dir: `--data-dir`, else `<data.dir>/run/<NAME>`, else the first of
 //! `<NAME>-2`, `<NAME>-3`, … that no other process holds, so several replicas on one
 //! machine each keep an identity (node id, lease) across restarts.
 
+pub mod periodic;
 pub mod plan;
 
 use std::os::unix::process::ExitStatusExt as _;
@@ -25,6 +29,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -53,6 +58,8 @@ pub struct RunOptions {
     pub data_dir: Option<PathBuf>,
     /// Environment variables passed to the command beyond the allow-list.
     pub pass_env: Vec<String>,
+    /// `--every` or `--cron`: the periodic form, the command run once per tick.
+    pub schedule: Option<crate::schedule::Schedule>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -231,18 +238,41 @@ async fn lead_command(
             leadership.fencing_token,
         )
         .await;
-        let event = lead(
-            &supervision,
-            &options,
-            &base_env,
-            &node_id,
-            &leadership,
-            &election,
-            coord.as_ref(),
-            wait,
-            &shutdown,
-        )
-        .await;
+        let event = match &options.schedule {
+            Some(schedule) => {
+                let ticks = periodic::Ticks {
+                    schedule,
+                    key: periodic::ticks_key(&options.name),
+                    node_id: &node_id,
+                };
+                let leading = periodic::Leading {
+                    supervision: &supervision,
+                    options: &options,
+                    base_env: &base_env,
+                    leadership: &leadership,
+                    election: &election,
+                    coord: coord.as_ref(),
+                    wait,
+                    shutdown: &shutdown,
+                };
+                periodic::lead_periodic(&ticks, &leading).await
+            }
+            None => {
+                lead(
+                    &supervision,
+                    &options,
+                    &base_env,
+                    &node_id,
+                    &leadership,
+                    &election,
+                    coord.as_ref(),
+                    wait,
+                    &shutdown,
+                    None,
+                )
+                .await
+            }
+        };
         // Said before leadership is given up, so that the next leader reads it.
         let ended = match event {
             Event::Exited {
@@ -326,6 +356,7 @@ async fn lead(
     coord: &dyn Coordinator,
     wait: Duration,
     shutdown: &CancellationToken,
+    tick: Option<DateTime<Utc>>,
 ) -> Event {
     let mut env: Vec<(String, String)> = base_env
         .iter()
@@ -340,6 +371,12 @@ async fn lead(
         ("LEADERQ_LEADER_ID".to_string(), node_id.to_string()),
         ("LEADERQ_NAME".to_string(), options.name.clone()),
     ]);
+    if let Some(tick) = tick {
+        env.push((
+            "LEADERQ_TICK".to_string(),
+            crate::schedule::store::rfc3339_ms(tick),
+        ));
+    }
     let cancel = CancellationToken::new();
     let lease = election.lease();
     let job = Job {
