@@ -158,7 +158,7 @@ struct BenchArgs {
     #[arg(long, default_value_t = 100_000)]
     memory_keys: usize,
     /// Run one section only.
-    #[arg(long, value_parser = ["server", "contention", "consumer", "backlog", "failover", "run", "groups"])]
+    #[arg(long, value_parser = ["server", "contention", "consumer", "backlog", "failover", "run", "groups", "schedules"])]
     only: Option<String>,
     /// Blocked queries (one per key) parked while their keys are written.
     #[arg(long, default_value_t = 10_000)]
@@ -167,9 +167,10 @@ struct BenchArgs {
     /// measurements (reads under writes, wakes among many watchers), printed beside these.
     #[arg(long)]
     baseline_exe: Option<PathBuf>,
-    /// The coordinator the consumer, failover, run and groups sections run on, started on
-    /// loopback by the bench itself (its server must be installed); server and contention always
-    /// measure `leaderq server`.
+    /// The coordinator the consumer, failover, run, groups and schedules sections run on,
+    /// started on loopback by the bench itself (its server must be installed); server and
+    /// contention always measure `leaderq server`, and the schedules section counts requests
+    /// on it only.
     #[arg(long, default_value = "consul", value_parser = clap::builder::PossibleValuesParser::new(leaderq::tools::harness::BACKENDS))]
     backend: String,
     /// Backlogs the backlog section enqueues and drains, comma-separated (1 to 10,000,000).

@@ -90,7 +90,7 @@ impl Target {
 
 impl Target {
     /// On `leaderq server`: its HTTP requests so far by endpoint, from its /metrics.
-    async fn requests(&self) -> Option<std::collections::BTreeMap<String, f64>> {
+    pub(super) async fn requests(&self) -> Option<std::collections::BTreeMap<String, f64>> {
         let addr = self
             .env
             .iter()
@@ -121,7 +121,7 @@ impl Target {
 }
 
 /// An in-process replica with its own shutdown token.
-struct Replica {
+pub(super) struct Replica {
     name: String,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
@@ -140,7 +140,7 @@ pub(super) fn settings(target: &Target, name: &str, dir: &TempDir) -> anyhow::Re
     Ok(Settings::load(None, env)?)
 }
 
-fn start_replica(
+pub(super) fn start_replica(
     target: &Target,
     name: &str,
     dir: &TempDir,
@@ -169,7 +169,7 @@ fn start_replica(
     })
 }
 
-async fn stop_all(replicas: Vec<Replica>) {
+pub(super) async fn stop_all(replicas: Vec<Replica>) {
     for replica in &replicas {
         replica.stop.cancel();
     }
@@ -202,7 +202,11 @@ async fn put_task(coord: &dyn Coordinator, id: &str) -> anyhow::Result<()> {
 }
 
 /// Creates task `id` as `leaderq enqueue` does.
-async fn put_body(coord: &dyn Coordinator, id: &str, body: String) -> anyhow::Result<()> {
+pub(super) async fn put_body(
+    coord: &dyn Coordinator,
+    id: &str,
+    body: String,
+) -> anyhow::Result<()> {
     let create = [Edit::Create {
         key: format!("oracleTask/{id}"),
         value: body.into_bytes(),
@@ -214,7 +218,7 @@ async fn put_body(coord: &dyn Coordinator, id: &str, body: String) -> anyhow::Re
 }
 
 /// How long the bench waits for a replica to win the election.
-const LEADER_LIMIT: Duration = Duration::from_secs(30);
+pub(super) const LEADER_LIMIT: Duration = Duration::from_secs(30);
 
 pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     let backend = options.backend.as_str();

@@ -5,7 +5,8 @@
 //!
 //! `server.rs` measures the embedded server, `consumer.rs` the consumer, `failover.rs`
 //! handover and failover of replica processes, `run.rs` the takeover of `leaderq run`,
-//! `groups.rs` drains at several `queue.concurrency` settings.
+//! `groups.rs` drains at several `queue.concurrency` settings, `schedules.rs` the accuracy
+//! of schedule ticks and what a task waiting for its `runAt` costs the server.
 //! Numbers only: nothing here fails on a missed target; people judge.
 
 use std::path::PathBuf;
@@ -20,6 +21,7 @@ mod consumer;
 mod failover;
 mod groups;
 mod run;
+mod schedules;
 mod server;
 
 pub use backlog::{DEFAULT_BACKLOGS, DEFAULT_CHART};
@@ -48,7 +50,7 @@ pub struct Options {
     /// SIGTERM handovers measured.
     pub handovers: usize,
     /// Run only this section ("server", "contention", "consumer", "backlog", "failover",
-    /// "run" or "groups").
+    /// "run", "groups" or "schedules").
     pub only: Option<String>,
     /// Blocked queries parked for the wake measurement among many watchers.
     pub watchers: usize,
@@ -266,6 +268,9 @@ pub async fn run(options: Options, as_json: bool) -> anyhow::Result<()> {
     }
     if wants("groups") {
         groups::section(&options, &mut report).await?;
+    }
+    if wants("schedules") {
+        schedules::section(&options, &mut report).await?;
     }
     if as_json {
         println!("{}", Value::Object(report.json));
