@@ -1,8 +1,11 @@
 //! The dashboard's calls into what the rest of leaderq records and does, shaped as the
 //! page's panes want them: history of finished tasks (`service::ops::history`), the
-//! leadership timeline, the replicas with their last heartbeat, and the operator actions
-//! delete, retry all and cancel (the same functions as `leaderq tasks …`).
+//! leadership timeline, the replicas with their last heartbeat, the schedules with their
+//! ticks (`service::schedules::list`), and the operator actions delete, retry all and cancel
+//! (the same functions as `leaderq tasks …`) and a schedule's pause and resume (as
+//! `leaderq schedules pause|resume`).
 
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -10,6 +13,7 @@ use crate::config::Settings;
 use crate::coord::Coordinator;
 use crate::service::admin::AdminError;
 use crate::service::ops::{self, Cancelled, HistoryFilter};
+use crate::service::schedules::{self, SchedulesError};
 
 /// History records the pane shows, newest first.
 const HISTORY_ROWS: usize = 200;
@@ -90,6 +94,36 @@ pub async fn standbys(coord: &dyn Coordinator, settings: &Settings) -> Recorded 
             "host": view.record.host,
         })
     })
+}
+
+/// Every schedule of the queue with its last and next tick and where its last task is now
+/// (`ui::view::schedule_rows`); an unreadable record is a row with its error.
+pub async fn schedules(
+    coord: &dyn Coordinator,
+    settings: &Settings,
+    now: DateTime<Utc>,
+) -> Recorded {
+    match schedules::list(coord, settings, now).await {
+        Ok(views) => Recorded::Yes {
+            rows: crate::ui::view::schedule_rows(views)
+                .into_iter()
+                .map(|row| json!(row))
+                .collect(),
+        },
+        Err(err) => Recorded::No {
+            why: err.to_string(),
+        },
+    }
+}
+
+/// Pauses or resumes the schedule `name`; answers whether that changed anything.
+pub async fn set_schedule_paused(
+    coord: &dyn Coordinator,
+    settings: &Settings,
+    name: &str,
+    paused: bool,
+) -> Result<bool, SchedulesError> {
+    schedules::set_paused(coord, settings, name, paused).await
 }
 
 /// Deletes a dead letter (or a pending task) at the version read; a running task is

@@ -2,7 +2,7 @@
 //! dev`, and standalone by `leaderq ui` against the configured backend. It owns the page
 //! (HTML, CSS and JS embedded in the binary, no framework, no CDN), its JSON API under
 //! `/ui/api/`, the live feed (server-sent events) and the actions (retry, retry all,
-//! delete, cancel, pause, resume).
+//! delete, cancel, pause, resume, and a schedule's pause and resume).
 //!
 //! One watcher per serving process, started by the first request, reads the queue, the
 //! dead letters, the holder and the pause flag, and waits on the coordinator's blocking
@@ -12,6 +12,9 @@
 //! (pure); who may call what is `auth.rs` (pure); records kept by other parts (history,
 //! timeline, standbys) and the actions they own are behind `data.rs`. The queue's own
 //! reads and writes are `service::admin`'s.
+//!
+//! Size: one short handler per endpoint (reads, actions, the live feed) beside the route
+//! table they fill; each is a check, one call and an answer.
 
 pub mod auth;
 pub mod data;
@@ -40,6 +43,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::Settings;
 use crate::coord::{CoordError, Coordinator};
 use crate::service::admin::{self, AdminError};
+use crate::service::schedules::SchedulesError;
 use crate::task::key::Key;
 use view::Panes;
 
@@ -142,6 +146,7 @@ pub fn router(ui: Arc<Ui>) -> Router {
         .route("/ui/api/history", get(history))
         .route("/ui/api/timeline", get(timeline))
         .route("/ui/api/standbys", get(standbys))
+        .route("/ui/api/schedules", get(schedules))
         .route("/ui/api/events", get(events))
         .route("/ui/api/login", post(login))
         .route("/ui/api/retry", post(retry))
@@ -150,6 +155,8 @@ pub fn router(ui: Arc<Ui>) -> Router {
         .route("/ui/api/cancel", post(cancel))
         .route("/ui/api/pause", post(pause))
         .route("/ui/api/resume", post(resume))
+        .route("/ui/api/schedule-pause", post(schedule_pause))
+        .route("/ui/api/schedule-resume", post(schedule_resume))
         .with_state(ui)
 }
 
@@ -197,6 +204,15 @@ fn admin_failure(err: AdminError) -> Response {
         AdminError::Coordinator(_) => StatusCode::BAD_GATEWAY,
         AdminError::NoSuchTask { .. } => StatusCode::NOT_FOUND,
         AdminError::InvalidId { .. } | AdminError::InvalidKey { .. } => StatusCode::BAD_REQUEST,
+        _ => StatusCode::CONFLICT,
+    };
+    refused(status, &err.to_string())
+}
+
+fn schedules_failure(err: SchedulesError) -> Response {
+    let status = match &err {
+        SchedulesError::Coordinator(_) => StatusCode::BAD_GATEWAY,
+        SchedulesError::NoSuchSchedule(_) => StatusCode::NOT_FOUND,
         _ => StatusCode::CONFLICT,
     };
     refused(status, &err.to_string())
@@ -357,6 +373,16 @@ async fn standbys(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
     answer(StatusCode::OK, json!(rows))
 }
 
+/// The schedules pane: every schedule with its ticks, read when asked (a tick enqueues a
+/// task, which the live feed announces, so the page asks again then).
+async fn schedules(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
+    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
+        return refusal(why);
+    }
+    let rows = data::schedules(ui.coord.as_ref(), &ui.settings, chrono::Utc::now()).await;
+    answer(StatusCode::OK, json!(rows))
+}
+
 /// The live feed: the overview at once, then on every new reading, until the page goes
 /// or the process stops.
 async fn events(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
@@ -385,11 +411,13 @@ async fn events(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
         .into_response()
 }
 
-/// An action's body: `{"key": ...}` or `{"taskType": ...}` or `{"token": ...}`.
+/// An action's body: `{"key": ...}` or `{"taskType": ...}` or `{"token": ...}` or
+/// `{"name": ...}` (a schedule's).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Action {
     key: Option<String>,
+    name: Option<String>,
     #[serde(rename = "taskType")]
     task_type: Option<String>,
     token: Option<String>,
@@ -532,6 +560,38 @@ async fn resume(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> R
     match admin::resume(ui.coord.as_ref(), &ui.settings).await {
         Ok(was) => done(&ui, json!({ "paused": false, "was_paused": was })),
         Err(err) => admin_failure(err),
+    }
+}
+
+async fn schedule_pause(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Response {
+    set_schedule_paused(&ui, &headers, &body, true).await
+}
+
+async fn schedule_resume(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Response {
+    set_schedule_paused(&ui, &headers, &body, false).await
+}
+
+async fn set_schedule_paused(ui: &Ui, headers: &HeaderMap, body: &[u8], paused: bool) -> Response {
+    let action = match action(ui, headers, body) {
+        Ok(action) => action,
+        Err(refused) => return refused.into_response(),
+    };
+    let Some(name) = action.name else {
+        return refused(StatusCode::BAD_REQUEST, "no schedule name given");
+    };
+    // The name becomes a key segment: checked before the coordinator is asked.
+    if let Err(reason) = crate::task::key::check_id(&name) {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            &format!("{name:?} is not a schedule name: {reason}"),
+        );
+    }
+    match data::set_schedule_paused(ui.coord.as_ref(), &ui.settings, &name, paused).await {
+        Ok(changed) => done(
+            ui,
+            json!({ "name": name, "paused": paused, "changed": changed }),
+        ),
+        Err(err) => schedules_failure(err),
     }
 }
 

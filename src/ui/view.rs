@@ -1,6 +1,7 @@
 //! What the dashboard shows, computed from what was read (the queue, the dead letters, the
 //! holder, the pause flag) and `now`: pure, so its rules are unit-tested with scripted time.
-//! Also the throughput ring buffer, fed by the difference between two readings.
+//! Also the throughput ring buffer, fed by the difference between two readings, and the
+//! schedules pane's rows from `service::schedules::list`'s views.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -10,6 +11,7 @@ use serde_json::Value;
 
 use crate::coord::{Holder, StoredTask};
 use crate::service::admin::{self, StatusReport, TaskRow};
+use crate::service::schedules::ScheduleView;
 use crate::task::history::HistoryRecord;
 use crate::task::{Status, Task};
 
@@ -333,6 +335,59 @@ impl Throughput {
     }
 }
 
+/// One row of the schedules pane, in the words the page shows.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ScheduleRow {
+    pub name: String,
+    /// "every 5m (UTC)", "cron 0 3 * * * (Europe/Paris)".
+    pub when: String,
+    pub task_type: String,
+    /// "active" or "paused"; "unreadable" for a record that cannot be decoded.
+    pub state: &'static str,
+    /// RFC 3339, or "" before the first tick; the page shows how long ago.
+    pub last_tick: String,
+    /// RFC 3339, or "" when paused (or no tick is left); the page shows how soon.
+    pub next_tick: String,
+    /// The last tick's task key, or "".
+    pub last_task: String,
+    /// Where that task is now ("queued", "dead", "done"), or "".
+    pub outcome: String,
+    pub skipped: u64,
+    /// Why the stored schedule cannot be read, or "".
+    pub error: String,
+}
+
+/// The schedules pane's rows, in `list`'s order.
+pub fn schedule_rows(views: Vec<ScheduleView>) -> Vec<ScheduleRow> {
+    views
+        .into_iter()
+        .map(|view| {
+            let state = match (&view.error, view.paused) {
+                (Some(_), _) => "unreadable",
+                (None, true) => "paused",
+                (None, false) => "active",
+            };
+            let when = if view.error.is_some() {
+                String::new()
+            } else {
+                format!("{} ({})", view.when, view.timezone)
+            };
+            ScheduleRow {
+                name: view.name,
+                when,
+                task_type: view.task_type,
+                state,
+                last_tick: view.last_tick.unwrap_or_default(),
+                next_tick: view.next_tick.unwrap_or_default(),
+                last_task: view.last_task.unwrap_or_default(),
+                outcome: view.last_outcome.unwrap_or_default(),
+                skipped: view.skipped,
+                error: view.error.unwrap_or_default(),
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -483,5 +538,60 @@ mod tests {
         throughput.record(at(3600 + 60), 1, 0);
         let chart = throughput.chart(at(3600 + 60));
         assert_eq!(chart.iter().map(|m| m.completed).sum::<u64>(), 6);
+    }
+
+    fn schedule_view(name: &str) -> ScheduleView {
+        ScheduleView {
+            name: name.into(),
+            when: "every 5m".into(),
+            timezone: "UTC".into(),
+            task_type: "Report".into(),
+            catch_up: "one".into(),
+            paused: false,
+            since: "2026-01-01T00:00:00.000Z".into(),
+            last_tick: Some("2026-01-01T00:05:00.000Z".into()),
+            last_task: Some("oracleTask/task_report-1".into()),
+            last_outcome: Some("dead".into()),
+            skipped: 2,
+            next_tick: Some("2026-01-01T00:10:00.000Z".into()),
+            error: None,
+        }
+    }
+
+    /// A schedule's row says how often and in which zone it fires, whether it is paused,
+    /// its ticks and where its last task went; a paused one has no next tick; an unreadable
+    /// record keeps its name and says why, with nothing else.
+    #[test]
+    fn schedule_rows_show_state_ticks_and_the_last_outcome() {
+        let active = schedule_view("report");
+        let mut paused = schedule_view("nightly");
+        paused.paused = true;
+        paused.next_tick = None;
+        let broken = ScheduleView {
+            when: String::new(),
+            timezone: String::new(),
+            last_tick: None,
+            last_task: None,
+            last_outcome: None,
+            next_tick: None,
+            skipped: 0,
+            error: Some("not a schedule: expected value".into()),
+            ..schedule_view("broken")
+        };
+        let rows = schedule_rows(vec![active, paused, broken]);
+        assert_eq!(rows[0].when, "every 5m (UTC)");
+        assert_eq!(rows[0].state, "active");
+        assert_eq!(rows[0].last_tick, "2026-01-01T00:05:00.000Z");
+        assert_eq!(rows[0].next_tick, "2026-01-01T00:10:00.000Z");
+        assert_eq!(rows[0].last_task, "oracleTask/task_report-1");
+        assert_eq!(rows[0].outcome, "dead");
+        assert_eq!(rows[0].skipped, 2);
+        assert_eq!(rows[0].error, "");
+        assert_eq!(rows[1].state, "paused");
+        assert_eq!(rows[1].next_tick, "");
+        assert_eq!(rows[2].name, "broken");
+        assert_eq!(rows[2].state, "unreadable");
+        assert_eq!(rows[2].when, "");
+        assert_eq!(rows[2].error, "not a schedule: expected value");
     }
 }

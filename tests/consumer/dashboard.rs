@@ -88,6 +88,20 @@ impl Browser {
 
     /// One WebDriver command; its `value`. Panics on a WebDriver error.
     async fn command(&self, method: &str, path: &str, body: Value) -> Value {
+        self.try_command(method, path, body)
+            .await
+            .unwrap_or_else(|(error, message)| {
+                panic!("webdriver {method} {path}: {error}: {message}")
+            })
+    }
+
+    /// One WebDriver command; its `value`, or the WebDriver error and its message.
+    async fn try_command(
+        &self,
+        method: &str,
+        path: &str,
+        body: Value,
+    ) -> Result<Value, (Value, Value)> {
         let url = format!("{}{path}", self.base);
         let request = match method {
             "GET" => self.http.get(&url),
@@ -96,10 +110,10 @@ impl Browser {
         };
         let answer: Value = request.send().await.unwrap().json().await.unwrap();
         let value = answer["value"].clone();
-        if let Some(error) = value.get("error") {
-            panic!("webdriver {method} {path}: {error}: {}", value["message"]);
+        match value.get("error") {
+            Some(error) => Err((error.clone(), value["message"].clone())),
+            None => Ok(value),
         }
-        value
     }
 
     async fn goto(&self, url: &str) {
@@ -128,24 +142,43 @@ impl Browser {
             .collect()
     }
 
-    /// The visible text of the first element matching `css`, `None` if there is none.
+    /// The visible text of the first element matching `css`, `None` if there is none (or
+    /// the page replaced it between finding and reading, as a pane re-rendered does).
     async fn text(&self, css: &str) -> Option<String> {
         let element = self.find_all(css).await.into_iter().next()?;
-        let text = self
-            .command("GET", &format!("/element/{element}/text"), Value::Null)
-            .await;
+        let text = match self
+            .try_command("GET", &format!("/element/{element}/text"), Value::Null)
+            .await
+        {
+            Ok(text) => text,
+            Err((error, _)) if error == "stale element reference" => return None,
+            Err((error, message)) => panic!("webdriver text of {css}: {error}: {message}"),
+        };
         Some(text.as_str().unwrap_or_default().to_string())
     }
 
+    /// Clicks the first element matching `css`, found again if the page replaced it
+    /// between finding and clicking.
     async fn click(&self, css: &str) {
-        let element = self
-            .find_all(css)
-            .await
-            .into_iter()
-            .next()
-            .unwrap_or_else(|| panic!("nothing to click at {css}"));
-        self.command("POST", &format!("/element/{element}/click"), json!({}))
-            .await;
+        let started = Instant::now();
+        loop {
+            let element = self
+                .find_all(css)
+                .await
+                .into_iter()
+                .next()
+                .unwrap_or_else(|| panic!("nothing to click at {css}"));
+            match self
+                .try_command("POST", &format!("/element/{element}/click"), json!({}))
+                .await
+            {
+                Ok(_) => return,
+                Err((error, _))
+                    if error == "stale element reference"
+                        && started.elapsed() < Duration::from_secs(5) => {}
+                Err((error, message)) => panic!("webdriver click at {css}: {error}: {message}"),
+            }
+        }
     }
 
     /// Replaces the text in the first element matching `css` with `text`, typed.
@@ -272,6 +305,82 @@ async fn dashboard_shows_the_leader_and_retries_a_dead_letter_by_click() {
     browser.quit().await;
 }
 
+/// A schedule applied with `leaderq schedules apply` shows in the Schedules pane with how
+/// often it fires, its state and its next tick; a click on its pause button pauses it (the
+/// pane and `leaderq schedules list` say so) and a click on resume brings it back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_shows_a_schedule_and_pauses_it_by_click() {
+    let Some((driver, chromium)) = Browser::installed() else {
+        return;
+    };
+    let mut bed = Bed::new();
+    bed.start_replica("s1");
+    bed.leader_node().await;
+    let file = bed.dir.path().join("schedules.toml");
+    std::fs::write(
+        &file,
+        "[[schedule]]\nname = \"hourly\"\nevery = \"1h\"\ntask_type = \"Report\"\n",
+    )
+    .unwrap();
+    let applied = leaderq(&bed, &["schedules", "apply", file.to_str().unwrap()]);
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let observe = observe_address(&bed.replicas[0]).await;
+    let browser =
+        Browser::start(&driver, &chromium, &bed.dir.path().join("chromedriver.log")).await;
+    browser.goto(&format!("http://{observe}/ui/")).await;
+    browser.click("#tab-schedules").await;
+    let row = "#schedule-rows tr[data-name='hourly']";
+    browser
+        .wait_text(row, Duration::from_secs(10), |t| {
+            t.contains("every 1h")
+                && t.contains("(UTC)")
+                && t.contains("Report")
+                && t.contains("active")
+        })
+        .await;
+    browser
+        .wait_text(&format!("{row} td.next"), Duration::from_secs(5), |t| {
+            t.starts_with("in ")
+        })
+        .await;
+
+    browser
+        .click(&format!("{row} button[data-action='schedule-pause']"))
+        .await;
+    browser
+        .wait_text(&format!("{row} td.state"), Duration::from_secs(5), |t| {
+            t == "paused"
+        })
+        .await;
+    browser
+        .wait_text(&format!("{row} td.next"), Duration::from_secs(5), |t| {
+            t == "–"
+        })
+        .await;
+    let listed = leaderq(&bed, &["schedules", "list"]);
+    let listed = String::from_utf8_lossy(&listed.stdout);
+    assert!(
+        listed
+            .lines()
+            .any(|line| line.starts_with("hourly") && line.contains("paused")),
+        "{listed}"
+    );
+
+    browser
+        .click(&format!("{row} button[data-action='schedule-resume']"))
+        .await;
+    browser
+        .wait_text(&format!("{row} td.state"), Duration::from_secs(5), |t| {
+            t == "active"
+        })
+        .await;
+    browser.quit().await;
+}
+
 /// `leaderq ui` with a token, in a real browser: the page asks for the token, refuses a
 /// wrong one, and with the right one shows the leader and follows the queue live.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -360,6 +469,33 @@ async fn dashboard_actions_need_the_csrf_token_and_the_same_origin() {
     };
     let own = format!("http://{observe}");
     assert_eq!(pause(None, &own).await.unwrap().status(), 403);
+    // A schedule's pause is an action like the others; its name is checked before use.
+    let schedule_pause = |token: Option<&str>, name: &str| {
+        let mut request = client()
+            .post(format!("http://{observe}/ui/api/schedule-pause"))
+            .header("Origin", format!("http://{observe}"))
+            .header("Cookie", format!("leaderq_csrf={}", token.unwrap_or("x")))
+            .json(&json!({ "name": name }));
+        if let Some(token) = token {
+            request = request.header("X-CSRF-Token", token);
+        }
+        request.send()
+    };
+    assert_eq!(schedule_pause(None, "nightly").await.unwrap().status(), 403);
+    assert_eq!(
+        schedule_pause(Some(&token), "../nightly")
+            .await
+            .unwrap()
+            .status(),
+        400
+    );
+    assert_eq!(
+        schedule_pause(Some(&token), "nightly")
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
     assert_eq!(
         pause(Some(&token), "http://evil.example")
             .await
@@ -494,8 +630,20 @@ async fn standalone_ui(backend: &str) {
         .unwrap();
     assert_eq!(by_name.status(), 200);
     // Reads need the token; the page itself does not (it asks for it).
-    let anonymous = client().get(url("/ui/api/overview")).send().await.unwrap();
-    assert_eq!(anonymous.status(), 401);
+    for path in ["/ui/api/overview", "/ui/api/schedules"] {
+        let anonymous = client().get(url(path)).send().await.unwrap();
+        assert_eq!(anonymous.status(), 401, "{path}");
+    }
+    let schedules: Value = client()
+        .get(url("/ui/api/schedules"))
+        .header("Authorization", &bearer)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(schedules, json!({"recorded": "yes", "rows": []}));
     let wrong = client()
         .get(url("/ui/api/overview"))
         .header("Authorization", "Bearer test-token-0123456789abcdeX")

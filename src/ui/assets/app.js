@@ -188,6 +188,31 @@ async function loadDead() {
   $("dead-rows").replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colSpan: 7 }, "no dead letters"))]));
 }
 
+// Schedules: a paused one offers resume, an active one pause; an unreadable record says why.
+async function loadSchedules() {
+  const data = await api("/ui/api/schedules");
+  if (data.recorded !== "yes") {
+    $("schedule-rows").replaceChildren(el("tr", {}, el("td", { colSpan: 10, class: "error" }, "Not readable: " + (data.why || ""))));
+    return;
+  }
+  const rows = data.rows.map((row) => {
+    if (row.error) {
+      return el("tr", { "data-name": row.name },
+        el("td", { class: "key" }, row.name), el("td", { colSpan: 9, class: "error" }, "unreadable: " + row.error));
+    }
+    const toggle = row.state === "paused" ? "schedule-resume" : "schedule-pause";
+    const button = el("button", { "data-action": toggle, "data-name": row.name }, row.state === "paused" ? "Resume" : "Pause");
+    return el("tr", { "data-name": row.name },
+      el("td", { class: "key" }, row.name), el("td", {}, row.when), el("td", {}, row.task_type),
+      el("td", { class: "state" }, row.state),
+      el("td", { title: row.last_tick }, row.last_tick ? age(since(row.last_tick)) + " ago" : "never"),
+      el("td", { class: "next", title: row.next_tick }, row.next_tick ? due(row.next_tick) + " (" + row.next_tick + ")" : "–"),
+      el("td", { class: "key" }, row.last_task), el("td", {}, row.outcome), el("td", {}, row.skipped),
+      el("td", {}, button));
+  });
+  $("schedule-rows").replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colSpan: 10 }, "no schedules (add some with leaderq schedules apply FILE)"))]));
+}
+
 async function loadStandbys() {
   recordedPane($("standbys"), await api("/ui/api/standbys"), ["node", "status", "last_heartbeat", "host"]);
 }
@@ -196,6 +221,7 @@ async function loadActive() {
   try {
     if (active === "queue") await loadQueue();
     else if (active === "dead") await loadDead();
+    else if (active === "schedules") await loadSchedules();
     else if (active === "history") recordedPane($("history"), await api("/ui/api/history"), ["key", "task_type", "outcome", "duration", "attempts", "fencing_token", "node", "finished_at", "detail"]);
     else if (active === "timeline") recordedPane($("timeline"), await api("/ui/api/timeline"), ["node", "fencing_token", "since", "until", "why"]);
   } catch (err) {
@@ -239,12 +265,13 @@ document.addEventListener("click", async (event) => {
   const action = target.dataset.action;
   if (!action) return;
   const key = target.dataset.key;
+  const name = target.dataset.name;
   if (action === "delete" && !confirm("Delete " + key + " for good?")) return;
   if (action === "cancel" && !confirm("Cancel " + key + "?")) return;
   if (action === "retry-all" && !confirm("Move every dead letter back to the queue?")) return;
   target.disabled = true;
   try {
-    const answer = await act("/ui/api/" + action, key ? { key } : {});
+    const answer = await act("/ui/api/" + action, key ? { key } : name ? { name } : {});
     if (action === "retry") show("requeued as " + answer.requeued, true);
     else if (action === "retry-all") show("requeued " + answer.requeued + (answer.errors.length ? "; not requeued: " + answer.errors.join("; ") : ""), !answer.errors.length);
     else if (action === "delete") show("deleted " + answer.deleted, true);
