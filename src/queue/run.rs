@@ -234,16 +234,18 @@ impl Queue {
                 // The lease ended and left the task an orphan, where that moves its version
                 // (Redis); or a producer rewrote it while it ran.
                 let edits = |version| orphan_completion(&done, version);
-                if self
-                    .settle_orphan(&leadership.lease, &task.key, edits)
-                    .await
-                    .is_ok()
-                {
+                let orphan = match self.release_current(leadership, &task.key).await {
+                    Some(current) => self
+                        .settle_orphan(&leadership.lease, &current, edits)
+                        .await
+                        .is_ok(),
+                    None => false,
+                };
+                if orphan {
                     tracing::info!(task_key = %task.key, "lease lost: the finished run is recorded on the orphan it left");
                     self.log_completed(leadership, &done, leadership.fencing_token);
                 } else {
                     tracing::info!(task_key = %task.key, "task completed, but a producer rewrote it meanwhile; the new version stays queued");
-                    self.release_current(leadership, &task.key).await;
                 }
             }
             Ok(Written::NotLeader) => {
@@ -390,13 +392,14 @@ impl Queue {
             Ok(Written::Conflict(_)) => {
                 // A producer rewrote the task while it ran; or the lease ended and left it
                 // an orphan, where that moves the task's version (Redis).
-                self.release_current(leadership, &task.key).await;
-                if self
-                    .settle_orphan(&leadership.lease, &task.key, orphan_edits)
-                    .await
-                    .is_ok()
-                {
-                    tracing::info!(task_key = %task.key, "lease lost: {what} on the orphan it left");
+                if let Some(current) = self.release_current(leadership, &task.key).await {
+                    if self
+                        .settle_orphan(&leadership.lease, &current, orphan_edits)
+                        .await
+                        .is_ok()
+                    {
+                        tracing::info!(task_key = %task.key, "lease lost: {what} on the orphan it left");
+                    }
                 }
             }
             Err(CoordError::Refused(why)) => {
@@ -446,20 +449,27 @@ impl Queue {
                 tracing::debug!(task_key = %key, error = %err, "cannot write under this replica's own claim; looking for the orphan its lease left")
             }
         }
-        self.settle_orphan(lease, key, orphan_edits)
+        let current = match self.coord.get(&[key.to_string()]).await {
+            Ok(mut found) => found.pop().filter(|t| t.key == key),
+            Err(err) => return Err(err.to_string()),
+        };
+        let Some(current) = current else {
+            return Err("the task is gone".into());
+        };
+        self.settle_orphan(lease, &current, orphan_edits)
             .await
             .map(|()| "on the orphan its ended lease left")
     }
 
-    /// Settles `key` with `edits` at its version if it is the orphan this lease left
-    /// ([`Queue::own_orphan`]); else says why not.
+    /// Settles `current` (a task as just read) with `edits` at its version if it is the
+    /// orphan this lease left ([`own_orphan`]); else says why not.
     pub(super) async fn settle_orphan(
         &self,
         lease: &LeaseId,
-        key: &str,
+        current: &StoredTask,
         edits: impl FnOnce(u64) -> Vec<Edit>,
     ) -> Result<(), String> {
-        let Some(version) = self.own_orphan(lease, key).await else {
+        let Some(version) = own_orphan(lease, current) else {
             return Err("the task is no longer this lease's claim nor its orphan".into());
         };
         match self.coord.edit(&edits(version)).await {
@@ -471,42 +481,25 @@ impl Queue {
         }
     }
 
-    /// The version of `key` if it is a task this lease claimed and left as an orphan when
-    /// the lease ended (revoked, or expired) before the run's outcome was written under it,
-    /// with nothing written to it since: a requeue or another claim rewrites `takenBy`, so
-    /// the marks of this lease's claim prove it. Only the replica whose run it was, and
-    /// whose run is over, settles such a task outside any leadership, with an edit at
-    /// exactly that version; `None` for anything else (settled, requeued, claimed, gone).
-    async fn own_orphan(&self, lease: &LeaseId, key: &str) -> Option<u64> {
-        let stored = self.coord.get(&[key.to_string()]).await.ok()?.pop()?;
-        if stored.key != key || stored.holder.is_some() {
-            return None;
-        }
-        let task = Task::parse(&stored).ok()?;
-        let claimed_by = task
-            .taken_by
-            .as_deref()
-            .and_then(|by| by.get("session"))
-            .and_then(serde_json::Value::as_str);
-        (task.taken && claimed_by == Some(lease.0.as_str())).then_some(stored.version)
-    }
-
     /// Releases a task a producer rewrote while it ran, keeping the producer's value.
-    pub(super) async fn release_current(&self, leadership: &Leadership, key: &str) {
+    /// Answers the task as last read when this lease does not hold it (an orphan, or
+    /// another's), for the caller to settle; `None` once released, gone or unreadable.
+    pub(super) async fn release_current(
+        &self,
+        leadership: &Leadership,
+        key: &str,
+    ) -> Option<StoredTask> {
         let keys = [key.to_string()];
         for _ in 0..RELEASE_ATTEMPTS {
             let current = match self.coord.get(&keys).await {
-                Ok(found) => match found.into_iter().next() {
-                    Some(current) => current,
-                    None => return,
-                },
+                Ok(found) => found.into_iter().next()?,
                 Err(err) => {
                     tracing::warn!(task_key = %key, error = %err, "cannot read a rewritten task");
-                    return;
+                    return None;
                 }
             };
             if current.holder.as_ref() != Some(&leadership.lease) {
-                return;
+                return Some(current);
             }
             let ops = [TaskOp::Release {
                 key: key.to_string(),
@@ -515,9 +508,10 @@ impl Queue {
             }];
             match self.write(leadership, &ops).await {
                 Ok(Written::Conflict(_)) => continue,
-                _ => return,
+                _ => return None,
             }
         }
+        None
     }
 
     /// base × 2^(attempt-1), capped, plus up to 20% jitter so retries do not bunch up.
@@ -527,6 +521,25 @@ impl Queue {
         let capped = base.min(self.settings.backoff_max);
         capped + capped.mul_f64(fastrand::f64() * 0.2)
     }
+}
+
+/// The version of `stored` if it is a task this lease claimed and left as an orphan when
+/// the lease ended (revoked, or expired) before the run's outcome was written under it,
+/// with nothing written to it since: a requeue or another claim rewrites `takenBy`, so
+/// the marks of this lease's claim prove it. Only the replica whose run it was, and whose
+/// run is over, settles such a task outside any leadership, with an edit at exactly that
+/// version; `None` for anything else (settled, requeued, claimed, held).
+fn own_orphan(lease: &LeaseId, stored: &StoredTask) -> Option<u64> {
+    if stored.holder.is_some() {
+        return None;
+    }
+    let task = Task::parse(stored).ok()?;
+    let claimed_by = task
+        .taken_by
+        .as_deref()
+        .and_then(|by| by.get("session"))
+        .and_then(serde_json::Value::as_str);
+    (task.taken && claimed_by == Some(lease.0.as_str())).then_some(stored.version)
 }
 
 /// A finished run's completion as edits of the orphan its lease left at `version`, for the

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::{plan, Schedule, ScheduleError, ScheduleSpec};
-use crate::coord::StoredTask;
+use crate::coord::{StoredTask, TaskOp};
 
 /// Where the schedules of the queue under `queue_prefix` are kept.
 pub fn definitions_prefix(queue_prefix: &str) -> String {
@@ -104,6 +104,22 @@ impl TickRecord {
 
     pub fn decode(value: &[u8]) -> Option<TickRecord> {
         serde_json::from_slice(value).ok()
+    }
+
+    /// The write, in a leader's guarded batch, that records this at `key`: a rewrite at
+    /// `read_at`, the version of the record as read, or its creation when there was none.
+    pub fn write(&self, key: String, read_at: Option<u64>) -> TaskOp {
+        match read_at {
+            Some(version) => TaskOp::Rewrite {
+                key,
+                version,
+                value: self.encode(),
+            },
+            None => TaskOp::Create {
+                key,
+                value: self.encode(),
+            },
+        }
     }
 
     /// The last tick's target time.

@@ -95,17 +95,7 @@ pub fn step(
         fencing_token: leadership.fencing_token,
     };
     let key = format!("{}{}", store::ticks_prefix(queue_prefix), schedule.name);
-    ops.push(match tick {
-        Some(t) => TaskOp::Rewrite {
-            key,
-            version: t.version,
-            value: record.encode(),
-        },
-        None => TaskOp::Create {
-            key,
-            value: record.encode(),
-        },
-    });
+    ops.push(record.write(key, tick.map(|t| t.version)));
     let step = Step {
         ops,
         ticks,

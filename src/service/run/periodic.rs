@@ -78,17 +78,7 @@ pub(super) async fn lead_periodic(ticks: &Ticks<'_>, leading: &Leading<'_>) -> E
                 node: ticks.node_id.to_string(),
                 fencing_token: leading.leadership.fencing_token,
             };
-            let op = match (&stored, &previous) {
-                (Some(stored), _) => crate::coord::TaskOp::Rewrite {
-                    key: ticks.key.clone(),
-                    version: stored.version,
-                    value: record.encode(),
-                },
-                (None, _) => crate::coord::TaskOp::Create {
-                    key: ticks.key.clone(),
-                    value: record.encode(),
-                },
-            };
+            let op = record.write(ticks.key.clone(), stored.as_ref().map(|s| s.version));
             match leading.coord.write(leading.leadership, &[op]).await {
                 Ok(crate::coord::Written::Done { .. }) => {}
                 Ok(crate::coord::Written::NotLeader) => return Event::Lost,
