@@ -11,9 +11,15 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::{Deserialize, Deserializer};
+use serde::Deserialize;
 
 use crate::util::duration;
+
+// Each backend's section lives beside the backend that reads it, with its own checks.
+pub use crate::coord::consul::ConsulSettings;
+pub use crate::coord::etcd::EtcdSettings;
+pub use crate::coord::redis::RedisSettings;
+pub use crate::coord::zookeeper::ZookeeperSettings;
 
 /// The largest `queue.concurrency`: runs in flight, each a supervised process group.
 pub const MAX_CONCURRENCY: usize = 256;
@@ -80,79 +86,20 @@ pub enum ElectionMode {
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ZookeeperSettings {
-    /// `host:port,host:port[/chroot]`, as ZooKeeper's own clients take it.
-    pub connect: String,
-    /// The session timeout of the replica's own connection (reads, watches, edits); each
-    /// lease's session asks for `election.session_ttl`.
-    #[serde(deserialize_with = "go_duration")]
-    pub session_timeout: Duration,
-    /// How long one watch may wait before it returns unchanged.
-    #[serde(deserialize_with = "go_duration")]
-    pub wait: Duration,
-    /// `user:password` of ZooKeeper's digest scheme; empty: none.
-    pub auth: String,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ConsulSettings {
-    pub addresses: Vec<String>,
-    pub token: String,
-    pub ca_file: String,
-    #[serde(deserialize_with = "go_duration")]
-    pub wait: Duration,
-    #[serde(deserialize_with = "go_duration")]
-    pub request_timeout: Duration,
-    /// Operations in one transaction: 128 (Consul 1.6 and later), 64 for older servers.
-    pub txn_max_ops: usize,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EtcdSettings {
-    pub endpoints: Vec<String>,
-    pub user: String,
-    pub password: String,
-    pub ca_file: String,
-    #[serde(deserialize_with = "go_duration")]
-    pub wait: Duration,
-    #[serde(deserialize_with = "go_duration")]
-    pub request_timeout: Duration,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RedisSettings {
-    pub url: String,
-    /// Overrides the URL's password when not empty (so it can come from the environment).
-    pub password: String,
-    pub key_prefix: String,
-    #[serde(deserialize_with = "go_duration")]
-    pub wait: Duration,
-    #[serde(deserialize_with = "go_duration")]
-    pub request_timeout: Duration,
-    /// Run on a Redis that can lose acknowledged writes (no AOF, `appendfsync no`, an
-    /// eviction policy, settings that cannot be read) instead of refusing it at start.
-    pub accept_data_loss: bool,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ElectionSettings {
     pub leader_key: String,
     pub node_id: String,
-    #[serde(deserialize_with = "go_duration")]
+    #[serde(deserialize_with = "duration::deserialize")]
     pub session_ttl: Duration,
-    #[serde(deserialize_with = "go_duration")]
+    #[serde(deserialize_with = "duration::deserialize")]
     pub lock_delay: Duration,
     pub health_check: bool,
-    #[serde(deserialize_with = "go_duration")]
+    #[serde(deserialize_with = "duration::deserialize")]
     pub prefer_previous_leader: Duration,
-    #[serde(deserialize_with = "go_duration")]
+    #[serde(deserialize_with = "duration::deserialize")]
     pub retry_interval: Duration,
     pub mode: ElectionMode,
-    #[serde(deserialize_with = "go_duration")]
+    #[serde(deserialize_with = "duration::deserialize")]
     pub rotate_after: Duration,
     pub rotate_after_tasks: u64,
     /// Register the replica in the agent's service catalog (`registration.rs`).
@@ -174,25 +121,25 @@ pub struct QueueSettings {
     /// How many history records to keep (0: none, history off).
     pub history_keep: usize,
     /// History records older than this are pruned (0s: no age limit).
-    #[serde(deserialize_with = "go_duration")]
+    #[serde(deserialize_with = "duration::deserialize")]
     pub history_max_age: Duration,
     pub max_attempts: u32,
     pub claim_batch: usize,
     /// Runs at once, at most one per `taskGroup` (1: one task at a time).
     pub concurrency: usize,
-    #[serde(deserialize_with = "go_duration")]
+    #[serde(deserialize_with = "duration::deserialize")]
     pub backoff_base: Duration,
-    #[serde(deserialize_with = "go_duration")]
+    #[serde(deserialize_with = "duration::deserialize")]
     pub backoff_max: Duration,
     /// A producer's `runAt` further ahead than this dead-letters its task.
-    #[serde(deserialize_with = "go_duration")]
+    #[serde(deserialize_with = "duration::deserialize")]
     pub run_at_max_ahead: Duration,
-    #[serde(deserialize_with = "go_duration")]
+    #[serde(deserialize_with = "duration::deserialize")]
     pub shutdown_grace: Duration,
     /// Start even with no handler at all, which dead-letters every task.
     pub allow_no_handlers: bool,
     /// Between SIGTERM and SIGKILL of a handler's process group.
-    #[serde(deserialize_with = "go_duration")]
+    #[serde(deserialize_with = "duration::deserialize")]
     pub kill_grace: Duration,
 }
 
@@ -235,7 +182,7 @@ pub struct HandlerSettings {
     #[serde(default)]
     pub command: Vec<String>,
     /// Exec handlers are killed after this long; none by default.
-    #[serde(default, deserialize_with = "optional_go_duration")]
+    #[serde(default, deserialize_with = "duration::deserialize_optional")]
     pub timeout: Option<Duration>,
     /// Variables set for an exec handler, on top of the allow-listed ones.
     #[serde(default)]
@@ -257,18 +204,6 @@ pub const DEFAULT_PERMANENT_EXIT_CODE: i32 = 65;
 
 fn default_permanent_exit_codes() -> Vec<i32> {
     vec![DEFAULT_PERMANENT_EXIT_CODE]
-}
-
-fn go_duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Duration, D::Error> {
-    let text = String::deserialize(deserializer)?;
-    duration::parse(&text)
-        .map_err(|e| serde::de::Error::custom(format!("{e} (use a duration such as \"15s\")")))
-}
-
-fn optional_go_duration<'de, D: Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<Duration>, D::Error> {
-    go_duration(deserializer).map(Some)
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -357,14 +292,6 @@ impl Settings {
                 "election.mode = \"rotate\" needs election.rotate_after (a duration) or election.rotate_after_tasks (a count) above 0".into(),
             );
         }
-        if self.consul.addresses.is_empty() {
-            return invalid("consul.addresses is empty: give at least one Consul address".into());
-        }
-        for address in &self.consul.addresses {
-            if let Err(reason) = crate::coord::consul::client::parse_address(address) {
-                return invalid(format!("consul.addresses: {reason}"));
-            }
-        }
         if let Some(token) = self.observe.admin_token() {
             // Kept in a cookie once typed into the page, so only cookie-safe characters;
             // and long enough not to be guessed.
@@ -377,27 +304,25 @@ impl Settings {
                 ));
             }
         }
-        crate::coord::etcd::check_settings(&self.etcd).map_err(ConfigError::Invalid)?;
-
-        if let Err(reason) = crate::coord::zookeeper::check_settings(&self.zookeeper) {
-            return invalid(reason);
-        }
-        if let Err(reason) = crate::coord::redis::check_settings(&self.redis) {
-            return invalid(reason);
-        }
+        // Every backend's section is checked, not only the chosen one's, so that a switch
+        // of `coordinator.backend` never meets a section that was wrong all along.
+        self.consul.check().map_err(ConfigError::Invalid)?;
+        self.etcd.check().map_err(ConfigError::Invalid)?;
+        self.zookeeper.check().map_err(ConfigError::Invalid)?;
+        self.redis.check().map_err(ConfigError::Invalid)?;
         if self.election.leader_key.is_empty() || self.election.leader_key.starts_with('/') {
             return invalid(
                 "election.leader_key must be a non-empty key without a leading '/'".into(),
             );
         }
-        if crate::leader::identity::validate_node_id(&self.election.service_name).is_err() {
+        if crate::task::key::validate_node_id(&self.election.service_name).is_err() {
             return invalid(format!(
                 "election.service_name {:?} is not a valid service name: use 1 to 128 ASCII letters, digits, '.', '_' or '-'",
                 self.election.service_name
             ));
         }
         if !self.election.node_id.is_empty() {
-            if let Err(reason) = crate::leader::identity::validate_node_id(&self.election.node_id) {
+            if let Err(reason) = crate::task::key::validate_node_id(&self.election.node_id) {
                 return invalid(format!(
                     "election.node_id {:?} {reason}",
                     self.election.node_id
@@ -476,12 +401,6 @@ impl Settings {
         if !(1..=MAX_CLAIM_BATCH).contains(&self.queue.claim_batch) {
             return invalid(format!(
                 "queue.claim_batch must be between 1 and {MAX_CLAIM_BATCH} (one transaction holds at most 128 operations)"
-            ));
-        }
-        if !(64..=128).contains(&self.consul.txn_max_ops) {
-            return invalid(format!(
-                "consul.txn_max_ops must be between 64 and 128 (Consul accepts 128 operations in a transaction since 1.6, 64 before), not {}",
-                self.consul.txn_max_ops
             ));
         }
         if !(1..=MAX_CONCURRENCY).contains(&self.queue.concurrency) {

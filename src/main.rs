@@ -16,9 +16,9 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use leaderq::observe::logging::escape;
 use leaderq::server;
 use leaderq::util::duration::format_age;
+use leaderq::util::escape::escape;
 
 #[derive(Parser)]
 #[command(
@@ -573,7 +573,7 @@ fn main() -> ExitCode {
             let _ = writeln!(
                 std::io::stderr().lock(),
                 "error: {}",
-                leaderq::observe::logging::escape(&message)
+                leaderq::util::escape::escape(&message)
             );
             let refused = err
                 .chain()
@@ -741,7 +741,7 @@ async fn run_dev(args: DevArgs, config: &ConfigArgs) -> anyhow::Result<()> {
 
 async fn run_enqueue(args: EnqueueArgs, config: &ConfigArgs) -> anyhow::Result<()> {
     let settings = load_settings(config)?;
-    let coord = leaderq::coord::connect(&settings)?;
+    let coord = leaderq::service::connect::connect(&settings)?;
     let tasks = match &args.task_type {
         Some(task_type) => vec![leaderq::service::admin::task_from_flags(
             task_type,
@@ -788,12 +788,12 @@ async fn run_status(args: StatusArgs, config: &ConfigArgs) -> anyhow::Result<()>
     if let Some(name) = &args.name {
         if args.timeline {
             let settings = leaderq::service::run::settings_for(settings, name)?;
-            let coord = leaderq::coord::connect(&settings)?;
+            let coord = leaderq::service::connect::connect(&settings)?;
             return print_timeline(coord.as_ref(), &settings, args.json).await;
         }
         return run_status_of_run(settings, name, args.json).await;
     }
-    let coord = leaderq::coord::connect(&settings)?;
+    let coord = leaderq::service::connect::connect(&settings)?;
     if args.timeline {
         return print_timeline(coord.as_ref(), &settings, args.json).await;
     }
@@ -925,7 +925,7 @@ async fn run_schedules(args: SchedulesArgs, config: &ConfigArgs) -> anyhow::Resu
         }
         _ => None,
     };
-    let coord = leaderq::coord::connect(&settings)?;
+    let coord = leaderq::service::connect::connect(&settings)?;
     let now = chrono::Utc::now();
     match args.command {
         SchedulesCmd::List { json } => {
@@ -991,7 +991,7 @@ async fn pause_schedule(
 
 async fn run_pause(pause: bool, config: &ConfigArgs) -> anyhow::Result<()> {
     let settings = load_settings(config)?;
-    let coord = leaderq::coord::connect(&settings)?;
+    let coord = leaderq::service::connect::connect(&settings)?;
     let prefix = escape(&settings.queue.prefix).into_owned();
     if pause {
         let already = leaderq::service::admin::pause(coord.as_ref(), &settings).await?;
@@ -1016,7 +1016,7 @@ async fn run_status_of_run(
     json: bool,
 ) -> anyhow::Result<()> {
     let settings = leaderq::service::run::settings_for(settings, name)?;
-    let coord = leaderq::coord::connect(&settings)?;
+    let coord = leaderq::service::connect::connect(&settings)?;
     let (holder, _) = coord
         .observe(leaderq::coord::Version(0), Duration::ZERO)
         .await
@@ -1064,7 +1064,7 @@ async fn run_status_of_run(
 
 async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
     let settings = load_settings(config)?;
-    let coord = leaderq::coord::connect(&settings)?;
+    let coord = leaderq::service::connect::connect(&settings)?;
     let coord = coord.as_ref();
     match args.command {
         TasksCmd::List { json } => {
@@ -1406,7 +1406,8 @@ async fn run_ui(args: UiArgs, config: &ConfigArgs) -> anyhow::Result<()> {
         shutdown_signal().await;
         trigger.cancel();
     });
-    leaderq::ui::serve(settings, listener, shutdown).await?;
+    let coord = leaderq::service::connect::connect(&settings)?;
+    leaderq::ui::serve(coord, settings, listener, shutdown).await?;
     Ok(())
 }
 

@@ -86,3 +86,351 @@ fn no_unwrap_outside_tests() {
         problems.join("\n")
     );
 }
+
+/// The walls: which top-level modules each folder of `src/` may not import (`crate::x`
+/// in its non-test code). The layers, from the bottom: `util`; the seam and its backends
+/// (`coord`) and the embedded server (`server`), which know nothing of settings files;
+/// the task format (`task`), process supervision (`supervise`) and metrics (`observe`);
+/// `config`, which composes the backends' own sections; the replica's life (`leader`),
+/// handlers, schedules and the queue; the operator's verbs (`operate`); the dashboard
+/// (`ui`); the commands' wiring (`service`); `tools` over real processes on top.
+const FORBIDDEN: &[(&str, &[&str])] = &[
+    (
+        "util",
+        &[
+            "coord",
+            "server",
+            "task",
+            "supervise",
+            "observe",
+            "config",
+            "leader",
+            "handler",
+            "schedule",
+            "queue",
+            "operate",
+            "ui",
+            "service",
+            "tools",
+        ],
+    ),
+    (
+        "coord",
+        &[
+            "server",
+            "task",
+            "supervise",
+            "observe",
+            "config",
+            "leader",
+            "handler",
+            "schedule",
+            "queue",
+            "operate",
+            "ui",
+            "service",
+            "tools",
+        ],
+    ),
+    (
+        "server",
+        &[
+            "coord",
+            "task",
+            "supervise",
+            "observe",
+            "config",
+            "leader",
+            "handler",
+            "schedule",
+            "queue",
+            "operate",
+            "ui",
+            "service",
+            "tools",
+        ],
+    ),
+    (
+        "task",
+        &[
+            "server",
+            "supervise",
+            "observe",
+            "config",
+            "leader",
+            "handler",
+            "schedule",
+            "queue",
+            "operate",
+            "ui",
+            "service",
+            "tools",
+        ],
+    ),
+    (
+        "supervise",
+        &[
+            "coord", "server", "task", "observe", "config", "leader", "handler", "schedule",
+            "queue", "operate", "ui", "service", "tools",
+        ],
+    ),
+    (
+        "observe",
+        &[
+            "server",
+            "task",
+            "supervise",
+            "config",
+            "leader",
+            "handler",
+            "schedule",
+            "queue",
+            "operate",
+            "ui",
+            "service",
+            "tools",
+        ],
+    ),
+    (
+        "config",
+        &[
+            "server", "observe", "leader", "handler", "schedule", "queue", "operate", "ui",
+            "service", "tools",
+        ],
+    ),
+    (
+        "leader",
+        &[
+            "server", "handler", "schedule", "queue", "operate", "ui", "service", "tools",
+        ],
+    ),
+    (
+        "handler",
+        &[
+            "server", "leader", "schedule", "queue", "operate", "ui", "service", "tools",
+        ],
+    ),
+    (
+        "schedule",
+        &[
+            "server", "handler", "queue", "operate", "ui", "service", "tools",
+        ],
+    ),
+    (
+        "queue",
+        &["server", "schedule", "operate", "ui", "service", "tools"],
+    ),
+    ("operate", &["server", "ui", "service", "tools"]),
+    ("ui", &["server", "service", "tools"]),
+    ("service", &["tools"]),
+];
+
+/// The top-level modules a piece of code names as `crate::x` (paths and `use crate::{..}`
+/// groups), comments left out.
+fn crate_imports(code: &str) -> Vec<(usize, String)> {
+    let mut found = Vec::new();
+    let mut in_group = false;
+    for (n, line) in code.lines().enumerate() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            let after = &rest[at + "crate::".len()..];
+            if after.starts_with('{') {
+                in_group = true;
+            } else {
+                let name: String = after
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() {
+                    found.push((n + 1, name));
+                }
+            }
+            rest = after;
+        }
+        if in_group {
+            // Inside `use crate::{a::b, c, ...}`: every path's first segment, until `};`.
+            let group = code.rsplit("crate::{").next().unwrap_or(code);
+            for item in group.split([',', '{', '}', ' ', ';']) {
+                let first = item.split("::").next().unwrap_or("").trim();
+                if !first.is_empty() && first.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+                    found.push((n + 1, first.to_string()));
+                }
+            }
+            if code.contains("};") {
+                in_group = false;
+            }
+        }
+    }
+    found
+}
+
+/// The top-level module a file under `src/` belongs to (`coord/etcd/txn.rs` → `coord`).
+fn top_module(name: &str) -> &str {
+    let first = name.split('/').next().unwrap_or(name);
+    first.strip_suffix(".rs").unwrap_or(first)
+}
+
+/// Every `crate::` import across top-level modules, as (from, to, where).
+fn module_edges() -> Vec<(String, String, String)> {
+    let mut edges = Vec::new();
+    for (name, text) in source_texts() {
+        let from = top_module(&name);
+        if matches!(from, "main" | "lib" | "tidy") {
+            continue;
+        }
+        for (line, to) in crate_imports(non_test_code(&name, &text)) {
+            if to != from && to != "self" && to != "super" {
+                edges.push((from.to_string(), to, format!("{name}:{line}")));
+            }
+        }
+    }
+    edges
+}
+
+/// Nothing imports across a wall: each folder's forbidden `crate::` imports (`FORBIDDEN`)
+/// are absent from its non-test code.
+#[test]
+fn no_module_imports_across_a_wall() {
+    let mut problems = Vec::new();
+    for (from, to, at) in module_edges() {
+        let forbidden = FORBIDDEN
+            .iter()
+            .find(|(folder, _)| *folder == from)
+            .map_or(&[][..], |(_, names)| *names);
+        if forbidden.contains(&to.as_str()) {
+            problems.push(format!("{at}: {from} imports crate::{to}"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "imports across a wall:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The modules' imports form no cycle, directly (`a` ⇄ `b`) or through others.
+#[test]
+fn no_module_cycles() {
+    let edges = module_edges();
+    let cycles = cycles_in(
+        &edges
+            .iter()
+            .map(|(a, b, _)| (a.clone(), b.clone()))
+            .collect::<Vec<_>>(),
+    );
+    let described: Vec<String> = cycles
+        .iter()
+        .map(|cycle| {
+            let hops: Vec<String> = cycle
+                .windows(2)
+                .map(|pair| {
+                    let at = edges
+                        .iter()
+                        .find(|(a, b, _)| *a == pair[0] && *b == pair[1])
+                        .map_or("", |(_, _, at)| at.as_str());
+                    format!("{} → {} ({at})", pair[0], pair[1])
+                })
+                .collect();
+            hops.join(", ")
+        })
+        .collect();
+    assert!(
+        described.is_empty(),
+        "module cycles:\n{}",
+        described.join("\n")
+    );
+}
+
+/// Each cycle of the directed graph `edges` once, as the path from its smallest node
+/// back to it (`[a, b, a]`).
+fn cycles_in(edges: &[(String, String)]) -> Vec<Vec<String>> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut next: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for (a, b) in edges {
+        next.entry(a).or_default().insert(b);
+    }
+    let mut cycles = Vec::new();
+    for start in next.keys() {
+        // Depth-first from `start`, through nodes above it only, so each cycle is found
+        // once, from its smallest node.
+        let mut stack = vec![(
+            vec![*start],
+            next[start].iter().copied().collect::<Vec<_>>(),
+        )];
+        while let Some((path, mut todo)) = stack.pop() {
+            let Some(node) = todo.pop() else { continue };
+            stack.push((path.clone(), todo));
+            if node == *start {
+                let mut cycle: Vec<String> = path.iter().map(|s| s.to_string()).collect();
+                cycle.push(start.to_string());
+                cycles.push(cycle);
+            } else if node > *start && !path.contains(&node) {
+                let mut longer = path.clone();
+                longer.push(node);
+                let onward = next
+                    .get(node)
+                    .map_or(Vec::new(), |n| n.iter().copied().collect());
+                stack.push((longer, onward));
+            }
+        }
+    }
+    cycles
+}
+
+/// The cycle finder sees a direct pair and a loop of three, and nothing in a line.
+#[test]
+fn the_cycle_finder_finds_inserted_cycles() {
+    let edge = |a: &str, b: &str| (a.to_string(), b.to_string());
+    assert!(cycles_in(&[edge("a", "b"), edge("b", "c")]).is_empty());
+    assert_eq!(
+        cycles_in(&[edge("a", "b"), edge("b", "a")]),
+        vec![vec!["a", "b", "a"]]
+    );
+    assert_eq!(
+        cycles_in(&[edge("c", "a"), edge("a", "b"), edge("b", "c")]),
+        vec![vec!["a", "b", "c", "a"]]
+    );
+    let imports = crate_imports("use crate::config::Settings;\nuse crate::{\n    coord::X,\n    task,\n};\n// crate::ui\nlet x = crate::leader::f();");
+    let names: Vec<&str> = imports.iter().map(|(_, n)| n.as_str()).collect();
+    assert_eq!(names, ["config", "coord", "task", "leader"]);
+}
+
+/// A file whose header has a `//! Pure:` line does no I/O and reads no clock: no
+/// `.await`, no `now()`, no spawn, no file or network access, outside its tests.
+#[test]
+fn pure_files_do_no_io_and_read_no_clock() {
+    const IMPURE: &[&str] = &[
+        ".await",
+        "::now()",
+        "spawn(",
+        "std::fs",
+        "tokio::fs",
+        "File::",
+        "std::net",
+        "tokio::net",
+        "thread::sleep",
+        "std::env::var",
+    ];
+    let mut problems = Vec::new();
+    for (name, text) in source_texts() {
+        let pure = text
+            .lines()
+            .take_while(|l| l.starts_with("//!"))
+            .any(|l| l.starts_with("//! Pure:"));
+        if !pure {
+            continue;
+        }
+        for (n, line) in non_test_code(&name, &text).lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if let Some(word) = IMPURE.iter().find(|w| code.contains(*w)) {
+                problems.push(format!(
+                    "{name}:{}: `{word}` in a pure file: {}",
+                    n + 1,
+                    line.trim()
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}

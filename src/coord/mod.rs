@@ -34,7 +34,6 @@ pub mod zookeeper;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -363,18 +362,6 @@ pub fn admit(coord: &dyn Coordinator, ops: &[TaskOp], guarded: bool) -> Result<(
     )))
 }
 
-/// The coordinator `[coordinator] backend` names, built in this one place: a new backend
-/// adds its line here.
-pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator>, CoordError> {
-    use crate::config::Backend;
-    match settings.coordinator.backend {
-        Backend::Consul => consul::connect(settings),
-        Backend::Etcd => etcd::connect(settings),
-        Backend::Zookeeper => zookeeper::connect(settings),
-        Backend::Redis => self::redis::connect(settings),
-    }
-}
-
 /// A coordinator: one implementation per backend. See the module header for what each
 /// must guarantee.
 pub trait Coordinator: Send + Sync {
@@ -437,4 +424,48 @@ pub trait Coordinator: Send + Sync {
     fn cost(&self, op: &TaskOp) -> WriteCost;
     /// What the leadership guard of a [`Coordinator::write`] costs.
     fn guard_cost(&self) -> WriteCost;
+
+    /// A task that keeps the replica `replica` describes in the coordinator's own service
+    /// catalog, tagged with its current role from `roles`, until `stop`, then takes it out
+    /// (Consul's catalog, so that its UI and DNS show who leads). `None`, the default: the
+    /// backend has no catalog. The caller spawns it and cancels `stop` only after leaving,
+    /// so that whatever the lease is bound to goes with the lease.
+    fn announce(
+        &self,
+        replica: Announcement,
+        roles: tokio::sync::watch::Receiver<Role>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Option<Pin<Box<dyn Future<Output = ()> + Send + 'static>>> {
+        let _ = (replica, roles, stop);
+        None
+    }
+}
+
+/// A replica as [`Coordinator::announce`] tells a service catalog of it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Announcement {
+    /// Its node id, the instance's id.
+    pub node_id: String,
+    /// The service it is an instance of (`election.service_name`).
+    pub service_name: String,
+    /// Where its observe endpoints listen, if they do.
+    pub address: Option<std::net::SocketAddr>,
+    /// Its lease's TTL, which a health check bound to the lease uses too.
+    pub lease_ttl: Duration,
+}
+
+/// What a replica is doing, as a service catalog's tag says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Standby,
+    Leader,
+}
+
+impl Role {
+    pub fn tag(self) -> &'static str {
+        match self {
+            Role::Standby => "standby",
+            Role::Leader => "leader",
+        }
+    }
 }

@@ -13,13 +13,12 @@ use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
+pub use crate::task::key::validate_node_id;
+
 /// The lock a replica holds on its data dir; its content is the holder's pid.
 pub const LOCK_FILE: &str = "replica.lock";
 /// The generated node id, kept so that a restart uses the same one.
 pub const NODE_ID_FILE: &str = "node-id";
-/// Node ids go into check ids, session names and URL paths; Consul has no limit, but ids
-/// this long are a mistake, not a name.
-const NODE_ID_MAX_LEN: usize = 128;
 /// The hostname part of a generated node id is cut to a DNS label's length.
 const HOSTNAME_MAX_LEN: usize = 63;
 
@@ -131,18 +130,6 @@ impl DataDir {
             })?;
         Ok(id)
     }
-}
-
-/// `Ok` for ids safe in a check id, a session name, a KV value and a URL path segment:
-/// 1 to 128 ASCII letters, digits, '.', '_' or '-'. The error completes "node id X …".
-pub fn validate_node_id(id: &str) -> Result<(), String> {
-    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-    if id.is_empty() || id.len() > NODE_ID_MAX_LEN || !id.chars().all(allowed) {
-        return Err(format!(
-            "is not a valid node id: use 1 to {NODE_ID_MAX_LEN} ASCII letters, digits, '.', '_' or '-'"
-        ));
-    }
-    Ok(())
 }
 
 /// `<hostname>-<random as 8 hex digits>`, with the hostname cut down to characters

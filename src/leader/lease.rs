@@ -214,6 +214,16 @@ impl Lease {
     }
 }
 
+impl crate::observe::LeaseView for Lease {
+    fn is_fresh(&self) -> bool {
+        Lease::is_fresh(self)
+    }
+
+    fn id(&self) -> Option<LeaseId> {
+        Lease::id(self)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

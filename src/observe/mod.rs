@@ -6,7 +6,6 @@
 //! endpoints. It decides nothing about the queue or the election.
 
 pub mod logging;
-pub mod registration;
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -28,8 +27,6 @@ use prometheus_client::registry::Registry;
 use serde_json::json;
 
 use crate::coord::{Coordinator, Version};
-// Only the lease's own view (`leader/lease.rs`), which imports nothing of this module.
-use crate::leader::lease::Lease;
 
 /// The label of task types that are not configured, so label count stays bounded.
 const OTHER_TASK_TYPE: &str = "other";
@@ -66,7 +63,7 @@ pub struct Metrics {
     handler_seconds: Family<TaskLabels, Histogram>,
     pub claim_conflicts: Counter,
     queue_depth: Family<StateLabels, Gauge>,
-    consul_errors: Family<KindLabels, Counter>,
+    coordinator_errors: Family<KindLabels, Counter>,
     pub blocking_restarts: Counter,
     leadership_losses: Counter,
 }
@@ -142,11 +139,18 @@ impl Metrics {
             "Tasks by state at the leader's last listing (pending, in_flight, delayed, scheduled, dead)",
             queue_depth.clone(),
         );
-        let consul_errors = Family::<KindLabels, Counter>::default();
+        let coordinator_errors = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "coordinator_request_errors",
+            "Failed coordinator requests by kind",
+            coordinator_errors.clone(),
+        );
+        // The name it had when Consul was the only backend, kept for the alerts and
+        // dashboards that read it: the same counter.
         registry.register(
             "consul_request_errors",
-            "Failed Consul requests by kind",
-            consul_errors.clone(),
+            "Failed coordinator requests by kind (the old name of coordinator_request_errors)",
+            coordinator_errors.clone(),
         );
         let blocking_restarts = Counter::default();
         registry.register(
@@ -175,7 +179,7 @@ impl Metrics {
             handler_seconds,
             claim_conflicts,
             queue_depth,
-            consul_errors,
+            coordinator_errors,
             blocking_restarts,
             leadership_losses,
         }
@@ -254,7 +258,7 @@ impl Metrics {
             crate::coord::CoordError::Unavailable(_) => "unavailable",
             crate::coord::CoordError::Refused(_) => "refused",
         };
-        self.consul_errors
+        self.coordinator_errors
             .get_or_create(&KindLabels { kind: kind.into() })
             .inc();
     }
@@ -284,10 +288,20 @@ impl Metrics {
     }
 }
 
+/// What the endpoints need of the replica's lease (`leader/lease.rs` keeps it): whether it
+/// was renewed within its TTL, and which lease it is. A trait, so that this module knows
+/// nothing of how the lease is kept.
+pub trait LeaseView: Send + Sync {
+    /// Renewed within its TTL and not deposed.
+    fn is_fresh(&self) -> bool;
+    /// The lease held now, if any.
+    fn id(&self) -> Option<crate::coord::LeaseId>;
+}
+
 /// What the endpoints read.
 pub struct Observed {
     pub metrics: Arc<Metrics>,
-    pub lease: Arc<Lease>,
+    pub lease: Arc<dyn LeaseView>,
     pub coord: Arc<dyn Coordinator>,
     /// Cleared when the consumer loop has ended.
     pub alive: AtomicBool,
@@ -325,15 +339,15 @@ async fn health(State(observed): State<Arc<Observed>>) -> Response {
     }
 }
 
-/// Ready when the session is known alive: renewed within its TTL, which also shows Consul
-/// was reachable. A standby is ready too.
+/// Ready when the lease is known alive: renewed within its TTL, which also shows the
+/// coordinator was reachable. A standby is ready too.
 async fn ready(State(observed): State<Arc<Observed>>) -> Response {
     if observed.lease.is_fresh() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: no session renewed within its TTL (is Consul reachable?)\n",
+            "not ready: no lease renewed within its TTL (is the coordinator reachable?)\n",
         )
             .into_response()
     }
@@ -347,7 +361,9 @@ async fn leader(State(observed): State<Arc<Observed>>) -> Response {
             let this_replica = observed.lease.id().is_some() && observed.lease.id() == holder.lease;
             let body = json!({
                 "node": record.map(|r| r.node.as_str()),
-                "session": holder.lease.map(|lease| lease.0),
+                // `session` is kept for the scripts that read it; `lease` is its name now.
+                "lease": holder.lease.as_ref().map(|lease| lease.0.as_str()),
+                "session": holder.lease.as_ref().map(|lease| lease.0.as_str()),
                 "fencing_token": holder.token,
                 "since": record.map(|r| r.since.as_str()),
                 "this_replica": this_replica,

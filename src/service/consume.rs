@@ -24,8 +24,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 use crate::config::Settings;
-use crate::coord::consul::client::{self as consul, Client};
-use crate::coord::CoordError;
+use crate::coord::{Announcement, CoordError, Role};
 use crate::handler::Registry;
 use crate::leader::identity::{DataDir, IdentityError};
 use crate::leader::{Election, ElectionError};
@@ -43,8 +42,6 @@ const BACKOFF_LAST: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumerError {
-    #[error(transparent)]
-    Consul(#[from] consul::Error),
     #[error(transparent)]
     Coord(#[from] CoordError),
     #[error("{0}")]
@@ -81,11 +78,6 @@ pub fn check_handlers(
         }
     }
     Ok(())
-}
-
-/// A Consul client from the `[consul]` settings (admin commands, service registration).
-pub fn client(settings: &Settings) -> Result<Client, consul::Error> {
-    crate::coord::consul::client_for(settings)
 }
 
 /// How a term of `consume` ended, as the leadership timeline says it.
@@ -154,7 +146,7 @@ pub async fn run(
     // Every line this replica logs carries its node id.
     let span = tracing::info_span!("replica", node = %node_id);
     async move {
-        let coord = crate::coord::connect(&settings)?;
+        let coord = crate::service::connect::connect(&settings)?;
         // A process that ran on this data dir before may have left handlers that its
         // supervisors are still killing: do nothing before they are gone.
         crate::supervise::lock::wait_for_previous_handlers(
@@ -229,30 +221,19 @@ pub async fn run(
             metrics.clone(),
             stop_renewer.clone(),
         ).in_current_span());
-        // In the service catalog with its role as tag, deregistered after `leave` below. The
-        // catalog is Consul's: the registration talks to it directly, on that backend only.
-        let (role, role_changes) =
-            tokio::sync::watch::channel(crate::observe::registration::Role::Standby);
-        if settings.election.register_service
-            && settings.coordinator.backend == crate::config::Backend::Consul
-        {
-            let client = Arc::new(client(&settings)?);
-            let check_id = crate::coord::consul::check_id(&node_id);
-            let check = settings.election.health_check.then_some(check_id.as_str());
-            let registration = crate::observe::registration::registration(
-                &settings.election,
-                &node_id,
-                observe_address,
-                check,
-                crate::observe::registration::Role::Standby,
-            );
-            tracker.spawn(crate::observe::registration::keep_registered(
-                client,
-                registration,
-                role_changes,
-                settings.election.session_ttl / 3,
-                stop_renewer.clone(),
-            ).in_current_span());
+        // In the coordinator's service catalog (Consul's; the others have none) with its
+        // role as tag, taken out after `leave` below.
+        let (role, role_changes) = tokio::sync::watch::channel(Role::Standby);
+        if settings.election.register_service {
+            let replica = Announcement {
+                node_id: node_id.clone(),
+                service_name: settings.election.service_name.clone(),
+                address: observe_address,
+                lease_ttl: settings.election.session_ttl,
+            };
+            if let Some(kept) = coord.announce(replica, role_changes, stop_renewer.clone()) {
+                tracker.spawn(kept.in_current_span());
+            }
         }
         // This replica's record of itself (standbys with their heartbeat, for `status`).
         let (standing, standing_changes) =
@@ -300,7 +281,7 @@ pub async fn run(
                     tracing::info!(node = %node_id, session = %leadership.lease, fencing_token = leadership.fencing_token, "became leader");
                     let lease = election.lease();
                     metrics.leading(Some(leadership.fencing_token));
-                    role.send_replace(crate::observe::registration::Role::Leader);
+                    role.send_replace(Role::Leader);
                     standing.send_replace(crate::leader::replicas::Standing {
                         leading: Some(leadership.fencing_token),
                     });
@@ -310,7 +291,7 @@ pub async fn run(
                     // Said before leadership is given up, so that the next leader reads it.
                     crate::leader::timeline::end_logged(coord.as_ref(), leader_key, term, term_ended(&end)).await;
                     metrics.leading(None);
-                    role.send_replace(crate::observe::registration::Role::Standby);
+                    role.send_replace(Role::Standby);
                     standing.send_replace(crate::leader::replicas::Standing { leading: None });
                     match end {
                         LeadEnd::Shutdown => break,

@@ -89,7 +89,7 @@ fn example_task_types(dir: &Path) -> Vec<String> {
 /// Applies [`EXAMPLE_SCHEDULE`] if the queue has no schedule yet; says what is there.
 async fn example_schedule(settings: &crate::config::Settings) -> String {
     let applied = async {
-        let coord = crate::coord::connect(settings)?;
+        let coord = crate::service::connect::connect(settings)?;
         let now = chrono::Utc::now();
         let existing = crate::service::schedules::list(coord.as_ref(), settings, now).await?;
         if existing.is_empty() {
@@ -182,7 +182,13 @@ pub async fn run(
     let ui_address = ui_listener.local_addr()?;
     let stop_ui = tokio_util::sync::CancellationToken::new();
     let schedules = example_schedule(&ui_settings).await;
-    let ui_task = tokio::spawn(crate::ui::serve(ui_settings, ui_listener, stop_ui.clone()));
+    let ui_coord = crate::service::connect::connect(&ui_settings)?;
+    let ui_task = tokio::spawn(crate::ui::serve(
+        ui_coord,
+        ui_settings,
+        ui_listener,
+        stop_ui.clone(),
+    ));
     println!(
         "leaderq dev: server on http://{address}, {} replicas, settings {}",
         options.replicas,

@@ -3,6 +3,7 @@
 //! start), `admin` (`enqueue`, `status`, `tasks`), `ops` (history, timeline, replicas, cancel, delete, retry all: what the CLI and the dashboard both call), `schedules` (apply, list, pause, resume, delete schedules). Decisions live in `leader`, `queue` and `coord`; these only put them together.
 
 pub mod admin;
+pub mod connect;
 pub mod consume;
 pub mod dev;
 pub mod ops;

@@ -16,7 +16,7 @@
 
 use std::fmt;
 
-use crate::observe::logging::escape;
+use crate::util::escape::escape;
 
 /// Why a key, a prefix or an id is refused.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -155,6 +155,22 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
         (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
     })
+}
+
+/// Node ids go into check ids, session names and URL paths; Consul has no limit, but ids
+/// this long are a mistake, not a name.
+const NODE_ID_MAX_LEN: usize = 128;
+
+/// `Ok` for ids safe in a check id, a session name, a KV value and a URL path segment:
+/// 1 to 128 ASCII letters, digits, '.', '_' or '-'. The error completes "node id X …".
+pub fn validate_node_id(id: &str) -> Result<(), String> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+    if id.is_empty() || id.len() > NODE_ID_MAX_LEN || !id.chars().all(allowed) {
+        return Err(format!(
+            "is not a valid node id: use 1 to {NODE_ID_MAX_LEN} ASCII letters, digits, '.', '_' or '-'"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -609,14 +609,14 @@ pub async fn bind(
         })
 }
 
-/// Serves the dashboard alone on `listener` (`leaderq ui`, `leaderq dev`) over the
-/// configured coordinator, until `shutdown`.
+/// Serves the dashboard alone on `listener` (`leaderq ui`, `leaderq dev`) over `coord`,
+/// the configured coordinator, until `shutdown`.
 pub async fn serve(
+    coord: Arc<dyn Coordinator>,
     settings: Settings,
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), UiError> {
-    let coord = crate::coord::connect(&settings)?;
     let tracker = TaskTracker::new();
     let ui = Ui::new(coord, settings, shutdown.clone(), tracker.clone());
     let served = axum::serve(listener, router(ui))

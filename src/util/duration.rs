@@ -1,7 +1,7 @@
 //! Go's `time.Duration` text format, which Consul uses on the wire (`"15s"`, `"15000ms"`,
 //! `"24h0m0s"`): parsing with Go's error messages and formatting like `Duration.String()`.
 //!
-//! Only the server needs this; the consumer sends durations it formats itself.
+//! The server reads and writes it on the wire; settings files use it too ([`deserialize`]).
 
 use std::time::Duration;
 
@@ -151,6 +151,23 @@ pub fn format_age(seconds: i64) -> String {
 /// Go's `%q` for the strings that appear in error messages.
 pub fn quote(s: &str) -> String {
     format!("{s:?}")
+}
+
+/// Serde's `deserialize_with` for a duration in Go's syntax, as settings files write it.
+pub fn deserialize<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Duration, D::Error> {
+    use serde::Deserialize as _;
+    let text = String::deserialize(deserializer)?;
+    parse(&text)
+        .map_err(|e| serde::de::Error::custom(format!("{e} (use a duration such as \"15s\")")))
+}
+
+/// [`deserialize`] for an optional setting.
+pub fn deserialize_optional<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Duration>, D::Error> {
+    deserialize(deserializer).map(Some)
 }
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
 //! Small pieces every part of leaderq uses and none owns.
 //!
 //! - `duration`: Go's duration syntax (`15s`, `1m30s`), as Consul reads and writes it.
+//! - [`escape`]: stored text made safe for one log line or a terminal.
 //! - [`hostname`]: this machine's name, for node ids and holder records.
 
 pub mod duration;
+pub mod escape;
 
 pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -125,7 +125,7 @@ async fn lose_leadership(backend: &str, loss: Loss) {
     };
     let journal = dir.path().join("journal");
     std::fs::write(&journal, "").unwrap();
-    let coord = leaderq::coord::connect(
+    let coord = leaderq::service::connect::connect(
         &leaderq::config::Settings::load(None, cluster.env()).expect("settings"),
     )
     .expect("coordinator");
@@ -355,7 +355,7 @@ mod restart {
         };
         let journal = dir.path().join("journal");
         std::fs::write(&journal, "").unwrap();
-        let coord = leaderq::coord::connect(
+        let coord = leaderq::service::connect::connect(
             &leaderq::config::Settings::load(None, cluster.env()).expect("settings"),
         )
         .expect("coordinator");
@@ -449,7 +449,7 @@ mod restart {
         let journal = dir.path().join("journal");
         std::fs::write(&journal, "").unwrap();
         let settings = leaderq::config::Settings::load(None, cluster.env()).expect("settings");
-        let coord = leaderq::coord::connect(&settings).expect("coordinator");
+        let coord = leaderq::service::connect::connect(&settings).expect("coordinator");
         let key = "oracleTask/task_held".to_string();
         let created = coord
             .edit(&[leaderq::coord::Edit::Create {

@@ -47,7 +47,7 @@ async fn groups_run_side_by_side_never_within_one(backend: &str) {
     };
     let journal = dir.path().join("journal");
     std::fs::write(&journal, "").unwrap();
-    let coord = leaderq::coord::connect(
+    let coord = leaderq::service::connect::connect(
         &leaderq::config::Settings::load(None, cluster.env()).expect("settings"),
     )
     .expect("coordinator");
@@ -182,7 +182,7 @@ async fn leading_pair(backend: &str, dir: &Path, run_for: &str) -> Option<Pair> 
     let cluster = common::start_cluster(backend, dir)?;
     let journal = dir.join("journal");
     std::fs::write(&journal, "").unwrap();
-    let coord = leaderq::coord::connect(
+    let coord = leaderq::service::connect::connect(
         &leaderq::config::Settings::load(None, cluster.env()).expect("settings"),
     )
     .expect("coordinator");

@@ -398,7 +398,7 @@ async fn history_replicas_and_timeline_are_kept(backend: &str) {
     let journal = dir.path().join("journal");
     std::fs::write(&journal, "").unwrap();
     let settings = leaderq::config::Settings::load(None, cluster.env()).expect("settings");
-    let coord = leaderq::coord::connect(&settings).expect("coordinator");
+    let coord = leaderq::service::connect::connect(&settings).expect("coordinator");
     let coord = coord.as_ref();
     let tasks: Vec<leaderq::coord::Edit> = (0..3u64)
         .map(|n| leaderq::coord::Edit::Create {

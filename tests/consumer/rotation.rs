@@ -35,7 +35,7 @@ async fn pause_flag_is_set_read_and_cleared(backend: &str) {
         return;
     };
     let settings = leaderq::config::Settings::load(None, cluster.env()).expect("settings");
-    let coord = leaderq::coord::connect(&settings).expect("coordinator");
+    let coord = leaderq::service::connect::connect(&settings).expect("coordinator");
     let coord = coord.as_ref();
     assert!(!admin::status(coord, &settings).await.unwrap().paused);
     assert!(
@@ -61,7 +61,7 @@ async fn rotate_mode_passes_leadership_around(backend: &str) {
     };
     let journal = dir.path().join("journal");
     std::fs::write(&journal, "").unwrap();
-    let coord = leaderq::coord::connect(
+    let coord = leaderq::service::connect::connect(
         &leaderq::config::Settings::load(None, cluster.env()).expect("settings"),
     )
     .expect("coordinator");

@@ -113,9 +113,10 @@ async fn starts_on_time(backend: &str) {
     let journal = dir.path().join("journal");
     std::fs::write(&journal, "").unwrap();
     let env = cluster.env();
-    let coord =
-        leaderq::coord::connect(&leaderq::config::Settings::load(None, env.clone()).unwrap())
-            .expect("coordinator");
+    let coord = leaderq::service::connect::connect(
+        &leaderq::config::Settings::load(None, env.clone()).unwrap(),
+    )
+    .expect("coordinator");
     let server = env
         .iter()
         .find(|(name, _)| name == "CONSUL_HTTP_ADDR" && backend == "consul")
@@ -247,7 +248,7 @@ async fn scheduled_tasks_are_listed_with_their_due_time_and_bad_ones_dead_letter
     std::fs::write(&journal, "").unwrap();
     let env = cluster.env();
     let settings = leaderq::config::Settings::load(None, env.clone()).unwrap();
-    let coord = leaderq::coord::connect(&settings).expect("coordinator");
+    let coord = leaderq::service::connect::connect(&settings).expect("coordinator");
     let now_s = (now_ns() / 1_000_000_000) as i64;
     let later = chrono::DateTime::from_timestamp(now_s + 3600, 0).unwrap();
     let tasks = [

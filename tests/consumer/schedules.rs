@@ -183,7 +183,7 @@ async fn ticks_through_faults(backend: &str) {
     };
     let journal = dir.path().join("journal");
     std::fs::write(&journal, "").unwrap();
-    let coord = leaderq::coord::connect(
+    let coord = leaderq::service::connect::connect(
         &leaderq::config::Settings::load(None, cluster.env()).expect("settings"),
     )
     .expect("coordinator");
@@ -250,7 +250,7 @@ async fn ticks_with_other_settings(backend: &str) {
     };
     let journal = dir.path().join("journal");
     std::fs::write(&journal, "").unwrap();
-    let coord = leaderq::coord::connect(
+    let coord = leaderq::service::connect::connect(
         &leaderq::config::Settings::load(None, cluster.env()).expect("settings"),
     )
     .expect("coordinator");

@@ -22,10 +22,13 @@ mod leadership;
 mod lease;
 mod leftovers;
 mod queue;
+pub mod registration;
+mod settings;
 mod txn;
 
 pub use lease::check_id;
 pub use queue::stored_task;
+pub use settings::ConsulSettings;
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::AtomicBool;
@@ -33,10 +36,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use crate::coord::consul::client::{self as consul, Client};
+use std::future::Future;
+use std::pin::Pin;
+
 use crate::coord::{
-    Campaign, CoordError, CoordFuture, Coordinator, Edit, Edited, Grant, Holder, HolderRecord,
-    Leadership, LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits,
-    Written,
+    Announcement, Campaign, CoordError, CoordFuture, Coordinator, Edit, Edited, Grant, Holder,
+    HolderRecord, Leadership, LeaseId, LeaseSpec, Renewal, Role, StoredTask, TaskOp, Version,
+    WriteCost, WriteLimits, Written,
 };
 
 /// What the Consul coordinator needs beyond its client; from `[election]`.
@@ -75,26 +81,31 @@ struct Tied {
     records: HashMap<LeaseId, Vec<u8>>,
 }
 
-/// The Consul backend from `[consul]` and `[election]` (`coord::connect`'s line).
-pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator>, CoordError> {
-    let client = client_for(settings)?;
+/// The Consul backend from its `[consul]` section, the leader key and whether leases are
+/// bound to a TTL check (`election.health_check`).
+pub fn connect(
+    section: &ConsulSettings,
+    leader_key: &str,
+    health_check: bool,
+) -> Result<Arc<dyn Coordinator>, CoordError> {
+    let client = client_for(section)?;
     Ok(Arc::new(ConsulCoordinator::new(
         Arc::new(client),
         ConsulCoordSettings {
-            leader_key: settings.election.leader_key.clone(),
-            health_check: settings.election.health_check,
-            txn_max_ops: settings.consul.txn_max_ops,
+            leader_key: leader_key.to_string(),
+            health_check,
+            txn_max_ops: section.txn_max_ops,
         },
     )))
 }
 
 /// A Consul client from the `[consul]` settings.
-pub fn client_for(settings: &crate::config::Settings) -> Result<Client, consul::Error> {
+pub fn client_for(section: &ConsulSettings) -> Result<Client, consul::Error> {
     Client::new(&consul::ClientConfig {
-        addresses: settings.consul.addresses.clone(),
-        token: settings.consul.token.clone(),
-        ca_file: settings.consul.ca_file.clone(),
-        request_timeout: settings.consul.request_timeout,
+        addresses: section.addresses.clone(),
+        token: section.token.clone(),
+        ca_file: section.ca_file.clone(),
+        request_timeout: section.request_timeout,
     })
 }
 
@@ -251,6 +262,24 @@ impl Coordinator for ConsulCoordinator {
             max_ops: self.settings.txn_max_ops,
             max_bytes: MAX_BYTES,
         }
+    }
+
+    fn announce(
+        &self,
+        replica: Announcement,
+        roles: tokio::sync::watch::Receiver<Role>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Option<Pin<Box<dyn Future<Output = ()> + Send + 'static>>> {
+        let check_id = check_id(&replica.node_id);
+        let check = self.settings.health_check.then_some(check_id.as_str());
+        let wanted = registration::registration(&replica, check, Role::Standby);
+        Some(Box::pin(registration::keep_registered(
+            self.client.clone(),
+            wanted,
+            roles,
+            replica.lease_ttl / 3,
+            stop,
+        )))
     }
 }
 

@@ -20,7 +20,10 @@ mod election;
 pub mod layout;
 mod lease;
 mod queue;
+mod settings;
 pub mod txn;
+
+pub use settings::EtcdSettings;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,39 +50,25 @@ pub struct EtcdCoordinator {
     layout: Layout,
 }
 
-/// The etcd backend from `[etcd]` and `[election]` (`coord::connect`'s line).
-pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator>, CoordError> {
-    let client = client_for(settings)?;
+/// The etcd backend from its `[etcd]` section and the leader key.
+pub fn connect(etcd: &EtcdSettings, leader_key: &str) -> Result<Arc<dyn Coordinator>, CoordError> {
+    let client = client_for(etcd)?;
     Ok(Arc::new(EtcdCoordinator::new(
         Arc::new(client),
         EtcdCoordSettings {
-            leader_key: settings.election.leader_key.clone(),
+            leader_key: leader_key.to_string(),
         },
     )))
 }
 
-/// What `[etcd]` must hold, checked at start with the other settings.
-pub fn check_settings(etcd: &crate::config::EtcdSettings) -> Result<(), String> {
-    if etcd.endpoints.is_empty() {
-        return Err("etcd.endpoints is empty: give at least one etcd endpoint".into());
-    }
-    for endpoint in &etcd.endpoints {
-        client::parse_endpoint(endpoint).map_err(|reason| format!("etcd.endpoints: {reason}"))?;
-    }
-    if etcd.wait.is_zero() || etcd.request_timeout.is_zero() {
-        return Err("etcd.wait and etcd.request_timeout must be more than 0s".into());
-    }
-    Ok(())
-}
-
 /// An etcd client from the `[etcd]` settings.
-pub fn client_for(settings: &crate::config::Settings) -> Result<Client, CoordError> {
+pub fn client_for(etcd: &EtcdSettings) -> Result<Client, CoordError> {
     Client::new(&ClientConfig {
-        endpoints: settings.etcd.endpoints.clone(),
-        user: settings.etcd.user.clone(),
-        password: settings.etcd.password.clone(),
-        ca_file: settings.etcd.ca_file.clone(),
-        request_timeout: settings.etcd.request_timeout,
+        endpoints: etcd.endpoints.clone(),
+        user: etcd.user.clone(),
+        password: etcd.password.clone(),
+        ca_file: etcd.ca_file.clone(),
+        request_timeout: etcd.request_timeout,
     })
     .map_err(CoordError::from)
 }

@@ -34,7 +34,7 @@ mod wait;
 
 pub use layout::Layout;
 pub use scripts::PRODUCE;
-pub use settings::check_settings;
+pub use settings::RedisSettings;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -100,17 +100,20 @@ pub struct RedisCoordinator {
     warned: AtomicBool,
 }
 
-/// The Redis backend from `[redis]` and `[election]` (`coord::connect`'s line).
-pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator>, CoordError> {
+/// The Redis backend from its `[redis]` section and the leader key.
+pub fn connect(
+    redis: &RedisSettings,
+    leader_key: &str,
+) -> Result<Arc<dyn Coordinator>, CoordError> {
     let coord = RedisCoordinator::new(RedisCoordSettings {
-        url: settings.redis.url.clone(),
-        password: settings.redis.password.clone(),
+        url: redis.url.clone(),
+        password: redis.password.clone(),
         layout: Layout {
-            prefix: settings.redis.key_prefix.clone(),
-            leader: settings.election.leader_key.clone(),
+            prefix: redis.key_prefix.clone(),
+            leader: leader_key.to_string(),
         },
-        request_timeout: settings.redis.request_timeout,
-        accept_data_loss: settings.redis.accept_data_loss,
+        request_timeout: redis.request_timeout,
+        accept_data_loss: redis.accept_data_loss,
     })?;
     Ok(Arc::new(coord))
 }

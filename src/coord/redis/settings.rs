@@ -1,34 +1,60 @@
-//! The `[redis]` section's checks at start, beside the backend that reads it. The Redis
+//! The `[redis]` section of the settings and its checks at start, beside the backend that
+//! reads it. The Redis
 //! server's own persistence settings are judged once connected (`durability.rs`).
 
-use redis::IntoConnectionInfo;
+use std::time::Duration;
 
-/// The `[redis]` section's own checks, run with every other setting's at start; the
-/// message names the key.
-pub fn check_settings(redis: &crate::config::RedisSettings) -> Result<(), String> {
-    let info = redis
-        .url
-        .as_str()
-        .into_connection_info()
-        .map_err(|err| format!("redis.url {:?}: {err}", redis.url))?;
-    if !matches!(
-        info.addr(),
-        redis::ConnectionAddr::Tcp(..) | redis::ConnectionAddr::TcpTls { .. }
-    ) {
-        return Err(format!(
-            "redis.url {:?} is not a TCP address: use redis://host:port/db or rediss://",
-            redis.url
-        ));
+use redis::IntoConnectionInfo;
+use serde::Deserialize;
+
+use crate::util::duration;
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    pub url: String,
+    /// Overrides the URL's password when not empty (so it can come from the environment).
+    pub password: String,
+    pub key_prefix: String,
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub wait: Duration,
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub request_timeout: Duration,
+    /// Run on a Redis that can lose acknowledged writes (no AOF, `appendfsync no`, an
+    /// eviction policy, settings that cannot be read) instead of refusing it at start.
+    pub accept_data_loss: bool,
+}
+
+impl RedisSettings {
+    /// The `[redis]` section's own checks, run with every other setting's at start; the
+    /// message names the key.
+    pub fn check(&self) -> Result<(), String> {
+        let redis = self;
+        let info = redis
+            .url
+            .as_str()
+            .into_connection_info()
+            .map_err(|err| format!("redis.url {:?}: {err}", redis.url))?;
+        if !matches!(
+            info.addr(),
+            redis::ConnectionAddr::Tcp(..) | redis::ConnectionAddr::TcpTls { .. }
+        ) {
+            return Err(format!(
+                "redis.url {:?} is not a TCP address: use redis://host:port/db or rediss://",
+                redis.url
+            ));
+        }
+        if redis.key_prefix.is_empty() || redis.key_prefix.contains(char::is_whitespace) {
+            return Err(
+                "redis.key_prefix must be non-empty and without spaces, such as \"leaderq/\""
+                    .into(),
+            );
+        }
+        if redis.request_timeout.is_zero() {
+            return Err("redis.request_timeout must be more than 0s".into());
+        }
+        Ok(())
     }
-    if redis.key_prefix.is_empty() || redis.key_prefix.contains(char::is_whitespace) {
-        return Err(
-            "redis.key_prefix must be non-empty and without spaces, such as \"leaderq/\"".into(),
-        );
-    }
-    if redis.request_timeout.is_zero() {
-        return Err("redis.request_timeout must be more than 0s".into());
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -25,6 +25,7 @@ mod layout;
 mod lease;
 mod plan;
 mod queue;
+mod settings;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -39,6 +40,7 @@ use crate::coord::{
 };
 
 pub use layout::path_of;
+pub use settings::ZookeeperSettings;
 
 /// What the ZooKeeper coordinator needs: `[zookeeper]` and the election's znode.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -67,36 +69,17 @@ pub struct ZkCoordinator {
     made: Mutex<HashSet<String>>,
 }
 
-/// The ZooKeeper backend from `[zookeeper]` and `[election]` (`coord::connect`'s line).
-pub fn connect(settings: &crate::config::Settings) -> Result<Arc<dyn Coordinator>, CoordError> {
+/// The ZooKeeper backend from its `[zookeeper]` section and the leader key.
+pub fn connect(
+    zookeeper: &ZookeeperSettings,
+    leader_key: &str,
+) -> Result<Arc<dyn Coordinator>, CoordError> {
     Ok(Arc::new(ZkCoordinator::new(ZkCoordSettings {
-        connect: settings.zookeeper.connect.clone(),
-        session_timeout: settings.zookeeper.session_timeout,
-        leader_key: settings.election.leader_key.clone(),
-        auth: settings.zookeeper.auth.clone(),
+        connect: zookeeper.connect.clone(),
+        session_timeout: zookeeper.session_timeout,
+        leader_key: leader_key.to_string(),
+        auth: zookeeper.auth.clone(),
     })))
-}
-
-/// Checks `[zookeeper]` at start; the message names the key.
-pub fn check_settings(settings: &crate::config::ZookeeperSettings) -> Result<(), String> {
-    if settings.connect.trim().is_empty() {
-        return Err("zookeeper.connect is empty: give host:port[,host:port...][/chroot]".into());
-    }
-    if let Some((_, root)) = settings.connect.split_once('/') {
-        if root.is_empty() || root.ends_with('/') || root.contains("//") {
-            return Err(format!(
-                "zookeeper.connect {:?}: the chroot after the first '/' must be a path such as /leaderq, without a trailing '/'",
-                settings.connect
-            ));
-        }
-    }
-    if !settings.auth.is_empty() && !settings.auth.contains(':') {
-        return Err("zookeeper.auth must be user:password (the digest scheme), or empty".into());
-    }
-    if settings.session_timeout.is_zero() || settings.wait.is_zero() {
-        return Err("zookeeper.session_timeout and zookeeper.wait must be above 0s".into());
-    }
-    Ok(())
 }
 
 /// How long one request may take before the ensemble counts as unreachable for it.

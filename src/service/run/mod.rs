@@ -142,7 +142,7 @@ async fn lead_command(
     data_dir: DataDir,
     node_id: String,
 ) -> Result<i32, RunError> {
-    let coord = crate::coord::connect(&settings)?;
+    let coord = crate::service::connect::connect(&settings)?;
     let lock_file = supervise::lock::lock_file(data_dir.path());
     supervise::lock::wait_for_previous_handlers(
         &lock_file,
@@ -452,7 +452,7 @@ pub async fn who_leads(
     settings: &Settings,
     options: &RunOptions,
 ) -> Result<(String, bool), RunError> {
-    let coord = crate::coord::connect(settings)?;
+    let coord = crate::service::connect::connect(settings)?;
     let (holder, _) = coord.observe(Version(0), Duration::ZERO).await?;
     let own_node = own_node_id(settings, options);
     Ok(match (&holder.lease, &holder.record) {

@@ -157,7 +157,7 @@ pub(crate) async fn wait_for_leader(
 /// cluster's environment.
 pub(crate) fn coordinator_of(cluster: &dyn CoordCluster) -> anyhow::Result<Arc<dyn Coordinator>> {
     let settings = crate::config::Settings::load(None, cluster.env())?;
-    Ok(crate::coord::connect(&settings)?)
+    Ok(crate::service::connect::connect(&settings)?)
 }
 
 /// Creates the run's tasks (create-only writes through the seam, a batch at a time).

@@ -9,7 +9,8 @@
 //! when it creates a session; the next re-registration (every TTL/3) binds it to the service
 //! again, which keeps a dead replica's critical check from failing the other instances.
 //!
-//! Knows nothing of the election beyond a role channel; `consul/service.rs` does the I/O.
+//! The Consul coordinator's answer to [`Coordinator::announce`](crate::coord::Coordinator::announce):
+//! knows nothing of the election beyond a role channel; the typed client does the I/O.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -18,30 +19,14 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ElectionSettings;
 use crate::coord::consul::client::{Client, ServiceCheck, ServiceRegistration};
+use crate::coord::{Announcement, Role};
 
 /// Pause before registering again after a failed attempt.
 const RETRY: Duration = Duration::from_secs(1);
 /// What the election's check says about itself; the same text keeps re-registrations no-ops.
 pub const CHECK_NOTES: &str =
     "passed by a leaderq replica while its loop is alive; its session dies with it";
-
-/// What a replica is doing, as its catalog tag says.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Role {
-    Standby,
-    Leader,
-}
-
-impl Role {
-    pub fn tag(self) -> &'static str {
-        match self {
-            Role::Standby => "standby",
-            Role::Leader => "leader",
-        }
-    }
-}
 
 /// The address and port the instance is reached at: the observe endpoint. An address for
 /// every interface is left empty, so the catalog shows the agent's node address (Consul
@@ -54,19 +39,18 @@ pub fn service_address(observe: Option<SocketAddr>) -> (String, u16) {
     }
 }
 
-/// The registration of this replica in `role`, with its TTL check when the election uses
-/// one (`check_id`).
+/// The registration of the replica `replica` describes in `role`, with its TTL check when
+/// the election uses one (`check_id`).
 pub fn registration(
-    settings: &ElectionSettings,
-    node_id: &str,
-    observe: Option<SocketAddr>,
+    replica: &Announcement,
     check_id: Option<&str>,
     role: Role,
 ) -> ServiceRegistration {
-    let (address, port) = service_address(observe);
+    let node_id = &replica.node_id;
+    let (address, port) = service_address(replica.address);
     ServiceRegistration {
         id: node_id.to_string(),
-        name: settings.service_name.clone(),
+        name: replica.service_name.clone(),
         tags: vec![role.tag().to_string()],
         address,
         port,
@@ -75,7 +59,7 @@ pub fn registration(
             .map(|id| ServiceCheck {
                 id: id.to_string(),
                 name: format!("leaderq {node_id}"),
-                ttl: settings.session_ttl,
+                ttl: replica.lease_ttl,
                 notes: CHECK_NOTES.to_string(),
             })
             .into_iter()
@@ -120,10 +104,13 @@ pub async fn keep_registered(
 mod tests {
     use super::*;
 
-    fn settings() -> ElectionSettings {
-        crate::config::Settings::load(None, crate::config::Env::new())
-            .unwrap()
-            .election
+    fn replica(address: Option<SocketAddr>) -> Announcement {
+        Announcement {
+            node_id: "r1".into(),
+            service_name: "leaderq".into(),
+            address,
+            lease_ttl: Duration::from_secs(15),
+        }
     }
 
     /// The instance is named after the setting, identified by the node id, reached at the
@@ -131,20 +118,14 @@ mod tests {
     #[test]
     fn registration_describes_the_replica() {
         let observe: SocketAddr = "10.1.2.3:9464".parse().unwrap();
-        let r = registration(
-            &settings(),
-            "r1",
-            Some(observe),
-            Some("leaderq:r1"),
-            Role::Leader,
-        );
+        let r = registration(&replica(Some(observe)), Some("leaderq:r1"), Role::Leader);
         assert_eq!(r.name, "leaderq");
         assert_eq!(r.id, "r1");
         assert_eq!((r.address.as_str(), r.port), ("10.1.2.3", 9464));
         assert_eq!(r.tags, vec!["leader"]);
         assert_eq!(r.checks[0].id, "leaderq:r1");
-        assert_eq!(r.checks[0].ttl, settings().session_ttl);
-        let bare = registration(&settings(), "r1", None, None, Role::Standby);
+        assert_eq!(r.checks[0].ttl, Duration::from_secs(15));
+        let bare = registration(&replica(None), None, Role::Standby);
         assert!(bare.checks.is_empty());
         assert_eq!(bare.tags, vec!["standby"]);
     }
