@@ -19,6 +19,7 @@ pub mod faults;
 pub mod gate;
 pub mod identity;
 pub mod lease;
+pub mod lifecycle;
 pub mod replicas;
 pub mod rotation;
 pub mod timeline;

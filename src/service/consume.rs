@@ -24,10 +24,11 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 use crate::config::Settings;
-use crate::coord::{Announcement, CoordError, Role};
+use crate::coord::{Announcement, CoordError, Leadership, LeaseId, Role};
 use crate::handler::Registry;
 use crate::leader::identity::{DataDir, IdentityError};
-use crate::leader::{Election, ElectionError};
+use crate::leader::lifecycle::{Replica, TermEnd, Work};
+use crate::leader::Election;
 use crate::observe::{self, Metrics, Observed};
 use crate::queue::{LeadEnd, Queue};
 
@@ -35,10 +36,6 @@ use crate::queue::{LeadEnd, Queue};
 /// process on its data dir: their supervisors kill them at once when that process dies,
 /// so only a stuck kill takes longer.
 const PREVIOUS_HANDLERS_SLACK: Duration = Duration::from_secs(5);
-
-/// Back-off while the coordinator cannot be reached: doubles from the first to the last.
-const BACKOFF_FIRST: Duration = Duration::from_millis(500);
-const BACKOFF_LAST: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumerError {
@@ -89,6 +86,56 @@ fn term_ended(end: &LeadEnd) -> String {
     }
 }
 
+/// `consume`'s part of the replica's life: a term drains the queue (`lead_watched`), and a
+/// lease taken up from a previous process first puts back the claims that process left.
+struct Consume<'a> {
+    queue: &'a Queue,
+    lease: Arc<crate::leader::Lease>,
+    /// The role the service catalog shows (`Coordinator::announce`).
+    role: tokio::sync::watch::Sender<Role>,
+    /// This replica's record of itself, for `status`.
+    standing: tokio::sync::watch::Sender<crate::leader::replicas::Standing>,
+    shutdown: &'a CancellationToken,
+}
+
+impl Work for Consume<'_> {
+    async fn taken_up(&mut self, lease: &LeaseId) {
+        // Its runs are gone (the previous process's supervisors killed them); a leader
+        // would wait on their claims for as long as this replica keeps the lease alive.
+        self.queue.release_previous(lease).await;
+    }
+
+    async fn lead(&mut self, leadership: &Leadership) -> (TermEnd, String) {
+        let metrics = &self.queue.metrics;
+        metrics.leading(Some(leadership.fencing_token));
+        self.role.send_replace(Role::Leader);
+        self.standing
+            .send_replace(crate::leader::replicas::Standing {
+                leading: Some(leadership.fencing_token),
+            });
+        let end = lead_watched(
+            self.queue,
+            self.queue.coord.as_ref(),
+            leadership,
+            &self.lease,
+            self.queue.wait,
+            self.shutdown,
+        )
+        .await;
+        metrics.leading(None);
+        self.role.send_replace(Role::Standby);
+        self.standing
+            .send_replace(crate::leader::replicas::Standing { leading: None });
+        let said = term_ended(&end);
+        let end = match end {
+            LeadEnd::Shutdown => TermEnd::Shutdown { code: 0 },
+            LeadEnd::Rotate => TermEnd::Done { stand_back: true },
+            LeadEnd::StepDown(reason) => TermEnd::StepDown { reason, stop: None },
+        };
+        (end, said)
+    }
+}
+
 /// Leads one term while watching the leadership record and ticking the queue's schedules:
 /// a loss seen at the coordinator deposes the lease at once, which stops the runs
 /// (SIGTERM, then SIGKILL after the kill grace) and ends the term, instead of waiting for
@@ -96,7 +143,7 @@ fn term_ended(end: &LeadEnd) -> String {
 async fn lead_watched(
     queue: &Queue,
     coord: &dyn crate::coord::Coordinator,
-    leadership: &crate::coord::Leadership,
+    leadership: &Leadership,
     lease: &crate::leader::Lease,
     wait: Duration,
     shutdown: &CancellationToken,
@@ -155,13 +202,19 @@ pub async fn run(
         )
         .await
         .map_err(ConsumerError::PreviousHandlers)?;
-        let mut election = Election::new(
-            coord.clone(),
-            settings.election.clone(),
-            node_id.clone(),
-            data_dir.path().to_path_buf(),
-        );
         let metrics = Arc::new(Metrics::new(registry.task_types()));
+        let mut replica = Replica {
+            coord: coord.clone(),
+            election: Election::new(
+                coord.clone(),
+                settings.election.clone(),
+                node_id.clone(),
+                data_dir.path().to_path_buf(),
+            ),
+            metrics: metrics.clone(),
+            wait: settings.watch_wait(),
+            leader_key: settings.election.leader_key.clone(),
+        };
         let queue = Queue {
             coord: coord.clone(),
             settings: settings.queue.clone(),
@@ -180,7 +233,7 @@ pub async fn run(
         let stop_renewer = CancellationToken::new();
         let observed = Arc::new(Observed {
             metrics: metrics.clone(),
-            lease: election.lease(),
+            lease: replica.election.lease(),
             coord: coord.clone(),
             alive: std::sync::atomic::AtomicBool::new(true),
         });
@@ -214,24 +267,18 @@ pub async fn run(
                 }
             }.in_current_span());
         }
-        tracker.spawn(Election::renew_until(
-            coord.clone(),
-            election.lease(),
-            settings.election.session_ttl,
-            metrics.clone(),
-            stop_renewer.clone(),
-        ).in_current_span());
+        replica.renew(settings.election.session_ttl, &tracker, stop_renewer.clone());
         // In the coordinator's service catalog (Consul's; the others have none) with its
         // role as tag, taken out after `leave` below.
         let (role, role_changes) = tokio::sync::watch::channel(Role::Standby);
         if settings.election.register_service {
-            let replica = Announcement {
+            let announced = Announcement {
                 node_id: node_id.clone(),
                 service_name: settings.election.service_name.clone(),
                 address: observe_address,
                 lease_ttl: settings.election.session_ttl,
             };
-            if let Some(kept) = coord.announce(replica, role_changes, stop_renewer.clone()) {
+            if let Some(kept) = coord.announce(announced, role_changes, stop_renewer.clone()) {
                 tracker.spawn(kept.in_current_span());
             }
         }
@@ -251,7 +298,7 @@ pub async fn run(
                 crate::leader::replicas::keep_present(
                     coord.clone(),
                     me,
-                    election.lease(),
+                    replica.election.lease(),
                     standing_changes,
                     stop_renewer.clone(),
                 )
@@ -260,82 +307,20 @@ pub async fn run(
         }
         tracker.close();
 
-        let mut backoff = BACKOFF_FIRST;
-        let mut refused = None;
-        loop {
-            if shutdown.is_cancelled() {
-                break;
-            }
-            // A lease taken up from before a restart may still hold the previous process's
-            // claims (its runs are gone: see above): put them back before standing by, or
-            // a leader would wait on them for as long as this replica keeps the lease alive.
-            if election.ensure_lease().await.is_ok() {
-                if let Some(lease) = election.take_reused() {
-                    queue.release_previous(&lease).await;
-                }
-            }
-            match election.campaign(settings.watch_wait(), &shutdown).await {
-                Ok(None) => break,
-                Ok(Some(leadership)) => {
-                    backoff = BACKOFF_FIRST;
-                    tracing::info!(node = %node_id, session = %leadership.lease, fencing_token = leadership.fencing_token, "became leader");
-                    let lease = election.lease();
-                    metrics.leading(Some(leadership.fencing_token));
-                    role.send_replace(Role::Leader);
-                    standing.send_replace(crate::leader::replicas::Standing {
-                        leading: Some(leadership.fencing_token),
-                    });
-                    let leader_key = &settings.election.leader_key;
-                    let term = crate::leader::timeline::start_logged(coord.as_ref(), leader_key, &node_id, leadership.fencing_token).await;
-                    let end = lead_watched(&queue, coord.as_ref(), &leadership, &lease, settings.watch_wait(), &shutdown).await;
-                    // Said before leadership is given up, so that the next leader reads it.
-                    crate::leader::timeline::end_logged(coord.as_ref(), leader_key, term, term_ended(&end)).await;
-                    metrics.leading(None);
-                    role.send_replace(Role::Standby);
-                    standing.send_replace(crate::leader::replicas::Standing { leading: None });
-                    match end {
-                        LeadEnd::Shutdown => break,
-                        LeadEnd::Rotate => {
-                            tracing::info!(node = %node_id, fencing_token = leadership.fencing_token, "rotating: giving leadership up and standing back");
-                            election.rotate(&leadership, &shutdown).await;
-                        }
-                        LeadEnd::StepDown(reason) => {
-                            tracing::warn!(node = %node_id, fencing_token = leadership.fencing_token, %reason, "stepping down");
-                            // Resign first (no lock-delay), then end the lease so that every
-                            // task it still holds goes back to the queue.
-                            election.step_down(&leadership).await;
-                        }
-                    }
-                }
-                Err(ElectionError::Coord(CoordError::Refused(reason))) => {
-                    refused = Some(reason);
-                    break;
-                }
-                Err(ElectionError::LeaseLost(session)) => {
-                    tracing::warn!(%session, "session lost; creating a new one");
-                    election.drop_lease().await;
-                }
-                Err(ElectionError::Coord(err)) => {
-                    metrics.coordinator_error(&err);
-                    tracing::warn!(error = %err, retry_in = ?backoff, "coordinator request failed; retrying");
-                    tokio::select! {
-                        _ = shutdown.cancelled() => break,
-                        _ = tokio::time::sleep(backoff) => {}
-                    }
-                    backoff = (backoff * 2).min(BACKOFF_LAST);
-                }
-            }
-        }
-        tracing::info!(node = %node_id, "shutting down: releasing leadership and session");
-        election.leave().await;
+        let mut work = Consume {
+            queue: &queue,
+            lease: replica.election.lease(),
+            role,
+            standing,
+            shutdown: &shutdown,
+        };
+        let ended = replica.live(&mut work, &shutdown).await;
         observed
             .alive
             .store(false, std::sync::atomic::Ordering::Relaxed);
         stop_renewer.cancel();
         tracker.wait().await;
-        if let Some(reason) = refused {
-            return Err(ConsumerError::Settings(reason));
-        }
+        ended.map_err(ConsumerError::Settings)?;
         tracing::info!(node = %node_id, "consumer stopped");
         Ok(())
     }

@@ -32,21 +32,24 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 use crate::config::{HandlerKind, HandlerSettings, Settings};
 use crate::coord::{Coordinator, Leadership, Version};
 use crate::leader::identity::{DataDir, IdentityError};
-use crate::leader::{Election, ElectionError};
+use crate::leader::lifecycle::{Replica, TermEnd, Work};
+use crate::leader::{Election, Lease};
 use crate::observe::Metrics;
 use crate::supervise::leader::{Asked, Job};
 use crate::supervise::{self, Supervision};
 use plan::{Event, Exit, Next, Policy};
 
+/// Back-off while the coordinator cannot be reached between ticks.
+const COORD_BACKOFF: Duration = Duration::from_secs(1);
+
 /// Data dirs tried on one machine for one NAME before giving up.
 const MAX_SLOTS: usize = 64;
-/// Back-off while the coordinator cannot be reached.
-const COORD_BACKOFF: Duration = Duration::from_secs(1);
 
 /// What `leaderq run` was asked to do.
 #[derive(Clone, Debug)]
@@ -169,112 +172,116 @@ async fn lead_command(
             permanent_exit_codes: Vec::new(),
         },
     );
-    let mut election = Election::new(
-        coord.clone(),
-        settings.election.clone(),
-        node_id.clone(),
-        data_dir.path().to_path_buf(),
-    );
-    let metrics = Arc::new(Metrics::new(std::iter::empty::<&str>()));
-    let stop_renewer = CancellationToken::new();
-    let renewer = tokio::spawn(
-        Election::renew_until(
+    let mut replica = Replica {
+        coord: coord.clone(),
+        election: Election::new(
             coord.clone(),
-            election.lease(),
-            settings.election.session_ttl,
-            metrics.clone(),
-            stop_renewer.clone(),
-        )
-        .in_current_span(),
+            settings.election.clone(),
+            node_id.clone(),
+            data_dir.path().to_path_buf(),
+        ),
+        metrics: Arc::new(Metrics::new(std::iter::empty::<&str>())),
+        wait: settings.watch_wait(),
+        leader_key: settings.election.leader_key.clone(),
+    };
+    let tracker = TaskTracker::new();
+    let stop_renewer = CancellationToken::new();
+    replica.renew(
+        settings.election.session_ttl,
+        &tracker,
+        stop_renewer.clone(),
     );
+    tracker.close();
     tracing::info!(name = %options.name, node = %node_id, coordinator = %coord.describe(), command = ?options.command, "run starting");
+    let mut work = Command {
+        supervision: &supervision,
+        options: &options,
+        base_env: &base_env,
+        node_id: &node_id,
+        lease: replica.election.lease(),
+        coord: coord.as_ref(),
+        wait: settings.watch_wait(),
+        shutdown: &shutdown,
+        quick_failures: 0,
+        delay: Duration::ZERO,
+    };
+    let ended = replica.live(&mut work, &shutdown).await;
+    stop_renewer.cancel();
+    tracker.wait().await;
+    let code = ended.map_err(RunError::Refused)?;
+    tracing::info!(name = %options.name, node = %node_id, code, "run stopped");
+    Ok(code)
+}
 
-    let wait = settings.watch_wait();
-    let mut quick_failures = 0u32;
-    let mut delay = Duration::ZERO;
-    let code = loop {
-        let leadership = match election.campaign(wait, &shutdown).await {
-            Ok(Some(leadership)) => leadership,
-            Ok(None) => break 0,
-            Err(ElectionError::LeaseLost(lease)) => {
-                tracing::warn!(session = %lease, "session lost; creating a new one");
-                election.drop_lease().await;
-                continue;
-            }
-            Err(ElectionError::Coord(crate::coord::CoordError::Refused(reason))) => {
-                stop_renewer.cancel();
-                let _ = renewer.await;
-                return Err(RunError::Refused(reason));
-            }
-            Err(ElectionError::Coord(err)) => {
-                tracing::warn!(error = %err, "coordinator request failed; retrying");
-                tokio::select! {
-                    _ = shutdown.cancelled() => break 0,
-                    _ = tokio::time::sleep(COORD_BACKOFF) => {}
-                }
-                continue;
-            }
-        };
-        tracing::info!(name = %options.name, node = %node_id, fencing_token = leadership.fencing_token, "became leader");
-        if !delay.is_zero() {
-            tracing::info!(delay = %crate::util::duration::format(delay), "restarting the command after a pause");
-            let lost = watch_leadership(coord.as_ref(), &leadership, &election, wait);
-            tokio::select! {
-                _ = shutdown.cancelled() => {
-                    election.step_down(&leadership).await;
-                    break 0;
-                }
-                _ = lost => {
-                    election.step_down(&leadership).await;
-                    continue;
-                }
-                _ = tokio::time::sleep(delay) => {}
-            }
+/// `run`'s part of the replica's life: a term runs the command (once, or once per tick with
+/// `--every`/`--cron`), and `plan.rs` says what comes after it.
+struct Command<'a> {
+    supervision: &'a Supervision,
+    options: &'a RunOptions,
+    base_env: &'a [(String, String)],
+    node_id: &'a str,
+    lease: Arc<Lease>,
+    coord: &'a dyn Coordinator,
+    wait: Duration,
+    shutdown: &'a CancellationToken,
+    /// Runs in a row that failed quickly (`plan::quick_failures_after`).
+    quick_failures: u32,
+    /// The pause before the command starts again, once leadership is won.
+    delay: Duration,
+}
+
+impl Work for Command<'_> {
+    async fn before_term(&mut self, leadership: &Leadership) -> Option<TermEnd> {
+        if self.delay.is_zero() {
+            return None;
         }
-        let term = crate::leader::timeline::start_logged(
-            coord.as_ref(),
-            &settings.election.leader_key,
-            &node_id,
-            leadership.fencing_token,
-        )
-        .await;
+        tracing::info!(delay = %crate::util::duration::format(self.delay), "restarting the command after a pause");
+        let lost = watch_leadership(self.coord, leadership, &self.lease, self.wait);
+        tokio::select! {
+            _ = self.shutdown.cancelled() => Some(TermEnd::StepDown { reason: "shut down".into(), stop: Some(0) }),
+            _ = lost => Some(TermEnd::StepDown { reason: "leadership lost".into(), stop: None }),
+            _ = tokio::time::sleep(self.delay) => None,
+        }
+    }
+
+    async fn lead(&mut self, leadership: &Leadership) -> (TermEnd, String) {
+        let options = self.options;
         let event = match &options.schedule {
             Some(schedule) => {
                 let ticks = periodic::Ticks {
                     schedule,
                     key: periodic::ticks_key(&options.name),
-                    node_id: &node_id,
+                    node_id: self.node_id,
                 };
                 let leading = periodic::Leading {
-                    supervision: &supervision,
-                    options: &options,
-                    base_env: &base_env,
-                    leadership: &leadership,
-                    election: &election,
-                    coord: coord.as_ref(),
-                    wait,
-                    shutdown: &shutdown,
+                    supervision: self.supervision,
+                    options,
+                    base_env: self.base_env,
+                    leadership,
+                    lease: &self.lease,
+                    coord: self.coord,
+                    wait: self.wait,
+                    shutdown: self.shutdown,
                 };
                 periodic::lead_periodic(&ticks, &leading).await
             }
             None => {
                 lead(
-                    &supervision,
-                    &options,
-                    &base_env,
-                    &node_id,
-                    &leadership,
-                    &election,
-                    coord.as_ref(),
-                    wait,
-                    &shutdown,
+                    self.supervision,
+                    options,
+                    self.base_env,
+                    self.node_id,
+                    leadership,
+                    &self.lease,
+                    self.coord,
+                    self.wait,
+                    self.shutdown,
                     None,
                 )
                 .await
             }
         };
-        // Said before leadership is given up, so that the next leader reads it.
-        let ended = match event {
+        let said = match event {
             Event::Exited {
                 exit: plan::Exit::Code(code),
                 ..
@@ -286,42 +293,24 @@ async fn lead_command(
             Event::Lost => "lost leadership; the command was stopped".to_string(),
             Event::Shutdown { .. } => "resigned (shut down)".to_string(),
         };
-        crate::leader::timeline::end_logged(
-            coord.as_ref(),
-            &settings.election.leader_key,
-            term,
-            ended,
-        )
-        .await;
-        quick_failures = plan::quick_failures_after(event, quick_failures);
-        match plan::next(options.policy, event, quick_failures) {
-            Next::Exit(code) => {
-                if event == Event::Lost {
-                    tracing::warn!(name = %options.name, "leadership lost; exiting with {code}");
-                    election.drop_lease().await;
-                }
-                break code;
+        self.quick_failures = plan::quick_failures_after(event, self.quick_failures);
+        let end = match plan::next(options.policy, event, self.quick_failures) {
+            Next::Exit(code) if event == Event::Lost => {
+                tracing::warn!(name = %options.name, "leadership lost; exiting with {code}");
+                TermEnd::Lost { stop: Some(code) }
             }
-            Next::Again {
-                delay: pause,
-                stand_back,
-            } => {
-                delay = pause;
+            Next::Exit(code) => TermEnd::Finished { code },
+            Next::Again { delay, stand_back } => {
+                self.delay = delay;
                 if event == Event::Lost {
-                    election.drop_lease().await;
-                } else if stand_back {
-                    election.rotate(&leadership, &shutdown).await;
-                } else if let Err(err) = coord.resign(&leadership.lease).await {
-                    tracing::warn!(error = %err, "cannot release the leader key");
+                    TermEnd::Lost { stop: None }
+                } else {
+                    TermEnd::Done { stand_back }
                 }
             }
-        }
-    };
-    election.leave().await;
-    stop_renewer.cancel();
-    let _ = renewer.await;
-    tracing::info!(name = %options.name, node = %node_id, code, "run stopped");
-    Ok(code)
+        };
+        (end, said)
+    }
 }
 
 /// Resolves when `leadership` is lost: seen lost at the coordinator (the record deleted,
@@ -331,10 +320,9 @@ async fn lead_command(
 async fn watch_leadership(
     coord: &dyn Coordinator,
     leadership: &Leadership,
-    election: &Election,
+    lease: &Lease,
     wait: Duration,
 ) {
-    let lease = election.lease();
     tokio::select! {
         reason = crate::leader::watch::until_lost(coord, leadership, wait) => {
             tracing::warn!(fencing_token = leadership.fencing_token, %reason, "stopping the command");
@@ -352,7 +340,7 @@ async fn lead(
     base_env: &[(String, String)],
     node_id: &str,
     leadership: &Leadership,
-    election: &Election,
+    lease: &Arc<Lease>,
     coord: &dyn Coordinator,
     wait: Duration,
     shutdown: &CancellationToken,
@@ -378,7 +366,6 @@ async fn lead(
         ));
     }
     let cancel = CancellationToken::new();
-    let lease = election.lease();
     let job = Job {
         command: &options.command,
         env,
@@ -393,7 +380,7 @@ async fn lead(
     tracing::info!(name = %options.name, fencing_token = leadership.fencing_token, command = ?options.command, "starting the command");
     let running = supervise::leader::run(supervision, job);
     tokio::pin!(running);
-    let lost = watch_leadership(coord, leadership, election, wait);
+    let lost = watch_leadership(coord, leadership, lease, wait);
     tokio::pin!(lost);
     let mut why: Option<Event> = None;
     let ended = loop {

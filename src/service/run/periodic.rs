@@ -3,6 +3,7 @@
 //! (`leaderq/run/<NAME>/ticks`), in a write guarded by the leadership; the runs themselves
 //! are `mod.rs`'s `lead`, under the same supervision as any run.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
@@ -11,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::plan::Event;
 use super::{lead, watch_leadership, RunOptions, COORD_BACKOFF};
 use crate::coord::{Coordinator, Leadership};
-use crate::leader::Election;
+use crate::leader::Lease;
 use crate::supervise::Supervision;
 
 /// The key of a periodic run's tick record: its last tick, written before the tick's run.
@@ -32,7 +33,7 @@ pub(super) struct Leading<'a> {
     pub(super) options: &'a RunOptions,
     pub(super) base_env: &'a [(String, String)],
     pub(super) leadership: &'a Leadership,
-    pub(super) election: &'a Election,
+    pub(super) lease: &'a Arc<Lease>,
     pub(super) coord: &'a dyn Coordinator,
     pub(super) wait: Duration,
     pub(super) shutdown: &'a CancellationToken,
@@ -57,7 +58,7 @@ pub(super) async fn lead_periodic(ticks: &Ticks<'_>, leading: &Leading<'_>) -> E
                 tracing::warn!(error = %err, "cannot read the run's tick record; trying again");
                 tokio::select! {
                     _ = leading.shutdown.cancelled() => return Event::Shutdown { exit: None },
-                    _ = watch_leadership(leading.coord, leading.leadership, leading.election, leading.wait) => return Event::Lost,
+                    _ = watch_leadership(leading.coord, leading.leadership, leading.lease, leading.wait) => return Event::Lost,
                     _ = tokio::time::sleep(COORD_BACKOFF) => continue,
                 }
             }
@@ -101,7 +102,7 @@ pub(super) async fn lead_periodic(ticks: &Ticks<'_>, leading: &Leading<'_>) -> E
                     leading.base_env,
                     ticks.node_id,
                     leading.leadership,
-                    leading.election,
+                    leading.lease,
                     leading.coord,
                     leading.wait,
                     leading.shutdown,
@@ -124,7 +125,7 @@ pub(super) async fn lead_periodic(ticks: &Ticks<'_>, leading: &Leading<'_>) -> E
         });
         tokio::select! {
             _ = leading.shutdown.cancelled() => return Event::Shutdown { exit: None },
-            _ = watch_leadership(leading.coord, leading.leadership, leading.election, leading.wait) => return Event::Lost,
+            _ = watch_leadership(leading.coord, leading.leadership, leading.lease, leading.wait) => return Event::Lost,
             _ = tokio::time::sleep(nap) => {}
         }
     }
