@@ -9,7 +9,8 @@
 //! when it creates a session; the next re-registration (every TTL/3) binds it to the service
 //! again, which keeps a dead replica's critical check from failing the other instances.
 //!
-//! Knows nothing of the election beyond a role channel; `consul/service.rs` does the I/O.
+//! Knows nothing of the election beyond a role channel; `coord/consul/client/service.rs`
+//! does the I/O.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
