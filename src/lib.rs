@@ -1,29 +1,33 @@
 //! leaderq: run N replicas of a worker and have exactly one, the elected leader, take work
-//! from a task queue kept by a coordinator (Consul or ZooKeeper; the seam is ready for
-//! Redis and etcd).
+//! from a task queue kept by a coordinator: Consul (or `leaderq server`), ZooKeeper, Redis
+//! or etcd. ARCHITECTURE.md is the map; this list is the short one.
 //!
-//! - [`task`]: the producers' task format, parsed leniently, and the key rule ([`task::key`]).
-//! - [`coord`]: the coordinator seam (lease, leadership, guarded queue writes, in the
-//!   domain's words), one folder per backend (`consul`, with its typed HTTP client
-//!   [`coord::consul::client`]; `zookeeper`, Curator's LeaderLatch on a ZooKeeper ensemble;
-//!   `memory`), and the contract suite every backend passes.
+//! - [`task`]: the producers' task format, parsed leniently, the key rule ([`task::key`])
+//!   and the history record a completion leaves ([`task::history`]).
+//! - [`coord`]: the coordinator seam (lease, leadership with a fencing token, guarded queue
+//!   writes, in the domain's words), one folder per backend (`consul`, with its typed HTTP
+//!   client [`coord::consul::client`]; `zookeeper`; `redis`; `etcd`; `memory` for tests),
+//!   and the contract suite every backend passes.
 //! - [`leader`]: the lease and the campaign, written once against the seam; the pure gate;
-//!   the replica's data dir and node id ([`leader::identity`]).
+//!   the leader's watch on its own record; the replica's data dir and node id
+//!   ([`leader::identity`]); the replicas' records and the leadership timeline.
 //! - [`queue`]: the leader's loop over the seam, and its pure plan (what to claim, when to
 //!   look or list again).
 //! - [`handler`]: the `Handler` trait, the registry, the exec and log handlers.
 //! - [`schedule`]: schedules (`every` an interval, or `cron` in a time zone), their
-//!   validation and schedule files, and the pure tick planner ([`schedule::plan`]).
+//!   validation and schedule files, the pure tick planner ([`schedule::plan`]) and the
+//!   leader's ticker.
 //! - [`supervise`]: exec handlers' processes, killed before their lease could end.
-//! - [`service`]: the commands as wiring: `consume`, `dev`, `admin` (`enqueue`, `status`,
-//!   `tasks`).
+//! - [`service`]: the commands as wiring: `consume`, `run`, `dev`, `admin` (`enqueue`,
+//!   `status`, `tasks`), `ops` and `schedules` (shared by the CLI and the dashboard).
 //! - [`observe`]: metrics, /metrics, /health, /ready, /leader, logging, and the replica in
 //!   Consul's service catalog.
 //! - [`ui`]: the web dashboard at `/ui/` (replicas' observe listener, `leaderq dev`,
 //!   `leaderq ui`): panes, live feed, actions behind CSRF and token checks.
 //! - [`server`]: the embedded, durable, single-node Consul-compatible server.
 //! - [`config`]: settings, layered from defaults, a file and the environment.
-//! - [`tools`]: `leaderq bench` and `leaderq chaos`, over real processes.
+//! - [`tools`]: `leaderq bench` and `leaderq chaos`, and the process harness they share
+//!   with the integration tests.
 //! - [`util`]: Go's duration syntax, used everywhere.
 
 pub mod config;

@@ -3,7 +3,8 @@
 //! line starting `//! Size:`), so size is a decision, not an accident; and no `.unwrap()`
 //! outside tests, so that nothing a user, a producer or a server sends can panic a
 //! process (an `.expect("...")` is allowed where the message states the invariant that
-//! makes it safe, such as "a JSON object serializes").
+//! makes it safe, such as "a JSON object serializes"); and module headers and
+//! ARCHITECTURE.md name only source files that exist, so a moved file leaves no stale map.
 
 use std::path::{Path, PathBuf};
 
@@ -433,4 +434,138 @@ fn pure_files_do_no_io_and_read_no_clock() {
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The source-file paths a text names: every word ending in `.rs` made of path characters
+/// (`queue/plan.rs`, `src/coord/etcd/txn.rs`, `state.rs`), leaving out templates and globs
+/// (`coord/<backend>/settings.rs`, `src/**/*.rs`) and words that are not files (`docs.rs/`).
+fn named_paths(text: &str) -> Vec<&str> {
+    let is_path_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/');
+    let mut found = Vec::new();
+    for (at, _) in text.match_indices(".rs") {
+        let end = at + ".rs".len();
+        if text[end..]
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '/'))
+        {
+            continue; // `.rsx`, `docs.rs/…`: not the end of a file name
+        }
+        let start = text[..at]
+            .char_indices()
+            .rev()
+            .take_while(|&(_, c)| is_path_char(c))
+            .last()
+            .map_or(at, |(i, _)| i);
+        if text[..start]
+            .chars()
+            .next_back()
+            .is_some_and(|c| matches!(c, '<' | '>' | '*' | '{' | '}' | '$' | ':'))
+        {
+            continue; // a template, a glob or a URL, not one file
+        }
+        let path = text[start..end].trim_start_matches("./");
+        let file = path.rsplit('/').next().unwrap_or(path);
+        if file.len() > ".rs".len() && !path.starts_with('/') && !path.contains("//") {
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// Whether `path`, named in a file in `folder`, exists: below that folder or one of its
+/// parents up to src/, or below the crate root when it starts there (`src/`, `tests/`,
+/// `examples/`). A file `x.rs` also names its own folder `x/` for paths of its children.
+fn path_exists(root: &Path, folder: &Path, own_dir: Option<&Path>, path: &str) -> bool {
+    let src = root.join("src");
+    if ["src/", "tests/", "examples/", "benches/"]
+        .iter()
+        .any(|top| path.starts_with(top))
+    {
+        return root.join(path).is_file();
+    }
+    if own_dir.is_some_and(|dir| dir.join(path).is_file()) {
+        return true;
+    }
+    let mut dir = Some(folder);
+    while let Some(d) = dir {
+        if d.join(path).is_file() {
+            return true;
+        }
+        if d == src || !d.starts_with(&src) {
+            break;
+        }
+        dir = d.parent();
+    }
+    src.join(path).is_file()
+}
+
+/// The stale names in `text` (a file in `folder`), as `line: name` for a report.
+fn stale_names(
+    root: &Path,
+    folder: &Path,
+    own_dir: Option<&Path>,
+    lines: impl Iterator<Item = (usize, String)>,
+) -> Vec<String> {
+    let mut stale = Vec::new();
+    for (n, line) in lines {
+        for path in named_paths(&line) {
+            if !path_exists(root, folder, own_dir, path) {
+                stale.push(format!("{n}: `{path}`"));
+            }
+        }
+    }
+    stale
+}
+
+/// Module headers and ARCHITECTURE.md name only source files that exist, so a file moved
+/// or renamed cannot leave a map pointing at nothing.
+#[test]
+fn headers_and_the_architecture_name_only_files_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let src = root.join("src");
+    let mut problems = Vec::new();
+    for (name, text) in source_texts() {
+        let file = src.join(&name);
+        let folder = file.parent().unwrap_or(&src);
+        let own_dir = (!name.ends_with("mod.rs") && name != "lib.rs" && name != "main.rs")
+            .then(|| file.with_extension(""));
+        let headers = text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| l.trim_start().starts_with("//!"))
+            .map(|(n, l)| (n + 1, l.to_string()));
+        for stale in stale_names(root, folder, own_dir.as_deref(), headers) {
+            problems.push(format!("src/{name}:{stale}"));
+        }
+    }
+    let map = std::fs::read_to_string(root.join("ARCHITECTURE.md")).expect("read ARCHITECTURE.md");
+    let lines = map.lines().enumerate().map(|(n, l)| (n + 1, l.to_string()));
+    for stale in stale_names(root, root, None, lines) {
+        problems.push(format!("ARCHITECTURE.md:{stale}"));
+    }
+    assert!(
+        problems.is_empty(),
+        "named files that do not exist under src/ (fix the name, or name the folder):\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The path finder takes file names in prose and code spans, and leaves out templates,
+/// globs and URLs.
+#[test]
+fn named_paths_finds_file_names_and_skips_templates() {
+    let text = "see `queue/plan.rs`, src/coord/etcd/txn.rs and state.rs. Not \
+                coord/<backend>/settings.rs, src/**/*.rs, `.rs` files, docs.rs/x or \
+                https://example.com/a.rs; but ./x/y.rs and mod.rs's header.";
+    assert_eq!(
+        named_paths(text),
+        [
+            "queue/plan.rs",
+            "src/coord/etcd/txn.rs",
+            "state.rs",
+            "x/y.rs",
+            "mod.rs"
+        ]
+    );
 }

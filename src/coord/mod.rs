@@ -23,7 +23,8 @@
 //! - **no loss**: a task claimed by a lease that ends is still in the queue, marked held
 //!   by a lease that no longer exists, so the next leader can requeue it.
 //!
-//! How each backend provides them is written in ARCHITECTURE.md.
+//! How each backend provides them is written in its own module header (`consul`,
+//! `zookeeper`, `redis`, `etcd`, `memory`); the suite in `contract` checks them on each.
 
 pub mod consul;
 pub mod contract;

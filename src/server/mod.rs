@@ -1,22 +1,42 @@
-//! The embedded, single-node, durable Consul-compatible server (`leaderq server`).
+//! The embedded, single-node, durable Consul-compatible server (`leaderq server`): the API
+//! that clients of leaderq's kind use (KV, sessions, blocking queries, `/v1/txn`, agent TTL
+//! checks and services, the catalog, health and event reads), with the behaviour
+//! `shared/consul-semantics.md` describes. It knows nothing of tasks or leaders.
 //!
 //! Wiring only: `run` opens the store, restores the state machine, registers the agent's
-//! node, starts the writer thread and serves HTTP until shutdown. The rules are in
-//! `state`, durability in `store`, the HTTP API in `http`, blocking reads in `watch`,
-//! connections (per-client cap, timeouts, shutdown deadline) in `serve`.
+//! node, starts the writer thread and serves HTTP until shutdown. The rules are in `state`
+//! (pure: no I/O, no clock, no HTTP; `now` and ids come in with the command), durability in
+//! `store`, the HTTP API in `http` (wire names such as `ModifyIndex` live only there),
+//! blocking reads in `watch`, connections (per-client cap, timeouts, shutdown deadline) in
+//! `serve`, user events in `events`, the server's own /metrics in `metrics`.
+//!
+//! The write path: every write goes through one writer thread, which owns the working state.
+//! It takes all writes that are waiting (group commit, up to `MAX_BATCH`), applies them with
+//! one `now`, persists the changes in one fsync'd commit, and only then publishes the new
+//! state as an immutable snapshot (`watch::Committed`), wakes the blocked queries whose reads
+//! the commit touched, and answers the clients, in that order. The same thread fires timers
+//! (session TTLs, check TTLs, tombstone reaping) at the state's next deadline.
+//!
+//! What it keeps:
+//! - **Acknowledged means durable.** A write is answered only after its commit and after its
+//!   snapshot is published, so a client that has its answer reads its write, and after a kill
+//!   -9 and restart it is there (session TTLs start afresh, as after a Consul election). If a
+//!   commit fails, the working state (ahead of the disk) is never published: the batch is
+//!   answered 500 and the server stops.
+//! - **Readers never wait and never see ahead of the disk.** A read loads the latest published
+//!   snapshot without a lock. A snapshot is immutable: the state is cloned per commit, and
+//!   every collection that grows with the data is a persistent `imbl` one, so the clone is
+//!   O(1) and later writes copy only the paths they change.
+//! - **A blocked query misses no commit that changes its result** (`watch`), and wakes for
+//!   nothing else it can tell apart.
+//! - **One global index**, raised once per write that changes something (a txn's ops share
+//!   it) and persisted with every commit, so it keeps rising across restarts: the Consul
+//!   backend's fencing tokens rest on it.
 //!
 //! Shutdown: blocked queries are released, connections whose request is still arriving are
 //! dropped at once, the others get `shutdown_timeout` to finish their requests and are then
-//! dropped, and only then is the writer told to stop; it
-//! commits what it holds and closes the data file, so a new server can open it at once.
-//!
-//! Every write goes through one writer thread, which owns the working state. It takes all
-//! writes that are waiting (group commit), applies them, persists the changes in one fsync'd
-//! commit, and only then publishes the new state as an immutable snapshot (`watch::Committed`),
-//! wakes the blocked queries whose reads the commit touched, and answers the clients. Readers
-//! load the latest snapshot without a lock: they never wait for a commit in flight and never
-//! see a write that is not yet on disk. The same thread fires timers (session TTLs, check
-//! TTLs, tombstone reaping) at the state's next deadline.
+//! dropped, and only then is the writer told to stop; it commits what it holds and closes the
+//! data file, so a new server can open it at once.
 
 pub mod events;
 pub mod http;

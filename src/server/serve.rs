@@ -1,6 +1,6 @@
 //! The server's connection layer: the accept loop, Consul's per-client connection cap, the
 //! header, idle and shutdown deadlines, and the raised open-files limit. What a request means
-//! is `http.rs`'s business (including the body read timeout and its 408); this file decides
+//! is `http/`'s business (including the body read timeout and its 408); this file decides
 //! which connections are taken and how long each may live.
 //!
 //! An accept loop of our own rather than `axum::serve`: axum's loop has no per-address cap,

@@ -12,6 +12,11 @@
 //! Consul's blocking loop does. A read the view cannot attribute falls back to waking on every
 //! commit: never missed, only woken more often than needed.
 //!
+//! Consul (go-memdb over iradix) watches the radix node a read ended on: for a missing key
+//! or an empty prefix often the root, so such a query returns on any write under it
+//! (hashicorp/consul#9449). Here it wakes only when that key, or something under that
+//! prefix, changes: the same answers, without the early returns clients tolerate anyway.
+//!
 //! This module owns the snapshot pointer and the waiting, not the rules of any endpoint.
 //!
 //! Size: the watch index, the recording view and publication are one mechanism; its tests

@@ -2,7 +2,7 @@
 //! wins, stands by when it does not, and shuts down in order.
 //!
 //! Start: refuse settings that can never work (no handler at all, an exec handler whose
-//! program cannot run), lock the data dir and take the node id (`identity.rs`), connect
+//! program cannot run), lock the data dir and take the node id (`leader/identity.rs`), connect
 //! the coordinator the settings name (`coord::connect`; the Consul backend removes the
 //! checks older versions left behind at its first lease); a lease TTL the coordinator
 //! refuses stops it too.

@@ -1,21 +1,62 @@
 //! The Consul coordinator: the [`Coordinator`] seam on Consul's HTTP API (a real cluster or
-//! `leaderq server`), through the typed client in [`crate::coord::consul::client`].
+//! `leaderq server`), through the typed client in [`crate::coord::consul::client`]. Consul's
+//! names (session, lock-delay, `ModifyIndex`, acquire) stay in this folder.
 //!
-//! - a lease is a session named `leaderq:<node-id>` with behaviour `release`, bound to
-//!   `serfHealth` and (with `health_check`) to a TTL check of the same name that the
-//!   replica passes at every keep-alive (`lease.rs`, `leftovers.rs`);
-//! - leadership is the leader key acquired with that session; its `ModifyIndex` as the
-//!   winning acquire wrote it is the fencing token (not its `LockIndex`, which starts
-//!   again at 1 on a key deleted and created anew), and the key's value the
-//!   [`HolderRecord`] (`leadership.rs`);
-//! - the queue is the KV prefix; a task's `ModifyIndex` is its version, its lock `Session`
-//!   the lease holding its claim, and every guarded write one transaction whose first
-//!   operations check the leader key's session and its `ModifyIndex` (`queue.rs`,
-//!   `txn.rs`).
+//! In the seam's words:
+//! - a lease is a session `leaderq:<node-id>` (TTL, LockDelay, behaviour `release`) bound to
+//!   `serfHealth` and (with `health_check`) to a TTL check of the same name, registered
+//!   passing at open and passed at every keep-alive (`lease.rs`); keep-alive is renew + pass,
+//!   revoke is destroy, close also releases the leader key and deregisters the checks no open
+//!   lease uses; `leftovers.rs` decides whether a previous session is taken up;
+//! - leadership is the leader key acquired with `?acquire=<session>`, its value the
+//!   [`HolderRecord`]; `observe` is a blocking GET on it (the index reset when it goes back,
+//!   early unchanged answers paced to `MIN_REQUERY`) (`leadership.rs`);
+//! - the queue is the KV prefix: a task's version is its `ModifyIndex` (`CreateIndex` orders
+//!   ties), its holder the lock's `Session`; `Claim`/`Release` are `check-index` + `lock` /
+//!   `unlock` with the writer's session, `Complete` is `delete-cas`, `Rewrite` `cas`, `Move`
+//!   `delete-cas` + `set` of the dead letter (`queue.rs`, and `txn.rs`, pure: ops to Consul
+//!   verbs after the guard, a transaction's answer to `Written`).
 //!
-//! Consul's errors become [`CoordError`] in one place, the `From` below. What each
-//! guarantee of the seam rests on is written in ARCHITECTURE.md ("Coordinators"). Persisting
-//! the lease id across restarts (for `LeaseSpec::previous`) is the caller's business.
+//! How it keeps each guarantee of [`crate::coord`]:
+//! - **One leader.** One session holds a lock. A session not renewed is invalidated at the
+//!   latest after TTL × 2 (Consul's multiplier), so never before the holder's own view (a TTL
+//!   from the last renewal it *sent*) ran out; a bound check gone critical invalidates it at
+//!   once. The key then stays under lock-delay (capped at 60 s): an acquire answers `Delayed`
+//!   until a holder that had not noticed is past its own deadline. `resign` is `?release`,
+//!   which sets no lock-delay, so a clean handover is immediate.
+//! - **Fencing.** The token is the leader key's `ModifyIndex` as the winning acquire wrote it:
+//!   the raft index of that write, one global counter that only rises and is kept in the
+//!   raft log and snapshots (`leaderq server` persists it with every commit). A key deleted
+//!   and created anew is acquired by a new write at a higher index; its `LockIndex` would
+//!   start again at 1 (and a plain PUT sets it to 0), so it is never the token. While held,
+//!   only a write of the key moves its `ModifyIndex` (a renew writes nothing); an operator's
+//!   PUT moves it, and the guard then ends that leadership. A lease that finds the key
+//!   already its own (a restart took its session up) unlocks and locks it in one
+//!   transaction, a new write at a higher index; if a server skipped that write, the key is
+//!   released and acquired as a free one. Only a cluster (or a `leaderq server` data dir)
+//!   rebuilt from nothing can make the token go back.
+//! - **Guarded writes.** `write` is one `/v1/txn` that opens with `check-session` (the
+//!   leadership's session) and `check-index` (its token) on the leader key; a session check
+//!   alone would let an operator's PUT through, since a PUT keeps the lock's session. Consul
+//!   applies all ops or none: a failed check answers `NotLeader`, any other failed op
+//!   `Conflict` with its task's key. The checks return the leader key as the commit saw it;
+//!   its `ModifyIndex` is `Written::Done`'s token. `write_own` is the same without the checks.
+//! - **Versions.** Every write moves a key's `ModifyIndex`, and each op is conditioned on it.
+//!   A `delete-cas` of a key already gone succeeds, so `Complete` and `Move` of a task
+//!   someone deleted answer `Done`.
+//! - **No loss.** A claim locks the task with the leader's session, whose behaviour is
+//!   `release`: when the session ends Consul clears the lock and keeps the value, so the task
+//!   stays, taken with no holder, for the next leader to requeue.
+//!
+//! Write limits: `consul.txn_max_ops` operations counting the guard (128, what Consul 1.6 and
+//! later and `leaderq server` accept; 64 for an older Consul; the guard is two, a claim two, a
+//! completion one, a move three) and about 236 KiB of keys and values (a 480 KiB body budget
+//! under Consul's 512 KiB; values grow by 4/3 in base64 and a claim sends its key twice).
+//!
+//! Consul's errors become [`CoordError`] in one place, the `From` below: a 413, a key that
+//! cannot travel in a URL and a session TTL outside the server's bounds are `Refused`;
+//! everything else (network, 429, 5xx, ACL) is `Unavailable`. Persisting the lease id across
+//! restarts (for `LeaseSpec::previous`) is the caller's business.
 
 pub mod client;
 mod leadership;

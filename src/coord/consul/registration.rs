@@ -10,7 +10,7 @@
 //! again, which keeps a dead replica's critical check from failing the other instances.
 //!
 //! The Consul coordinator's answer to [`Coordinator::announce`](crate::coord::Coordinator::announce):
-//! knows nothing of the election beyond a role channel; the typed client does the I/O.
+//! knows nothing of the election beyond a role channel; `client/service.rs` does the I/O.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The contract every coordinator passes: the module header of [`crate::coord`] as checks
-//! that run against any [`Coordinator`], the in-memory one in unit tests and real servers
-//! (`leaderq server` through the Consul backend, later ZooKeeper, Redis, etcd) in the
-//! integration tests.
+//! that run against any [`Coordinator`]: the in-memory one in unit tests, real servers in
+//! the integration tests (`leaderq server` through the Consul backend, a ZooKeeper ensemble,
+//! an etcd cluster, a Redis).
 //!
 //! Each check takes a fresh [`Subject`] (a coordinator nobody else uses, a producer to
 //! write tasks with, prefixes of its own and the timing to use) and answers `Ok(())` or

@@ -1,19 +1,59 @@
-//! The etcd coordinator: the [`Coordinator`] seam on etcd v3, through its JSON gRPC
-//! gateway (`client.rs`), as etcd's own `concurrency` package does it:
+//! The etcd coordinator: the [`Coordinator`] seam on etcd v3, as etcd's own `concurrency`
+//! package does it, through its JSON gRPC gateway (`client/mod.rs`: endpoints with failover,
+//! auth token, CA file; `client/wire.rs`, pure: the gateway's JSON both ways). The gateway
+//! rather than a gRPC crate: no `protoc` at build time for users or CI, and a much smaller
+//! build. etcd's names (revision, lease, txn, compare) stay in this folder.
 //!
-//! - a lease is an etcd lease (grant with the TTL in whole seconds, keep-alive, revoke),
-//!   with an owner key naming the node attached to it (`lease.rs`);
-//! - leadership is a campaign key `<leader_key>/<lease-hex>` under the lease; the one with
-//!   the lowest `create_revision` leads and that revision is the fencing token, which
-//!   rises across leaders because revisions do (`election.rs`);
-//! - the queue is the key prefix holding the producers' JSON; a task's version is its
-//!   `mod_revision` and whether a claim key (attached to the claiming lease) holds it; each
-//!   guarded write is one transaction comparing the campaign key's `create_revision` with
-//!   the token (`queue.rs`, `txn.rs`); waiting is a watch from the revision last seen.
+//! In the seam's words:
+//! - a lease is an etcd lease of the TTL in whole seconds (rounded up; etcd raises it to its
+//!   minimum) with `<leader_key>.owner/<lease-hex>` = node id attached; keep-alive is one
+//!   message to `/v3/lease/keepalive` (TTL 0 = gone), revoke and close are
+//!   `/v3/lease/revoke`; a previous lease is taken up if `timetolive` finds it alive with
+//!   this node's owner key (`lease.rs`);
+//! - leadership is a campaign key `<leader_key>/<lease-hex>` created (compare
+//!   `create_revision = 0`) under the lease; the lowest `create_revision` leads and is the
+//!   fencing token; a loser deletes its key at once (`Held`); `observe` reads the first
+//!   campaign key and `<leader_key>` (the last leader's record) in one txn and waits with a
+//!   watch from the revision after the one last seen (`election.rs`);
+//! - the queue is the key prefix holding the producers' JSON, with a claim key
+//!   `<leader_key>.claims/<task>` under the claiming lease; `list` reads both in one txn and
+//!   waits with watches on both (a claim dying with its lease changes no task key); a
+//!   compacted revision answers at once with a fresh read (`queue.rs`). `Claim` puts the task
+//!   and its claim, `Release` puts the task and deletes the claim, `Complete` deletes both,
+//!   `Move` also puts the dead letter (`txn.rs`, pure: ops to one txn, its answer to
+//!   `Written`, costs). Key layout and numbers: `layout.rs`.
 //!
-//! Key layout and numbers: `layout.rs`. What each guarantee of the seam rests on is written
-//! in ARCHITECTURE.md ("Coordinators"). Persisting the lease id across restarts (for
-//! `LeaseSpec::previous`) is the caller's business.
+//! How it keeps each guarantee of [`crate::coord`]:
+//! - **One leader.** Campaign keys get rising revisions, so while the first exists no other
+//!   becomes first, and a campaigner that is not first withdraws its key. A lease not kept
+//!   alive is revoked after its TTL (checked every 500 ms), which deletes its campaign key;
+//!   the holder's gate stops a TTL after the last keep-alive it *sent*, so it stops first. An
+//!   etcd leader change extends every lease by an election timeout: longer, never shorter.
+//!   No lock-delay (`Timing::without_lock_delay`).
+//! - **Fencing.** etcd's revision only rises (across restarts and compaction, which drops
+//!   history, not the revision), so each new campaign key's `create_revision` is above every
+//!   earlier token. A holder that campaigns again (a restart that took its lease up) deletes
+//!   its key and creates it anew. A campaign key deleted by an operator ends that leadership
+//!   (the guard) and the next one is created higher. Only a cluster rebuilt from nothing can
+//!   make it go back.
+//! - **Guarded writes.** `write` is one `/v3/kv/txn`: compare the campaign key's
+//!   `create_revision` with the token (a deleted key compares as 0), then per task its
+//!   `mod_revision` and its claim (present or not, as the version says; for `write_own`, the
+//!   claim's lease is the writer's). The failure branch reads every compared key, so the
+//!   rollback is judged on what the txn saw: a failed guard is `NotLeader`, otherwise the
+//!   tasks whose compares failed are the `Conflict`.
+//! - **Versions.** `2 × mod_revision`, + 1 when no claim key exists: a claim dying with its
+//!   lease writes nothing to the task, so the low bit moves instead. List positions are
+//!   `2 × revision + 1`, at or above every version read with them.
+//! - **No loss.** A claim key is attached to the leader's lease; when the lease ends etcd
+//!   deletes it in the same revision as the campaign key, and the task stays, taken with no
+//!   holder, for the next leader to requeue.
+//!
+//! Write limits: a task op adds at most 3 entries to each of compare, success and failure (a
+//! move), the guard 1, within etcd's default `--max-txn-ops` of 128; keys and values estimated
+//! at 1 MiB under the default `--max-request-bytes` of 1.5 MiB. Errors: gRPC `InvalidArgument`
+//! (400) and bad settings are `Refused`, everything else `Unavailable`. Persisting the lease id
+//! across restarts (for `LeaseSpec::previous`) is the caller's business.
 
 pub mod client;
 mod election;

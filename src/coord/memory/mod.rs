@@ -1,14 +1,42 @@
 //! The in-memory coordinator: every [`Coordinator`] guarantee inside one process, for fast
-//! deterministic tests of whatever sits on the seam.
+//! deterministic tests of whatever sits on the seam. It copies Consul's rules as `leaderq
+//! server` implements them, in the seam's words, at the earliest the seam allows (a lease
+//! ends exactly a TTL after its last keep-alive, where Consul waits twice that), so a
+//! consumer that is safe here is safe on Consul.
 //!
-//! The rules live in `state.rs`, a pure state machine driven with `now`; this file is the
-//! thin async shell around it: one mutex, the clock (`tokio::time::Instant`, so tests can
-//! pause it), and the wake-ups of blocking `observe`/`list` calls. Leases end lazily: every
-//! call first ends the leases whose TTL ran out, and a blocked waiter sleeps no longer than
-//! the next lease's deadline, so a death is seen on time without any background task.
-//! Test hooks (`put`, `delete_leader_record`, `expire_lease`, `set_unavailable`) stand in
-//! for producers, operators and faults. How it meets each guarantee is written in
-//! ARCHITECTURE.md ("Coordinators").
+//! The rules live in `state.rs`, a pure state machine driven with `now` (the operators' edits
+//! in `state/edit.rs`); this file is the thin async shell around it: one mutex, the clock
+//! (`tokio::time::Instant`, so tests can pause it), and the wake-ups of blocking
+//! `observe`/`list` calls. Leases end lazily: every call first ends the leases whose TTL ran
+//! out (each at its own deadline), and a blocked waiter sleeps no longer than the next
+//! deadline, so a death is seen on time without any background task.
+//!
+//! How it keeps each guarantee of [`crate::coord`]:
+//! - **One leader.** Leadership is one field under one mutex; `campaign` takes it only when
+//!   free (or already this lease's). A lease that dies holding it (expiry, revoke,
+//!   `expire_lease`) leaves it `Delayed` for its lock-delay (capped at 60 s), counted from
+//!   the death; `resign` leaves none.
+//! - **Fencing.** One counter that only rises; every acquisition takes the next value, a
+//!   re-campaign by the holder too, and an operator's deletion of the leader record leaves
+//!   it as it is.
+//! - **Guarded writes.** A batch is checked against the limits (128 operations counting the
+//!   guard, 512 KiB of keys and values: over them `Refused`, whoever asks), then against
+//!   leadership (held by the lease under this very token, as Consul's `check-session` and
+//!   `check-index`), then op by op on a staged copy; every failing op is named in `Conflict`,
+//!   and only a batch with none is applied. `write_own` skips the guard, and every task it
+//!   writes must be held by the lease.
+//! - **Versions.** One global version from 1 (0 means "do not wait"), raised by one per
+//!   visible change: a batch, a producer's write, a campaign won, a resignation, a lease's
+//!   death. A task's version is the one of its last write.
+//! - **No loss.** A lease's death clears the holder of every task it claimed, keeps their
+//!   values and moves their versions; they cannot be claimed during its lock-delay (Consul
+//!   sets it on every key a dying session held) but can be requeued.
+//!
+//! Test hooks stand in for producers, operators and faults: `put` (a producer's write, also
+//! the contract's `Producer`), `delete_leader_record` (an operator's `DELETE`: the holder
+//! loses leadership at once, no lock-delay, the counter stays), `expire_lease` (a hung
+//! replica: its lease ends now, lock-delay applies), `set_unavailable` (every call, a blocked
+//! waiter too, answers `Unavailable`).
 
 mod state;
 #[cfg(test)]

@@ -1,30 +1,54 @@
 //! The Redis coordinator: the [`Coordinator`] seam on one Redis (7.0 or later), through
-//! redis-rs's connection manager (reconnects by itself after a restart).
+//! redis-rs's connection manager (RESP3: pub/sub messages arrive on the same connection,
+//! which reconnects and resubscribes by itself). Redis's names stay in this folder: key
+//! layout and version encoding in `layout.rs`, the scripts in `scripts.rs`, waits in
+//! `wait.rs`, the `[redis]` section's checks in `settings.rs`, the verdict on Redis's own
+//! settings in `durability.rs`.
 //!
-//! - a lease is a random id's key with a PX TTL, renewed and ended only by scripts that
-//!   check it is still there;
+//! In the seam's words:
+//! - a lease is a random id's key, a hash `{node, ttl}` with a PX TTL, renewed (with the
+//!   leader key if it holds it) and ended only by scripts that check it is still there;
 //! - leadership is `SET leader <lease> NX PX <the lease's time left>` in a script that first
-//!   checks the lease exists, and the keep-alive script renews the leader key with the
-//!   lease, so it never outlives it;
-//! - the fencing token is the highest of the last one stored plus one, Redis's clock in
-//!   milliseconds and the highest token this coordinator has seen plus one, so it rises
-//!   even when Redis lost the last one (`scripts.rs`, CAMPAIGN);
+//!   checks the lease exists; the holder record keeps `{lease, token, record, version}`;
+//!   `observe` waits on the changes channel, the leader key's PTTL and a poll (`wait.rs`);
+//! - the queue is a hash per task and one sorted set of their keys; every write of it is
+//!   one script (guard, versions, then all writes, one counter bump, one `PUBLISH`);
 //! - before it opens a lease it reads Redis's persistence and eviction settings, and
 //!   refuses one that can lose acknowledged writes unless `redis.accept_data_loss` says so
-//!   (`durability.rs`); producers and operators (no lease) are never refused;
-//! - the queue is a hash per task and one sorted set of their keys; every write of it is
-//!   one script that checks the leader key and the holder's token (guarded writes), then
-//!   each task's version, and applies all or nothing;
-//! - a task claimed by a lease that then expires still names it and reads as unheld, with
-//!   a version of its own (`layout.rs`): orphans are found without any timer;
-//! - waits (`list`, `observe`) wake on the channel every write publishes to, when a lease
-//!   they see would end, and at the latest every second, should a message be lost.
+//!   (`durability.rs`), again at every lease; producers and operators (no lease) are never
+//!   refused. Asynchronous replication is not seen: a failover can lose writes whatever the
+//!   primary's settings (README, "Production with Redis").
 //!
-//! Key layout and version encoding: `layout.rs`; the scripts: `scripts.rs`; waits:
-//! `wait.rs`; the `[redis]` section's checks: `settings.rs`; the verdict on Redis's own
-//! settings: `durability.rs`. What Redis's
-//! persistence and replication do to the guarantees is said in README ("Production with
-//! Redis"), how it keeps each guarantee in ARCHITECTURE.md ("Coordinators").
+//! How it keeps each guarantee of [`crate::coord`]:
+//! - **One leader.** `SET … NX` lets one lease hold the key, with the lease's remaining PTTL,
+//!   and the keep-alive renews both in one script, so the leader key never outlives its
+//!   lease. Redis ends a lease a TTL after the keep-alive *arrived*, never before the holder's
+//!   own view (a TTL after it *sent* it). No lock-delay (`Timing::without_lock_delay`): a
+//!   frozen leader is stopped by its own gate and handler supervisor, its writes by the guard.
+//! - **Fencing.** The campaign script takes the highest of the stored token + 1, Redis's
+//!   `TIME` in milliseconds and the highest token this coordinator has seen + 1, so it rises
+//!   even when Redis lost the last one (why each, and its limits: `scripts.rs`, CAMPAIGN).
+//!   The last lives in this process, so a replica started after a loss has only the clock.
+//!   Tokens stay at or below `TOKEN_MAX` = 2^53 − 1; a campaign that would pass it is
+//!   `Refused`.
+//! - **Guarded writes.** A script runs whole with nothing in between: the write script
+//!   answers `notleader` unless the leader key names the lease and the holder record the
+//!   same lease and token, `conflict` with every failing key, or applies everything.
+//! - **Versions.** Every write sets the task's version from one global counter. A lease's
+//!   death writes nothing, so it is folded into the version (`2 × counter + 2 + gone`,
+//!   `layout.rs`), and a `list`'s version adds one while it shows such a task. A Redis that
+//!   lost its data (accepted with `redis.accept_data_loss`) starts the counter again, so
+//!   versions repeat; a leader stays safe (the loss ended its lease, and the next leader
+//!   writes only versions it read after it), and an operator's edit reads and writes within
+//!   one command.
+//! - **No loss.** A claim writes the lease id into the task; when the lease key expires the
+//!   task stays and reads as unheld, and the next leader requeues it (`Rewrite` requires no
+//!   live holder): orphans are found without any timer.
+//!
+//! Write limits: 128 operations and 1 MiB of keys and values per script (a script blocks
+//! Redis while it runs). Errors: every Redis error is `Unavailable` (a restart, a promoted
+//! replica, a busy script); `Refused` are a bad URL at start, a lease TTL under 1 s, and a
+//! Redis that can lose acknowledged writes (unless `redis.accept_data_loss`).
 
 mod durability;
 mod layout;

@@ -1,24 +1,65 @@
 //! The ZooKeeper coordinator: the [`Coordinator`] seam on a ZooKeeper ensemble, through the
-//! `zookeeper-client` crate, with the semantics of Apache Curator's LeaderLatch.
+//! `zookeeper-client` crate (async, tokio), with the semantics of Apache Curator's
+//! LeaderLatch. The tree (below the connect string's chroot, created if missing) is in
+//! `layout.rs`. ZooKeeper's names (session, znode, zxid, `multi`) stay in this folder.
 //!
-//! - a lease is one ZooKeeper session, its own client connection (`lease.rs`); it ends when
-//!   ZooKeeper expires it (no contact within the session timeout: a dead or frozen
-//!   replica), when it is revoked, or when no keep-alive came within its TTL (a replica
-//!   whose loop hangs loses it, as a Consul session bound to a TTL check does);
-//! - leadership is the lowest ephemeral-sequential latch znode under the election znode;
-//!   every other replica in line watches only its predecessor; the winner rewrites the
-//!   marker znode and that write's `mzxid` is the fencing token (`election.rs`);
-//! - the queue is a znode's children; a task's version is the latest of its `mzxid` and
-//!   `pzxid`, its holder the owner of its ephemeral claim marker, and every guarded write
-//!   one `multi` that first checks the leader's latch znode and the marker (`queue.rs`,
-//!   `plan.rs`).
+//! In the seam's words:
+//! - a lease is one ZooKeeper session on its own connection, timeout = the lease TTL (refused
+//!   if the ensemble grants less), id `0x<session id>` (`lease.rs`). It ends when ZooKeeper
+//!   expires it (no contact within the timeout: a dead or frozen replica), when it is revoked
+//!   (its ephemerals deleted, then closed), or when no keep-alive (`exists /`) came within
+//!   its TTL (a replica whose loop hangs, as a Consul session bound to a TTL check). A
+//!   keep-alive while disconnected is an error, Curator's SUSPENDED;
+//! - leadership is the lowest ephemeral-sequential latch under the election znode; a
+//!   campaign creates the lease's latch once and, if it is lowest, rewrites the marker znode
+//!   in a `multi` that checks the latch; that write's `mzxid` is the fencing token. `observe`
+//!   syncs, reads the line and the marker, and waits on one watch: a replica in line on its
+//!   predecessor, the leader on its own latch, one not in line on the leader's (`election.rs`);
+//! - the queue is a znode's children, each task's claim its ephemeral child marker owned by
+//!   the claiming session; a task's version is max(`mzxid`, `pzxid`), so the marker's
+//!   creation or deletion (also by expiry) moves it. `list` syncs, then reads children, data
+//!   and markers pipelined, and waits on a persistent recursive watch (`queue.rs`). Every
+//!   write first reads (behind a `sync`) each task's stat and marker; `plan.rs` (pure) turns
+//!   that and the ops into one `multi`, and an op whose version moved, a task gone or one
+//!   claimed by another lease is a `Conflict` without sending.
 //!
 //! Every read is sent right behind a `sync` on its session: a member serves reads from its
 //! own copy, which may lag behind writes acknowledged through another session (a
 //! producer's, another lease's); behind a `sync` they see all of them.
 //!
-//! The layout of the tree is in `layout.rs`. ZooKeeper's errors become [`CoordError`] in one
-//! place, `unavailable`. What each guarantee of the seam rests on is in ARCHITECTURE.md.
+//! How it keeps each guarantee of [`crate::coord`]:
+//! - **One leader.** Only the lowest latch wins and no lower one can appear (sequences only
+//!   grow), so a latch that was lowest leads until deleted: by `resign`, by its session's
+//!   end, or by a restart of the same node (`open_lease` with its previous lease deletes that
+//!   latch if its record names this node). ZooKeeper counts a session's timeout from the last
+//!   request or ping it received, so never before the holder's own view ends. No lock-delay:
+//!   the margin is the holder's own TTL (`Timing::without_lock_delay`).
+//! - **Fencing.** zxids only rise, across sessions, ensemble leaders (the epoch is in the high
+//!   bits) and restarts; each win, a re-campaign by the holder too, is a new marker write, so
+//!   its `mzxid` is above every token before. leaderq never deletes the marker; one deleted by
+//!   an operator is made again by the next win, at a higher zxid. Its version then starts
+//!   again, so across such a deletion a holder's earlier leadership could pass the marker
+//!   check after its own re-campaign (the token still rises, and a replica uses one
+//!   leadership at a time). Only an ensemble rebuilt from nothing can make it go back.
+//! - **Guarded writes.** `write` is one `multi` whose first two ops check the leader's latch
+//!   (exists, version 0) and the marker (at this win's version), sent on the lease's own
+//!   session: a session that ended fails it whole, and nothing is sent while its connection
+//!   is lost. A failed guard or a session gone answers `NotLeader`, any other failed op
+//!   `Conflict` with its task's key. `write_own` plans without the guard, only for tasks
+//!   whose marker this session owns.
+//! - **Versions.** Every data write moves `mzxid`, every claim or its end `pzxid`; each op is
+//!   checked on `Stat.version` (and the marker's) as read just before.
+//! - **No loss.** The claim marker is ephemeral: when the claiming session ends ZooKeeper
+//!   deletes it, the task keeps its value, has no holder and a new version, and the next
+//!   leader requeues it.
+//!
+//! Not offered: taking a lease up from a new process. `zookeeper-client` cannot hand a session
+//! id and password to a new connection, so a restarted replica opens a new session (its old
+//! latch deleted, its old claims freed when the old session expires); the contract runs with
+//! `Timing::without_lease_reuse`. Limits: 128 `multi` ops counting the two guard checks, 960
+//! KiB (under `jute.maxbuffer`'s 1 MiB). ZooKeeper's errors become [`CoordError`] in one
+//! place, `unavailable`: a request it will never take (bad arguments, an invalid ACL) and a
+//! bad connect string are `Refused`, everything else `Unavailable`.
 
 mod election;
 mod layout;

@@ -3,12 +3,18 @@
 //!
 //! Wire types (`ModifyIndex`, `LockIndex`, …) live only here. Reads use the latest committed
 //! snapshot (through `watch::query` so that every read can block); writes go to
-//! `Shared::write` and are answered after they are durable. Rules belong in `state.rs`.
+//! `Shared::write` and are answered after they are durable. Rules belong in `state/`.
 //!
 //! This file routes and holds what every endpoint shares (`HttpError`, `Req`, the route
 //! table); one file per endpoint family does the rest, as mini-redis has one file per
-//! command: `kv.rs`, `txn.rs`, `session.rs`, `agent.rs` (self, checks), `catalog.rs`, and
-//! `wire.rs` (JSON, metadata headers, paths, query strings as Go writes and reads them).
+//! command: `kv.rs`, `txn.rs`, `session.rs`, `agent.rs` (self, checks), `service.rs` (agent
+//! services, members, maintenance), `catalog.rs` (catalog and health reads), `event.rs`,
+//! and `wire.rs` (JSON, metadata headers, paths, query strings as Go writes and reads them).
+//!
+//! What is copied was read in hashicorp/consul (agent/http.go `wrap`, `handler`, `Index`,
+//! `setMeta`; agent/txn_endpoint.go; agent/agent_endpoint.go; agent/agent.go;
+//! agent/health_endpoint.go; agent/event_endpoint.go) and Go's net/http; each fact is
+//! stated at the code that copies it, and tests/server/wire.rs holds them to it.
 //!
 //! Size: the route table, the error type and the request every endpoint family shares, with
 //! their tests; the endpoints are in files of their own.

@@ -4,7 +4,7 @@
 //! `State::apply(command, now)` runs one write and returns its outcome; `next_deadline()` and
 //! `expire(now)` drive session TTLs, check TTLs, lock-delay clean-up and tombstone reaping.
 //! Nothing here does I/O, reads the clock or knows about HTTP: `store.rs` persists what
-//! `take_changes()` reports, and `http.rs` turns outcomes into Consul's answers. The rules
+//! `take_changes()` reports, and `http/` turns outcomes into Consul's answers. The rules
 //! follow `shared/consul-semantics.md` (newest Consul behaviour where versions differ).
 //!
 //! By table: `kv.rs` (entries, locks, tombstones, txn), `sessions.rs` (sessions, checks,
