@@ -89,8 +89,17 @@ pub enum ElectionMode {
 pub struct ElectionSettings {
     pub leader_key: String,
     pub node_id: String,
+    /// How long a lease lives without a renewal (renewed every TTL/3).
     #[serde(deserialize_with = "duration::deserialize")]
-    pub session_ttl: Duration,
+    pub lease_ttl: Duration,
+    /// `lease_ttl`'s old name, still read: `Settings::load` moves it into `lease_ttl`.
+    #[serde(
+        default,
+        rename = "session_ttl",
+        deserialize_with = "duration::deserialize_optional",
+        skip_serializing
+    )]
+    pub session_ttl_alias: Option<Duration>,
     #[serde(deserialize_with = "duration::deserialize")]
     pub lock_delay: Duration,
     pub health_check: bool,
@@ -217,6 +226,50 @@ pub enum ConfigError {
 /// Environment as the loader sees it, so tests can pass their own.
 pub type Env = Vec<(String, String)>;
 
+/// The settings file and the environment over `builder`: `LEADERQ__SECTION__KEY`, then
+/// `CONSUL_HTTP_ADDR` and `CONSUL_HTTP_TOKEN` as Consul's own tools read them.
+fn user_layers(
+    mut builder: config::ConfigBuilder<config::builder::DefaultState>,
+    file: Option<&Path>,
+    env: &Env,
+) -> Result<config::ConfigBuilder<config::builder::DefaultState>, ConfigError> {
+    if let Some(path) = file {
+        builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
+    }
+    let leaderq_env: std::collections::HashMap<String, String> = env
+        .iter()
+        .filter(|(key, _)| key.starts_with("LEADERQ__"))
+        .cloned()
+        .collect();
+    builder = builder.add_source(
+        config::Environment::with_prefix("LEADERQ")
+            .prefix_separator("__")
+            .separator("__")
+            .try_parsing(true)
+            .list_separator(",")
+            .with_list_parse_key("consul.addresses")
+            .with_list_parse_key("etcd.endpoints")
+            .source(Some(leaderq_env)),
+    );
+    let lookup = |name: &str| {
+        env.iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.clone())
+            .filter(|value| !value.is_empty())
+    };
+    if let Some(addr) = lookup("CONSUL_HTTP_ADDR") {
+        builder = builder
+            .set_override("consul.addresses", vec![addr])
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    }
+    if let Some(token) = lookup("CONSUL_HTTP_TOKEN") {
+        builder = builder
+            .set_override("consul.token", token)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+    }
+    Ok(builder)
+}
+
 impl Settings {
     /// How long one watch of the coordinator (a blocking query, a watch) may wait before it
     /// returns unchanged, from the backend's own section.
@@ -229,55 +282,37 @@ impl Settings {
         }
     }
 
-    /// Loads the layers in order and validates the result.
+    /// Loads the layers in order (defaults, the file, the environment) and validates the
+    /// result.
     pub fn load(file: Option<&Path>, env: Env) -> Result<Settings, ConfigError> {
-        let mut builder = config::Config::builder().add_source(config::File::from_str(
-            DEFAULT_TOML,
-            config::FileFormat::Toml,
-        ));
         if let Some(path) = file {
             if !path.exists() {
                 return Err(ConfigError::NotFound {
                     path: path.to_path_buf(),
                 });
             }
-            builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
         }
-        let leaderq_env: std::collections::HashMap<String, String> = env
-            .iter()
-            .filter(|(key, _)| key.starts_with("LEADERQ__"))
-            .cloned()
-            .collect();
-        builder = builder.add_source(
-            config::Environment::with_prefix("LEADERQ")
-                .prefix_separator("__")
-                .separator("__")
-                .try_parsing(true)
-                .list_separator(",")
-                .with_list_parse_key("consul.addresses")
-                .with_list_parse_key("etcd.endpoints")
-                .source(Some(leaderq_env)),
-        );
-        let lookup = |name: &str| {
-            env.iter()
-                .find(|(key, _)| key == name)
-                .map(|(_, value)| value.clone())
-                .filter(|value| !value.is_empty())
-        };
-        if let Some(addr) = lookup("CONSUL_HTTP_ADDR") {
-            builder = builder
-                .set_override("consul.addresses", vec![addr])
-                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        }
-        if let Some(token) = lookup("CONSUL_HTTP_TOKEN") {
-            builder = builder
-                .set_override("consul.token", token)
-                .map_err(|e| ConfigError::Invalid(e.to_string()))?;
-        }
-        let settings: Settings = builder
+        let defaults = config::Config::builder().add_source(config::File::from_str(
+            DEFAULT_TOML,
+            config::FileFormat::Toml,
+        ));
+        let invalid = |e: config::ConfigError| ConfigError::Invalid(e.to_string());
+        let mut settings: Settings = user_layers(defaults, file, &env)?
             .build()
             .and_then(|c| c.try_deserialize())
-            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+            .map_err(invalid)?;
+        if let Some(ttl) = settings.election.session_ttl_alias.take() {
+            // The old name wins over the default, not over the new name given as well.
+            let user = user_layers(config::Config::builder(), file, &env)?
+                .build()
+                .map_err(invalid)?;
+            if user.get::<String>("election.lease_ttl").is_ok() {
+                return Err(ConfigError::Invalid(
+                    "election.lease_ttl and election.session_ttl (its old name) are both set: keep lease_ttl only".into(),
+                ));
+            }
+            settings.election.lease_ttl = ttl;
+        }
         settings.validate()?;
         Ok(settings)
     }
@@ -359,8 +394,8 @@ impl Settings {
                 self.election.leader_key
             ));
         }
-        if self.election.session_ttl.is_zero() {
-            return invalid("election.session_ttl must be more than 0s".into());
+        if self.election.lease_ttl.is_zero() {
+            return invalid("election.lease_ttl must be more than 0s".into());
         }
         if self.queue.prefix.is_empty() || self.queue.dead_prefix.is_empty() {
             return invalid("queue.prefix and queue.dead_prefix must not be empty".into());
@@ -430,14 +465,14 @@ impl Settings {
     /// environment and working directory can be used as given.
     fn validate_supervision(&self) -> Result<(), ConfigError> {
         let invalid = |msg: String| Err(ConfigError::Invalid(msg));
-        let ttl = self.election.session_ttl;
+        let ttl = self.election.lease_ttl;
         let margin = crate::supervise::lease_margin(ttl);
         // Right before a renewal is due (every TTL/3) the lease has 2/3 of a TTL left; a
         // kill sequence longer than that would stop healthy handlers every time.
         let room = ttl - ttl / 3;
         if self.queue.kill_grace + margin >= room {
             return invalid(format!(
-                "queue.kill_grace ({}) plus the lease margin ({}, a tenth of election.session_ttl) must be less than 2/3 of election.session_ttl ({}), so that a handler is killed before its lease could end; lower queue.kill_grace below {} or raise election.session_ttl",
+                "queue.kill_grace ({}) plus the lease margin ({}, a tenth of election.lease_ttl) must be less than 2/3 of election.lease_ttl ({}), so that a handler is killed before its lease could end; lower queue.kill_grace below {} or raise election.lease_ttl",
                 duration::format(self.queue.kill_grace),
                 duration::format(margin),
                 duration::format(room),
@@ -475,7 +510,7 @@ impl Settings {
 mod tests {
     use super::*;
 
-    fn env(pairs: &[(&str, &str)]) -> Env {
+    pub(super) fn env(pairs: &[(&str, &str)]) -> Env {
         pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -487,7 +522,7 @@ mod tests {
     fn defaults_load() {
         let settings = Settings::load(None, Env::new()).unwrap();
         assert_eq!(settings.queue.prefix, "oracleTask/");
-        assert_eq!(settings.election.session_ttl, Duration::from_secs(15));
+        assert_eq!(settings.election.lease_ttl, Duration::from_secs(15));
         assert_eq!(settings.consul.addresses, vec!["http://127.0.0.1:8500"]);
         assert_eq!(
             settings.queue.run_at_max_ahead,
@@ -736,5 +771,35 @@ mod key_settings {
                 .to_string();
             assert!(err.contains(named), "{value:?}: {err}");
         }
+    }
+
+    /// `election.session_ttl`, the old name, still sets the lease TTL from a file or the
+    /// environment; given together with `lease_ttl` it is refused, naming both.
+    #[test]
+    fn session_ttl_is_read_as_the_old_name_of_lease_ttl() {
+        let from_env = Settings::load(
+            None,
+            tests::env(&[("LEADERQ__ELECTION__SESSION_TTL", "20s")]),
+        )
+        .unwrap();
+        assert_eq!(from_env.election.lease_ttl, Duration::from_secs(20));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("old.toml");
+        std::fs::write(&file, "[election]\nsession_ttl = \"30s\"\n").unwrap();
+        let from_file = Settings::load(Some(&file), Env::new()).unwrap();
+        assert_eq!(from_file.election.lease_ttl, Duration::from_secs(30));
+        let new_name =
+            Settings::load(None, tests::env(&[("LEADERQ__ELECTION__LEASE_TTL", "25s")])).unwrap();
+        assert_eq!(new_name.election.lease_ttl, Duration::from_secs(25));
+        let both = Settings::load(
+            Some(&file),
+            tests::env(&[("LEADERQ__ELECTION__LEASE_TTL", "25s")]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            both.contains("lease_ttl") && both.contains("session_ttl"),
+            "{both}"
+        );
     }
 }

@@ -165,7 +165,7 @@ impl Registry {
         let supervision = Supervision {
             program: supervise::leader::this_program(),
             kill_grace: settings.queue.kill_grace,
-            margin: supervise::lease_margin(settings.election.session_ttl),
+            margin: supervise::lease_margin(settings.election.lease_ttl),
             lock_file,
         };
         let parent: Vec<(String, String)> = std::env::vars().collect();

@@ -1261,7 +1261,7 @@ async fn wait_cancelled(
     key: &str,
 ) -> anyhow::Result<()> {
     // The leader looks every second, then stops the handler (kill_grace at most).
-    let limit = settings.queue.kill_grace + settings.election.session_ttl + Duration::from_secs(5);
+    let limit = settings.queue.kill_grace + settings.election.lease_ttl + Duration::from_secs(5);
     let started = std::time::Instant::now();
     loop {
         match leaderq::service::admin::find(coord, settings, key).await {

@@ -83,7 +83,7 @@ impl Election {
     ) -> Election {
         Election {
             coord,
-            lease: Arc::new(Lease::new(settings.session_ttl)),
+            lease: Arc::new(Lease::new(settings.lease_ttl)),
             lease_file: data_dir.join("session"),
             node_id,
             settings,
@@ -124,7 +124,7 @@ impl Election {
         };
         let spec = LeaseSpec {
             node_id: self.node_id.clone(),
-            ttl: self.settings.session_ttl,
+            ttl: self.settings.lease_ttl,
             lock_delay: self.settings.lock_delay,
             previous,
         };
@@ -289,7 +289,7 @@ impl Election {
             self.drop_lease().await;
             return;
         }
-        let limit = self.settings.session_ttl;
+        let limit = self.settings.lease_ttl;
         let started = Instant::now();
         let mut after = Version::default();
         loop {

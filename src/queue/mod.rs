@@ -157,7 +157,7 @@ pub struct LeaseRules {
 
 impl LeaseRules {
     pub fn from_settings(settings: &crate::config::Settings) -> LeaseRules {
-        let ttl = settings.election.session_ttl;
+        let ttl = settings.election.lease_ttl;
         LeaseRules {
             orphan_fence: ttl,
             claim_headroom: settings.queue.kill_grace + crate::supervise::lease_margin(ttl),

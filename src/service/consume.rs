@@ -267,7 +267,7 @@ pub async fn run(
                 }
             }.in_current_span());
         }
-        replica.renew(settings.election.session_ttl, &tracker, stop_renewer.clone());
+        replica.renew(settings.election.lease_ttl, &tracker, stop_renewer.clone());
         // In the coordinator's service catalog (Consul's; the others have none) with its
         // role as tag, taken out after `leave` below.
         let (role, role_changes) = tokio::sync::watch::channel(Role::Standby);
@@ -276,7 +276,7 @@ pub async fn run(
                 node_id: node_id.clone(),
                 service_name: settings.election.service_name.clone(),
                 address: observe_address,
-                lease_ttl: settings.election.session_ttl,
+                lease_ttl: settings.election.lease_ttl,
             };
             if let Some(kept) = coord.announce(announced, role_changes, stop_renewer.clone()) {
                 tracker.spawn(kept.in_current_span());
@@ -291,7 +291,7 @@ pub async fn run(
                 node: node_id.clone(),
                 key: format!("{prefix}{node_id}"),
                 prefix,
-                every: settings.election.session_ttl / 3,
+                every: settings.election.lease_ttl / 3,
                 started_at: crate::task::rfc3339(chrono::Utc::now()),
             };
             tracker.spawn(

@@ -41,7 +41,7 @@ pub struct DevOptions {
 /// short session TTL and lock-delay so that a killed leader is replaced quickly.
 fn dev_settings(task_types: &[String]) -> String {
     let mut text = String::from(
-        "# Written by `leaderq dev` for its replicas.\n[election]\nsession_ttl = \"10s\"\nlock_delay = \"1s\"\n\n",
+        "# Written by `leaderq dev` for its replicas.\n[election]\nlease_ttl = \"10s\"\nlock_delay = \"1s\"\n\n",
     );
     for task_type in task_types {
         text.push_str(&format!("[handlers.{task_type}]\nkind = \"log\"\n\n"));

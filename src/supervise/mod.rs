@@ -28,14 +28,14 @@ pub mod protocol;
 pub const SUPERVISE_ARG: &str = "__supervise";
 
 /// The lease's safety margin is this fraction of the session TTL: a handler must be dead
-/// `session_ttl / 10` before the lease deadline (1.5 s with the default 15 s TTL). It covers
+/// `lease_ttl / 10` before the lease deadline (1.5 s with the default 15 s TTL). It covers
 /// the supervisor's wake-up latency, the kernel's time to tear the processes down and any
 /// drift between this machine's clock and the coordinator's.
 pub const LEASE_MARGIN_DIVISOR: u32 = 10;
 
 /// The safety margin for a session TTL.
-pub fn lease_margin(session_ttl: Duration) -> Duration {
-    session_ttl / LEASE_MARGIN_DIVISOR
+pub fn lease_margin(lease_ttl: Duration) -> Duration {
+    lease_ttl / LEASE_MARGIN_DIVISOR
 }
 
 /// How a replica supervises its exec handlers.

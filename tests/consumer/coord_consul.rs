@@ -198,7 +198,7 @@ async fn consul_lease_below_the_ttl_minimum_is_refused() {
     spec.ttl = Duration::from_millis(500);
     match coord.open_lease(&spec).await {
         Err(CoordError::Refused(message)) => {
-            assert!(message.contains("election.session_ttl"), "{message}")
+            assert!(message.contains("election.lease_ttl"), "{message}")
         }
         other => panic!("not refused: {other:?}"),
     }

@@ -311,7 +311,7 @@ async fn session_ttl_below_the_server_minimum_stops_the_start() {
     let log = replica.log_text();
     assert!(status.is_some_and(|s| !s.success()), "{status:?}\n{log}");
     assert!(
-        log.contains("election.session_ttl") && log.contains("3s"),
+        log.contains("election.lease_ttl") && log.contains("3s"),
         "{log}"
     );
     let checks = agent_checks(&bed).await;

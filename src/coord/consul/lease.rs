@@ -80,7 +80,7 @@ impl ConsulCoordinator {
             // can fix that, only the setting.
             Err(consul::Error::Status { code: 500, body }) if body.contains("Session TTL") => {
                 return Err(CoordError::Refused(format!(
-                    "election.session_ttl = \"{}\" is refused by Consul ({}): set it within the server's limits (on Consul at least 10s unless its session_ttl_min is lower, at most 24h)",
+                    "election.lease_ttl = \"{}\" is refused by Consul ({}): set it within the server's limits (on Consul at least 10s unless its session_ttl_min is lower, at most 24h)",
                     request.ttl,
                     body.trim()
                 )));

@@ -44,7 +44,7 @@ pub fn judge_previous_session(
     }
     let ttl = |text: &str| duration::parse(text).ok();
     if ttl(&info.ttl).is_none() || ttl(&info.ttl) != ttl(&wanted.ttl) {
-        return PreviousSession::Replace("its TTL is not election.session_ttl");
+        return PreviousSession::Replace("its TTL is not election.lease_ttl");
     }
     PreviousSession::Reuse
 }

@@ -245,7 +245,7 @@ impl RedisCoordinator {
     async fn open(&self, spec: &LeaseSpec) -> Result<Grant, CoordError> {
         if spec.ttl < TTL_MIN {
             return Err(CoordError::Refused(format!(
-                "a lease TTL of {:?} is below the Redis coordinator's minimum of {TTL_MIN:?}: raise election.session_ttl",
+                "a lease TTL of {:?} is below the Redis coordinator's minimum of {TTL_MIN:?}: raise election.lease_ttl",
                 spec.ttl
             )));
         }

@@ -62,7 +62,7 @@ impl ZkCoordinator {
         let client = self.open_session(spec.ttl).await?;
         if client.session_timeout() < spec.ttl {
             return Err(CoordError::Refused(format!(
-                "the ensemble grants sessions of at most {:?}, below election.session_ttl {:?}: lower session_ttl or raise the servers' maxSessionTimeout",
+                "the ensemble grants sessions of at most {:?}, below election.lease_ttl {:?}: lower lease_ttl or raise the servers' maxSessionTimeout",
                 client.session_timeout(),
                 spec.ttl
             )));

@@ -13,7 +13,7 @@ pub struct ZookeeperSettings {
     /// `host:port,host:port[/chroot]`, as ZooKeeper's own clients take it.
     pub connect: String,
     /// The session timeout of the replica's own connection (reads, watches, edits); each
-    /// lease's session asks for `election.session_ttl`.
+    /// lease's session asks for `election.lease_ttl`.
     #[serde(deserialize_with = "duration::deserialize")]
     pub session_timeout: Duration,
     /// How long one watch may wait before it returns unchanged.

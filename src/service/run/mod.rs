@@ -156,7 +156,7 @@ async fn lead_command(
     let supervision = Supervision {
         program: supervise::leader::this_program(),
         kill_grace: settings.queue.kill_grace,
-        margin: supervise::lease_margin(settings.election.session_ttl),
+        margin: supervise::lease_margin(settings.election.lease_ttl),
         lock_file: std::path::absolute(&lock_file).ok(),
     };
     let parent: Vec<(String, String)> = std::env::vars().collect();
@@ -186,11 +186,7 @@ async fn lead_command(
     };
     let tracker = TaskTracker::new();
     let stop_renewer = CancellationToken::new();
-    replica.renew(
-        settings.election.session_ttl,
-        &tracker,
-        stop_renewer.clone(),
-    );
+    replica.renew(settings.election.lease_ttl, &tracker, stop_renewer.clone());
     tracker.close();
     tracing::info!(name = %options.name, node = %node_id, coordinator = %coord.describe(), command = ?options.command, "run starting");
     let mut work = Command {

@@ -100,7 +100,7 @@ pub(crate) fn start_replica_with(
     std::fs::write(
         &config,
         format!(
-            "[election]\nsession_ttl = \"{ttl}\"\nlock_delay = \"{lock_delay}\"\nretry_interval = \"200ms\"\n\
+            "[election]\nlease_ttl = \"{ttl}\"\nlock_delay = \"{lock_delay}\"\nretry_interval = \"200ms\"\n\
              [consul]\nwait = \"5s\"\nrequest_timeout = \"3s\"\n\
              [queue]\nmax_attempts = 5\nbackoff_base = \"50ms\"\nbackoff_max = \"500ms\"\nshutdown_grace = \"5s\"\nkill_grace = \"500ms\"\n\
              [observe]\nenabled = false\n\
