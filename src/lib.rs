@@ -15,8 +15,9 @@
 //! - [`schedule`]: schedules (`every` an interval, or `cron` in a time zone), their
 //!   validation and schedule files, and the pure tick planner ([`schedule::plan`]).
 //! - [`supervise`]: exec handlers' processes, killed before their lease could end.
-//! - [`service`]: the commands as wiring: `consume`, `dev`, `admin` (`enqueue`, `status`,
-//!   `tasks`).
+//! - [`operate`]: the operator's verbs (`enqueue`, `status`, `tasks`, `pause`, `resume`,
+//!   `schedules`) cut by noun, with the text the CLI prints; the dashboard calls them too.
+//! - [`service`]: the commands as wiring: `consume`, `run`, `dev`.
 //! - [`observe`]: metrics, /metrics, /health, /ready, /leader, logging, and the replica in
 //!   Consul's service catalog.
 //! - [`ui`]: the web dashboard at `/ui/` (replicas' observe listener, `leaderq dev`,
@@ -32,6 +33,7 @@ pub mod coord;
 pub mod handler;
 pub mod leader;
 pub mod observe;
+pub mod operate;
 pub mod queue;
 pub mod schedule;
 pub mod server;

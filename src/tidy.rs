@@ -3,7 +3,8 @@
 //! line starting `//! Size:`), so size is a decision, not an accident; and no `.unwrap()`
 //! outside tests, so that nothing a user, a producer or a server sends can panic a
 //! process (an `.expect("...")` is allowed where the message states the invariant that
-//! makes it safe, such as "a JSON object serializes").
+//! makes it safe, such as "a JSON object serializes"); and the walls between modules
+//! (`operate` and `ui` import nothing above them).
 
 use std::path::{Path, PathBuf};
 
@@ -85,4 +86,37 @@ fn no_unwrap_outside_tests() {
         "`.unwrap()` outside tests (handle the error, or `.expect(\"the invariant\")`):\n{}",
         problems.join("\n")
     );
+}
+
+/// The walls between modules that keep them free of cycles: the operator's verbs
+/// (`operate`) stand below the dashboard, the services, the tools and the server, and the
+/// dashboard calls `operate`, never `service` (which starts the dashboard).
+#[test]
+fn operate_and_ui_stay_inside_their_walls() {
+    let walls: [(&str, &[&str]); 2] = [
+        (
+            "operate/",
+            &[
+                "crate::ui",
+                "crate::service",
+                "crate::tools",
+                "crate::server",
+            ],
+        ),
+        ("ui/", &["crate::service"]),
+    ];
+    let mut problems = Vec::new();
+    for (name, text) in source_texts() {
+        for (dir, forbidden) in walls {
+            if !name.starts_with(dir) {
+                continue;
+            }
+            for (n, line) in text.lines().enumerate() {
+                if let Some(path) = forbidden.iter().find(|path| line.contains(*path)) {
+                    problems.push(format!("{name}:{}: uses {path}", n + 1));
+                }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
