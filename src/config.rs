@@ -773,7 +773,7 @@ mod key_settings {
         }
     }
 
-    /// `election.session_ttl`, the old name, still sets the lease TTL from a file or the
+    /// `election.lease_ttl`, the old name, still sets the lease TTL from a file or the
     /// environment; given together with `lease_ttl` it is refused, naming both.
     #[test]
     fn session_ttl_is_read_as_the_old_name_of_lease_ttl() {

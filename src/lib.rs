@@ -18,10 +18,11 @@
 //!   validation and schedule files, the pure tick planner ([`schedule::plan`]) and the
 //!   leader's ticker.
 //! - [`supervise`]: exec handlers' processes, killed before their lease could end.
-//! - [`service`]: the commands as wiring: `consume`, `run`, `dev`, `admin` (`enqueue`,
-//!   `status`, `tasks`), `ops` and `schedules` (shared by the CLI and the dashboard).
-//! - [`observe`]: metrics, /metrics, /health, /ready, /leader, logging, and the replica in
-//!   Consul's service catalog.
+//! - [`operate`]: the operator's verbs (`enqueue`, `status`, `tasks`, `pause`, `resume`,
+//!   `schedules`) cut by noun, with the text the CLI prints; the dashboard calls them too.
+//! - [`service`]: the commands as wiring: `consume`, `run`, `dev`, and `connect`, which
+//!   builds the configured coordinator from the settings.
+//! - [`observe`]: metrics, /metrics, /health, /ready, /leader and logging.
 //! - [`ui`]: the web dashboard at `/ui/` (replicas' observe listener, `leaderq dev`,
 //!   `leaderq ui`): panes, live feed, actions behind CSRF and token checks.
 //! - [`server`]: the embedded, durable, single-node Consul-compatible server.
@@ -36,6 +37,7 @@ pub mod coord;
 pub mod handler;
 pub mod leader;
 pub mod observe;
+pub mod operate;
 pub mod queue;
 pub mod schedule;
 pub mod server;

@@ -16,8 +16,8 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+use leaderq::operate::{dead, history, leadership, schedules, status, tasks, Line, OperateError};
 use leaderq::server;
-use leaderq::util::duration::format_age;
 use leaderq::util::escape::escape;
 
 #[derive(Parser)]
@@ -577,8 +577,8 @@ fn main() -> ExitCode {
             );
             let refused = err
                 .chain()
-                .filter_map(|cause| cause.downcast_ref::<leaderq::service::admin::AdminError>())
-                .any(leaderq::service::admin::AdminError::is_refused_input)
+                .filter_map(|cause| cause.downcast_ref::<OperateError>())
+                .any(OperateError::is_refused_input)
                 || err.chain().any(|cause| {
                     matches!(
                         cause.downcast_ref::<leaderq::service::run::RunError>(),
@@ -626,12 +626,7 @@ async fn run_consume(args: ConsumeArgs, config: &ConfigArgs) -> anyhow::Result<(
     }
     let settings = load_settings_with(config, overrides)?;
     let registry = leaderq::handler::Registry::from_settings(&settings);
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let trigger = shutdown.clone();
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        trigger.cancel();
-    });
+    let shutdown = leaderq::service::cancel_on_signal();
     leaderq::service::consume::run(settings, registry, shutdown).await?;
     Ok(())
 }
@@ -715,12 +710,7 @@ async fn run_run(args: RunArgs, config: &ConfigArgs) -> anyhow::Result<()> {
         )
         .into());
     }
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let trigger = shutdown.clone();
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        trigger.cancel();
-    });
+    let shutdown = leaderq::service::cancel_on_signal();
     let code = leaderq::service::run::run(settings, options, shutdown).await?;
     if code == 0 {
         return Ok(());
@@ -736,330 +726,128 @@ async fn run_dev(args: DevArgs, config: &ConfigArgs) -> anyhow::Result<()> {
         config: config.config.clone(),
         tasks_dir: PathBuf::from("tasks"),
     };
-    leaderq::service::dev::run(options, shutdown_signal()).await
+    leaderq::service::dev::run(options, leaderq::service::shutdown_signal()).await
+}
+
+/// Prints one line a verb said: its answer on stdout, a note on one item on stderr.
+fn say(line: Line) -> anyhow::Result<()> {
+    match line {
+        Line::Out(text) => outln!("{text}"),
+        Line::Err(text) => {
+            eprintln!("{text}");
+            Ok(())
+        }
+    }
+}
+
+/// Prints `value` as one line of JSON with `--json`, else as `text` renders it.
+fn json_or_text<T: serde::Serialize>(
+    json: bool,
+    value: &T,
+    text: impl FnOnce(&T) -> String,
+) -> anyhow::Result<()> {
+    if json {
+        outln!("{}", serde_json::to_string(value)?)
+    } else {
+        outln!("{}", text(value))
+    }
 }
 
 async fn run_enqueue(args: EnqueueArgs, config: &ConfigArgs) -> anyhow::Result<()> {
     let settings = load_settings(config)?;
     let coord = leaderq::service::connect::connect(&settings)?;
-    let tasks = match &args.task_type {
-        Some(task_type) => vec![leaderq::service::admin::task_from_flags(
-            task_type,
-            args.para.as_deref(),
-            args.id.as_deref(),
-        )?],
-        None if args.files.is_empty() => {
-            anyhow::bail!("nothing to enqueue: give task files, or --type TYPE [--para JSON]")
-        }
-        None => args
-            .files
-            .iter()
-            .map(|path| leaderq::service::admin::task_from_file(path))
-            .collect::<Result<Vec<_>, _>>()?,
-    };
-    let total = tasks.len();
-    let mut failed = 0;
-    for (n, task) in tasks.iter().enumerate() {
-        match leaderq::service::admin::enqueue(coord.as_ref(), &settings.queue.prefix, task).await {
-            Ok(key) => outln!("[{}/{total}] enqueued {key}", n + 1)?,
-            // One task refused (its key exists) does not stop the others.
-            Err(err @ leaderq::service::admin::AdminError::Exists { .. }) if total > 1 => {
-                failed += 1;
-                eprintln!(
-                    "[{}/{total}] not enqueued: {}",
-                    n + 1,
-                    escape(&err.to_string())
-                );
-            }
-            Err(err) => return Err(err.into()),
-        }
-    }
-    if total > 1 {
-        outln!("enqueued {} of {total} task(s)", total - failed)?;
-    }
-    if failed > 0 {
-        anyhow::bail!("{failed} of {total} task(s) were not enqueued (see above)");
-    }
-    Ok(())
+    let (task_type, para, id) = (
+        args.task_type.as_deref(),
+        args.para.as_deref(),
+        args.id.as_deref(),
+    );
+    let tasks = tasks::to_enqueue(task_type, para, id, &args.files)?;
+    tasks::enqueue_all(coord.as_ref(), &settings.queue.prefix, &tasks, say).await
 }
 
 async fn run_status(args: StatusArgs, config: &ConfigArgs) -> anyhow::Result<()> {
-    let settings = load_settings(config)?;
+    let mut settings = load_settings(config)?;
     if let Some(name) = &args.name {
-        if args.timeline {
-            let settings = leaderq::service::run::settings_for(settings, name)?;
-            let coord = leaderq::service::connect::connect(&settings)?;
-            return print_timeline(coord.as_ref(), &settings, args.json).await;
-        }
-        return run_status_of_run(settings, name, args.json).await;
+        settings = leaderq::service::run::settings_for(settings, name)?;
     }
     let coord = leaderq::service::connect::connect(&settings)?;
+    let coord = coord.as_ref();
+    let from = || coord.describe();
     if args.timeline {
-        return print_timeline(coord.as_ref(), &settings, args.json).await;
+        let keep = leaderq::leader::timeline::KEEP;
+        let entries = leadership::timeline(coord, &settings, keep)
+            .await
+            .with_context(|| format!("cannot read the leadership timeline from {}", from()))?;
+        return json_or_text(args.json, &entries, |e| leadership::render_timeline(e));
     }
-    let report = leaderq::service::admin::status(coord.as_ref(), &settings)
+    if let Some(name) = &args.name {
+        let run = leadership::of_run(coord, name, chrono::Utc::now())
+            .await
+            .with_context(|| format!("cannot read the leadership from {}", from()))?;
+        return json_or_text(args.json, &run, leadership::render_run);
+    }
+    let report = status::status(coord, &settings)
         .await
-        .with_context(|| format!("cannot read the queue from {}", coord.describe()))?;
-    if args.json {
-        outln!("{}", serde_json::to_string(&report)?)?;
-        return Ok(());
-    }
-    // The holder value is written by whoever holds the key: shown escaped.
-    let field = |leader: &serde_json::Value, name: &str| {
-        escape(leader[name].as_str().unwrap_or("?")).into_owned()
-    };
-    match &report.leader {
-        Some(leader) => outln!(
-            "leader:        {} (session {}, since {})",
-            field(leader, "node"),
-            field(leader, "session"),
-            field(leader, "since")
-        )?,
-        None => outln!("leader:        none")?,
-    }
-    if let Some(token) = report.fencing_token {
-        outln!("fencing token: {token}")?;
-    }
-    outln!("pending:       {}", report.pending)?;
-    outln!("delayed:       {}", report.delayed)?;
-    match &report.next_due {
-        Some(due) => {
-            let due_in = chrono::DateTime::parse_from_rfc3339(due)
-                .map(|at| format_age((chrono::Utc::now() - at.to_utc()).num_seconds()))
-                .unwrap_or_default();
-            outln!(
-                "scheduled:     {} (next due {due}, {due_in})",
-                report.scheduled
-            )?
-        }
-        None => outln!("scheduled:     {}", report.scheduled)?,
-    }
-    outln!("in flight:     {}", report.in_flight)?;
-    outln!("orphaned:      {}", report.orphaned)?;
-    outln!("foreign:       {}", report.foreign)?;
-    outln!("malformed:     {}", report.malformed)?;
-    outln!("dead letters:  {}", report.dead)?;
-    if report.paused {
-        outln!("paused:        yes (leaderq resume)")?;
-    }
-    if !report.replicas.is_empty() {
-        outln!("replicas:")?;
-        for replica in &report.replicas {
-            let token = replica
-                .record
-                .fencing_token
-                .map(|t| format!(", fencing token {t}"))
-                .unwrap_or_default();
-            outln!(
-                "  {:<8} {} (pid {} on {}{token}), last heartbeat {}s ago",
-                replica.status,
-                escape(&replica.record.node),
-                replica.record.pid,
-                escape(&replica.record.host),
-                replica.last_seen_seconds
-            )?;
-        }
-    }
-    Ok(())
-}
-
-/// `leaderq status --timeline`.
-async fn print_timeline(
-    coord: &dyn leaderq::coord::Coordinator,
-    settings: &leaderq::config::Settings,
-    json: bool,
-) -> anyhow::Result<()> {
-    let entries = leaderq::service::ops::timeline(coord, settings, leaderq::leader::timeline::KEEP)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot read the leadership timeline from {}",
-                coord.describe()
-            )
-        })?;
-    if json {
-        outln!("{}", serde_json::to_string(&entries)?)?;
-        return Ok(());
-    }
-    outln!(
-        "{:>7} {:<16} {:<24} {:<40}  ENDED",
-        "TOKEN",
-        "NODE",
-        "SINCE",
-        "PREVIOUS TERM ENDED"
-    )?;
-    for (n, entry) in entries.iter().enumerate() {
-        // A term that said nothing of its end: the next one says why it began, and the
-        // newest is the current one.
-        let ended = match (&entry.ended, n.checked_sub(1).map(|next| &entries[next])) {
-            (Some(ended), _) => ended.as_str(),
-            (None, Some(next)) => next.previous_end.as_str(),
-            (None, None) => "(leading)",
-        };
-        // Entries are stored text: shown escaped.
-        outln!(
-            "{:>7} {:<16} {:<24} {:<40}  {}",
-            entry.fencing_token,
-            escape(&entry.node),
-            escape(&entry.since),
-            escape(&entry.previous_end),
-            escape(ended)
-        )?;
-    }
-    Ok(())
+        .with_context(|| format!("cannot read the queue from {}", from()))?;
+    json_or_text(args.json, &report, |r| {
+        status::render(r, chrono::Utc::now())
+    })
 }
 
 /// `leaderq pause` (`pause` true) and `leaderq resume`.
-async fn run_schedules(args: SchedulesArgs, config: &ConfigArgs) -> anyhow::Result<()> {
-    use leaderq::service::schedules;
-    let settings = load_settings(config)?;
-    // A file is read and checked before anything is sent.
-    let file = match &args.command {
-        SchedulesCmd::Apply { file } => {
-            let text = std::fs::read_to_string(file)
-                .with_context(|| format!("cannot read {}", file.display()))?;
-            Some(
-                leaderq::schedule::parse_file(&text)
-                    .with_context(|| format!("{} is not a valid schedule file", file.display()))?,
-            )
-        }
-        _ => None,
-    };
-    let coord = leaderq::service::connect::connect(&settings)?;
-    let now = chrono::Utc::now();
-    match args.command {
-        SchedulesCmd::List { json } => {
-            let views = schedules::list(coord.as_ref(), &settings, now).await?;
-            if json {
-                outln!("{}", serde_json::to_string_pretty(&views)?)?;
-            } else {
-                outln!("{}", schedules::render(&views).trim_end())?;
-            }
-        }
-        SchedulesCmd::Show { name } => {
-            let views = schedules::list(coord.as_ref(), &settings, now).await?;
-            let view = views
-                .into_iter()
-                .find(|v| v.name == name)
-                .ok_or(schedules::SchedulesError::NoSuchSchedule(name))?;
-            outln!("{}", serde_json::to_string_pretty(&view)?)?;
-        }
-        SchedulesCmd::Apply { .. } => {
-            let changes =
-                schedules::apply(coord.as_ref(), &settings, file.unwrap_or_default(), now).await?;
-            if changes.is_empty() {
-                outln!("no schedules in the file, none in the coordinator")?;
-            }
-            for (name, change) in changes {
-                let sign = match change {
-                    schedules::Change::Created => "+ created",
-                    schedules::Change::Updated => "~ updated",
-                    schedules::Change::Unchanged => "= unchanged",
-                    schedules::Change::Deleted => "- deleted",
-                };
-                outln!("{sign} {name}")?;
-            }
-        }
-        SchedulesCmd::Delete { name } => {
-            schedules::delete(coord.as_ref(), &settings, &name).await?;
-            outln!("deleted schedule {name}")?;
-        }
-        SchedulesCmd::Pause { name } => {
-            pause_schedule(coord.as_ref(), &settings, &name, true).await?
-        }
-        SchedulesCmd::Resume { name } => {
-            pause_schedule(coord.as_ref(), &settings, &name, false).await?
-        }
-    }
-    Ok(())
-}
-
-async fn pause_schedule(
-    coord: &dyn leaderq::coord::Coordinator,
-    settings: &leaderq::config::Settings,
-    name: &str,
-    pause: bool,
-) -> anyhow::Result<()> {
-    let changed = leaderq::service::schedules::set_paused(coord, settings, name, pause).await?;
-    let state = if pause { "paused" } else { "resumed" };
-    outln!(
-        "{name} {}{state}",
-        if changed { "" } else { "was already " }
-    )?;
-    Ok(())
-}
-
 async fn run_pause(pause: bool, config: &ConfigArgs) -> anyhow::Result<()> {
     let settings = load_settings(config)?;
     let coord = leaderq::service::connect::connect(&settings)?;
-    let prefix = escape(&settings.queue.prefix).into_owned();
-    if pause {
-        let already = leaderq::service::admin::pause(coord.as_ref(), &settings).await?;
-        outln!(
-            "{prefix} {}: the leader finishes the run in progress and claims nothing more until `leaderq resume`",
-            if already { "was paused already" } else { "paused" }
-        )?;
+    let (coord, prefix) = (coord.as_ref(), &settings.queue.prefix);
+    let text = if pause {
+        status::render_paused(prefix, status::pause(coord, &settings).await?)
     } else {
-        let was = leaderq::service::admin::resume(coord.as_ref(), &settings).await?;
-        outln!(
-            "{prefix} {}",
-            if was { "resumed" } else { "was not paused" }
-        )?;
-    }
-    Ok(())
+        status::render_resumed(prefix, status::resume(coord, &settings).await?)
+    };
+    outln!("{text}")
 }
 
-/// `leaderq status --name NAME`: the leadership of a `leaderq run`.
-async fn run_status_of_run(
-    settings: leaderq::config::Settings,
-    name: &str,
-    json: bool,
-) -> anyhow::Result<()> {
-    let settings = leaderq::service::run::settings_for(settings, name)?;
+async fn run_schedules(args: SchedulesArgs, config: &ConfigArgs) -> anyhow::Result<()> {
+    let settings = load_settings(config)?;
+    // A file is read and checked before anything is sent.
+    let file = match &args.command {
+        SchedulesCmd::Apply { file } => schedules::read_file(file)?,
+        _ => Vec::new(),
+    };
     let coord = leaderq::service::connect::connect(&settings)?;
-    let (holder, _) = coord
-        .observe(leaderq::coord::Version(0), Duration::ZERO)
-        .await
-        .with_context(|| format!("cannot read the leadership from {}", coord.describe()))?;
-    let record = holder.lease.as_ref().and(holder.record.as_ref());
-    let led_for = record
-        .and_then(|r| chrono::DateTime::parse_from_rfc3339(&r.since).ok())
-        .map(|since| {
-            (chrono::Utc::now() - since.with_timezone(&chrono::Utc))
-                .num_seconds()
-                .max(0)
-        });
-    if json {
-        let report = serde_json::json!({
-            "name": name,
-            "leader": record,
-            "fencing_token": holder.lease.as_ref().map(|_| holder.token),
-            "led_for_seconds": led_for,
-        });
-        outln!("{report}")?;
-        return Ok(());
-    }
-    match record {
-        Some(record) => {
-            outln!(
-                "leader:        {} (pid {} on {}, session {})",
-                escape(&record.node),
-                record.pid,
-                escape(&record.host),
-                escape(&record.session)
-            )?;
-            outln!("fencing token: {}", holder.token)?;
-            outln!("since:         {}", escape(&record.since))?;
-            if let Some(seconds) = led_for {
-                outln!(
-                    "led for:       {}",
-                    leaderq::util::duration::format(Duration::from_secs(seconds as u64))
-                )?;
-            }
+    let coord = coord.as_ref();
+    let now = chrono::Utc::now();
+    match args.command {
+        SchedulesCmd::List { json: true } => {
+            let views = schedules::list(coord, &settings, now).await?;
+            outln!("{}", serde_json::to_string_pretty(&views)?)
         }
-        None => outln!("leader:        none")?,
+        SchedulesCmd::List { json: false } => {
+            let views = schedules::list(coord, &settings, now).await?;
+            outln!("{}", schedules::render(&views).trim_end())
+        }
+        SchedulesCmd::Show { name } => {
+            let views = schedules::list(coord, &settings, now).await?;
+            let view = schedules::find_view(views, &name)?;
+            outln!("{}", serde_json::to_string_pretty(&view)?)
+        }
+        SchedulesCmd::Apply { .. } => {
+            let changes = schedules::apply(coord, &settings, file, now).await?;
+            outln!("{}", schedules::render_changes(&changes))
+        }
+        SchedulesCmd::Delete { name } => {
+            schedules::delete(coord, &settings, &name).await?;
+            outln!("deleted schedule {name}")
+        }
+        SchedulesCmd::Pause { name } => {
+            let changed = schedules::set_paused(coord, &settings, &name, true).await?;
+            outln!("{}", schedules::render_paused(&name, true, changed))
+        }
+        SchedulesCmd::Resume { name } => {
+            let changed = schedules::set_paused(coord, &settings, &name, false).await?;
+            outln!("{}", schedules::render_paused(&name, false, changed))
+        }
     }
-    Ok(())
 }
 
 async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
@@ -1068,116 +856,40 @@ async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
     let coord = coord.as_ref();
     match args.command {
         TasksCmd::List { json } => {
-            let rows = leaderq::service::admin::list(coord, &settings).await?;
-            if json {
-                outln!("{}", serde_json::to_string(&rows)?)?;
-                return Ok(());
-            }
-            outln!(
-                "{:<10} {:<40} {:<20} {:>10} {:>10} {:>8}  LAST ERROR",
-                "STATE",
-                "KEY",
-                "TYPE",
-                "AGE",
-                "DUE",
-                "ATTEMPTS"
-            )?;
-            let now = chrono::Utc::now();
-            for row in &rows {
-                let age = row.age_seconds.map(format_age).unwrap_or_default();
-                // When a delayed or scheduled task is due, as "in 5m0s" (`--json`: the time).
-                let due = row
-                    .due_at
-                    .as_deref()
-                    .and_then(|due| chrono::DateTime::parse_from_rfc3339(due).ok())
-                    .map(|at| format_age((now - at.to_utc()).num_seconds()))
-                    .unwrap_or_default();
-                // Keys, types and errors are stored text: shown escaped.
-                let error: String = escape(&row.last_error).chars().take(80).collect();
-                outln!(
-                    "{:<10} {:<40} {:<20} {:>10} {:>10} {:>8}  {}",
-                    row.state,
-                    escape(&row.key),
-                    escape(&row.task_type),
-                    age,
-                    due,
-                    row.attempts,
-                    error
-                )?;
-            }
-            outln!("{} task(s)", rows.len())?;
+            let rows = tasks::list(coord, &settings).await?;
+            json_or_text(json, &rows, |rows| {
+                tasks::render_list(rows, chrono::Utc::now())
+            })
         }
         TasksCmd::Show { key } => {
-            let pair = leaderq::service::admin::find(coord, &settings, &key).await?;
-            let value: serde_json::Value =
-                serde_json::from_slice(&pair.value).unwrap_or_else(|_| {
-                    serde_json::Value::String(String::from_utf8_lossy(&pair.value).into_owned())
-                });
-            outln!("key:          {}", escape(&pair.key))?;
-            outln!(
-                "held by:      {}",
-                escape(
-                    pair.holder
-                        .as_ref()
-                        .map_or("(none)", |lease| lease.0.as_str())
-                )
-            )?;
-            outln!("created:      {}", pair.created)?;
-            outln!("version:      {}", pair.version)?;
-            outln!("{}", serde_json::to_string_pretty(&value)?)?;
+            let pair = tasks::find(coord, &settings, &key).await?;
+            outln!("{}", tasks::render_show(&pair))
         }
         TasksCmd::Retry { key: Some(key), .. } => {
-            let target = leaderq::service::admin::retry(coord, &settings, &key).await?;
-            outln!("requeued as {target}")?;
+            let target = dead::retry(coord, &settings, &key).await?;
+            outln!("requeued as {target}")
         }
         TasksCmd::Retry {
             key: None,
             task_type,
             ..
         } => {
-            let mut progress = Progress::new("retrying");
-            let report = leaderq::service::ops::retry_all(
-                coord,
-                &settings,
-                task_type.as_deref(),
-                &mut |done, total| progress.show(done, total),
-            )
-            .await?;
+            let mut progress = dead::Progress::new("retrying");
+            let show = &mut |done, total| progress.show(done, total);
+            let report = dead::retry_all(coord, &settings, task_type.as_deref(), show).await?;
             progress.finish();
-            for (key, why) in &report.failed {
-                eprintln!("not retried: {}: {}", escape(key), escape(why));
-            }
-            outln!(
-                "requeued {} dead letter(s){}",
-                report.retried.len(),
-                if report.failed.is_empty() {
-                    String::new()
-                } else {
-                    format!(", {} left (see above)", report.failed.len())
-                }
-            )?;
-            if !report.failed.is_empty() {
-                return Err(ExitWith(1).into());
+            dead::render_retried_all(&report)
+                .into_iter()
+                .try_for_each(say)?;
+            match report.failed.is_empty() {
+                true => Ok(()),
+                false => Err(ExitWith(1).into()),
             }
         }
-        TasksCmd::Cancel { key } => {
-            use leaderq::service::ops::Cancelled;
-            match leaderq::service::ops::cancel(coord, &settings, &key).await? {
-                Cancelled::DeadLettered { dead_key } => {
-                    outln!("cancelled: moved to {}", escape(&dead_key))?
-                }
-                Cancelled::Requested { .. } => {
-                    outln!(
-                        "{} is running: the leader stops its handler and dead-letters it",
-                        escape(&key)
-                    )?;
-                    wait_cancelled(coord, &settings, &key).await?;
-                }
-            }
-        }
+        TasksCmd::Cancel { key } => tasks::cancel_and_wait(coord, &settings, &key, say).await,
         TasksCmd::Delete { key } => {
-            let deleted = leaderq::service::ops::delete(coord, &settings, &key).await?;
-            outln!("deleted {}", escape(&deleted))?;
+            let deleted = tasks::delete(coord, &settings, &key).await?;
+            outln!("{}", tasks::render_deleted(&deleted))
         }
         TasksCmd::History {
             task_type,
@@ -1185,177 +897,26 @@ async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
             limit,
             json,
         } => {
-            let filter = leaderq::service::ops::HistoryFilter {
+            let limit = Some(limit);
+            let filter = history::HistoryFilter {
                 task_type,
                 failed,
-                limit: Some(limit),
+                limit,
             };
-            let records = leaderq::service::ops::history(coord, &settings, &filter).await?;
-            if json {
-                outln!("{}", serde_json::to_string(&records)?)?;
-                return Ok(());
-            }
-            outln!(
-                "{:<9} {:<24} {:<36} {:<16} {:>9} {:>8} {:>7} {:<12}  ERROR",
-                "OUTCOME",
-                "FINISHED",
-                "KEY",
-                "TYPE",
-                "DURATION",
-                "ATTEMPTS",
-                "TOKEN",
-                "NODE"
-            )?;
-            for record in &records {
-                let duration = record
-                    .duration_ms
-                    .map(|ms| leaderq::util::duration::format(Duration::from_millis(ms)))
-                    .unwrap_or_default();
-                let token = record
-                    .fencing_token
-                    .map(|t| t.to_string())
-                    .unwrap_or_default();
-                // Records are stored text: shown escaped.
-                let error = record.reason.as_ref().or(record.last_error.as_ref());
-                let error: String = error
-                    .map(|e| escape(e).chars().take(80).collect())
-                    .unwrap_or_default();
-                outln!(
-                    "{:<9} {:<24} {:<36} {:<16} {:>9} {:>8} {:>7} {:<12}  {}",
-                    record.outcome,
-                    escape(&record.finished_at),
-                    escape(&record.key),
-                    escape(&record.task_type),
-                    duration,
-                    record.attempts,
-                    token,
-                    escape(record.node.as_deref().unwrap_or("")),
-                    error
-                )?;
-            }
-            outln!("{} finished task(s)", records.len())?;
+            let records = history::history(coord, &settings, &filter).await?;
+            json_or_text(json, &records, |records| history::render(records))
         }
         TasksCmd::PurgeDead { older_than, yes } => {
             if !yes {
-                confirm_purge(coord, &settings, older_than).await?;
+                dead::confirm_purge(coord, &settings, older_than).await?;
             }
-            let mut progress = Progress::new("purging");
-            let purged = leaderq::service::admin::purge_dead_with_progress(
-                coord,
-                &settings,
-                older_than,
-                &mut |done, total| progress.show(done, total),
-            )
-            .await?;
+            let mut progress = dead::Progress::new("purging");
+            let show = &mut |done, total| progress.show(done, total);
+            let purged = dead::purge_dead_with_progress(coord, &settings, older_than, show).await?;
             progress.finish();
-            outln!("purged {purged} dead letter(s)")?;
+            outln!("purged {purged} dead letter(s)")
         }
     }
-    Ok(())
-}
-
-/// Waits (a bounded while) until the running task `key` left the queue after a cancel.
-async fn wait_cancelled(
-    coord: &dyn leaderq::coord::Coordinator,
-    settings: &leaderq::config::Settings,
-    key: &str,
-) -> anyhow::Result<()> {
-    // The leader looks every second, then stops the handler (kill_grace at most).
-    let limit = settings.queue.kill_grace + settings.election.lease_ttl + Duration::from_secs(5);
-    let started = std::time::Instant::now();
-    loop {
-        match leaderq::service::admin::find(coord, settings, key).await {
-            Ok(found) if found.key.starts_with(&settings.queue.dead_prefix) => {
-                outln!("cancelled: moved to {}", escape(&found.key))?;
-                return Ok(());
-            }
-            Ok(found) if found.holder.is_none() => {
-                anyhow::bail!("{} is no longer running but was not cancelled (it finished or was put back meanwhile); see `leaderq tasks show`", escape(&found.key))
-            }
-            Err(leaderq::service::admin::AdminError::NoSuchTask { .. }) => {
-                outln!(
-                    "{} finished before it could be stopped (see `leaderq tasks history`)",
-                    escape(key)
-                )?;
-                return Ok(());
-            }
-            Err(err) => return Err(err.into()),
-            Ok(_) => {}
-        }
-        if started.elapsed() > limit {
-            anyhow::bail!("{} still runs after {}: is a leader running? the request stands until its handler ends", escape(key), leaderq::util::duration::format(limit));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// `done/total` on stderr while it is a terminal, rewritten in place; nothing in a pipe.
-struct Progress {
-    what: &'static str,
-    shown: bool,
-    terminal: bool,
-}
-
-impl Progress {
-    fn new(what: &'static str) -> Progress {
-        use std::io::IsTerminal as _;
-        Progress {
-            what,
-            shown: false,
-            terminal: std::io::stderr().is_terminal(),
-        }
-    }
-
-    fn show(&mut self, done: usize, total: usize) {
-        if self.terminal {
-            eprint!("\r{} {done}/{total}", self.what);
-            self.shown = true;
-        }
-    }
-
-    fn finish(&mut self) {
-        if self.shown {
-            eprintln!();
-            self.shown = false;
-        }
-    }
-}
-
-/// Asks a terminal to confirm a purge of the dead letters; refuses without one.
-async fn confirm_purge(
-    coord: &dyn leaderq::coord::Coordinator,
-    settings: &leaderq::config::Settings,
-    older_than: Option<Duration>,
-) -> anyhow::Result<()> {
-    use std::io::{BufRead as _, IsTerminal as _};
-    if !std::io::stdin().is_terminal() {
-        return Err(leaderq::service::run::RunError::Refused(
-            "tasks purge-dead deletes dead letters for good: pass --yes to confirm (stdin is not a terminal to ask on)".into(),
-        )
-        .into());
-    }
-    let (dead, _) = coord
-        .keys(&settings.queue.dead_prefix)
-        .await
-        .with_context(|| format!("cannot read the dead letters from {}", coord.describe()))?;
-    let which = match older_than {
-        Some(age) => format!(
-            "the dead letters older than {} (of {})",
-            leaderq::util::duration::format(age),
-            dead.len()
-        ),
-        None => format!("all {} dead letters", dead.len()),
-    };
-    eprint!(
-        "delete {which} under {}? [y/N] ",
-        escape(&settings.queue.dead_prefix)
-    );
-    let mut answer = String::new();
-    std::io::stdin().lock().read_line(&mut answer)?;
-    if !matches!(answer.trim(), "y" | "Y" | "yes") {
-        anyhow::bail!("nothing deleted");
-    }
-    Ok(())
 }
 
 async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
@@ -1400,12 +961,7 @@ async fn run_ui(args: UiArgs, config: &ConfigArgs) -> anyhow::Result<()> {
     let listener = leaderq::ui::bind(args.listen, &settings).await?;
     let address = listener.local_addr()?;
     outln!("dashboard: http://{address}/ui/")?;
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let trigger = shutdown.clone();
-    tokio::spawn(async move {
-        shutdown_signal().await;
-        trigger.cancel();
-    });
+    let shutdown = leaderq::service::cancel_on_signal();
     let coord = leaderq::service::connect::connect(&settings)?;
     leaderq::ui::serve(coord, settings, listener, shutdown).await?;
     Ok(())
@@ -1443,32 +999,11 @@ async fn run_server(args: ServerArgs) -> anyhow::Result<()> {
     // One plain line on stdout so scripts and tests can find the port when --listen used 0.
     // A server keeps serving if nobody reads it.
     let _ = outln!("leaderq server listening on http://{address}");
-    server.serve(listener, shutdown_signal()).await?;
+    server
+        .serve(listener, leaderq::service::shutdown_signal())
+        .await?;
     tracing::info!("leaderq server stopped");
     Ok(())
-}
-
-/// Resolves on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = term => {}
-    }
-    tracing::info!("shutdown requested");
 }
 
 /// A backlog for the bench: at least one task (the last one tells the drain is over).

@@ -91,10 +91,10 @@ async fn example_schedule(settings: &crate::config::Settings) -> String {
     let applied = async {
         let coord = crate::service::connect::connect(settings)?;
         let now = chrono::Utc::now();
-        let existing = crate::service::schedules::list(coord.as_ref(), settings, now).await?;
+        let existing = crate::operate::schedules::list(coord.as_ref(), settings, now).await?;
         if existing.is_empty() {
             let example = crate::schedule::parse_file(EXAMPLE_SCHEDULE)?;
-            crate::service::schedules::apply(coord.as_ref(), settings, example, now).await?;
+            crate::operate::schedules::apply(coord.as_ref(), settings, example, now).await?;
             return Ok::<_, anyhow::Error>(1);
         }
         Ok(existing.len())

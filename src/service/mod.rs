@@ -1,11 +1,44 @@
 //! The commands a user runs, as wiring over the library: `consume` (one replica's service
 //! loop), `run` (leader-gate any command), `dev` (server plus replicas for the quick
-//! start), `admin` (`enqueue`, `status`, `tasks`), `ops` (history, timeline, replicas, cancel, delete, retry all: what the CLI and the dashboard both call), `schedules` (apply, list, pause, resume, delete schedules). Decisions live in `leader`, `queue` and `coord`; these only put them together.
+//! start). Decisions live in `leader`, `queue` and `coord`, the operator's verbs in
+//! `operate`; these only put them together. Here too: how a command learns it should
+//! stop (SIGTERM or Ctrl-C).
 
-pub mod admin;
 pub mod connect;
 pub mod consume;
 pub mod dev;
-pub mod ops;
 pub mod run;
-pub mod schedules;
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+    tracing::info!("shutdown requested");
+}
+
+/// A token cancelled on SIGTERM or Ctrl-C, by a task that waits for either.
+pub fn cancel_on_signal() -> tokio_util::sync::CancellationToken {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let trigger = shutdown.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        trigger.cancel();
+    });
+    shutdown
+}

@@ -1,7 +1,7 @@
 //! The dashboard's calls into what the rest of leaderq records and does, shaped as the
-//! page's panes want them: history of finished tasks (`service::ops::history`), the
+//! page's panes want them: history of finished tasks (`operate::history`), the
 //! leadership timeline, the replicas with their last heartbeat, the schedules with their
-//! ticks (`service::schedules::list`), and the operator actions delete, retry all and cancel
+//! ticks (`operate::schedules::list`), and the operator actions delete, retry all and cancel
 //! (the same functions as `leaderq tasks …`) and a schedule's pause and resume (as
 //! `leaderq schedules pause|resume`).
 
@@ -11,9 +11,10 @@ use serde_json::{json, Value};
 
 use crate::config::Settings;
 use crate::coord::Coordinator;
-use crate::service::admin::AdminError;
-use crate::service::ops::{self, Cancelled, HistoryFilter};
-use crate::service::schedules::{self, SchedulesError};
+use crate::operate::history::{self, HistoryFilter};
+use crate::operate::schedules::{self, SchedulesError};
+use crate::operate::tasks::{self, Cancelled};
+use crate::operate::{dead, leadership, status, OperateError};
 
 /// History records the pane shows, newest first.
 const HISTORY_ROWS: usize = 200;
@@ -30,7 +31,7 @@ pub enum Recorded {
     No { why: String },
 }
 
-fn rows_or_why<T>(read: Result<Vec<T>, AdminError>, row: impl Fn(T) -> Value) -> Recorded {
+fn rows_or_why<T>(read: Result<Vec<T>, OperateError>, row: impl Fn(T) -> Value) -> Recorded {
     match read {
         Ok(items) => Recorded::Yes {
             rows: items.into_iter().map(row).collect(),
@@ -49,7 +50,7 @@ pub async fn history(coord: &dyn Coordinator, settings: &Settings) -> Recorded {
         failed: false,
         limit: Some(HISTORY_ROWS),
     };
-    rows_or_why(ops::history(coord, settings, &filter).await, |record| {
+    rows_or_why(history::history(coord, settings, &filter).await, |record| {
         json!({
             "key": record.key,
             "task_type": record.task_type,
@@ -67,7 +68,7 @@ pub async fn history(coord: &dyn Coordinator, settings: &Settings) -> Recorded {
 /// Who led when, and why each term began and ended.
 pub async fn timeline(coord: &dyn Coordinator, settings: &Settings) -> Recorded {
     rows_or_why(
-        ops::timeline(coord, settings, TIMELINE_ROWS).await,
+        leadership::timeline(coord, settings, TIMELINE_ROWS).await,
         |entry| {
             json!({
                 "node": entry.node,
@@ -86,7 +87,7 @@ pub async fn timeline(coord: &dyn Coordinator, settings: &Settings) -> Recorded 
 
 /// Every replica's record: the leader, the standbys with their last heartbeat, the gone.
 pub async fn standbys(coord: &dyn Coordinator, settings: &Settings) -> Recorded {
-    rows_or_why(ops::replicas(coord, settings).await, |view| {
+    rows_or_why(status::replicas(coord, settings).await, |view| {
         json!({
             "node": view.record.node,
             "status": view.status,
@@ -132,8 +133,8 @@ pub async fn delete(
     coord: &dyn Coordinator,
     settings: &Settings,
     key: &str,
-) -> Result<(), AdminError> {
-    ops::delete(coord, settings, key).await.map(drop)
+) -> Result<(), OperateError> {
+    tasks::delete(coord, settings, key).await.map(drop)
 }
 
 /// Moves every dead letter (of `task_type`, if given) back to the queue. Answers how many
@@ -142,8 +143,8 @@ pub async fn retry_all(
     coord: &dyn Coordinator,
     settings: &Settings,
     task_type: Option<&str>,
-) -> Result<(usize, Vec<String>), AdminError> {
-    let done = ops::retry_all(coord, settings, task_type, &mut |_, _| {}).await?;
+) -> Result<(usize, Vec<String>), OperateError> {
+    let done = dead::retry_all(coord, settings, task_type, &mut |_, _| {}).await?;
     let errors = done
         .failed
         .into_iter()
@@ -159,7 +160,7 @@ pub async fn cancel(
     settings: &Settings,
     key: &str,
 ) -> Result<String, String> {
-    match ops::cancel(coord, settings, key).await {
+    match tasks::cancel(coord, settings, key).await {
         Ok(Cancelled::DeadLettered { dead_key }) => Ok(format!(
             "cancelled: moved to the dead letters as {dead_key}"
         )),

@@ -11,7 +11,7 @@
 //! the coordinator what one does (`watcher.rs`). The panes are computed by `view.rs`
 //! (pure); who may call what is `auth.rs` (pure); records kept by other parts (history,
 //! timeline, standbys) and the actions they own are behind `data.rs`. The queue's own
-//! reads and writes are `service::admin`'s.
+//! reads and writes are `operate`'s.
 //!
 //! Size: one short handler per endpoint (reads, actions, the live feed) beside the route
 //! table they fill; each is a check, one call and an answer.
@@ -42,8 +42,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::Settings;
 use crate::coord::{CoordError, Coordinator};
-use crate::service::admin::{self, AdminError};
-use crate::service::schedules::SchedulesError;
+use crate::operate::schedules::SchedulesError;
+use crate::operate::{dead, status, OperateError};
 use crate::task::key::Key;
 use view::Panes;
 
@@ -199,11 +199,11 @@ fn why(refusal: auth::Refusal) -> Refused {
     Refused(status, refusal.message().to_string())
 }
 
-fn admin_failure(err: AdminError) -> Response {
+fn operate_failure(err: OperateError) -> Response {
     let status = match &err {
-        AdminError::Coordinator(_) => StatusCode::BAD_GATEWAY,
-        AdminError::NoSuchTask { .. } => StatusCode::NOT_FOUND,
-        AdminError::InvalidId { .. } | AdminError::InvalidKey { .. } => StatusCode::BAD_REQUEST,
+        OperateError::Coordinator(_) => StatusCode::BAD_GATEWAY,
+        OperateError::NoSuchTask { .. } => StatusCode::NOT_FOUND,
+        OperateError::InvalidId { .. } | OperateError::InvalidKey { .. } => StatusCode::BAD_REQUEST,
         _ => StatusCode::CONFLICT,
     };
     refused(status, &err.to_string())
@@ -492,9 +492,9 @@ async fn retry(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Re
         Ok(key) => key,
         Err(refused) => return refused.into_response(),
     };
-    match admin::retry(ui.coord.as_ref(), &ui.settings, &key).await {
+    match dead::retry(ui.coord.as_ref(), &ui.settings, &key).await {
         Ok(requeued) => done(&ui, json!({ "requeued": requeued })),
-        Err(err) => admin_failure(err),
+        Err(err) => operate_failure(err),
     }
 }
 
@@ -513,7 +513,7 @@ async fn retry_all(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -
     }
     match data::retry_all(ui.coord.as_ref(), &ui.settings, action.task_type.as_deref()).await {
         Ok((requeued, errors)) => done(&ui, json!({ "requeued": requeued, "errors": errors })),
-        Err(err) => admin_failure(err),
+        Err(err) => operate_failure(err),
     }
 }
 
@@ -526,7 +526,7 @@ async fn delete(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> R
     };
     match data::delete(ui.coord.as_ref(), &ui.settings, &key).await {
         Ok(()) => done(&ui, json!({ "deleted": key })),
-        Err(err) => admin_failure(err),
+        Err(err) => operate_failure(err),
     }
 }
 
@@ -547,9 +547,9 @@ async fn pause(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Re
     if let Err(refused) = action(&ui, &headers, &body) {
         return refused.into_response();
     }
-    match admin::pause(ui.coord.as_ref(), &ui.settings).await {
+    match status::pause(ui.coord.as_ref(), &ui.settings).await {
         Ok(was) => done(&ui, json!({ "paused": true, "already": was })),
-        Err(err) => admin_failure(err),
+        Err(err) => operate_failure(err),
     }
 }
 
@@ -557,9 +557,9 @@ async fn resume(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> R
     if let Err(refused) = action(&ui, &headers, &body) {
         return refused.into_response();
     }
-    match admin::resume(ui.coord.as_ref(), &ui.settings).await {
+    match status::resume(ui.coord.as_ref(), &ui.settings).await {
         Ok(was) => done(&ui, json!({ "paused": false, "was_paused": was })),
-        Err(err) => admin_failure(err),
+        Err(err) => operate_failure(err),
     }
 }
 

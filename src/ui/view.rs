@@ -1,7 +1,7 @@
 //! What the dashboard shows, computed from what was read (the queue, the dead letters, the
 //! holder, the pause flag) and `now`: pure, so its rules are unit-tested with scripted time.
 //! Also the throughput ring buffer, fed by the difference between two readings, and the
-//! schedules pane's rows from `service::schedules::list`'s views.
+//! schedules pane's rows from `operate::schedules::list`'s views.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
@@ -10,8 +10,9 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::coord::{Holder, StoredTask};
-use crate::service::admin::{self, StatusReport, TaskRow};
-use crate::service::schedules::ScheduleView;
+use crate::operate::schedules::ScheduleView;
+use crate::operate::status::{self, StatusReport};
+use crate::operate::tasks::{self, TaskRow};
 use crate::task::history::HistoryRecord;
 use crate::task::{Status, Task};
 
@@ -114,7 +115,7 @@ pub fn panes(
     paused: bool,
     now: DateTime<Utc>,
 ) -> Panes {
-    let status = admin::status_of(holder, &queued, dead.len(), paused, now);
+    let status = status::status_of(holder, &queued, dead.len(), paused, now);
     let leader = holder.lease.as_ref().map(|_| {
         let record = holder.record.clone().unwrap_or_default();
         Leader {
@@ -162,7 +163,7 @@ pub fn panes(
         .filter_map(|stored| Task::parse(stored).ok())
         .map(|task| (task.key, task.id))
         .collect();
-    let queue = admin::task_rows(queued, Vec::new(), now)
+    let queue = tasks::task_rows(queued, Vec::new(), now)
         .into_iter()
         .map(|row| QueueRow {
             id: ids.get(&row.key).cloned().unwrap_or_default(),

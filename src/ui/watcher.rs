@@ -112,7 +112,8 @@ pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
                         .is_none_or(|(read, _)| read.elapsed() >= HISTORY_REFRESH);
                     if stale {
                         if let Ok(records) =
-                            crate::service::ops::completed(ui.coord.as_ref(), &ui.settings).await
+                            crate::operate::history::completed(ui.coord.as_ref(), &ui.settings)
+                                .await
                         {
                             done_records = Some((tokio::time::Instant::now(), records));
                         }

@@ -390,7 +390,7 @@ async fn until_it<T: std::fmt::Debug, F: std::future::Future<Output = T>>(
 /// records show a leader and a standby, and the timeline records each term with why the one
 /// before ended (the seam's `Edit::Put` and listings of leaderq's own prefixes).
 async fn history_replicas_and_timeline_are_kept(backend: &str) {
-    use leaderq::service::ops;
+    use leaderq::operate::{history as ops_history, leadership, status};
     let dir = tempfile::tempdir().unwrap();
     let Some(cluster) = common::start_cluster(backend, dir.path()) else {
         return;
@@ -424,10 +424,10 @@ async fn history_replicas_and_timeline_are_kept(backend: &str) {
         ));
     }
     let limit = Duration::from_secs(30);
-    let filter = ops::HistoryFilter::default();
+    let filter = ops_history::HistoryFilter::default();
     let history = until_it(
         limit,
-        || ops::history(coord, &settings, &filter),
+        || ops_history::history(coord, &settings, &filter),
         |h| h.as_ref().is_ok_and(|h| h.len() == 3),
     )
     .await
@@ -438,7 +438,7 @@ async fn history_replicas_and_timeline_are_kept(backend: &str) {
     assert_eq!(history[2].task_id, "h0", "newest first: {history:?}");
     let seen = until_it(
         limit,
-        || ops::replicas(coord, &settings),
+        || status::replicas(coord, &settings),
         |r| {
             r.as_ref()
                 .is_ok_and(|r| r.len() == 2 && r[0].status == "leader" && r[1].status == "standby")
@@ -447,7 +447,7 @@ async fn history_replicas_and_timeline_are_kept(backend: &str) {
     .await
     .unwrap();
     let first = seen[0].record.node.clone();
-    let timeline = ops::timeline(coord, &settings, 10).await.unwrap();
+    let timeline = leadership::timeline(coord, &settings, 10).await.unwrap();
     assert_eq!(timeline.len(), 1, "{timeline:?}");
     assert_eq!(
         (timeline[0].node.as_str(), timeline[0].previous_end.as_str()),
@@ -457,7 +457,7 @@ async fn history_replicas_and_timeline_are_kept(backend: &str) {
     assert!(leader.terminate().success());
     let timeline = until_it(
         limit,
-        || ops::timeline(coord, &settings, 10),
+        || leadership::timeline(coord, &settings, 10),
         |t| t.as_ref().is_ok_and(|t| t.len() == 2),
     )
     .await
@@ -465,7 +465,7 @@ async fn history_replicas_and_timeline_are_kept(backend: &str) {
     assert_ne!(timeline[0].node, first);
     assert_eq!(timeline[0].previous_end, "resigned (shut down)");
     assert!(timeline[0].fencing_token > timeline[1].fencing_token);
-    let seen = ops::replicas(coord, &settings).await.unwrap();
+    let seen = status::replicas(coord, &settings).await.unwrap();
     assert_eq!(
         seen.len(),
         1,

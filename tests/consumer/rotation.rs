@@ -29,7 +29,7 @@ macro_rules! on_every_backend {
 /// `leaderq pause` and `resume` through the seam: the flag is set once, shows in
 /// `status`, and is cleared; on every backend.
 async fn pause_flag_is_set_read_and_cleared(backend: &str) {
-    use leaderq::service::admin;
+    use leaderq::operate::status;
     let dir = tempfile::tempdir().unwrap();
     let Some(cluster) = common::start_cluster(backend, dir.path()) else {
         return;
@@ -37,19 +37,19 @@ async fn pause_flag_is_set_read_and_cleared(backend: &str) {
     let settings = leaderq::config::Settings::load(None, cluster.env()).expect("settings");
     let coord = leaderq::service::connect::connect(&settings).expect("coordinator");
     let coord = coord.as_ref();
-    assert!(!admin::status(coord, &settings).await.unwrap().paused);
+    assert!(!status::status(coord, &settings).await.unwrap().paused);
     assert!(
-        !admin::pause(coord, &settings).await.unwrap(),
+        !status::pause(coord, &settings).await.unwrap(),
         "not paused before"
     );
     assert!(
-        admin::pause(coord, &settings).await.unwrap(),
+        status::pause(coord, &settings).await.unwrap(),
         "paused already"
     );
-    assert!(admin::status(coord, &settings).await.unwrap().paused);
-    assert!(admin::resume(coord, &settings).await.unwrap());
-    assert!(!admin::status(coord, &settings).await.unwrap().paused);
-    assert!(!admin::resume(coord, &settings).await.unwrap());
+    assert!(status::status(coord, &settings).await.unwrap().paused);
+    assert!(status::resume(coord, &settings).await.unwrap());
+    assert!(!status::status(coord, &settings).await.unwrap().paused);
+    assert!(!status::resume(coord, &settings).await.unwrap());
 }
 
 on_every_backend!(consul, etcd, redis, zookeeper);

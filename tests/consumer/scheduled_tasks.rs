@@ -320,7 +320,7 @@ async fn scheduled_tasks_are_listed_with_their_due_time_and_bad_ones_dead_letter
         "{far}"
     );
 
-    let rows = leaderq::service::admin::list(coord.as_ref(), &settings)
+    let rows = leaderq::operate::tasks::list(coord.as_ref(), &settings)
         .await
         .unwrap();
     let row = rows
@@ -332,7 +332,7 @@ async fn scheduled_tasks_are_listed_with_their_due_time_and_bad_ones_dead_letter
         row.due_at.as_deref(),
         Some(leaderq::task::rfc3339(later).as_str())
     );
-    let status = leaderq::service::admin::status(coord.as_ref(), &settings)
+    let status = leaderq::operate::status::status(coord.as_ref(), &settings)
         .await
         .unwrap();
     assert_eq!((status.scheduled, status.pending), (1, 0), "{status:?}");

@@ -92,7 +92,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
     ));
     let settings = consumer::settings(&target, "bench-apply", &dir)?;
     let schedules = crate::schedule::parse_file(SCHEDULE)?;
-    crate::service::schedules::apply(target.coord.as_ref(), &settings, schedules, Utc::now())
+    crate::operate::schedules::apply(target.coord.as_ref(), &settings, schedules, Utc::now())
         .await
         .context("cannot apply the bench schedule")?;
     let late = watch_ticks(

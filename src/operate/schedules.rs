@@ -1,8 +1,12 @@
-//! `leaderq schedules`: the operator's side of schedules, on every backend. `apply` makes
-//! the coordinator hold exactly the schedules of a TOML file (creating, updating and
+//! `leaderq schedules`: the operator's side of schedules, on every backend, and what the
+//! CLI prints for it. `apply` makes the coordinator hold exactly the schedules of a TOML
+//! file (read and checked by [`read_file`] before anything is sent; creating, updating and
 //! deleting, each write at the version read), `pause`/`resume` flip one, `delete` removes
-//! one with its tick record, `list` and `show` read them with their last and next ticks.
-//! The leader's side (enqueueing the ticks) is `schedule::ticker`'s.
+//! one with its tick record, `list` and `show` read them with their last and next ticks
+//! (the dashboard's schedules pane shows the same [`ScheduleView`]s). The leader's side
+//! (enqueueing the ticks) is `schedule::ticker`'s.
+
+use std::path::Path;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -18,8 +22,18 @@ pub enum SchedulesError {
     Coordinator(#[from] CoordError),
     #[error("{0}")]
     Invalid(#[from] ScheduleError),
-    #[error("cannot read {path}: {reason}")]
-    Read { path: String, reason: String },
+    #[error("cannot read {path}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not a valid schedule file")]
+    NotAScheduleFile {
+        path: String,
+        #[source]
+        source: ScheduleError,
+    },
     #[error("no schedule {0:?} (see `leaderq schedules list`)")]
     NoSuchSchedule(String),
     #[error("schedule {0:?} changed while it was being written; run the command again")]
@@ -47,6 +61,20 @@ pub struct ScheduleView {
     /// Why a stored schedule cannot be read (edited by hand), instead of the above.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// Reads and checks a schedule file (`leaderq schedules apply FILE`): nothing is sent
+/// for a file that cannot be read or holds an invalid schedule.
+pub fn read_file(path: &Path) -> Result<Vec<Schedule>, SchedulesError> {
+    let shown = || path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| SchedulesError::Read {
+        path: shown(),
+        source,
+    })?;
+    crate::schedule::parse_file(&text).map_err(|source| SchedulesError::NotAScheduleFile {
+        path: shown(),
+        source,
+    })
 }
 
 async fn stored_definitions(
@@ -312,6 +340,43 @@ pub async fn set_paused(
         Edited::Done => Ok(true),
         Edited::Conflict(_) => Err(SchedulesError::Changed(name.to_string())),
     }
+}
+
+/// The schedule `leaderq schedules show NAME` prints (as JSON), from `list`'s views.
+pub fn find_view(views: Vec<ScheduleView>, name: &str) -> Result<ScheduleView, SchedulesError> {
+    views
+        .into_iter()
+        .find(|v| v.name == name)
+        .ok_or_else(|| SchedulesError::NoSuchSchedule(name.to_string()))
+}
+
+/// What `leaderq schedules apply` prints: a line per schedule, with what changed.
+pub fn render_changes(changes: &[(String, Change)]) -> String {
+    if changes.is_empty() {
+        return "no schedules in the file, none in the coordinator".to_string();
+    }
+    let lines: Vec<String> = changes
+        .iter()
+        .map(|(name, change)| {
+            let sign = match change {
+                Change::Created => "+ created",
+                Change::Updated => "~ updated",
+                Change::Unchanged => "= unchanged",
+                Change::Deleted => "- deleted",
+            };
+            format!("{sign} {name}")
+        })
+        .collect();
+    lines.join("\n")
+}
+
+/// What `leaderq schedules pause|resume NAME` prints, from whether it changed anything.
+pub fn render_paused(name: &str, paused: bool, changed: bool) -> String {
+    let state = if paused { "paused" } else { "resumed" };
+    format!(
+        "{name} {}{state}",
+        if changed { "" } else { "was already " }
+    )
 }
 
 /// The table `leaderq schedules list` prints.

@@ -1,0 +1,227 @@
+//! The queue as a whole: `leaderq status` (leader, fencing token, queue depth by state, dead
+//! letters, the replicas with their last heartbeat) and its text, and `leaderq
+//! pause|resume` (the queue's pause flag, a key of its own in the coordinator). The
+//! dashboard's overview builds the same [`StatusReport`] from its own reads
+//! ([`status_of`]). Who led before is `leadership.rs`'s.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use super::{list_now, OperateError};
+use crate::config::Settings;
+use crate::coord::{Coordinator, Edit, Edited, Holder, StoredTask, Version};
+use crate::leader::replicas::ReplicaView;
+use crate::task::{Status, Task};
+use crate::util::duration::format_age;
+use crate::util::escape::escape;
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct StatusReport {
+    pub leader: Option<Value>,
+    pub fencing_token: Option<u64>,
+    pub pending: usize,
+    /// Waiting for a retry's backoff (`notBefore`).
+    pub delayed: usize,
+    /// Waiting for the time their producer set (`runAt`).
+    pub scheduled: usize,
+    /// When the first scheduled task is due (RFC 3339).
+    pub next_due: Option<String>,
+    pub in_flight: usize,
+    /// Marked taken by leaderq, but no session holds them: requeued by the next leader.
+    pub orphaned: usize,
+    pub foreign: usize,
+    pub malformed: usize,
+    pub dead: usize,
+    /// `leaderq pause` is in effect: the leader claims nothing.
+    pub paused: bool,
+    /// Every replica's record: the leader, standbys with their last heartbeat, the gone.
+    pub replicas: Vec<ReplicaView>,
+}
+
+/// Every replica's record, as of now: the leader first, then standbys, then those gone
+/// (no heartbeat for `replicas::GONE_AFTER` periods).
+pub async fn replicas(
+    coord: &dyn Coordinator,
+    settings: &Settings,
+) -> Result<Vec<ReplicaView>, OperateError> {
+    use crate::leader::replicas;
+    let stored = list_now(coord, &replicas::prefix(&settings.election.leader_key)).await?;
+    Ok(replicas::view(&stored, Utc::now()))
+}
+
+/// `leaderq status`: the holder, the queue, the dead letters, the pause flag and the
+/// replicas, read now.
+pub async fn status(
+    coord: &dyn Coordinator,
+    settings: &Settings,
+) -> Result<StatusReport, OperateError> {
+    let (holder, _) = coord.observe(Version(0), std::time::Duration::ZERO).await?;
+    let tasks = list_now(coord, &settings.queue.prefix).await?;
+    let dead = list_now(coord, &settings.queue.dead_prefix).await?.len();
+    let paused = !coord
+        .get(&[crate::queue::pause_key(&settings.queue.prefix)])
+        .await?
+        .is_empty();
+    let mut report = status_of(&holder, &tasks, dead, paused, Utc::now());
+    report.replicas = replicas(coord, settings).await?;
+    Ok(report)
+}
+
+/// The status from what was read: the holder, the queue, the number of dead letters and
+/// the pause flag (the dashboard builds it from its own reads).
+pub fn status_of(
+    holder: &Holder,
+    tasks: &[StoredTask],
+    dead: usize,
+    paused: bool,
+    now: DateTime<Utc>,
+) -> StatusReport {
+    let mut report = StatusReport::default();
+    if let Some(lease) = &holder.lease {
+        report.leader = Some(match &holder.record {
+            Some(record) => serde_json::to_value(record).unwrap_or_default(),
+            None => json!({ "session": lease.0 }),
+        });
+        report.fencing_token = Some(holder.token);
+    }
+    let mut next_due: Option<DateTime<Utc>> = None;
+    for stored in tasks {
+        match Task::parse(stored).map(|task| task.status(now)) {
+            Ok(Status::Pending) => report.pending += 1,
+            Ok(Status::Delayed(_)) => report.delayed += 1,
+            Ok(Status::Scheduled(at)) => {
+                report.scheduled += 1;
+                next_due = Some(next_due.map_or(at, |due| due.min(at)));
+            }
+            Ok(Status::InFlight) => report.in_flight += 1,
+            Ok(Status::Orphan) => report.orphaned += 1,
+            Ok(Status::Foreign) => report.foreign += 1,
+            Err(_) => report.malformed += 1,
+        }
+    }
+    report.next_due = next_due.map(crate::task::rfc3339);
+    report.dead = dead;
+    report.paused = paused;
+    report
+}
+
+/// What `leaderq status` prints: one line per count, then the replicas.
+pub fn render(report: &StatusReport, now: DateTime<Utc>) -> String {
+    let mut lines = Vec::new();
+    // The holder value is written by whoever holds the key: shown escaped.
+    let field =
+        |leader: &Value, name: &str| escape(leader[name].as_str().unwrap_or("?")).into_owned();
+    lines.push(match &report.leader {
+        Some(leader) => format!(
+            "leader:        {} (session {}, since {})",
+            field(leader, "node"),
+            field(leader, "session"),
+            field(leader, "since")
+        ),
+        None => "leader:        none".to_string(),
+    });
+    if let Some(token) = report.fencing_token {
+        lines.push(format!("fencing token: {token}"));
+    }
+    lines.push(format!("pending:       {}", report.pending));
+    lines.push(format!("delayed:       {}", report.delayed));
+    lines.push(match &report.next_due {
+        Some(due) => {
+            let due_in = DateTime::parse_from_rfc3339(due)
+                .map(|at| format_age((now - at.to_utc()).num_seconds()))
+                .unwrap_or_default();
+            format!(
+                "scheduled:     {} (next due {due}, {due_in})",
+                report.scheduled
+            )
+        }
+        None => format!("scheduled:     {}", report.scheduled),
+    });
+    lines.push(format!("in flight:     {}", report.in_flight));
+    lines.push(format!("orphaned:      {}", report.orphaned));
+    lines.push(format!("foreign:       {}", report.foreign));
+    lines.push(format!("malformed:     {}", report.malformed));
+    lines.push(format!("dead letters:  {}", report.dead));
+    if report.paused {
+        lines.push("paused:        yes (leaderq resume)".to_string());
+    }
+    if !report.replicas.is_empty() {
+        lines.push("replicas:".to_string());
+        for replica in &report.replicas {
+            let token = replica
+                .record
+                .fencing_token
+                .map(|t| format!(", fencing token {t}"))
+                .unwrap_or_default();
+            lines.push(format!(
+                "  {:<8} {} (pid {} on {}{token}), last heartbeat {}s ago",
+                replica.status,
+                escape(&replica.record.node),
+                replica.record.pid,
+                escape(&replica.record.host),
+                replica.last_seen_seconds
+            ));
+        }
+    }
+    lines.join("\n")
+}
+
+/// `leaderq pause`: sets the queue's pause flag (a key of its own in the coordinator, so it
+/// outlives a failover). The leader finishes the run in progress and claims nothing more
+/// until `resume`. Answers whether it was already paused.
+pub async fn pause(coord: &dyn Coordinator, settings: &Settings) -> Result<bool, OperateError> {
+    let key = crate::queue::pause_key(&settings.queue.prefix);
+    let value = serde_json::to_vec(&json!({
+        "pausedAt": crate::task::rfc3339(Utc::now()),
+        "by": crate::util::hostname(),
+    }))
+    .expect("a JSON object serializes");
+    match coord.edit(&[Edit::Create { key, value }]).await? {
+        Edited::Done => Ok(false),
+        Edited::Conflict(_) => Ok(true),
+    }
+}
+
+/// `leaderq resume`: clears the pause flag. Answers whether the queue was paused.
+pub async fn resume(coord: &dyn Coordinator, settings: &Settings) -> Result<bool, OperateError> {
+    let key = crate::queue::pause_key(&settings.queue.prefix);
+    for _ in 0..5 {
+        let Some(flag) = coord.get(std::slice::from_ref(&key)).await?.pop() else {
+            return Ok(false);
+        };
+        let delete = [Edit::Delete {
+            key: flag.key,
+            version: flag.version,
+        }];
+        if coord.edit(&delete).await? == Edited::Done {
+            return Ok(true);
+        }
+    }
+    Err(OperateError::Conflict {
+        key,
+        reason: "the pause flag kept changing while resuming; try again".into(),
+    })
+}
+
+/// What `leaderq pause` prints, from whether the queue under `prefix` was paused already.
+pub fn render_paused(prefix: &str, already: bool) -> String {
+    format!(
+        "{} {}: the leader finishes the run in progress and claims nothing more until `leaderq resume`",
+        escape(prefix),
+        if already { "was paused already" } else { "paused" }
+    )
+}
+
+/// What `leaderq resume` prints, from whether the queue under `prefix` was paused.
+pub fn render_resumed(prefix: &str, was_paused: bool) -> String {
+    format!(
+        "{} {}",
+        escape(prefix),
+        if was_paused {
+            "resumed"
+        } else {
+            "was not paused"
+        }
+    )
+}
