@@ -251,17 +251,13 @@ async fn lose_leadership(backend: &str, loss: Loss) {
         }
         std::fs::remove_file(stall_file(dir.path(), &first.node)).unwrap();
     }
-    loop {
-        let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
-        if keys.is_empty() {
-            break;
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
-            panic!("{keys:?} left:\n{}", logs.join("\n----\n"));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_empty(
+        coord.as_ref(),
+        "oracleTask/",
+        &replicas,
+        Duration::from_secs(60),
+    )
+    .await;
     let journal_text = std::fs::read_to_string(&journal).unwrap();
     let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
     // What a failure shows: the journal, then both replicas' logs.
@@ -380,21 +376,13 @@ mod restart {
         let log = dir.path().join(format!("{node}.log"));
         std::fs::rename(&log, dir.path().join(format!("{node}.0.log"))).unwrap();
         replicas[index] = start(&node);
-        loop {
-            let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
-            if keys.is_empty() {
-                break;
-            }
-            if started.elapsed() > Duration::from_secs(45) {
-                let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
-                panic!(
-                    "{keys:?} left:\n{}\n----\n{}",
-                    std::fs::read_to_string(&journal).unwrap(),
-                    logs.join("\n----\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_until_empty(
+            coord.as_ref(),
+            "oracleTask/",
+            &replicas,
+            Duration::from_secs(45),
+        )
+        .await;
     }
 
     // A replica that takes its lease up again after a restart and stands by (another
@@ -526,20 +514,13 @@ mod restart {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         renewer.abort();
-        loop {
-            let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
-            if keys.is_empty() {
-                break;
-            }
-            if started.elapsed() > Duration::from_secs(30) {
-                let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
-                panic!(
-                    "{keys:?} left, held by the reused lease:\n{}",
-                    logs.join("\n----\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_until_empty(
+            coord.as_ref(),
+            "oracleTask/",
+            &replicas,
+            Duration::from_secs(30),
+        )
+        .await;
         assert!(std::fs::read_to_string(&journal)
             .unwrap()
             .contains("run held"));

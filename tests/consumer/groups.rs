@@ -75,17 +75,13 @@ command = ["sh", "-c", "echo \"start $TASK_ID $(date +%s%N)\" >> {journal_path};
         &config,
         &cluster.env(),
     );
-    let started = Instant::now();
-    loop {
-        let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
-        if keys.is_empty() {
-            break;
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            panic!("{keys:?} left after 60 s:\n{}", replica.log_text());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_empty(
+        coord.as_ref(),
+        "oracleTask/",
+        std::slice::from_ref(&replica),
+        Duration::from_secs(60),
+    )
+    .await;
     let text = std::fs::read_to_string(&journal).unwrap();
     let mut runs: Vec<Run> = Vec::new();
     for line in text.lines() {
@@ -253,17 +249,7 @@ async fn wait_for_starts(pair: &Pair, count: usize) -> String {
 
 /// Waits until the queue is empty.
 async fn wait_until_drained(pair: &Pair, limit: Duration) {
-    loop {
-        let (keys, _) = pair.coord.keys("oracleTask/").await.expect("keys");
-        if keys.is_empty() {
-            return;
-        }
-        if pair.started.elapsed() > limit {
-            let logs: Vec<String> = pair.replicas.iter().map(|r| r.log_text()).collect();
-            panic!("{keys:?} left:\n{}", logs.join("\n----\n"));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_empty(pair.coord.as_ref(), "oracleTask/", &pair.replicas, limit).await;
 }
 
 /// The runs the journal holds, as (id, node, start, end, shell pid); `end` is 0 for a run

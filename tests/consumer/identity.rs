@@ -107,20 +107,13 @@ async fn holder(bed: &Bed) -> Option<(Value, u64, String)> {
 /// Waits until the leader key is held by the process `pid`; returns its fencing token and
 /// session.
 async fn held_by(bed: &Bed, pid: u32, limit: Duration) -> (u64, String) {
-    let started = Instant::now();
-    loop {
-        if let Some((value, token, session)) = holder(bed).await {
-            if value["pid"] == json!(pid) {
-                return (token, session);
-            }
+    wait_until(limit, &format!("pid {pid} leads"), async || {
+        match holder(bed).await {
+            Some((value, token, session)) if value["pid"] == json!(pid) => Ok((token, session)),
+            other => Err(other),
         }
-        assert!(
-            started.elapsed() < limit,
-            "pid {pid} did not lead within {limit:?}; holder: {:?}",
-            holder(bed).await
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await
 }
 
 /// The agent's checks, by id.
@@ -260,20 +253,20 @@ async fn stale_check_of_a_dead_pid_on_this_host_is_deregistered() {
     }
     bed.start_replica("r1");
     bed.leader(Duration::from_secs(30)).await;
-    let started = Instant::now();
-    loop {
-        let checks = agent_checks(&bed).await;
-        if !checks.contains_key(&stale) {
-            assert!(checks.contains_key(&alive), "{checks:?}");
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "stale check {stale} is still there: {checks:?}\n{}",
-            bed.replicas[0].log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let checks = wait_until(
+        Duration::from_secs(10),
+        "the stale check gone",
+        async || {
+            let checks = agent_checks(&bed).await;
+            if checks.contains_key(&stale) {
+                Err((checks, bed.replicas[0].log_text()))
+            } else {
+                Ok(checks)
+            }
+        },
+    )
+    .await;
+    assert!(checks.contains_key(&alive), "{checks:?}");
 }
 
 /// A session TTL below the server's minimum (a server without the test knob: 10s, as

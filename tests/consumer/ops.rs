@@ -27,18 +27,15 @@ async fn wait_for_json(
     limit: Duration,
     done: impl Fn(&Value) -> bool,
 ) -> Value {
-    let started = Instant::now();
-    loop {
+    wait_until(limit, &format!("leaderq {args:?} shows it"), async || {
         let value = leaderq_json(bed, args);
         if done(&value) {
-            return value;
+            Ok(value)
+        } else {
+            Err(value)
         }
-        assert!(
-            started.elapsed() < limit,
-            "leaderq {args:?} never showed what was awaited: {value}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 /// A completed task leaves a history record (node, fencing token, attempts, duration)
@@ -366,15 +363,15 @@ async fn until_it<T: std::fmt::Debug, F: std::future::Future<Output = T>>(
     read: impl Fn() -> F,
     done: impl Fn(&T) -> bool,
 ) -> T {
-    let started = Instant::now();
-    loop {
+    wait_until(limit, "the awaited answer", async || {
         let value = read().await;
-        if done(&value) || started.elapsed() > limit {
-            assert!(done(&value), "never reached: {value:?}");
-            return value;
+        if done(&value) {
+            Ok(value)
+        } else {
+            Err(value)
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 /// On every backend's real servers: completions leave history records, the replicas'

@@ -82,18 +82,13 @@ async fn rotate_mode_passes_leadership_around(backend: &str) {
             &cluster.env(),
         ));
     }
-    let started = Instant::now();
-    loop {
-        let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
-        if keys.is_empty() {
-            break;
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
-            panic!("{keys:?} left after 60 s:\n{}", logs.join("\n----\n"));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_empty(
+        coord.as_ref(),
+        "oracleTask/",
+        &replicas,
+        Duration::from_secs(60),
+    )
+    .await;
     let runs: Vec<Vec<String>> = std::fs::read_to_string(&journal)
         .unwrap()
         .lines()

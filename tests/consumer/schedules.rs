@@ -114,18 +114,7 @@ fn ticks_between(first: &str, last: &str) -> Vec<String> {
 
 /// Waits until the queue under `oracleTask/` is empty.
 async fn drained(coord: &dyn leaderq::coord::Coordinator, replicas: &[ConsumerProcess]) {
-    let started = Instant::now();
-    loop {
-        let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
-        if keys.is_empty() {
-            return;
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
-            panic!("{keys:?} left:\n{}", logs.join("\n----\n"));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_empty(coord, "oracleTask/", replicas, Duration::from_secs(60)).await;
 }
 
 /// Checks the ticks run from the first to the last with none missing, each enqueued once

@@ -67,21 +67,19 @@ fn fork_settings(
 /// Waits until none of `pids` is alive; returns how long that took, or panics after `limit`.
 async fn wait_dead(pids: &[u32], limit: Duration) -> Duration {
     let started = Instant::now();
-    loop {
+    wait_until(limit, "the handler processes gone", async || {
         let living: Vec<u32> = pids
             .iter()
             .copied()
             .filter(|p| common::process_alive(*p))
             .collect();
         if living.is_empty() {
-            return started.elapsed();
+            Ok(started.elapsed())
+        } else {
+            Err(living)
         }
-        assert!(
-            started.elapsed() < limit,
-            "handler processes {living:?} still alive {limit:?} later"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await
 }
 
 /// The shell's and the worker's pids from a `start` line.
@@ -434,14 +432,10 @@ impl Job {
 
     /// Waits for the exit, at most `limit`.
     async fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(started.elapsed() < limit, "replica did not exit");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(limit, "the replica exits", async || {
+            self.child.try_wait().unwrap().ok_or("running")
+        })
+        .await
     }
 }
 

@@ -244,11 +244,7 @@ impl<C: ?Sized + Cluster> TestBed<C> {
 
     /// Every replica's log, for a failure's message.
     pub fn logs(&self) -> String {
-        self.replicas
-            .iter()
-            .map(|r| format!("---- {}\n{}", r.node, r.log_text()))
-            .collect::<Vec<_>>()
-            .join("\n")
+        logs_of(&self.replicas)
     }
 
     pub fn journal(&self) -> Vec<Vec<String>> {
@@ -306,17 +302,9 @@ impl<C: ?Sized + Cluster> TestBed<C> {
         .await
     }
 
-    /// Waits until nothing is left under `prefix` (a coordinator that is being restarted
-    /// is asked again).
+    /// Waits until nothing is left under `prefix`.
     pub async fn wait_until_empty(&self, prefix: &str, limit: Duration) {
-        wait_until(limit, &format!("{prefix} drained"), async || {
-            match self.coord.keys(prefix).await {
-                Ok((keys, _)) if keys.is_empty() => Ok(()),
-                Ok((keys, _)) => Err(format!("{keys:?} left\n{}", self.logs())),
-                Err(e) => Err(format!("{e}")),
-            }
-        })
-        .await
+        wait_until_empty(self.coord.as_ref(), prefix, &self.replicas, limit).await
     }
 
     /// The leadership held now, once there is one whose lease is not `old`'s: its node
@@ -363,6 +351,33 @@ impl<C: ?Sized + Cluster> TestBed<C> {
         })
         .await
     }
+}
+
+/// Waits until `coord` holds nothing under `prefix` (a coordinator that is being restarted
+/// is asked again); on time-out the message holds what is left and the `replicas`' logs.
+pub async fn wait_until_empty(
+    coord: &dyn Coordinator,
+    prefix: &str,
+    replicas: &[ConsumerProcess],
+    limit: Duration,
+) {
+    wait_until(limit, &format!("{prefix} drained"), async || {
+        match coord.keys(prefix).await {
+            Ok((keys, _)) if keys.is_empty() => Ok(()),
+            Ok((keys, _)) => Err(format!("{keys:?} left\n{}", logs_of(replicas))),
+            Err(e) => Err(format!("{e}")),
+        }
+    })
+    .await
+}
+
+/// Every replica's log, for a failure's message.
+pub fn logs_of(replicas: &[ConsumerProcess]) -> String {
+    replicas
+        .iter()
+        .map(|r| format!("---- {}\n{}", r.node, r.log_text()))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// A coordinator of the test's own, set up as `leaderq` would be with `env`.
