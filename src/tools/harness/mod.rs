@@ -54,7 +54,9 @@ fn say_skipped(why: &str) {
         .filter(|name| *name != "main")
         .map(|name| format!(" {name}"))
         .unwrap_or_default();
-    let _ = writeln!(std::io::stderr().lock(), "skipped{test}: {why}");
+    // One write of the whole line, so that it does not interleave with the harness's own.
+    let line = format!("skipped{test}: {why}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 fn which(candidate: &str) -> Option<PathBuf> {
