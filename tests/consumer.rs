@@ -2,6 +2,11 @@
 //! real HTTP, handlers that append to a journal file; leaders killed with SIGTERM and
 //! SIGKILL. Short TTLs come from the server's `--session-ttl-min 1s` test knob.
 
+// First, so that its macro is in scope in every module below.
+#[macro_use]
+#[path = "consumer/toolbox.rs"]
+mod toolbox;
+
 #[path = "consumer/catalog.rs"]
 mod catalog;
 mod common;
@@ -55,91 +60,27 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use common::{client, get_json, index_of, ConsumerProcess, ServerProcess};
 use serde_json::{json, Value};
+use toolbox::{wait_until, wait_until_empty, TestBed, TestSettings};
 
-/// Settings for test replicas: a short TTL (3s: short, yet not so short that a loaded CI
-/// machine stalls a renewal past it), short lock-delay, fast retries, and handlers that
-/// write `<event> <taskId> <fencing token> <node> <attempt>` lines to `journal`.
-fn settings(journal: &Path, ttl: &str) -> String {
-    let journal = journal.display();
-    format!(
-        r#"
-[consul]
-wait = "5s"
-[election]
-session_ttl = "{ttl}"
-lock_delay = "200ms"
-retry_interval = "100ms"
-[queue]
-max_attempts = 3
-backoff_base = "50ms"
-backoff_max = "200ms"
-shutdown_grace = "10s"
-kill_grace = "200ms"
-[handlers.Work]
-kind = "exec"
-command = ["sh", "-c", "echo \"run $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {journal}"]
-[handlers.Slow]
-kind = "exec"
-command = ["sh", "-c", "echo \"start $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {journal}; sleep 1; echo \"end $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {journal}"]
-[handlers.Flaky]
-kind = "exec"
-command = ["sh", "-c", "test -f {journal}.fixed && echo \"run $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {journal}"]
-[handlers.Fail]
-kind = "exec"
-command = ["sh", "-c", "echo \"fail $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {journal}; echo boom >&2; exit 1"]
-"#
-    )
-}
-
-/// A test bed: a server, a directory, replicas whose handlers know their own name.
-struct Bed {
-    server: ServerProcess,
-    dir: tempfile::TempDir,
-    journal: PathBuf,
-    replicas: Vec<ConsumerProcess>,
-    ttl: &'static str,
-}
+/// The test bed on a `leaderq server` of its own: the Consul backend, with its HTTP API
+/// at hand.
+type Bed = TestBed<ServerProcess>;
 
 impl Bed {
     fn new() -> Bed {
-        let server = ServerProcess::start();
-        let dir = tempfile::tempdir().unwrap();
-        let journal = dir.path().join("journal");
-        std::fs::write(&journal, "").unwrap();
-        Bed {
-            server,
-            dir,
-            journal,
-            replicas: Vec::new(),
-            ttl: "3s",
-        }
+        TestBed::consul()
     }
 
     /// A bed whose replicas use a 1s session TTL, for tests that wait for one to expire.
     fn with_short_ttl() -> Bed {
-        Bed {
-            ttl: "1s",
-            ..Bed::new()
-        }
-    }
-
-    fn start_replica(&mut self, node: &str) {
-        let config = settings(&self.journal, self.ttl).replace("$NODE", node);
-        let replica = ConsumerProcess::start(&self.server.addr, node, self.dir.path(), &config);
-        self.replicas.push(replica);
-    }
-
-    fn journal(&self) -> Vec<Vec<String>> {
-        std::fs::read_to_string(&self.journal)
-            .unwrap()
-            .lines()
-            .map(|line| line.split_whitespace().map(str::to_string).collect())
-            .collect()
+        let mut bed = TestBed::consul();
+        bed.settings = bed.settings.ttl("1s");
+        bed
     }
 
     async fn put_task(&self, name: &str, task: Value) {
         let response = client()
-            .put(self.server.url(&format!("/v1/kv/oracleTask/{name}")))
+            .put(self.url(&format!("/v1/kv/oracleTask/{name}")))
             .body(task.to_string())
             .send()
             .await
@@ -147,87 +88,9 @@ impl Bed {
         assert_eq!(response.text().await.unwrap(), "true");
     }
 
-    /// Waits (on blocking queries) until nothing is left under `prefix`.
-    async fn wait_until_empty(&self, prefix: &str, limit: Duration) {
-        let started = Instant::now();
-        let mut index = 0;
-        loop {
-            let response = client()
-                .get(
-                    self.server
-                        .url(&format!("/v1/kv/{prefix}?recurse&index={index}&wait=2s")),
-                )
-                .send()
-                .await
-                .unwrap();
-            if response.status() == 404 {
-                return;
-            }
-            index = index_of(&response);
-            if started.elapsed() > limit {
-                let left: Value = response.json().await.unwrap();
-                let logs: Vec<String> = self.replicas.iter().map(|r| r.log_text()).collect();
-                panic!(
-                    "{prefix} not drained after {limit:?}: {left}\nlogs:\n{}",
-                    logs.join("\n----\n")
-                );
-            }
-        }
-    }
-
-    /// Waits until the journal has a line matching `predicate`.
-    async fn wait_for_line(
-        &self,
-        limit: Duration,
-        predicate: impl Fn(&[String]) -> bool,
-    ) -> Vec<String> {
-        let started = Instant::now();
-        loop {
-            if let Some(line) = self.journal().into_iter().find(|l| predicate(l)) {
-                return line;
-            }
-            assert!(
-                started.elapsed() < limit,
-                "journal line never appeared: {:?}",
-                self.journal()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    async fn leader_node(&self) -> String {
-        let started = Instant::now();
-        loop {
-            let response = client()
-                .get(self.server.url("/v1/kv/consumerLeader"))
-                .send()
-                .await
-                .unwrap();
-            if response.status() == 200 {
-                let entries: Value = response.json().await.unwrap();
-                if entries[0].get("Session").is_some() {
-                    let value = base64::engine::general_purpose::STANDARD
-                        .decode(entries[0]["Value"].as_str().unwrap())
-                        .unwrap();
-                    let holder: Value = serde_json::from_slice(&value).unwrap();
-                    return holder["node"].as_str().unwrap().to_string();
-                }
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(30),
-                "no leader elected"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    fn replica(&mut self, node: &str) -> &mut ConsumerProcess {
-        self.replicas.iter_mut().find(|r| r.node == node).unwrap()
-    }
-
     async fn dead_letters(&self) -> HashMap<String, Value> {
         let response = client()
-            .get(self.server.url("/v1/kv/oracleTaskDead/?recurse"))
+            .get(self.url("/v1/kv/oracleTaskDead/?recurse"))
             .send()
             .await
             .unwrap();
@@ -288,7 +151,7 @@ async fn tasks_run_exactly_once_in_order_on_the_leader_only() {
     );
     let nodes: std::collections::HashSet<&String> = journal.iter().map(|l| &l[3]).collect();
     assert_eq!(nodes.len(), 1, "followers ran handlers: {nodes:?}");
-    let leader = bed.leader_node().await;
+    let leader = bed.leader(Duration::from_secs(30)).await;
     assert!(nodes.contains(&leader));
 }
 
@@ -297,10 +160,10 @@ async fn tasks_run_exactly_once_in_order_on_the_leader_only() {
 async fn task_written_like_the_seed_producer_is_executed() {
     let mut bed = Bed::new();
     bed.start_replica("r1");
-    bed.leader_node().await;
+    bed.leader(Duration::from_secs(30)).await;
     let status = std::process::Command::new("curl")
         .args(["-s", "-X", "PUT"])
-        .arg(bed.server.url("/v1/kv/oracleTask/task_1"))
+        .arg(bed.cluster.url("/v1/kv/oracleTask/task_1"))
         .args(["-d", r#"{"taskId":"1","taskTime":"1445599887","taskTaken":false,"taskType":"Work","taskPara":{"name":"users"}}"#])
         .status()
         .expect("curl runs");
@@ -320,7 +183,7 @@ async fn sigterm_hands_over_to_a_standby_that_finishes_the_queue() {
     let mut bed = Bed::new();
     bed.start_replica("r1");
     bed.start_replica("r2");
-    let first = bed.leader_node().await;
+    let first = bed.leader(Duration::from_secs(30)).await;
     for n in 0..6 {
         bed.put_task(
             &format!("task_{n}"),
@@ -366,7 +229,7 @@ async fn sigkill_mid_task_requeues_it_for_the_new_leader() {
     let mut bed = Bed::with_short_ttl();
     bed.start_replica("r1");
     bed.start_replica("r2");
-    let first = bed.leader_node().await;
+    let first = bed.leader(Duration::from_secs(30)).await;
     bed.put_task(
         "task_k",
         json!({"taskId": "k", "taskTime": "1", "taskType": "Slow"}),
@@ -441,7 +304,7 @@ async fn failing_task_is_retried_then_dead_lettered() {
 async fn malformed_tasks_are_dead_lettered_and_the_loop_goes_on() {
     let mut bed = Bed::new();
     let raw = |name: &str, body: &str| {
-        let url = bed.server.url(&format!("/v1/kv/oracleTask/{name}"));
+        let url = bed.cluster.url(&format!("/v1/kv/oracleTask/{name}"));
         let body = body.to_string();
         async move { client().put(url).body(body).send().await.unwrap() }
     };
@@ -480,7 +343,7 @@ async fn consumers_recover_after_the_server_restarts() {
     let mut bed = Bed::new();
     bed.start_replica("r1");
     bed.start_replica("r2");
-    bed.leader_node().await;
+    bed.leader(Duration::from_secs(30)).await;
     bed.put_task(
         "task_before",
         json!({"taskId": "before", "taskTime": 1, "taskType": "Work"}),
@@ -488,12 +351,14 @@ async fn consumers_recover_after_the_server_restarts() {
     .await;
     bed.wait_until_empty("oracleTask/", Duration::from_secs(10))
         .await;
-    let addr = bed.server.addr.clone();
-    let data_dir = bed.server.data_dir.clone();
-    let temp = bed.server.take_temp();
-    bed.server.kill();
+    let addr = bed.cluster.addr.clone();
+    let data_dir = bed.cluster.data_dir.clone();
+    let temp = bed.cluster.take_temp();
+    bed.cluster.kill();
+    // Down for a while, as in a real restart: the replicas' requests fail meanwhile.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    bed.server = ServerProcess::start_at(&addr, &data_dir, &[]).expect("restart on the same port");
+    *bed.cluster =
+        ServerProcess::start_at(&addr, &data_dir, &[]).expect("restart on the same port");
     for n in 0..5 {
         bed.put_task(
             &format!("task_after_{n}"),
@@ -545,7 +410,7 @@ async fn producer_rewrite_during_a_run_is_not_lost() {
 async fn quick_restart_reuses_the_session_and_requeues_the_cut_task() {
     let mut bed = Bed::new();
     bed.start_replica("r1");
-    bed.leader_node().await;
+    bed.leader(Duration::from_secs(30)).await;
     bed.put_task(
         "task_q",
         json!({"taskId": "q", "taskTime": 1, "taskType": "Slow"}),
@@ -592,18 +457,18 @@ fn bad_settings_stop_the_start_naming_the_key() {
 
 /// The address a replica logged for its observe endpoints.
 async fn observe_address(replica: &ConsumerProcess) -> String {
-    let started = Instant::now();
-    loop {
-        let log = replica.log_text();
-        if let Some(rest) = log.split("observe endpoints on http://").nth(1) {
-            return rest.split_whitespace().next().unwrap().to_string();
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "no observe address in log:\n{log}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until(
+        Duration::from_secs(10),
+        "the observe address in the log",
+        async || {
+            let log = replica.log_text();
+            match log.split("observe endpoints on http://").nth(1) {
+                Some(rest) => Ok(rest.split_whitespace().next().unwrap().to_string()),
+                None => Err(log),
+            }
+        },
+    )
+    .await
 }
 
 /// /health, /ready, /leader and /metrics on a replica: the leader shows as leader, and the
@@ -612,7 +477,7 @@ async fn observe_address(replica: &ConsumerProcess) -> String {
 async fn observe_endpoints_show_leadership_and_counts() {
     let mut bed = Bed::new();
     bed.start_replica("r1");
-    let leader = bed.leader_node().await;
+    let leader = bed.leader(Duration::from_secs(30)).await;
     let observe = observe_address(&bed.replicas[0]).await;
     let get = |path: &str| client().get(format!("http://{observe}{path}")).send();
     assert_eq!(get("/health").await.unwrap().status(), 200);
@@ -627,24 +492,25 @@ async fn observe_endpoints_show_leadership_and_counts() {
     .await;
     bed.wait_until_empty("oracleTask/", Duration::from_secs(10))
         .await;
-    let started = Instant::now();
-    let metrics = loop {
-        let text = get("/metrics").await.unwrap().text().await.unwrap();
-        if text.contains(r#"leaderq_tasks_completed_total{task_type="Work"} 1"#) {
-            break text;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "completion not counted:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let metrics = wait_until(
+        Duration::from_secs(10),
+        "the completion counted",
+        async || {
+            let text = get("/metrics").await.unwrap().text().await.unwrap();
+            if text.contains(r#"leaderq_tasks_completed_total{task_type="Work"} 1"#) {
+                Ok(text)
+            } else {
+                Err(text)
+            }
+        },
+    )
+    .await;
     assert!(metrics.contains("leaderq_leader 1"), "{metrics}");
     assert!(metrics.contains(r#"leaderq_tasks_claimed_total{task_type="Work"} 1"#));
     assert!(metrics.contains("leaderq_handler_duration_seconds_bucket"));
     assert!(metrics.contains("leaderq_seconds_since_renewal"));
     let server_metrics = client()
-        .get(bed.server.url("/metrics"))
+        .get(bed.cluster.url("/metrics"))
         .send()
         .await
         .unwrap()
@@ -683,7 +549,7 @@ fn taken_observe_port_is_a_clear_error() {
 fn leaderq(bed: &Bed, args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_leaderq"))
         .args(args)
-        .env("CONSUL_HTTP_ADDR", &bed.server.addr)
+        .env("CONSUL_HTTP_ADDR", &bed.cluster.addr)
         .output()
         .unwrap()
 }
@@ -862,7 +728,7 @@ async fn enqueue_of_many_files_goes_on_past_a_refused_one_and_sums_up() {
 async fn pause_and_resume_from_the_cli() {
     let mut bed = Bed::new();
     bed.start_replica("p1");
-    bed.leader_node().await;
+    bed.leader(Duration::from_secs(30)).await;
     let paused = leaderq(&bed, &["pause"]);
     assert!(paused.status.success(), "{paused:?}");
     assert!(String::from_utf8_lossy(&paused.stdout).contains("oracleTask/ paused"));
@@ -871,6 +737,8 @@ async fn pause_and_resume_from_the_cli() {
         json!({"taskId": "p", "taskTime": 1, "taskType": "Work"}),
     )
     .await;
+    // Asserts that nothing happens: a leader that claimed despite the pause would have run
+    // the task within this time (it runs a put task in well under a second otherwise).
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
         bed.journal().is_empty(),

@@ -5,9 +5,10 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 pub use leaderq::tools::harness::consul::LeaderqServer;
+use leaderq::tools::harness::{Cluster, Proc};
 
 /// A running `leaderq server` (the shared harness's, with this test binary's leaderq);
 /// killed when dropped.
@@ -100,6 +101,34 @@ impl ServerProcess {
     }
 }
 
+/// A server is the Consul backend's cluster, so a test bed can hold it.
+impl Cluster for ServerProcess {
+    fn backend(&self) -> &'static str {
+        self.server.backend()
+    }
+    fn env(&self) -> Vec<(String, String)> {
+        self.server.env()
+    }
+    fn members(&self) -> usize {
+        self.server.members()
+    }
+    fn kill_member(&mut self, i: usize) -> Result<(), String> {
+        self.server.kill_member(i)
+    }
+    fn restart_member(&mut self, i: usize) -> Result<(), String> {
+        self.server.restart_member(i)
+    }
+    fn produce(&self, key: &str, value: &[u8]) -> Result<(), String> {
+        self.server.produce(key, value)
+    }
+    fn delete_leader_record(&self, leader_key: &str) -> Result<(), String> {
+        self.server.delete_leader_record(leader_key)
+    }
+    fn revoke_leader_lease(&self, leader_key: &str) -> Result<bool, String> {
+        self.server.revoke_leader_lease(leader_key)
+    }
+}
+
 /// Whether a process runs (a zombie does not).
 pub fn process_alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
@@ -158,7 +187,7 @@ pub fn index_of(response: &reqwest::Response) -> u64 {
 
 /// A running `leaderq consume` replica; killed when dropped. Its log is `<dir>/<node>.log`.
 pub struct ConsumerProcess {
-    child: Child,
+    proc: Proc,
     pub node: String,
     pub log: PathBuf,
 }
@@ -169,7 +198,8 @@ impl ConsumerProcess {
         ConsumerProcess::start_with_env(consul, node, dir, config_toml, &[])
     }
 
-    /// The same, with `env` on top (a coordinator's `Cluster::env()`).
+    /// The same, with `env` on top (a coordinator's `Cluster::env()`); a kill reaches the
+    /// replica alone, so its handlers are left to its supervisor.
     pub fn start_with_env(
         consul: &str,
         node: &str,
@@ -177,41 +207,54 @@ impl ConsumerProcess {
         config_toml: &str,
         env: &[(String, String)],
     ) -> ConsumerProcess {
-        let config = dir.join(format!("{node}.toml"));
-        std::fs::write(&config, config_toml).expect("write config");
-        let log = dir.join(format!("{node}.log"));
-        let child = Command::new(env!("CARGO_BIN_EXE_leaderq"))
-            .args(["consume", "--config"])
-            .arg(&config)
-            .env("CONSUL_HTTP_ADDR", consul)
-            .env("LEADERQ__ELECTION__NODE_ID", node)
-            .env("LEADERQ__DATA__DIR", dir.join(node))
-            .env("LEADERQ__OBSERVE__LISTEN", "127.0.0.1:0")
-            .env("RUST_LOG", "info")
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).expect("log file"))
-            .spawn()
-            .expect("spawn leaderq consume");
+        let (command, log) = consume_command(consul, node, dir, config_toml, env);
+        let child = { command }.spawn().expect("spawn leaderq consume");
         ConsumerProcess {
-            child,
+            proc: Proc::adopt(node, child),
+            node: node.to_string(),
+            log,
+        }
+    }
+
+    /// The same, in a process group of its own: a kill or a signal reaches its handlers too.
+    pub fn start_in_own_group(
+        consul: &str,
+        node: &str,
+        dir: &Path,
+        config_toml: &str,
+        env: &[(String, String)],
+    ) -> ConsumerProcess {
+        let (command, log) = consume_command(consul, node, dir, config_toml, env);
+        ConsumerProcess {
+            proc: Proc::spawn(&format!("replica {node}"), command).expect("spawn leaderq consume"),
             node: node.to_string(),
             log,
         }
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.proc.pid()
     }
 
+    /// SIGKILL, then reaps it.
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.proc.kill();
     }
 
+    /// Sends `name` ("STOP", "CONT", …).
+    pub fn signal(&self, name: &str) {
+        self.proc.signal(name);
+    }
+
+    /// SIGTERM, then waits for the exit status.
     pub fn terminate(&mut self) -> std::process::ExitStatus {
-        signal(self.child.id(), "TERM");
-        self.child.wait().expect("wait for consumer")
+        self.proc.signal("TERM");
+        self.proc.child().wait().expect("wait for consumer")
+    }
+
+    /// Its exit status if it has exited.
+    pub fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.proc.child().try_wait().ok().flatten()
     }
 
     pub fn log_text(&self) -> String {
@@ -219,10 +262,30 @@ impl ConsumerProcess {
     }
 }
 
-impl Drop for ConsumerProcess {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// `leaderq consume` as replica `node` with `config_toml` written beside its log.
+fn consume_command(
+    consul: &str,
+    node: &str,
+    dir: &Path,
+    config_toml: &str,
+    env: &[(String, String)],
+) -> (Command, PathBuf) {
+    let config = dir.join(format!("{node}.toml"));
+    std::fs::write(&config, config_toml).expect("write config");
+    let log = dir.join(format!("{node}.log"));
+    let mut command = Command::new(exe());
+    command
+        .args(["consume", "--config"])
+        .arg(&config)
+        .env("CONSUL_HTTP_ADDR", consul)
+        .env("LEADERQ__ELECTION__NODE_ID", node)
+        .env("LEADERQ__DATA__DIR", dir.join(node))
+        .env("LEADERQ__OBSERVE__LISTEN", "127.0.0.1:0")
+        .env("RUST_LOG", "info")
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log file"));
+    (command, log)
 }
 
 /// A `?recurse` listing as key -> decoded value bytes.

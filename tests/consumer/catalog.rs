@@ -15,7 +15,7 @@ async fn wait_for_instances(
     let mut index = 0;
     loop {
         let response = client()
-            .get(bed.server.url(&format!(
+            .get(bed.cluster.url(&format!(
                 "/v1/health/service/leaderq?passing&index={index}&wait=2s"
             )))
             .send()
@@ -68,7 +68,7 @@ async fn replicas_show_in_the_catalog_with_their_role_across_a_handover() {
     let mut bed = Bed::new();
     bed.start_replica("r1");
     bed.start_replica("r2");
-    let first = bed.leader_node().await;
+    let first = bed.leader(Duration::from_secs(30)).await;
     let second = if first == "r1" { "r2" } else { "r1" };
     let instances = wait_for_instances(&bed, Duration::from_secs(20), |i| {
         i.len() == 2 && tagged(i, "leader").len() == 1 && tagged(i, "standby").len() == 1
@@ -82,7 +82,7 @@ async fn replicas_show_in_the_catalog_with_their_role_across_a_handover() {
         observe.ends_with(&format!(":{leader_port}")),
         "{observe} vs port {leader_port}"
     );
-    let checks: Value = get_json(&bed.server.url("/v1/agent/checks")).await;
+    let checks: Value = get_json(&bed.cluster.url("/v1/agent/checks")).await;
     assert_eq!(
         checks[format!("leaderq:{first}")]["ServiceID"],
         first.as_str()
@@ -95,6 +95,6 @@ async fn replicas_show_in_the_catalog_with_their_role_across_a_handover() {
     })
     .await;
     assert_eq!(instances[0].0, second);
-    let services: Value = get_json(&bed.server.url("/v1/agent/services")).await;
+    let services: Value = get_json(&bed.cluster.url("/v1/agent/services")).await;
     assert!(services.get(&first).is_none(), "{services}");
 }

@@ -11,40 +11,23 @@
 
 use super::*;
 
-macro_rules! on_every_backend {
-    ($($backend:ident),* $(,)?) => {
-        $(
-            mod $backend {
-                #[tokio::test]
-                async fn a_deleted_leader_record_stops_the_run_before_the_next_leader_starts_one() {
-                    super::lose_leadership(stringify!($backend), super::Loss::DeleteRecord).await;
-                }
-
-                #[tokio::test]
-                async fn a_revoked_lease_stops_the_run_before_the_next_leader_starts_one() {
-                    super::lose_leadership(stringify!($backend), super::Loss::RevokeLease).await;
-                }
-
-                #[tokio::test]
-                async fn stalled_renewals_cost_no_attempt_and_dead_letter_nothing() {
-                    super::lose_leadership(stringify!($backend), super::Loss::StallRenewals).await;
-                }
-
-                #[tokio::test]
-                async fn a_run_ending_cleanly_as_its_record_is_deleted_is_not_run_again() {
-                    super::lose_leadership(stringify!($backend), super::Loss::DeleteRecordCleanEnd).await;
-                }
-
-                #[tokio::test]
-                async fn a_run_ending_cleanly_as_its_lease_is_revoked_is_not_run_again() {
-                    super::lose_leadership(stringify!($backend), super::Loss::RevokeLeaseCleanEnd).await;
-                }
-            }
-        )*
-    };
+on_every_backend! {
+    /// A deleted leader record stops the run before the next leader starts one.
+    #[tokio::test]
+    fn a_deleted_leader_record_stops_the_run_before_the_next_leader_starts_one => lose_leadership(Loss::DeleteRecord);
+    /// A revoked lease stops the run before the next leader starts one.
+    #[tokio::test]
+    fn a_revoked_lease_stops_the_run_before_the_next_leader_starts_one => lose_leadership(Loss::RevokeLease);
+    /// Stalled renewals cost no attempt and dead-letter nothing.
+    #[tokio::test]
+    fn stalled_renewals_cost_no_attempt_and_dead_letter_nothing => lose_leadership(Loss::StallRenewals);
+    /// A run ending cleanly as its record is deleted is not run again.
+    #[tokio::test]
+    fn a_run_ending_cleanly_as_its_record_is_deleted_is_not_run_again => lose_leadership(Loss::DeleteRecordCleanEnd);
+    /// A run ending cleanly as its lease is revoked is not run again.
+    #[tokio::test]
+    fn a_run_ending_cleanly_as_its_lease_is_revoked_is_not_run_again => lose_leadership(Loss::RevokeLeaseCleanEnd);
 }
-
-on_every_backend!(consul, etcd, redis, zookeeper);
 
 #[derive(Clone, Copy, Debug)]
 enum Loss {
@@ -146,13 +129,13 @@ async fn lose_leadership(backend: &str, loss: Loss) {
         };
         let base = match loss {
             Loss::StallRenewals => {
-                settings(&journal, "6s").replace("kill_grace = \"200ms\"", "kill_grace = \"3s\"")
+                TestSettings::new(&journal)
+                    .ttl("6s")
+                    .set("queue", "kill_grace", "\"3s\"")
             }
-            _ => settings(&journal, "3s"),
+            _ => TestSettings::new(&journal),
         };
-        let config = base
-            .replace("$NODE", node)
-            .replace("max_attempts = 3", "max_attempts = 1")
+        let config = base.set("queue", "max_attempts", "1").toml(node)
             + &format!(
                 "\n[handlers.Long]\nkind = \"exec\"\ncommand = [\"sh\", \"-c\", \"{}\"]\n[handlers.Short]\nkind = \"exec\"\ncommand = [\"sh\", \"-c\", \"{}\"]\n",
                 run("8"),
@@ -268,17 +251,13 @@ async fn lose_leadership(backend: &str, loss: Loss) {
         }
         std::fs::remove_file(stall_file(dir.path(), &first.node)).unwrap();
     }
-    loop {
-        let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
-        if keys.is_empty() {
-            break;
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
-            panic!("{keys:?} left:\n{}", logs.join("\n----\n"));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_empty(
+        coord.as_ref(),
+        "oracleTask/",
+        &replicas,
+        Duration::from_secs(60),
+    )
+    .await;
     let journal_text = std::fs::read_to_string(&journal).unwrap();
     let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
     // What a failure shows: the journal, then both replicas' logs.
@@ -332,21 +311,14 @@ async fn lose_leadership(backend: &str, loss: Loss) {
 mod restart {
     use super::*;
 
-    macro_rules! on_every_backend {
-        ($($backend:ident),* $(,)?) => {
-            $(
-                #[tokio::test]
-                async fn $backend() {
-                    restart_at_once(stringify!($backend)).await;
-                }
-            )*
-        };
-    }
-
     // A leader SIGKILLed mid-run and started again at once on its data dir takes its lease
     // up again; if another replica leads meanwhile, the claim that lease still holds must
     // not keep the queue waiting for as long as the restarted replica keeps it alive.
-    on_every_backend!(consul, etcd, redis, zookeeper);
+    on_every_backend! {
+        /// A leader restarted at once does not keep the queue waiting on its old claim.
+        #[tokio::test]
+        fn a_leader_restarted_at_once_keeps_no_claim_waiting => restart_at_once();
+    }
 
     async fn restart_at_once(backend: &str) {
         let dir = tempfile::tempdir().unwrap();
@@ -361,7 +333,7 @@ mod restart {
         .expect("coordinator");
         let config = |node: &str| {
             let j = journal.display();
-            settings(&journal, "3s").replace("$NODE", node)
+            TestSettings::new(&journal).toml(node)
                 + &format!(
                     "\n[handlers.Long]\nkind = \"exec\"\ncommand = [\"sh\", \"-c\", \"echo \\\"start $TASK_ID $(date +%s%N) {node} $$ $LEADERQ_FENCING_TOKEN\\\" >> {j}; sleep 8; echo \\\"end $TASK_ID $(date +%s%N) {node}\\\" >> {j}\"]\n[handlers.Short]\nkind = \"exec\"\ncommand = [\"sh\", \"-c\", \"echo \\\"start $TASK_ID $(date +%s%N) {node} $$ $LEADERQ_FENCING_TOKEN\\\" >> {j}; echo \\\"end $TASK_ID $(date +%s%N) {node}\\\" >> {j}\"]\n"
                 )
@@ -404,34 +376,13 @@ mod restart {
         let log = dir.path().join(format!("{node}.log"));
         std::fs::rename(&log, dir.path().join(format!("{node}.0.log"))).unwrap();
         replicas[index] = start(&node);
-        loop {
-            let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
-            if keys.is_empty() {
-                break;
-            }
-            if started.elapsed() > Duration::from_secs(45) {
-                let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
-                panic!(
-                    "{keys:?} left:\n{}\n----\n{}",
-                    std::fs::read_to_string(&journal).unwrap(),
-                    logs.join("\n----\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    macro_rules! with_lease_reuse {
-        ($($backend:ident),* $(,)?) => {
-            mod standby {
-                $(
-                    #[tokio::test]
-                    async fn $backend() {
-                        super::standby_reuses_a_lease_holding_a_claim(stringify!($backend)).await;
-                    }
-                )*
-            }
-        };
+        wait_until_empty(
+            coord.as_ref(),
+            "oracleTask/",
+            &replicas,
+            Duration::from_secs(45),
+        )
+        .await;
     }
 
     // A replica that takes its lease up again after a restart and stands by (another
@@ -439,7 +390,17 @@ mod restart {
     // nothing while a task is held by a live lease, and the standby keeps it alive. The
     // previous process is played by the test itself through the seam, so the standby's
     // position is not left to a race. ZooKeeper never hands a session to a new process.
-    with_lease_reuse!(consul, etcd, redis);
+    mod standby {
+        use super::*;
+
+        on_every_backend! {
+            [consul, etcd, redis] {
+                /// A standby that reuses a lease holding a claim puts the claim back.
+                #[tokio::test]
+                fn a_standby_reusing_a_lease_puts_its_claim_back => standby_reuses_a_lease_holding_a_claim();
+            }
+        }
+    }
 
     async fn standby_reuses_a_lease_holding_a_claim(backend: &str) {
         let dir = tempfile::tempdir().unwrap();
@@ -553,26 +514,19 @@ mod restart {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         renewer.abort();
-        loop {
-            let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
-            if keys.is_empty() {
-                break;
-            }
-            if started.elapsed() > Duration::from_secs(30) {
-                let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
-                panic!(
-                    "{keys:?} left, held by the reused lease:\n{}",
-                    logs.join("\n----\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_until_empty(
+            coord.as_ref(),
+            "oracleTask/",
+            &replicas,
+            Duration::from_secs(30),
+        )
+        .await;
         assert!(std::fs::read_to_string(&journal)
             .unwrap()
             .contains("run held"));
     }
 
     fn settings_for(journal: &Path, node: &str) -> String {
-        settings(journal, "3s").replace("$NODE", node)
+        TestSettings::new(journal).toml(node)
     }
 }

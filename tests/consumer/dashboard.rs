@@ -231,7 +231,7 @@ async fn dashboard_shows_the_leader_and_retries_a_dead_letter_by_click() {
     };
     let mut bed = Bed::new();
     bed.start_replica("r1");
-    let leader = bed.leader_node().await;
+    let leader = bed.leader(Duration::from_secs(30)).await;
     let observe = observe_address(&bed.replicas[0]).await;
     let browser =
         Browser::start(&driver, &chromium, &bed.dir.path().join("chromedriver.log")).await;
@@ -315,7 +315,7 @@ async fn dashboard_shows_a_schedule_and_pauses_it_by_click() {
     };
     let mut bed = Bed::new();
     bed.start_replica("s1");
-    bed.leader_node().await;
+    bed.leader(Duration::from_secs(30)).await;
     let file = bed.dir.path().join("schedules.toml");
     std::fs::write(
         &file,
@@ -390,8 +390,8 @@ async fn dashboard_asks_for_its_token_in_the_browser() {
     };
     let mut bed = Bed::new();
     bed.start_replica("t1");
-    let leader = bed.leader_node().await;
-    let (_ui, address) = start_ui_with(&[("CONSUL_HTTP_ADDR".into(), bed.server.addr.clone())]);
+    let leader = bed.leader(Duration::from_secs(30)).await;
+    let (_ui, address) = start_ui_with(&[("CONSUL_HTTP_ADDR".into(), bed.cluster.addr.clone())]);
     let browser =
         Browser::start(&driver, &chromium, &bed.dir.path().join("chromedriver.log")).await;
     browser.goto(&format!("http://{address}/ui/")).await;
@@ -433,7 +433,7 @@ async fn dashboard_asks_for_its_token_in_the_browser() {
 async fn dashboard_actions_need_the_csrf_token_and_the_same_origin() {
     let mut bed = Bed::new();
     bed.start_replica("c1");
-    bed.leader_node().await;
+    bed.leader(Duration::from_secs(30)).await;
     let observe = observe_address(&bed.replicas[0]).await;
     let page = client()
         .get(format!("http://{observe}/ui/"))
@@ -537,24 +537,12 @@ fn ui_off_loopback_refuses_to_start_without_a_token() {
     );
 }
 
-/// One test module per backend, each running the same scenario.
-macro_rules! on_every_backend {
-    ($($backend:ident),* $(,)?) => {
-        $(
-            mod $backend {
-                /// `leaderq ui` on this backend: its token guards reads, its CSRF token
-                /// guards actions, and a task a producer writes reaches an open live
-                /// feed within a second.
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn standalone_ui_needs_its_token_and_shows_a_new_task_live() {
-                    super::standalone_ui(stringify!($backend)).await;
-                }
-            }
-        )*
-    };
+on_every_backend! {
+    /// `leaderq ui` on this backend: its token guards reads, its CSRF token guards
+    /// actions, and a task a producer writes reaches an open live feed within a second.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    fn standalone_ui_needs_its_token_and_shows_a_new_task_live => standalone_ui();
 }
-
-on_every_backend!(consul, etcd, redis, zookeeper);
 
 const TOKEN: &str = "test-token-0123456789abcdef";
 

@@ -10,24 +10,22 @@
 //! `overlap <pid>` if the process of an earlier start is still alive when it starts: the
 //! records prove or disprove overlapping runs.
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 
 use leaderq::coord::etcd::{EtcdCoordSettings, EtcdCoordinator};
-use leaderq::coord::{Coordinator, Version};
 use leaderq::tools::harness::etcd::EtcdCluster;
-use leaderq::tools::harness::{Cluster, Proc};
+use leaderq::tools::harness::Cluster;
 
 use super::contract_etcd::etcd_client;
 use super::*;
 
 const PREFIX: &str = "oracleTask/";
 
-/// Replica settings: a lease of `ttl` (etcd's minimum here is 1 s), fast retries, and a `Run`
-/// handler that sleeps `run_for` between its start and end records.
-fn etcd_settings(journal: &Path, ttl: &str, run_for: &str) -> String {
+/// The `Run` handler: it records `overlap` for a live process of an earlier start, then
+/// `start`, sleeps `run_for`, and records `end`.
+fn run_script(journal: &Path, run_for: &str) -> String {
     let j = journal.display();
-    let script = format!(
+    format!(
         "while read ev id tok node att pid; do
   if [ \"$ev\" = start ] && [ -n \"$pid\" ]; then
     st=$(cut -d' ' -f3 /proc/$pid/stat 2>/dev/null)
@@ -37,195 +35,38 @@ done < {j}
 echo \"start $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT $$\" >> {j}
 sleep {run_for}
 echo \"end $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT $$\" >> {j}"
-    );
-    let command = serde_json::to_string(&["sh", "-c", &script]).unwrap();
-    format!(
-        r#"
-[etcd]
-wait = "5s"
-request_timeout = "3s"
-[election]
-session_ttl = "{ttl}"
-retry_interval = "100ms"
-[queue]
-max_attempts = 5
-backoff_base = "50ms"
-backoff_max = "200ms"
-shutdown_grace = "10s"
-kill_grace = "200ms"
-[handlers.Run]
-kind = "exec"
-command = {command}
-"#
     )
 }
 
-/// A cluster, a directory, replicas, and a coordinator to look with.
-struct EtcdBed {
-    cluster: EtcdCluster,
-    dir: tempfile::TempDir,
-    journal: PathBuf,
-    replicas: Vec<(String, Proc)>,
-    coord: Arc<dyn Coordinator>,
-    /// The replicas' lease TTL.
-    ttl: &'static str,
+/// The test bed on a 3-member etcd cluster.
+type EtcdBed = TestBed<EtcdCluster>;
+
+/// A bed whose replicas hold 2 s leases (etcd's minimum here is 1 s) and try a task up to 5
+/// times; `None` (the test skips) where etcd is not installed.
+fn etcd_bed() -> Option<EtcdBed> {
+    let mut bed = TestBed::with(EtcdCluster::start(3).expect("an etcd cluster")?);
+    bed.settings = bed
+        .settings
+        .ttl("2s")
+        .set("queue", "max_attempts", "5")
+        .set("etcd", "wait", "\"5s\"")
+        .set("etcd", "request_timeout", "\"3s\"");
+    Some(bed)
 }
 
 impl EtcdBed {
-    /// `None` (the test skips) where etcd is not installed.
-    fn start() -> Option<EtcdBed> {
-        let cluster = EtcdCluster::start(3).expect("an etcd cluster")?;
-        let dir = tempfile::tempdir().unwrap();
-        let journal = dir.path().join("journal");
-        std::fs::write(&journal, "").unwrap();
-        let coord = Arc::new(EtcdCoordinator::new(
-            etcd_client(cluster.endpoints()),
-            EtcdCoordSettings {
-                leader_key: "consumerLeader".into(),
-            },
-        ));
-        Some(EtcdBed {
-            cluster,
-            dir,
-            journal,
-            replicas: Vec::new(),
-            coord,
-            ttl: "2s",
-        })
-    }
-
-    fn leaderq(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_leaderq"));
-        command
-            .args(args)
-            .envs(self.cluster.env())
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null());
-        command
-    }
-
-    fn start_replica(&mut self, node: &str, run_for: &str) {
-        let config = self.dir.path().join(format!("{node}.toml"));
-        std::fs::write(
-            &config,
-            etcd_settings(&self.journal, self.ttl, run_for).replace("$NODE", node),
-        )
-        .unwrap();
-        let log = std::fs::File::create(self.dir.path().join(format!("{node}.log"))).unwrap();
-        let child = self
-            .leaderq(&["consume", "--config", config.to_str().unwrap()])
-            .env("LEADERQ__ELECTION__NODE_ID", node)
-            .env("LEADERQ__DATA__DIR", self.dir.path().join(node))
-            .env("LEADERQ__OBSERVE__LISTEN", "127.0.0.1:0")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn leaderq consume");
-        self.replicas
-            .push((node.to_string(), Proc::adopt(node, child)));
-    }
-
-    fn replica(&mut self, node: &str) -> &mut Proc {
-        &mut self
-            .replicas
-            .iter_mut()
-            .find(|(name, _)| name == node)
-            .expect("a replica of that name")
-            .1
-    }
-
-    fn logs(&self) -> String {
-        self.replicas
-            .iter()
-            .map(|(node, _)| {
-                let log = std::fs::read_to_string(self.dir.path().join(format!("{node}.log")))
-                    .unwrap_or_default();
-                format!("---- {node}\n{log}")
-            })
-            .collect()
-    }
-
-    fn journal(&self) -> Vec<Vec<String>> {
-        std::fs::read_to_string(&self.journal)
-            .unwrap()
-            .lines()
-            .map(|line| line.split_whitespace().map(str::to_string).collect())
-            .collect()
+    /// Starts replica `node` whose `Run` handler sleeps `run_for` between its records.
+    fn start_runner(&mut self, node: &str, run_for: &str) {
+        let config = self
+            .settings
+            .clone()
+            .handler("Run", &run_script(&self.journal, run_for))
+            .toml(node);
+        self.start_replica_with(node, &config);
     }
 
     fn put(&self, name: &str, task: Value) {
-        self.cluster
-            .produce(&format!("{PREFIX}{name}"), task.to_string().as_bytes())
-            .expect("etcdctl put");
-    }
-
-    /// The leader's node, once there is one.
-    async fn leader(&self, limit: Duration) -> String {
-        self.leader_other_than("", limit).await
-    }
-
-    /// The leader's node, once there is one that is not `old`.
-    async fn leader_other_than(&self, old: &str, limit: Duration) -> String {
-        let started = Instant::now();
-        let mut version = Version(0);
-        loop {
-            if let Ok((holder, next)) = self.coord.observe(version, Duration::from_secs(1)).await {
-                version = next;
-                if let (Some(_), Some(record)) = (holder.lease, holder.record) {
-                    if record.node != old {
-                        return record.node;
-                    }
-                }
-            }
-            assert!(
-                started.elapsed() < limit,
-                "no leader within {limit:?}\n{}",
-                self.logs()
-            );
-        }
-    }
-
-    /// Waits, with watches, until the queue is empty.
-    async fn wait_until_drained(&self, limit: Duration) {
-        let started = Instant::now();
-        let mut version = Version(0);
-        loop {
-            match self
-                .coord
-                .list(PREFIX, version, Duration::from_secs(2))
-                .await
-            {
-                Ok((tasks, _)) if tasks.is_empty() => return,
-                Ok((tasks, next)) => {
-                    version = next;
-                    assert!(
-                        started.elapsed() < limit,
-                        "{} tasks left after {limit:?}: {:?}\njournal: {:?}\n{}",
-                        tasks.len(),
-                        tasks.iter().map(|t| &t.key).collect::<Vec<_>>(),
-                        self.journal(),
-                        self.logs()
-                    );
-                }
-                Err(_) => {
-                    version = Version(0);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
-    }
-
-    async fn wait_for_line(&self, limit: Duration, predicate: impl Fn(&[String]) -> bool) {
-        let started = Instant::now();
-        while !self.journal().iter().any(|l| predicate(l)) {
-            assert!(
-                started.elapsed() < limit,
-                "journal line never appeared: {:?}\n{}",
-                self.journal(),
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        self.produce(name, &task).expect("etcdctl put");
     }
 
     /// Every `overlap` record: a run that started while an earlier one still ran.
@@ -266,7 +107,7 @@ fn task(id: &str, time: u64) -> Value {
 /// deleted; `enqueue`, `tasks list` and `status` work against the cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcdctl_tasks_run_in_order_exactly_once_on_the_leader_only() {
-    let Some(mut bed) = EtcdBed::start() else {
+    let Some(mut bed) = etcd_bed() else {
         return;
     };
     for n in 0..20u64 {
@@ -277,14 +118,14 @@ async fn etcdctl_tasks_run_in_order_exactly_once_on_the_leader_only() {
         );
     }
     for node in ["r1", "r2", "r3"] {
-        bed.start_replica(node, "0");
+        bed.start_runner(node, "0");
     }
     let leader = bed.leader(Duration::from_secs(20)).await;
-    bed.wait_until_drained(Duration::from_secs(60)).await;
+    bed.wait_until_empty(PREFIX, Duration::from_secs(60)).await;
     bed.put("task_late", task("t20", 1));
     bed.wait_for_line(Duration::from_secs(10), |l| l[0] == "end" && l[1] == "t20")
         .await;
-    bed.wait_until_drained(Duration::from_secs(10)).await;
+    bed.wait_until_empty(PREFIX, Duration::from_secs(10)).await;
 
     let journal = bed.journal();
     let ends: Vec<&Vec<String>> = journal.iter().filter(|l| l[0] == "end").collect();
@@ -337,11 +178,11 @@ async fn etcdctl_tasks_run_in_order_exactly_once_on_the_leader_only() {
 /// is lost, no two runs overlap, and fencing tokens never go down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_and_member_kills_lose_nothing() {
-    let Some(mut bed) = EtcdBed::start() else {
+    let Some(mut bed) = etcd_bed() else {
         return;
     };
     for node in ["r1", "r2", "r3"] {
-        bed.start_replica(node, "0.2");
+        bed.start_runner(node, "0.2");
     }
     let first = bed.leader(Duration::from_secs(20)).await;
     let mut n = 0u64;
@@ -368,7 +209,7 @@ async fn leader_and_member_kills_lose_nothing() {
         .unwrap();
     bed.cluster.kill_member(follower).unwrap();
     put_some(&bed, 6);
-    bed.wait_until_drained(Duration::from_secs(60)).await;
+    bed.wait_until_empty(PREFIX, Duration::from_secs(60)).await;
     bed.cluster.restart_member(follower).unwrap();
 
     let etcd_leader = bed.cluster.leader_member().expect("an etcd leader");
@@ -385,7 +226,7 @@ async fn leader_and_member_kills_lose_nothing() {
         "the last task ran {:?} after SIGKILL of the etcd leader member",
         killed.elapsed()
     );
-    bed.wait_until_drained(Duration::from_secs(60)).await;
+    bed.wait_until_empty(PREFIX, Duration::from_secs(60)).await;
 
     let expected: Vec<String> = (0..24).map(|n| format!("k{n:03}")).collect();
     assert_eq!(bed.ended_once(), expected, "{:?}", bed.journal());
@@ -407,11 +248,11 @@ async fn leader_and_member_kills_lose_nothing() {
 /// thawed, the old leader writes nothing; the queue drains with no overlapping runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_leader_loses_its_lease_and_nothing_overlaps() {
-    let Some(mut bed) = EtcdBed::start() else {
+    let Some(mut bed) = etcd_bed() else {
         return;
     };
     for node in ["r1", "r2"] {
-        bed.start_replica(node, "3");
+        bed.start_runner(node, "3");
     }
     let leader = bed.leader(Duration::from_secs(20)).await;
     bed.put("task_a", task("a", 1));
@@ -424,7 +265,7 @@ async fn frozen_leader_loses_its_lease_and_nothing_overlaps() {
     })
     .await;
     bed.replica(&leader).signal("CONT");
-    bed.wait_until_drained(Duration::from_secs(60)).await;
+    bed.wait_until_empty(PREFIX, Duration::from_secs(60)).await;
     assert_eq!(bed.overlaps(), Vec::<Vec<String>>::new(), "runs overlapped");
     assert_eq!(bed.ended_once(), ["a", "b"], "{:?}", bed.journal());
     let journal = bed.journal();
@@ -447,11 +288,11 @@ async fn frozen_leader_loses_its_lease_and_nothing_overlaps() {
 /// higher fencing token and runs the task it was cut off from again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_replica_takes_its_lease_up_and_leads_with_a_higher_token() {
-    let Some(mut bed) = EtcdBed::start() else {
+    let Some(mut bed) = etcd_bed() else {
         return;
     };
-    bed.ttl = "8s";
-    bed.start_replica("r1", "2");
+    bed.settings = bed.settings.ttl("8s");
+    bed.start_runner("r1", "2");
     bed.leader(Duration::from_secs(20)).await;
     bed.put("task_a", task("a", 1));
     bed.wait_for_line(Duration::from_secs(10), |l| l[0] == "start" && l[1] == "a")
@@ -459,14 +300,14 @@ async fn a_restarted_replica_takes_its_lease_up_and_leads_with_a_higher_token() 
     bed.replica("r1").kill();
     bed.replicas.clear();
     let killed = Instant::now();
-    bed.start_replica("r1", "2");
+    bed.start_runner("r1", "2");
     bed.wait_for_line(Duration::from_secs(20), |l| {
         l[0] == "end" && l[1] == "a" && l[4] == "2"
     })
     .await;
     let took = killed.elapsed();
     eprintln!("the task ended on its second run {took:?} after the kill (lease TTL 8s)");
-    let log = std::fs::read_to_string(bed.dir.path().join("r1.log")).unwrap();
+    let log = bed.replicas[0].log_text();
     assert!(log.contains("reusing the session"), "{log}");
     let journal = bed.journal();
     let tokens: Vec<u64> = journal
@@ -480,7 +321,7 @@ async fn a_restarted_replica_takes_its_lease_up_and_leads_with_a_higher_token() 
     );
     assert!(took < Duration::from_secs(8), "not within the lease's TTL");
     assert_eq!(bed.overlaps(), Vec::<Vec<String>>::new(), "runs overlapped");
-    bed.wait_until_drained(Duration::from_secs(10)).await;
+    bed.wait_until_empty(PREFIX, Duration::from_secs(10)).await;
 }
 
 /// The etcd member every replica talks to first, frozen (SIGSTOP: it accepts connections
@@ -488,11 +329,11 @@ async fn a_restarted_replica_takes_its_lease_up_and_leads_with_a_higher_token() 
 /// still drains, with nothing lost and no overlapping runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_etcd_member_loses_nothing() {
-    let Some(mut bed) = EtcdBed::start() else {
+    let Some(mut bed) = etcd_bed() else {
         return;
     };
     for node in ["r1", "r2", "r3"] {
-        bed.start_replica(node, "0.1");
+        bed.start_runner(node, "0.1");
     }
     bed.leader(Duration::from_secs(20)).await;
     bed.put("task_000", task("f000", 0));
@@ -500,7 +341,7 @@ async fn a_frozen_etcd_member_loses_nothing() {
         .await;
     // Its completion recorded before the freeze: a completion cut off by it would leave
     // the task to run again after the lease is lost (at-least-once, not what this counts).
-    bed.wait_until_drained(Duration::from_secs(10)).await;
+    bed.wait_until_empty(PREFIX, Duration::from_secs(10)).await;
     bed.cluster.signal_member(0, "STOP");
     let frozen = Instant::now();
     let others = etcd_client(bed.cluster.endpoints()[1..].to_vec());
@@ -517,7 +358,7 @@ async fn a_frozen_etcd_member_loses_nothing() {
             leader_key: "consumerLeader".into(),
         },
     ));
-    bed.wait_until_drained(Duration::from_secs(60)).await;
+    bed.wait_until_empty(PREFIX, Duration::from_secs(60)).await;
     eprintln!(
         "the queue drained {:?} after an etcd member froze",
         frozen.elapsed()

@@ -7,30 +7,17 @@
 
 use super::*;
 
-macro_rules! on_every_backend {
-    ($($backend:ident),* $(,)?) => {
-        $(
-            mod $backend {
-                #[tokio::test]
-                async fn groups_run_side_by_side_never_within_one() {
-                    super::groups_run_side_by_side_never_within_one(stringify!($backend)).await;
-                }
-
-                #[tokio::test]
-                async fn a_killed_leaders_groups_wait_for_its_runs_to_die() {
-                    super::a_killed_leaders_groups_wait_for_its_runs_to_die(stringify!($backend)).await;
-                }
-
-                #[tokio::test]
-                async fn a_frozen_leaders_group_runs_die_before_the_next_leader_runs_their_groups() {
-                    super::a_frozen_leaders_group_runs_die_before_the_next_leader_runs_their_groups(stringify!($backend)).await;
-                }
-            }
-        )*
-    };
+on_every_backend! {
+    /// Groups run side by side, never two runs of one group at once.
+    #[tokio::test]
+    fn groups_run_side_by_side_never_within_one => groups_run_side_by_side_never_within_one();
+    /// A SIGKILLed leader's groups wait for its runs to die.
+    #[tokio::test]
+    fn a_killed_leaders_groups_wait_for_its_runs_to_die => a_killed_leaders_groups_wait_for_its_runs_to_die();
+    /// A SIGSTOPped leader's group runs die before the next leader runs their groups.
+    #[tokio::test]
+    fn a_frozen_leaders_group_runs_die_before_the_next_leader_runs_their_groups => a_frozen_leaders_group_runs_die_before_the_next_leader_runs_their_groups();
 }
-
-on_every_backend!(consul, etcd, redis, zookeeper);
 
 /// One run as its handler journaled it: task id, group, start and end (ns).
 struct Run {
@@ -71,9 +58,9 @@ async fn groups_run_side_by_side_never_within_one(backend: &str) {
         leaderq::coord::Edited::Done
     );
     let journal_path = journal.display();
-    let config = settings(&journal, "3s")
-        .replace("$NODE", "groups")
-        .replace("[queue]\n", "[queue]\nconcurrency = 4\n")
+    let config = TestSettings::new(&journal)
+        .set("queue", "concurrency", "4")
+        .toml("groups")
         + &format!(
             r#"
 [handlers.Grouped]
@@ -88,17 +75,13 @@ command = ["sh", "-c", "echo \"start $TASK_ID $(date +%s%N)\" >> {journal_path};
         &config,
         &cluster.env(),
     );
-    let started = Instant::now();
-    loop {
-        let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
-        if keys.is_empty() {
-            break;
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            panic!("{keys:?} left after 60 s:\n{}", replica.log_text());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_empty(
+        coord.as_ref(),
+        "oracleTask/",
+        std::slice::from_ref(&replica),
+        Duration::from_secs(60),
+    )
+    .await;
     let text = std::fs::read_to_string(&journal).unwrap();
     let mut runs: Vec<Run> = Vec::new();
     for line in text.lines() {
@@ -189,9 +172,9 @@ async fn leading_pair(backend: &str, dir: &Path, run_for: &str) -> Option<Pair> 
     let mut replicas = Vec::new();
     for node in ["ka", "kb"] {
         let journal_path = journal.display();
-        let config = settings(&journal, "3s")
-            .replace("$NODE", node)
-            .replace("[queue]\n", "[queue]\nconcurrency = 4\n")
+        let config = TestSettings::new(&journal)
+            .set("queue", "concurrency", "4")
+            .toml(node)
             + &format!(
                 r#"
 [handlers.Grouped]
@@ -266,17 +249,7 @@ async fn wait_for_starts(pair: &Pair, count: usize) -> String {
 
 /// Waits until the queue is empty.
 async fn wait_until_drained(pair: &Pair, limit: Duration) {
-    loop {
-        let (keys, _) = pair.coord.keys("oracleTask/").await.expect("keys");
-        if keys.is_empty() {
-            return;
-        }
-        if pair.started.elapsed() > limit {
-            let logs: Vec<String> = pair.replicas.iter().map(|r| r.log_text()).collect();
-            panic!("{keys:?} left:\n{}", logs.join("\n----\n"));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_empty(pair.coord.as_ref(), "oracleTask/", &pair.replicas, limit).await;
 }
 
 /// The runs the journal holds, as (id, node, start, end, shell pid); `end` is 0 for a run

@@ -9,7 +9,7 @@ use super::*;
 /// Every key on the server.
 async fn all_keys(bed: &Bed) -> Vec<String> {
     let response = client()
-        .get(bed.server.url("/v1/kv/?keys"))
+        .get(bed.cluster.url("/v1/kv/?keys"))
         .send()
         .await
         .unwrap();
@@ -18,7 +18,7 @@ async fn all_keys(bed: &Bed) -> Vec<String> {
 
 async fn put_raw(bed: &Bed, key: &str, value: &str) {
     let response = client()
-        .put(bed.server.url(&format!("/v1/kv/{key}")))
+        .put(bed.cluster.url(&format!("/v1/kv/{key}")))
         .body(value.to_string())
         .send()
         .await
@@ -156,7 +156,7 @@ async fn cli_output_into_a_closed_pipe_exits_quietly() {
     ] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_leaderq"))
             .args(args)
-            .env("CONSUL_HTTP_ADDR", &bed.server.addr)
+            .env("CONSUL_HTTP_ADDR", &bed.cluster.addr)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
@@ -174,7 +174,7 @@ async fn cli_output_into_a_closed_pipe_exits_quietly() {
             "'{}' tasks list | head -1",
             env!("CARGO_BIN_EXE_leaderq")
         ))
-        .env("CONSUL_HTTP_ADDR", &bed.server.addr)
+        .env("CONSUL_HTTP_ADDR", &bed.cluster.addr)
         .output()
         .unwrap();
     assert!(stderr_of(&piped).is_empty(), "{}", stderr_of(&piped));
@@ -186,14 +186,14 @@ async fn cli_output_into_a_closed_pipe_exits_quietly() {
 #[tokio::test]
 async fn control_characters_in_keys_and_errors_do_not_forge_log_lines() {
     let mut bed = Bed::new();
-    let config = settings(&bed.journal, bed.ttl).replace("$NODE", "r1")
+    let config = bed.settings.toml("r1")
         + r#"
 [handlers.Forge]
 kind = "exec"
 command = ["sh", "-c", "printf 'boom\\nFORGED-ERROR line\\n\\033[31mred' >&2; exit 1"]
 "#;
     bed.replicas.push(ConsumerProcess::start(
-        &bed.server.addr,
+        &bed.cluster.addr,
         "r1",
         bed.dir.path(),
         &config,

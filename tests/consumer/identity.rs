@@ -31,7 +31,7 @@ impl Replica {
         let child = Command::new(env!("CARGO_BIN_EXE_leaderq"))
             .args(["consume", "--config"])
             .arg(&config_path)
-            .env("CONSUL_HTTP_ADDR", &bed.server.addr)
+            .env("CONSUL_HTTP_ADDR", &bed.cluster.addr)
             .env("LEADERQ__DATA__DIR", data_dir)
             .env("LEADERQ__OBSERVE__LISTEN", "127.0.0.1:0")
             .env("RUST_LOG", "info")
@@ -85,7 +85,7 @@ impl Drop for Replica {
 /// session; `None` when unheld.
 async fn holder(bed: &Bed) -> Option<(Value, u64, String)> {
     let response = client()
-        .get(bed.server.url("/v1/kv/consumerLeader"))
+        .get(bed.cluster.url("/v1/kv/consumerLeader"))
         .send()
         .await
         .unwrap();
@@ -107,25 +107,18 @@ async fn holder(bed: &Bed) -> Option<(Value, u64, String)> {
 /// Waits until the leader key is held by the process `pid`; returns its fencing token and
 /// session.
 async fn held_by(bed: &Bed, pid: u32, limit: Duration) -> (u64, String) {
-    let started = Instant::now();
-    loop {
-        if let Some((value, token, session)) = holder(bed).await {
-            if value["pid"] == json!(pid) {
-                return (token, session);
-            }
+    wait_until(limit, &format!("pid {pid} leads"), async || {
+        match holder(bed).await {
+            Some((value, token, session)) if value["pid"] == json!(pid) => Ok((token, session)),
+            other => Err(other),
         }
-        assert!(
-            started.elapsed() < limit,
-            "pid {pid} did not lead within {limit:?}; holder: {:?}",
-            holder(bed).await
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await
 }
 
 /// The agent's checks, by id.
 async fn agent_checks(bed: &Bed) -> serde_json::Map<String, Value> {
-    let checks: Value = get_json(&bed.server.url("/v1/agent/checks")).await;
+    let checks: Value = get_json(&bed.cluster.url("/v1/agent/checks")).await;
     checks.as_object().cloned().unwrap_or_default()
 }
 
@@ -143,21 +136,9 @@ fn leaderq_checks(checks: &serde_json::Map<String, Value>) -> Vec<(&String, &Val
 async fn second_replica_on_a_data_dir_in_use_stops_with_a_message() {
     let bed = Bed::new();
     let data = bed.dir.path().join("shared");
-    let first = Replica::start(
-        &bed,
-        "first",
-        &settings(&bed.journal, bed.ttl).replace("$NODE", "first"),
-        &data,
-        &[],
-    );
+    let first = Replica::start(&bed, "first", &bed.settings.toml("first"), &data, &[]);
     held_by(&bed, first.pid(), Duration::from_secs(20)).await;
-    let mut second = Replica::start(
-        &bed,
-        "second",
-        &settings(&bed.journal, bed.ttl).replace("$NODE", "second"),
-        &data,
-        &[],
-    );
+    let mut second = Replica::start(&bed, "second", &bed.settings.toml("second"), &data, &[]);
     let status = second.exit_within(Duration::from_secs(10)).await;
     let log = second.log_text();
     assert!(
@@ -194,7 +175,7 @@ async fn sigkill_and_immediate_restart_leads_again_under_a_higher_token() {
     let bed = Bed::new();
     let ttl = Duration::from_secs(3);
     let data = bed.dir.path().join("restarting");
-    let config = settings(&bed.journal, bed.ttl).replace("$NODE", "r");
+    let config = bed.settings.toml("r");
     let mut first = Replica::start(&bed, "first", &config, &data, &[]);
     let (token_before, _) = held_by(&bed, first.pid(), Duration::from_secs(20)).await;
     bed.put_task(
@@ -263,7 +244,7 @@ async fn stale_check_of_a_dead_pid_on_this_host_is_deregistered() {
         let body =
             json!({"ID": id, "Name": id.replacen(':', " ", 1), "TTL": "30s", "Status": "critical"});
         let response = client()
-            .put(bed.server.url("/v1/agent/check/register"))
+            .put(bed.cluster.url("/v1/agent/check/register"))
             .body(body.to_string())
             .send()
             .await
@@ -271,21 +252,21 @@ async fn stale_check_of_a_dead_pid_on_this_host_is_deregistered() {
         assert_eq!(response.status(), 200);
     }
     bed.start_replica("r1");
-    bed.leader_node().await;
-    let started = Instant::now();
-    loop {
-        let checks = agent_checks(&bed).await;
-        if !checks.contains_key(&stale) {
-            assert!(checks.contains_key(&alive), "{checks:?}");
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "stale check {stale} is still there: {checks:?}\n{}",
-            bed.replicas[0].log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    bed.leader(Duration::from_secs(30)).await;
+    let checks = wait_until(
+        Duration::from_secs(10),
+        "the stale check gone",
+        async || {
+            let checks = agent_checks(&bed).await;
+            if checks.contains_key(&stale) {
+                Err((checks, bed.replicas[0].log_text()))
+            } else {
+                Ok(checks)
+            }
+        },
+    )
+    .await;
+    assert!(checks.contains_key(&alive), "{checks:?}");
 }
 
 /// A session TTL below the server's minimum (a server without the test knob: 10s, as
@@ -296,14 +277,11 @@ async fn session_ttl_below_the_server_minimum_stops_the_start() {
     let server =
         ServerProcess::start_in(&temp.path().join("server"), &["--session-ttl-min", "10s"])
             .expect("server starts");
-    let bed = Bed {
-        server,
-        ..Bed::new()
-    };
+    let bed = TestBed::with(server);
     let mut replica = Replica::start(
         &bed,
         "short",
-        &settings(&bed.journal, "3s"),
+        &TestSettings::new(&bed.journal).toml("$NODE"),
         &bed.dir.path().join("short"),
         &[],
     );

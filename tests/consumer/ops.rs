@@ -27,18 +27,15 @@ async fn wait_for_json(
     limit: Duration,
     done: impl Fn(&Value) -> bool,
 ) -> Value {
-    let started = Instant::now();
-    loop {
+    wait_until(limit, &format!("leaderq {args:?} shows it"), async || {
         let value = leaderq_json(bed, args);
         if done(&value) {
-            return value;
+            Ok(value)
+        } else {
+            Err(value)
         }
-        assert!(
-            started.elapsed() < limit,
-            "leaderq {args:?} never showed what was awaited: {value}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 /// A completed task leaves a history record (node, fencing token, attempts, duration)
@@ -48,7 +45,7 @@ async fn wait_for_json(
 async fn finished_tasks_are_listed_in_history_with_their_run() {
     let mut bed = Bed::new();
     bed.start_replica("r1");
-    bed.leader_node().await;
+    bed.leader(Duration::from_secs(30)).await;
     bed.put_task(
         "task_ok",
         json!({"taskId": "ok", "taskTime": 1, "taskType": "Work"}),
@@ -139,7 +136,7 @@ async fn status_lists_standbys_and_the_timeline_says_why_each_term_ended() {
     for node in ["r1", "r2", "r3"] {
         bed.start_replica(node);
     }
-    let first = bed.leader_node().await;
+    let first = bed.leader(Duration::from_secs(30)).await;
     let replicas = wait_for_replicas(&bed, Duration::from_secs(10), |r| {
         r.len() == 3 && r.iter().filter(|r| r["status"] == "standby").count() == 2
     })
@@ -222,13 +219,13 @@ async fn status_lists_standbys_and_the_timeline_says_why_each_term_ended() {
 async fn cancel_delete_and_retry_all_act_on_pending_running_and_dead_tasks() {
     let mut bed = Bed::new();
     let journal = bed.journal.display().to_string();
-    let config = settings(&bed.journal, bed.ttl).replace("$NODE", "r1")
+    let config = bed.settings.toml("r1")
         + &format!(
             "[handlers.Long]\nkind = \"exec\"\ncommand = [\"sh\", \"-c\", \"echo start $TASK_ID >> {journal}; sleep 30; echo end $TASK_ID >> {journal}\"]\n"
         );
-    let replica = ConsumerProcess::start(&bed.server.addr, "r1", bed.dir.path(), &config);
+    let replica = ConsumerProcess::start(&bed.cluster.addr, "r1", bed.dir.path(), &config);
     bed.replicas.push(replica);
-    bed.leader_node().await;
+    bed.leader(Duration::from_secs(30)).await;
 
     // Paused, so that these two stay pending.
     assert!(leaderq(&bed, &["pause"]).status.success());
@@ -354,20 +351,11 @@ async fn an_enqueued_id_names_the_task_for_show_and_delete() {
     assert_eq!(missing.status.code(), Some(1));
 }
 
-macro_rules! on_every_backend {
-    ($($backend:ident),* $(,)?) => {
-        $(
-            mod $backend {
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn history_replicas_and_timeline_are_kept() {
-                    super::history_replicas_and_timeline_are_kept(stringify!($backend)).await;
-                }
-            }
-        )*
-    };
+on_every_backend! {
+    /// History, replica records and the timeline are kept.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    fn history_replicas_and_timeline_are_kept => history_replicas_and_timeline_are_kept();
 }
-
-on_every_backend!(consul, etcd, redis, zookeeper);
 
 /// Polls `read` until `done` holds for what it answers, for at most `limit`.
 async fn until_it<T: std::fmt::Debug, F: std::future::Future<Output = T>>(
@@ -375,15 +363,15 @@ async fn until_it<T: std::fmt::Debug, F: std::future::Future<Output = T>>(
     read: impl Fn() -> F,
     done: impl Fn(&T) -> bool,
 ) -> T {
-    let started = Instant::now();
-    loop {
+    wait_until(limit, "the awaited answer", async || {
         let value = read().await;
-        if done(&value) || started.elapsed() > limit {
-            assert!(done(&value), "never reached: {value:?}");
-            return value;
+        if done(&value) {
+            Ok(value)
+        } else {
+            Err(value)
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
 }
 
 /// On every backend's real servers: completions leave history records, the replicas'
@@ -475,7 +463,7 @@ async fn history_replicas_and_timeline_are_kept(backend: &str) {
 
 /// The bed's settings for `node`, with the journal's handlers.
 fn settings_for_test(journal: &std::path::Path, node: &str) -> String {
-    settings(journal, "3s").replace("$NODE", node)
+    TestSettings::new(journal).toml(node)
 }
 
 /// `leaderq run` records its terms too: a command that failed and was restarted shows as a
@@ -499,7 +487,7 @@ async fn leaderq_run_records_its_terms_in_the_timeline() {
         ])
         .arg(bed.dir.path().join("run"))
         .args(["--", "sh", "-c", &flaky])
-        .env("CONSUL_HTTP_ADDR", &bed.server.addr)
+        .env("CONSUL_HTTP_ADDR", &bed.cluster.addr)
         .env("LEADERQ__ELECTION__SESSION_TTL", "2s")
         .env("LEADERQ__ELECTION__LOCK_DELAY", "200ms")
         .env("LEADERQ__QUEUE__KILL_GRACE", "200ms")

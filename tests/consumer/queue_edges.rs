@@ -25,15 +25,14 @@ command = ["sh", "-c", "if [ \"$LEADERQ_ATTEMPT\" -gt 1 ]; then echo \"start $TA
 }
 
 fn start_paced_replica(bed: &mut Bed, node: &str) {
-    let config =
-        settings(&bed.journal, bed.ttl).replace("$NODE", node) + &paced_handlers(&bed.journal);
-    let replica = ConsumerProcess::start(&bed.server.addr, node, bed.dir.path(), &config);
+    let config = bed.settings.toml(node) + &paced_handlers(&bed.journal);
+    let replica = ConsumerProcess::start(&bed.cluster.addr, node, bed.dir.path(), &config);
     bed.replicas.push(replica);
 }
 
 /// The leader key's session and ModifyIndex (the holder's fencing token).
 async fn leader_key(bed: &Bed) -> (String, u64) {
-    let entries: Value = get_json(&bed.server.url("/v1/kv/consumerLeader")).await;
+    let entries: Value = get_json(&bed.cluster.url("/v1/kv/consumerLeader")).await;
     (
         entries[0]["Session"]
             .as_str()
@@ -75,7 +74,7 @@ async fn wait_for_event(bed: &Bed, event: &str, id: &str) -> u128 {
 async fn huge_task_is_dead_lettered_and_never_blocks_the_queue_or_the_leadership() {
     let mut bed = Bed::new();
     bed.start_replica("r1");
-    bed.leader_node().await;
+    bed.leader(Duration::from_secs(30)).await;
     let before = leader_key(&bed).await;
     let mut expected = Vec::new();
     for n in 0..10 {
@@ -329,10 +328,10 @@ async fn extreme_attempts_and_not_before_values_neither_wrap_nor_stall() {
 async fn a_task_under_lock_delay_does_not_hold_up_the_others() {
     let mut bed = Bed::new();
     bed.start_replica("r1");
-    bed.leader_node().await;
+    bed.leader(Duration::from_secs(30)).await;
     let http = client();
     let session: Value = http
-        .put(bed.server.url("/v1/session/create"))
+        .put(bed.cluster.url("/v1/session/create"))
         .body(json!({"Name": "other-program", "LockDelay": "3s"}).to_string())
         .send()
         .await
@@ -344,7 +343,7 @@ async fn a_task_under_lock_delay_does_not_hold_up_the_others() {
     // Another program holds the first task's key, then its session ends: lock-delay starts.
     let acquired = http
         .put(
-            bed.server
+            bed.cluster
                 .url(&format!("/v1/kv/oracleTask/task_delayed?acquire={session}")),
         )
         .body(json!({"taskId": "delayed", "taskTime": 1, "taskType": "Work"}).to_string())
@@ -356,7 +355,7 @@ async fn a_task_under_lock_delay_does_not_hold_up_the_others() {
         .unwrap();
     assert_eq!(acquired, "true");
     let destroyed = http
-        .put(bed.server.url(&format!("/v1/session/destroy/{session}")))
+        .put(bed.cluster.url(&format!("/v1/session/destroy/{session}")))
         .send()
         .await
         .unwrap();

@@ -15,7 +15,7 @@ use leaderq::tools::harness::redis::{RedisServer, PREFIX};
 use leaderq::tools::harness::Cluster;
 
 use super::contract_redis::redis_coordinator;
-use super::redis_queue::RedisBed;
+use super::redis_queue::{redis_bed_on, RedisBed};
 use super::*;
 
 /// How long a refusing replica may take to exit: it connects, reads Redis's settings and
@@ -40,7 +40,7 @@ async fn refusal(bed: &mut RedisBed, node: &str) -> String {
 fn leaderq(bed: &RedisBed, args: &[&str]) -> String {
     let output = Command::new(env!("CARGO_BIN_EXE_leaderq"))
         .args(args)
-        .envs(bed.server.env())
+        .envs(bed.cluster.env())
         .output()
         .unwrap();
     assert!(
@@ -59,7 +59,7 @@ async fn a_replica_refuses_a_redis_without_the_aof_and_names_the_setting_that_ac
     let Some(server) = RedisServer::start_with("off") else {
         return;
     };
-    let mut bed = RedisBed::on(server, "3s");
+    let mut bed = redis_bed_on(server, "3s");
     let log = refusal(&mut bed, "r1").await;
     assert!(
         log.contains("appendonly") && log.contains("redis.accept_data_loss"),
@@ -86,7 +86,7 @@ async fn a_replica_refuses_a_redis_that_may_evict_keys_read_through_config_or_in
     server
         .cli(&[b"CONFIG", b"SET", b"maxmemory-policy", b"allkeys-lru"])
         .unwrap();
-    let mut bed = RedisBed::on(server, "3s");
+    let mut bed = redis_bed_on(server, "3s");
     let log = refusal(&mut bed, "r1").await;
     assert!(
         log.contains("maxmemory-policy") && log.contains("allkeys-lru"),
@@ -94,21 +94,21 @@ async fn a_replica_refuses_a_redis_that_may_evict_keys_read_through_config_or_in
     );
     assert!(log.contains("redis.accept_data_loss"), "{log}");
 
-    bed.server
+    bed.cluster
         .cli(&[b"ACL", b"SETUSER", b"default", b"-config"])
         .unwrap();
     let log = refusal(&mut bed, "r2").await;
-    let r2 = log.split("r2:").nth(1).unwrap_or_default();
+    let r2 = log.split("---- r2").nth(1).unwrap_or_default();
     assert!(
         r2.contains("maxmemory-policy") && r2.contains("allkeys-lru"),
         "without CONFIG the policy is not read from INFO:\n{log}"
     );
 
-    bed.server
+    bed.cluster
         .cli(&[b"ACL", b"SETUSER", b"default", b"-info"])
         .unwrap();
     let log = refusal(&mut bed, "r3").await;
-    let r3 = log.split("r3:").nth(1).unwrap_or_default();
+    let r3 = log.split("---- r3").nth(1).unwrap_or_default();
     assert!(
         r3.contains("cannot be read") && r3.contains("redis.accept_data_loss"),
         "a Redis whose settings cannot be read is not refused with how to accept it:\n{log}"
@@ -124,15 +124,17 @@ async fn with_the_loss_accepted_a_redis_restarted_empty_still_hands_out_a_higher
     let Some(server) = RedisServer::start_with("off") else {
         return;
     };
-    let mut bed = RedisBed::on(server, "1s");
+    let mut bed = redis_bed_on(server, "1s");
     bed.env
         .push(("LEADERQ__REDIS__ACCEPT_DATA_LOSS".into(), "true".into()));
     bed.start_replica("r1");
     bed.start_replica("r2");
-    let (_, before) = bed.leader(Duration::from_secs(20)).await;
-    bed.server.restart_member(0).unwrap();
+    let (_, before) = bed
+        .leadership_other_than(None, Duration::from_secs(20))
+        .await;
+    bed.cluster.restart_member(0).unwrap();
     let (_, after) = bed
-        .leader_other_than(&before, Duration::from_secs(20))
+        .leadership_other_than(Some(&before), Duration::from_secs(20))
         .await;
     assert!(
         after.fencing_token > before.fencing_token,

@@ -5,207 +5,55 @@
 
 use std::collections::HashMap;
 use std::process::Command;
-use std::sync::Arc;
 
-use leaderq::coord::redis::RedisCoordinator;
-use leaderq::coord::{Coordinator, Leadership, TaskOp, Version, Written};
+use leaderq::coord::{Coordinator, TaskOp, Version, Written};
 use leaderq::tools::harness::redis::{RedisServer, PREFIX};
-use leaderq::tools::harness::{signal_pid, Cluster, Proc};
+use leaderq::tools::harness::{signal_pid, Cluster};
 
 use super::contract_redis::redis_coordinator;
 use super::*;
 
-/// Replicas on one Redis, with handlers that write to a journal (`settings` in
-/// consumer.rs), and a coordinator of the test's own to look at the leadership and queue.
-pub(crate) struct RedisBed {
-    pub(crate) server: RedisServer,
-    pub(crate) coord: Arc<RedisCoordinator>,
-    dir: tempfile::TempDir,
-    journal: PathBuf,
-    replicas: Vec<(String, Proc)>,
-    ttl: &'static str,
-    /// More environment for the replicas started from now on.
-    pub(crate) env: Vec<(String, String)>,
+/// The test bed on one Redis, its replicas each leading a process group of its own (a kill
+/// reaches their handlers too).
+pub(crate) type RedisBed = TestBed<RedisServer>;
+
+/// A bed on a durable Redis (`appendfsync always`); `None` (the test skips) where Redis is
+/// not installed.
+pub(crate) fn redis_bed(ttl: &str) -> Option<RedisBed> {
+    Some(redis_bed_on(RedisServer::start()?, ttl))
+}
+
+/// A bed on `server`, whatever its persistence settings, whose replicas hold leases of
+/// `ttl`. One more handler, `Exclusive`: its runs hold a lock on a file, so a second run
+/// while the first still lives (a frozen leader's handler left running) writes "overlap".
+pub(crate) fn redis_bed_on(server: RedisServer, ttl: &str) -> RedisBed {
+    let mut bed = TestBed::with(server);
+    let journal = bed.journal.display();
+    let exclusive = format!(
+        "flock -n {journal}.lock sh -c 'echo \"start $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {journal}; sleep 2; echo \"end $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {journal}' || echo \"overlap $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {journal}"
+    );
+    bed.settings = bed.settings.ttl(ttl).handler("Exclusive", &exclusive);
+    bed.env.push(("LEADERQ__REDIS__WAIT".into(), "5s".into()));
+    bed.own_group = true;
+    bed
 }
 
 impl RedisBed {
-    /// On a durable Redis (`appendfsync always`).
-    pub(crate) fn new(ttl: &'static str) -> Option<RedisBed> {
-        Some(RedisBed::on(RedisServer::start()?, ttl))
-    }
-
-    /// On `server`, whatever its persistence settings.
-    pub(crate) fn on(server: RedisServer, ttl: &'static str) -> RedisBed {
-        let coord = redis_coordinator(&server.url(), PREFIX);
-        let dir = tempfile::tempdir().unwrap();
-        let journal = dir.path().join("journal");
-        std::fs::write(&journal, "").unwrap();
-        RedisBed {
-            server,
-            coord,
-            dir,
-            journal,
-            replicas: Vec::new(),
-            ttl,
-            env: Vec::new(),
-        }
-    }
-
-    pub(crate) fn start_replica(&mut self, node: &str) {
-        // One more handler: its runs hold a lock on a file, so a second run while the first
-        // still lives (a frozen leader's handler left running) writes "overlap".
-        let journal = self.journal.display();
-        let exclusive = format!(
-            r#"
-[handlers.Exclusive]
-kind = "exec"
-command = ["sh", "-c", '''flock -n {journal}.lock sh -c 'echo "start $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT" >> {journal}; sleep 2; echo "end $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT" >> {journal}' || echo "overlap $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT" >> {journal}''']
-"#
-        );
-        let config = (settings(&self.journal, self.ttl) + &exclusive).replace("$NODE", node);
-        let path = self.dir.path().join(format!("{node}.toml"));
-        std::fs::write(&path, config).unwrap();
-        let log = std::fs::File::create(self.dir.path().join(format!("{node}.log"))).unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_leaderq"));
-        command
-            .args(["consume", "--config"])
-            .arg(&path)
-            .envs(self.server.env())
-            .env("LEADERQ__REDIS__WAIT", "5s")
-            .env("LEADERQ__ELECTION__NODE_ID", node)
-            .env("LEADERQ__DATA__DIR", self.dir.path().join(node))
-            .env("LEADERQ__OBSERVE__LISTEN", "127.0.0.1:0")
-            .env("RUST_LOG", "info")
-            .envs(self.env.iter().cloned())
-            .stdout(std::process::Stdio::null())
-            .stderr(log);
-        let proc = Proc::spawn(&format!("replica {node}"), command).unwrap();
-        self.replicas.push((node.to_string(), proc));
-    }
-
-    pub(crate) fn logs(&self) -> String {
-        self.replicas
-            .iter()
-            .map(|(node, _)| {
-                let log = self.dir.path().join(format!("{node}.log"));
-                format!(
-                    "{node}:\n{}",
-                    std::fs::read_to_string(log).unwrap_or_default()
-                )
-            })
-            .collect::<Vec<_>>()
-            .join("\n----\n")
-    }
-
-    fn journal(&self) -> Vec<Vec<String>> {
-        std::fs::read_to_string(&self.journal)
-            .unwrap()
-            .lines()
-            .map(|line| line.split_whitespace().map(str::to_string).collect())
-            .collect()
-    }
-
-    fn produce(&self, name: &str, task: &Value) -> Result<(), String> {
-        self.server
-            .produce(&format!("oracleTask/{name}"), task.to_string().as_bytes())
-    }
-
-    /// Waits on the coordinator's own `list` until nothing is left under `prefix`.
-    async fn wait_until_empty(&self, prefix: &str, limit: Duration) {
-        let started = Instant::now();
-        let mut version = Version(0);
-        loop {
-            let answer = self
-                .coord
-                .list(prefix, version, Duration::from_secs(1))
-                .await;
-            match answer {
-                Ok((tasks, _)) if tasks.is_empty() => return,
-                Ok((tasks, moved)) if started.elapsed() > limit => panic!(
-                    "{prefix} not drained after {limit:?}: {} left, first {:?} (version {moved:?})\nlogs:\n{}",
-                    tasks.len(),
-                    String::from_utf8_lossy(&tasks[0].value),
-                    self.logs()
-                ),
-                Ok((_, moved)) => version = moved,
-                // Redis is being restarted: look again.
-                Err(_) => {
-                    assert!(started.elapsed() < limit, "{prefix} not drained: Redis down");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    version = Version(0);
-                }
-            }
-        }
-    }
-
-    /// The leadership held now (its node and its lease and token), waiting for one.
-    pub(crate) async fn leader(&self, limit: Duration) -> (String, Leadership) {
-        let started = Instant::now();
-        let mut version = Version(0);
-        loop {
-            if let Ok((holder, moved)) = self.coord.observe(version, Duration::from_secs(1)).await {
-                if let (Some(lease), Some(record)) = (holder.lease, holder.record) {
-                    let leadership = Leadership {
-                        lease,
-                        fencing_token: holder.token,
-                    };
-                    return (record.node, leadership);
-                }
-                version = moved;
-            }
-            assert!(
-                started.elapsed() < limit,
-                "no leader within {limit:?}:\n{}",
-                self.logs()
-            );
-        }
-    }
-
-    /// Waits until the journal has a line matching `predicate`.
-    async fn wait_for_line(&self, limit: Duration, predicate: impl Fn(&[String]) -> bool) {
-        let started = Instant::now();
-        while !self.journal().iter().any(|l| predicate(l)) {
-            assert!(
-                started.elapsed() < limit,
-                "journal line never appeared: {:?}\n{}",
-                self.journal(),
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    fn replica_pid(&self, node: &str) -> u32 {
-        self.replicas
-            .iter()
-            .find(|(n, _)| n == node)
-            .unwrap()
-            .1
-            .pid()
-    }
-
-    fn kill_replica(&mut self, node: &str) {
-        let at = self.replicas.iter().position(|(n, _)| n == node).unwrap();
-        self.replicas[at].1.kill();
-    }
-
     /// How replica `node` exited, once it has, or `None` if it still runs after `limit`.
     pub(crate) async fn exit_of(
         &mut self,
         node: &str,
         limit: Duration,
     ) -> Option<std::process::ExitStatus> {
-        let started = Instant::now();
-        let at = self.replicas.iter().position(|(n, _)| n == node).unwrap();
-        loop {
-            if let Ok(Some(status)) = self.replicas[at].1.child().try_wait() {
-                return Some(status);
-            }
-            if started.elapsed() > limit {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let replica = self.replica(node);
+        tokio::time::timeout(
+            limit,
+            wait_until(Duration::MAX, "the replica exits", async || {
+                replica.try_wait().ok_or("running")
+            }),
+        )
+        .await
+        .ok()
     }
 }
 
@@ -227,7 +75,7 @@ fn runs(journal: &[Vec<String>]) -> HashMap<String, usize> {
 /// killed, a standby takes over and runs what comes next with a higher fencing token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_replicas_run_tasks_once_in_order_and_survive_a_leader_kill() {
-    let Some(mut bed) = RedisBed::new("3s") else {
+    let Some(mut bed) = redis_bed("3s") else {
         return;
     };
     // Batches as configured by default: a handler that runs slow on a loaded machine sends
@@ -262,21 +110,25 @@ async fn redis_replicas_run_tasks_once_in_order_and_survive_a_leader_kill() {
 
     // The leader is killed mid-task: the task its dead lease claimed is taken up again by
     // the standby that wins, and everything written after runs there.
-    let (first, before) = bed.leader(Duration::from_secs(10)).await;
+    let (first, before) = bed
+        .leadership_other_than(None, Duration::from_secs(10))
+        .await;
     let slow = json!({"taskId": "slow", "taskTime": 1, "taskType": "Slow"});
     bed.produce("slow", &slow).unwrap();
     bed.wait_for_line(Duration::from_secs(10), |l| {
         l[0] == "start" && l[1] == "slow"
     })
     .await;
-    bed.kill_replica(&first);
+    bed.replica(&first).kill();
     for n in 100..120u64 {
         bed.produce(&format!("task_{n}"), &work(n, 1_445_599_887 + n))
             .unwrap();
     }
     bed.wait_until_empty("oracleTask/", Duration::from_secs(60))
         .await;
-    let (second, after) = bed.leader(Duration::from_secs(10)).await;
+    let (second, after) = bed
+        .leadership_other_than(None, Duration::from_secs(10))
+        .await;
     assert_ne!(first, second, "the killed leader still leads");
     assert!(after.fencing_token > before.fencing_token);
     let journal = bed.journal();
@@ -306,11 +158,13 @@ async fn redis_replicas_run_tasks_once_in_order_and_survive_a_leader_kill() {
 /// freeze under the new leader's token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_frozen_past_its_ttl_is_fenced_off_when_it_wakes() {
-    let Some(mut bed) = RedisBed::new("1s") else {
+    let Some(mut bed) = redis_bed("1s") else {
         return;
     };
     bed.start_replica("r1");
-    let (frozen, old) = bed.leader(Duration::from_secs(10)).await;
+    let (frozen, old) = bed
+        .leadership_other_than(None, Duration::from_secs(10))
+        .await;
     bed.start_replica("r2");
     for n in 0..3u64 {
         bed.produce(&format!("before_{n}"), &work(n, 1_445_599_887 + n))
@@ -324,9 +178,11 @@ async fn a_leader_frozen_past_its_ttl_is_fenced_off_when_it_wakes() {
         l[0] == "start" && l[1] == "long"
     })
     .await;
-    let pid = bed.replica_pid(&frozen);
+    let pid = bed.replica(&frozen).pid();
     signal_pid(pid, "STOP");
-    let (next, new) = bed.leader_other_than(&old, Duration::from_secs(10)).await;
+    let (next, new) = bed
+        .leadership_other_than(Some(&old), Duration::from_secs(10))
+        .await;
     assert_ne!(next, frozen);
     assert!(new.fencing_token > old.fencing_token);
     for n in 10..15u64 {
@@ -339,7 +195,7 @@ async fn a_leader_frozen_past_its_ttl_is_fenced_off_when_it_wakes() {
     // What the woken leader would write, through the same seam, on a task outside the
     // queue (so the new leader leaves it alone): refused by the fencing check, untouched.
     let probe_key = "probe/t99".to_string();
-    bed.server
+    bed.cluster
         .produce(&probe_key, work(99, 1).to_string().as_bytes())
         .unwrap();
     let probe = bed
@@ -397,57 +253,29 @@ async fn a_leader_frozen_past_its_ttl_is_fenced_off_when_it_wakes() {
     }
 }
 
-impl RedisBed {
-    /// The leadership once it is held by another lease than `old`'s.
-    pub(crate) async fn leader_other_than(
-        &self,
-        old: &Leadership,
-        limit: Duration,
-    ) -> (String, Leadership) {
-        let started = Instant::now();
-        loop {
-            let (node, leadership) = self.leader(limit).await;
-            if leadership.lease != old.lease {
-                return (node, leadership);
-            }
-            assert!(
-                started.elapsed() < limit,
-                "{node} still leads after {limit:?} frozen:\n{}",
-                self.logs()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-}
-
 /// Redis killed (SIGKILL) and restarted while tasks are being written and run: with
 /// `appendfsync always` every task whose write was acknowledged runs, and the queue
 /// drains; writes refused while Redis is down are retried by the producer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_restart_under_load_loses_no_acknowledged_task() {
-    let Some(mut bed) = RedisBed::new("3s") else {
+    let Some(mut bed) = redis_bed("3s") else {
         return;
     };
     for node in ["r1", "r2", "r3"] {
         bed.start_replica(node);
     }
-    bed.leader(Duration::from_secs(10)).await;
+    bed.leadership_other_than(None, Duration::from_secs(10))
+        .await;
     let mut acknowledged = Vec::new();
     for n in 0..150u64 {
         if n == 50 {
-            bed.server.restart_member(0).unwrap();
+            bed.cluster.restart_member(0).unwrap();
         }
-        let started = Instant::now();
-        while bed
-            .produce(&format!("task_{n:03}"), &work(n, 1_445_599_887 + n))
-            .is_err()
-        {
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "Redis never came back"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        // A write refused while Redis is down is retried, as a producer does.
+        wait_until(Duration::from_secs(20), "Redis back", async || {
+            bed.produce(&format!("task_{n:03}"), &work(n, 1_445_599_887 + n))
+        })
+        .await;
         acknowledged.push(format!("t{n}"));
     }
     bed.wait_until_empty("oracleTask/", Duration::from_secs(60))
@@ -466,13 +294,13 @@ async fn a_redis_restart_under_load_loses_no_acknowledged_task() {
 /// settings as the replicas.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_tasks_and_status_work_on_redis() {
-    let Some(bed) = RedisBed::new("3s") else {
+    let Some(bed) = redis_bed("3s") else {
         return;
     };
     let leaderq = |args: &[&str]| {
         let output = Command::new(env!("CARGO_BIN_EXE_leaderq"))
             .args(args)
-            .envs(bed.server.env())
+            .envs(bed.cluster.env())
             .output()
             .unwrap();
         assert!(

@@ -8,22 +8,13 @@ use leaderq::coord::Version;
 
 use super::*;
 
-macro_rules! on_every_backend {
-    ($($backend:ident),* $(,)?) => {
-        $(
-            mod $backend {
-                #[tokio::test]
-                async fn rotate_mode_passes_leadership_around() {
-                    super::rotate_mode_passes_leadership_around(stringify!($backend)).await;
-                }
-
-                #[tokio::test]
-                async fn pause_flag_is_set_read_and_cleared() {
-                    super::pause_flag_is_set_read_and_cleared(stringify!($backend)).await;
-                }
-            }
-        )*
-    };
+on_every_backend! {
+    /// Rotate mode passes leadership around, each term under a higher token.
+    #[tokio::test]
+    fn rotate_mode_passes_leadership_around => rotate_mode_passes_leadership_around();
+    /// The pause flag is set, read and cleared.
+    #[tokio::test]
+    fn pause_flag_is_set_read_and_cleared => pause_flag_is_set_read_and_cleared();
 }
 
 /// `leaderq pause` and `resume` through the seam: the flag is set once, shows in
@@ -52,8 +43,6 @@ async fn pause_flag_is_set_read_and_cleared(backend: &str) {
     assert!(!status::resume(coord, &settings).await.unwrap());
 }
 
-on_every_backend!(consul, etcd, redis, zookeeper);
-
 async fn rotate_mode_passes_leadership_around(backend: &str) {
     let dir = tempfile::tempdir().unwrap();
     let Some(cluster) = common::start_cluster(backend, dir.path()) else {
@@ -81,10 +70,10 @@ async fn rotate_mode_passes_leadership_around(backend: &str) {
     );
     let mut replicas = Vec::new();
     for node in ["rot-a", "rot-b", "rot-c"] {
-        let config = settings(&journal, "3s").replace("$NODE", node).replace(
-            "[election]\n",
-            "[election]\nmode = \"rotate\"\nrotate_after_tasks = 3\n",
-        );
+        let config = TestSettings::new(&journal)
+            .set("election", "mode", "\"rotate\"")
+            .set("election", "rotate_after_tasks", "3")
+            .toml(node);
         replicas.push(ConsumerProcess::start_with_env(
             "127.0.0.1:1",
             node,
@@ -93,18 +82,13 @@ async fn rotate_mode_passes_leadership_around(backend: &str) {
             &cluster.env(),
         ));
     }
-    let started = Instant::now();
-    loop {
-        let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
-        if keys.is_empty() {
-            break;
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
-            panic!("{keys:?} left after 60 s:\n{}", logs.join("\n----\n"));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_empty(
+        coord.as_ref(),
+        "oracleTask/",
+        &replicas,
+        Duration::from_secs(60),
+    )
+    .await;
     let runs: Vec<Vec<String>> = std::fs::read_to_string(&journal)
         .unwrap()
         .lines()

@@ -7,20 +7,11 @@
 
 use super::*;
 
-macro_rules! on_every_backend {
-    ($($backend:ident),* $(,)?) => {
-        $(
-            mod $backend {
-                #[tokio::test]
-                async fn a_scheduled_task_starts_on_time_and_costs_nothing_while_it_waits() {
-                    super::starts_on_time(stringify!($backend)).await;
-                }
-            }
-        )*
-    };
+on_every_backend! {
+    /// A task scheduled 2 s ahead starts on time and costs the server nothing meanwhile.
+    #[tokio::test]
+    fn a_scheduled_task_starts_on_time_and_costs_nothing_while_it_waits => starts_on_time();
 }
-
-on_every_backend!(consul, etcd, redis, zookeeper);
 
 /// How far ahead the task is scheduled, and how late its handler may start (the issue's).
 const AHEAD_MS: u128 = 2_000;
@@ -42,12 +33,14 @@ fn now_ns() -> u128 {
 /// blocking query's time-out falls within the counted windows.
 fn timed_settings(journal: &Path, backend: &str) -> String {
     let base = if backend == "consul" {
-        settings(journal, "30s").replace("wait = \"5s\"", "wait = \"60s\"")
+        TestSettings::new(journal)
+            .ttl("30s")
+            .set("consul", "wait", "\"60s\"")
     } else {
-        settings(journal, "3s")
+        TestSettings::new(journal)
     };
     let j = journal.display();
-    base.replace("$NODE", "s1")
+    base.toml("s1")
         + &format!(
             "\n[handlers.Timed]\nkind = \"exec\"\ncommand = [\"sh\", \"-c\", \"echo \\\"start $TASK_ID $(date +%s%N)\\\" >> {j}\"]\n"
         )
@@ -272,9 +265,9 @@ async fn scheduled_tasks_are_listed_with_their_due_time_and_bad_ones_dead_letter
         coord.edit(&create).await.expect("enqueue"),
         leaderq::coord::Edited::Done
     );
-    let config = super::settings(&journal, "3s")
-        .replace("$NODE", "s1")
-        .replace("[queue]\n", "[queue]\nrun_at_max_ahead = \"24h\"\n");
+    let config = TestSettings::new(&journal)
+        .set("queue", "run_at_max_ahead", "\"24h\"")
+        .toml("s1");
     let replica = ConsumerProcess::start_with_env("127.0.0.1:1", "s1", dir.path(), &config, &env);
     let started = Instant::now();
     let dead = loop {

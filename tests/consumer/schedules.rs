@@ -6,25 +6,14 @@
 
 use super::*;
 
-macro_rules! on_every_backend {
-    ($($backend:ident),* $(,)?) => {
-        $(
-            mod $backend {
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn every_tick_is_enqueued_once_through_kills_pauses_and_member_losses() {
-                    super::ticks_through_faults(stringify!($backend)).await;
-                }
-
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn replicas_with_other_settings_fire_each_tick_once() {
-                    super::ticks_with_other_settings(stringify!($backend)).await;
-                }
-            }
-        )*
-    };
+on_every_backend! {
+    /// Every tick is enqueued once through kills, pauses and member losses.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    fn every_tick_is_enqueued_once_through_kills_pauses_and_member_losses => ticks_through_faults();
+    /// Replicas whose settings differ fire each tick once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    fn replicas_with_other_settings_fire_each_tick_once => ticks_with_other_settings();
 }
-
-on_every_backend!(consul, etcd, redis, zookeeper);
 
 const SCHEDULE: &str = r#"
 [[schedule]]
@@ -40,9 +29,9 @@ catch_up = "all"
 /// <node>` unless `handlers` is false.
 fn tick_settings(journal: &Path, node: &str, handlers: bool) -> String {
     let j = journal.display();
-    let mut config = settings(journal, "3s")
-        .replace("$NODE", node)
-        .replace("max_attempts = 3", "max_attempts = 3\nclaim_batch = 1");
+    let mut config = TestSettings::new(journal)
+        .set("queue", "claim_batch", "1")
+        .toml(node);
     if handlers {
         config += &format!(
             "\n[handlers.Tick]\nkind = \"exec\"\ncommand = [\"sh\", \"-c\", \"echo \\\"start $TASK_ID $(date +%s%N) {node}\\\" >> {j}; sleep 0.05; echo \\\"end $TASK_ID $(date +%s%N) {node}\\\" >> {j}\"]\n"
@@ -125,18 +114,7 @@ fn ticks_between(first: &str, last: &str) -> Vec<String> {
 
 /// Waits until the queue under `oracleTask/` is empty.
 async fn drained(coord: &dyn leaderq::coord::Coordinator, replicas: &[ConsumerProcess]) {
-    let started = Instant::now();
-    loop {
-        let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
-        if keys.is_empty() {
-            return;
-        }
-        if started.elapsed() > Duration::from_secs(60) {
-            let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
-            panic!("{keys:?} left:\n{}", logs.join("\n----\n"));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until_empty(coord, "oracleTask/", replicas, Duration::from_secs(60)).await;
 }
 
 /// Checks the ticks run from the first to the last with none missing, each enqueued once

@@ -35,32 +35,29 @@ wait"
     serde_json::to_string(&["sh", "-c", &script]).unwrap()
 }
 
-/// Replica settings with a given TTL, extra `[queue]` lines and handler tables.
-fn replica_settings(ttl: &str, queue: &str, handlers: &str) -> String {
-    format!(
-        r#"
-[consul]
-wait = "5s"
-[election]
-session_ttl = "{ttl}"
-lock_delay = "200ms"
-retry_interval = "100ms"
-[queue]
-max_attempts = 3
-backoff_base = "50ms"
-backoff_max = "200ms"
-shutdown_grace = "10s"
-kill_grace = "500ms"
-{queue}
-{handlers}
-"#
-    )
+/// Replica settings with a given TTL, a 500 ms kill grace, more `[queue]` keys (TOML
+/// values) and handler tables.
+fn replica_settings(journal: &Path, ttl: &str, queue: &[(&str, &str)], handlers: &str) -> String {
+    let mut settings = TestSettings::new(journal)
+        .ttl(ttl)
+        .set("queue", "kill_grace", "\"500ms\"");
+    for (key, value) in queue {
+        settings = settings.set("queue", key, value);
+    }
+    settings.toml("") + handlers
 }
 
 /// Settings whose `Fork` handler is `forking_handler`.
-fn fork_settings(bed: &Bed, node: &str, ttl: &str, queue: &str, handler: &str) -> String {
+fn fork_settings(
+    bed: &Bed,
+    node: &str,
+    ttl: &str,
+    queue: &[(&str, &str)],
+    handler: &str,
+) -> String {
     let command = forking_handler(&bed.journal, node, "");
     replica_settings(
+        &bed.journal,
         ttl,
         queue,
         &format!("[handlers.Fork]\nkind = \"exec\"\ncommand = {command}\n{handler}"),
@@ -70,21 +67,19 @@ fn fork_settings(bed: &Bed, node: &str, ttl: &str, queue: &str, handler: &str) -
 /// Waits until none of `pids` is alive; returns how long that took, or panics after `limit`.
 async fn wait_dead(pids: &[u32], limit: Duration) -> Duration {
     let started = Instant::now();
-    loop {
+    wait_until(limit, "the handler processes gone", async || {
         let living: Vec<u32> = pids
             .iter()
             .copied()
             .filter(|p| common::process_alive(*p))
             .collect();
         if living.is_empty() {
-            return started.elapsed();
+            Ok(started.elapsed())
+        } else {
+            Err(living)
         }
-        assert!(
-            started.elapsed() < limit,
-            "handler processes {living:?} still alive {limit:?} later"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    })
+    .await
 }
 
 /// The shell's and the worker's pids from a `start` line.
@@ -109,10 +104,10 @@ async fn wait_for_start(bed: &Bed, id: &str, attempt: &str, limit: Duration) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_of_the_leader_pid_kills_its_forking_handler_at_once() {
     let mut bed = Bed::new();
-    let config = fork_settings(&bed, "r1", "3s", "", "");
-    let replica = ConsumerProcess::start(&bed.server.addr, "r1", bed.dir.path(), &config);
+    let config = fork_settings(&bed, "r1", "3s", &[], "");
+    let replica = ConsumerProcess::start(&bed.cluster.addr, "r1", bed.dir.path(), &config);
     bed.replicas.push(replica);
-    bed.leader_node().await;
+    bed.leader(Duration::from_secs(30)).await;
     bed.put_task(
         "task_f",
         json!({"taskId": "f", "taskTime": 1, "taskType": "Fork"}),
@@ -132,14 +127,15 @@ async fn restarted_replica_waits_for_the_previous_handlers() {
     let mut bed = Bed::new();
     let command = forking_handler(&bed.journal, "r1", "trap '' TERM");
     let config = replica_settings(
+        &bed.journal,
         "3s",
-        "",
+        &[],
         &format!("[handlers.Fork]\nkind = \"exec\"\ncommand = {command}\n"),
     )
     .replace("kill_grace = \"500ms\"", "kill_grace = \"1s\"");
-    let replica = ConsumerProcess::start(&bed.server.addr, "r1", bed.dir.path(), &config);
+    let replica = ConsumerProcess::start(&bed.cluster.addr, "r1", bed.dir.path(), &config);
     bed.replicas.push(replica);
-    bed.leader_node().await;
+    bed.leader(Duration::from_secs(30)).await;
     bed.put_task(
         "task_r",
         json!({"taskId": "r", "taskTime": 1, "taskType": "Fork"}),
@@ -148,7 +144,7 @@ async fn restarted_replica_waits_for_the_previous_handlers() {
     let first = wait_for_start(&bed, "r", "1", Duration::from_secs(10)).await;
     bed.replica("r1").kill();
     bed.replicas.clear();
-    let replica = ConsumerProcess::start(&bed.server.addr, "r1", bed.dir.path(), &config);
+    let replica = ConsumerProcess::start(&bed.cluster.addr, "r1", bed.dir.path(), &config);
     bed.replicas.push(replica);
     wait_for_start(&bed, "r", "2", Duration::from_secs(20)).await;
     assert_eq!(overlaps(&bed), Vec::<Vec<String>>::new(), "runs overlapped");
@@ -166,11 +162,11 @@ async fn restarted_replica_waits_for_the_previous_handlers() {
 async fn sigstop_of_the_leader_kills_its_handler_by_the_lease_deadline() {
     let mut bed = Bed::new();
     for node in ["r1", "r2"] {
-        let config = fork_settings(&bed, node, "2s", "", "");
-        let replica = ConsumerProcess::start(&bed.server.addr, node, bed.dir.path(), &config);
+        let config = fork_settings(&bed, node, "2s", &[], "");
+        let replica = ConsumerProcess::start(&bed.cluster.addr, node, bed.dir.path(), &config);
         bed.replicas.push(replica);
     }
-    let leader = bed.leader_node().await;
+    let leader = bed.leader(Duration::from_secs(30)).await;
     bed.put_task(
         "task_s",
         json!({"taskId": "s", "taskTime": 1, "taskType": "Fork"}),
@@ -243,13 +239,13 @@ impl Drop for Partition {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitioned_leader_kills_its_forking_handler_before_the_takeover() {
     let mut bed = Bed::new();
-    let partition = Partition::start(&bed.server.addr).await;
-    let config = fork_settings(&bed, "r1", "2s", "", "");
+    let partition = Partition::start(&bed.cluster.addr).await;
+    let config = fork_settings(&bed, "r1", "2s", &[], "");
     let replica = ConsumerProcess::start(&partition.addr, "r1", bed.dir.path(), &config);
     bed.replicas.push(replica);
-    assert_eq!(bed.leader_node().await, "r1");
-    let config = fork_settings(&bed, "r2", "2s", "", "");
-    let replica = ConsumerProcess::start(&bed.server.addr, "r2", bed.dir.path(), &config);
+    assert_eq!(bed.leader(Duration::from_secs(30)).await, "r1");
+    let config = fork_settings(&bed, "r2", "2s", &[], "");
+    let replica = ConsumerProcess::start(&bed.cluster.addr, "r2", bed.dir.path(), &config);
     bed.replicas.push(replica);
     bed.put_task(
         "task_p",
@@ -271,8 +267,8 @@ async fn partitioned_leader_kills_its_forking_handler_before_the_takeover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_kills_the_whole_handler_group_before_the_retry() {
     let mut bed = Bed::new();
-    let config = fork_settings(&bed, "r1", "3s", "", "timeout = \"500ms\"\n");
-    let replica = ConsumerProcess::start(&bed.server.addr, "r1", bed.dir.path(), &config);
+    let config = fork_settings(&bed, "r1", "3s", &[], "timeout = \"500ms\"\n");
+    let replica = ConsumerProcess::start(&bed.cluster.addr, "r1", bed.dir.path(), &config);
     bed.replicas.push(replica);
     bed.put_task(
         "task_t",
@@ -291,20 +287,20 @@ async fn timeout_kills_the_whole_handler_group_before_the_retry() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn step_down_kills_the_whole_handler_group() {
     let mut bed = Bed::new();
-    let config = fork_settings(&bed, "r1", "3s", "", "");
-    let replica = ConsumerProcess::start(&bed.server.addr, "r1", bed.dir.path(), &config);
+    let config = fork_settings(&bed, "r1", "3s", &[], "");
+    let replica = ConsumerProcess::start(&bed.cluster.addr, "r1", bed.dir.path(), &config);
     bed.replicas.push(replica);
-    bed.leader_node().await;
+    bed.leader(Duration::from_secs(30)).await;
     bed.put_task(
         "task_d",
         json!({"taskId": "d", "taskTime": 1, "taskType": "Fork"}),
     )
     .await;
     let first = wait_for_start(&bed, "d", "1", Duration::from_secs(10)).await;
-    let entries: Value = get_json(&bed.server.url("/v1/kv/consumerLeader")).await;
+    let entries: Value = get_json(&bed.cluster.url("/v1/kv/consumerLeader")).await;
     let session = entries[0]["Session"].as_str().unwrap().to_string();
     let destroyed = client()
-        .put(bed.server.url(&format!("/v1/session/destroy/{session}")))
+        .put(bed.cluster.url(&format!("/v1/session/destroy/{session}")))
         .send()
         .await
         .unwrap();
@@ -328,9 +324,8 @@ async fn step_down_kills_the_whole_handler_group() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_kills_the_whole_handler_group_before_exit() {
     let mut bed = Bed::new();
-    let config = fork_settings(&bed, "r1", "3s", "shutdown_grace = \"300ms\"", "");
-    let config = config.replace("shutdown_grace = \"10s\"\n", "");
-    let replica = ConsumerProcess::start(&bed.server.addr, "r1", bed.dir.path(), &config);
+    let config = fork_settings(&bed, "r1", "3s", &[("shutdown_grace", "\"300ms\"")], "");
+    let replica = ConsumerProcess::start(&bed.cluster.addr, "r1", bed.dir.path(), &config);
     bed.replicas.push(replica);
     bed.put_task(
         "task_g",
@@ -355,11 +350,12 @@ async fn escaped_workers_are_killed_too() {
     let command =
         forking_handler(&bed.journal, "r1", "").replace("sleep 30 &", "setsid sleep 30 &");
     let config = replica_settings(
+        &bed.journal,
         "3s",
-        "",
+        &[],
         &format!("[handlers.Fork]\nkind = \"exec\"\ncommand = {command}\ntimeout = \"500ms\"\n"),
     );
-    let replica = ConsumerProcess::start(&bed.server.addr, "r1", bed.dir.path(), &config);
+    let replica = ConsumerProcess::start(&bed.cluster.addr, "r1", bed.dir.path(), &config);
     bed.replicas.push(replica);
     bed.put_task(
         "task_x",
@@ -377,8 +373,8 @@ async fn escaped_workers_are_killed_too() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_supervisor_leaves_the_leader_to_kill_the_handler() {
     let mut bed = Bed::new();
-    let config = fork_settings(&bed, "r1", "3s", "", "");
-    let replica = ConsumerProcess::start(&bed.server.addr, "r1", bed.dir.path(), &config);
+    let config = fork_settings(&bed, "r1", "3s", &[], "");
+    let replica = ConsumerProcess::start(&bed.cluster.addr, "r1", bed.dir.path(), &config);
     bed.replicas.push(replica);
     bed.put_task(
         "task_v",
@@ -420,7 +416,7 @@ impl Job {
         let child = Command::new(env!("CARGO_BIN_EXE_leaderq"))
             .args(["consume", "--config"])
             .arg(&config)
-            .env("CONSUL_HTTP_ADDR", &bed.server.addr)
+            .env("CONSUL_HTTP_ADDR", &bed.cluster.addr)
             .env("LEADERQ__ELECTION__NODE_ID", node)
             .env("LEADERQ__DATA__DIR", bed.dir.path().join(node))
             .env("LEADERQ__OBSERVE__LISTEN", "127.0.0.1:0")
@@ -436,14 +432,10 @@ impl Job {
 
     /// Waits for the exit, at most `limit`.
     async fn wait(&mut self, limit: Duration) -> std::process::ExitStatus {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            assert!(started.elapsed() < limit, "replica did not exit");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(limit, "the replica exits", async || {
+            self.child.try_wait().unwrap().ok_or("running")
+        })
+        .await
     }
 }
 
@@ -463,8 +455,9 @@ async fn ctrl_c_does_not_reach_handlers_which_finish_within_the_grace() {
     let script = format!("echo \"start $TASK_ID\" >> {j}; sleep 1; echo \"end $TASK_ID\" >> {j}");
     let command = serde_json::to_string(&["sh", "-c", &script]).unwrap();
     let config = replica_settings(
+        &bed.journal,
         "3s",
-        "",
+        &[],
         &format!("[handlers.Job]\nkind = \"exec\"\ncommand = {command}\n"),
     );
     let mut job = Job::start(&bed, "r1", &config, &[]);
@@ -501,8 +494,9 @@ async fn handlers_get_a_clean_environment_and_their_cwd() {
     let script = format!("env > {0}; echo \"cwd=$(pwd)\" >> {0}", out.display());
     let command = serde_json::to_string(&["sh", "-c", &script]).unwrap();
     let config = replica_settings(
+        &bed.journal,
         "3s",
-        "",
+        &[],
         &format!(
             "[handlers.Env]\nkind = \"exec\"\ncommand = {command}\ncwd = {:?}\n\
              env = {{ GREETING = \"hello\", TASK_ID = \"overridden\" }}\npass_env = [\"PASSED\"]\n",

@@ -3,137 +3,45 @@
 //! the faults of ZooKeeper's world: a replica SIGKILLed, an ensemble member SIGKILLed, a
 //! leader frozen (SIGSTOP) past its session timeout.
 
-use std::process::{Command, Output};
-
-use leaderq::coord::zookeeper::{ZkCoordSettings, ZkCoordinator};
-use leaderq::coord::Coordinator;
 use leaderq::tools::harness::zookeeper::Ensemble;
 use leaderq::tools::harness::Cluster;
 
-use super::common::ConsumerProcess;
 use super::contract_zookeeper::{producer_client, ZnodeProducer};
 use super::*;
 
-/// The replicas' settings: the consumer tests' own (2s TTL, the journal handlers), plus
 /// `Long`, a 4 s handler that takes a lock on the journal and writes `overlap` instead of
 /// running if another run of any task still holds it.
-fn zk_settings(dir: &Path, journal: &Path, node: &str, ttl: &str) -> String {
-    let script = dir.join("long.sh");
+fn long_script(journal: &Path) -> String {
     let j = journal.display();
-    std::fs::write(
-        &script,
-        format!(
-            "exec 9>>{j}.lock\n\
-             if flock -n 9; then\n\
-             echo \"start $TASK_ID $LEADERQ_FENCING_TOKEN $1 $LEADERQ_ATTEMPT\" >> {j}\n\
-             sleep 4\n\
-             echo \"end $TASK_ID $LEADERQ_FENCING_TOKEN $1 $LEADERQ_ATTEMPT\" >> {j}\n\
-             else\n\
-             echo \"overlap $TASK_ID $LEADERQ_FENCING_TOKEN $1 $LEADERQ_ATTEMPT\" >> {j}\n\
-             fi\n"
-        ),
+    format!(
+        "exec 9>>{j}.lock
+if flock -n 9; then
+echo \"start $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {j}
+sleep 4
+echo \"end $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {j}
+else
+echo \"overlap $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {j}
+fi
+"
     )
-    .unwrap();
-    let mut config = settings(journal, ttl).replace("$NODE", node);
-    config.push_str(&format!(
-        "\n[handlers.Long]\nkind = \"exec\"\ncommand = [\"sh\", \"{}\", \"{node}\"]\n\n[zookeeper]\nwait = \"5s\"\n",
-        script.display()
-    ));
-    config
 }
 
-struct ZkBed {
-    ensemble: Ensemble,
-    dir: tempfile::TempDir,
-    journal: PathBuf,
-    replicas: Vec<ConsumerProcess>,
-    ttl: &'static str,
-}
+/// The test bed on a 3-member ensemble.
+type ZkBed = TestBed<Ensemble>;
 
-impl ZkBed {
-    /// A bed on a fresh ensemble under `chroot`, or `None` (skipped) without ZooKeeper.
-    fn new(chroot: &str) -> Option<ZkBed> {
-        let ensemble = Ensemble::start(3)?
-            .and_then(|e| e.with_chroot(chroot))
-            .expect("the ensemble starts");
-        let dir = tempfile::tempdir().unwrap();
-        let journal = dir.path().join("journal");
-        std::fs::write(&journal, "").unwrap();
-        Some(ZkBed {
-            ensemble,
-            dir,
-            journal,
-            replicas: Vec::new(),
-            ttl: "2s",
-        })
-    }
-
-    fn start_replica(&mut self, node: &str) {
-        let config = zk_settings(self.dir.path(), &self.journal, node, self.ttl);
-        self.replicas.push(ConsumerProcess::start_with_env(
-            "127.0.0.1:1",
-            node,
-            self.dir.path(),
-            &config,
-            &self.ensemble.env(),
-        ));
-    }
-
-    fn journal(&self) -> Vec<Vec<String>> {
-        std::fs::read_to_string(&self.journal)
-            .unwrap()
-            .lines()
-            .map(|line| line.split_whitespace().map(str::to_string).collect())
-            .collect()
-    }
-
-    /// Waits until `done` holds of the journal; panics with it and the logs after `limit`.
-    fn wait_journal(&self, limit: Duration, what: &str, done: impl Fn(&[Vec<String>]) -> bool) {
-        let started = Instant::now();
-        while !done(&self.journal()) {
-            if started.elapsed() > limit {
-                let logs: Vec<String> = self.replicas.iter().map(|r| r.log_text()).collect();
-                panic!(
-                    "{what}: not within {limit:?}; journal {:?}\nlogs:\n{}",
-                    self.journal(),
-                    logs.join("\n----\n")
-                );
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-
-    fn coordinator(&self) -> ZkCoordinator {
-        ZkCoordinator::new(ZkCoordSettings {
-            connect: self.ensemble.connect(),
-            session_timeout: Duration::from_secs(5),
-            leader_key: "consumerLeader".into(),
-            auth: String::new(),
-        })
-    }
-
-    /// Waits until the queue holds no task.
-    async fn wait_until_empty(&self, limit: Duration) {
-        let coord = self.coordinator();
-        let started = Instant::now();
-        loop {
-            let (keys, _) = coord.keys("oracleTask/").await.expect("keys");
-            if keys.is_empty() {
-                return;
-            }
-            assert!(started.elapsed() < limit, "the queue still holds {keys:?}");
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    }
-
-    fn leaderq(&self, args: &[&str]) -> Output {
-        Command::new(env!("CARGO_BIN_EXE_leaderq"))
-            .args(args)
-            .envs(self.ensemble.env())
-            .env("RUST_LOG", "warn")
-            .output()
-            .expect("run leaderq")
-    }
+/// A bed on a fresh ensemble under `chroot`, its replicas with 2 s sessions and the `Long`
+/// handler; `None` (skipped) without ZooKeeper.
+fn zk_bed(chroot: &str) -> Option<ZkBed> {
+    let ensemble = Ensemble::start(3)?
+        .and_then(|e| e.with_chroot(chroot))
+        .expect("the ensemble starts");
+    let mut bed = TestBed::with(ensemble);
+    bed.settings = bed
+        .settings
+        .ttl("2s")
+        .handler("Long", &long_script(&bed.journal))
+        .set("zookeeper", "wait", "\"5s\"");
+    Some(bed)
 }
 
 fn runs_of<'a>(journal: &'a [Vec<String>], event: &str) -> Vec<&'a Vec<String>> {
@@ -151,13 +59,13 @@ fn task(id: u32, task_type: &str, time: u64) -> Vec<u8> {
 /// `leaderq enqueue`, `tasks list` and `status` work against the ensemble.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zkcli_tasks_run_in_order_once_and_a_killed_leader_loses_nothing() {
-    let Some(mut bed) = ZkBed::new("/queue") else {
+    let Some(mut bed) = zk_bed("/queue") else {
         return;
     };
     // A ZooKeeper producer needs the parent; the replicas also create it on start.
-    bed.ensemble.zkcli(&["create", "/oracleTask"]).unwrap();
+    bed.cluster.zkcli(&["create", "/oracleTask"]).unwrap();
     for (id, time) in [(1, 400), (2, 300), (3, 200), (4, 100)] {
-        bed.ensemble
+        bed.cluster
             .produce(&format!("oracleTask/task_{id}"), &task(id, "Work", time))
             .unwrap();
     }
@@ -166,7 +74,8 @@ async fn zkcli_tasks_run_in_order_once_and_a_killed_leader_loses_nothing() {
     }
     bed.wait_journal(Duration::from_secs(60), "four runs", |j| {
         runs_of(j, "run").len() >= 4
-    });
+    })
+    .await;
     let journal = bed.journal();
     let runs = runs_of(&journal, "run");
     let ids: Vec<&str> = runs.iter().map(|r| r[1].as_str()).collect();
@@ -181,18 +90,20 @@ async fn zkcli_tasks_run_in_order_once_and_a_killed_leader_loses_nothing() {
 
     // Delivery is at-least-once: a run whose completion is not written yet runs again
     // after a crash. Killed once all four are completed, nothing may run twice.
-    bed.wait_until_empty(Duration::from_secs(10)).await;
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(10))
+        .await;
     let at = bed.replicas.iter().position(|r| r.node == leader).unwrap();
     bed.replicas[at].kill();
     let killed_at = Instant::now();
     for id in [5, 6] {
-        bed.ensemble
+        bed.cluster
             .produce(&format!("oracleTask/task_{id}"), &task(id, "Work", 500))
             .unwrap();
     }
     bed.wait_journal(Duration::from_secs(60), "six runs", |j| {
         runs_of(j, "run").len() >= 6
-    });
+    })
+    .await;
     eprintln!(
         "after the leader's SIGKILL, two zkCli.sh creates ran on a standby within {:?} (TTL 2s)",
         killed_at.elapsed()
@@ -207,13 +118,18 @@ async fn zkcli_tasks_run_in_order_once_and_a_killed_leader_loses_nothing() {
         assert!(run[2].parse::<u64>().unwrap() > token, "{journal:?}");
     }
 
-    let enqueued = bed.leaderq(&["enqueue", "--type", "Work", "--id", "e1"]);
+    let enqueued = bed
+        .leaderq(&["enqueue", "--type", "Work", "--id", "e1"])
+        .output()
+        .unwrap();
     assert!(enqueued.status.success(), "{enqueued:?}");
     bed.wait_journal(Duration::from_secs(30), "the enqueued task", |j| {
         j.iter().any(|r| r[0] == "run" && r[1] == "e1")
-    });
-    bed.wait_until_empty(Duration::from_secs(10)).await;
-    let status = bed.leaderq(&["status", "--json"]);
+    })
+    .await;
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(10))
+        .await;
+    let status = bed.leaderq(&["status", "--json"]).output().unwrap();
     assert!(status.status.success(), "{status:?}");
     let report: Value = serde_json::from_slice(&status.stdout).unwrap();
     let new_leader = report["leader"]["node"].as_str().unwrap_or_default();
@@ -222,7 +138,7 @@ async fn zkcli_tasks_run_in_order_once_and_a_killed_leader_loses_nothing() {
         "{report}"
     );
     assert_eq!(report["pending"], 0, "{report}");
-    let listed = bed.leaderq(&["tasks", "list", "--json"]);
+    let listed = bed.leaderq(&["tasks", "list", "--json"]).output().unwrap();
     assert!(listed.status.success(), "{listed:?}");
     assert_eq!(
         serde_json::from_slice::<Value>(&listed.stdout).unwrap(),
@@ -238,14 +154,14 @@ async fn zkcli_tasks_run_in_order_once_and_a_killed_leader_loses_nothing() {
 /// again, rejoins and the queue still goes on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_kill_stops_nothing_and_a_frozen_leader_never_overlaps() {
-    let Some(mut bed) = ZkBed::new("/faults") else {
+    let Some(mut bed) = zk_bed("/faults") else {
         return;
     };
     for node in ["zk-a", "zk-b", "zk-c"] {
         bed.start_replica(node);
     }
     let producer = ZnodeProducer {
-        client: producer_client(&bed.ensemble.connect()).await,
+        client: producer_client(&bed.cluster.connect()).await,
         leader_key: "consumerLeader".into(),
     };
     use leaderq::coord::contract::Producer as _;
@@ -255,10 +171,11 @@ async fn a_member_kill_stops_nothing_and_a_frozen_leader_never_overlaps() {
         .unwrap();
     bed.wait_journal(Duration::from_secs(60), "the first run", |j| {
         !runs_of(j, "run").is_empty()
-    });
+    })
+    .await;
 
-    let member = bed.ensemble.leader().unwrap_or(0);
-    bed.ensemble.kill_member(member).unwrap();
+    let member = bed.cluster.leader().unwrap_or(0);
+    bed.cluster.kill_member(member).unwrap();
     for id in [2, 3] {
         producer
             .put(&format!("oracleTask/task_{id}"), &task(id, "Work", 2))
@@ -267,7 +184,8 @@ async fn a_member_kill_stops_nothing_and_a_frozen_leader_never_overlaps() {
     }
     bed.wait_journal(Duration::from_secs(60), "runs with a member down", |j| {
         runs_of(j, "run").len() >= 3
-    });
+    })
+    .await;
 
     producer
         .put("oracleTask/task_9", &task(9, "Long", 3))
@@ -275,7 +193,8 @@ async fn a_member_kill_stops_nothing_and_a_frozen_leader_never_overlaps() {
         .unwrap();
     bed.wait_journal(Duration::from_secs(30), "the long run's start", |j| {
         !runs_of(j, "start").is_empty()
-    });
+    })
+    .await;
     let frozen = bed.journal().iter().find(|r| r[0] == "start").unwrap()[3].clone();
     let at = bed.replicas.iter().position(|r| r.node == frozen).unwrap();
     let pid = bed.replicas[at].pid();
@@ -283,7 +202,8 @@ async fn a_member_kill_stops_nothing_and_a_frozen_leader_never_overlaps() {
     let frozen_at = Instant::now();
     bed.wait_journal(Duration::from_secs(30), "a standby's run", |j| {
         j.iter().any(|r| r[0] == "start" && r[3] != frozen)
-    });
+    })
+    .await;
     eprintln!(
         "a frozen leader's task ran again on a standby {:?} after SIGSTOP (session timeout 2s)",
         frozen_at.elapsed()
@@ -291,8 +211,10 @@ async fn a_member_kill_stops_nothing_and_a_frozen_leader_never_overlaps() {
     common::signal(pid, "CONT");
     bed.wait_journal(Duration::from_secs(30), "the long run's end", |j| {
         !runs_of(j, "end").is_empty()
-    });
-    bed.wait_until_empty(Duration::from_secs(15)).await;
+    })
+    .await;
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(15))
+        .await;
     let journal = bed.journal();
     assert!(runs_of(&journal, "overlap").is_empty(), "{journal:?}");
     let ends = runs_of(&journal, "end");
@@ -329,14 +251,15 @@ async fn a_member_kill_stops_nothing_and_a_frozen_leader_never_overlaps() {
     assert_eq!(ids, ["1", "2", "3"], "{journal:?}\n{}", told.join("\n"));
 
     // The killed member comes back on its own data and the queue still goes on.
-    bed.ensemble.restart_member(member).unwrap();
+    bed.cluster.restart_member(member).unwrap();
     producer
         .put("oracleTask/task_4", &task(4, "Work", 4))
         .await
         .unwrap();
     bed.wait_journal(Duration::from_secs(30), "a run after the restart", |j| {
         j.iter().any(|r| r[0] == "run" && r[1] == "4")
-    });
+    })
+    .await;
 }
 
 /// A leader SIGKILLed and started again at once on its data dir does not wait out its old
@@ -344,13 +267,13 @@ async fn a_member_kill_stops_nothing_and_a_frozen_leader_never_overlaps() {
 /// znode and leads again well within that timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_leader_does_not_wait_for_its_old_session() {
-    let Some(mut bed) = ZkBed::new("/restart") else {
+    let Some(mut bed) = zk_bed("/restart") else {
         return;
     };
-    bed.ttl = "8s";
+    bed.settings = bed.settings.ttl("8s");
     bed.start_replica("zk-a");
     let producer = ZnodeProducer {
-        client: producer_client(&bed.ensemble.connect()).await,
+        client: producer_client(&bed.cluster.connect()).await,
         leader_key: "consumerLeader".into(),
     };
     use leaderq::coord::contract::Producer as _;
@@ -360,8 +283,10 @@ async fn a_restarted_leader_does_not_wait_for_its_old_session() {
         .unwrap();
     bed.wait_journal(Duration::from_secs(30), "the first run", |j| {
         !runs_of(j, "run").is_empty()
-    });
-    bed.wait_until_empty(Duration::from_secs(10)).await;
+    })
+    .await;
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(10))
+        .await;
     bed.replicas[0].kill();
     let restarted = Instant::now();
     bed.replicas.clear();
@@ -372,7 +297,8 @@ async fn a_restarted_leader_does_not_wait_for_its_old_session() {
         .unwrap();
     bed.wait_journal(Duration::from_secs(30), "a run after the restart", |j| {
         runs_of(j, "run").len() >= 2
-    });
+    })
+    .await;
     let took = restarted.elapsed();
     eprintln!("a restarted leader ran a new task {took:?} after its SIGKILL (session timeout 8s)");
     assert!(

@@ -4,8 +4,8 @@
 //! and the rule for external coordinators (ZooKeeper, Redis, etcd):
 //!
 //! - installed: the caller starts it (one folder per backend below this one);
-//! - missing on a developer's machine: [`external`] prints one line saying what to install
-//!   and the test skips;
+//! - missing on a developer's machine: [`external`] prints one line naming the test and
+//!   what to install, past the test harness's capture, and the test skips;
 //! - missing where [`REQUIRE_ENV`] is set (CI): [`external`] panics, so the test fails.
 
 pub mod consul;
@@ -39,8 +39,24 @@ pub fn external(candidates: &[&str], install: &str) -> Option<PathBuf> {
         candidates.join(" or ")
     );
     assert!(!servers_required(), "{message} ({REQUIRE_ENV} is set)");
-    eprintln!("skipped: {message}");
+    say_skipped(&message);
     None
+}
+
+/// One line on stderr: `skipped <test>: <why>`. Written to the stderr handle itself, not
+/// with `eprintln!`: the test harness captures `eprintln!` and shows it only for a test
+/// that fails, and a skipped test passes. The test is named after the thread it runs on
+/// (the test harness names each test's thread so); elsewhere the line has no name.
+fn say_skipped(why: &str) {
+    use std::io::Write as _;
+    let test = std::thread::current()
+        .name()
+        .filter(|name| *name != "main")
+        .map(|name| format!(" {name}"))
+        .unwrap_or_default();
+    // One write of the whole line, so that it does not interleave with the harness's own.
+    let line = format!("skipped{test}: {why}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 fn which(candidate: &str) -> Option<PathBuf> {
