@@ -488,7 +488,7 @@ async fn leaderq_run_records_its_terms_in_the_timeline() {
         .arg(bed.dir.path().join("run"))
         .args(["--", "sh", "-c", &flaky])
         .env("CONSUL_HTTP_ADDR", &bed.cluster.addr)
-        .env("LEADERQ__ELECTION__SESSION_TTL", "2s")
+        .env("LEADERQ__ELECTION__LEASE_TTL", "2s")
         .env("LEADERQ__ELECTION__LOCK_DELAY", "200ms")
         .env("LEADERQ__QUEUE__KILL_GRACE", "200ms")
         .stdout(std::process::Stdio::null())

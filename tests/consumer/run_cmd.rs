@@ -53,7 +53,7 @@ impl Runs {
             .args(flags)
             .args(["--pass-env", "JOURNAL", "--", "sh", "-c", script])
             .envs(self.bed.cluster.env())
-            .env("LEADERQ__ELECTION__SESSION_TTL", "2s")
+            .env("LEADERQ__ELECTION__LEASE_TTL", "2s")
             .env("LEADERQ__ELECTION__LOCK_DELAY", "200ms")
             .env("LEADERQ__ELECTION__RETRY_INTERVAL", "100ms")
             .env("LEADERQ__QUEUE__KILL_GRACE", "200ms")

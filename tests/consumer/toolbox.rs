@@ -97,7 +97,7 @@ impl TestSettings {
         };
         settings = settings
             .set("consul", "wait", "\"5s\"")
-            .set("election", "session_ttl", "\"3s\"")
+            .set("election", "lease_ttl", "\"3s\"")
             .set("election", "lock_delay", "\"200ms\"")
             .set("election", "retry_interval", "\"100ms\"")
             .set("queue", "max_attempts", "3")
@@ -112,9 +112,9 @@ impl TestSettings {
             .handler("Fail", &format!("echo \"fail $TASK_ID $LEADERQ_FENCING_TOKEN $NODE $LEADERQ_ATTEMPT\" >> {j}; echo boom >&2; exit 1"))
     }
 
-    /// The lease TTL (`election.session_ttl`).
+    /// The lease TTL (`election.lease_ttl`).
     pub fn ttl(self, ttl: &str) -> TestSettings {
-        self.set("election", "session_ttl", &format!("\"{ttl}\""))
+        self.set("election", "lease_ttl", &format!("\"{ttl}\""))
     }
 
     /// `[section] key = value` (`value` is TOML), replacing what was there.
@@ -384,5 +384,5 @@ pub fn logs_of(replicas: &[ConsumerProcess]) -> String {
 pub fn connect(env: &[(String, String)]) -> Arc<dyn Coordinator> {
     let settings =
         leaderq::config::Settings::load(None, env.to_vec()).expect("settings from the env");
-    leaderq::coord::connect(&settings).expect("a coordinator")
+    leaderq::service::connect::connect(&settings).expect("a coordinator")
 }

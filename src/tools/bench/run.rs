@@ -27,7 +27,7 @@ fn start(exe: &Path, dir: &Path, env: &[(String, String)], n: u32) -> anyhow::Re
         .args(["--kill-grace", "200ms", "--pass-env", "JOURNAL", "--"])
         .args(["sh", "-c", SCRIPT])
         .envs(env.iter().map(|(k, v)| (k, v)))
-        .env("LEADERQ__ELECTION__SESSION_TTL", SESSION_TTL)
+        .env("LEADERQ__ELECTION__LEASE_TTL", SESSION_TTL)
         .env("LEADERQ__ELECTION__LOCK_DELAY", LOCK_DELAY)
         .env("LEADERQ__ELECTION__RETRY_INTERVAL", "100ms")
         .env("JOURNAL", dir.join("journal"))
