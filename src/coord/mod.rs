@@ -25,6 +25,20 @@
 //!
 //! How each backend provides them is written in its own module header (`consul`,
 //! `zookeeper`, `redis`, `etcd`, `memory`); the suite in `contract` checks them on each.
+//!
+//! The seam is cut in three, in the domain's words, each trait with the guarantees it
+//! carries: [`Leases`] (open, keep alive, revoke, close), [`Elections`] (observe,
+//! campaign, resign) and [`Tasks`] (list, keys, get, write, write_own, edit and what a
+//! write may carry). A backend implements each as native `async fn`s, in the file that owns
+//! that part (its `lease.rs`, `election.rs` or `leadership.rs`, and `queue.rs`, where it
+//! has them). Callers hold an `Arc<dyn Coordinator>`: [`Coordinator`] is the one
+//! dyn-compatible trait, and one blanket impl below gives it to every type that implements
+//! the three, boxing each future ([`CoordFuture`]) so no backend does. A test double that
+//! wraps another coordinator may implement [`Coordinator`] directly instead.
+//!
+//! Size: the seam's vocabulary (leases, leadership, tasks and their answers), its three
+//! traits, the dyn-compatible one callers hold and the blanket impl between them are one
+//! contract, read together; the backends are the folders below.
 
 pub mod consul;
 pub mod contract;
@@ -248,6 +262,11 @@ pub enum Written {
     NotLeader,
     /// A task's version moved (or it went): nothing was applied. The keys that failed.
     Conflict(Vec<String>),
+    /// The coordinator refuses to let these tasks be claimed for a while, though nothing
+    /// moved them (a lease that died holding them leaves them untakeable for its
+    /// takeover delay, as Consul's lock-delay does): nothing was applied. The caller tries
+    /// them again later and the rest of the batch now, without reading them again.
+    Deferred(Vec<String>),
 }
 
 /// `Conflict` on every task of `ops`: the answer to a lease's own write once the lease is
@@ -363,68 +382,49 @@ pub fn admit(coord: &dyn Coordinator, ops: &[TaskOp], guarded: bool) -> Result<(
     )))
 }
 
-/// A coordinator: one implementation per backend. See the module header for what each
-/// must guarantee.
-pub trait Coordinator: Send + Sync {
+/// The lease half of a backend: a replica's proof of life, which its leadership and its
+/// claims are tied to.
+///
+/// Guarantees (module header): a lease that is not kept alive ends within its TTL (plus the
+/// backend's own delay, such as Consul's lock-delay, before its leadership can be taken),
+/// never sooner than the holder's own view of the lease allows; whatever it held then goes
+/// with it (**one leader**), and the tasks it claimed stay in the queue, held by a lease
+/// that no longer exists (**no loss**).
+pub trait Leases: Send + Sync {
     /// Where it is (an address for logs and status).
     fn describe(&self) -> String;
 
     /// Opens a lease (or takes up `spec.previous`), after removing what earlier runs of
     /// this node left behind that would get in the way.
-    fn open_lease<'a>(&'a self, spec: &'a LeaseSpec) -> CoordFuture<'a, Grant>;
+    fn open_lease(
+        &self,
+        spec: &LeaseSpec,
+    ) -> impl Future<Output = Result<Grant, CoordError>> + Send;
+
     /// Keeps the lease alive for another TTL.
-    fn keep_alive<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, Renewal>;
+    fn keep_alive(
+        &self,
+        lease: &LeaseId,
+    ) -> impl Future<Output = Result<Renewal, CoordError>> + Send;
+
     /// Ends the lease: its leadership and claims are freed at once (no lock-delay for a
     /// leadership given up before).
-    fn revoke<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()>;
+    fn revoke(&self, lease: &LeaseId) -> impl Future<Output = Result<(), CoordError>> + Send;
+
     /// Ends the lease and whatever the backend tied to this node: the replica is leaving.
-    fn close<'a>(&'a self, lease: Option<&'a LeaseId>) -> CoordFuture<'a, ()>;
-
-    /// The holder once its version is past `after` (at once for `Version(0)`), or after
-    /// `wait` unchanged.
-    fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)>;
-    /// Takes leadership with `lease` if it is free. A lease that already holds it (a
-    /// restart that took up its lease) takes it anew, so its token rises.
-    fn campaign<'a>(
-        &'a self,
-        lease: &'a LeaseId,
-        record: &'a HolderRecord,
-    ) -> CoordFuture<'a, Campaign>;
-    /// Gives leadership up (no lock-delay applies), if `lease` holds it.
-    fn resign<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()>;
-
-    /// The tasks under `prefix`, in key order, once the queue's version is past `after`
-    /// (at once for `Version(0)`), or after `wait` unchanged.
-    fn list<'a>(
-        &'a self,
-        prefix: &'a str,
-        after: Version,
-        wait: Duration,
-    ) -> CoordFuture<'a, (Vec<StoredTask>, Version)>;
-    /// The keys under `prefix` and the queue's version, without values: a cheap look.
-    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)>;
-    /// The tasks at `keys` that exist.
-    fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>>;
-    /// Applies `ops` all or nothing, only while `leadership` holds.
-    fn write<'a>(
-        &'a self,
-        leadership: &'a Leadership,
-        ops: &'a [TaskOp],
-    ) -> CoordFuture<'a, Written>;
-    /// Applies `ops` to tasks this lease itself holds, without the leadership guard: puts
-    /// back claimed tasks that never started, or settles runs that ended, after leadership
-    /// is lost. All or nothing: `Done` if applied, else `Conflict` naming the tasks the
-    /// lease no longer holds (or all of them, once the lease itself is gone); never
-    /// `NotLeader`.
-    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, Written>;
-    /// Applies a producer's or operator's `ops` all or nothing, without any leadership.
-    fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited>;
-    /// How much one write may carry.
-    fn limits(&self) -> WriteLimits;
-    /// What `op` costs against [`Coordinator::limits`].
-    fn cost(&self, op: &TaskOp) -> WriteCost;
-    /// What the leadership guard of a [`Coordinator::write`] costs.
-    fn guard_cost(&self) -> WriteCost;
+    /// The default revokes the lease, if one is given: for a backend that ties nothing else
+    /// to a node.
+    fn close(
+        &self,
+        lease: Option<&LeaseId>,
+    ) -> impl Future<Output = Result<(), CoordError>> + Send {
+        async move {
+            match lease {
+                Some(lease) => self.revoke(lease).await,
+                None => Ok(()),
+            }
+        }
+    }
 
     /// A task that keeps the replica `replica` describes in the coordinator's own service
     /// catalog, tagged with its current role from `roles`, until `stop`, then takes it out
@@ -439,6 +439,261 @@ pub trait Coordinator: Send + Sync {
     ) -> Option<Pin<Box<dyn Future<Output = ()> + Send + 'static>>> {
         let _ = (replica, roles, stop);
         None
+    }
+}
+
+/// The leadership half of a backend: one election, contended with leases.
+///
+/// Guarantees (module header): **one leader**: at most one lease holds leadership at a
+/// time, and loses it with its lease; **fencing**: the token of each new leadership is
+/// strictly greater than every token handed out before, across leases, restarts,
+/// coordinator restarts and an operator's deletion of the leader record (never a per-key
+/// counter that a key created anew starts again, such as Consul's `LockIndex`).
+pub trait Elections: Send + Sync {
+    /// The holder once its version is past `after` (at once for `Version(0)`), or after
+    /// `wait` unchanged.
+    fn observe(
+        &self,
+        after: Version,
+        wait: Duration,
+    ) -> impl Future<Output = Result<(Holder, Version), CoordError>> + Send;
+
+    /// Takes leadership with `lease` if it is free. A lease that already holds it (a
+    /// restart that took up its lease) takes it anew, so its token rises.
+    fn campaign(
+        &self,
+        lease: &LeaseId,
+        record: &HolderRecord,
+    ) -> impl Future<Output = Result<Campaign, CoordError>> + Send;
+
+    /// Gives leadership up (no lock-delay applies), if `lease` holds it.
+    fn resign(&self, lease: &LeaseId) -> impl Future<Output = Result<(), CoordError>> + Send;
+}
+
+/// The queue half of a backend: tasks with versions, read, waited on and written in
+/// batches.
+///
+/// Guarantees (module header): **guarded writes**: a [`Tasks::write`] is applied all or
+/// nothing, and only while the given leadership still holds (its lease, under its token:
+/// not one its lease's re-campaign superseded, nor one whose record an operator deleted or
+/// rewrote); otherwise it answers [`Written::NotLeader`]; **versions**: every task carries
+/// a version that changes on every write to it, and a write conditioned on a version that
+/// moved answers [`Written::Conflict`]; **no loss**: a task claimed by a lease that ends
+/// is still listed, held by a lease that no longer exists.
+pub trait Tasks: Send + Sync {
+    /// The tasks under `prefix`, in key order, once the queue's version is past `after` (at
+    /// once for `Version(0)`), or after `wait` unchanged.
+    fn list(
+        &self,
+        prefix: &str,
+        after: Version,
+        wait: Duration,
+    ) -> impl Future<Output = Result<(Vec<StoredTask>, Version), CoordError>> + Send;
+
+    /// The keys under `prefix` and the queue's version, without values: a cheap look.
+    fn keys(
+        &self,
+        prefix: &str,
+    ) -> impl Future<Output = Result<(Vec<String>, Version), CoordError>> + Send;
+
+    /// The tasks at `keys` that exist.
+    fn get(
+        &self,
+        keys: &[String],
+    ) -> impl Future<Output = Result<Vec<StoredTask>, CoordError>> + Send;
+
+    /// Applies `ops` all or nothing, only while `leadership` holds.
+    fn write(
+        &self,
+        leadership: &Leadership,
+        ops: &[TaskOp],
+    ) -> impl Future<Output = Result<Written, CoordError>> + Send;
+
+    /// Applies `ops` to tasks this lease itself holds, without the leadership guard: puts
+    /// back claimed tasks that never started, or settles runs that ended, after leadership
+    /// is lost. All or nothing: `Done` if applied, else `Conflict` naming the tasks the
+    /// lease no longer holds (or all of them, once the lease itself is gone); never
+    /// `NotLeader`.
+    fn write_own(
+        &self,
+        lease: &LeaseId,
+        ops: &[TaskOp],
+    ) -> impl Future<Output = Result<Written, CoordError>> + Send;
+
+    /// Applies a producer's or operator's `ops` all or nothing, without any leadership.
+    fn edit(&self, ops: &[Edit]) -> impl Future<Output = Result<Edited, CoordError>> + Send;
+
+    /// How much one write may carry.
+    fn limits(&self) -> WriteLimits;
+
+    /// What `op` costs against [`Tasks::limits`].
+    fn cost(&self, op: &TaskOp) -> WriteCost;
+
+    /// What the leadership guard of a [`Tasks::write`] costs.
+    fn guard_cost(&self) -> WriteCost;
+}
+
+/// A coordinator as callers hold it (`Arc<dyn Coordinator>`, chosen at start from the
+/// settings): [`Leases`], [`Elections`] and [`Tasks`] in one dyn-compatible trait, each
+/// future boxed. Every backend has it through the blanket impl below; see the module header
+/// for what each must guarantee, and each method's namesake in those traits for what it
+/// does.
+pub trait Coordinator: Send + Sync {
+    /// [`Leases::describe`].
+    fn describe(&self) -> String;
+
+    /// [`Leases::open_lease`].
+    fn open_lease<'a>(&'a self, spec: &'a LeaseSpec) -> CoordFuture<'a, Grant>;
+    /// [`Leases::keep_alive`].
+    fn keep_alive<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, Renewal>;
+    /// [`Leases::revoke`].
+    fn revoke<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()>;
+    /// [`Leases::close`].
+    fn close<'a>(&'a self, lease: Option<&'a LeaseId>) -> CoordFuture<'a, ()>;
+
+    /// [`Elections::observe`].
+    fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)>;
+    /// [`Elections::campaign`].
+    fn campaign<'a>(
+        &'a self,
+        lease: &'a LeaseId,
+        record: &'a HolderRecord,
+    ) -> CoordFuture<'a, Campaign>;
+    /// [`Elections::resign`].
+    fn resign<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()>;
+
+    /// [`Tasks::list`].
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Version,
+        wait: Duration,
+    ) -> CoordFuture<'a, (Vec<StoredTask>, Version)>;
+    /// [`Tasks::keys`].
+    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)>;
+    /// [`Tasks::get`].
+    fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>>;
+    /// [`Tasks::write`].
+    fn write<'a>(
+        &'a self,
+        leadership: &'a Leadership,
+        ops: &'a [TaskOp],
+    ) -> CoordFuture<'a, Written>;
+    /// [`Tasks::write_own`].
+    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, Written>;
+    /// [`Tasks::edit`].
+    fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited>;
+    /// [`Tasks::limits`].
+    fn limits(&self) -> WriteLimits;
+    /// [`Tasks::cost`].
+    fn cost(&self, op: &TaskOp) -> WriteCost;
+    /// [`Tasks::guard_cost`].
+    fn guard_cost(&self) -> WriteCost;
+
+    /// [`Leases::announce`]; `None` by default, for a double that implements this trait
+    /// directly.
+    fn announce(
+        &self,
+        replica: Announcement,
+        roles: tokio::sync::watch::Receiver<Role>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Option<Pin<Box<dyn Future<Output = ()> + Send + 'static>>> {
+        let _ = (replica, roles, stop);
+        None
+    }
+}
+
+/// The one place the seam's futures are boxed: every backend that implements the three
+/// traits is a [`Coordinator`]. The calls name their trait, since both have the method.
+impl<C: Leases + Elections + Tasks> Coordinator for C {
+    fn describe(&self) -> String {
+        Leases::describe(self)
+    }
+
+    fn open_lease<'a>(&'a self, spec: &'a LeaseSpec) -> CoordFuture<'a, Grant> {
+        Box::pin(Leases::open_lease(self, spec))
+    }
+
+    fn keep_alive<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, Renewal> {
+        Box::pin(Leases::keep_alive(self, lease))
+    }
+
+    fn revoke<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
+        Box::pin(Leases::revoke(self, lease))
+    }
+
+    fn close<'a>(&'a self, lease: Option<&'a LeaseId>) -> CoordFuture<'a, ()> {
+        Box::pin(Leases::close(self, lease))
+    }
+
+    fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)> {
+        Box::pin(Elections::observe(self, after, wait))
+    }
+
+    fn campaign<'a>(
+        &'a self,
+        lease: &'a LeaseId,
+        record: &'a HolderRecord,
+    ) -> CoordFuture<'a, Campaign> {
+        Box::pin(Elections::campaign(self, lease, record))
+    }
+
+    fn resign<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
+        Box::pin(Elections::resign(self, lease))
+    }
+
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Version,
+        wait: Duration,
+    ) -> CoordFuture<'a, (Vec<StoredTask>, Version)> {
+        Box::pin(Tasks::list(self, prefix, after, wait))
+    }
+
+    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)> {
+        Box::pin(Tasks::keys(self, prefix))
+    }
+
+    fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>> {
+        Box::pin(Tasks::get(self, keys))
+    }
+
+    fn write<'a>(
+        &'a self,
+        leadership: &'a Leadership,
+        ops: &'a [TaskOp],
+    ) -> CoordFuture<'a, Written> {
+        Box::pin(Tasks::write(self, leadership, ops))
+    }
+
+    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, Written> {
+        Box::pin(Tasks::write_own(self, lease, ops))
+    }
+
+    fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited> {
+        Box::pin(Tasks::edit(self, ops))
+    }
+
+    fn limits(&self) -> WriteLimits {
+        Tasks::limits(self)
+    }
+
+    fn cost(&self, op: &TaskOp) -> WriteCost {
+        Tasks::cost(self, op)
+    }
+
+    fn guard_cost(&self) -> WriteCost {
+        Tasks::guard_cost(self)
+    }
+
+    fn announce(
+        &self,
+        replica: Announcement,
+        roles: tokio::sync::watch::Receiver<Role>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Option<Pin<Box<dyn Future<Output = ()> + Send + 'static>>> {
+        Leases::announce(self, replica, roles, stop)
     }
 }
 

@@ -131,16 +131,16 @@ impl Election {
         let sent_at = Instant::now();
         let grant = self.coord.open_lease(&spec).await?;
         if grant.reused {
-            tracing::info!(session = %grant.lease, "reusing the session from before the restart");
+            tracing::info!(lease = %grant.lease, "reusing the lease from before the restart");
             self.reused = Some(grant.lease.clone());
         } else {
             if let Some(dir) = self.lease_file.parent() {
                 let _ = std::fs::create_dir_all(dir);
             }
             if let Err(err) = std::fs::write(&self.lease_file, &grant.lease.0) {
-                tracing::warn!(file = %self.lease_file.display(), error = %err, "cannot persist the session id; a restart will not reuse it");
+                tracing::warn!(file = %self.lease_file.display(), error = %err, "cannot persist the lease id; a restart will not reuse it");
             }
-            tracing::info!(session = %grant.lease, node = %self.node_id, "session created");
+            tracing::info!(lease = %grant.lease, node = %self.node_id, "lease opened");
         }
         self.lease.adopt(&grant.lease, sent_at);
         Ok(grant.lease)
@@ -181,13 +181,13 @@ impl Election {
                     next = sent_at + period;
                 }
                 Ok(Renewal::Gone) => {
-                    tracing::warn!(session = %id, "session expired or was destroyed");
+                    tracing::warn!(lease = %id, "lease expired or was revoked");
                     lease.mark_lost(&id);
                     next = Instant::now() + period;
                 }
                 Err(err) => {
                     metrics.coordinator_error(&err);
-                    tracing::warn!(error = %err, "session renewal failed; retrying");
+                    tracing::warn!(error = %err, "lease renewal failed; retrying");
                     next = Instant::now() + retry;
                 }
             }
@@ -327,7 +327,7 @@ impl Election {
         let lease = self.lease.held();
         if let Some(lease) = lease {
             if let Err(err) = self.coord.revoke(&lease).await {
-                tracing::warn!(session = %lease, error = %err, "cannot destroy the session; it will expire");
+                tracing::warn!(lease = %lease, error = %err, "cannot revoke the lease; it will expire");
             }
         }
         self.lease.forget();
@@ -344,7 +344,7 @@ impl Election {
         }
         let lease = self.lease.held();
         if let Err(err) = self.coord.close(lease.as_ref()).await {
-            tracing::warn!(error = %err, "cannot close the session and its check");
+            tracing::warn!(error = %err, "cannot close the lease");
         }
         self.lease.forget();
         let _ = std::fs::remove_file(&self.lease_file);

@@ -80,19 +80,19 @@ impl Metrics {
         let fencing_token = Gauge::default();
         registry.register(
             "fencing_token",
-            "Fencing token of this replica's leadership, rising across leaders (Consul: the leader key's ModifyIndex as its winning acquire wrote it); 0 when not leading",
+            "Fencing token of this replica's leadership, rising strictly across leaders; 0 when not leading",
             fencing_token.clone(),
         );
         let seconds_since_renewal = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
         registry.register(
             "seconds_since_renewal",
-            "Seconds since this replica's session was last renewed",
+            "Seconds since this replica's lease was last renewed",
             seconds_since_renewal.clone(),
         );
         let renewal_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 14));
         registry.register(
             "session_renewal_seconds",
-            "Latency of session renewals",
+            "Latency of lease renewals",
             renewal_seconds.clone(),
         );
         let claimed = Family::<TaskLabels, Counter>::default();

@@ -1,4 +1,4 @@
-//! Leadership as Consul's leader key: observe it with blocking GETs, campaign with
+//! [`Elections`] on Consul's leader key: observe it with blocking GETs, campaign with
 //! `?acquire=<session>` (or, when a restart took up the session that still holds it, an
 //! unlock and lock in one transaction, a new write), resign with `?release=<session>`.
 //! The fencing token is the key's `ModifyIndex` as the winning acquire wrote it: the raft
@@ -17,7 +17,9 @@ use tokio::time::Instant;
 use crate::coord::consul::client::{
     self as consul, KvPair, PutMode, QueryOptions, TxnOp, TxnOutcome, MIN_REQUERY,
 };
-use crate::coord::{Campaign, CoordError, Holder, HolderRecord, Leadership, LeaseId, Version};
+use crate::coord::{
+    Campaign, CoordError, Elections, Holder, HolderRecord, Leadership, LeaseId, Version,
+};
 
 use super::ConsulCoordinator;
 
@@ -76,9 +78,9 @@ fn after_acquire(lease: &LeaseId, entry: Option<&KvPair>) -> Campaign {
     }
 }
 
-impl ConsulCoordinator {
-    /// `observe`: a blocking GET on the leader key at `after`, paced by [`settle`].
-    pub(super) async fn watch_holder(
+impl Elections for ConsulCoordinator {
+    /// A blocking GET on the leader key at `after`, paced by [`settle`].
+    async fn observe(
         &self,
         after: Version,
         wait: Duration,
@@ -97,8 +99,8 @@ impl ConsulCoordinator {
         Ok((holder_of(entry), next))
     }
 
-    /// `campaign`: one attempt at the leader key with `lease`.
-    pub(super) async fn contend(
+    /// One attempt at the leader key with `lease`.
+    async fn campaign(
         &self,
         lease: &LeaseId,
         record: &HolderRecord,
@@ -154,6 +156,15 @@ impl ConsulCoordinator {
         Ok(campaign)
     }
 
+    /// Releases the key if the leadership's lease holds it (no lock-delay).
+    async fn resign(&self, lease: &LeaseId) -> Result<(), CoordError> {
+        self.release_leader_key(lease).await?;
+        self.tied().records.remove(lease);
+        Ok(())
+    }
+}
+
+impl ConsulCoordinator {
     fn won(&self, lease: &LeaseId, value: Vec<u8>, fencing_token: u64) -> Campaign {
         self.tied().records.insert(lease.clone(), value);
         Campaign::Won(Leadership {
@@ -194,13 +205,6 @@ impl ConsulCoordinator {
                 Ok(None)
             }
         }
-    }
-
-    /// `resign`: releases the key if the leadership's lease holds it (no lock-delay).
-    pub(super) async fn give_up(&self, lease: &LeaseId) -> Result<(), CoordError> {
-        self.release_leader_key(lease).await?;
-        self.tied().records.remove(lease);
-        Ok(())
     }
 }
 

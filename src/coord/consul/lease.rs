@@ -1,23 +1,27 @@
-//! Leases as Consul sessions: open (remove what older versions left, take up the previous
-//! session only if it is still this node's own, else create one bound to the node's TTL
-//! check), keep alive (renew, pass the check), revoke (destroy), close (destroy, deregister).
+//! [`Leases`] as Consul sessions: open (remove what older versions left, take up the
+//! previous session only if it is still this node's own, else create one bound to the
+//! node's TTL check), keep alive (renew, pass the check), revoke (destroy), close (release
+//! the leader key, destroy, deregister), and announce the replica in Consul's catalog
+//! (`registration.rs`).
 //!
 //! Session and check are named after the node id (`leaderq:<node-id>`), so a restarted
 //! replica finds both again; what to do with what earlier runs left is judged in
 //! `leftovers.rs`. Whether the lease is fresh enough to act on is the caller's
 //! judgement (from when its keep-alives were sent); this file only asks Consul.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 
 use crate::coord::consul::client::{self as consul, PutMode, QueryOptions, SessionRequest};
-use crate::coord::{CoordError, Grant, LeaseId, LeaseSpec, Renewal};
+use crate::coord::{Announcement, CoordError, Grant, LeaseId, LeaseSpec, Leases, Renewal, Role};
 use crate::util::duration;
 
 use super::leftovers::{
     judge_previous_session, judge_stale_check, old_style_check_pid, process_alive, PreviousSession,
     StaleCheck,
 };
-use super::ConsulCoordinator;
+use super::{registration, ConsulCoordinator};
 
 const CHECK_NOTES: &str =
     "passed by a leaderq replica while its loop is alive; its session dies with it";
@@ -43,11 +47,15 @@ pub fn session_request(spec: &LeaseSpec, health_check: bool) -> SessionRequest {
     }
 }
 
-impl ConsulCoordinator {
-    /// `open_lease`: on the first call, removes stale checks of older versions; registers
-    /// the node's check (passing, so a session can be bound to it at once); takes up
-    /// `spec.previous` if it is still this node's own; otherwise creates a session.
-    pub(super) async fn open(&self, spec: &LeaseSpec) -> Result<Grant, CoordError> {
+impl Leases for ConsulCoordinator {
+    fn describe(&self) -> String {
+        format!("Consul at {}", self.client.address())
+    }
+
+    /// On the first call, removes stale checks of older versions; registers the node's
+    /// check (passing, so a session can be bound to it at once); takes up `spec.previous`
+    /// if it is still this node's own; otherwise creates a session.
+    async fn open_lease(&self, spec: &LeaseSpec) -> Result<Grant, CoordError> {
         let own_check = check_id(&spec.node_id);
         if !self.stale_checks_looked_at.swap(true, Ordering::Relaxed) {
             self.remove_stale_checks(&own_check).await;
@@ -96,6 +104,94 @@ impl ConsulCoordinator {
         })
     }
 
+    /// Renews the session and passes its check. A check that cannot be passed is logged,
+    /// not fatal: the session lives while the renewals do, and the check's own TTL ends it
+    /// if the passes keep failing.
+    async fn keep_alive(&self, lease: &LeaseId) -> Result<Renewal, CoordError> {
+        let renewed = self.client.session_renew(&lease.0).await;
+        let check = self.tied().leases.get(lease).cloned().flatten();
+        if let Some(check) = check {
+            if let Err(err) = self.client.check_pass(&check).await {
+                tracing::warn!(error = %err, "cannot pass the health check");
+            }
+        }
+        match renewed? {
+            Some(_) => Ok(Renewal::Alive),
+            None => {
+                tracing::warn!(session = %lease, "session expired or was destroyed");
+                Ok(Renewal::Gone)
+            }
+        }
+    }
+
+    /// Destroys the session; Consul releases what it held (lock-delay applies to the keys
+    /// it still held, so resign first).
+    async fn revoke(&self, lease: &LeaseId) -> Result<(), CoordError> {
+        self.client.session_destroy(&lease.0).await?;
+        self.forget(lease);
+        Ok(())
+    }
+
+    /// Releases the leader key if `lease` still holds it (a release sets no lock-delay),
+    /// destroys the session, and deregisters the checks no open lease of this coordinator
+    /// is bound to. Every step is tried; the first failure is returned.
+    async fn close(&self, lease: Option<&LeaseId>) -> Result<(), CoordError> {
+        let mut first: Option<CoordError> = None;
+        let mut failed = |err: CoordError, what: &str| {
+            tracing::warn!(error = %err, "cannot {what}");
+            first.get_or_insert(err);
+        };
+        if let Some(lease) = lease {
+            if let Err(err) = self.release_leader_key(lease).await {
+                failed(err, "release the leader key");
+            }
+            match self.client.session_destroy(&lease.0).await {
+                Ok(()) => {}
+                Err(err) => failed(err.into(), "destroy the session; Consul will expire it"),
+            }
+            self.forget(lease);
+        }
+        let unbound: Vec<String> = {
+            let tied = self.tied();
+            tied.checks
+                .iter()
+                .filter(|check| !tied.leases.values().any(|c| c.as_ref() == Some(*check)))
+                .cloned()
+                .collect()
+        };
+        for check in unbound {
+            match self.client.check_deregister(&check).await {
+                Ok(()) => {
+                    self.tied().checks.remove(&check);
+                }
+                Err(err) => failed(err.into(), "deregister the health check"),
+            }
+        }
+        first.map_or(Ok(()), Err)
+    }
+
+    /// Keeps the replica registered in Consul's catalog as `registration.rs` says, bound to
+    /// its node's check when health checks are on, re-tagged as its role changes.
+    fn announce(
+        &self,
+        replica: Announcement,
+        roles: tokio::sync::watch::Receiver<Role>,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Option<Pin<Box<dyn Future<Output = ()> + Send + 'static>>> {
+        let check_id = check_id(&replica.node_id);
+        let check = self.settings.health_check.then_some(check_id.as_str());
+        let wanted = registration::registration(&replica, check, Role::Standby);
+        Some(Box::pin(registration::keep_registered(
+            self.client.clone(),
+            wanted,
+            roles,
+            replica.lease_ttl / 3,
+            stop,
+        )))
+    }
+}
+
+impl ConsulCoordinator {
     /// Whether `previous` was taken up (renewed) as this replica's lease. A session of this
     /// node that no longer fits is released and destroyed rather than left to hold the
     /// leader key until it expires.
@@ -175,72 +271,6 @@ impl ConsulCoordinator {
                 StaleCheck::Leave => {}
             }
         }
-    }
-
-    /// `keep_alive`: renews the session and passes its check. A check that cannot be passed
-    /// is logged, not fatal: the session lives while the renewals do, and the check's own
-    /// TTL ends it if the passes keep failing.
-    pub(super) async fn renew(&self, lease: &LeaseId) -> Result<Renewal, CoordError> {
-        let renewed = self.client.session_renew(&lease.0).await;
-        let check = self.tied().leases.get(lease).cloned().flatten();
-        if let Some(check) = check {
-            if let Err(err) = self.client.check_pass(&check).await {
-                tracing::warn!(error = %err, "cannot pass the health check");
-            }
-        }
-        match renewed? {
-            Some(_) => Ok(Renewal::Alive),
-            None => {
-                tracing::warn!(session = %lease, "session expired or was destroyed");
-                Ok(Renewal::Gone)
-            }
-        }
-    }
-
-    /// `revoke`: destroys the session; Consul releases what it held (lock-delay applies to
-    /// the keys it still held, so resign first).
-    pub(super) async fn destroy(&self, lease: &LeaseId) -> Result<(), CoordError> {
-        self.client.session_destroy(&lease.0).await?;
-        self.forget(lease);
-        Ok(())
-    }
-
-    /// `close`: releases the leader key if `lease` still holds it (a release sets no
-    /// lock-delay), destroys the session, and deregisters the checks no open lease of this
-    /// coordinator is bound to. Every step is tried; the first failure is returned.
-    pub(super) async fn leave(&self, lease: Option<&LeaseId>) -> Result<(), CoordError> {
-        let mut first: Option<CoordError> = None;
-        let mut failed = |err: CoordError, what: &str| {
-            tracing::warn!(error = %err, "cannot {what}");
-            first.get_or_insert(err);
-        };
-        if let Some(lease) = lease {
-            if let Err(err) = self.release_leader_key(lease).await {
-                failed(err, "release the leader key");
-            }
-            match self.client.session_destroy(&lease.0).await {
-                Ok(()) => {}
-                Err(err) => failed(err.into(), "destroy the session; Consul will expire it"),
-            }
-            self.forget(lease);
-        }
-        let unbound: Vec<String> = {
-            let tied = self.tied();
-            tied.checks
-                .iter()
-                .filter(|check| !tied.leases.values().any(|c| c.as_ref() == Some(*check)))
-                .cloned()
-                .collect()
-        };
-        for check in unbound {
-            match self.client.check_deregister(&check).await {
-                Ok(()) => {
-                    self.tied().checks.remove(&check);
-                }
-                Err(err) => failed(err.into(), "deregister the health check"),
-            }
-        }
-        first.map_or(Ok(()), Err)
     }
 
     fn forget(&self, lease: &LeaseId) {

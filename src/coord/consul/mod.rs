@@ -17,6 +17,10 @@
 //!   `delete-cas` + `set` of the dead letter (`queue.rs`, and `txn.rs`, pure: ops to Consul
 //!   verbs after the guard, a transaction's answer to `Written`).
 //!
+//! Each part of the seam is implemented in its own file: [`Leases`](crate::coord::Leases)
+//! in `lease.rs`, [`Elections`](crate::coord::Elections) in `leadership.rs`,
+//! [`Tasks`](crate::coord::Tasks) in `queue.rs`.
+//!
 //! How it keeps each guarantee of [`crate::coord`]:
 //! - **One leader.** One session holds a lock. A session not renewed is invalidated at the
 //!   latest after TTL × 2 (Consul's multiplier), so never before the holder's own view (a TTL
@@ -74,17 +78,9 @@ pub use settings::ConsulSettings;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use crate::coord::consul::client::{self as consul, Client};
-use std::future::Future;
-use std::pin::Pin;
-
-use crate::coord::{
-    Announcement, Campaign, CoordError, CoordFuture, Coordinator, Edit, Edited, Grant, Holder,
-    HolderRecord, Leadership, LeaseId, LeaseSpec, Renewal, Role, StoredTask, TaskOp, Version,
-    WriteCost, WriteLimits, Written,
-};
+use crate::coord::{CoordError, Coordinator, Leadership, LeaseId, WriteCost};
 
 /// What the Consul coordinator needs beyond its client; from `[election]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -219,114 +215,10 @@ const MAX_BYTES: usize = consul::TXN_MAX_BODY - 2;
 // Every Consul version accepts a body under 512 KiB.
 const _: () = assert!(MAX_BYTES < 512 * 1024);
 
-impl Coordinator for ConsulCoordinator {
-    fn describe(&self) -> String {
-        format!("Consul at {}", self.client.address())
-    }
-
-    fn open_lease<'a>(&'a self, spec: &'a LeaseSpec) -> CoordFuture<'a, Grant> {
-        Box::pin(self.open(spec))
-    }
-
-    fn keep_alive<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, Renewal> {
-        Box::pin(self.renew(lease))
-    }
-
-    fn revoke<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
-        Box::pin(self.destroy(lease))
-    }
-
-    fn close<'a>(&'a self, lease: Option<&'a LeaseId>) -> CoordFuture<'a, ()> {
-        Box::pin(self.leave(lease))
-    }
-
-    fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)> {
-        Box::pin(self.watch_holder(after, wait))
-    }
-
-    fn campaign<'a>(
-        &'a self,
-        lease: &'a LeaseId,
-        record: &'a HolderRecord,
-    ) -> CoordFuture<'a, Campaign> {
-        Box::pin(self.contend(lease, record))
-    }
-
-    fn resign<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
-        Box::pin(self.give_up(lease))
-    }
-
-    fn list<'a>(
-        &'a self,
-        prefix: &'a str,
-        after: Version,
-        wait: Duration,
-    ) -> CoordFuture<'a, (Vec<StoredTask>, Version)> {
-        Box::pin(self.list_tasks(prefix, after, wait))
-    }
-
-    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)> {
-        Box::pin(self.list_keys(prefix))
-    }
-
-    fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>> {
-        Box::pin(self.get_tasks(keys))
-    }
-
-    fn write<'a>(
-        &'a self,
-        leadership: &'a Leadership,
-        ops: &'a [TaskOp],
-    ) -> CoordFuture<'a, Written> {
-        Box::pin(self.write_guarded(leadership, ops))
-    }
-
-    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, Written> {
-        Box::pin(self.write_unguarded(lease, ops))
-    }
-
-    fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited> {
-        Box::pin(self.edit_kv(ops))
-    }
-
-    fn cost(&self, op: &TaskOp) -> WriteCost {
-        // A session id is 36 characters whoever writes; costs do not depend on whose.
-        txn::cost(&LeaseId(SESSION_SHAPE.into()), op)
-    }
-
-    fn guard_cost(&self) -> WriteCost {
-        guard_cost_on(&self.settings.leader_key)
-    }
-
-    fn limits(&self) -> WriteLimits {
-        WriteLimits {
-            max_ops: self.settings.txn_max_ops,
-            max_bytes: MAX_BYTES,
-        }
-    }
-
-    fn announce(
-        &self,
-        replica: Announcement,
-        roles: tokio::sync::watch::Receiver<Role>,
-        stop: tokio_util::sync::CancellationToken,
-    ) -> Option<Pin<Box<dyn Future<Output = ()> + Send + 'static>>> {
-        let check_id = check_id(&replica.node_id);
-        let check = self.settings.health_check.then_some(check_id.as_str());
-        let wanted = registration::registration(&replica, check, Role::Standby);
-        Some(Box::pin(registration::keep_registered(
-            self.client.clone(),
-            wanted,
-            roles,
-            replica.lease_ttl / 3,
-            stop,
-        )))
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::coord::TaskOp;
 
     /// Transient trouble is Unavailable; only a write over the limits, a key that cannot be
     /// addressed or a client that cannot be set up is Refused.

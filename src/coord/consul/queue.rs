@@ -1,4 +1,4 @@
-//! The queue on Consul's KV store: list (a blocking `?recurse`), keys (`?keys`), get, and
+//! [`Tasks`] on Consul's KV store: list (a blocking `?recurse`), keys (`?keys`), get, and
 //! writes as one transaction each (built and read in `txn.rs`). A guarded write's first
 //! operations are `check-session` and `check-index` on the leader key, so it applies only
 //! while the leadership's session holds the key and nobody rewrote it since the acquire
@@ -10,12 +10,13 @@ use tokio::time::Instant;
 
 use crate::coord::consul::client::{self as consul, KvPair, QueryOptions, TxnOp, TxnOutcome};
 use crate::coord::{
-    CoordError, Edit, Edited, Leadership, LeaseId, StoredTask, TaskOp, Version, Written,
+    CoordError, Edit, Edited, Leadership, LeaseId, StoredTask, TaskOp, Tasks, Version, WriteCost,
+    WriteLimits, Written,
 };
 
 use super::leadership::{next_version, settle};
-use super::txn::{txn_ops, written};
-use super::ConsulCoordinator;
+use super::txn::{self, txn_ops, written};
+use super::{guard_cost_on, ConsulCoordinator, MAX_BYTES, SESSION_SHAPE};
 
 /// A KV entry as the queue sees it.
 pub fn stored_task(pair: KvPair) -> StoredTask {
@@ -28,9 +29,9 @@ pub fn stored_task(pair: KvPair) -> StoredTask {
     }
 }
 
-impl ConsulCoordinator {
-    /// `list`: a blocking `?recurse` on `prefix` at `after`, paced as `observe` is.
-    pub(super) async fn list_tasks(
+impl Tasks for ConsulCoordinator {
+    /// A blocking `?recurse` on `prefix` at `after`, paced as `observe` is.
+    async fn list(
         &self,
         prefix: &str,
         after: Version,
@@ -47,18 +48,15 @@ impl ConsulCoordinator {
         Ok((entries.into_iter().map(stored_task).collect(), next))
     }
 
-    /// `keys`: `?keys` on `prefix`, no values.
-    pub(super) async fn list_keys(
-        &self,
-        prefix: &str,
-    ) -> Result<(Vec<String>, Version), CoordError> {
+    /// `?keys` on `prefix`, no values.
+    async fn keys(&self, prefix: &str) -> Result<(Vec<String>, Version), CoordError> {
         let (keys, index) = self.client.kv_keys(prefix, QueryOptions::default()).await?;
         Ok((keys, next_version(Version(0), index)))
     }
 
-    /// `get`: read-only transactions of `get` ops, as many keys as one holds; a chunk that
-    /// rolls back (a key went away meanwhile) is read again one GET per key.
-    pub(super) async fn get_tasks(&self, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {
+    /// Read-only transactions of `get` ops, as many keys as one holds; a chunk that rolls
+    /// back (a key went away meanwhile) is read again one GET per key.
+    async fn get(&self, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {
         let mut tasks = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(consul::TXN_MAX_OPS) {
             let reads: Vec<TxnOp> = chunk
@@ -81,13 +79,8 @@ impl ConsulCoordinator {
         Ok(tasks)
     }
 
-    /// `write`: one transaction, guarded by `check-session` and `check-index` on the leader
-    /// key.
-    pub(super) async fn write_guarded(
-        &self,
-        leadership: &Leadership,
-        ops: &[TaskOp],
-    ) -> Result<Written, CoordError> {
+    /// One transaction, guarded by `check-session` and `check-index` on the leader key.
+    async fn write(&self, leadership: &Leadership, ops: &[TaskOp]) -> Result<Written, CoordError> {
         crate::coord::admit(self, ops, true)?;
         let leader_key = self.settings.leader_key.as_str();
         let (txn, owners) = txn_ops(Some((leader_key, leadership)), &leadership.lease, ops);
@@ -101,9 +94,25 @@ impl ConsulCoordinator {
         ))
     }
 
-    /// `edit`: one transaction of create-only `cas` (index 0), `delete-cas`, `set` and `cas` ops; a
+    /// The same transaction without the guard. A rollback (a task that moved meanwhile, or
+    /// a lock whose session ended) answers `Conflict`: the task is no longer this lease's
+    /// to settle.
+    async fn write_own(&self, lease: &LeaseId, ops: &[TaskOp]) -> Result<Written, CoordError> {
+        if ops.is_empty() {
+            return Ok(Written::Done {
+                versions: Vec::new(),
+                fencing_token: 0,
+            });
+        }
+        crate::coord::admit(self, ops, false)?;
+        let (txn, owners) = txn_ops(None, lease, ops);
+        let outcome = self.client.txn(&txn).await?;
+        Ok(written(outcome, ops, &owners, &self.settings.leader_key, 0))
+    }
+
+    /// One transaction of create-only `cas` (index 0), `delete-cas`, `set` and `cas` ops; a
     /// rollback names the keys of the failed ops.
-    pub(super) async fn edit_kv(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
+    async fn edit(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
         if ops.is_empty() {
             return Ok(Edited::Done);
         }
@@ -154,24 +163,20 @@ impl ConsulCoordinator {
         })
     }
 
-    /// `write_own`: the same transaction without the guard. A rollback (a task that moved
-    /// meanwhile, or a lock whose session ended) answers `Conflict`: the task is no longer
-    /// this lease's to settle.
-    pub(super) async fn write_unguarded(
-        &self,
-        lease: &LeaseId,
-        ops: &[TaskOp],
-    ) -> Result<Written, CoordError> {
-        if ops.is_empty() {
-            return Ok(Written::Done {
-                versions: Vec::new(),
-                fencing_token: 0,
-            });
+    fn limits(&self) -> WriteLimits {
+        WriteLimits {
+            max_ops: self.settings.txn_max_ops,
+            max_bytes: MAX_BYTES,
         }
-        crate::coord::admit(self, ops, false)?;
-        let (txn, owners) = txn_ops(None, lease, ops);
-        let outcome = self.client.txn(&txn).await?;
-        Ok(written(outcome, ops, &owners, &self.settings.leader_key, 0))
+    }
+
+    fn cost(&self, op: &TaskOp) -> WriteCost {
+        // A session id is 36 characters whoever writes; costs do not depend on whose.
+        txn::cost(&LeaseId(SESSION_SHAPE.into()), op)
+    }
+
+    fn guard_cost(&self) -> WriteCost {
+        guard_cost_on(&self.settings.leader_key)
     }
 }
 

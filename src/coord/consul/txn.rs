@@ -250,6 +250,12 @@ pub fn written(
             {
                 return Written::NotLeader;
             }
+            // Consul checks lock-delay before it applies anything, and answers every op
+            // under it: the only errors, when no version moved.
+            let delayed = !errors.is_empty()
+                && errors
+                    .iter()
+                    .all(|error| error.what.contains(LOCK_DELAY_ERROR));
             let mut indexes: Vec<usize> = failed.into_iter().flatten().collect();
             if indexes.is_empty() {
                 // Rolled back without saying which op failed: every task may have moved.
@@ -263,10 +269,18 @@ pub fn written(
                     keys.push(key.to_string());
                 }
             }
-            Written::Conflict(keys)
+            if delayed {
+                Written::Deferred(keys)
+            } else {
+                Written::Conflict(keys)
+            }
         }
     }
 }
+
+/// What Consul's transaction says of a `lock` refused under lock-delay (txn_endpoint.go
+/// `preCheck`: `failed to lock key "k" due to lock delay`).
+const LOCK_DELAY_ERROR: &str = "due to lock delay";
 
 #[cfg(test)]
 mod tests {
@@ -454,6 +468,20 @@ mod tests {
         assert_eq!(
             rolled_back(Vec::new()),
             Written::Conflict(ops.iter().map(|op| op.key().to_string()).collect())
+        );
+        // Refused under lock-delay only: deferred, not moved; with any other error it is a
+        // conflict still.
+        let delayed = |op_index: usize| TxnError {
+            op_index,
+            what: "failed to lock key \"q/a\" due to lock delay".into(),
+        };
+        assert_eq!(
+            rolled_back(vec![delayed(3), delayed(9)]),
+            Written::Deferred(vec!["q/a".into(), "q/d".into()])
+        );
+        assert_eq!(
+            rolled_back(vec![delayed(3), error(9)]),
+            Written::Conflict(vec!["q/a".into(), "q/d".into()])
         );
         // Unguarded, op 0 is a task's like any other.
         let (_, owners) = txn_ops(None, &lease(), &ops);

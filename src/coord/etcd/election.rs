@@ -1,4 +1,4 @@
-//! Leadership as etcd's `concurrency.Election` keeps it: each campaigner creates
+//! [`Elections`] as etcd's `concurrency.Election` keeps it: each campaigner creates
 //! `<leader_key>/<lease-hex>` under its lease, and the key created first (the lowest
 //! `create_revision` under the prefix) leads; its `create_revision` is the fencing token.
 //! Revisions only rise, so a later leader's key always has a higher one.
@@ -14,7 +14,9 @@ use std::time::Duration;
 
 use crate::coord::etcd::client::{Compare, Kv, Op, Range, Txn};
 use crate::coord::etcd::layout::{lease_id, lease_number, position, revision_of, LastLeader};
-use crate::coord::{Campaign, CoordError, Holder, HolderRecord, Leadership, LeaseId, Version};
+use crate::coord::{
+    Campaign, CoordError, Elections, Holder, HolderRecord, Leadership, LeaseId, Version,
+};
 
 use super::{not_a_lease, EtcdCoordinator};
 
@@ -48,10 +50,10 @@ pub fn holder_of(first: Option<&Kv>, last: Option<&Kv>) -> Holder {
     }
 }
 
-impl EtcdCoordinator {
-    /// `observe`: past `after`, a watch on the campaign prefix first; then the first
-    /// campaign key and the last leader's record, read at one revision.
-    pub(super) async fn watch_holder(
+impl Elections for EtcdCoordinator {
+    /// Past `after`, a watch on the campaign prefix first; then the first campaign key and
+    /// the last leader's record, read at one revision.
+    async fn observe(
         &self,
         after: Version,
         wait: Duration,
@@ -82,8 +84,8 @@ impl EtcdCoordinator {
         ))
     }
 
-    /// `campaign`: one attempt, as the module header says.
-    pub(super) async fn contend(
+    /// One attempt, as the module header says.
+    async fn campaign(
         &self,
         lease: &LeaseId,
         record: &HolderRecord,
@@ -162,19 +164,8 @@ impl EtcdCoordinator {
         }))
     }
 
-    /// Deletes `key` if it is still the one created at `created`.
-    async fn delete_if_created(&self, key: &[u8], created: i64) -> Result<(), CoordError> {
-        let delete = Txn {
-            compare: vec![Compare::Created(key.to_vec(), created)],
-            success: vec![Op::Delete(key.to_vec())],
-            ..Txn::default()
-        };
-        self.client.txn(&delete).await?;
-        Ok(())
-    }
-
-    /// `resign`: deletes this lease's campaign key, if it has one.
-    pub(super) async fn give_up(&self, lease: &LeaseId) -> Result<(), CoordError> {
+    /// Deletes this lease's campaign key, if it has one.
+    async fn resign(&self, lease: &LeaseId) -> Result<(), CoordError> {
         let Some(id) = lease_number(lease) else {
             return Ok(());
         };
@@ -182,6 +173,19 @@ impl EtcdCoordinator {
         let delete = Txn {
             compare: vec![Compare::Exists(key.clone())],
             success: vec![Op::Delete(key)],
+            ..Txn::default()
+        };
+        self.client.txn(&delete).await?;
+        Ok(())
+    }
+}
+
+impl EtcdCoordinator {
+    /// Deletes `key` if it is still the one created at `created`.
+    async fn delete_if_created(&self, key: &[u8], created: i64) -> Result<(), CoordError> {
+        let delete = Txn {
+            compare: vec![Compare::Created(key.to_vec(), created)],
+            success: vec![Op::Delete(key.to_vec())],
             ..Txn::default()
         };
         self.client.txn(&delete).await?;

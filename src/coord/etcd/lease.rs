@@ -1,4 +1,4 @@
-//! Leases as etcd leases: open (take up the previous lease if etcd still has it and its
+//! [`Leases`] as etcd leases: open (take up the previous lease if etcd still has it and its
 //! owner key names this node, else grant one and attach an owner key to it), keep alive
 //! (one keep-alive message per renewal), revoke (which deletes every key attached: the
 //! campaign key and the claims, in one revision).
@@ -8,7 +8,7 @@
 
 use crate::coord::etcd::client::{Kv, LeaseTimeToLive, Op, Range, Txn};
 use crate::coord::etcd::layout::{lease_id, lease_number, ttl_seconds};
-use crate::coord::{CoordError, Grant, LeaseId, LeaseSpec, Renewal};
+use crate::coord::{CoordError, Grant, LeaseId, LeaseSpec, Leases, Renewal};
 
 use super::{not_a_lease, EtcdCoordinator};
 
@@ -27,10 +27,14 @@ pub fn is_own_live_lease(
         && owner.is_some_and(|kv| kv.lease == lease && kv.value == node_id.as_bytes())
 }
 
-impl EtcdCoordinator {
-    /// `open_lease`: takes up `spec.previous` if it is still this node's own; otherwise
-    /// grants a lease and attaches the owner key.
-    pub(super) async fn open(&self, spec: &LeaseSpec) -> Result<Grant, CoordError> {
+impl Leases for EtcdCoordinator {
+    fn describe(&self) -> String {
+        format!("etcd at {}", self.client.endpoint())
+    }
+
+    /// Takes up `spec.previous` if it is still this node's own; otherwise grants a lease
+    /// and attaches the owner key.
+    async fn open_lease(&self, spec: &LeaseSpec) -> Result<Grant, CoordError> {
         if let Some(previous) = spec.previous.as_ref().and_then(lease_number) {
             let alive = self.client.lease_time_to_live(previous).await?;
             let owner_key = self.layout.owner(previous);
@@ -80,8 +84,8 @@ impl EtcdCoordinator {
         })
     }
 
-    /// `keep_alive`: one keep-alive; a TTL of 0 means etcd no longer has the lease.
-    pub(super) async fn renew(&self, lease: &LeaseId) -> Result<Renewal, CoordError> {
+    /// One keep-alive; a TTL of 0 means etcd no longer has the lease.
+    async fn keep_alive(&self, lease: &LeaseId) -> Result<Renewal, CoordError> {
         let id = lease_number(lease).ok_or_else(|| not_a_lease(lease))?;
         match self.client.lease_keep_alive(id).await {
             Ok(ttl) if ttl > 0 => Ok(Renewal::Alive),
@@ -91,9 +95,10 @@ impl EtcdCoordinator {
         }
     }
 
-    /// `revoke` and `close`: revokes the lease, which deletes its campaign key, owner key
-    /// and claims at once; a lease already gone is no error.
-    pub(super) async fn end(&self, lease: &LeaseId) -> Result<(), CoordError> {
+    /// Revokes the lease, which deletes its campaign key, owner key and claims at once; a
+    /// lease already gone is no error. Closing is this too (the default `close`): nothing
+    /// else is tied to a node here.
+    async fn revoke(&self, lease: &LeaseId) -> Result<(), CoordError> {
         let Some(id) = lease_number(lease) else {
             return Ok(());
         };

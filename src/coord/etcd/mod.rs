@@ -3,6 +3,9 @@
 //! auth token, CA file; `client/wire.rs`, pure: the gateway's JSON both ways). The gateway
 //! rather than a gRPC crate: no `protoc` at build time for users or CI, and a much smaller
 //! build. etcd's names (revision, lease, txn, compare) stay in this folder.
+//! Each part of the seam in its own file: [`Leases`](crate::coord::Leases) in `lease.rs`,
+//! [`Elections`](crate::coord::Elections) in `election.rs`, [`Tasks`](crate::coord::Tasks)
+//! in `queue.rs`.
 //!
 //! In the seam's words:
 //! - a lease is an etcd lease of the TTL in whole seconds (rounded up; etcd raises it to its
@@ -66,15 +69,10 @@ pub mod txn;
 pub use settings::EtcdSettings;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::coord::etcd::client::{Client, ClientConfig};
 use crate::coord::etcd::layout::Layout;
-use crate::coord::{
-    Campaign, CoordError, CoordFuture, Coordinator, Edit, Edited, Grant, Holder, HolderRecord,
-    Leadership, LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits,
-    Written,
-};
+use crate::coord::{CoordError, Coordinator, LeaseId};
 
 /// What the etcd coordinator needs beyond its client.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -159,94 +157,6 @@ fn not_a_lease(lease: &LeaseId) -> CoordError {
     CoordError::Refused(format!(
         "{lease:?} is not an etcd lease id (hex digits): was it persisted by another backend? remove the lease file from the data dir"
     ))
-}
-
-impl Coordinator for EtcdCoordinator {
-    fn describe(&self) -> String {
-        format!("etcd at {}", self.client.endpoint())
-    }
-
-    fn open_lease<'a>(&'a self, spec: &'a LeaseSpec) -> CoordFuture<'a, Grant> {
-        Box::pin(self.open(spec))
-    }
-
-    fn keep_alive<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, Renewal> {
-        Box::pin(self.renew(lease))
-    }
-
-    fn revoke<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
-        Box::pin(self.end(lease))
-    }
-
-    fn close<'a>(&'a self, lease: Option<&'a LeaseId>) -> CoordFuture<'a, ()> {
-        Box::pin(async move {
-            match lease {
-                Some(lease) => self.end(lease).await,
-                None => Ok(()),
-            }
-        })
-    }
-
-    fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)> {
-        Box::pin(self.watch_holder(after, wait))
-    }
-
-    fn campaign<'a>(
-        &'a self,
-        lease: &'a LeaseId,
-        record: &'a HolderRecord,
-    ) -> CoordFuture<'a, Campaign> {
-        Box::pin(self.contend(lease, record))
-    }
-
-    fn resign<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
-        Box::pin(self.give_up(lease))
-    }
-
-    fn list<'a>(
-        &'a self,
-        prefix: &'a str,
-        after: Version,
-        wait: Duration,
-    ) -> CoordFuture<'a, (Vec<StoredTask>, Version)> {
-        Box::pin(self.list_tasks(prefix, after, wait))
-    }
-
-    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)> {
-        Box::pin(self.list_keys(prefix))
-    }
-
-    fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>> {
-        Box::pin(self.get_tasks(keys))
-    }
-
-    fn write<'a>(
-        &'a self,
-        leadership: &'a Leadership,
-        ops: &'a [TaskOp],
-    ) -> CoordFuture<'a, Written> {
-        Box::pin(self.write_guarded(leadership, ops))
-    }
-
-    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, Written> {
-        Box::pin(self.write_unguarded(lease, ops))
-    }
-
-    fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited> {
-        Box::pin(self.edit_keys(ops))
-    }
-
-    fn limits(&self) -> WriteLimits {
-        txn::LIMITS
-    }
-
-    fn cost(&self, op: &TaskOp) -> WriteCost {
-        txn::cost(&self.layout, op)
-    }
-
-    fn guard_cost(&self) -> WriteCost {
-        txn::guard_cost(&self.layout)
-    }
 }
 
 #[cfg(test)]

@@ -1,4 +1,4 @@
-//! The queue on etcd's keys: list (the prefix and its claims, read at one revision, after
+//! [`Tasks`] on etcd's keys: list (the prefix and its claims, read at one revision, after
 //! watches of both from the revision last seen when asked to wait), keys, get, and writes
 //! as one transaction each (built and judged in `txn.rs`).
 
@@ -9,11 +9,11 @@ use crate::coord::etcd::client::{Kv, Op, Range, Txn};
 use crate::coord::etcd::layout::{lease_id, lease_number, position, revision_of, task_version};
 use crate::coord::etcd::txn::{edit_txn, edited, write_txn, written, Guard, Writer, MAX_TXN_OPS};
 use crate::coord::{
-    conflict_on_all, CoordError, Edit, Edited, Leadership, LeaseId, StoredTask, TaskOp, Version,
-    Written,
+    conflict_on_all, CoordError, Edit, Edited, Leadership, LeaseId, StoredTask, TaskOp, Tasks,
+    Version, WriteCost, WriteLimits, Written,
 };
 
-use super::{not_a_lease, EtcdCoordinator};
+use super::{not_a_lease, txn, EtcdCoordinator};
 
 /// Keys read per transaction by `get` (a read of the task and one of its claim each).
 const GET_CHUNK: usize = MAX_TXN_OPS / 2;
@@ -45,10 +45,10 @@ pub fn stored_tasks(claims_prefix: &str, tasks: Vec<Kv>, claims: &[Kv]) -> Vec<S
         .collect()
 }
 
-impl EtcdCoordinator {
-    /// `list`: past `after`, a watch on `prefix` from the revision after it first (at
-    /// once if that revision was compacted); then the prefix and its claims.
-    pub(super) async fn list_tasks(
+impl Tasks for EtcdCoordinator {
+    /// Past `after`, a watch on `prefix` from the revision after it first (at once if that
+    /// revision was compacted); then the prefix and its claims.
+    async fn list(
         &self,
         prefix: &str,
         after: Version,
@@ -84,11 +84,8 @@ impl EtcdCoordinator {
         ))
     }
 
-    /// `keys`: the prefix's keys without values.
-    pub(super) async fn list_keys(
-        &self,
-        prefix: &str,
-    ) -> Result<(Vec<String>, Version), CoordError> {
+    /// The prefix's keys without values.
+    async fn keys(&self, prefix: &str) -> Result<(Vec<String>, Version), CoordError> {
         let range = Range {
             keys_only: true,
             ..Range::prefix(prefix.as_bytes())
@@ -102,8 +99,8 @@ impl EtcdCoordinator {
         Ok((keys, position(response.header.revision)))
     }
 
-    /// `get`: each key with its claim, a chunk of keys per read-only transaction.
-    pub(super) async fn get_tasks(&self, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {
+    /// Each key with its claim, a chunk of keys per read-only transaction.
+    async fn get(&self, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {
         let mut found = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(GET_CHUNK) {
             let read = Txn {
@@ -132,12 +129,8 @@ impl EtcdCoordinator {
         Ok(found)
     }
 
-    /// `write`: one transaction, guarded by the campaign key's creation revision.
-    pub(super) async fn write_guarded(
-        &self,
-        leadership: &Leadership,
-        ops: &[TaskOp],
-    ) -> Result<Written, CoordError> {
+    /// One transaction, guarded by the campaign key's creation revision.
+    async fn write(&self, leadership: &Leadership, ops: &[TaskOp]) -> Result<Written, CoordError> {
         crate::coord::admit(self, ops, true)?;
         let id = lease_number(&leadership.lease).ok_or_else(|| not_a_lease(&leadership.lease))?;
         let guard = Guard {
@@ -158,14 +151,10 @@ impl EtcdCoordinator {
         Ok(written(&txn, &response, ops, leadership.fencing_token))
     }
 
-    /// `write_own`: the same transaction without the guard, releasing, completing or
-    /// moving only what this lease's claims hold. A rollback (a task that moved meanwhile)
-    /// is not an error: the task is no longer this lease's to put back.
-    pub(super) async fn write_unguarded(
-        &self,
-        lease: &LeaseId,
-        ops: &[TaskOp],
-    ) -> Result<Written, CoordError> {
+    /// The same transaction without the guard, releasing, completing or moving only what
+    /// this lease's claims hold. A rollback (a task that moved meanwhile) is not an error:
+    /// the task is no longer this lease's to put back.
+    async fn write_own(&self, lease: &LeaseId, ops: &[TaskOp]) -> Result<Written, CoordError> {
         if ops.is_empty() {
             return Ok(Written::Done {
                 versions: Vec::new(),
@@ -188,8 +177,8 @@ impl EtcdCoordinator {
         Ok(written(&txn, &response, ops, 0))
     }
 
-    /// `edit`: one transaction of create-only puts and deletes at a version.
-    pub(super) async fn edit_keys(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
+    /// One transaction of create-only puts and deletes at a version.
+    async fn edit(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
         if ops.is_empty() {
             return Ok(Edited::Done);
         }
@@ -204,6 +193,18 @@ impl EtcdCoordinator {
         let txn = edit_txn(&self.layout, ops);
         let response = self.client.txn(&txn).await?;
         Ok(edited(&txn, &response, ops))
+    }
+
+    fn limits(&self) -> WriteLimits {
+        txn::LIMITS
+    }
+
+    fn cost(&self, op: &TaskOp) -> WriteCost {
+        txn::cost(&self.layout, op)
+    }
+
+    fn guard_cost(&self) -> WriteCost {
+        txn::guard_cost(&self.layout)
     }
 }
 

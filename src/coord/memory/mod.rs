@@ -1,8 +1,9 @@
-//! The in-memory coordinator: every [`Coordinator`] guarantee inside one process, for fast
-//! deterministic tests of whatever sits on the seam. It copies Consul's rules as `leaderq
-//! server` implements them, in the seam's words, at the earliest the seam allows (a lease
-//! ends exactly a TTL after its last keep-alive, where Consul waits twice that), so a
-//! consumer that is safe here is safe on Consul.
+//! The in-memory coordinator: every [`Coordinator`](super::Coordinator) guarantee inside
+//! one process, for fast deterministic tests of whatever sits on the seam. It copies
+//! Consul's rules as `leaderq server` implements them, in the seam's words, at the earliest
+//! the seam allows (a lease ends exactly a TTL after its last keep-alive, where Consul waits
+//! twice that), so a consumer that is safe here is safe on Consul. It implements
+//! [`Leases`], [`Elections`] and [`Tasks`] below, each call one `Op` on the state.
 //!
 //! The rules live in `state.rs`, a pure state machine driven with `now` (the operators' edits
 //! in `state/edit.rs`); this file is the thin async shell around it: one mutex, the clock
@@ -53,9 +54,9 @@ pub use self::state::{MemoryConfig, DEFAULT_MAX_BYTES, DEFAULT_MAX_OPS, DEFAULT_
 use self::state::{Op, Outcome, State};
 use super::contract::Producer;
 use super::{
-    Campaign, CoordError, CoordFuture, Coordinator, Edit, Edited, Grant, Holder, HolderRecord,
-    Leadership, LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits,
-    Written,
+    Campaign, CoordError, CoordFuture, Edit, Edited, Elections, Grant, Holder, HolderRecord,
+    Leadership, LeaseId, LeaseSpec, Leases, Renewal, StoredTask, TaskOp, Tasks, Version, WriteCost,
+    WriteLimits, Written,
 };
 
 /// The longest a blocking `observe` or `list` waits, whatever it asks (Consul's cap); it
@@ -199,121 +200,113 @@ fn expect<T>(outcome: Outcome, pick: impl FnOnce(Outcome) -> Option<T>) -> Resul
     })
 }
 
-impl Coordinator for MemoryCoordinator {
+impl Leases for MemoryCoordinator {
     fn describe(&self) -> String {
         "in-memory coordinator".into()
     }
 
-    fn open_lease<'a>(&'a self, spec: &'a LeaseSpec) -> CoordFuture<'a, Grant> {
-        Box::pin(async move {
-            expect(self.apply(Op::OpenLease(spec.clone()))?, |o| match o {
-                Outcome::Granted(grant) => Some(grant),
-                _ => None,
-            })
+    async fn open_lease(&self, spec: &LeaseSpec) -> Result<Grant, CoordError> {
+        expect(self.apply(Op::OpenLease(spec.clone()))?, |o| match o {
+            Outcome::Granted(grant) => Some(grant),
+            _ => None,
         })
     }
 
-    fn keep_alive<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, Renewal> {
-        Box::pin(async move {
-            expect(self.apply(Op::KeepAlive(lease.clone()))?, |o| match o {
-                Outcome::Renewed(renewal) => Some(renewal),
-                _ => None,
-            })
+    async fn keep_alive(&self, lease: &LeaseId) -> Result<Renewal, CoordError> {
+        expect(self.apply(Op::KeepAlive(lease.clone()))?, |o| match o {
+            Outcome::Renewed(renewal) => Some(renewal),
+            _ => None,
         })
     }
 
-    fn revoke<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
-        Box::pin(async move { self.apply(Op::Revoke(lease.clone())).map(drop) })
+    async fn revoke(&self, lease: &LeaseId) -> Result<(), CoordError> {
+        self.apply(Op::Revoke(lease.clone())).map(drop)
     }
 
-    fn close<'a>(&'a self, lease: Option<&'a LeaseId>) -> CoordFuture<'a, ()> {
-        // Nothing else is tied to a node here: closing is revoking.
-        Box::pin(async move {
-            match lease {
-                Some(lease) => self.apply(Op::Revoke(lease.clone())).map(drop),
-                None => self.available(),
-            }
-        })
+    /// Nothing else is tied to a node here: closing is revoking. Without a lease it still
+    /// answers as every call does, so a test that set it unavailable sees that.
+    async fn close(&self, lease: Option<&LeaseId>) -> Result<(), CoordError> {
+        match lease {
+            Some(lease) => self.apply(Op::Revoke(lease.clone())).map(drop),
+            None => self.available(),
+        }
     }
+}
 
-    fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)> {
-        Box::pin(self.wait_for(after, wait, State::holder))
-    }
-
-    fn campaign<'a>(
-        &'a self,
-        lease: &'a LeaseId,
-        record: &'a HolderRecord,
-    ) -> CoordFuture<'a, Campaign> {
-        Box::pin(async move {
-            let op = Op::Campaign {
-                lease: lease.clone(),
-                record: record.clone(),
-            };
-            expect(self.apply(op)?, |o| match o {
-                Outcome::Campaigned(campaign) => Some(campaign),
-                _ => None,
-            })
-        })
-    }
-
-    fn resign<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
-        Box::pin(async move { self.apply(Op::Resign(lease.clone())).map(drop) })
-    }
-
-    fn list<'a>(
-        &'a self,
-        prefix: &'a str,
+impl Elections for MemoryCoordinator {
+    async fn observe(
+        &self,
         after: Version,
         wait: Duration,
-    ) -> CoordFuture<'a, (Vec<StoredTask>, Version)> {
-        Box::pin(self.wait_for(after, wait, move |core| core.list(prefix)))
+    ) -> Result<(Holder, Version), CoordError> {
+        self.wait_for(after, wait, State::holder).await
     }
 
-    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)> {
-        Box::pin(async move { self.with_state(|core, _| core.keys(prefix)) })
-    }
-
-    fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>> {
-        Box::pin(async move { self.with_state(|core, _| core.get(keys)) })
-    }
-
-    fn write<'a>(
-        &'a self,
-        leadership: &'a Leadership,
-        ops: &'a [TaskOp],
-    ) -> CoordFuture<'a, Written> {
-        Box::pin(async move {
-            let op = Op::Write {
-                leadership: leadership.clone(),
-                ops: ops.to_vec(),
-            };
-            expect(self.apply(op)?, |o| match o {
-                Outcome::Written(written) => Some(written),
-                _ => None,
-            })
+    async fn campaign(
+        &self,
+        lease: &LeaseId,
+        record: &HolderRecord,
+    ) -> Result<Campaign, CoordError> {
+        let op = Op::Campaign {
+            lease: lease.clone(),
+            record: record.clone(),
+        };
+        expect(self.apply(op)?, |o| match o {
+            Outcome::Campaigned(campaign) => Some(campaign),
+            _ => None,
         })
     }
 
-    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, Written> {
-        Box::pin(async move {
-            let op = Op::WriteOwn {
-                lease: lease.clone(),
-                ops: ops.to_vec(),
-            };
-            expect(self.apply(op)?, |o| match o {
-                Outcome::Written(written) => Some(written),
-                _ => None,
-            })
+    async fn resign(&self, lease: &LeaseId) -> Result<(), CoordError> {
+        self.apply(Op::Resign(lease.clone())).map(drop)
+    }
+}
+
+impl Tasks for MemoryCoordinator {
+    async fn list(
+        &self,
+        prefix: &str,
+        after: Version,
+        wait: Duration,
+    ) -> Result<(Vec<StoredTask>, Version), CoordError> {
+        self.wait_for(after, wait, move |core| core.list(prefix))
+            .await
+    }
+
+    async fn keys(&self, prefix: &str) -> Result<(Vec<String>, Version), CoordError> {
+        self.with_state(|core, _| core.keys(prefix))
+    }
+
+    async fn get(&self, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {
+        self.with_state(|core, _| core.get(keys))
+    }
+
+    async fn write(&self, leadership: &Leadership, ops: &[TaskOp]) -> Result<Written, CoordError> {
+        let op = Op::Write {
+            leadership: leadership.clone(),
+            ops: ops.to_vec(),
+        };
+        expect(self.apply(op)?, |o| match o {
+            Outcome::Written(written) => Some(written),
+            _ => None,
         })
     }
 
-    fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited> {
-        Box::pin(async move {
-            expect(self.apply(Op::Edit(ops.to_vec()))?, |o| match o {
-                Outcome::Edited(edited) => Some(edited),
-                _ => None,
-            })
+    async fn write_own(&self, lease: &LeaseId, ops: &[TaskOp]) -> Result<Written, CoordError> {
+        let op = Op::WriteOwn {
+            lease: lease.clone(),
+            ops: ops.to_vec(),
+        };
+        expect(self.apply(op)?, |o| match o {
+            Outcome::Written(written) => Some(written),
+            _ => None,
+        })
+    }
+
+    async fn edit(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
+        expect(self.apply(Op::Edit(ops.to_vec()))?, |o| match o {
+            Outcome::Edited(edited) => Some(edited),
+            _ => None,
         })
     }
 

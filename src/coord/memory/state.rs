@@ -456,6 +456,9 @@ impl State {
         // What the batch changes, looked up before the stored tasks: `None` is a deletion.
         let mut staged: BTreeMap<String, Option<Task>> = BTreeMap::new();
         let mut failed: Vec<String> = Vec::new();
+        // Claims refused for a while (a dead lease's takeover delay), as Consul checks
+        // them: before anything else, so they are the answer when there are any.
+        let mut deferred: Vec<String> = Vec::new();
         let mut versions = Vec::new();
         for op in ops {
             let key = op.key();
@@ -495,9 +498,12 @@ impl State {
             };
             match op {
                 TaskOp::Claim { value, .. } => {
-                    let delayed = self.claim_delays.get(key).is_some_and(|until| *until > now);
-                    if (task.holder.is_some() && !held_by_lease) || delayed {
+                    if task.holder.is_some() && !held_by_lease {
                         fail(&mut failed, key);
+                        continue;
+                    }
+                    if self.claim_delays.get(key).is_some_and(|until| *until > now) {
+                        fail(&mut deferred, key);
                         continue;
                     }
                     staged.insert(key.to_string(), Some(written(value, Some(lease.clone()))));
@@ -542,6 +548,9 @@ impl State {
                     );
                 }
             }
+        }
+        if !deferred.is_empty() {
+            return Written::Deferred(deferred);
         }
         if !failed.is_empty() {
             return Written::Conflict(failed);

@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 use redis::aio::ConnectionManager;
 
 use super::{unavailable, RedisCoordinator};
-use crate::coord::{CoordError, Coordinator};
+use crate::coord::{CoordError, Leases};
 
 /// Said of a setting that neither CONFIG nor INFO answered.
 const UNREAD: &str = "cannot be read";

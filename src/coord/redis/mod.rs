@@ -4,6 +4,8 @@
 //! layout and version encoding in `layout.rs`, the scripts in `scripts.rs`, waits in
 //! `wait.rs`, the `[redis]` section's checks in `settings.rs`, the verdict on Redis's own
 //! settings in `durability.rs`.
+//! Every operation is one script, so [`Leases`], [`Elections`] and [`Tasks`] are all
+//! implemented at the end of this file, each a few lines around its script.
 //!
 //! In the seam's words:
 //! - a lease is a random id's key, a hash `{node, ttl}` with a PX TTL, renewed (with the
@@ -72,9 +74,9 @@ use self::layout::{holder_row, number, task_rows, text, HolderRow, TaskRows, TOK
 use self::scripts::{edit_args, op_args, Scripts};
 use self::wait::{ReadHolder, ReadTasks};
 use crate::coord::{
-    Campaign, CoordError, CoordFuture, Coordinator, Edit, Edited, Grant, Holder, HolderRecord,
-    Leadership, LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits,
-    Written,
+    Campaign, CoordError, Coordinator, Edit, Edited, Elections, Grant, Holder, HolderRecord,
+    Leadership, LeaseId, LeaseSpec, Leases, Renewal, StoredTask, TaskOp, Tasks, Version, WriteCost,
+    WriteLimits, Written,
 };
 
 /// Leases shorter than this are refused: a keep-alive every third of it must get through.
@@ -242,95 +244,11 @@ impl RedisCoordinator {
         self.run(script, args).await
     }
 
-    async fn open(&self, spec: &LeaseSpec) -> Result<Grant, CoordError> {
-        if spec.ttl < TTL_MIN {
-            return Err(CoordError::Refused(format!(
-                "a lease TTL of {:?} is below the Redis coordinator's minimum of {TTL_MIN:?}: raise election.lease_ttl",
-                spec.ttl
-            )));
-        }
-        self.check_durability().await?;
-        let previous = spec.previous.as_ref().map_or("", |lease| lease.0.as_str());
-        let ttl = spec.ttl.as_millis().to_string();
-        let new = uuid::Uuid::new_v4().to_string();
-        let reply = self
-            .fields(
-                &self.scripts.open,
-                &[
-                    previous.as_bytes(),
-                    spec.node_id.as_bytes(),
-                    ttl.as_bytes(),
-                    new.as_bytes(),
-                ],
-            )
-            .await?;
-        match reply.as_slice() {
-            [kind, id] => Ok(Grant {
-                lease: LeaseId(text(id).map_err(bad_answer)?),
-                reused: kind.as_slice() == b"reused",
-            }),
-            _ => Err(bad_answer(format!("open answered {} fields", reply.len()))),
-        }
-    }
-
-    async fn renew(&self, lease: &LeaseId) -> Result<Renewal, CoordError> {
-        let answer: String = self
-            .run(&self.scripts.keep_alive, &[lease.0.as_bytes()])
-            .await?;
-        Ok(if answer == "alive" {
-            Renewal::Alive
-        } else {
-            Renewal::Gone
-        })
-    }
-
     /// Raises the floor of the next token to `token`. A number past [`TOKEN_MAX`] was
     /// never handed out by leaderq (another program's write): it raises nothing.
     fn saw_token(&self, token: u64) {
         if token <= TOKEN_MAX {
             self.highest_token.fetch_max(token, Ordering::Relaxed);
-        }
-    }
-
-    async fn contend(
-        &self,
-        lease: &LeaseId,
-        record: &HolderRecord,
-    ) -> Result<Campaign, CoordError> {
-        let record = record.encode();
-        let floor = self.highest_token.load(Ordering::Relaxed).to_string();
-        let max = TOKEN_MAX.to_string();
-        let reply = self
-            .fields(
-                &self.scripts.campaign,
-                &[
-                    lease.0.as_bytes(),
-                    &record,
-                    floor.as_bytes(),
-                    max.as_bytes(),
-                ],
-            )
-            .await?;
-        match reply.as_slice() {
-            [won, token] if won.as_slice() == b"won" => {
-                let token = number(token).map_err(bad_answer)?;
-                self.saw_token(token);
-                Ok(Campaign::Won(Leadership {
-                    lease: lease.clone(),
-                    fencing_token: token,
-                }))
-            }
-            [held] if held.as_slice() == b"held" => Ok(Campaign::Held),
-            [gone] if gone.as_slice() == b"gone" => Ok(Campaign::LeaseGone),
-            [exhausted, token] if exhausted.as_slice() == b"exhausted" => {
-                Err(CoordError::Refused(format!(
-                    "the next fencing token would be {}, past {TOKEN_MAX} (2^53 - 1, the largest leaderq hands out): {}fencing/{} holds a number leaderq never wrote; delete that key and restart the replicas",
-                    String::from_utf8_lossy(token),
-                    self.settings.layout.prefix,
-                    self.settings.layout.leader
-                )))
-            }
-            _ => Err(bad_answer("campaign answered out of turn")),
         }
     }
 
@@ -422,22 +340,6 @@ impl RedisCoordinator {
         }
     }
 
-    async fn edit_tasks(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
-        let encoded = edit_args(ops);
-        let args: Vec<&[u8]> = encoded.iter().map(Vec::as_slice).collect();
-        let reply = self.fields(&self.scripts.edit, &args).await?;
-        match reply.split_first() {
-            Some((kind, _)) if kind.as_slice() == b"done" => Ok(Edited::Done),
-            Some((kind, keys)) if kind.as_slice() == b"conflict" => Ok(Edited::Conflict(
-                keys.iter()
-                    .map(|key| text(key))
-                    .collect::<Result<_, _>>()
-                    .map_err(bad_answer)?,
-            )),
-            _ => Err(bad_answer("an edit answered out of turn")),
-        }
-    }
-
     /// Test support: writes a task with the producers' script ([`PRODUCE`]).
     pub async fn produce(&self, key: &str, value: &[u8]) -> Result<(), CoordError> {
         let mut connection = self.connection().await?;
@@ -471,7 +373,7 @@ fn bad_answer(why: impl std::fmt::Display) -> CoordError {
     ))
 }
 
-impl Coordinator for RedisCoordinator {
+impl Leases for RedisCoordinator {
     fn describe(&self) -> String {
         match self.client.get_connection_info().addr() {
             addr @ redis::ConnectionAddr::Tcp(..) => format!("Redis at {addr}"),
@@ -479,101 +381,170 @@ impl Coordinator for RedisCoordinator {
         }
     }
 
-    fn open_lease<'a>(&'a self, spec: &'a LeaseSpec) -> CoordFuture<'a, Grant> {
-        Box::pin(self.open(spec))
+    async fn open_lease(&self, spec: &LeaseSpec) -> Result<Grant, CoordError> {
+        if spec.ttl < TTL_MIN {
+            return Err(CoordError::Refused(format!(
+                "a lease TTL of {:?} is below the Redis coordinator's minimum of {TTL_MIN:?}: raise election.lease_ttl",
+                spec.ttl
+            )));
+        }
+        self.check_durability().await?;
+        let previous = spec.previous.as_ref().map_or("", |lease| lease.0.as_str());
+        let ttl = spec.ttl.as_millis().to_string();
+        let new = uuid::Uuid::new_v4().to_string();
+        let reply = self
+            .fields(
+                &self.scripts.open,
+                &[
+                    previous.as_bytes(),
+                    spec.node_id.as_bytes(),
+                    ttl.as_bytes(),
+                    new.as_bytes(),
+                ],
+            )
+            .await?;
+        match reply.as_slice() {
+            [kind, id] => Ok(Grant {
+                lease: LeaseId(text(id).map_err(bad_answer)?),
+                reused: kind.as_slice() == b"reused",
+            }),
+            _ => Err(bad_answer(format!("open answered {} fields", reply.len()))),
+        }
     }
 
-    fn keep_alive<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, Renewal> {
-        Box::pin(self.renew(lease))
-    }
-
-    fn revoke<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
-        Box::pin(async move {
-            self.run::<String>(&self.scripts.revoke, &[lease.0.as_bytes()])
-                .await
-                .map(drop)
+    async fn keep_alive(&self, lease: &LeaseId) -> Result<Renewal, CoordError> {
+        let answer: String = self
+            .run(&self.scripts.keep_alive, &[lease.0.as_bytes()])
+            .await?;
+        Ok(if answer == "alive" {
+            Renewal::Alive
+        } else {
+            Renewal::Gone
         })
     }
 
-    fn close<'a>(&'a self, lease: Option<&'a LeaseId>) -> CoordFuture<'a, ()> {
-        // Nothing but the lease is tied to a node here: closing is revoking.
-        Box::pin(async move {
-            match lease {
-                Some(lease) => self.revoke(lease).await,
-                None => Ok(()),
-            }
-        })
+    /// Ends the lease by the script that checks it is still there. Closing is this too (the
+    /// default `close`): nothing but the lease is tied to a node here.
+    async fn revoke(&self, lease: &LeaseId) -> Result<(), CoordError> {
+        self.run::<String>(&self.scripts.revoke, &[lease.0.as_bytes()])
+            .await
+            .map(drop)
     }
+}
 
-    fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)> {
-        Box::pin(self.wait_for(after, wait, ReadHolder))
-    }
-
-    fn campaign<'a>(
-        &'a self,
-        lease: &'a LeaseId,
-        record: &'a HolderRecord,
-    ) -> CoordFuture<'a, Campaign> {
-        Box::pin(self.contend(lease, record))
-    }
-
-    fn resign<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
-        Box::pin(async move {
-            self.run::<String>(&self.scripts.resign, &[lease.0.as_bytes()])
-                .await
-                .map(drop)
-        })
-    }
-
-    fn list<'a>(
-        &'a self,
-        prefix: &'a str,
+impl Elections for RedisCoordinator {
+    async fn observe(
+        &self,
         after: Version,
         wait: Duration,
-    ) -> CoordFuture<'a, (Vec<StoredTask>, Version)> {
-        Box::pin(self.wait_for(after, wait, ReadTasks(prefix)))
+    ) -> Result<(Holder, Version), CoordError> {
+        self.wait_for(after, wait, ReadHolder).await
     }
 
-    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)> {
-        Box::pin(async move {
-            let reply = self
-                .fields(&self.scripts.keys, &[prefix.as_bytes()])
-                .await?;
-            let Some((counter, keys)) = reply.split_first() else {
-                return Err(bad_answer("keys answered nothing"));
-            };
-            let keys = keys
-                .iter()
-                .map(|key| text(key))
-                .collect::<Result<_, _>>()
-                .map_err(bad_answer)?;
-            let counter = number(counter).map_err(bad_answer)?;
-            Ok((keys, Version(layout::encode(counter, false))))
-        })
+    async fn campaign(
+        &self,
+        lease: &LeaseId,
+        record: &HolderRecord,
+    ) -> Result<Campaign, CoordError> {
+        let record = record.encode();
+        let floor = self.highest_token.load(Ordering::Relaxed).to_string();
+        let max = TOKEN_MAX.to_string();
+        let reply = self
+            .fields(
+                &self.scripts.campaign,
+                &[
+                    lease.0.as_bytes(),
+                    &record,
+                    floor.as_bytes(),
+                    max.as_bytes(),
+                ],
+            )
+            .await?;
+        match reply.as_slice() {
+            [won, token] if won.as_slice() == b"won" => {
+                let token = number(token).map_err(bad_answer)?;
+                self.saw_token(token);
+                Ok(Campaign::Won(Leadership {
+                    lease: lease.clone(),
+                    fencing_token: token,
+                }))
+            }
+            [held] if held.as_slice() == b"held" => Ok(Campaign::Held),
+            [gone] if gone.as_slice() == b"gone" => Ok(Campaign::LeaseGone),
+            [exhausted, token] if exhausted.as_slice() == b"exhausted" => {
+                Err(CoordError::Refused(format!(
+                    "the next fencing token would be {}, past {TOKEN_MAX} (2^53 - 1, the largest leaderq hands out): {}fencing/{} holds a number leaderq never wrote; delete that key and restart the replicas",
+                    String::from_utf8_lossy(token),
+                    self.settings.layout.prefix,
+                    self.settings.layout.leader
+                )))
+            }
+            _ => Err(bad_answer("campaign answered out of turn")),
+        }
     }
 
-    fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>> {
-        Box::pin(async move {
-            let args: Vec<&[u8]> = keys.iter().map(|key| key.as_bytes()).collect();
-            let reply = self.fields(&self.scripts.get, &args).await?;
-            Ok(task_rows(reply).map_err(bad_answer)?.tasks)
-        })
+    async fn resign(&self, lease: &LeaseId) -> Result<(), CoordError> {
+        self.run::<String>(&self.scripts.resign, &[lease.0.as_bytes()])
+            .await
+            .map(drop)
+    }
+}
+
+impl Tasks for RedisCoordinator {
+    async fn list(
+        &self,
+        prefix: &str,
+        after: Version,
+        wait: Duration,
+    ) -> Result<(Vec<StoredTask>, Version), CoordError> {
+        self.wait_for(after, wait, ReadTasks(prefix)).await
     }
 
-    fn write<'a>(
-        &'a self,
-        leadership: &'a Leadership,
-        ops: &'a [TaskOp],
-    ) -> CoordFuture<'a, Written> {
-        Box::pin(self.write_ops("guarded", &leadership.lease, leadership.fencing_token, ops))
+    async fn keys(&self, prefix: &str) -> Result<(Vec<String>, Version), CoordError> {
+        let reply = self
+            .fields(&self.scripts.keys, &[prefix.as_bytes()])
+            .await?;
+        let Some((counter, keys)) = reply.split_first() else {
+            return Err(bad_answer("keys answered nothing"));
+        };
+        let keys = keys
+            .iter()
+            .map(|key| text(key))
+            .collect::<Result<_, _>>()
+            .map_err(bad_answer)?;
+        let counter = number(counter).map_err(bad_answer)?;
+        Ok((keys, Version(layout::encode(counter, false))))
     }
 
-    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, Written> {
-        Box::pin(self.write_ops("own", lease, 0, ops))
+    async fn get(&self, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {
+        let args: Vec<&[u8]> = keys.iter().map(|key| key.as_bytes()).collect();
+        let reply = self.fields(&self.scripts.get, &args).await?;
+        Ok(task_rows(reply).map_err(bad_answer)?.tasks)
     }
 
-    fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited> {
-        Box::pin(self.edit_tasks(ops))
+    async fn write(&self, leadership: &Leadership, ops: &[TaskOp]) -> Result<Written, CoordError> {
+        self.write_ops("guarded", &leadership.lease, leadership.fencing_token, ops)
+            .await
+    }
+
+    async fn write_own(&self, lease: &LeaseId, ops: &[TaskOp]) -> Result<Written, CoordError> {
+        self.write_ops("own", lease, 0, ops).await
+    }
+
+    async fn edit(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
+        let encoded = edit_args(ops);
+        let args: Vec<&[u8]> = encoded.iter().map(Vec::as_slice).collect();
+        let reply = self.fields(&self.scripts.edit, &args).await?;
+        match reply.split_first() {
+            Some((kind, _)) if kind.as_slice() == b"done" => Ok(Edited::Done),
+            Some((kind, keys)) if kind.as_slice() == b"conflict" => Ok(Edited::Conflict(
+                keys.iter()
+                    .map(|key| text(key))
+                    .collect::<Result<_, _>>()
+                    .map_err(bad_answer)?,
+            )),
+            _ => Err(bad_answer("an edit answered out of turn")),
+        }
     }
 
     fn limits(&self) -> WriteLimits {

@@ -1,4 +1,4 @@
-//! Leadership on ZooKeeper, as Curator's LeaderLatch: each campaigning lease has one
+//! [`Elections`] on ZooKeeper, as Curator's LeaderLatch: each campaigning lease has one
 //! ephemeral-sequential latch znode under the election znode, the lowest leads, and a
 //! replica in line waits on its predecessor alone (no herd when the leader goes).
 //!
@@ -17,7 +17,9 @@ use zookeeper_client as zk;
 
 use super::plan::ZkOp;
 use super::{children_synced, commit, layout, timed, unavailable, ZkCoordinator};
-use crate::coord::{Campaign, CoordError, Holder, HolderRecord, Leadership, LeaseId, Version};
+use crate::coord::{
+    Campaign, CoordError, Elections, Holder, HolderRecord, Leadership, LeaseId, Version,
+};
 
 /// How often a campaign retries when another campaign of the same lease rewrote the marker
 /// between its read and its write.
@@ -52,46 +54,52 @@ pub(super) fn guard(
     ]
 }
 
-impl ZkCoordinator {
-    fn election_dir(&self) -> String {
-        layout::path_of(&self.settings.leader_key)
-    }
-
-    fn marker_path(&self) -> String {
-        format!("{}/{}", self.election_dir(), layout::MARKER)
-    }
-
-    /// Makes the election znode and its marker exist.
-    async fn make_election(&self, client: &zk::Client) -> Result<(), CoordError> {
-        let dir = self.election_dir();
-        if self.made().contains(&self.marker_path()) {
-            return Ok(());
-        }
-        self.make_dir(client, &dir).await?;
-        let options = zk::CreateMode::Persistent.with_acls(self.acls());
-        match timed(client.create(&self.marker_path(), b"", &options)).await {
-            Ok(_) | Err(zk::Error::NodeExists) => {
-                self.made().insert(self.marker_path());
-                Ok(())
-            }
-            Err(err) => Err(unavailable(err)),
-        }
-    }
-
-    /// This lease's latch znode's name, if it is in line.
-    async fn own_latch(
+impl Elections for ZkCoordinator {
+    /// The holder once the election moved past `after`, or after `wait`. A replica in line
+    /// waits on its predecessor's latch alone; one not in line on the leader's; with no one
+    /// in line, on the election znode's children.
+    async fn observe(
         &self,
-        client: &zk::Client,
-        session: i64,
-    ) -> Result<Option<String>, zk::Error> {
-        let children = children_synced(client, &self.election_dir()).await?;
-        Ok(layout::latches(&children)
-            .into_iter()
-            .find(|latch| latch.session == session)
-            .map(|latch| latch.name))
+        after: Version,
+        wait: Duration,
+    ) -> Result<(Holder, Version), CoordError> {
+        let main = self.main().await?;
+        self.make_election(&main).await?;
+        let first = self.snapshot(&main).await?;
+        if after == Version(0) || first.version > after || wait.is_zero() {
+            return Ok((first.holder, first.version));
+        }
+        let own = self.own_sessions();
+        let dir = self.election_dir();
+        let changed: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
+            match layout::watched(&first.line, &own) {
+                Some(latch) => {
+                    match timed(main.check_and_watch_stat(&format!("{dir}/{}", latch.name))).await {
+                        Ok((Some(_), watcher)) => Box::pin(async move {
+                            watcher.changed().await;
+                        }),
+                        Ok((None, _)) => Box::pin(async {}),
+                        Err(err) => return Err(unavailable(err)),
+                    }
+                }
+                None => match timed(main.get_and_watch_children(&dir)).await {
+                    Ok((_, _, watcher)) => Box::pin(async move {
+                        watcher.changed().await;
+                    }),
+                    Err(err) => return Err(unavailable(err)),
+                },
+            };
+        // What changed between the first read and the watch is in this read.
+        let second = self.snapshot(&main).await?;
+        if second.version > after {
+            return Ok((second.holder, second.version));
+        }
+        let _ = tokio::time::timeout(wait, changed).await;
+        let last = self.snapshot(&main).await?;
+        Ok((last.holder, last.version))
     }
 
-    pub(super) async fn contend(
+    async fn campaign(
         &self,
         lease: &LeaseId,
         record: &HolderRecord,
@@ -200,7 +208,7 @@ impl ZkCoordinator {
 
     /// Deletes this lease's latch znode: leadership (or its place in line) is given up, and
     /// the next in line leads.
-    pub(super) async fn give_up(&self, lease: &LeaseId) -> Result<(), CoordError> {
+    async fn resign(&self, lease: &LeaseId) -> Result<(), CoordError> {
         let Some(session) = layout::session_of(lease) else {
             return Ok(());
         };
@@ -214,6 +222,46 @@ impl ZkCoordinator {
             Ok(None) | Err(zk::Error::NoNode) => Ok(()),
             Err(err) => Err(unavailable(err)),
         }
+    }
+}
+
+impl ZkCoordinator {
+    fn election_dir(&self) -> String {
+        layout::path_of(&self.settings.leader_key)
+    }
+
+    fn marker_path(&self) -> String {
+        format!("{}/{}", self.election_dir(), layout::MARKER)
+    }
+
+    /// Makes the election znode and its marker exist.
+    async fn make_election(&self, client: &zk::Client) -> Result<(), CoordError> {
+        let dir = self.election_dir();
+        if self.made().contains(&self.marker_path()) {
+            return Ok(());
+        }
+        self.make_dir(client, &dir).await?;
+        let options = zk::CreateMode::Persistent.with_acls(self.acls());
+        match timed(client.create(&self.marker_path(), b"", &options)).await {
+            Ok(_) | Err(zk::Error::NodeExists) => {
+                self.made().insert(self.marker_path());
+                Ok(())
+            }
+            Err(err) => Err(unavailable(err)),
+        }
+    }
+
+    /// This lease's latch znode's name, if it is in line.
+    async fn own_latch(
+        &self,
+        client: &zk::Client,
+        session: i64,
+    ) -> Result<Option<String>, zk::Error> {
+        let children = children_synced(client, &self.election_dir()).await?;
+        Ok(layout::latches(&children)
+            .into_iter()
+            .find(|latch| latch.session == session)
+            .map(|latch| latch.name))
     }
 
     /// The line and the marker, read now.
@@ -254,49 +302,5 @@ impl ZkCoordinator {
             },
             version: Version((dir_pzxid.max(0) as u64).max(token)),
         })
-    }
-
-    /// The holder once the election moved past `after`, or after `wait`. A replica in line
-    /// waits on its predecessor's latch alone; one not in line on the leader's; with no one
-    /// in line, on the election znode's children.
-    pub(super) async fn watch_holder(
-        &self,
-        after: Version,
-        wait: Duration,
-    ) -> Result<(Holder, Version), CoordError> {
-        let main = self.main().await?;
-        self.make_election(&main).await?;
-        let first = self.snapshot(&main).await?;
-        if after == Version(0) || first.version > after || wait.is_zero() {
-            return Ok((first.holder, first.version));
-        }
-        let own = self.own_sessions();
-        let dir = self.election_dir();
-        let changed: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> =
-            match layout::watched(&first.line, &own) {
-                Some(latch) => {
-                    match timed(main.check_and_watch_stat(&format!("{dir}/{}", latch.name))).await {
-                        Ok((Some(_), watcher)) => Box::pin(async move {
-                            watcher.changed().await;
-                        }),
-                        Ok((None, _)) => Box::pin(async {}),
-                        Err(err) => return Err(unavailable(err)),
-                    }
-                }
-                None => match timed(main.get_and_watch_children(&dir)).await {
-                    Ok((_, _, watcher)) => Box::pin(async move {
-                        watcher.changed().await;
-                    }),
-                    Err(err) => return Err(unavailable(err)),
-                },
-            };
-        // What changed between the first read and the watch is in this read.
-        let second = self.snapshot(&main).await?;
-        if second.version > after {
-            return Ok((second.holder, second.version));
-        }
-        let _ = tokio::time::timeout(wait, changed).await;
-        let last = self.snapshot(&main).await?;
-        Ok((last.holder, last.version))
     }
 }

@@ -1,4 +1,4 @@
-//! Leases on ZooKeeper: one session per lease, its own connection with the lease's TTL as
+//! [`Leases`] on ZooKeeper: one session per lease, its own connection with the lease's TTL as
 //! session timeout.
 //!
 //! ZooKeeper keeps a session alive by the client library's own pings, whether or not the
@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use super::{children_synced, commit, layout, timed, unavailable, ZkCoordinator};
-use crate::coord::{CoordError, Grant, HolderRecord, LeaseId, LeaseSpec, Renewal};
+use crate::coord::{CoordError, Grant, HolderRecord, LeaseId, LeaseSpec, Leases, Renewal};
 
 /// A lease this coordinator holds: the session's client, and the watchdog that closes it
 /// a TTL after the last keep-alive.
@@ -42,20 +42,12 @@ impl Drop for Held {
 /// its ephemeral znodes are gone for every reader.
 const CLOSE_WAIT: Duration = Duration::from_secs(5);
 
-impl ZkCoordinator {
-    pub(super) fn lease_client(&self, lease: &LeaseId) -> Option<zk::Client> {
-        self.leases().get(lease).map(|held| held.client.clone())
+impl Leases for ZkCoordinator {
+    fn describe(&self) -> String {
+        format!("ZooKeeper at {}", self.settings.connect)
     }
 
-    /// The sessions of the leases this coordinator holds.
-    pub(super) fn own_sessions(&self) -> Vec<i64> {
-        self.leases()
-            .keys()
-            .filter_map(layout::session_of)
-            .collect()
-    }
-
-    pub(super) async fn open(&self, spec: &LeaseSpec) -> Result<Grant, CoordError> {
+    async fn open_lease(&self, spec: &LeaseSpec) -> Result<Grant, CoordError> {
         if let Some(previous) = &spec.previous {
             self.clear_previous(previous, &spec.node_id).await?;
         }
@@ -91,43 +83,10 @@ impl ZkCoordinator {
         })
     }
 
-    /// Deletes the latch znode of `previous` if it is this node's (its record names
-    /// `node_id`): the run that held it is over.
-    async fn clear_previous(&self, previous: &LeaseId, node_id: &str) -> Result<(), CoordError> {
-        let Some(session) = layout::session_of(previous) else {
-            return Ok(());
-        };
-        let main = self.main().await?;
-        let dir = layout::path_of(&self.settings.leader_key);
-        let children = match children_synced(&main, &dir).await {
-            Ok(children) => children,
-            Err(zk::Error::NoNode) => return Ok(()),
-            Err(err) => return Err(unavailable(err)),
-        };
-        for latch in layout::latches(&children) {
-            if latch.session != session {
-                continue;
-            }
-            let path = format!("{dir}/{}", latch.name);
-            let own = match timed(main.get_data(&path)).await {
-                Ok((data, _)) => HolderRecord::decode(&data).is_some_and(|r| r.node == node_id),
-                Err(zk::Error::NoNode) => false,
-                Err(err) => return Err(unavailable(err)),
-            };
-            if own {
-                match timed(main.delete(&path, None)).await {
-                    Ok(()) | Err(zk::Error::NoNode) => {}
-                    Err(err) => return Err(unavailable(err)),
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Alive only if the session answers now: a request on it is what ZooKeeper counts as
     /// contact. Disconnected (Curator's SUSPENDED) is an error, so the leader steps down
     /// once no keep-alive succeeded for a TTL; expired (LOST) or closed is `Gone`.
-    pub(super) async fn renew(&self, lease: &LeaseId) -> Result<Renewal, CoordError> {
+    async fn keep_alive(&self, lease: &LeaseId) -> Result<Renewal, CoordError> {
         let Some((client, ttl, renewed)) = self
             .leases()
             .get(lease)
@@ -166,7 +125,7 @@ impl ZkCoordinator {
 
     /// Ends the lease: deletes its ephemeral znodes (latch, claim markers) so every reader
     /// sees them gone at once, then closes the session.
-    pub(super) async fn end(&self, lease: &LeaseId) -> Result<(), CoordError> {
+    async fn revoke(&self, lease: &LeaseId) -> Result<(), CoordError> {
         let Some(held) = self.leases().remove(lease) else {
             return Ok(());
         };
@@ -190,6 +149,63 @@ impl ZkCoordinator {
             }
         })
         .await;
+        Ok(())
+    }
+
+    /// Revokes the lease, if one is given, then closes the coordinator's own session too:
+    /// nothing of it is left to expire.
+    async fn close(&self, lease: Option<&LeaseId>) -> Result<(), CoordError> {
+        if let Some(lease) = lease {
+            self.revoke(lease).await?;
+        }
+        self.main.lock().await.take();
+        Ok(())
+    }
+}
+
+impl ZkCoordinator {
+    pub(super) fn lease_client(&self, lease: &LeaseId) -> Option<zk::Client> {
+        self.leases().get(lease).map(|held| held.client.clone())
+    }
+
+    /// The sessions of the leases this coordinator holds.
+    pub(super) fn own_sessions(&self) -> Vec<i64> {
+        self.leases()
+            .keys()
+            .filter_map(layout::session_of)
+            .collect()
+    }
+
+    /// Deletes the latch znode of `previous` if it is this node's (its record names
+    /// `node_id`): the run that held it is over.
+    async fn clear_previous(&self, previous: &LeaseId, node_id: &str) -> Result<(), CoordError> {
+        let Some(session) = layout::session_of(previous) else {
+            return Ok(());
+        };
+        let main = self.main().await?;
+        let dir = layout::path_of(&self.settings.leader_key);
+        let children = match children_synced(&main, &dir).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => return Ok(()),
+            Err(err) => return Err(unavailable(err)),
+        };
+        for latch in layout::latches(&children) {
+            if latch.session != session {
+                continue;
+            }
+            let path = format!("{dir}/{}", latch.name);
+            let own = match timed(main.get_data(&path)).await {
+                Ok((data, _)) => HolderRecord::decode(&data).is_some_and(|r| r.node == node_id),
+                Err(zk::Error::NoNode) => false,
+                Err(err) => return Err(unavailable(err)),
+            };
+            if own {
+                match timed(main.delete(&path, None)).await {
+                    Ok(()) | Err(zk::Error::NoNode) => {}
+                    Err(err) => return Err(unavailable(err)),
+                }
+            }
+        }
         Ok(())
     }
 }

@@ -2,6 +2,9 @@
 //! `zookeeper-client` crate (async, tokio), with the semantics of Apache Curator's
 //! LeaderLatch. The tree (below the connect string's chroot, created if missing) is in
 //! `layout.rs`. ZooKeeper's names (session, znode, zxid, `multi`) stay in this folder.
+//! Each part of the seam in its own file: [`Leases`](crate::coord::Leases) in `lease.rs`,
+//! [`Elections`](crate::coord::Elections) in `election.rs`, [`Tasks`](crate::coord::Tasks)
+//! in `queue.rs`.
 //!
 //! In the seam's words:
 //! - a lease is one ZooKeeper session on its own connection, timeout = the lease TTL (refused
@@ -74,11 +77,7 @@ use std::time::Duration;
 
 use zookeeper_client as zk;
 
-use crate::coord::{
-    Campaign, CoordError, CoordFuture, Coordinator, Edit, Edited, Grant, Holder, HolderRecord,
-    Leadership, LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits,
-    Written,
-};
+use crate::coord::{CoordError, Coordinator, LeaseId, WriteLimits};
 
 pub use layout::path_of;
 pub use settings::ZookeeperSettings;
@@ -303,103 +302,6 @@ pub(crate) fn unavailable(err: zk::Error) -> CoordError {
             "ZooKeeper: {err}: set zookeeper.auth to a user the znodes' ACLs allow"
         )),
         other => CoordError::Unavailable(format!("ZooKeeper: {other}")),
-    }
-}
-
-impl Coordinator for ZkCoordinator {
-    fn describe(&self) -> String {
-        format!("ZooKeeper at {}", self.settings.connect)
-    }
-
-    fn open_lease<'a>(&'a self, spec: &'a LeaseSpec) -> CoordFuture<'a, Grant> {
-        Box::pin(self.open(spec))
-    }
-
-    fn keep_alive<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, Renewal> {
-        Box::pin(self.renew(lease))
-    }
-
-    fn revoke<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
-        Box::pin(self.end(lease))
-    }
-
-    fn close<'a>(&'a self, lease: Option<&'a LeaseId>) -> CoordFuture<'a, ()> {
-        Box::pin(async move {
-            if let Some(lease) = lease {
-                self.end(lease).await?;
-            }
-            // The coordinator's own session goes too: nothing of it is left to expire.
-            self.main.lock().await.take();
-            Ok(())
-        })
-    }
-
-    fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)> {
-        Box::pin(self.watch_holder(after, wait))
-    }
-
-    fn campaign<'a>(
-        &'a self,
-        lease: &'a LeaseId,
-        record: &'a HolderRecord,
-    ) -> CoordFuture<'a, Campaign> {
-        Box::pin(self.contend(lease, record))
-    }
-
-    fn resign<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
-        Box::pin(self.give_up(lease))
-    }
-
-    fn list<'a>(
-        &'a self,
-        prefix: &'a str,
-        after: Version,
-        wait: Duration,
-    ) -> CoordFuture<'a, (Vec<StoredTask>, Version)> {
-        Box::pin(self.list_tasks(prefix, after, wait))
-    }
-
-    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)> {
-        Box::pin(self.list_keys(prefix))
-    }
-
-    fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>> {
-        Box::pin(async move {
-            let main = self.main().await?;
-            queue::read_tasks(&main, keys).await
-        })
-    }
-
-    fn write<'a>(
-        &'a self,
-        leadership: &'a Leadership,
-        ops: &'a [TaskOp],
-    ) -> CoordFuture<'a, Written> {
-        Box::pin(self.write_guarded(leadership, ops))
-    }
-
-    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, Written> {
-        Box::pin(self.write_unguarded(lease, ops))
-    }
-
-    fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited> {
-        Box::pin(self.edit_tasks(ops))
-    }
-
-    fn limits(&self) -> WriteLimits {
-        LIMITS
-    }
-
-    fn cost(&self, op: &TaskOp) -> WriteCost {
-        plan::cost(op, self.root_len())
-    }
-
-    fn guard_cost(&self) -> WriteCost {
-        let guard = election::guard(&self.settings.leader_key, LONGEST_LATCH, 0, 0);
-        WriteCost {
-            ops: guard.len(),
-            bytes: guard.iter().map(|op| op.encoded_len(self.root_len())).sum(),
-        }
     }
 }
 

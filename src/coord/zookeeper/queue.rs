@@ -1,4 +1,4 @@
-//! The queue on ZooKeeper: a prefix's znode and its children, read with their stats,
+//! [`Tasks`] on ZooKeeper: a prefix's znode and its children, read with their stats,
 //! waited on with one persistent recursive watch, and written in `multi`s planned by
 //! `plan.rs` from a read just before.
 
@@ -8,18 +8,15 @@ use std::time::Duration;
 use zookeeper_client as zk;
 
 use super::plan::{self, Seen, Unsent, Writer, ZkOp};
-use super::{commit, election, layout, timed, unavailable, ZkCoordinator};
+use super::{commit, election, layout, timed, unavailable, ZkCoordinator, LIMITS, LONGEST_LATCH};
 use crate::coord::{
     admit, conflict_on_all, CoordError, Edit, Edited, Leadership, LeaseId, StoredTask, TaskOp,
-    Version, Written,
+    Tasks, Version, WriteCost, WriteLimits, Written,
 };
 
 /// The tasks at `keys` that exist, read at once (every request is sent before the first
 /// answer is awaited).
-pub(super) async fn read_tasks(
-    client: &zk::Client,
-    keys: &[String],
-) -> Result<Vec<StoredTask>, CoordError> {
+async fn read_tasks(client: &zk::Client, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {
     let synced = timed(client.sync("/"));
     let reads: Vec<_> = keys
         .iter()
@@ -199,75 +196,11 @@ fn keys_of(ops: &[TaskOp]) -> Vec<String> {
     keys
 }
 
-impl ZkCoordinator {
-    /// After a failed `multi`: forgets which znodes were made, in case an operator deleted a
-    /// parent (a dead letter's create then fails until it is made again). Passes `key` on.
-    fn forget_made<T>(&self, key: T) -> T {
-        self.made().clear();
-        key
-    }
-
-    /// Makes the parents of the dead letters in `ops` exist, so their creation in a `multi`
-    /// cannot fail for a missing parent.
-    async fn make_parents(&self, client: &zk::Client, keys: &[&str]) -> Result<(), CoordError> {
-        for key in keys {
-            if let Some(parent) = layout::parent(&layout::path_of(key)) {
-                self.make_dir(client, parent).await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The tasks under `prefix` and the queue's version: the latest of the prefix znode's
-    /// `pzxid` (tasks created or deleted) and every task's version.
-    async fn read_list(
-        &self,
-        client: &zk::Client,
-        prefix: &str,
-    ) -> Result<(Vec<StoredTask>, Version), CoordError> {
-        let (keys, dir_version) = self.read_keys(client, prefix).await?;
-        let tasks = read_tasks(client, &keys).await?;
-        let newest = tasks.iter().map(|t| t.version).max().unwrap_or(0);
-        Ok((tasks, Version(dir_version.0.max(newest))))
-    }
-
-    async fn read_keys(
-        &self,
-        client: &zk::Client,
-        prefix: &str,
-    ) -> Result<(Vec<String>, Version), CoordError> {
-        let (dir, start) = layout::prefix_dir(prefix);
-        let synced = timed(client.sync("/"));
-        let children = timed(client.get_children(&dir));
-        synced.await.map_err(unavailable)?;
-        let (names, stat) = match children.await {
-            Ok(found) => found,
-            Err(zk::Error::NoNode) => return Ok((Vec::new(), Version(0))),
-            Err(err) => return Err(unavailable(err)),
-        };
-        let mut keys: Vec<String> = names
-            .iter()
-            .filter(|name| name.starts_with(&start))
-            // ZooKeeper's own subtree, when the prefix lists the root.
-            .filter(|name| !(dir == "/" && name.as_str() == "zookeeper"))
-            .map(|name| layout::child_key(&dir, name))
-            .collect();
-        keys.sort();
-        Ok((keys, Version(stat.pzxid.max(0) as u64)))
-    }
-
-    pub(super) async fn list_keys(
-        &self,
-        prefix: &str,
-    ) -> Result<(Vec<String>, Version), CoordError> {
-        let main = self.main().await?;
-        self.read_keys(&main, prefix).await
-    }
-
+impl Tasks for ZkCoordinator {
     /// Lists the queue; past `after`, first waits (a persistent recursive watch on the
     /// prefix's znode: a task created, rewritten or deleted, a claim made or ended) until
     /// the version moves or `wait` passes.
-    pub(super) async fn list_tasks(
+    async fn list(
         &self,
         prefix: &str,
         after: Version,
@@ -292,11 +225,17 @@ impl ZkCoordinator {
         self.read_list(&main, prefix).await
     }
 
-    pub(super) async fn write_guarded(
-        &self,
-        leadership: &Leadership,
-        ops: &[TaskOp],
-    ) -> Result<Written, CoordError> {
+    async fn keys(&self, prefix: &str) -> Result<(Vec<String>, Version), CoordError> {
+        let main = self.main().await?;
+        self.read_keys(&main, prefix).await
+    }
+
+    async fn get(&self, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {
+        let main = self.main().await?;
+        read_tasks(&main, keys).await
+    }
+
+    async fn write(&self, leadership: &Leadership, ops: &[TaskOp]) -> Result<Written, CoordError> {
         admit(self, ops, true)?;
         let (Some(client), Some(session)) = (
             self.lease_client(&leadership.lease),
@@ -397,11 +336,7 @@ impl ZkCoordinator {
 
     /// Writes tasks `lease` holds itself, all or nothing; a batch with any other task, or
     /// one that moved, is left alone.
-    pub(super) async fn write_unguarded(
-        &self,
-        lease: &LeaseId,
-        ops: &[TaskOp],
-    ) -> Result<Written, CoordError> {
+    async fn write_own(&self, lease: &LeaseId, ops: &[TaskOp]) -> Result<Written, CoordError> {
         admit(self, ops, false)?;
         let (Some(client), Some(session)) = (self.lease_client(lease), layout::session_of(lease))
         else {
@@ -436,7 +371,7 @@ impl ZkCoordinator {
 
     /// A producer's or operator's edit, all or nothing: creates only keys that do not
     /// exist, deletes and replaces only at the version read.
-    pub(super) async fn edit_tasks(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
+    async fn edit(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
         if ops.is_empty() {
             return Ok(Edited::Done);
         }
@@ -529,5 +464,79 @@ impl ZkCoordinator {
                 "the ZooKeeper session ended during the edit; try again".into(),
             )),
         }
+    }
+
+    fn limits(&self) -> WriteLimits {
+        LIMITS
+    }
+
+    fn cost(&self, op: &TaskOp) -> WriteCost {
+        plan::cost(op, self.root_len())
+    }
+
+    fn guard_cost(&self) -> WriteCost {
+        let guard = election::guard(&self.settings.leader_key, LONGEST_LATCH, 0, 0);
+        WriteCost {
+            ops: guard.len(),
+            bytes: guard.iter().map(|op| op.encoded_len(self.root_len())).sum(),
+        }
+    }
+}
+
+impl ZkCoordinator {
+    /// After a failed `multi`: forgets which znodes were made, in case an operator deleted a
+    /// parent (a dead letter's create then fails until it is made again). Passes `key` on.
+    fn forget_made<T>(&self, key: T) -> T {
+        self.made().clear();
+        key
+    }
+
+    /// Makes the parents of the dead letters in `ops` exist, so their creation in a `multi`
+    /// cannot fail for a missing parent.
+    async fn make_parents(&self, client: &zk::Client, keys: &[&str]) -> Result<(), CoordError> {
+        for key in keys {
+            if let Some(parent) = layout::parent(&layout::path_of(key)) {
+                self.make_dir(client, parent).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The tasks under `prefix` and the queue's version: the latest of the prefix znode's
+    /// `pzxid` (tasks created or deleted) and every task's version.
+    async fn read_list(
+        &self,
+        client: &zk::Client,
+        prefix: &str,
+    ) -> Result<(Vec<StoredTask>, Version), CoordError> {
+        let (keys, dir_version) = self.read_keys(client, prefix).await?;
+        let tasks = read_tasks(client, &keys).await?;
+        let newest = tasks.iter().map(|t| t.version).max().unwrap_or(0);
+        Ok((tasks, Version(dir_version.0.max(newest))))
+    }
+
+    async fn read_keys(
+        &self,
+        client: &zk::Client,
+        prefix: &str,
+    ) -> Result<(Vec<String>, Version), CoordError> {
+        let (dir, start) = layout::prefix_dir(prefix);
+        let synced = timed(client.sync("/"));
+        let children = timed(client.get_children(&dir));
+        synced.await.map_err(unavailable)?;
+        let (names, stat) = match children.await {
+            Ok(found) => found,
+            Err(zk::Error::NoNode) => return Ok((Vec::new(), Version(0))),
+            Err(err) => return Err(unavailable(err)),
+        };
+        let mut keys: Vec<String> = names
+            .iter()
+            .filter(|name| name.starts_with(&start))
+            // ZooKeeper's own subtree, when the prefix lists the root.
+            .filter(|name| !(dir == "/" && name.as_str() == "zookeeper"))
+            .map(|name| layout::child_key(&dir, name))
+            .collect();
+        keys.sort();
+        Ok((keys, Version(stat.pzxid.max(0) as u64)))
     }
 }
