@@ -30,8 +30,7 @@
 //! carries: [`Leases`] (open, keep alive, revoke, close), [`Elections`] (observe,
 //! campaign, resign) and [`Tasks`] (list, keys, get, write, write_own, edit and what a
 //! write may carry). A backend implements each as native `async fn`s, in the file that owns
-//! that part (its `lease.rs`, `election.rs` or `leadership.rs`, and `queue.rs`, where it
-//! has them). Callers hold an `Arc<dyn Coordinator>`: [`Coordinator`] is the one
+//! that part (its lease, election or leadership, and queue files, where it has them). Callers hold an `Arc<dyn Coordinator>`: [`Coordinator`] is the one
 //! dyn-compatible trait, and one blanket impl below gives it to every type that implements
 //! the three, boxing each future ([`CoordFuture`]) so no backend does. A test double that
 //! wraps another coordinator may implement [`Coordinator`] directly instead.

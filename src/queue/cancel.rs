@@ -6,10 +6,13 @@
 //! A marker naming another version (a run that ended, a task enqueued anew under the key)
 //! is ignored, so a late one can never cancel a later run.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
-use super::*;
-use crate::coord::{Edit, Edited};
+use super::run::RELEASE_ATTEMPTS;
+use super::Queue;
+use crate::coord::{Edit, Edited, StoredTask};
 
 /// While a handler runs, the leader looks for a cancel marker this often.
 pub(super) const CANCEL_POLL: Duration = Duration::from_secs(1);
@@ -74,7 +77,8 @@ impl Queue {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{cancel_key, cancels, CancelMarker};
+    use crate::coord::StoredTask;
 
     /// Only a marker naming this run's claim version cancels it.
     #[test]

@@ -1,11 +1,140 @@
-//! Claiming: working through a backlog in `taskTime` order, each claim planned within the
-//! coordinator's limits (`plan.rs` decides, this file writes), finished tasks riding along
-//! in the next claim, and claims that did not start put back.
+//! Claiming: the driver that works through a listing's backlog in `taskTime` order, and
+//! the one claim write both drivers make. Each claim is planned within the coordinator's
+//! limits (`plan.rs`), its answer read (`answer.rs`: claimed, step down, list again, or
+//! per task put back, deferred or read again) and applied here ([`Queue::claim_and_apply`]);
+//! finished tasks ride along in the next claim, and claims that did not start are put back.
+//! With one run at a time the driver is here (`work_through_one`, which batches the claims
+//! of fast handlers); with several, `groups.rs`.
+//!
+//! Size: the one-at-a-time driver, the claim write and the application of its answer are
+//! one path, read top to bottom; the releases of unstarted claims close it.
 
-use super::*;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::answer::{after_refusal, fates, read_answer, ClaimAnswer, Fate, Refusal};
+use super::backlog::{Backlog, Next};
+use super::dead::DEFERRED_RETRY;
+use super::entry::pair_of;
+use super::plan::{chunks, plan_claim, ClaimPlan};
+use super::run::{Finished, FAST_HANDLER};
+use super::sort::{Look, Memory, Reading};
+use super::{LeadEnd, Queue};
+use crate::coord::{
+    CoordError, Edit, Leadership, LeaseId, StoredTask, TaskOp, Version, WriteCost, Written,
+};
+use crate::leader::Lease;
+use crate::task::Task;
+
+/// A task's claim, prepared: the value it writes and its op.
+pub(super) struct Candidate {
+    value: Vec<u8>,
+    op: TaskOp,
+}
+
+impl Candidate {
+    pub(super) fn new(
+        task: &Task,
+        leadership: &Leadership,
+        node_id: &str,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Candidate {
+        let value = task.claimed(&leadership.lease.0, node_id, now);
+        let op = TaskOp::Claim {
+            key: task.key.clone(),
+            version: task.version,
+            value: value.clone(),
+        };
+        Candidate { value, op }
+    }
+
+    /// The claim's op, to cost it.
+    pub(super) fn op(&self) -> &TaskOp {
+        &self.op
+    }
+}
+
+/// A claimed task and the value its claim wrote (what the handler gets).
+pub(super) struct Claimed {
+    pub(super) task: Box<Task>,
+    pub(super) value: Vec<u8>,
+}
+
+/// One claim write, ready: the tasks in claim order, their prepared claims, and how many
+/// of the finished tasks' completions ride along (the first `deletions`).
+pub(super) struct Batch {
+    pub(super) tasks: Vec<Task>,
+    pub(super) candidates: Vec<Candidate>,
+    pub(super) deletions: usize,
+}
+
+/// The next claim, planned.
+enum Planned {
+    /// Claim `tasks` with their `candidates`; the first `deletions` finished tasks ride along.
+    Batch {
+        tasks: Vec<Task>,
+        candidates: Vec<Candidate>,
+        deletions: usize,
+    },
+    /// The first pending task, taken out of the backlog, cannot be claimed even alone: its
+    /// claim would cost `cost`.
+    TooLarge { task: Box<Task>, cost: WriteCost },
+}
+
+/// What one claim write did.
+enum Claim {
+    /// Claimed, in order, each with its claim's version.
+    Claimed(Vec<(Claimed, u64)>),
+    /// The listing is stale (a claim conflict or an error): list again.
+    Relist,
+    /// Only the batch's own claims failed, on `keys`: moved (read again, they hold
+    /// `current`) or refused for a while; nothing was applied. Each task's fate is decided
+    /// (`answer::fates`).
+    Conflicted {
+        batch: Vec<Task>,
+        keys: Vec<String>,
+        current: Vec<StoredTask>,
+        fates: Vec<Fate>,
+    },
+    /// The coordinator refused the write as too large; nothing was applied.
+    TooLarge(Vec<Task>, String),
+    End(LeadEnd),
+}
+
+/// What one claim write started, once its answer is applied to the backlog.
+pub(super) enum Started {
+    /// These runs start (possibly none: the tasks were deferred, put back or moved).
+    Runs(Vec<(Claimed, u64)>),
+    /// The listing is stale: list again (once the runs in progress are over).
+    Relist,
+    End(LeadEnd),
+}
 
 impl Queue {
-    /// Works through a listing's backlog. Before each claim the plan decides: look at the
+    /// Works through a listing's backlog: with one run at a time here, claims batched while
+    /// handlers are fast; with `queue.concurrency` above 1, up to that many runs at once,
+    /// one per `taskGroup` (`groups.rs`). Both make their claims through
+    /// [`Queue::claim_and_apply`]. Returns why the leading ends, if it does, and the
+    /// completions it could not record.
+    pub(super) async fn work_through(
+        &self,
+        leadership: &Leadership,
+        lease: &Lease,
+        shutdown: &CancellationToken,
+        backlog: Backlog,
+        memory: &mut Memory,
+    ) -> (Option<LeadEnd>, Vec<Finished>) {
+        if self.settings.concurrency > 1 {
+            self.work_through_groups(leadership, lease, shutdown, backlog, memory)
+                .await
+        } else {
+            self.work_through_one(leadership, lease, shutdown, backlog, memory)
+                .await
+        }
+    }
+
+    /// Works through a listing's backlog one run at a time. Before each claim the plan decides: look at the
     /// queue's keys (every LOOK_INTERVAL) for tasks that arrived and retries written back,
     /// list again, or claim. A cheap look is made before the claim; the names of a costly
     /// one, and a listing, are read while the claims go on, and merged (new keys read and
@@ -16,7 +145,7 @@ impl Queue {
     /// claim is conditioned on the version read; a conflict on some of the batch's claims
     /// reads just those tasks again (any other conflict sends the leader back to list
     /// again). Finished tasks are completed in the next claim's write.
-    pub(super) async fn work_through(
+    async fn work_through_one(
         &self,
         leadership: &Leadership,
         lease: &Lease,
@@ -32,7 +161,7 @@ impl Queue {
         let mut single = false;
         let mut end = None;
         // A look whose names are being read.
-        let mut reading: Option<sort::Reading> = None;
+        let mut reading: Option<Reading> = None;
         'listing: loop {
             if let Some(stop) = self.must_stop(lease, shutdown) {
                 end = Some(stop);
@@ -48,7 +177,7 @@ impl Queue {
                 }
                 continue;
             }
-            let in_line = match backlog.next(Utc::now()) {
+            let in_line = match backlog.next(self.clock().now()) {
                 Next::Claim => None,
                 // A cheap look is made before this claim, so that a task that arrived goes
                 // first; a costly one, and a listing, are read while this claim and the
@@ -104,86 +233,30 @@ impl Queue {
                         continue;
                     }
                 };
-            let deleted: Vec<String> = finished[..deletions]
-                .iter()
-                .map(|done| done.task.key.clone())
-                .collect();
-            let claimed = match self
-                .claim_batch(leadership, batch, candidates, &mut finished, deletions)
-                .await
-            {
-                Claim::Claimed(claimed) => {
-                    for key in &deleted {
-                        backlog.forget(key);
-                    }
-                    claimed
-                }
-                Claim::Relist => break,
-                Claim::Moved(batch, keys, current) => {
-                    match self
-                        .reread(leadership, &mut backlog, memory, batch, &keys, current)
-                        .await
-                    {
-                        Ok(()) => continue,
-                        Err(stop) => {
-                            end = Some(stop);
-                            break;
-                        }
-                    }
-                }
-                Claim::LockDelayed(batch, refused) => {
-                    // The coordinator refuses these keys for a while (Consul: another
-                    // session's lock-delay): nothing was applied.
-                    // They step aside for a while, and the tasks after them go first.
-                    let (delayed, others): (Vec<_>, Vec<_>) = batch
-                        .into_iter()
-                        .enumerate()
-                        .partition(|(n, _)| refused.contains(n));
-                    let delayed: Vec<Task> = delayed.into_iter().map(|(_, task)| task).collect();
-                    for task in &delayed {
-                        tracing::info!(task_key = %task.key, retry_in = %crate::util::duration::format(LOCK_DELAY_RETRY), "task is under another session's lock-delay; claiming the next ones meanwhile");
-                    }
-                    backlog.put_back(others.into_iter().map(|(_, task)| task).collect());
-                    let until = Utc::now()
-                        + chrono::Duration::from_std(LOCK_DELAY_RETRY).unwrap_or_default();
-                    for task in &delayed {
-                        memory.deferred.insert(task.key.clone(), until);
-                    }
-                    backlog.defer(delayed, until);
-                    continue;
-                }
-                Claim::End(stop) => {
+            let batch = Batch {
+                tasks: batch,
+                candidates,
+                deletions,
+            };
+            let alone = single;
+            let started = self
+                .claim_and_apply(
+                    leadership,
+                    &mut backlog,
+                    memory,
+                    batch,
+                    &mut finished,
+                    &mut single,
+                    alone,
+                )
+                .await;
+            let claimed = match started {
+                // Possibly none: the tasks were deferred, put back or read again.
+                Started::Runs(claimed) => claimed,
+                Started::Relist => break,
+                Started::End(stop) => {
                     end = Some(stop);
                     break;
-                }
-                Claim::TooLarge(mut batch, why) => {
-                    if batch.len() > 1 || deletions > 0 || !single {
-                        tracing::warn!(error = %why, "the coordinator refused a claim as too large; claiming one task at a time");
-                        single = true;
-                        if !finished.is_empty() {
-                            finished = self
-                                .complete_known(
-                                    leadership,
-                                    &mut backlog,
-                                    std::mem::take(&mut finished),
-                                )
-                                .await;
-                        }
-                        backlog.put_back(batch);
-                        continue;
-                    }
-                    let Some(task) = batch.pop() else { continue };
-                    let reason =
-                        format!("too large to claim: the coordinator refused its claim: {why}");
-                    let pair = pair_of(&task, task.with(&[]), task.version);
-                    match self.dead_letter(leadership, &pair, &reason).await {
-                        Ok(_) => backlog.forget(&task.key),
-                        Err(stop) => {
-                            end = Some(stop);
-                            break;
-                        }
-                    }
-                    continue;
                 }
             };
             let mut claimed = claimed.into_iter();
@@ -249,14 +322,14 @@ impl Queue {
     /// Plans the next claim: prepares claims of up to `max_tasks` pending tasks while they
     /// fit one write, with as many of the `finished` completions as leave room; or, when
     /// the first task cannot be claimed even alone, takes that task out of the backlog.
-    pub(super) fn plan_batch(
+    fn plan_batch(
         &self,
         leadership: &Leadership,
         backlog: &mut Backlog,
         finished: &[Finished],
         max_tasks: usize,
     ) -> Planned {
-        let now = Utc::now();
+        let now = self.clock().now();
         let completions: Vec<WriteCost> = finished.iter().map(|done| done.cost).collect();
         let guard = self.coord.guard_cost();
         let limits = self.coord.limits();
@@ -271,7 +344,7 @@ impl Queue {
         for task in backlog.pending().take(max_tasks) {
             let candidate = Candidate::new(task, leadership, &self.node_id, now);
             claims.push(self.coord.cost(&candidate.op));
-            let next = plan::plan_claim(guard, &completions, &claims, max_tasks, limits);
+            let next = plan_claim(guard, &completions, &claims, max_tasks, limits);
             match next {
                 ClaimPlan::Take { tasks, .. } if tasks == claims.len() => {
                     candidates.push(candidate);
@@ -304,16 +377,124 @@ impl Queue {
         }
     }
 
-    /// Claims `batch` (with its prepared `candidates`) in one write that also completes
-    /// the first `deletions` finished tasks.
-    pub(super) async fn claim_batch(
+    /// Claims `batch` in one write (completing its riders) and applies the answer to the
+    /// backlog: forgets the completed keys; on a conflict on the batch's own tasks puts
+    /// each back, defers it (refused for a while) or takes it as read again; after a refusal as too
+    /// large goes one task at a time (`alone`: it already does) or dead-letters the task
+    /// that was alone in its write. Answers the runs to start.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn claim_and_apply(
         &self,
         leadership: &Leadership,
-        batch: Vec<Task>,
-        candidates: Vec<Candidate>,
+        backlog: &mut Backlog,
+        memory: &mut Memory,
+        batch: Batch,
         finished: &mut Vec<Finished>,
-        deletions: usize,
+        single: &mut bool,
+        alone: bool,
+    ) -> Started {
+        let deletions = batch.deletions;
+        let deleted: Vec<String> = finished[..deletions]
+            .iter()
+            .map(|done| done.task.key.clone())
+            .collect();
+        match self.claim_batch(leadership, batch, finished).await {
+            Claim::Claimed(claimed) => {
+                for key in &deleted {
+                    backlog.forget(key);
+                }
+                Started::Runs(claimed)
+            }
+            Claim::Relist => Started::Relist,
+            Claim::End(stop) => Started::End(stop),
+            Claim::Conflicted {
+                batch,
+                keys,
+                current,
+                fates,
+            } => {
+                let until = self.clock().now()
+                    + chrono::Duration::from_std(DEFERRED_RETRY).unwrap_or_default();
+                let deferred = fates.contains(&Fate::Defer);
+                for (task, fate) in batch.into_iter().zip(fates) {
+                    match fate {
+                        Fate::PutBack => backlog.put_back_one(task),
+                        // The coordinator refuses this key for a while (a dead lease's
+                        // takeover delay): it steps aside, the tasks after it go first.
+                        Fate::Defer => {
+                            tracing::info!(task_key = %task.key, retry_in = %crate::util::duration::format(DEFERRED_RETRY), "task refused for a while by the coordinator; claiming the next ones meanwhile");
+                            memory.deferred.insert(task.key.clone(), until);
+                            backlog.defer(vec![task], until);
+                        }
+                        Fate::ReadAgain => {}
+                    }
+                }
+                if deferred {
+                    return Started::Runs(Vec::new());
+                }
+                // Only tasks of this batch moved since they were read: they take their new
+                // places (or go, if deleted) without listing the whole queue.
+                tracing::debug!(
+                    ?keys,
+                    "claim conflict; taking the moved tasks as read again"
+                );
+                for key in &keys {
+                    backlog.forget(key);
+                }
+                let now = self.clock().now();
+                match self.sort_out(leadership, current, memory, now).await {
+                    Ok(sorted) => {
+                        backlog.learn(
+                            sorted.keys.into_iter().collect(),
+                            sorted.pending,
+                            sorted.delayed,
+                        );
+                        Started::Runs(Vec::new())
+                    }
+                    Err(stop) => Started::End(stop),
+                }
+            }
+            Claim::TooLarge(mut batch, why) => match after_refusal(batch.len(), deletions, alone) {
+                Refusal::OneAtATime => {
+                    tracing::warn!(error = %why, "the coordinator refused a claim as too large; claiming one task at a time");
+                    *single = true;
+                    let done = std::mem::take(finished);
+                    *finished = self.complete_known(leadership, backlog, done).await;
+                    backlog.put_back(batch);
+                    Started::Runs(Vec::new())
+                }
+                Refusal::DeadLetter => {
+                    let Some(task) = batch.pop() else {
+                        return Started::Runs(Vec::new());
+                    };
+                    let reason =
+                        format!("too large to claim: the coordinator refused its claim: {why}");
+                    let pair = pair_of(&task, task.with(&[]), task.version);
+                    match self.dead_letter(leadership, &pair, &reason).await {
+                        Ok(_) => {
+                            backlog.forget(&task.key);
+                            Started::Runs(Vec::new())
+                        }
+                        Err(stop) => Started::End(stop),
+                    }
+                }
+            },
+        }
+    }
+
+    /// Claims `batch` in one write that also completes the first `deletions` finished
+    /// tasks, and reads the answer (`answer.rs`).
+    async fn claim_batch(
+        &self,
+        leadership: &Leadership,
+        batch: Batch,
+        finished: &mut Vec<Finished>,
     ) -> Claim {
+        let Batch {
+            tasks: batch,
+            candidates,
+            deletions,
+        } = batch;
         let mut ops = Vec::with_capacity(deletions + batch.len());
         // Finished tasks are completed in this claim's write: one commit, not two. It is
         // applied only if the whole claim is.
@@ -323,26 +504,32 @@ impl Queue {
             ops.push(candidate.op);
             values.push(candidate.value);
         }
-        let (versions, fencing_token) = match self.write(leadership, &ops).await {
-            Ok(Written::Done {
+        let written = match self.write(leadership, &ops).await {
+            Ok(written) => written,
+            Err(CoordError::Refused(why)) => return Claim::TooLarge(batch, why),
+            Err(err) => {
+                tracing::warn!(error = %err, "claim failed");
+                return Claim::Relist;
+            }
+        };
+        let answer = read_answer(&batch, written);
+        let (versions, fencing_token) = match answer {
+            ClaimAnswer::Claimed {
                 versions,
                 fencing_token,
-            }) => (versions, fencing_token),
+            } => (versions, fencing_token),
             // Nothing was applied; the finished tasks are completed on their own later.
-            Ok(Written::NotLeader) => {
+            ClaimAnswer::NotLeader => {
                 return Claim::End(LeadEnd::StepDown("lost leadership at claim".into()))
             }
-            Ok(Written::Conflict(keys)) => {
+            ClaimAnswer::Relist => {
                 self.metrics.claim_conflicts.inc();
-                // Only claims of the batch conflicted: its other tasks and the rest of the
-                // backlog are as read, and those tasks read again are enough.
-                let own =
-                    !keys.is_empty() && keys.iter().all(|key| batch.iter().any(|t| t.key == *key));
-                if !own {
-                    tracing::debug!(?keys, "claim conflict; listing again");
-                    return Claim::Relist;
-                }
-                let current = match self.coord.get(&keys).await {
+                tracing::debug!("claim conflict; listing again");
+                return Claim::Relist;
+            }
+            ClaimAnswer::ReadAgain(ref keys) => {
+                self.metrics.claim_conflicts.inc();
+                let current = match self.coord.get(keys).await {
                     Ok(current) => current,
                     Err(err) => {
                         self.metrics.coordinator_error(&err);
@@ -350,31 +537,28 @@ impl Queue {
                         return Claim::Relist;
                     }
                 };
-                let refused = refused_for_a_while(&batch, &keys, &current);
-                if !refused.is_empty() && refused.len() == keys.len() {
-                    return Claim::LockDelayed(batch, refused);
-                }
-                tracing::debug!(
-                    ?keys,
-                    "claim conflict; taking the moved tasks as read again"
-                );
-                return Claim::Moved(batch, keys, current);
+                return Claim::Conflicted {
+                    fates: fates(&batch, &answer),
+                    keys: keys.clone(),
+                    batch,
+                    current,
+                };
             }
-            Err(CoordError::Refused(why)) => return Claim::TooLarge(batch, why),
-            Err(err) => {
-                tracing::warn!(error = %err, "claim failed");
-                return Claim::Relist;
+            // Refused for a while, not moved: nothing to read.
+            ClaimAnswer::Deferred(ref keys) => {
+                return Claim::Conflicted {
+                    fates: fates(&batch, &answer),
+                    keys: keys.clone(),
+                    batch,
+                    current: Vec::new(),
+                };
             }
         };
         for done in finished.drain(..deletions) {
             self.log_completed(leadership, &done, fencing_token);
         }
         let mut claimed = Vec::with_capacity(batch.len());
-        for (task, value) in batch.into_iter().zip(values) {
-            let claim_index = versions
-                .iter()
-                .find(|(key, _)| *key == task.key)
-                .map_or(0, |(_, version)| *version);
+        for ((task, value), claim_index) in batch.into_iter().zip(values).zip(versions) {
             let attempt = task.run_number();
             self.metrics.claimed(&task.task_type);
             tracing::info!(
@@ -396,48 +580,15 @@ impl Queue {
         Claim::Claimed(claimed)
     }
 
-    /// After a claim conflicted on `keys` of `batch` only: puts the rest of the batch back
-    /// and takes those keys as `current` read them, so that a task that moved takes its new
-    /// place (or goes, if it was deleted) without listing the whole queue.
-    pub(super) async fn reread(
-        &self,
-        leadership: &Leadership,
-        backlog: &mut Backlog,
-        memory: &mut Memory,
-        batch: Vec<Task>,
-        keys: &[String],
-        current: Vec<StoredTask>,
-    ) -> Result<(), LeadEnd> {
-        let (_, others): (Vec<Task>, Vec<Task>) =
-            batch.into_iter().partition(|task| keys.contains(&task.key));
-        backlog.put_back(others);
-        for key in keys {
-            backlog.forget(key);
-        }
-        let sorted = self
-            .sort_out(leadership, current, memory, Utc::now())
-            .await?;
-        backlog.learn(
-            sorted.keys.into_iter().collect(),
-            sorted.pending,
-            sorted.delayed,
-        );
-        Ok(())
-    }
-
     /// After a restart that took this replica's lease up again (before it leads, if it
     /// ever does): every task that lease still holds was a run of the previous process,
     /// gone by now (the replica waits for its handlers at start). Each is put back as a
     /// failed attempt, as the leader would, so that no claim is left held by a live lease
     /// that runs nothing: the next leader starts nothing while one is.
-    pub async fn release_previous(&self, lease: &crate::coord::LeaseId) {
+    pub async fn release_previous(&self, lease: &LeaseId) {
         let listed = self
             .coord
-            .list(
-                &self.settings.prefix,
-                crate::coord::Version::default(),
-                Duration::ZERO,
-            )
+            .list(&self.settings.prefix, Version::default(), Duration::ZERO)
             .await;
         let tasks = match listed {
             Ok((tasks, _)) => tasks,
@@ -451,7 +602,7 @@ impl Queue {
             let Ok(task) = Task::parse(stored) else {
                 continue;
             };
-            let value = task.retried(task.run_number(), reason, Utc::now());
+            let value = task.retried(task.run_number(), reason, self.clock().now());
             let op = [TaskOp::Release {
                 key: task.key.clone(),
                 version: task.version,
@@ -490,7 +641,7 @@ impl Queue {
             })
             .collect();
         let costs: Vec<WriteCost> = ops.iter().map(|op| self.coord.cost(op)).collect();
-        for range in plan::chunks(None, &costs, self.coord.limits()) {
+        for range in chunks(None, &costs, self.coord.limits()) {
             match self
                 .coord
                 .write_own(&leadership.lease, &ops[range.clone()])
@@ -505,7 +656,7 @@ impl Queue {
                     continue;
                 };
                 let put_back = |version| {
-                    vec![crate::coord::Edit::Replace {
+                    vec![Edit::Replace {
                         key: key.clone(),
                         version,
                         value: value.clone(),
@@ -520,22 +671,5 @@ impl Queue {
                 }
             }
         }
-    }
-}
-
-/// Of a conflicted claim's `keys` (all of them tasks of `batch`), the tasks of `batch`
-/// (indexes) that `current` shows still as read and held by no lease: nothing moved them,
-/// the coordinator refuses them for a while (Consul: lock-delay). Empty unless every
-/// conflicted key is such a task.
-fn refused_for_a_while(batch: &[Task], keys: &[String], current: &[StoredTask]) -> Vec<usize> {
-    let tried: Vec<usize> = keys
-        .iter()
-        .filter_map(|key| batch.iter().position(|task| task.key == *key))
-        .collect();
-    let still = plan::unmoved(batch, &tried, current);
-    if still.len() == tried.len() {
-        still
-    } else {
-        Vec::new()
     }
 }

@@ -2,7 +2,21 @@
 //! written within the coordinator's limits, and orphans (claimed by a lease that ended)
 //! put back in the queue.
 
-use super::*;
+use std::time::Duration;
+
+use super::entry::pair_of;
+use super::{Applied, LeadEnd, Queue};
+use crate::coord::{Leadership, StoredTask, TaskOp, WriteCost};
+use crate::task::{dead_letter_within, Task};
+
+/// A task whose claim the coordinator refuses for a while (`Written::Deferred`: a dead
+/// lease's takeover delay) is tried again after this long; the tasks after it are claimed
+/// meanwhile. (The coordinator does not say how long the delay lasts: the dead lease set
+/// it, 15 s by default, at most 60 s.)
+pub(super) const DEFERRED_RETRY: Duration = Duration::from_secs(1);
+/// The dead letter written when the coordinator refuses even the trimmed one (a Consul
+/// whose own limits are below leaderq's): about the least that says what happened.
+const MINIMAL_DEAD_LETTER: usize = 4096;
 
 impl Queue {
     pub(super) fn dead_key(&self, key: &str) -> String {
@@ -47,7 +61,8 @@ impl Queue {
             .await?;
         if let Applied::TooLarge(why) = &written {
             tracing::warn!(task_key = %pair.key, error = %why, "the coordinator refused the dead letter as too large; writing a minimal one");
-            let (value, _) = dead_letter_within(pair, reason, Utc::now(), MINIMAL_DEAD_LETTER);
+            let (value, _) =
+                dead_letter_within(pair, reason, self.clock().now(), MINIMAL_DEAD_LETTER);
             trimmed = true;
             written = self
                 .write_or_step_down(leadership, &ops(value), "dead-letter a task")
@@ -89,7 +104,7 @@ impl Queue {
         reason: &str,
         ops: &dyn Fn(Vec<u8>) -> [TaskOp; 1],
     ) -> (Vec<u8>, bool) {
-        let now = Utc::now();
+        let now = self.clock().now();
         let limits = self.coord.limits();
         let mut room = limits.max_bytes;
         loop {
@@ -126,7 +141,7 @@ impl Queue {
                 )
                 .await;
         }
-        let value = task.retried(attempts, reason, Utc::now());
+        let value = task.retried(attempts, reason, self.clock().now());
         // A task still held (by this very lease) is released if unchanged; an orphan, whose
         // claim went with its lease, is rewritten if unchanged.
         let (key, version) = (task.key.clone(), task.version);

@@ -13,11 +13,22 @@
 //! I/O. The leader lists again only once every run of the listing is over, so a listing
 //! never sees this lease's own runs in progress (it would take them for runs cut short).
 
+use std::collections::HashSet;
 use std::future::Future;
+use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio_util::sync::CancellationToken;
 
-use super::*;
+use super::backlog::{Backlog, Next, LOOK_INTERVAL};
+use super::claim::{Batch, Candidate, Claimed, Started};
+use super::plan::{plan_claim, ClaimPlan};
+use super::run::{Finished, RunOutcome};
+use super::sort::{Look, Memory};
+use super::{LeadEnd, Queue};
+use crate::coord::{Leadership, WriteCost};
+use crate::leader::Lease;
+use crate::task::Task;
 
 /// How often the leader lists again while every claimable task belongs to a group whose
 /// task another lease holds (the runs of a previous leader, until its lease ends).
@@ -42,15 +53,6 @@ enum Stall {
     Empty,
     /// No more claims from this listing (list again, paused, or leading ends).
     Over,
-}
-
-/// What one claim write did.
-enum Started {
-    /// These runs start (possibly none: the tasks were deferred, put back or moved).
-    Runs(Vec<(Claimed, u64)>),
-    /// The listing is stale: list again once the runs are over.
-    Relist,
-    End(LeadEnd),
 }
 
 /// Awaits `work` while polling `runs`, keeping the runs that end meanwhile in `ended`: the
@@ -131,7 +133,7 @@ impl Queue {
                 let next = if look_first {
                     Next::Look
                 } else {
-                    backlog.next(Utc::now())
+                    backlog.next(self.clock().now())
                 };
                 match next {
                     Next::Claim => {}
@@ -256,7 +258,7 @@ impl Queue {
                 // Something may arrive or fall due meanwhile: look again after a while.
                 tokio::select! {
                     ran = runs.next(), if !runs.is_empty() => ran,
-                    _ = tokio::time::sleep(plan::LOOK_INTERVAL) => {
+                    _ = tokio::time::sleep(LOOK_INTERVAL) => {
                         look_first = stall == Stall::Empty;
                         None
                     }
@@ -310,7 +312,7 @@ impl Queue {
         finished: &mut Vec<Finished>,
         single: &mut bool,
     ) -> Started {
-        let now = Utc::now();
+        let now = self.clock().now();
         let candidates: Vec<Candidate> = batch
             .iter()
             .map(|task| Candidate::new(task, leadership, &self.node_id, now))
@@ -318,12 +320,12 @@ impl Queue {
         let completions: Vec<WriteCost> = finished.iter().map(|done| done.cost).collect();
         let claims: Vec<WriteCost> = candidates
             .iter()
-            .map(|candidate| self.coord.cost(&candidate.op))
+            .map(|candidate| self.coord.cost(candidate.op()))
             .collect();
         let guard = self.coord.guard_cost();
         let limits = self.coord.limits();
         let riders = if *single { &[][..] } else { &completions[..] };
-        let (deletions, fit) = match plan::plan_claim(guard, riders, &claims, batch.len(), limits) {
+        let (deletions, fit) = match plan_claim(guard, riders, &claims, batch.len(), limits) {
             ClaimPlan::Take { finished, tasks } => (finished, tasks.max(1)),
             ClaimPlan::TooLarge { cost } => {
                 let task = batch.remove(0);
@@ -343,71 +345,13 @@ impl Queue {
             backlog.put_back_one(task);
         }
         let candidates: Vec<Candidate> = candidates.into_iter().take(fit).collect();
-        let deleted: Vec<String> = finished[..deletions]
-            .iter()
-            .map(|done| done.task.key.clone())
-            .collect();
-        match self
-            .claim_batch(leadership, batch, candidates, finished, deletions)
+        let batch = Batch {
+            tasks: batch,
+            candidates,
+            deletions,
+        };
+        // A write of one task with no completions riding along is already alone.
+        self.claim_and_apply(leadership, backlog, memory, batch, finished, single, true)
             .await
-        {
-            Claim::Claimed(claimed) => {
-                for key in &deleted {
-                    backlog.forget(key);
-                }
-                Started::Runs(claimed)
-            }
-            Claim::Relist => Started::Relist,
-            // Only tasks of this batch moved since they were read: read just them again.
-            Claim::Moved(batch, keys, current) => {
-                match self
-                    .reread(leadership, backlog, memory, batch, &keys, current)
-                    .await
-                {
-                    Ok(()) => Started::Runs(Vec::new()),
-                    Err(stop) => Started::End(stop),
-                }
-            }
-            Claim::End(stop) => Started::End(stop),
-            Claim::LockDelayed(batch, refused) => {
-                let until =
-                    Utc::now() + chrono::Duration::from_std(LOCK_DELAY_RETRY).unwrap_or_default();
-                for (n, task) in batch.into_iter().enumerate() {
-                    if refused.contains(&n) {
-                        tracing::info!(task_key = %task.key, retry_in = %crate::util::duration::format(LOCK_DELAY_RETRY), "task is under another session's lock-delay; claiming the next ones meanwhile");
-                        memory.deferred.insert(task.key.clone(), until);
-                        backlog.defer(vec![task], until);
-                    } else {
-                        backlog.put_back_one(task);
-                    }
-                }
-                Started::Runs(Vec::new())
-            }
-            Claim::TooLarge(mut batch, why) => {
-                if batch.len() > 1 || deletions > 0 {
-                    tracing::warn!(error = %why, "the coordinator refused a claim as too large; claiming one task at a time");
-                    *single = true;
-                    let done = std::mem::take(finished);
-                    *finished = self.complete_known(leadership, backlog, done).await;
-                    for task in batch {
-                        backlog.put_back_one(task);
-                    }
-                    return Started::Runs(Vec::new());
-                }
-                let Some(task) = batch.pop() else {
-                    return Started::Runs(Vec::new());
-                };
-                let reason =
-                    format!("too large to claim: the coordinator refused its claim: {why}");
-                let pair = pair_of(&task, task.with(&[]), task.version);
-                match self.dead_letter(leadership, &pair, &reason).await {
-                    Ok(_) => {
-                        backlog.forget(&task.key);
-                        Started::Runs(Vec::new())
-                    }
-                    Err(stop) => Started::End(stop),
-                }
-            }
-        }
     }
 }

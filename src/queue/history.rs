@@ -6,10 +6,15 @@
 //! The records themselves are written by the completions (`run.rs`); what they hold and
 //! which to drop is `task::history`'s business.
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use tokio_util::task::AbortOnDropHandle;
 
-use super::*;
-use crate::coord::{Edit, Edited};
+use super::clock::Clock;
+use super::Queue;
+use crate::coord::{Coordinator, Edit, Edited};
+use crate::observe::Metrics;
 use crate::task::history::{to_prune, Retention};
 
 /// How often the leader looks at the history's size.
@@ -39,6 +44,7 @@ impl Queue {
                 max_age: self.settings.history_max_age,
             },
             metrics: self.metrics.clone(),
+            clock: self.clock(),
         };
         AbortOnDropHandle::new(tokio::spawn(async move {
             tokio::time::sleep(HISTORY_PRUNE_AGAIN).await;
@@ -60,6 +66,7 @@ struct Pruner {
     prefix: String,
     retention: Retention,
     metrics: Arc<Metrics>,
+    clock: Clock,
 }
 
 impl Pruner {
@@ -67,7 +74,7 @@ impl Pruner {
     /// answers whether more are left. Errors are logged and left for the next time:
     /// pruning never costs the leadership.
     async fn prune(&self) -> bool {
-        let started = Instant::now();
+        let started = self.clock.instant();
         let prefix = &self.prefix;
         let keys = match self.coord.keys(prefix).await {
             Ok((keys, _)) => keys,
@@ -77,7 +84,7 @@ impl Pruner {
                 return false;
             }
         };
-        let drop = to_prune(&keys, prefix, self.retention, Utc::now());
+        let drop = to_prune(&keys, prefix, self.retention, self.clock.now());
         let more = drop.len() > PRUNE_PER_LOOK;
         let mut pruned = 0;
         for chunk in drop[..drop.len().min(PRUNE_PER_LOOK)].chunks(PRUNE_BATCH) {
@@ -106,7 +113,7 @@ impl Pruner {
             }
         }
         if pruned > 0 {
-            let elapsed_ms = started.elapsed().as_millis() as u64;
+            let elapsed_ms = self.clock.since(started).as_millis() as u64;
             tracing::info!(
                 pruned,
                 left = keys.len() - pruned,

@@ -7,67 +7,58 @@
 //! leadership it was won with, so a deposed leader can never claim, complete or move a
 //! task, and answers `Done`, `NotLeader` (step down) or `Conflict` (a task moved). Every
 //! write is planned within the coordinator's limits, in its own costs, and one it still
-//! refuses moves the task away instead of costing the leadership. The pure decisions
-//! (what to claim, when to look for newer tasks, when to list again) live in `plan.rs`;
-//! the I/O for them is cut by what it does: `sort.rs` (what a listing holds), `claim.rs`
-//! (claiming a backlog), `groups.rs` (the same with several runs at once, one per
-//! `taskGroup`), `run.rs` (running and settling a task, its history record written by the
-//! completion), `dead.rs` (dead letters and requeued orphans), `history.rs` (pruning the
-//! history now and then), `cancel.rs` (an operator's cancel of a running task). This file
-//! holds the leader's loop and the types they share.
-//! Leadership itself is `leader`'s business.
+//! refuses moves the task away instead of costing the leadership.
+//!
+//! Read top-down: [`Queue::lead`] (this file) lists, sorts the listing out (`sort.rs`) and
+//! hands the backlog to the driver (`claim.rs`: `work_through`, which claims, runs and
+//! settles; with `queue.concurrency` > 1 its groups form in `groups.rs`). The decisions
+//! that matter are pure functions beside them, fed `now` from the one [`Clock`]:
+//! `entry.rs` (what a listed entry is), `backlog.rs` (what the leader knows and does next
+//! between claims), `plan.rs` (what one write takes), `answer.rs` (what a claim's answer
+//! means for each task), `settlement.rs` (what becomes of a task after its run). The rest
+//! is I/O cut by what it does: `run.rs` (running and settling a task, its history record
+//! written by the completion), `dead.rs` (dead letters and requeued orphans), `history.rs`
+//! (pruning the history now and then), `cancel.rs` (an operator's cancel of a running
+//! task). Leadership itself is `leader`'s business.
 
+mod answer;
+mod backlog;
 mod cancel;
 mod claim;
+mod clock;
 mod dead;
+mod entry;
 mod groups;
 mod history;
 mod plan;
 mod run;
+#[cfg(test)]
+mod scripted;
+mod settlement;
 mod sort;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::coord::{
-    CoordError, Coordinator, Leadership, StoredTask, TaskOp, Version, WriteCost, Written,
-};
-
-use chrono::{DateTime, Utc};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::QueueSettings;
-use crate::handler::{Registry, TaskContext};
+use crate::coord::{CoordError, Coordinator, Leadership, TaskOp, Version, Written};
+use crate::handler::Registry;
 use crate::leader::rotation::Rotation;
 use crate::leader::Lease;
 use crate::observe::Metrics;
-use crate::task::key::Key;
-use crate::task::{dead_letter_within, Status, Task};
 
-use plan::{Backlog, ClaimPlan, Looked, Next};
+use clock::Clock;
+use run::Finished;
+use sort::{Memory, Pick};
 
 pub use cancel::{cancel_key, CancelMarker};
 
 /// Back-off after coordinator errors while leading, so an outage is not a hot loop.
 const ERROR_BACKOFF: Duration = Duration::from_secs(1);
-/// A handler run shorter than this lets the next claim take a batch.
-const FAST_HANDLER: Duration = Duration::from_millis(5);
-/// How many times a completion re-reads a task that a producer keeps rewriting.
-const RELEASE_ATTEMPTS: usize = 5;
-/// Added to the longest backoff (backoff_max + 20% jitter) before a notBefore is
-/// disbelieved: the clocks of replicas differ a little.
-const NOT_BEFORE_SLACK: Duration = Duration::from_secs(1);
-/// A task whose claim is refused although it is as read and held by no lease (Consul: its
-/// key is under another session's lock-delay) is tried again after this long; the tasks
-/// after it are claimed meanwhile. (Consul does not say how long the delay lasts: the
-/// holder's session set it, 15 s by default, at most 60 s.)
-const LOCK_DELAY_RETRY: Duration = Duration::from_secs(1);
-/// The dead letter written when the coordinator refuses even the trimmed one (a Consul
-/// whose own limits are below leaderq's): about the least that says what happened.
-const MINIMAL_DEAD_LETTER: usize = 4096;
 
 /// While paused, the leader looks at the pause flag this often.
 const PAUSE_POLL: Duration = Duration::from_secs(1);
@@ -93,25 +84,29 @@ pub enum LeadEnd {
     Rotate,
 }
 
-/// The current term's clock, for rotation: when it began and how many runs it started.
+/// The current term's clock, for rotation: when it began and how many runs it started;
+/// and the queue's one [`Clock`], anchored when first read.
 #[derive(Debug, Default)]
 pub struct Term {
     /// On tokio's clock, so that rotation is tested on a paused one.
     started: std::sync::Mutex<Option<tokio::time::Instant>>,
     runs: std::sync::atomic::AtomicU64,
+    clock: std::sync::OnceLock<Clock>,
 }
 
 impl Term {
     fn begin(&self) {
-        *self.started.lock().unwrap_or_else(|e| e.into_inner()) = Some(tokio::time::Instant::now());
+        let now = self.clock().instant();
+        *self.started.lock().unwrap_or_else(|e| e.into_inner()) = Some(now);
         self.runs.store(0, std::sync::atomic::Ordering::Relaxed);
     }
 
     fn led_for(&self) -> Duration {
+        let clock = self.clock();
         self.started
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .map_or(Duration::ZERO, |at| at.elapsed())
+            .map_or(Duration::ZERO, |at| clock.since(at))
     }
 
     fn ran_one(&self) {
@@ -120,6 +115,11 @@ impl Term {
 
     fn runs(&self) -> u64 {
         self.runs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The queue's clock: one anchor for the life of the queue, taken at its first read.
+    fn clock(&self) -> Clock {
+        *self.clock.get_or_init(Clock::start)
     }
 }
 
@@ -165,52 +165,6 @@ impl LeaseRules {
     }
 }
 
-/// The outcome of a guarded write whose lost leadership ends the leading.
-enum Applied {
-    Done,
-    Conflict,
-    /// Refused by the coordinator (over its limits): nothing was applied, and sending it
-    /// again cannot help.
-    TooLarge(String),
-}
-
-/// What the leader remembers across listings while it leads.
-#[derive(Default)]
-struct Memory {
-    /// Warnings given once per key ("foreign …", "notBefore …").
-    warned: HashSet<String>,
-    /// Keys whose claims are refused for a while (lock-delay), and when to try them again.
-    deferred: HashMap<String, DateTime<Utc>>,
-    /// Groups (`taskGroup`) of tasks the last listing found held by another lease: a run
-    /// of a previous leader may still be going, so with concurrency groups none of their
-    /// tasks starts before a listing shows them free.
-    held_groups: HashSet<String>,
-    /// Orphans and when this term first saw each: requeued once `orphan_fence` has passed.
-    orphans_seen: HashMap<String, tokio::time::Instant>,
-}
-
-/// Entries sorted out: what can be claimed now or later, and the keys left as they were.
-#[derive(Default)]
-struct Sorted {
-    pending: Vec<Task>,
-    /// Tasks not eligible before a time.
-    delayed: Vec<(DateTime<Utc>, Task)>,
-    /// Keys of the entries left in place unchanged; those moved or rewritten are not here,
-    /// so the next look reads them again.
-    keys: plan::Keys,
-    in_flight: usize,
-    /// When the earliest orphan still fenced may be requeued, if one is.
-    fenced_until: Option<tokio::time::Instant>,
-    /// Something was moved or rewritten.
-    changed: bool,
-}
-
-/// The result of a look at the keys.
-enum Look {
-    Continue,
-    Relist,
-}
-
 impl Queue {
     /// Leads until shutdown, a lost lease or a lost leader check.
     pub async fn lead(
@@ -221,13 +175,14 @@ impl Queue {
     ) -> LeadEnd {
         let mut after = Version::default();
         // When the idle leader wakes by itself: the earliest waiting task falls due.
-        let mut wake: Option<DateTime<Utc>> = None;
+        let mut wake: Option<chrono::DateTime<chrono::Utc>> = None;
         let mut memory = Memory::default();
         // Finished tasks whose completion could not be recorded (coordinator unreachable).
         // They are still held by this lease, so until they are recorded the leader neither
         // lists nor claims: a listing would take them for runs cut short and run them again.
         let mut unrecorded: Vec<Finished> = Vec::new();
         self.term.begin();
+        let clock = self.clock();
         // Pruned beside the claims for as long as this term lasts.
         let _history = self.keep_history();
         loop {
@@ -256,7 +211,7 @@ impl Queue {
                 after = Version::default();
             }
             let asked = after;
-            let list_started = Instant::now();
+            let list_started = clock.instant();
             // The backend paces listings that come back at once (Consul's blocking query).
             // A task falling due changes nothing in the queue: the leader's own timer ends
             // the wait then, to the millisecond, with no request made meanwhile (a wait
@@ -265,7 +220,7 @@ impl Queue {
                 _ = shutdown.cancelled() => return LeadEnd::Shutdown,
                 _ = lease.expired() => return LeadEnd::StepDown(lease.why_not_fresh()),
                 _ = self.term_over() => continue,
-                _ = until_wall_clock(wake) => {
+                _ = clock.until(wake) => {
                     wake = None;
                     after = Version::default();
                     continue;
@@ -295,7 +250,7 @@ impl Queue {
             let listed_from = if asked == Version::default() {
                 list_started
             } else {
-                Instant::now()
+                clock.instant()
             };
             match self
                 .pick(leadership, entries, &mut memory, listed_from)
@@ -313,13 +268,12 @@ impl Queue {
                         after = Version::default();
                         continue;
                     }
-                    let (end, left) = if self.settings.concurrency > 1 {
-                        self.work_through_groups(leadership, lease, shutdown, *backlog, &mut memory)
-                            .await
-                    } else {
-                        self.work_through(leadership, lease, shutdown, *backlog, &mut memory)
-                            .await
-                    };
+                    // Claims, runs and settles until this listing is worked through
+                    // (claim.rs); the decisions on the way are pure (backlog.rs, plan.rs,
+                    // answer.rs, settlement.rs).
+                    let (end, left) = self
+                        .work_through(leadership, lease, shutdown, *backlog, &mut memory)
+                        .await;
                     unrecorded = left;
                     match end {
                         // Recorded first, at the top of the loop.
@@ -439,13 +393,18 @@ impl Queue {
             Ok(Written::NotLeader) => Err(LeadEnd::StepDown(format!(
                 "lost leadership while trying to {what}"
             ))),
-            Ok(Written::Conflict(keys)) => {
+            Ok(Written::Conflict(keys) | Written::Deferred(keys)) => {
                 tracing::debug!(?keys, "{what}: the task changed meanwhile; will look again");
                 Ok(Applied::Conflict)
             }
             Err(CoordError::Refused(why)) => Ok(Applied::TooLarge(why)),
             Err(err) => Err(LeadEnd::StepDown(format!("cannot {what}: {err}"))),
         }
+    }
+
+    /// The queue's one clock (see `clock.rs`).
+    fn clock(&self) -> Clock {
+        self.term.clock()
     }
 
     fn must_stop(&self, lease: &Lease, shutdown: &CancellationToken) -> Option<LeadEnd> {
@@ -462,139 +421,11 @@ impl Queue {
     }
 }
 
-/// Resolves at `at` on the wall clock (never, for `None`), timed on tokio's clock.
-async fn until_wall_clock(at: Option<DateTime<Utc>>) {
-    match at {
-        Some(at) => tokio::time::sleep((at - Utc::now()).to_std().unwrap_or_default()).await,
-        None => std::future::pending().await,
-    }
-}
-
-enum Pick {
-    /// Pending tasks to work through.
-    Run(Box<Backlog>),
-    WaitUntil(DateTime<Utc>),
-    /// Something was moved; list again at once.
-    Again,
-    Nothing,
-}
-
-/// A task whose handler succeeded and whose deletion is still to be written.
-struct Finished {
-    task: Box<Task>,
-    claim_index: u64,
-    elapsed_ms: u64,
-    /// Where its history record goes and the record (`None`: history is off).
-    history: Option<(String, Vec<u8>)>,
-    /// What its completion costs in a write (asked for at every claim it may ride along).
-    cost: WriteCost,
-}
-
-impl Finished {
-    fn new(
-        coord: &dyn Coordinator,
-        task: Box<Task>,
-        claim_index: u64,
-        elapsed_ms: u64,
-        history: Option<(String, Vec<u8>)>,
-    ) -> Finished {
-        let mut finished = Finished {
-            task,
-            claim_index,
-            elapsed_ms,
-            history,
-            cost: WriteCost { ops: 0, bytes: 0 },
-        };
-        finished.cost = coord.cost(&finished.completion());
-        finished
-    }
-
-    /// Completes the version this run claimed, and only that one: deletes it, or, with
-    /// history on, moves it to its history record in the same write (no extra round trip).
-    fn completion(&self) -> TaskOp {
-        match &self.history {
-            Some((to, value)) => TaskOp::Move {
-                key: self.task.key.clone(),
-                version: self.claim_index,
-                to: to.clone(),
-                value: value.clone(),
-            },
-            None => TaskOp::Complete {
-                key: self.task.key.clone(),
-                version: self.claim_index,
-            },
-        }
-    }
-}
-
-/// The next claim, planned.
-enum Planned {
-    /// Claim `tasks` with their `candidates`; the first `deletions` finished tasks ride along.
-    Batch {
-        tasks: Vec<Task>,
-        candidates: Vec<Candidate>,
-        deletions: usize,
-    },
-    /// The first pending task, taken out of the backlog, cannot be claimed even alone: its
-    /// claim would cost `cost`.
-    TooLarge { task: Box<Task>, cost: WriteCost },
-}
-
-/// A task's claim, prepared: the value it writes and its op.
-struct Candidate {
-    value: Vec<u8>,
-    op: TaskOp,
-}
-
-impl Candidate {
-    fn new(task: &Task, leadership: &Leadership, node_id: &str, now: DateTime<Utc>) -> Candidate {
-        let value = task.claimed(&leadership.lease.0, node_id, now);
-        let op = TaskOp::Claim {
-            key: task.key.clone(),
-            version: task.version,
-            value: value.clone(),
-        };
-        Candidate { value, op }
-    }
-}
-
-/// A task as stored again, with `value` and at `version`, to move it to dead-letter.
-fn pair_of(task: &Task, value: Vec<u8>, version: u64) -> StoredTask {
-    StoredTask {
-        key: task.key.clone(),
-        value,
-        version,
-        created: task.created,
-        holder: None,
-    }
-}
-
-/// A claimed task and the value its claim wrote (what the handler gets).
-struct Claimed {
-    task: Box<Task>,
-    value: Vec<u8>,
-}
-
-/// The result of one claim write.
-enum Claim {
-    /// Claimed, in order, each with its claim's version.
-    Claimed(Vec<(Claimed, u64)>),
-    /// The listing is stale (a claim conflict or an error): list again.
-    Relist,
-    /// These tasks of the batch (keys) moved since they were read (a producer rewrote one,
-    /// a retry was written back): nothing was applied; what they hold now (those that are
-    /// still there), read once, takes their place.
-    Moved(Vec<Task>, Vec<String>, Vec<StoredTask>),
-    /// The coordinator refused the write as too large; nothing was applied.
-    TooLarge(Vec<Task>, String),
-    /// Only the claims of these tasks (indexes into the batch) failed, refused for a while
-    /// (Consul: another session's lock-delay); nothing was applied.
-    LockDelayed(Vec<Task>, Vec<usize>),
-    End(LeadEnd),
-}
-
-/// How one handler run went: how long it took, and whether leadership ends.
-struct RunOutcome {
-    elapsed: Duration,
-    end: Option<LeadEnd>,
+/// The outcome of a guarded write whose lost leadership ends the leading.
+enum Applied {
+    Done,
+    Conflict,
+    /// Refused by the coordinator (over its limits): nothing was applied, and sending it
+    /// again cannot help.
+    TooLarge(String),
 }

@@ -1,9 +1,88 @@
 //! Running a claimed task and settling it: the handler under the lease's deadline, then
-//! completion (delete the version claimed), retry with backoff, or dead letter; completions
-//! that could not be recorded are kept and retried, never mistaken for runs cut short.
+//! what `settlement.rs` decides (complete: delete the version claimed; retry with backoff;
+//! put back; dead letter), written here; completions that could not be recorded are kept
+//! and retried, never mistaken for runs cut short; and the settling of a run's outcome
+//! once the leadership, or the lease too, is gone (`write_own_or_orphan`, `settle_orphan`).
+//!
+//! Size: every write of a run's outcome and its fallbacks (the lease's own claim, the
+//! orphan it left) are kept together, since they must agree on what a settled task is.
 
-use super::*;
-use crate::coord::{Edit, Edited, LeaseId};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::backlog::Backlog;
+use super::claim::Claimed;
+use super::entry::pair_of;
+use super::plan::chunks;
+use super::settlement::{self, after_run, RunEnd, Settlement};
+use super::{LeadEnd, Queue};
+use crate::coord::{
+    CoordError, Coordinator, Edit, Edited, Leadership, LeaseId, StoredTask, TaskOp, WriteCost,
+    Written,
+};
+use crate::handler::TaskContext;
+use crate::leader::Lease;
+use crate::task::Task;
+
+/// A handler run shorter than this lets the next claim take a batch.
+pub(super) const FAST_HANDLER: Duration = Duration::from_millis(5);
+/// How many times a completion re-reads a task that a producer keeps rewriting.
+pub(super) const RELEASE_ATTEMPTS: usize = 5;
+
+/// How one handler run went: how long it took, and whether leadership ends.
+pub(super) struct RunOutcome {
+    pub(super) elapsed: Duration,
+    pub(super) end: Option<LeadEnd>,
+}
+
+/// A task whose handler succeeded and whose deletion is still to be written.
+pub(super) struct Finished {
+    pub(super) task: Box<Task>,
+    claim_index: u64,
+    elapsed_ms: u64,
+    /// Where its history record goes and the record (`None`: history is off).
+    history: Option<(String, Vec<u8>)>,
+    /// What its completion costs in a write (asked for at every claim it may ride along).
+    pub(super) cost: WriteCost,
+}
+
+impl Finished {
+    fn new(
+        coord: &dyn Coordinator,
+        task: Box<Task>,
+        claim_index: u64,
+        elapsed_ms: u64,
+        history: Option<(String, Vec<u8>)>,
+    ) -> Finished {
+        let mut finished = Finished {
+            task,
+            claim_index,
+            elapsed_ms,
+            history,
+            cost: WriteCost { ops: 0, bytes: 0 },
+        };
+        finished.cost = coord.cost(&finished.completion());
+        finished
+    }
+
+    /// Completes the version this run claimed, and only that one: deletes it, or, with
+    /// history on, moves it to its history record in the same write (no extra round trip).
+    pub(super) fn completion(&self) -> TaskOp {
+        match &self.history {
+            Some((to, value)) => TaskOp::Move {
+                key: self.task.key.clone(),
+                version: self.claim_index,
+                to: to.clone(),
+                value: value.clone(),
+            },
+            None => TaskOp::Complete {
+                key: self.task.key.clone(),
+                version: self.claim_index,
+            },
+        }
+    }
+}
 
 impl Queue {
     /// Runs one claimed task's handler and settles a failure; a success joins `finished`.
@@ -19,12 +98,13 @@ impl Queue {
         let Claimed { task, value } = claimed;
         self.term.ran_one();
         let attempt = task.attempts + 1;
-        let started = std::time::Instant::now();
-        let started_at = Utc::now();
+        let clock = self.clock();
+        let started = clock.instant();
+        let started_at = clock.wall_at(started);
         let Some(handler) = self.registry.get(&task.task_type) else {
             // Checked before the claim; the task is requeued as ours at the next listing.
             return RunOutcome {
-                elapsed: started.elapsed(),
+                elapsed: clock.since(started),
                 end: None,
             };
         };
@@ -68,12 +148,27 @@ impl Queue {
             }
         };
         drop(run);
-        let elapsed = started.elapsed();
+        let elapsed = clock.since(started);
         let elapsed_ms = elapsed.as_millis() as u64;
-        match (result, &ending) {
-            (Ok(()), _) => {
-                if cancelled {
-                    // It finished before it could be stopped: it stands as completed.
+        let now = clock.now();
+        let ended = RunEnd {
+            result: &result,
+            ending: ending.as_ref(),
+            cancelled,
+            stopped: cancel.is_cancelled(),
+            attempts_before: task.attempts,
+        };
+        let backoff = self.backoff(attempt);
+        let settlement = after_run(ended, self.settings.max_attempts, backoff, now);
+        if let (Err(err), Settlement::Retry { .. } | Settlement::DeadLetter { failed: true, .. }) =
+            (&result, &settlement)
+        {
+            self.metrics.failed(&task.task_type, elapsed);
+            tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt, fencing_token = leadership.fencing_token, error = %err, elapsed_ms, "task failed");
+        }
+        match settlement {
+            Settlement::Complete { clear_cancel } => {
+                if clear_cancel {
                     self.clear_cancel(&task.key).await;
                 }
                 let history = self.history_of(&task, leadership, started_at);
@@ -85,74 +180,49 @@ impl Queue {
                     history,
                 ))
             }
-            (Err(err), None) if cancelled => {
+            Settlement::DeadLetter {
+                attempts,
+                last_error,
+                reason,
+                failed,
+            } => {
                 let value = task.with(&[
-                    ("attempts", serde_json::json!(attempt)),
-                    ("lastError", serde_json::Value::String(err.message.clone())),
+                    ("attempts", serde_json::json!(attempts)),
+                    ("lastError", serde_json::Value::String(last_error)),
                 ]);
                 let pair = pair_of(&task, value, claim_index);
-                let reason = format!("cancelled (leaderq tasks cancel) on attempt {attempt}");
                 let moved = self.dead_letter(leadership, &pair, &reason).await;
-                self.clear_cancel(&task.key).await;
+                if !failed {
+                    // An operator's cancel, acted on: its marker goes.
+                    self.clear_cancel(&task.key).await;
+                }
                 if let Err(end) = moved {
                     return RunOutcome {
                         elapsed,
-                        end: Some(end),
+                        end: Some(ending.unwrap_or(end)),
                     };
                 }
             }
-            (Err(err), Some(LeadEnd::Shutdown)) if cancel.is_cancelled() => {
-                // Cut short by us, not failed: back in the queue without using an attempt.
-                let value = task.retried(
-                    task.attempts,
-                    &format!("interrupted by shutdown: {err}"),
-                    Utc::now(),
-                );
-                self.settle(leadership, &task, claim_index, value, "put back")
-                    .await;
-            }
-            (Err(err), ending)
-                if err.interrupted
-                    || (cancel.is_cancelled() && matches!(ending, Some(LeadEnd::StepDown(_)))) =>
-            {
-                // Stopped because the lease or the leadership could not be confirmed (by
-                // this loop, or by the supervisor on the lease's deadline before this loop
-                // saw it go stale): not the handler's failure, so no attempt is used and it
-                // is never dead-lettered for it; it goes back for whoever leads next.
-                let why = match ending {
-                    Some(LeadEnd::StepDown(why)) => why.clone(),
-                    _ => "the lease was not confirmed in time".to_string(),
-                };
-                tracing::warn!(task_key = %task.key, fencing_token = leadership.fencing_token, reason = %why, "run stopped for the lease; putting the task back without using an attempt");
-                let value = task.retried(
-                    task.attempts,
-                    &format!("interrupted ({why}): {err}"),
-                    Utc::now(),
-                );
-                self.settle(leadership, &task, claim_index, value, "put back")
-                    .await;
-            }
-            (Err(err), _) => {
-                self.metrics.failed(&task.task_type, elapsed);
-                tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt, fencing_token = leadership.fencing_token, error = %err, elapsed_ms, "task failed");
-                if err.permanent || attempt >= self.settings.max_attempts {
-                    if let Err(end) = self
-                        .exhausted(leadership, &task, claim_index, attempt, &err)
-                        .await
-                    {
-                        return RunOutcome {
-                            elapsed,
-                            end: Some(ending.unwrap_or(end)),
-                        };
-                    }
-                } else {
-                    let backoff = self.backoff(attempt);
-                    let not_before =
-                        Utc::now() + chrono::Duration::from_std(backoff).unwrap_or_default();
-                    let value = task.retried(attempt, &err.message, not_before);
-                    self.settle(leadership, &task, claim_index, value, "schedule a retry")
-                        .await;
+            Settlement::PutBack {
+                attempts,
+                error,
+                lease_lost,
+            } => {
+                if let Some(why) = lease_lost {
+                    tracing::warn!(task_key = %task.key, fencing_token = leadership.fencing_token, reason = %why, "run stopped for the lease; putting the task back without using an attempt");
                 }
+                let value = task.retried(attempts, &error, now);
+                self.settle(leadership, &task, claim_index, value, "put back")
+                    .await;
+            }
+            Settlement::Retry {
+                attempts,
+                error,
+                not_before,
+            } => {
+                let value = task.retried(attempts, &error, not_before);
+                self.settle(leadership, &task, claim_index, value, "schedule a retry")
+                    .await;
             }
         }
         RunOutcome {
@@ -167,12 +237,12 @@ impl Queue {
         &self,
         task: &Task,
         leadership: &Leadership,
-        started: chrono::DateTime<Utc>,
+        started: chrono::DateTime<chrono::Utc>,
     ) -> Option<(String, Vec<u8>)> {
         if self.settings.history_keep == 0 {
             return None;
         }
-        let finished = Utc::now();
+        let finished = self.clock().now();
         let run = crate::task::history::Run {
             started,
             finished,
@@ -230,7 +300,7 @@ impl Queue {
             Ok(Written::Done { fencing_token, .. }) => {
                 self.log_completed(leadership, &done, fencing_token)
             }
-            Ok(Written::Conflict(_)) => {
+            Ok(Written::Conflict(_) | Written::Deferred(_)) => {
                 // The lease ended and left the task an orphan, where that moves its version
                 // (Redis); or a producer rewrote it while it ran.
                 let edits = |version| orphan_completion(&done, version);
@@ -285,7 +355,7 @@ impl Queue {
         let costs: Vec<WriteCost> = finished.iter().map(|done| done.cost).collect();
         let guard = self.coord.guard_cost();
         let mut finished = finished.into_iter();
-        for range in plan::chunks(Some(guard), &costs, self.coord.limits()) {
+        for range in chunks(Some(guard), &costs, self.coord.limits()) {
             let group: Vec<Finished> = finished.by_ref().take(range.len()).collect();
             let ops: Vec<TaskOp> = group.iter().map(Finished::completion).collect();
             match self.write(leadership, &ops).await {
@@ -335,7 +405,7 @@ impl Queue {
                     record.reason = Some(
                         "finished, but leadership and lease were lost before the completion was recorded: the next leader runs the task again".into(),
                     );
-                    let put = [crate::coord::Edit::Put {
+                    let put = [Edit::Put {
                         key: key.clone(),
                         value: record.encode(),
                     }];
@@ -389,7 +459,7 @@ impl Queue {
         };
         match self.write(leadership, &ops).await {
             Ok(Written::Done { .. }) => {}
-            Ok(Written::Conflict(_)) => {
+            Ok(Written::Conflict(_) | Written::Deferred(_)) => {
                 // A producer rewrote the task while it ran; or the lease ended and left it
                 // an orphan, where that moves the task's version (Redis).
                 if let Some(current) = self.release_current(leadership, &task.key).await {
@@ -514,12 +584,15 @@ impl Queue {
         None
     }
 
-    /// base × 2^(attempt-1), capped, plus up to 20% jitter so retries do not bunch up.
-    pub(super) fn backoff(&self, attempt: u32) -> Duration {
-        let exponent = attempt.saturating_sub(1).min(30);
-        let base = self.settings.backoff_base.saturating_mul(1u32 << exponent);
-        let capped = base.min(self.settings.backoff_max);
-        capped + capped.mul_f64(fastrand::f64() * 0.2)
+    /// The backoff before retry `attempt`, its jitter drawn now (`settlement::backoff`).
+    fn backoff(&self, attempt: u32) -> Duration {
+        let settings = &self.settings;
+        settlement::backoff(
+            settings.backoff_base,
+            settings.backoff_max,
+            attempt,
+            fastrand::f64(),
+        )
     }
 }
 

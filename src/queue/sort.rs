@@ -1,11 +1,73 @@
-//! What a listing holds, sorted out: which tasks can run now or later (a retry's backoff, a
-//! producer's runAt), which are orphans to requeue or malformed ones (a runAt too far ahead
-//! included) to dead-letter (`pick`, `sort_out`), and the quick look at the keys between
-//! claims that catches newer or earlier tasks (`look`).
+//! What a listing holds, sorted out: each entry is what `entry.rs` says it is (pending,
+//! waiting, held, an orphan to fence or requeue, something to dead-letter), and this file
+//! performs that (`pick`, `sort_out`); plus the look at the keys, and the listing again,
+//! read beside the claims and merged into the backlog (`look`, `start_look`,
+//! `start_relist`, `finish_reading`). It also owns what the leader remembers across
+//! listings ([`Memory`]).
 
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::*;
+use super::backlog::{self, Backlog, Keys, Looked};
+use super::entry::{classify, Entry, EntryRules, Remembered};
+use super::{LeadEnd, Queue};
+use crate::coord::{CoordError, Leadership, StoredTask, Version};
+use crate::task::Task;
+
+/// Added to the longest backoff (backoff_max + 20% jitter) before a notBefore is
+/// disbelieved: the clocks of replicas differ a little.
+const NOT_BEFORE_SLACK: Duration = Duration::from_secs(1);
+
+/// What the leader remembers across listings while it leads.
+#[derive(Default)]
+pub(super) struct Memory {
+    /// Warnings given once per key ("foreign …", "notBefore …").
+    pub(super) warned: HashSet<String>,
+    /// Keys whose claims are refused for a while (`Written::Deferred`), and when to try them again.
+    pub(super) deferred: HashMap<String, DateTime<Utc>>,
+    /// Groups (`taskGroup`) of tasks the last listing found held by another lease: a run
+    /// of a previous leader may still be going, so with concurrency groups none of their
+    /// tasks starts before a listing shows them free.
+    pub(super) held_groups: HashSet<String>,
+    /// Orphans and when this term first saw each: requeued once `orphan_fence` has passed.
+    pub(super) orphans_seen: HashMap<String, DateTime<Utc>>,
+}
+
+/// Entries sorted out: what can be claimed now or later, and the keys left as they were.
+#[derive(Default)]
+pub(super) struct Sorted {
+    pub(super) pending: Vec<Task>,
+    /// Tasks not eligible before a time.
+    pub(super) delayed: Vec<(DateTime<Utc>, Task)>,
+    /// Keys of the entries left in place unchanged; those moved or rewritten are not here,
+    /// so the next look reads them again.
+    pub(super) keys: Keys,
+    in_flight: usize,
+    /// When the earliest orphan still fenced may be requeued, if one is.
+    fenced_until: Option<DateTime<Utc>>,
+    /// Something was moved or rewritten.
+    changed: bool,
+}
+
+/// What to do with a listing.
+pub(super) enum Pick {
+    /// Pending tasks to work through.
+    Run(Box<Backlog>),
+    WaitUntil(DateTime<Utc>),
+    /// Something was moved; list again at once.
+    Again,
+    Nothing,
+}
+
+/// The result of a look at the keys.
+pub(super) enum Look {
+    Continue,
+    Relist,
+}
 
 impl Queue {
     /// Sorts a listing out and says what to do with it: work through its pending tasks,
@@ -18,10 +80,11 @@ impl Queue {
         memory: &mut Memory,
         listed_from: Instant,
     ) -> Result<Pick, LeadEnd> {
-        let now = Utc::now();
+        let clock = self.clock();
+        let now = clock.now();
         memory.held_groups.clear();
         let sorted = self.sort_out(leadership, entries, memory, now).await?;
-        let scheduled = plan::scheduled_count(&sorted.delayed);
+        let scheduled = backlog::scheduled_count(&sorted.delayed);
         self.metrics.queue_depth(
             sorted.pending.len(),
             sorted.in_flight,
@@ -37,38 +100,23 @@ impl Queue {
             if sorted.changed {
                 return Ok(Pick::Again);
             }
-            return Ok(match sorted.fenced_until {
-                Some(at) => Pick::WaitUntil(
-                    Utc::now()
-                        + chrono::Duration::from_std(
-                            at.saturating_duration_since(tokio::time::Instant::now()),
-                        )
-                        .unwrap_or_default(),
-                ),
-                None => Pick::Nothing,
-            });
+            return Ok(sorted.fenced_until.map_or(Pick::Nothing, Pick::WaitUntil));
         }
         if !sorted.pending.is_empty() {
             let backlog = Backlog::new(
                 sorted.pending,
                 sorted.delayed,
                 sorted.keys,
-                Utc::now(),
-                listed_from.elapsed(),
+                clock.now(),
+                clock.since(listed_from),
             );
             return Ok(Pick::Run(Box::new(backlog)));
         }
         if sorted.changed {
             return Ok(Pick::Again);
         }
-        let fenced = sorted.fenced_until.map(|at| {
-            Utc::now()
-                + chrono::Duration::from_std(
-                    at.saturating_duration_since(tokio::time::Instant::now()),
-                )
-                .unwrap_or_default()
-        });
-        Ok(plan::wake_at(&sorted.delayed, fenced).map_or(Pick::Nothing, Pick::WaitUntil))
+        Ok(backlog::wake_at(&sorted.delayed, sorted.fenced_until)
+            .map_or(Pick::Nothing, Pick::WaitUntil))
     }
 
     /// Sorts entries of the queue out: dead-letters what cannot run, requeues orphans, and
@@ -80,64 +128,31 @@ impl Queue {
         memory: &mut Memory,
         now: DateTime<Utc>,
     ) -> Result<Sorted, LeadEnd> {
-        let horizon = self.not_before_horizon();
         memory.deferred.retain(|_, until| *until > now);
+        let rules = EntryRules {
+            prefix: &self.settings.prefix,
+            horizon: self.not_before_horizon(),
+            run_at_max_ahead: self.settings.run_at_max_ahead,
+            orphan_fence: self.lease_rules.orphan_fence,
+            own: &leadership.lease,
+        };
         let mut sorted = Sorted::default();
         // Sized once: grown by doubling, a 100k listing's tasks would be copied at their
         // largest, and both copies held at once.
         sorted.pending.reserve(entries.len());
         sorted.keys.reserve(entries.len());
-        for pair in entries {
-            // A key that breaks the key rule could not be addressed safely (a `..` segment
-            // resolves elsewhere in a URL): such a task is not run but dead-lettered.
-            if let Err(invalid) = Key::within(&pair.key, &[&self.settings.prefix]) {
-                if pair.holder.is_none() {
-                    let reason = format!("the key is not a valid task key: {invalid}");
-                    self.dead_letter(leadership, &pair, &reason).await?;
-                    sorted.changed = true;
-                }
-                continue;
-            }
-            let task = match Task::parse_owned(pair) {
-                Ok(task) => task,
-                Err((invalid, pair)) => {
-                    // A locked entry is someone's run in progress: left alone until it ends.
-                    if pair.holder.is_none() {
-                        sorted.changed = true;
-                        if self
-                            .dead_letter(leadership, &pair, &invalid.to_string())
-                            .await?
-                        {
-                            continue;
-                        }
-                    }
-                    sorted.keys.insert(pair.key);
-                    continue;
-                }
+        for entry in entries {
+            let remembered = Remembered {
+                deferred: &memory.deferred,
+                orphans_seen: &memory.orphans_seen,
             };
-            let deferred = memory.deferred.get(&task.key).copied();
-            let status = plan::eligibility(&task, now, horizon, deferred);
-            if let (Status::Scheduled(_), Err(invalid)) = (
-                &status,
-                task.check_run_at(now, self.settings.run_at_max_ahead),
-            ) {
-                // Scheduled further ahead than the queue allows: the producer's mistake,
-                // said in a dead letter rather than kept out of sight for years.
-                let pair = pair_of(&task, task.value().to_vec(), task.version);
-                self.dead_letter(leadership, &pair, &invalid.to_string())
-                    .await?;
-                sorted.changed = true;
-                continue;
-            }
-            match status {
-                Status::Pending if self.registry.get(&task.task_type).is_none() => {
-                    let reason = format!("no handler for taskType {:?}", task.task_type);
-                    let pair = pair_of(&task, task.value().to_vec(), task.version);
-                    self.dead_letter(leadership, &pair, &reason).await?;
-                    sorted.changed = true;
-                }
-                Status::Pending => {
-                    if let Status::Delayed(at) = task.status(now) {
+            let has_handler = |task_type: &str| self.registry.get(task_type).is_some();
+            match classify(entry, &rules, remembered, has_handler, now) {
+                Entry::Pending {
+                    task,
+                    ignored_not_before,
+                } => {
+                    if let Some(at) = ignored_not_before {
                         if memory.warned.insert(format!("notBefore {}", task.key)) {
                             tracing::warn!(task_key = %task.key, not_before = %crate::task::rfc3339(at), "notBefore is further ahead than any backoff leaderq writes (a clock that jumped, or a crafted value); ignoring it");
                         }
@@ -145,56 +160,52 @@ impl Queue {
                     sorted.keys.insert(task.key.clone());
                     sorted.pending.push(task);
                 }
-                Status::Delayed(at) | Status::Scheduled(at) => {
+                Entry::Waiting { at, task } => {
                     sorted.keys.insert(task.key.clone());
                     sorted.delayed.push((at, task));
                 }
-                Status::InFlight if task.holder.as_ref() == Some(&leadership.lease) => {
-                    // Held by this very lease, yet nothing runs here: a run cut short by a
-                    // restart that took the lease up again. Put it back as a failed attempt.
-                    self.requeue(
-                        leadership,
-                        &task,
-                        "the replica restarted while running the task",
-                    )
-                    .await?;
+                Entry::DeadLetter {
+                    entry,
+                    reason,
+                    known_if_kept,
+                } => {
+                    sorted.changed = true;
+                    let moved = self.dead_letter(leadership, &entry, &reason).await?;
+                    if known_if_kept && !moved {
+                        sorted.keys.insert(entry.key);
+                    }
+                }
+                Entry::Requeue { task, reason } => {
+                    memory.orphans_seen.remove(&task.key);
+                    self.requeue(leadership, &task, reason).await?;
                     sorted.changed = true;
                 }
-                Status::InFlight => {
+                Entry::Held { task } => {
                     memory.held_groups.insert(task.group().to_string());
                     sorted.in_flight += 1;
                     sorted.keys.insert(task.key.clone());
                 }
-                Status::Orphan => {
-                    let seen = *memory
-                        .orphans_seen
-                        .entry(task.key.clone())
-                        .or_insert_with(tokio::time::Instant::now);
-                    let free_at = seen + self.lease_rules.orphan_fence;
-                    if tokio::time::Instant::now() < free_at {
-                        // Its lease may have been revoked while its run went on: that run
-                        // is provably over only once the earlier holder's own view of its
-                        // lease has run out.
-                        if memory.warned.insert(format!("fenced {}", task.key)) {
-                            tracing::info!(task_key = %task.key, requeue_in = %crate::util::duration::format(free_at - tokio::time::Instant::now()), "the lease that claimed this task ended; requeueing it once that lease's runs are provably over");
-                        }
-                        memory.held_groups.insert(task.group().to_string());
-                        sorted.fenced_until =
-                            Some(sorted.fenced_until.map_or(free_at, |at| at.min(free_at)));
-                        sorted.keys.insert(task.key.clone());
-                        continue;
+                Entry::Fenced { task, seen, until } => {
+                    memory.orphans_seen.entry(task.key.clone()).or_insert(seen);
+                    if memory.warned.insert(format!("fenced {}", task.key)) {
+                        let left = (until - now).to_std().unwrap_or_default();
+                        tracing::info!(task_key = %task.key, requeue_in = %crate::util::duration::format(left), "the lease that claimed this task ended; requeueing it once that lease's runs are provably over");
                     }
-                    memory.orphans_seen.remove(&task.key);
-                    self.requeue(leadership, &task, "the replica running the task died")
-                        .await?;
-                    sorted.changed = true;
+                    memory.held_groups.insert(task.group().to_string());
+                    sorted.fenced_until =
+                        Some(sorted.fenced_until.map_or(until, |at| at.min(until)));
+                    sorted.keys.insert(task.key.clone());
                 }
-                Status::Foreign => {
+                Entry::Foreign { task } => {
                     if memory.warned.insert(format!("foreign {}", task.key)) {
                         tracing::warn!(task_key = %task.key, "task is marked taken by a program other than leaderq; leaving it alone");
                     }
                     sorted.keys.insert(task.key.clone());
                 }
+                Entry::HeldUnreadable { key } => {
+                    sorted.keys.insert(key);
+                }
+                Entry::HeldUnaddressable => {}
             }
         }
         sorted
@@ -230,7 +241,7 @@ impl Queue {
     /// claims), and finishes the look once they are read. The backlog counts the look
     /// from now, so that it asks for no other look meanwhile.
     pub(super) fn start_look(&self, backlog: &mut Backlog) -> Reading {
-        backlog.look_started(Utc::now());
+        backlog.look_started(self.clock().now());
         let coord = self.coord.clone();
         let prefix = self.settings.prefix.clone();
         self.read_in_background(async move {
@@ -242,7 +253,7 @@ impl Queue {
     /// listing is merged into the backlog once read (`finish_reading`), parsing only what
     /// is new or rewritten.
     pub(super) fn start_relist(&self, backlog: &mut Backlog) -> Reading {
-        backlog.relist_started(Utc::now());
+        backlog.relist_started(self.clock().now());
         let coord = self.coord.clone();
         let prefix = self.settings.prefix.clone();
         let wait = self.wait;
@@ -260,11 +271,12 @@ impl Queue {
         &self,
         read: impl std::future::Future<Output = Read> + Send + 'static,
     ) -> Reading {
-        let started = Instant::now();
+        let clock = self.clock();
+        let started = clock.instant();
         Reading {
             read: AbortOnDropHandle::new(tokio::spawn(async move {
                 let read = read.await;
-                (read, started.elapsed())
+                (read, clock.since(started))
             })),
         }
     }
@@ -292,16 +304,17 @@ impl Queue {
                 return Ok(Look::Relist);
             }
         };
-        let merging = Instant::now();
+        let clock = self.clock();
+        let merging = clock.instant();
         // The entries to sort out, and for a listing the tasks it found in flight.
         let (entries, listed_in_flight) = match read {
             Read::Names(Ok(keys)) => {
-                let new = match backlog.looked(keys, Utc::now(), read_in) {
+                let new = match backlog.looked(keys, clock.now(), read_in) {
                     Looked::Relist => return Ok(Look::Relist),
                     Looked::New(new) => new,
                 };
                 if new.is_empty() {
-                    backlog.look_took(read_in + merging.elapsed());
+                    backlog.look_took(read_in + clock.since(merging));
                     return Ok(Look::Continue);
                 }
                 // A key that went away meanwhile is simply not among them.
@@ -316,7 +329,7 @@ impl Queue {
             }
             Read::Tasks(Ok(entries)) => {
                 let in_flight = entries.iter().filter(|e| e.holder.is_some()).count();
-                let changed = backlog.relisted(&leadership.lease, entries, Utc::now(), read_in);
+                let changed = backlog.relisted(&leadership.lease, entries, clock.now(), read_in);
                 (changed, Some(in_flight))
             }
             Read::Names(Err(err)) | Read::Tasks(Err(err)) => {
@@ -326,7 +339,7 @@ impl Queue {
             }
         };
         let sorted = self
-            .sort_out(leadership, entries, memory, Utc::now())
+            .sort_out(leadership, entries, memory, clock.now())
             .await?;
         backlog.learn(
             sorted.keys.into_iter().collect(),
@@ -339,14 +352,14 @@ impl Queue {
                 self.metrics
                     .queue_depth(pending, in_flight, delayed, scheduled);
             }
-            None => backlog.look_took(read_in + merging.elapsed()),
+            None => backlog.look_took(read_in + clock.since(merging)),
         }
         Ok(Look::Continue)
     }
 }
 
 /// What a read in the background brings.
-enum Read {
+pub(super) enum Read {
     Names(Result<Vec<String>, CoordError>),
     Tasks(Result<Vec<StoredTask>, CoordError>),
 }

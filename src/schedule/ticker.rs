@@ -229,7 +229,7 @@ pub async fn tick_while_leading(
                     }
                 }
                 Ok(Written::NotLeader) => return,
-                Ok(Written::Conflict(keys)) => {
+                Ok(Written::Conflict(keys) | Written::Deferred(keys)) => {
                     // The record moved (a lost answer of an earlier write of ours, or an
                     // operator's edit): read again.
                     tracing::info!(schedule = %name, ?keys, "a schedule's tick record changed meanwhile; reading it again");

@@ -124,16 +124,20 @@ async fn rotate_mode_passes_leadership_around(backend: &str) {
     );
     // Leadership passes around, so it may be free between two terms: read the holder once
     // there is one.
-    let holder = wait_until(Duration::from_secs(10), "a leader after the drain", async || {
-        let (holder, _) = coord
-            .observe(Version(0), Duration::ZERO)
-            .await
-            .map_err(|err| format!("{err}"))?;
-        match holder.lease {
-            Some(_) => Ok(holder),
-            None => Err("no leader".to_string()),
-        }
-    })
+    let holder = wait_until(
+        Duration::from_secs(10),
+        "a leader after the drain",
+        async || {
+            let (holder, _) = coord
+                .observe(Version(0), Duration::ZERO)
+                .await
+                .map_err(|err| format!("{err}"))?;
+            match holder.lease {
+                Some(_) => Ok(holder),
+                None => Err("no leader".to_string()),
+            }
+        },
+    )
     .await;
     assert!(holder.token >= *terms.last().unwrap());
 }

@@ -146,6 +146,7 @@ macro_rules! with_checks {
             list_gives_versions_and_creation_order,
             list_and_observe_wait_for_a_change_or_the_wait,
             dead_lease_leaves_its_claims_unheld,
+            a_claim_within_a_dead_leases_delay_is_deferred,
             move_and_rewrite_keep_the_data,
             write_own_touches_only_own_claims,
             write_own_cannot_complete_or_move_what_it_does_not_hold,

@@ -192,6 +192,62 @@ pub async fn dead_lease_leaves_its_claims_unheld(s: Subject) -> Result<(), Strin
     )
 }
 
+/// A task whose claiming lease died is refused to every other lease for that lease's
+/// takeover delay, where the backend has one (Consul's lock-delay): the claim answers
+/// `Deferred` naming it (nothing moved it, so nothing needs reading), applies nothing, and
+/// once the delay is over the same claim goes through. Elsewhere it is claimed at once.
+pub async fn a_claim_within_a_dead_leases_delay_is_deferred(s: Subject) -> Result<(), String> {
+    let delay = s.timing.ttl;
+    let a = open(&s, "node-a", delay).await?;
+    let by_a = lead(&s, &a, "node-a").await?;
+    let key = put(&s, "t1", b"{\"n\":1}").await?;
+    let pending = get_one(&s, &key).await?;
+    let written = s
+        .coord
+        .write(&by_a, &[claim(&key, pending.version, b"{\"by\":\"a\"}")])
+        .await
+        .ctx("write")?;
+    ensure(matches!(written, Written::Done { .. }), || {
+        format!("the claim answered {written:?}")
+    })?;
+    // Leadership is given up first (no delay on it), then the lease ends holding the task.
+    s.coord.resign(&by_a.lease).await.ctx("resign")?;
+    s.coord.revoke(&a).await.ctx("revoke")?;
+    let revoked = Instant::now();
+    wait_until_not_held_by(&s, &a).await?;
+    let orphan = get_one(&s, &key).await?;
+
+    let b = open(&s, "node-b", Duration::ZERO).await?;
+    let _renew = Renewer::start(&s, &b);
+    let by_b = lead(&s, &b, "node-b").await?;
+    let by_b_claim = [claim(&key, orphan.version, b"{\"by\":\"b\"}")];
+    let first = s.coord.write(&by_b, &by_b_claim).await.ctx("write")?;
+    if !s.timing.lock_delay {
+        return ensure(matches!(first, Written::Done { .. }), || {
+            format!("without a takeover delay, claiming the orphan answered {first:?}")
+        });
+    }
+    ensure(first == Written::Deferred(vec![key.clone()]), || {
+        format!("claiming the orphan right after its lease was revoked answered {first:?}")
+    })?;
+    let unchanged = get_one(&s, &key).await?;
+    ensure(unchanged.version == orphan.version, || {
+        format!("a deferred claim changed the task: {orphan:?} is now {unchanged:?}")
+    })?;
+    loop {
+        match s.coord.write(&by_b, &by_b_claim).await.ctx("write")? {
+            Written::Done { .. } => return Ok(()),
+            Written::Deferred(_) if revoked.elapsed() < delay + s.timing.expiry => {
+                tokio::time::sleep(delay / 4).await;
+            }
+            other => return Err(format!(
+                "{:?} after the revocation the claim answered {other:?}, with a delay of {delay:?}",
+                revoked.elapsed()
+            )),
+        }
+    }
+}
+
 /// `Move` (dead-letter) and `Rewrite` (requeue) store the value given byte for byte: the
 /// moved task is gone from the queue and unheld at its new key, even if it was claimed;
 /// the rewritten one keeps its place in the creation order.

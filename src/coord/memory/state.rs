@@ -11,6 +11,9 @@
 //! the fencing token is the `ModifyIndex` of the acquire that won it (here a counter of
 //! its own: what matters is that it only rises, also past a record an operator deleted),
 //! a version is a `ModifyIndex`.
+//!
+//! Size: one state machine with every rule of the seam (leases, leadership, tasks, their
+//! versions and delays), read as one; its tests are in `tests/`.
 
 mod edit;
 

@@ -3,7 +3,17 @@
 //! order through a retry, waits for a previous leader's run, and runs stop when leadership
 //! is lost.
 
-use super::*;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::{default_settings, lead_in_background, lone_leader, queue_on, until, LeadEnd};
+use crate::coord::memory::MemoryCoordinator;
+use crate::coord::Coordinator;
+use crate::handler::{Handler, HandlerFuture, Registry, TaskContext};
+use crate::observe::Metrics;
 
 /// A producer's write of task `id` at `key`, of `group` if given, for the `Work` handler.
 fn put_grouped(memory: &MemoryCoordinator, key: &str, id: &str, time: u64, group: Option<&str>) {

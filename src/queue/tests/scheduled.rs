@@ -7,11 +7,21 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use chrono::{DateTime, Utc};
 
-use super::*;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+use super::{default_settings, lead_in_background, lone_leader, queue_on, task, until, LeadEnd};
+use crate::coord::memory::MemoryCoordinator;
+use crate::coord::{Campaign, Coordinator, HolderRecord, LeaseSpec};
 use crate::coord::{
     CoordFuture, Edit, Edited, Grant, Holder, Leadership, LeaseId, Renewal, StoredTask, TaskOp,
     Version, WriteCost, WriteLimits, Written,
 };
+use crate::handler::{Handler, HandlerFuture, Registry, TaskContext};
+use crate::observe::Metrics;
 
 /// The in-memory coordinator, counting the queue's calls (reads and writes of tasks, not
 /// the lease's renewals or the leadership's).

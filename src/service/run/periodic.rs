@@ -83,7 +83,9 @@ pub(super) async fn lead_periodic(ticks: &Ticks<'_>, leading: &Leading<'_>) -> E
             match leading.coord.write(leading.leadership, &[op]).await {
                 Ok(crate::coord::Written::Done { .. }) => {}
                 Ok(crate::coord::Written::NotLeader) => return Event::Lost,
-                Ok(crate::coord::Written::Conflict(_)) => continue,
+                Ok(crate::coord::Written::Conflict(_) | crate::coord::Written::Deferred(_)) => {
+                    continue
+                }
                 Err(err) => {
                     tracing::warn!(error = %err, "cannot record the run's tick yet; trying again");
                     tokio::time::sleep(COORD_BACKOFF).await;

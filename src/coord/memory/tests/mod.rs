@@ -306,7 +306,7 @@ fn a_dead_lease_frees_its_claims_in_one_change() {
     let v1 = tasks[0].version;
     assert_eq!(
         write(&mut state, &by_b, vec![claim("q/1", v1, b"x")], at),
-        Written::Conflict(vec!["q/1".into()])
+        Written::Deferred(vec!["q/1".into()])
     );
     let requeue = TaskOp::Rewrite {
         key: "q/2".into(),

@@ -1,0 +1,962 @@
+//! The leader's picture of the queue between two listings (pure: no I/O, no clock; `now`
+//! comes in): pending tasks in claim order, tasks waiting for a time (a retry's
+//! notBefore, a producer's runAt, a deferral's end), and every key it knows of; what it
+//! does next between claims ([`Backlog::next`]: claim, look at the keys, list again, or
+//! stop); how a look or a listing read while claiming merges into it; and when an idle
+//! leader wakes by itself ([`wake_at`]). `sort.rs` and `claim.rs` perform the I/O it asks for.
+//!
+//! Size: over half of it is the scripted-time tests of these decisions.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::coord::{LeaseId, StoredTask};
+use crate::task::Task;
+
+/// Least time between two looks at the queue's keys while the leader works through a
+/// backlog: a task that arrives meanwhile waits at most this long plus the batch in progress.
+pub const LOOK_INTERVAL: Duration = Duration::from_millis(20);
+/// A look costs time in proportion to the number of keys; looks are spaced at least this
+/// many times the last one's duration, so that on a huge backlog they take at most a tenth
+/// of the leader's time.
+pub const LOOK_COST_FACTOR: u32 = 10;
+/// A look that took less than this is made before the next claim; a costlier one is read
+/// while the leader claims (a cheap look in line keeps the wait of a task that arrives
+/// during a backlog at its shortest; a costly one would hold every claim up).
+pub const LOOK_IN_LINE: Duration = Duration::from_millis(5);
+/// Tasks claimed from one listing before listing again, at least. New keys and due retries
+/// are seen by the looks; only a pending task that a producer rewrote in place with an
+/// earlier taskTime (its key is not new) waits for the next listing.
+pub const MAX_TASKS_PER_LISTING: usize = 256;
+/// On a large backlog the leader lists again only after claiming this fraction of the
+/// tasks the listing held (1/2): each listing reads what is left, so the listings of a
+/// whole drain read about twice the backlog, and a task costs the same to drain whatever
+/// the backlog (relisting every MAX_TASKS_PER_LISTING claims read the backlog again and
+/// again: O(N²) for a drain of N). A listing is read while the backlog is held, so its
+/// size sets the leader's peak memory: after half of the backlog it is half as large.
+pub const RELIST_FRACTION: usize = 2;
+/// A listing costs time in proportion to the queue's bytes (a backlog of large values is
+/// tens of MB); the leader lists again no sooner than this many times the last listing's
+/// duration, so that listing again takes at most a tenth of its time.
+pub const LIST_COST_FACTOR: u32 = 10;
+/// More new keys than this at one look: list the queue again rather than read them.
+pub const MAX_FETCH: usize = 256;
+
+/// When a leader with nothing to claim wakes by itself: at the earliest time a waiting task
+/// (a retry's notBefore, a producer's runAt, a deferral's end) falls due, or an orphan's
+/// fence ends. Between now and then it only waits for the queue to change.
+pub fn wake_at(
+    waiting: &[(DateTime<Utc>, Task)],
+    fenced: Option<DateTime<Utc>>,
+) -> Option<DateTime<Utc>> {
+    waiting.iter().map(|(at, _)| *at).chain(fenced).min()
+}
+
+/// How many of `waiting` wait for their producer's runAt.
+pub fn scheduled_count(waiting: &[(DateTime<Utc>, Task)]) -> usize {
+    waiting
+        .iter()
+        .filter(|(at, task)| task.waits_for_run_at(*at))
+        .count()
+}
+
+/// Whether `then` is at least `age` before `now`, or after it (the wall clock went back).
+fn older_than(now: DateTime<Utc>, then: DateTime<Utc>, age: Duration) -> bool {
+    now.signed_duration_since(then)
+        .to_std()
+        .map_or(true, |since| since >= age)
+}
+
+/// What the leader does next while working through a listing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Next {
+    /// Claim from the front of the pending tasks.
+    Claim,
+    /// Look at the queue's keys for tasks that arrived or went away.
+    Look,
+    /// List the whole queue again.
+    Relist,
+    /// Nothing is pending: back to the blocking listing.
+    Done,
+}
+
+/// What a look at the keys found.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Looked {
+    /// These keys are new (possibly none): read them and `learn` them.
+    New(Vec<String>),
+    /// Too many new keys to read one by one: list again.
+    Relist,
+}
+
+/// The hash of the backlog's key sets: seeded per process, and several times faster than
+/// std's SipHash on keys of queue names (the sets hold every task of the backlog).
+pub type KeyHash = foldhash::fast::RandomState;
+/// A set of task keys.
+pub type Keys = HashSet<String, KeyHash>;
+
+/// A pending task's place in claim order: `Task::order_key`, owned.
+type Place = (DateTime<Utc>, u64, String);
+
+fn place_of(task: &Task) -> Place {
+    (task.time, task.created, task.key.clone())
+}
+
+/// The leader's picture of the queue between two listings: pending tasks in claim order,
+/// tasks waiting for their backoff, and every key it knows of. Finding, adding or dropping
+/// one task costs O(log N), not O(N): a drain touches every task of the backlog several
+/// times.
+#[derive(Debug)]
+pub struct Backlog {
+    pending: BTreeMap<Place, Task>,
+    /// Where each pending task is in `pending`, and its version, by key.
+    places: HashMap<String, (Place, u64), KeyHash>,
+    /// Tasks not eligible before a time: a retry's notBefore, a producer's runAt, or a key
+    /// refused for a while by the coordinator.
+    delayed: Vec<(DateTime<Utc>, Task)>,
+    known: Keys,
+    listed_at: DateTime<Utc>,
+    list_cost: Duration,
+    last_look: DateTime<Utc>,
+    look_cost: Duration,
+    claimed: usize,
+    /// Pending tasks the listing held: claims before listing again scale with it.
+    listed: usize,
+    /// While a look's names are being read: the keys forgotten since it began (deleted,
+    /// or to be read again). They may be among the names, yet are not new to that look.
+    forgotten: Option<Keys>,
+}
+
+impl Backlog {
+    /// The picture a listing at `now` gave, which took `list_cost`: `known` holds every key
+    /// listed that is still there (in flight, foreign and delayed ones included).
+    pub fn new(
+        pending: Vec<Task>,
+        delayed: Vec<(DateTime<Utc>, Task)>,
+        known: Keys,
+        now: DateTime<Utc>,
+        list_cost: Duration,
+    ) -> Backlog {
+        let listed = pending.len();
+        let mut backlog = Backlog {
+            pending: BTreeMap::new(),
+            places: HashMap::with_capacity_and_hasher(listed, KeyHash::default()),
+            delayed: Vec::new(),
+            known,
+            listed_at: now,
+            list_cost,
+            last_look: now,
+            look_cost: Duration::ZERO,
+            claimed: 0,
+            listed,
+            forgotten: None,
+        };
+        backlog.learn(Vec::new(), pending, delayed);
+        backlog
+    }
+
+    /// Decides the next step: move retries that are due now among the pending ones; done
+    /// when nothing is pending; list again after MAX_TASKS_PER_LISTING claims, or a
+    /// RELIST_FRACTION of the tasks listed if more, once the listing is ten times its cost
+    /// old; look at the keys when the last look is LOOK_INTERVAL (or ten times its cost)
+    /// old; otherwise claim. A clock that went back counts as old enough.
+    pub fn next(&mut self, now: DateTime<Utc>) -> Next {
+        self.promote(now);
+        if self.pending.is_empty() {
+            return Next::Done;
+        }
+        // A look or a listing is being read: it is finished first.
+        if self.forgotten.is_some() {
+            return Next::Claim;
+        }
+        if self.claimed >= MAX_TASKS_PER_LISTING.max(self.listed / RELIST_FRACTION)
+            && older_than(now, self.listed_at, self.list_cost * LIST_COST_FACTOR)
+        {
+            return Next::Relist;
+        }
+        let spacing = LOOK_INTERVAL.max(self.look_cost * LOOK_COST_FACTOR);
+        if older_than(now, self.last_look, spacing) {
+            Next::Look
+        } else {
+            Next::Claim
+        }
+    }
+
+    /// Records that a listing began at `now`, read while the leader claims: no other
+    /// look or listing is asked for until it is merged (`relisted`).
+    pub fn relist_started(&mut self, now: DateTime<Utc>) {
+        self.look_started(now);
+        self.listed_at = now;
+    }
+
+    /// How many tasks are pending, how many wait for a retry's time (or a deferral), and
+    /// how many for their producer's runAt.
+    pub fn depth(&self) -> (usize, usize, usize) {
+        let scheduled = scheduled_count(&self.delayed);
+        (
+            self.pending.len(),
+            self.delayed.len() - scheduled,
+            scheduled,
+        )
+    }
+
+    /// The pending tasks, front (next to claim) first.
+    pub fn pending(&self) -> impl Iterator<Item = &Task> {
+        self.pending.values()
+    }
+
+    /// Takes the first `n` pending tasks to claim them.
+    pub fn take(&mut self, n: usize) -> Vec<Task> {
+        let taken: Vec<Task> = std::iter::from_fn(|| self.take_first()).take(n).collect();
+        self.claimed += taken.len();
+        taken
+    }
+
+    /// Takes, to claim it, the first pending task `free` admits. With concurrency groups
+    /// `free` admits the tasks of groups with no run in progress, and the first such task
+    /// is its group's earliest pending one, unless a delayed task of its group comes before
+    /// it (a retry waiting for its backoff): then the whole group waits. A task scheduled
+    /// for later (runAt) is not due, so it holds no place in its group's order until then.
+    pub fn take_first_free(&mut self, free: impl Fn(&Task) -> bool) -> Option<Task> {
+        let place = self
+            .pending
+            .iter()
+            .find(|(_, task)| free(task) && !self.waits_in_group(task))
+            .map(|(place, _)| place.clone())?;
+        let task = self.pending.remove(&place)?;
+        self.places.remove(&task.key);
+        self.claimed += 1;
+        Some(task)
+    }
+
+    /// Whether a delayed task of `task`'s group (not one scheduled for later) comes before
+    /// it in claim order.
+    fn waits_in_group(&self, task: &Task) -> bool {
+        self.delayed.iter().any(|(at, delayed)| {
+            delayed.group() == task.group()
+                && delayed.order_key() < task.order_key()
+                && !delayed.waits_for_run_at(*at)
+        })
+    }
+
+    /// Puts one task taken but not claimed back in its place in claim order.
+    pub fn put_back_one(&mut self, task: Task) {
+        self.claimed = self.claimed.saturating_sub(1);
+        self.insert(task);
+    }
+
+    /// Takes the first pending task out without claiming it (it is to be moved away).
+    pub fn take_first(&mut self) -> Option<Task> {
+        let (_, task) = self.pending.pop_first()?;
+        self.places.remove(&task.key);
+        Some(task)
+    }
+
+    /// Puts tasks taken but not claimed back in their places (at the front, unless
+    /// earlier tasks arrived meanwhile).
+    pub fn put_back(&mut self, tasks: Vec<Task>) {
+        self.claimed = self.claimed.saturating_sub(tasks.len());
+        for task in tasks {
+            self.insert(task);
+        }
+    }
+
+    /// Adds a pending task in claim order, replacing what was pending under its key.
+    fn insert(&mut self, task: Task) {
+        let place = place_of(&task);
+        if let Some((old, _)) = self
+            .places
+            .insert(task.key.clone(), (place.clone(), task.version))
+        {
+            self.pending.remove(&old);
+        }
+        self.pending.insert(place, task);
+    }
+
+    /// Drops the pending task under `key`, if there is one.
+    fn remove(&mut self, key: &str) {
+        if let Some((place, _)) = self.places.remove(key) {
+            self.pending.remove(&place);
+        }
+    }
+
+    /// Whether the next look is made before the next claim: the last one was cheap.
+    pub fn looks_in_line(&self) -> bool {
+        self.look_cost < LOOK_IN_LINE
+    }
+
+    /// Records that a look began at `now`: no other is asked for until it is spaced from
+    /// this one (the look's names are read while the leader claims).
+    pub fn look_started(&mut self, now: DateTime<Utc>) {
+        self.last_look = now;
+        self.forgotten = Some(Keys::default());
+    }
+
+    /// Records a look at `now` that took `cost` and found `keys` under the prefix: tasks
+    /// whose keys are gone are dropped; keys never seen (or forgotten) are new.
+    pub fn looked(&mut self, keys: Vec<String>, now: DateTime<Utc>, cost: Duration) -> Looked {
+        self.last_look = now;
+        self.look_cost = cost;
+        let names: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let mut new = self.compare(&names);
+        if new.len() > MAX_FETCH {
+            return Looked::Relist;
+        }
+        new.sort();
+        Looked::New(new)
+    }
+
+    /// Compares the keys under the prefix with the known ones: drops the tasks whose keys
+    /// are gone, and returns the keys that are new (not known, and not forgotten since the
+    /// look or listing that read them began). Ends that look or listing.
+    fn compare(&mut self, keys: &[&str]) -> Vec<String> {
+        // One pass over the names, one hash each: on a large backlog the comparison costs
+        // as much as reading them, and it is made every look. Nothing is dropped unless
+        // some known key is missing (the leader forgets the keys it deletes itself).
+        let forgotten = self.forgotten.take().unwrap_or_default();
+        let mut still = 0;
+        let mut new = Vec::new();
+        for &key in keys {
+            if self.known.contains(key) {
+                still += 1;
+            } else if !forgotten.contains(key) {
+                new.push(key.to_string());
+            }
+        }
+        if still < self.known.len() {
+            self.drop_missing(keys.iter().copied().collect());
+        }
+        new
+    }
+
+    /// Drops every task and known key not `present` under the prefix.
+    fn drop_missing(&mut self, present: HashSet<&str, KeyHash>) {
+        {
+            let gone: Vec<String> = self
+                .places
+                .keys()
+                .filter(|key| !present.contains(key.as_str()))
+                .cloned()
+                .collect();
+            for key in gone {
+                self.remove(&key);
+            }
+            self.delayed
+                .retain(|(_, task)| present.contains(task.key.as_str()));
+            self.known.retain(|key| present.contains(key.as_str()));
+        }
+    }
+
+    /// Records a listing read while the leader claimed (started with `look_started`), at
+    /// `now`, which took `cost`, and returns the entries to sort out: keys never seen (or
+    /// forgotten since the listing began) and pending tasks whose version is not the one
+    /// known (a producer rewrote them in place: an earlier taskTime moves them up). Every
+    /// other entry is left as known, unparsed: a task the leader claimed or let go during
+    /// the read is not taken back from it, and an entry held by `own` lease (the leader's)
+    /// never is. Keys the listing lacks drop their tasks, as a look's names do. The
+    /// listing counts as a look.
+    pub fn relisted(
+        &mut self,
+        own: &LeaseId,
+        entries: Vec<StoredTask>,
+        now: DateTime<Utc>,
+        cost: Duration,
+    ) -> Vec<StoredTask> {
+        // One pass, one probe of the known keys per entry (and one of the index for the
+        // known ones): on a large backlog the merge is on the leader's path.
+        let forgotten = self.forgotten.take().unwrap_or_default();
+        let mut still = 0;
+        let mut take = vec![false; entries.len()];
+        let mut rewritten = Vec::new();
+        for (n, entry) in entries.iter().enumerate() {
+            let known = self.known.contains(&entry.key);
+            still += usize::from(known);
+            // Held by this lease: one of its runs, or one that ended during the read.
+            if entry.holder.as_ref() == Some(own) {
+                continue;
+            }
+            if !known {
+                take[n] = !forgotten.contains(&entry.key);
+            } else if entry.holder.is_none()
+                && self
+                    .places
+                    .get(&entry.key)
+                    .is_some_and(|(_, version)| *version != entry.version)
+            {
+                take[n] = true;
+                rewritten.push(n);
+            }
+        }
+        if still < self.known.len() {
+            self.drop_missing(entries.iter().map(|entry| entry.key.as_str()).collect());
+        }
+        for n in rewritten {
+            self.known.remove(&entries[n].key);
+            self.remove(&entries[n].key);
+        }
+        let sort: Vec<StoredTask> = entries
+            .into_iter()
+            .zip(take)
+            .filter_map(|(entry, take)| take.then_some(entry))
+            .collect();
+        self.last_look = now;
+        self.listed_at = now;
+        self.list_cost = cost;
+        self.claimed = 0;
+        self.listed = self.pending.len() + sort.len();
+        sort
+    }
+
+    /// Records what the whole last look cost (reading the names, comparing them with the
+    /// backlog's, reading the new tasks), once known: on a large backlog the comparison
+    /// costs as much as the read, and looks are spaced by their whole cost.
+    pub fn look_took(&mut self, cost: Duration) {
+        self.look_cost = self.look_cost.max(cost);
+    }
+
+    /// Adds what reading new keys found: every key read (whatever became of it) is known,
+    /// pending tasks go in claim order, delayed ones wait for their time.
+    pub fn learn(
+        &mut self,
+        keys: Vec<String>,
+        pending: Vec<Task>,
+        delayed: Vec<(DateTime<Utc>, Task)>,
+    ) {
+        self.known.extend(keys);
+        for task in pending {
+            self.known.insert(task.key.clone());
+            self.insert(task);
+        }
+        for (at, task) in delayed {
+            self.known.insert(task.key.clone());
+            self.delayed.push((at, task));
+        }
+    }
+
+    /// Forgets a key: its task was deleted, or changed in a way that the next look must
+    /// read again (a retry written back).
+    pub fn forget(&mut self, key: &str) {
+        if let Some(forgotten) = &mut self.forgotten {
+            forgotten.insert(key.to_string());
+        }
+        self.known.remove(key);
+        self.remove(key);
+        if self.delayed.iter().any(|(_, task)| task.key == key) {
+            self.delayed.retain(|(_, task)| task.key != key);
+        }
+    }
+
+    /// Puts tasks taken but refused by the coordinator for a while (their keys are under another
+    /// lease's takeover delay) aside until `until`, so that the tasks after them go first.
+    pub fn defer(&mut self, tasks: Vec<Task>, until: DateTime<Utc>) {
+        self.claimed = self.claimed.saturating_sub(tasks.len());
+        self.delayed
+            .extend(tasks.into_iter().map(|task| (until, task)));
+    }
+
+    /// Moves the delayed tasks that are due at `now` among the pending ones.
+    fn promote(&mut self, now: DateTime<Utc>) {
+        if self.delayed.is_empty() {
+            return;
+        }
+        let (due, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.delayed)
+            .into_iter()
+            .partition(|(at, _)| *at <= now);
+        self.delayed = waiting;
+        let due = due.into_iter().map(|(_, task)| task).collect();
+        self.learn(Vec::new(), due, Vec::new());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+    use std::time::Duration;
+
+    use super::{
+        scheduled_count, wake_at, Backlog, Keys, Looked, Next, MAX_FETCH, MAX_TASKS_PER_LISTING,
+        RELIST_FRACTION,
+    };
+    use crate::coord::LeaseId;
+    use crate::coord::StoredTask;
+    use crate::queue::scripted::{at, grouped, scheduled, task};
+
+    /// With groups, the next claim is the earliest task of a group with nothing running,
+    /// and a group whose earlier task waits for a retry waits with it.
+    #[test]
+    fn a_group_runs_in_order_one_at_a_time_and_waits_for_its_retry() {
+        let now = at(0);
+        let pending = vec![
+            grouped("q/a1", 1, "a"),
+            grouped("q/a2", 2, "a"),
+            grouped("q/b1", 3, "b"),
+            grouped("q/c2", 5, "c"),
+        ];
+        let retry = grouped("q/c1", 4, "c");
+        let mut backlog = Backlog::new(
+            pending,
+            vec![(at(60_000), retry)],
+            Keys::default(),
+            now,
+            Duration::ZERO,
+        );
+        let mut running: HashSet<String> = HashSet::new();
+        let take = |backlog: &mut Backlog, running: &mut HashSet<String>| {
+            let task = backlog.take_first_free(|t| !running.contains(t.group()))?;
+            running.insert(task.group().to_string());
+            Some(task.key)
+        };
+        assert_eq!(take(&mut backlog, &mut running).as_deref(), Some("q/a1"));
+        // a2 waits for a1; c2 waits for c1's retry, due in a minute.
+        assert_eq!(take(&mut backlog, &mut running).as_deref(), Some("q/b1"));
+        assert_eq!(take(&mut backlog, &mut running), None);
+        running.remove("a");
+        assert_eq!(take(&mut backlog, &mut running).as_deref(), Some("q/a2"));
+        assert_eq!(keys(&backlog), vec!["q/c2"]);
+        // Once c1 is due it goes first, then c2 after it.
+        backlog.promote(at(60_000));
+        running.clear();
+        assert_eq!(take(&mut backlog, &mut running).as_deref(), Some("q/c1"));
+        assert_eq!(take(&mut backlog, &mut running), None);
+        running.clear();
+        assert_eq!(take(&mut backlog, &mut running).as_deref(), Some("q/c2"));
+    }
+
+    /// A task taken but not claimed goes back to its place, not to the front.
+    #[test]
+    fn a_task_put_back_alone_keeps_its_place() {
+        let mut backlog = Backlog::new(
+            vec![
+                grouped("q/a1", 1, "a"),
+                grouped("q/b1", 2, "b"),
+                grouped("q/b2", 3, "b"),
+            ],
+            Vec::new(),
+            Keys::default(),
+            at(0),
+            Duration::ZERO,
+        );
+        let b1 = backlog.take_first_free(|t| t.group() == "b").unwrap();
+        backlog.put_back_one(b1);
+        assert_eq!(keys(&backlog), vec!["q/a1", "q/b1", "q/b2"]);
+    }
+
+    fn keys(backlog: &Backlog) -> Vec<&str> {
+        backlog.pending().map(|t| t.key.as_str()).collect()
+    }
+
+    fn known(names: &[&str]) -> Keys {
+        names.iter().map(|s| s.to_string()).collect()
+    }
+
+    /// Right after a listing the leader claims; once LOOK_INTERVAL has passed it looks at
+    /// the keys first; a clock that went back also makes it look.
+    #[test]
+    fn the_leader_looks_at_the_keys_every_interval() {
+        let mut backlog = Backlog::new(
+            vec![task("q/b", 2, None), task("q/a", 1, None)],
+            vec![],
+            known(&["q/a", "q/b"]),
+            at(0),
+            Duration::ZERO,
+        );
+        assert_eq!(keys(&backlog), ["q/a", "q/b"]);
+        assert_eq!(backlog.next(at(0)), Next::Claim);
+        assert_eq!(backlog.next(at(19)), Next::Claim);
+        assert_eq!(backlog.next(at(20)), Next::Look);
+        assert_eq!(
+            backlog.looked(vec!["q/a".into(), "q/b".into()], at(20), Duration::ZERO),
+            Looked::New(vec![])
+        );
+        assert_eq!(backlog.next(at(21)), Next::Claim);
+        assert_eq!(backlog.next(at(10)), Next::Look, "the clock went back");
+    }
+
+    /// A look whose names are read while the leader claims: no other look is asked for
+    /// meanwhile; keys the leader deleted or let go during the read are among the names
+    /// but not new to that look (the next one reads a key that is still there).
+    #[test]
+    fn a_look_read_while_claiming_takes_no_deleted_key_for_new() {
+        let mut backlog = Backlog::new(
+            vec![
+                task("q/a", 1, None),
+                task("q/b", 2, None),
+                task("q/c", 3, None),
+            ],
+            vec![],
+            known(&["q/a", "q/b", "q/c"]),
+            at(0),
+            Duration::ZERO,
+        );
+        assert_eq!(backlog.next(at(20)), Next::Look);
+        backlog.look_started(at(20));
+        assert_eq!(backlog.next(at(21)), Next::Claim, "one look at a time");
+        // The names, read at 20: q/a is claimed and completed meanwhile, q/b claimed and
+        // written back as a retry (forgotten, to be read again); q/new arrived.
+        let names = vec!["q/a".into(), "q/b".into(), "q/c".into(), "q/new".into()];
+        let taken: Vec<String> = backlog.take(2).into_iter().map(|t| t.key).collect();
+        assert_eq!(taken, ["q/a", "q/b"]);
+        backlog.forget("q/a");
+        backlog.forget("q/b");
+        assert_eq!(
+            backlog.looked(names, at(30), Duration::from_millis(10)),
+            Looked::New(vec!["q/new".into()])
+        );
+        assert_eq!(
+            backlog.looked(vec!["q/b".into(), "q/c".into()], at(130), Duration::ZERO),
+            Looked::New(vec!["q/b".into()]),
+            "the retry is read at the next look"
+        );
+    }
+
+    /// A listing read while the leader claims is merged, not taken whole: only new keys
+    /// and pending tasks rewritten in place are to be sorted out; a task claimed during the
+    /// read (and any held by the leader's lease) is not taken back; gone keys drop their
+    /// tasks; claims before the next listing count from the merge.
+    #[test]
+    fn a_listing_read_while_claiming_is_merged() {
+        let tasks = (0..300)
+            .map(|n| task(&format!("q/{n:03}"), n, None))
+            .collect();
+        let names: Vec<&str> = (0..300)
+            .map(|n| format!("q/{n:03}"))
+            .map(|k| &*k.leak())
+            .collect();
+        let mut backlog = Backlog::new(tasks, vec![], known(&names), at(0), Duration::ZERO);
+        backlog.take(MAX_TASKS_PER_LISTING);
+        assert_eq!(backlog.next(at(1)), Next::Relist);
+        backlog.relist_started(at(1));
+        assert_eq!(backlog.next(at(2)), Next::Claim, "one listing at a time");
+        // Claimed during the read: q/256; completed during it: q/000.
+        assert_eq!(backlog.take(1)[0].key, "q/256");
+        backlog.forget("q/000");
+        let own = LeaseId("mine".into());
+        let entry = |key: &str, version: u64, holder: Option<&LeaseId>| StoredTask {
+            key: key.into(),
+            value: b"{}".to_vec(),
+            version,
+            created: 1,
+            holder: holder.cloned(),
+        };
+        let mut entries = vec![
+            entry("q/000", 2, Some(&own)),
+            entry("q/255", 2, Some(&own)),
+            entry("q/256", 1, None),
+            entry("q/257", 1, None),
+            entry("q/258", 5, None),
+            entry("q/259", 5, Some(&LeaseId("other".into()))),
+            entry("q/new", 1, None),
+        ];
+        entries.extend((260..299).map(|n| entry(&format!("q/{n:03}"), 1, None)));
+        let sort: Vec<String> = backlog
+            .relisted(&own, entries, at(3), Duration::from_millis(1))
+            .into_iter()
+            .map(|e| e.key)
+            .collect();
+        assert_eq!(sort, ["q/258", "q/new"]);
+        // q/258 is sorted out again, q/299 is gone; q/259 stays as known.
+        assert_eq!(keys(&backlog).first(), Some(&"q/257"));
+        assert!(!keys(&backlog).contains(&"q/258"));
+        assert!(!keys(&backlog).contains(&"q/299"));
+        assert!(keys(&backlog).contains(&"q/259"));
+        assert_eq!(
+            backlog.next(at(4)),
+            Next::Claim,
+            "claims count from the merge"
+        );
+    }
+
+    /// A look that cost less than LOOK_IN_LINE is made before the next claim; a costlier
+    /// one is read while the leader claims.
+    #[test]
+    fn cheap_looks_are_made_in_line_and_costly_ones_beside_the_claims() {
+        let mut backlog = Backlog::new(
+            vec![task("q/a", 1, None)],
+            vec![],
+            known(&["q/a"]),
+            at(0),
+            Duration::ZERO,
+        );
+        assert!(backlog.looks_in_line(), "the first look measures its cost");
+        backlog.looked(vec!["q/a".into()], at(20), Duration::from_millis(4));
+        assert!(backlog.looks_in_line());
+        backlog.looked(vec!["q/a".into()], at(40), Duration::from_millis(5));
+        assert!(!backlog.looks_in_line());
+    }
+
+    /// A costly look spaces the next one out to ten times its cost.
+    #[test]
+    fn costly_looks_are_spaced_out() {
+        let mut backlog = Backlog::new(
+            vec![task("q/a", 1, None)],
+            vec![],
+            known(&["q/a"]),
+            at(0),
+            Duration::ZERO,
+        );
+        backlog.looked(vec!["q/a".into()], at(0), Duration::from_millis(8));
+        assert_eq!(backlog.next(at(79)), Next::Claim);
+        assert_eq!(backlog.next(at(80)), Next::Look);
+        // The whole look (names compared, new tasks read) cost 30 ms: the next one waits
+        // ten times that, not ten times the 8 ms the names took to arrive.
+        backlog.looked(vec!["q/a".into()], at(100), Duration::from_millis(8));
+        backlog.look_took(Duration::from_millis(30));
+        assert_eq!(backlog.next(at(399)), Next::Claim);
+        assert_eq!(backlog.next(at(400)), Next::Look);
+    }
+
+    /// A task with an earlier taskTime that arrives is found at the next look and claimed
+    /// before the later ones; keys that went away drop their tasks.
+    #[test]
+    fn a_new_earlier_task_goes_first_and_vanished_ones_go() {
+        let mut backlog = Backlog::new(
+            vec![
+                task("q/b", 20, None),
+                task("q/c", 30, None),
+                task("q/d", 40, None),
+            ],
+            vec![],
+            known(&["q/b", "q/c", "q/d", "q/running"]),
+            at(0),
+            Duration::ZERO,
+        );
+        assert_eq!(backlog.take(1).len(), 1);
+        let looked = backlog.looked(
+            vec!["q/a".into(), "q/c".into(), "q/d".into(), "q/running".into()],
+            at(30),
+            Duration::ZERO,
+        );
+        assert_eq!(looked, Looked::New(vec!["q/a".into()]));
+        backlog.learn(vec!["q/a".into()], vec![task("q/a", 1, None)], vec![]);
+        assert_eq!(keys(&backlog), ["q/a", "q/c", "q/d"]);
+        // Known now: the same key is not new at the next look.
+        assert_eq!(
+            backlog.looked(vec!["q/a".into(), "q/c".into()], at(60), Duration::ZERO),
+            Looked::New(vec![])
+        );
+        assert_eq!(keys(&backlog), ["q/a", "q/c"]);
+    }
+
+    /// A key forgotten (its task deleted, or a retry written back) is new again when it
+    /// shows up: a producer's re-PUT of a finished task's key is not missed.
+    #[test]
+    fn a_forgotten_key_is_read_again() {
+        let mut backlog = Backlog::new(
+            vec![task("q/a", 1, None)],
+            vec![],
+            known(&["q/a"]),
+            at(0),
+            Duration::ZERO,
+        );
+        let claimed = backlog.take(1);
+        backlog.forget(&claimed[0].key);
+        assert_eq!(
+            backlog.looked(vec!["q/a".into()], at(30), Duration::ZERO),
+            Looked::New(vec!["q/a".into()])
+        );
+    }
+
+    /// A retry that falls due while later tasks are pending is claimed next.
+    #[test]
+    fn a_retry_that_falls_due_goes_before_later_tasks() {
+        let mut backlog = Backlog::new(
+            vec![task("q/b", 20, None), task("q/c", 30, None)],
+            vec![(at(100), task("q/a", 1, Some(at(100))))],
+            known(&["q/a", "q/b", "q/c"]),
+            at(0),
+            Duration::ZERO,
+        );
+        assert_eq!(backlog.next(at(10)), Next::Claim);
+        assert_eq!(keys(&backlog), ["q/b", "q/c"]);
+        backlog.looked(
+            vec!["q/a".into(), "q/b".into(), "q/c".into()],
+            at(99),
+            Duration::ZERO,
+        );
+        assert_eq!(backlog.next(at(100)), Next::Claim);
+        assert_eq!(keys(&backlog), ["q/a", "q/b", "q/c"]);
+    }
+
+    /// A task deferred (its claim refused for a while) lets the later ones go first and comes
+    /// back at the front when its time is up.
+    #[test]
+    fn a_deferred_task_steps_aside_until_its_time() {
+        let mut backlog = Backlog::new(
+            vec![
+                task("q/a", 1, None),
+                task("q/b", 2, None),
+                task("q/c", 3, None),
+            ],
+            vec![],
+            known(&["q/a", "q/b", "q/c"]),
+            at(0),
+            Duration::ZERO,
+        );
+        let mut taken = backlog.take(2);
+        let refused = taken.remove(0);
+        backlog.put_back(taken);
+        backlog.defer(vec![refused], at(1_000));
+        assert_eq!(backlog.next(at(10)), Next::Claim);
+        assert_eq!(keys(&backlog), ["q/b", "q/c"]);
+        backlog.looked(
+            vec!["q/a".into(), "q/b".into(), "q/c".into()],
+            at(990),
+            Duration::ZERO,
+        );
+        assert_eq!(backlog.next(at(1_000)), Next::Claim);
+        assert_eq!(keys(&backlog), ["q/a", "q/b", "q/c"]);
+        assert_eq!(backlog.take(3).len(), 3);
+    }
+
+    /// After MAX_TASKS_PER_LISTING claims the leader lists again; tasks put back unclaimed
+    /// do not count; an empty backlog is done, even with retries still waiting.
+    #[test]
+    fn relists_after_a_listing_worth_of_claims_and_ends_when_empty() {
+        let tasks = (0..300)
+            .map(|n| task(&format!("q/{n:03}"), n, None))
+            .collect();
+        let mut backlog = Backlog::new(tasks, vec![], Keys::default(), at(0), Duration::ZERO);
+        let taken = backlog.take(MAX_TASKS_PER_LISTING);
+        assert_eq!(backlog.next(at(1)), Next::Relist);
+        let mut taken = taken;
+        backlog.put_back(taken.split_off(MAX_TASKS_PER_LISTING - 2));
+        assert_eq!(backlog.next(at(1)), Next::Claim);
+        assert_eq!(keys(&backlog)[0], "q/254");
+        let mut waiting = Backlog::new(
+            vec![],
+            vec![(at(500), task("q/a", 1, Some(at(500))))],
+            Keys::default(),
+            at(0),
+            Duration::ZERO,
+        );
+        assert_eq!(waiting.next(at(1)), Next::Done);
+    }
+
+    /// A costly listing (a backlog of large values) is repeated no sooner than ten times
+    /// its cost, however many tasks were claimed.
+    #[test]
+    fn costly_listings_are_spaced_out() {
+        let tasks = (0..300)
+            .map(|n| task(&format!("q/{n:03}"), n, None))
+            .collect();
+        let mut backlog = Backlog::new(
+            tasks,
+            vec![],
+            Keys::default(),
+            at(0),
+            Duration::from_millis(200),
+        );
+        backlog.take(MAX_TASKS_PER_LISTING);
+        assert_eq!(backlog.next(at(10)), Next::Claim);
+        assert_eq!(backlog.next(at(2_000)), Next::Relist);
+    }
+
+    /// On a large backlog the leader lists again only after claiming half of what the
+    /// listing held, not after every MAX_TASKS_PER_LISTING claims: a drain of N tasks
+    /// reads about 2N tasks in all, not N²/256.
+    #[test]
+    fn a_large_backlog_is_listed_again_after_half_of_it() {
+        let tasks = (0..4_000)
+            .map(|n| task(&format!("q/{n:04}"), n, None))
+            .collect();
+        let mut backlog = Backlog::new(tasks, vec![], Keys::default(), at(0), Duration::ZERO);
+        backlog.take(MAX_TASKS_PER_LISTING);
+        assert_eq!(backlog.next(at(1)), Next::Claim);
+        backlog.take(4_000 / RELIST_FRACTION - MAX_TASKS_PER_LISTING - 1);
+        assert_eq!(backlog.next(at(2)), Next::Claim);
+        assert_eq!(
+            keys(&backlog)[0],
+            format!("q/{:04}", 4_000 / RELIST_FRACTION - 1)
+        );
+        backlog.take(1);
+        assert_eq!(backlog.next(at(3)), Next::Relist);
+    }
+
+    /// A task read again under a key the backlog holds (a conflict's re-read, a retry)
+    /// replaces the old one and takes its new place; forgetting one task leaves the order
+    /// of the others; a task put back goes before later ones that arrived meanwhile.
+    #[test]
+    fn one_task_moves_without_disturbing_the_others() {
+        let tasks = (0..1_000)
+            .map(|n| task(&format!("q/{n:04}"), 10 + n, None))
+            .collect();
+        let mut backlog = Backlog::new(tasks, vec![], Keys::default(), at(0), Duration::ZERO);
+        backlog.learn(vec![], vec![task("q/0500", 1, None)], vec![]);
+        assert_eq!(keys(&backlog)[..2], ["q/0500", "q/0000"]);
+        assert_eq!(backlog.pending().count(), 1_000);
+        backlog.forget("q/0000");
+        assert_eq!(keys(&backlog)[..2], ["q/0500", "q/0001"]);
+        let taken = backlog.take(2);
+        backlog.learn(vec![], vec![task("q/new", 5_000, None)], vec![]);
+        backlog.put_back(taken);
+        assert_eq!(keys(&backlog)[..2], ["q/0500", "q/0001"]);
+        assert_eq!(keys(&backlog).last(), Some(&"q/new"));
+        assert_eq!(backlog.pending().count(), 1_000);
+    }
+
+    /// More new keys than MAX_FETCH at one look: list again.
+    #[test]
+    fn a_flood_of_new_keys_means_listing_again() {
+        let mut backlog = Backlog::new(
+            vec![task("q/a", 1, None)],
+            vec![],
+            known(&["q/a"]),
+            at(0),
+            Duration::ZERO,
+        );
+        let flood = (0..=MAX_FETCH).map(|n| format!("q/n{n}")).collect();
+        assert_eq!(
+            backlog.looked(flood, at(30), Duration::ZERO),
+            Looked::Relist
+        );
+    }
+
+    /// An idle leader wakes at the earliest time a waiting task falls due, a scheduled one
+    /// or a retry, or an orphan's fence ends; with nothing waiting it only waits for a change.
+    #[test]
+    fn the_idle_leader_wakes_for_the_earliest_due_task() {
+        let waiting = vec![
+            (at(5_000), scheduled("q/s", 1, at(5_000), None)),
+            (at(2_000), task("q/r", 2, Some(at(2_000)))),
+            (at(9_000), scheduled("q/t", 3, at(9_000), None)),
+        ];
+        assert_eq!(wake_at(&waiting, None), Some(at(2_000)));
+        assert_eq!(wake_at(&waiting[..1], None), Some(at(5_000)));
+        assert_eq!(wake_at(&waiting, Some(at(1_000))), Some(at(1_000)));
+        assert_eq!(wake_at(&[], None), None);
+        assert_eq!(scheduled_count(&waiting), 2);
+    }
+
+    /// A scheduled task waits in the backlog until its runAt, then is claimed in taskTime
+    /// order among the pending ones; while it waits it holds no place in its group, unlike
+    /// a retry waiting for its backoff.
+    #[test]
+    fn a_scheduled_task_falls_due_in_task_time_order_and_holds_no_group() {
+        let early = scheduled("q/early", 1, at(10_000), None);
+        let mut backlog = Backlog::new(
+            vec![grouped("q/g2", 2, "g"), grouped("q/g3", 3, "g")],
+            vec![(at(10_000), early)],
+            Keys::default(),
+            at(0),
+            Duration::ZERO,
+        );
+        assert_eq!(backlog.depth(), (2, 0, 1));
+        let first = backlog.take_first_free(|_| true).unwrap();
+        assert_eq!(
+            first.key, "q/g2",
+            "the scheduled task does not hold its group"
+        );
+        backlog.put_back_one(first);
+        backlog.next(at(9_999));
+        assert_eq!(keys(&backlog), vec!["q/g2", "q/g3"]);
+        backlog.next(at(10_000));
+        assert_eq!(
+            keys(&backlog),
+            vec!["q/early", "q/g2", "q/g3"],
+            "once due, it goes by its taskTime"
+        );
+        assert_eq!(backlog.depth(), (3, 0, 0));
+    }
+}

@@ -1,0 +1,309 @@
+//! What becomes of a task once its handler's run is over (pure: no I/O, no clock read, no
+//! spawn; the run's result, how it was stopped, the attempts, the drawn backoff and `now`
+//! come in): complete it, retry it at a time, put it back without using an attempt, or
+//! dead-letter it with a reason. `run.rs` runs the handler and writes what
+//! [`after_run`] answers.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::handler::HandlerError;
+use crate::queue::LeadEnd;
+
+/// How a handler's run ended, as the leader saw it.
+#[derive(Clone, Copy, Debug)]
+pub struct RunEnd<'a> {
+    /// The handler's answer.
+    pub result: &'a Result<(), HandlerError>,
+    /// Why the leading ends, if it does (seen while the handler ran).
+    pub ending: Option<&'a LeadEnd>,
+    /// An operator asked to cancel this run (`leaderq tasks cancel`).
+    pub cancelled: bool,
+    /// The leader asked the handler to stop (cancel, lease, shutdown).
+    pub stopped: bool,
+    /// The attempts the task had used before this run.
+    pub attempts_before: u32,
+}
+
+/// What the leader does with a task after its run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Settlement {
+    /// Delete the version claimed (or move it to its history record); `clear_cancel` when
+    /// an operator's cancel marker came too late to stop it and is to be deleted.
+    Complete { clear_cancel: bool },
+    /// A failure worth retrying: written back with `attempts` and `error`, not to run
+    /// before `not_before`.
+    Retry {
+        attempts: u32,
+        error: String,
+        not_before: DateTime<Utc>,
+    },
+    /// Cut short by the leader, not failed: written back due now, its attempts unchanged.
+    /// `lease_lost` says why when the lease or the leadership stopped it.
+    PutBack {
+        attempts: u32,
+        error: String,
+        lease_lost: Option<String>,
+    },
+    /// Moved to dead-letter with `attempts`, `last_error` and `reason`; `failed` when it
+    /// counts as the handler's failure (not an operator's cancel, whose marker is cleared).
+    DeadLetter {
+        attempts: u32,
+        last_error: String,
+        reason: String,
+        failed: bool,
+    },
+}
+
+/// Decides what becomes of a task after `run`: a success completes it; an operator's
+/// cancel dead-letters it; a run stopped by shutdown, or for the lease or the leadership,
+/// goes back without using an attempt (it is never dead-lettered for it); a failure is
+/// retried `backoff` after `now` while attempts are left, else dead-lettered, at once if
+/// the handler says retrying cannot help.
+pub fn after_run(
+    run: RunEnd,
+    max_attempts: u32,
+    backoff: Duration,
+    now: DateTime<Utc>,
+) -> Settlement {
+    let attempt = run.attempts_before + 1;
+    let err = match run.result {
+        Ok(()) => {
+            // It finished before it could be stopped: it stands as completed.
+            return Settlement::Complete {
+                clear_cancel: run.cancelled,
+            };
+        }
+        Err(err) => err,
+    };
+    match run.ending {
+        None if run.cancelled => {
+            return Settlement::DeadLetter {
+                attempts: attempt,
+                last_error: err.message.clone(),
+                reason: format!("cancelled (leaderq tasks cancel) on attempt {attempt}"),
+                failed: false,
+            }
+        }
+        Some(LeadEnd::Shutdown) if run.stopped => {
+            return Settlement::PutBack {
+                attempts: run.attempts_before,
+                error: format!("interrupted by shutdown: {err}"),
+                lease_lost: None,
+            }
+        }
+        ending
+            if err.interrupted || (run.stopped && matches!(ending, Some(LeadEnd::StepDown(_)))) =>
+        {
+            // Stopped because the lease or the leadership could not be confirmed (by the
+            // leader, or by the supervisor on the lease's deadline before the leader saw it
+            // go stale): not the handler's failure.
+            let why = match ending {
+                Some(LeadEnd::StepDown(why)) => why.clone(),
+                _ => "the lease was not confirmed in time".to_string(),
+            };
+            return Settlement::PutBack {
+                attempts: run.attempts_before,
+                error: format!("interrupted ({why}): {err}"),
+                lease_lost: Some(why),
+            };
+        }
+        _ => {}
+    }
+    if err.permanent || attempt >= max_attempts {
+        let reason = if err.permanent {
+            format!("failed permanently (not retried) on attempt {attempt}: {err}")
+        } else {
+            format!("failed {attempt} times; last error: {err}")
+        };
+        return Settlement::DeadLetter {
+            attempts: attempt,
+            last_error: err.message.clone(),
+            reason,
+            failed: true,
+        };
+    }
+    Settlement::Retry {
+        attempts: attempt,
+        error: err.message.clone(),
+        not_before: now + chrono::Duration::from_std(backoff).unwrap_or_default(),
+    }
+}
+
+/// The backoff before retry `attempt`: base × 2^(attempt-1), capped at `max`, plus up to
+/// 20% jitter (`jitter` in 0..1, drawn by the caller) so that retries do not bunch up.
+pub fn backoff(base: Duration, max: Duration, attempt: u32, jitter: f64) -> Duration {
+    let exponent = attempt.saturating_sub(1).min(30);
+    let capped = base.saturating_mul(1u32 << exponent).min(max);
+    capped + capped.mul_f64(jitter * 0.2)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{after_run, backoff, RunEnd, Settlement};
+    use crate::handler::HandlerError;
+    use crate::queue::scripted::at;
+    use crate::queue::LeadEnd;
+
+    const MAX_ATTEMPTS: u32 = 3;
+    const BACKOFF: Duration = Duration::from_secs(2);
+
+    /// A run's end with `result`, nothing stopped and `attempts_before` attempts used.
+    fn ended(result: &Result<(), HandlerError>, attempts_before: u32) -> RunEnd<'_> {
+        RunEnd {
+            result,
+            ending: None,
+            cancelled: false,
+            stopped: false,
+            attempts_before,
+        }
+    }
+
+    fn settle(run: RunEnd) -> Settlement {
+        after_run(run, MAX_ATTEMPTS, BACKOFF, at(0))
+    }
+
+    /// A success completes the task, clearing a cancel marker that came too late.
+    #[test]
+    fn a_success_completes_the_task() {
+        let ok = Ok(());
+        assert_eq!(
+            settle(ended(&ok, 0)),
+            Settlement::Complete {
+                clear_cancel: false
+            }
+        );
+        let late_cancel = RunEnd {
+            cancelled: true,
+            stopped: true,
+            ..ended(&ok, 0)
+        };
+        assert_eq!(
+            settle(late_cancel),
+            Settlement::Complete { clear_cancel: true }
+        );
+    }
+
+    /// A failure with attempts left is retried after the backoff, counting this attempt.
+    #[test]
+    fn a_failure_with_attempts_left_is_retried_after_the_backoff() {
+        let failed = Err(HandlerError::new("boom"));
+        assert_eq!(
+            settle(ended(&failed, 1)),
+            Settlement::Retry {
+                attempts: 2,
+                error: "boom".into(),
+                not_before: at(2_000),
+            }
+        );
+    }
+
+    /// The last attempt's failure, or a permanent one, is dead-lettered as failed.
+    #[test]
+    fn the_last_attempt_or_a_permanent_failure_is_dead_lettered() {
+        let failed = Err(HandlerError::new("boom"));
+        assert!(matches!(
+            settle(ended(&failed, 2)),
+            Settlement::DeadLetter { attempts: 3, failed: true, reason, .. }
+                if reason == "failed 3 times; last error: boom"
+        ));
+        let permanent = Err(HandlerError {
+            permanent: true,
+            ..HandlerError::new("bad input")
+        });
+        assert!(matches!(
+            settle(ended(&permanent, 0)),
+            Settlement::DeadLetter { attempts: 1, failed: true, reason, .. }
+                if reason.starts_with("failed permanently (not retried) on attempt 1")
+        ));
+    }
+
+    /// An operator's cancel dead-letters the task, not counted as the handler's failure.
+    #[test]
+    fn an_operators_cancel_dead_letters_the_task() {
+        let failed = Err(HandlerError::new("stopped"));
+        let cancelled = RunEnd {
+            cancelled: true,
+            stopped: true,
+            ..ended(&failed, 0)
+        };
+        assert_eq!(
+            settle(cancelled),
+            Settlement::DeadLetter {
+                attempts: 1,
+                last_error: "stopped".into(),
+                reason: "cancelled (leaderq tasks cancel) on attempt 1".into(),
+                failed: false,
+            }
+        );
+    }
+
+    /// A run stopped by shutdown, or for the lease or the leadership, goes back without
+    /// using an attempt, even on its last one.
+    #[test]
+    fn a_run_stopped_by_the_leader_is_put_back_without_using_an_attempt() {
+        let failed = Err(HandlerError::new("killed"));
+        let shutdown = LeadEnd::Shutdown;
+        let by_shutdown = RunEnd {
+            ending: Some(&shutdown),
+            stopped: true,
+            ..ended(&failed, 2)
+        };
+        assert_eq!(
+            settle(by_shutdown),
+            Settlement::PutBack {
+                attempts: 2,
+                error: "interrupted by shutdown: killed".into(),
+                lease_lost: None,
+            }
+        );
+        let lost = LeadEnd::StepDown("lease expired".into());
+        let for_the_lease = RunEnd {
+            ending: Some(&lost),
+            stopped: true,
+            ..ended(&failed, 2)
+        };
+        assert_eq!(
+            settle(for_the_lease),
+            Settlement::PutBack {
+                attempts: 2,
+                error: "interrupted (lease expired): killed".into(),
+                lease_lost: Some("lease expired".into()),
+            }
+        );
+        let by_supervisor = Err(HandlerError {
+            interrupted: true,
+            ..HandlerError::new("deadline")
+        });
+        assert!(matches!(
+            settle(ended(&by_supervisor, 0)),
+            Settlement::PutBack { attempts: 0, lease_lost: Some(why), .. }
+                if why == "the lease was not confirmed in time"
+        ));
+    }
+
+    /// A failure during a shutdown the handler was not stopped for is an ordinary failure.
+    #[test]
+    fn a_failure_during_shutdown_that_was_not_stopped_is_retried() {
+        let failed = Err(HandlerError::new("boom"));
+        let shutdown = LeadEnd::Shutdown;
+        let run = RunEnd {
+            ending: Some(&shutdown),
+            ..ended(&failed, 0)
+        };
+        assert!(matches!(settle(run), Settlement::Retry { attempts: 1, .. }));
+    }
+
+    /// The backoff doubles per attempt from the base, is capped, and adds up to 20% jitter.
+    #[test]
+    fn the_backoff_doubles_is_capped_and_jittered() {
+        let (base, max) = (Duration::from_secs(1), Duration::from_secs(60));
+        assert_eq!(backoff(base, max, 1, 0.0), Duration::from_secs(1));
+        assert_eq!(backoff(base, max, 3, 0.0), Duration::from_secs(4));
+        assert_eq!(backoff(base, max, 40, 0.0), Duration::from_secs(60));
+        assert_eq!(backoff(base, max, 1, 1.0), Duration::from_millis(1_200));
+    }
+}
