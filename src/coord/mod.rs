@@ -92,8 +92,9 @@ pub struct LeaseSpec {
     pub node_id: String,
     /// How long the lease lives without a keep-alive.
     pub ttl: Duration,
-    /// How long leadership stays untaken after this lease dies (0: none).
-    pub lock_delay: Duration,
+    /// How long leadership, and every task this lease held, stay untaken after it dies (0:
+    /// none; `election.lock_delay`, Consul's lock-delay, the one backend that has one).
+    pub takeover_delay: Duration,
     /// The lease this replica held before a restart, to take up again if the coordinator
     /// still honours it and it is still this replica's own.
     pub previous: Option<LeaseId>,

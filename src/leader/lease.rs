@@ -278,7 +278,7 @@ mod tests {
         );
         assert!(
             !watch.has_changed().unwrap(),
-            "another session's renewal moved it"
+            "another lease's renewal moved it"
         );
         lease.mark_lost(&s);
         assert_eq!(*watch.borrow_and_update(), None);

@@ -125,7 +125,7 @@ impl Election {
         let spec = LeaseSpec {
             node_id: self.node_id.clone(),
             ttl: self.settings.lease_ttl,
-            lock_delay: self.settings.lock_delay,
+            takeover_delay: self.settings.lock_delay,
             previous,
         };
         let sent_at = Instant::now();

@@ -19,7 +19,7 @@ const OBSERVE_BACKOFF: Duration = Duration::from_millis(200);
 /// Why `holder`, as observed, is not `leadership` any more; `None` while it still is.
 pub fn lost(holder: &Holder, leadership: &Leadership) -> Option<String> {
     match &holder.lease {
-        None => Some("leadership lost at the coordinator: the leader record was deleted or released (lease revoked, session destroyed, or an operator's edit)".into()),
+        None => Some("leadership lost at the coordinator: the leader record was deleted or released (lease revoked or ended, or an operator's edit)".into()),
         Some(lease) if *lease != leadership.lease => Some(format!(
             "leadership lost at the coordinator: lease {lease} holds it now"
         )),

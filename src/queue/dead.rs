@@ -72,7 +72,7 @@ impl Queue {
             Applied::Done => {}
             Applied::Conflict => return Ok(false),
             Applied::TooLarge(why) => {
-                tracing::error!(task_key = %pair.key, error = %why, "cannot dead-letter a task: the coordinator refuses even a minimal record as too large; raise its limit (Consul: txn_max_req_len)");
+                tracing::error!(task_key = %pair.key, error = %why, "cannot dead-letter a task: the coordinator refuses even a minimal record as too large; raise its request size limit");
                 return Ok(false);
             }
         }

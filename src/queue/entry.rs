@@ -444,7 +444,7 @@ mod tests {
         assert_eq!(
             eligibility(&pending, at(0), horizon, Some(at(1_000))),
             Status::Delayed(at(1_000)),
-            "deferred under lock-delay"
+            "deferred: refused for a while"
         );
         assert_eq!(
             eligibility(&pending, at(1_000), horizon, Some(at(1_000))),

@@ -87,7 +87,7 @@ async fn the_etcd_backend_keeps_the_coordinator_contract() {
                 producer: Arc::new(PutProducer { client, leader_key }),
                 queue_prefix: format!("contract/{name}/queue/"),
                 dead_prefix: format!("contract/{name}/dead/"),
-                timing: Timing::new(Duration::from_secs(1)).without_lock_delay(),
+                timing: Timing::new(Duration::from_secs(1)).without_takeover_delay(),
             }
         }
     })
@@ -194,7 +194,7 @@ async fn user_and_password_reach_an_etcd_with_auth_on() {
                 producer: Arc::new(PutProducer { client, leader_key }),
                 queue_prefix: format!("auth/{name}/queue/"),
                 dead_prefix: format!("auth/{name}/dead/"),
-                timing: Timing::new(Duration::from_secs(1)).without_lock_delay(),
+                timing: Timing::new(Duration::from_secs(1)).without_takeover_delay(),
             }
         }
     })
@@ -221,7 +221,7 @@ async fn a_waiting_list_wakes_when_a_claim_dies_with_its_lease() {
     let spec = LeaseSpec {
         node_id: "old".into(),
         ttl: Duration::from_secs(30),
-        lock_delay: Duration::ZERO,
+        takeover_delay: Duration::ZERO,
         previous: None,
     };
     let lease = coord.open_lease(&spec).await.unwrap().lease;

@@ -83,7 +83,7 @@ async fn the_redis_backend_keeps_the_coordinator_contract() {
                 producer: Arc::new(producer),
                 queue_prefix: "queue/".into(),
                 dead_prefix: "dead/".into(),
-                timing: Timing::new(Duration::from_secs(1)).without_lock_delay(),
+                timing: Timing::new(Duration::from_secs(1)).without_takeover_delay(),
             }
         }
     })
@@ -136,7 +136,7 @@ async fn waits_wake_on_the_channel_and_at_the_lease_expiry() {
         .open_lease(&LeaseSpec {
             node_id: "n1".into(),
             ttl: Duration::from_secs(1),
-            lock_delay: Duration::ZERO,
+            takeover_delay: Duration::ZERO,
             previous: None,
         })
         .await

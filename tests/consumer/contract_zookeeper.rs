@@ -159,7 +159,7 @@ async fn run_contract(connect: String, auth: &str) {
                 queue_prefix: format!("{name}/queue/"),
                 dead_prefix: format!("{name}/dead/"),
                 timing: Timing::new(Duration::from_secs(1))
-                    .without_lock_delay()
+                    .without_takeover_delay()
                     .without_lease_reuse(),
             }
         }

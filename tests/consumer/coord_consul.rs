@@ -42,7 +42,7 @@ fn spec(node: &str) -> LeaseSpec {
     LeaseSpec {
         node_id: node.into(),
         ttl: Duration::from_secs(3),
-        lock_delay: Duration::from_millis(300),
+        takeover_delay: Duration::from_millis(300),
         previous: None,
     }
 }

@@ -427,7 +427,7 @@ mod restart {
         let spec = leaderq::coord::LeaseSpec {
             node_id: "ra".into(),
             ttl: Duration::from_secs(3),
-            lock_delay: Duration::from_millis(200),
+            takeover_delay: Duration::from_millis(200),
             previous: None,
         };
         let lease = coord.open_lease(&spec).await.expect("open lease").lease;

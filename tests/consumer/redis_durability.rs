@@ -150,7 +150,7 @@ async fn win(coord: &RedisCoordinator, node: &str) -> u64 {
         .open_lease(&LeaseSpec {
             node_id: node.into(),
             ttl: Duration::from_secs(10),
-            lock_delay: Duration::ZERO,
+            takeover_delay: Duration::ZERO,
             previous: None,
         })
         .await
@@ -244,7 +244,7 @@ async fn a_fencing_counter_past_2_53_is_refused_and_takes_no_leadership() {
         .open_lease(&LeaseSpec {
             node_id: "n1".into(),
             ttl: Duration::from_secs(10),
-            lock_delay: Duration::ZERO,
+            takeover_delay: Duration::ZERO,
             previous: None,
         })
         .await

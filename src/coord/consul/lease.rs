@@ -41,7 +41,7 @@ pub fn session_request(spec: &LeaseSpec, health_check: bool) -> SessionRequest {
     SessionRequest {
         name: check_id(&spec.node_id),
         ttl: duration::format(spec.ttl),
-        lock_delay: duration::format(spec.lock_delay),
+        lock_delay: duration::format(spec.takeover_delay),
         behavior: "release".into(),
         node_checks,
     }
@@ -312,7 +312,7 @@ mod tests {
         LeaseSpec {
             node_id: "web-1".into(),
             ttl: Duration::from_secs(15),
-            lock_delay: Duration::from_secs(15),
+            takeover_delay: Duration::from_secs(15),
             previous: None,
         }
     }

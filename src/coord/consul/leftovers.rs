@@ -107,7 +107,7 @@ mod tests {
         let spec = LeaseSpec {
             node_id: "web-1".into(),
             ttl: Duration::from_secs(15),
-            lock_delay: Duration::from_secs(15),
+            takeover_delay: Duration::from_secs(15),
             previous: None,
         };
         session_request(&spec, true)

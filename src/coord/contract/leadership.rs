@@ -215,7 +215,7 @@ pub async fn the_token_rises_after_an_operator_deletes_the_leader_record(
 
 /// A lease that dies holding leadership keeps it from being taken for its lock-delay
 /// (`Delayed`, then `Won`); a resignation frees it at once.
-pub async fn lock_delay_follows_a_death_not_a_resignation(s: Subject) -> Result<(), String> {
+pub async fn takeover_delay_follows_a_death_not_a_resignation(s: Subject) -> Result<(), String> {
     let delay = s.timing.ttl;
     let a = open(&s, "node-a", delay).await?;
     let b = open(&s, "node-b", delay).await?;
@@ -229,7 +229,7 @@ pub async fn lock_delay_follows_a_death_not_a_resignation(s: Subject) -> Result<
 
     s.coord.revoke(&b).await.ctx("revoke")?;
     let revoked = Instant::now();
-    if !s.timing.lock_delay {
+    if !s.timing.takeover_delay {
         return lead(&s, &a, "node-a")
             .await
             .map(drop)

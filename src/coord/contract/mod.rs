@@ -47,7 +47,7 @@ pub struct Timing {
     /// Whether the backend keeps leadership untaken for a dead holder's lock-delay
     /// (Consul and the in-memory one do; etcd, ZooKeeper and Redis have no such thing and
     /// rely on the fencing token and the holder's own TTL margin instead).
-    pub lock_delay: bool,
+    pub takeover_delay: bool,
     /// Whether `open_lease` takes a live previous lease of the same node up again (Consul,
     /// the in-memory one). ZooKeeper's client cannot hand a session to a new connection, so
     /// there a restart always gets a new lease, after the previous one's leadership was
@@ -61,16 +61,16 @@ impl Timing {
         Timing {
             ttl,
             expiry: ttl * 3,
-            lock_delay: true,
+            takeover_delay: true,
             lease_reuse: true,
         }
     }
 
     /// The same, for a backend without lock-delay: the lock-delay check then only checks
     /// that a resignation and a death both free leadership.
-    pub fn without_lock_delay(self) -> Timing {
+    pub fn without_takeover_delay(self) -> Timing {
         Timing {
-            lock_delay: false,
+            takeover_delay: false,
             ..self
         }
     }
@@ -137,7 +137,7 @@ macro_rules! with_checks {
             one_leader_among_concurrent_campaigners,
             fencing_rises_across_leaders,
             the_token_rises_after_an_operator_deletes_the_leader_record,
-            lock_delay_follows_a_death_not_a_resignation,
+            takeover_delay_follows_a_death_not_a_resignation,
             previous_lease_is_taken_up_only_if_alive_and_own,
             deposed_leader_writes_nothing,
             conflict_names_the_key_and_applies_nothing,

@@ -222,7 +222,7 @@ pub async fn a_claim_within_a_dead_leases_delay_is_deferred(s: Subject) -> Resul
     let by_b = lead(&s, &b, "node-b").await?;
     let by_b_claim = [claim(&key, orphan.version, b"{\"by\":\"b\"}")];
     let first = s.coord.write(&by_b, &by_b_claim).await.ctx("write")?;
-    if !s.timing.lock_delay {
+    if !s.timing.takeover_delay {
         return ensure(matches!(first, Written::Done { .. }), || {
             format!("without a takeover delay, claiming the orphan answered {first:?}")
         });
@@ -240,10 +240,12 @@ pub async fn a_claim_within_a_dead_leases_delay_is_deferred(s: Subject) -> Resul
             Written::Deferred(_) if revoked.elapsed() < delay + s.timing.expiry => {
                 tokio::time::sleep(delay / 4).await;
             }
-            other => return Err(format!(
+            other => {
+                return Err(format!(
                 "{:?} after the revocation the claim answered {other:?}, with a delay of {delay:?}",
                 revoked.elapsed()
-            )),
+            ))
+            }
         }
     }
 }

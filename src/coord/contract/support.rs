@@ -69,21 +69,25 @@ pub(super) fn record(node: &str) -> HolderRecord {
 pub(super) fn spec(
     s: &Subject,
     node: &str,
-    lock_delay: Duration,
+    takeover_delay: Duration,
     previous: Option<LeaseId>,
 ) -> LeaseSpec {
     LeaseSpec {
         node_id: node.to_string(),
         ttl: s.timing.ttl,
-        lock_delay,
+        takeover_delay,
         previous,
     }
 }
 
-pub(super) async fn open(s: &Subject, node: &str, lock_delay: Duration) -> Result<LeaseId, String> {
+pub(super) async fn open(
+    s: &Subject,
+    node: &str,
+    takeover_delay: Duration,
+) -> Result<LeaseId, String> {
     let grant = s
         .coord
-        .open_lease(&spec(s, node, lock_delay, None))
+        .open_lease(&spec(s, node, takeover_delay, None))
         .await
         .ctx("open_lease")?;
     Ok(grant.lease)

@@ -32,7 +32,7 @@
 //!   alive is revoked after its TTL (checked every 500 ms), which deletes its campaign key;
 //!   the holder's gate stops a TTL after the last keep-alive it *sent*, so it stops first. An
 //!   etcd leader change extends every lease by an election timeout: longer, never shorter.
-//!   No lock-delay (`Timing::without_lock_delay`).
+//!   No lock-delay (`Timing::without_takeover_delay`).
 //! - **Fencing.** etcd's revision only rises (across restarts and compaction, which drops
 //!   history, not the revision), so each new campaign key's `create_revision` is above every
 //!   earlier token. A holder that campaigns again (a restart that took its lease up) deletes

@@ -28,7 +28,7 @@ use crate::coord::{
 };
 
 /// Lock-delay is capped at this whatever a lease asks for (Consul's `MaxLockDelay`).
-pub const MAX_LOCK_DELAY: Duration = Duration::from_secs(60);
+pub const MAX_TAKEOVER_DELAY: Duration = Duration::from_secs(60);
 
 /// Operations in one write, the leadership guard included (Consul's txn limit).
 pub const DEFAULT_MAX_OPS: usize = 128;
@@ -115,7 +115,7 @@ pub enum Outcome {
 struct Lease {
     node_id: String,
     ttl: Duration,
-    lock_delay: Duration,
+    takeover_delay: Duration,
     /// The lease ends when `now` reaches this without a keep-alive.
     deadline: Instant,
 }
@@ -345,7 +345,7 @@ impl State {
             Lease {
                 node_id: spec.node_id,
                 ttl: spec.ttl,
-                lock_delay: spec.lock_delay.min(MAX_LOCK_DELAY),
+                takeover_delay: spec.takeover_delay.min(MAX_TAKEOVER_DELAY),
                 deadline: now + spec.ttl,
             },
         );
@@ -380,7 +380,7 @@ impl State {
         let Some(lease) = self.leases.remove(id) else {
             return;
         };
-        let delayed_until = (!lease.lock_delay.is_zero()).then(|| at + lease.lock_delay);
+        let delayed_until = (!lease.takeover_delay.is_zero()).then(|| at + lease.takeover_delay);
         let index = self.index + 1;
         let mut changed = false;
         if self.leader.holder.as_ref() == Some(id) {

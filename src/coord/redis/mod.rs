@@ -25,7 +25,7 @@
 //! - **One leader.** `SET … NX` lets one lease hold the key, with the lease's remaining PTTL,
 //!   and the keep-alive renews both in one script, so the leader key never outlives its
 //!   lease. Redis ends a lease a TTL after the keep-alive *arrived*, never before the holder's
-//!   own view (a TTL after it *sent* it). No lock-delay (`Timing::without_lock_delay`): a
+//!   own view (a TTL after it *sent* it). No lock-delay (`Timing::without_takeover_delay`): a
 //!   frozen leader is stopped by its own gate and handler supervisor, its writes by the guard.
 //! - **Fencing.** The campaign script takes the highest of the stored token + 1, Redis's
 //!   `TIME` in milliseconds and the highest token this coordinator has seen + 1, so it rises

@@ -36,7 +36,7 @@
 //!   end, or by a restart of the same node (`open_lease` with its previous lease deletes that
 //!   latch if its record names this node). ZooKeeper counts a session's timeout from the last
 //!   request or ping it received, so never before the holder's own view ends. No lock-delay:
-//!   the margin is the holder's own TTL (`Timing::without_lock_delay`).
+//!   the margin is the holder's own TTL (`Timing::without_takeover_delay`).
 //! - **Fencing.** zxids only rise, across sessions, ensemble leaders (the epoch is in the high
 //!   bits) and restarts; each win, a re-campaign by the holder too, is a new marker write, so
 //!   its `mzxid` is above every token before. leaderq never deletes the marker; one deleted by

@@ -266,7 +266,7 @@ async fn lone_leader(
     let spec = LeaseSpec {
         node_id: "n1".into(),
         ttl: TTL,
-        lock_delay: Duration::ZERO,
+        takeover_delay: Duration::ZERO,
         previous: None,
     };
     let grant = coord.open_lease(&spec).await.unwrap();

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::state::{Op, Outcome, State, MAX_LOCK_DELAY};
+use super::state::{Op, Outcome, State, MAX_TAKEOVER_DELAY};
 use super::*;
 
 fn secs(n: u64) -> Duration {
@@ -20,11 +20,11 @@ fn state() -> (State, Instant) {
     (State::new(MemoryConfig::default()), Instant::now())
 }
 
-fn spec(node: &str, ttl: u64, lock_delay: u64) -> LeaseSpec {
+fn spec(node: &str, ttl: u64, takeover_delay: u64) -> LeaseSpec {
     LeaseSpec {
         node_id: node.into(),
         ttl: secs(ttl),
-        lock_delay: secs(lock_delay),
+        takeover_delay: secs(takeover_delay),
         previous: None,
     }
 }
@@ -239,17 +239,17 @@ fn revoking_the_holder_delays_and_the_delay_is_capped() {
     lead(&mut state, &a, t0);
     state.apply(Op::Revoke(a), t0).unwrap();
     assert_eq!(
-        campaign(&mut state, &b, t0 + MAX_LOCK_DELAY - secs(1)),
+        campaign(&mut state, &b, t0 + MAX_TAKEOVER_DELAY - secs(1)),
         Campaign::Delayed
     );
-    let by_b = lead(&mut state, &b, t0 + MAX_LOCK_DELAY);
-    let c = open(&mut state, spec("c", 1000, 0), t0 + MAX_LOCK_DELAY);
+    let by_b = lead(&mut state, &b, t0 + MAX_TAKEOVER_DELAY);
+    let c = open(&mut state, spec("c", 1000, 0), t0 + MAX_TAKEOVER_DELAY);
     state
-        .apply(Op::Resign(by_b.lease), t0 + MAX_LOCK_DELAY)
+        .apply(Op::Resign(by_b.lease), t0 + MAX_TAKEOVER_DELAY)
         .unwrap();
-    state.apply(Op::Revoke(b), t0 + MAX_LOCK_DELAY).unwrap();
+    state.apply(Op::Revoke(b), t0 + MAX_TAKEOVER_DELAY).unwrap();
     assert!(matches!(
-        campaign(&mut state, &c, t0 + MAX_LOCK_DELAY),
+        campaign(&mut state, &c, t0 + MAX_TAKEOVER_DELAY),
         Campaign::Won(_)
     ));
 }

@@ -14,9 +14,9 @@ pub(super) fn shared() -> Arc<MemoryCoordinator> {
     Arc::new(MemoryCoordinator::default())
 }
 
-async fn shell_lease(coord: &MemoryCoordinator, node: &str, lock_delay: u64) -> LeaseId {
+async fn shell_lease(coord: &MemoryCoordinator, node: &str, takeover_delay: u64) -> LeaseId {
     coord
-        .open_lease(&spec(node, 10, lock_delay))
+        .open_lease(&spec(node, 10, takeover_delay))
         .await
         .unwrap()
         .lease
