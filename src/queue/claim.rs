@@ -3,7 +3,7 @@
 //! limits (`plan.rs`), its answer read (`answer.rs`: claimed, step down, list again, or
 //! per task put back, deferred or read again) and applied here ([`Queue::claim_and_apply`]);
 //! finished tasks ride along in the next claim, and claims that did not start are put back.
-//! With one run at a time the driver is here (`work_through_one`, which batches the claims
+//! With one run at a time the driver is here (`drive_one`, which batches the claims
 //! of fast handlers); with several, `groups.rs`.
 //!
 //! Size: the one-at-a-time driver, the claim write and the application of its answer are
@@ -117,7 +117,7 @@ impl Queue {
     /// one per `taskGroup` (`groups.rs`). Both make their claims through
     /// [`Queue::claim_and_apply`]. Returns why the leading ends, if it does, and the
     /// completions it could not record.
-    pub(super) async fn work_through(
+    pub(super) async fn drive(
         &self,
         leadership: &Leadership,
         lease: &Lease,
@@ -126,10 +126,10 @@ impl Queue {
         memory: &mut Memory,
     ) -> (Option<LeadEnd>, Vec<Finished>) {
         if self.settings.concurrency > 1 {
-            self.work_through_groups(leadership, lease, shutdown, backlog, memory)
+            self.drive_groups(leadership, lease, shutdown, backlog, memory)
                 .await
         } else {
-            self.work_through_one(leadership, lease, shutdown, backlog, memory)
+            self.drive_one(leadership, lease, shutdown, backlog, memory)
                 .await
         }
     }
@@ -145,7 +145,7 @@ impl Queue {
     /// claim is conditioned on the version read; a conflict on some of the batch's claims
     /// reads just those tasks again (any other conflict sends the leader back to list
     /// again). Finished tasks are completed in the next claim's write.
-    async fn work_through_one(
+    async fn drive_one(
         &self,
         leadership: &Leadership,
         lease: &Lease,

@@ -78,7 +78,7 @@ impl Queue {
     /// Works through a listing's backlog with up to `concurrency` runs at once. Returns
     /// once no more can be claimed from this listing and every run has ended, with the
     /// completions it could not record.
-    pub(super) async fn work_through_groups(
+    pub(super) async fn drive_groups(
         &self,
         leadership: &Leadership,
         lease: &Lease,

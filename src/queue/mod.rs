@@ -10,7 +10,7 @@
 //! refuses moves the task away instead of costing the leadership.
 //!
 //! Read top-down: [`Queue::lead`] (this file) lists, sorts the listing out (`sort.rs`) and
-//! hands the backlog to the driver (`claim.rs`: `work_through`, which claims, runs and
+//! hands the backlog to the driver (`claim.rs`: `drive`, which claims, runs and
 //! settles; with `queue.concurrency` > 1 its groups form in `groups.rs`). The decisions
 //! that matter are pure functions beside them, fed `now` from the one [`Clock`]:
 //! `entry.rs` (what a listed entry is), `backlog.rs` (what the leader knows and does next
@@ -272,7 +272,7 @@ impl Queue {
                     // (claim.rs); the decisions on the way are pure (backlog.rs, plan.rs,
                     // answer.rs, settlement.rs).
                     let (end, left) = self
-                        .work_through(leadership, lease, shutdown, *backlog, &mut memory)
+                        .drive(leadership, lease, shutdown, *backlog, &mut memory)
                         .await;
                     unrecorded = left;
                     match end {
