@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
+use crate::config::ElectionSettings;
 use crate::coord::{CoordError, Coordinator, Leadership, LeaseId};
 use crate::leader::{Election, ElectionError};
 use crate::observe::Metrics;
@@ -129,6 +130,30 @@ pub struct Replica {
 }
 
 impl Replica {
+    /// The replica `node_id` on `coord`, its lease kept in `data_dir`, electing under
+    /// `settings`; nothing is asked of the coordinator yet.
+    pub fn new(
+        coord: Arc<dyn Coordinator>,
+        settings: &ElectionSettings,
+        node_id: &str,
+        data_dir: &std::path::Path,
+        metrics: Arc<Metrics>,
+        wait: Duration,
+    ) -> Replica {
+        Replica {
+            coord: coord.clone(),
+            election: Election::new(
+                coord,
+                settings.clone(),
+                node_id.to_string(),
+                data_dir.to_path_buf(),
+            ),
+            metrics,
+            wait,
+            leader_key: settings.leader_key.clone(),
+        }
+    }
+
     /// Keeps the lease renewed every TTL/3 on `tracker` until `stop`. Cancel `stop` only
     /// after [`Replica::live`] returned: it leaves before the lease stops being renewed.
     pub fn renew(&self, ttl: Duration, tracker: &TaskTracker, stop: CancellationToken) {

@@ -28,7 +28,6 @@ use crate::coord::{Announcement, CoordError, Leadership, LeaseId, Role};
 use crate::handler::Registry;
 use crate::leader::identity::{DataDir, IdentityError};
 use crate::leader::lifecycle::{Replica, TermEnd, Work};
-use crate::leader::Election;
 use crate::observe::{self, Metrics, Observed};
 use crate::queue::{LeadEnd, Queue};
 
@@ -203,18 +202,14 @@ pub async fn run(
         .await
         .map_err(ConsumerError::PreviousHandlers)?;
         let metrics = Arc::new(Metrics::new(registry.task_types()));
-        let mut replica = Replica {
-            coord: coord.clone(),
-            election: Election::new(
-                coord.clone(),
-                settings.election.clone(),
-                node_id.clone(),
-                data_dir.path().to_path_buf(),
-            ),
-            metrics: metrics.clone(),
-            wait: settings.watch_wait(),
-            leader_key: settings.election.leader_key.clone(),
-        };
+        let mut replica = Replica::new(
+            coord.clone(),
+            &settings.election,
+            &node_id,
+            data_dir.path(),
+            metrics.clone(),
+            settings.watch_wait(),
+        );
         let queue = Queue {
             coord: coord.clone(),
             settings: settings.queue.clone(),

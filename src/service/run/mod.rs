@@ -39,7 +39,7 @@ use crate::config::{HandlerKind, HandlerSettings, Settings};
 use crate::coord::{Coordinator, Leadership, Version};
 use crate::leader::identity::{DataDir, IdentityError};
 use crate::leader::lifecycle::{Replica, TermEnd, Work};
-use crate::leader::{Election, Lease};
+use crate::leader::Lease;
 use crate::observe::Metrics;
 use crate::supervise::leader::{Asked, Job};
 use crate::supervise::{self, Supervision};
@@ -172,18 +172,14 @@ async fn lead_command(
             permanent_exit_codes: Vec::new(),
         },
     );
-    let mut replica = Replica {
-        coord: coord.clone(),
-        election: Election::new(
-            coord.clone(),
-            settings.election.clone(),
-            node_id.clone(),
-            data_dir.path().to_path_buf(),
-        ),
-        metrics: Arc::new(Metrics::new(std::iter::empty::<&str>())),
-        wait: settings.watch_wait(),
-        leader_key: settings.election.leader_key.clone(),
-    };
+    let mut replica = Replica::new(
+        coord.clone(),
+        &settings.election,
+        &node_id,
+        data_dir.path(),
+        Arc::new(Metrics::new(std::iter::empty::<&str>())),
+        settings.watch_wait(),
+    );
     let tracker = TaskTracker::new();
     let stop_renewer = CancellationToken::new();
     replica.renew(settings.election.lease_ttl, &tracker, stop_renewer.clone());
