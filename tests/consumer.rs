@@ -433,7 +433,7 @@ async fn quick_restart_reuses_the_session_and_requeues_the_cut_task() {
     );
     bed.wait_until_empty("oracleTask/", Duration::from_secs(10))
         .await;
-    assert!(bed.replicas[0].log_text().contains("reusing the session"));
+    assert!(bed.replicas[0].log_text().contains("reusing the lease"));
 }
 
 /// Bad settings stop the start with the offending key named and a non-zero exit.

@@ -505,7 +505,7 @@ mod restart {
             &cluster.env(),
         ));
         let reused = Instant::now();
-        while !replicas[1].log_text().contains("reusing the session") {
+        while !replicas[1].log_text().contains("reusing the lease") {
             assert!(
                 reused.elapsed() < Duration::from_secs(10),
                 "ra did not take its lease up: {}",
