@@ -20,6 +20,7 @@ use tokio::time::Instant;
 pub use tokio_util::sync::CancellationToken;
 
 use crate::config::{HandlerKind, HandlerSettings, Settings};
+use crate::coord::FencingToken;
 use crate::supervise::leader::{Asked, Job, RunError};
 use crate::supervise::plan::StopReason;
 use crate::supervise::{self, Supervision};
@@ -47,7 +48,7 @@ pub struct TaskContext {
     pub attempt: u32,
     /// The leadership's fencing token: grows with every new leader. Handlers that must not act
     /// twice can refuse work stamped with a token lower than one they have seen.
-    pub fencing_token: u64,
+    pub fencing_token: FencingToken,
     /// Cancelled when this replica stops leading or its shutdown grace runs out; a handler
     /// should stop promptly. The task is retried.
     pub cancel: CancellationToken,
@@ -269,7 +270,7 @@ mod find_program_tests {
             task_type: "Demo".into(),
             task_json: br#"{"taskPara":{"name":"users"}}"#.to_vec(),
             attempt: 1,
-            fencing_token: 1,
+            fencing_token: FencingToken(1),
             cancel: super::CancellationToken::new(),
             lease_deadline: super::TaskContext::unbounded_lease(),
         };
@@ -366,7 +367,7 @@ impl Handler for LogHandler {
                 task_id = %ctx.task_id,
                 task_type = %ctx.task_type,
                 attempt = ctx.attempt,
-                fencing_token = ctx.fencing_token,
+                fencing_token = ctx.fencing_token.0,
                 task = %String::from_utf8_lossy(&ctx.task_json),
                 "task executed by the log handler"
             );
@@ -543,7 +544,7 @@ mod tests {
             task_type: "Demo".into(),
             task_json: Vec::new(),
             attempt: 2,
-            fencing_token: 9,
+            fencing_token: FencingToken(9),
             cancel: CancellationToken::new(),
             lease_deadline: TaskContext::unbounded_lease(),
         };

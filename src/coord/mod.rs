@@ -74,6 +74,41 @@ pub enum CoordError {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Version(pub u64);
 
+/// A leadership's fencing token: strictly greater than every token handed out before,
+/// across leases, restarts, coordinator restarts and an operator's deletion of the leader
+/// record, so never reused (the **fencing** guarantee). Whoever receives work under a
+/// token can refuse a lower one. It prints as the bare number, as logs, records and
+/// `LEADERQ_FENCING_TOKEN` carry it; only a backend reads the number inside.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct FencingToken(pub u64);
+
+impl std::fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// A task's version: it changes on every write to the task, and a write conditioned on a
+/// version that moved answers a conflict (the **versions** guarantee). Only equality means
+/// anything to a caller: the order and arithmetic of the numbers are the backend's own
+/// (Consul's `ModifyIndex`, etcd's revisions, ZooKeeper's and Redis's counters), kept
+/// inside it. `TaskVersion(0)` conditions a write on a key that must not exist yet. It
+/// prints as the bare number, as logs and records carry it.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct TaskVersion(pub u64);
+
+impl std::fmt::Display for TaskVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
 /// A lease's id as the coordinator knows it (Consul session, etcd lease, ZooKeeper
 /// session, Redis token).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -151,7 +186,7 @@ pub struct Holder {
     /// The current leadership's fencing token. While leadership is free: the last one
     /// where the backend keeps it, 0 where it does not (Consul: a free key's index is its
     /// release's, not a token).
-    pub token: u64,
+    pub token: FencingToken,
 }
 
 /// A won election: what the leader needs to act and to prove it still leads.
@@ -159,7 +194,7 @@ pub struct Holder {
 pub struct Leadership {
     pub lease: LeaseId,
     /// Strictly greater than every token handed out before.
-    pub fencing_token: u64,
+    pub fencing_token: FencingToken,
 }
 
 /// The answer to one attempt at leadership.
@@ -180,7 +215,7 @@ pub struct StoredTask {
     pub key: String,
     pub value: Vec<u8>,
     /// Changes on every write of the task (Consul `ModifyIndex`, etcd `mod_revision`).
-    pub version: u64,
+    pub version: TaskVersion,
     /// When the task was first written, for ordering ties (Consul `CreateIndex`).
     pub created: u64,
     /// The lease holding the task's claim, if one still does.
@@ -194,27 +229,27 @@ pub enum TaskOp {
     /// Mark the task taken by this leadership's lease, writing `value`.
     Claim {
         key: String,
-        version: u64,
+        version: TaskVersion,
         value: Vec<u8>,
     },
     /// Delete the task: its run finished.
-    Complete { key: String, version: u64 },
+    Complete { key: String, version: TaskVersion },
     /// Write `value` and give up this lease's claim (a retry, a run put back).
     Release {
         key: String,
-        version: u64,
+        version: TaskVersion,
         value: Vec<u8>,
     },
     /// Write `value` to a task no live lease holds (an orphan put back in the queue).
     Rewrite {
         key: String,
-        version: u64,
+        version: TaskVersion,
         value: Vec<u8>,
     },
     /// Delete the task and write `value` under `to` (the dead-letter prefix).
     Move {
         key: String,
-        version: u64,
+        version: TaskVersion,
         to: String,
         value: Vec<u8>,
     },
@@ -226,9 +261,9 @@ pub enum TaskOp {
 
 impl TaskOp {
     /// The version the op is conditioned on (0 for a key that must not exist yet).
-    pub fn version(&self) -> u64 {
+    pub fn version(&self) -> TaskVersion {
         match self {
-            TaskOp::Create { .. } => 0,
+            TaskOp::Create { .. } => TaskVersion(0),
             TaskOp::Claim { version, .. }
             | TaskOp::Complete { version, .. }
             | TaskOp::Release { version, .. }
@@ -255,8 +290,8 @@ pub enum Written {
     /// Applied. `versions` holds each claimed or released task's new version, in the order
     /// of the ops; `fencing_token` is the leadership's token as the commit saw it.
     Done {
-        versions: Vec<(String, u64)>,
-        fencing_token: u64,
+        versions: Vec<(String, TaskVersion)>,
+        fencing_token: FencingToken,
     },
     /// This leadership no longer holds: nothing was applied.
     NotLeader,
@@ -283,7 +318,7 @@ pub enum Edit {
     /// overwritten by accident).
     Create { key: String, value: Vec<u8> },
     /// Deletes `key` if it is still at `version`.
-    Delete { key: String, version: u64 },
+    Delete { key: String, version: TaskVersion },
     /// Writes `key` holding `value` whatever is there (creates or replaces it): for
     /// records that only their writer updates, such as a replica's heartbeat, never for
     /// tasks. Never conflicts on its own; a batch with a failing op applies none.
@@ -294,7 +329,7 @@ pub enum Edit {
     /// expired) and its run is over, putting back what the run left, as read at `version`.
     Replace {
         key: String,
-        version: u64,
+        version: TaskVersion,
         value: Vec<u8>,
     },
 }

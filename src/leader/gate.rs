@@ -48,7 +48,7 @@ pub fn next_step(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coord::HolderRecord;
+    use crate::coord::{FencingToken, HolderRecord};
 
     fn holder(lease: Option<&str>, node: Option<&str>) -> Holder {
         Holder {
@@ -57,7 +57,7 @@ mod tests {
                 node: node.into(),
                 ..HolderRecord::default()
             }),
-            token: 7,
+            token: FencingToken(7),
         }
     }
 

@@ -215,7 +215,7 @@ impl Replica {
                 }
             };
             backoff = BACKOFF_FIRST;
-            tracing::info!(node = %node_id, lease = %leadership.lease, fencing_token = leadership.fencing_token, "became leader");
+            tracing::info!(node = %node_id, lease = %leadership.lease, fencing_token = leadership.fencing_token.0, "became leader");
             let end = match work.before_term(&leadership).await {
                 Some(end) => end,
                 None => {
@@ -240,12 +240,12 @@ impl Replica {
                     }
                 }
                 AfterTerm::StandBack => {
-                    tracing::info!(node = %node_id, fencing_token = leadership.fencing_token, "giving leadership up and standing back");
+                    tracing::info!(node = %node_id, fencing_token = leadership.fencing_token.0, "giving leadership up and standing back");
                     self.election.rotate(&leadership, shutdown).await;
                 }
                 AfterTerm::StepDown => {
                     if let TermEnd::StepDown { reason, .. } = &end {
-                        tracing::warn!(node = %node_id, fencing_token = leadership.fencing_token, %reason, "stepping down");
+                        tracing::warn!(node = %node_id, fencing_token = leadership.fencing_token.0, %reason, "stepping down");
                     }
                     // Resign first (no lock-delay), then end the lease so that every task
                     // it still holds goes back to the queue.

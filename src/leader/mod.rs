@@ -228,7 +228,7 @@ impl Election {
                 match (&holder.lease, &holder.record) {
                     (Some(other), record) if *other != lease => tracing::info!(
                         leader = record.as_ref().map_or("?", |r| r.node.as_str()),
-                        fencing_token = holder.token,
+                        fencing_token = holder.token.0,
                         "standing by"
                     ),
                     (None, _) => tracing::info!("leadership is free; contending"),

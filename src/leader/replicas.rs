@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::coord::{Coordinator, Edit, StoredTask, Version};
+use crate::coord::{Coordinator, Edit, FencingToken, StoredTask, TaskVersion, Version};
 use crate::task::rfc3339;
 
 /// A record not renewed for this many heartbeats belongs to a replica that is gone.
@@ -41,7 +41,7 @@ pub struct ReplicaRecord {
     pub state: String,
     /// The fencing token while it leads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fencing_token: Option<u64>,
+    pub fencing_token: Option<FencingToken>,
     /// Its lease, if it has one.
     #[serde(default)]
     pub lease: String,
@@ -109,7 +109,7 @@ pub fn view(stored: &[StoredTask], now: DateTime<Utc>) -> Vec<ReplicaView> {
 
 /// The stored records to delete at `now`: not renewed for PRUNE_AFTER heartbeats, or not
 /// records at all.
-pub fn to_prune(stored: &[StoredTask], now: DateTime<Utc>) -> Vec<(String, u64)> {
+pub fn to_prune(stored: &[StoredTask], now: DateTime<Utc>) -> Vec<(String, TaskVersion)> {
     stored
         .iter()
         .filter(|s| {
@@ -139,7 +139,7 @@ pub struct Me {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Standing {
     /// The fencing token while it leads.
-    pub leading: Option<u64>,
+    pub leading: Option<FencingToken>,
 }
 
 fn record(me: &Me, lease: &super::Lease, standing: &Standing) -> ReplicaRecord {
@@ -237,7 +237,7 @@ mod tests {
         StoredTask {
             key: format!("p/{node}"),
             value: serde_json::to_vec(&record).unwrap(),
-            version: 7,
+            version: TaskVersion(7),
             ..StoredTask::default()
         }
     }
@@ -283,7 +283,10 @@ mod tests {
         ];
         assert_eq!(
             to_prune(&records, now),
-            [("p/old".to_string(), 7), ("p/j".to_string(), 7)]
+            [
+                ("p/old".to_string(), TaskVersion(7)),
+                ("p/j".to_string(), TaskVersion(7))
+            ]
         );
     }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use chrono::Utc;
 use serde::{Deserialize, Serialize};
 
-use crate::coord::{CoordError, Coordinator, Edit, StoredTask, Version};
+use crate::coord::{CoordError, Coordinator, Edit, FencingToken, StoredTask, TaskVersion, Version};
 use crate::task::rfc3339;
 
 /// Entries kept: the newest terms.
@@ -29,8 +29,8 @@ pub fn prefix(leader_key: &str) -> String {
 }
 
 /// The key of the term with `token`: 20 digits, so byte order is token order.
-pub fn entry_key(prefix: &str, token: u64) -> String {
-    format!("{prefix}{token:020}")
+pub fn entry_key(prefix: &str, token: FencingToken) -> String {
+    format!("{prefix}{:020}", token.0)
 }
 
 /// One term of leadership.
@@ -42,7 +42,7 @@ pub struct TimelineEntry {
     pub host: String,
     #[serde(default)]
     pub pid: u32,
-    pub fencing_token: u64,
+    pub fencing_token: FencingToken,
     /// When the term began (RFC 3339).
     pub since: String,
     /// Why the term before it ended: [`FIRST`], [`EXPIRED`], or what that leader wrote.
@@ -72,7 +72,7 @@ pub fn decode(stored: &[StoredTask]) -> Vec<TimelineEntry> {
 }
 
 /// The stored entries (in key order) to delete so that, with one more, `keep` remain.
-pub fn to_prune(stored: &[StoredTask], keep: usize) -> Vec<(String, u64)> {
+pub fn to_prune(stored: &[StoredTask], keep: usize) -> Vec<(String, TaskVersion)> {
     let over = (stored.len() + 1).saturating_sub(keep);
     stored
         .iter()
@@ -93,7 +93,7 @@ pub async fn record_start(
     coord: &dyn Coordinator,
     leader_key: &str,
     node: &str,
-    fencing_token: u64,
+    fencing_token: FencingToken,
 ) -> Result<TimelineEntry, CoordError> {
     let prefix = prefix(leader_key);
     let stored = list(coord, &prefix).await?;
@@ -146,15 +146,15 @@ pub async fn start_logged(
     coord: &dyn Coordinator,
     leader_key: &str,
     node: &str,
-    fencing_token: u64,
+    fencing_token: FencingToken,
 ) -> Option<TimelineEntry> {
     match record_start(coord, leader_key, node, fencing_token).await {
         Ok(entry) => {
-            tracing::info!(fencing_token, previous_end = %entry.previous_end, "term recorded in the leadership timeline");
+            tracing::info!(fencing_token = fencing_token.0, previous_end = %entry.previous_end, "term recorded in the leadership timeline");
             Some(entry)
         }
         Err(err) => {
-            tracing::warn!(fencing_token, error = %err, "cannot record the term in the leadership timeline");
+            tracing::warn!(fencing_token = fencing_token.0, error = %err, "cannot record the term in the leadership timeline");
             None
         }
     }
@@ -170,7 +170,7 @@ pub async fn end_logged(
     let Some(entry) = term else { return };
     let fencing_token = entry.fencing_token;
     if let Err(err) = record_end(coord, leader_key, entry, ended).await {
-        tracing::warn!(fencing_token, error = %err, "cannot record the end of the term in the leadership timeline");
+        tracing::warn!(fencing_token = fencing_token.0, error = %err, "cannot record the end of the term in the leadership timeline");
     }
 }
 
@@ -193,8 +193,8 @@ mod tests {
 
     fn stored(token: u64) -> StoredTask {
         StoredTask {
-            key: entry_key("t/", token),
-            version: token,
+            key: entry_key("t/", FencingToken(token)),
+            version: TaskVersion(token),
             ..StoredTask::default()
         }
     }
@@ -213,14 +213,14 @@ mod tests {
     /// Keys sort by token; the oldest go so that, with the new entry, `keep` remain.
     #[test]
     fn the_oldest_terms_beyond_the_count_are_pruned() {
-        assert!(entry_key("t/", 9) < entry_key("t/", 10));
+        assert!(entry_key("t/", FencingToken(9)) < entry_key("t/", FencingToken(10)));
         let entries: Vec<StoredTask> = (1..=5).map(stored).collect();
         assert_eq!(
             to_prune(&entries, 3),
             [
-                (entry_key("t/", 1), 1),
-                (entry_key("t/", 2), 2),
-                (entry_key("t/", 3), 3)
+                (entry_key("t/", FencingToken(1)), TaskVersion(1)),
+                (entry_key("t/", FencingToken(2)), TaskVersion(2)),
+                (entry_key("t/", FencingToken(3)), TaskVersion(3))
             ]
         );
         assert!(to_prune(&entries, 6).is_empty());

@@ -58,12 +58,12 @@ pub async fn until_lost(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coord::LeaseId;
+    use crate::coord::{FencingToken, LeaseId};
 
     fn leadership() -> Leadership {
         Leadership {
             lease: LeaseId("a".into()),
-            fencing_token: 7,
+            fencing_token: FencingToken(7),
         }
     }
 
@@ -71,7 +71,7 @@ mod tests {
         Holder {
             lease: lease.map(|l| LeaseId(l.into())),
             record: None,
-            token,
+            token: FencingToken(token),
         }
     }
 

@@ -26,7 +26,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 
-use crate::coord::{Coordinator, Version};
+use crate::coord::{Coordinator, FencingToken, Version};
 
 /// The label of task types that are not configured, so label count stays bounded.
 const OTHER_TASK_TYPE: &str = "other";
@@ -269,9 +269,10 @@ impl Metrics {
             .store(chrono::Utc::now().timestamp_millis(), Ordering::Relaxed);
     }
 
-    pub fn leading(&self, fencing_token: Option<u64>) {
+    pub fn leading(&self, fencing_token: Option<FencingToken>) {
         self.leader.set(fencing_token.is_some() as i64);
-        self.fencing_token.set(fencing_token.unwrap_or(0) as i64);
+        self.fencing_token
+            .set(fencing_token.map_or(0, |token| token.0) as i64);
     }
 
     /// The Prometheus text exposition of every metric.

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::OperateError;
 use crate::config::Settings;
-use crate::coord::{Coordinator, HolderRecord, Version};
+use crate::coord::{Coordinator, FencingToken, HolderRecord, Version};
 use crate::leader::timeline::TimelineEntry;
 use crate::util::escape::escape;
 
@@ -57,7 +57,7 @@ pub struct RunLeadership {
     pub name: String,
     /// The leader's record; `None` while leadership is free.
     pub leader: Option<HolderRecord>,
-    pub fencing_token: Option<u64>,
+    pub fencing_token: Option<FencingToken>,
     pub led_for_seconds: Option<i64>,
 }
 

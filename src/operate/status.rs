@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 use super::{list_now, OperateError};
 use crate::config::Settings;
-use crate::coord::{Coordinator, Edit, Edited, Holder, StoredTask, Version};
+use crate::coord::{Coordinator, Edit, Edited, FencingToken, Holder, StoredTask, Version};
 use crate::leader::replicas::ReplicaView;
 use crate::task::{Status, Task};
 use crate::util::duration::format_age;
@@ -19,7 +19,7 @@ use crate::util::escape::escape;
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct StatusReport {
     pub leader: Option<Value>,
-    pub fencing_token: Option<u64>,
+    pub fencing_token: Option<FencingToken>,
     pub pending: usize,
     /// Waiting for a retry's backoff (`notBefore`).
     pub delayed: usize,

@@ -6,7 +6,7 @@
 //! its task dead-lettered. `claim.rs` writes the claim and performs what [`read_answer`],
 //! [`fates`] and [`after_refusal`] answer.
 
-use crate::coord::Written;
+use crate::coord::{FencingToken, TaskVersion, Written};
 use crate::task::Task;
 
 /// What a claim write's answer means.
@@ -15,8 +15,8 @@ pub enum ClaimAnswer {
     /// Every task of the batch is claimed, each at its claim's version (in batch order),
     /// under the leadership whose token the write saw.
     Claimed {
-        versions: Vec<u64>,
-        fencing_token: u64,
+        versions: Vec<TaskVersion>,
+        fencing_token: FencingToken,
     },
     /// The leadership is gone: nothing was applied; step down.
     NotLeader,
@@ -44,7 +44,7 @@ pub fn read_answer(batch: &[Task], written: Written) -> ClaimAnswer {
                     versions
                         .iter()
                         .find(|(key, _)| *key == task.key)
-                        .map_or(0, |(_, version)| *version)
+                        .map_or(TaskVersion(0), |(_, version)| *version)
                 })
                 .collect(),
             fencing_token,
@@ -121,7 +121,7 @@ pub fn after_refusal(tasks: usize, riders: usize, alone: bool) -> Refusal {
 #[cfg(test)]
 mod tests {
     use super::{after_refusal, fates, read_answer, ClaimAnswer, Fate, Refusal};
-    use crate::coord::Written;
+    use crate::coord::{FencingToken, TaskVersion, Written};
     use crate::queue::scripted::task;
     use crate::task::Task;
 
@@ -138,14 +138,17 @@ mod tests {
     #[test]
     fn a_done_claim_gives_each_task_its_version() {
         let written = Written::Done {
-            versions: vec![("q/c".into(), 30), ("q/a".into(), 10)],
-            fencing_token: 7,
+            versions: vec![
+                ("q/c".into(), TaskVersion(30)),
+                ("q/a".into(), TaskVersion(10)),
+            ],
+            fencing_token: FencingToken(7),
         };
         assert_eq!(
             read_answer(&batch(), written),
             ClaimAnswer::Claimed {
-                versions: vec![10, 0, 30],
-                fencing_token: 7
+                versions: vec![TaskVersion(10), TaskVersion(0), TaskVersion(30)],
+                fencing_token: FencingToken(7)
             }
         );
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::coord::{LeaseId, StoredTask};
+use crate::coord::{LeaseId, StoredTask, TaskVersion};
 use crate::task::Task;
 
 /// Least time between two looks at the queue's keys while the leader works through a
@@ -112,7 +112,7 @@ fn place_of(task: &Task) -> Place {
 pub struct Backlog {
     pending: BTreeMap<Place, Task>,
     /// Where each pending task is in `pending`, and its version, by key.
-    places: HashMap<String, (Place, u64), KeyHash>,
+    places: HashMap<String, (Place, TaskVersion), KeyHash>,
     /// Tasks not eligible before a time: a retry's notBefore, a producer's runAt, or a key
     /// refused for a while by the coordinator.
     delayed: Vec<(DateTime<Utc>, Task)>,
@@ -479,8 +479,8 @@ mod tests {
         scheduled_count, wake_at, Backlog, Keys, Looked, Next, MAX_FETCH, MAX_TASKS_PER_LISTING,
         RELIST_FRACTION,
     };
-    use crate::coord::LeaseId;
     use crate::coord::StoredTask;
+    use crate::coord::{LeaseId, TaskVersion};
     use crate::queue::scripted::{at, grouped, scheduled, task};
 
     /// With groups, the next claim is the earliest task of a group with nothing running,
@@ -636,7 +636,7 @@ mod tests {
         let entry = |key: &str, version: u64, holder: Option<&LeaseId>| StoredTask {
             key: key.into(),
             value: b"{}".to_vec(),
-            version,
+            version: TaskVersion(version),
             created: 1,
             holder: holder.cloned(),
         };

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::run::RELEASE_ATTEMPTS;
 use super::Queue;
-use crate::coord::{Edit, Edited, StoredTask};
+use crate::coord::{Edit, Edited, StoredTask, TaskVersion};
 
 /// While a handler runs, the leader looks for a cancel marker this often.
 pub(super) const CANCEL_POLL: Duration = Duration::from_secs(1);
@@ -27,13 +27,13 @@ pub fn cancel_key(task_key: &str) -> String {
 #[serde(rename_all = "camelCase")]
 pub struct CancelMarker {
     /// The task's version while claimed by the run to cancel.
-    pub version: u64,
+    pub version: TaskVersion,
     #[serde(default)]
     pub requested_at: String,
 }
 
 /// Whether `stored` (a marker, if any) asks to cancel the run of claim version `version`.
-pub fn cancels(stored: Option<&StoredTask>, version: u64) -> bool {
+pub fn cancels(stored: Option<&StoredTask>, version: TaskVersion) -> bool {
     stored
         .and_then(|s| serde_json::from_slice::<CancelMarker>(&s.value).ok())
         .is_some_and(|marker| marker.version == version)
@@ -42,7 +42,7 @@ pub fn cancels(stored: Option<&StoredTask>, version: u64) -> bool {
 impl Queue {
     /// Resolves once a marker asks to cancel the run of `key` claimed at `version`; an
     /// unreadable marker is looked at again at the next poll.
-    pub(super) async fn cancel_requested(&self, key: &str, version: u64) {
+    pub(super) async fn cancel_requested(&self, key: &str, version: TaskVersion) {
         let keys = [cancel_key(key)];
         loop {
             tokio::time::sleep(CANCEL_POLL).await;
@@ -78,7 +78,7 @@ impl Queue {
 #[cfg(test)]
 mod tests {
     use super::{cancel_key, cancels, CancelMarker};
-    use crate::coord::StoredTask;
+    use crate::coord::{StoredTask, TaskVersion};
 
     /// Only a marker naming this run's claim version cancels it.
     #[test]
@@ -86,20 +86,20 @@ mod tests {
         let marker = |version: u64| StoredTask {
             key: cancel_key("q/t"),
             value: serde_json::to_vec(&CancelMarker {
-                version,
+                version: TaskVersion(version),
                 requested_at: String::new(),
             })
             .unwrap(),
             ..StoredTask::default()
         };
         assert_eq!(cancel_key("q/t"), "leaderq/cancel/q/t");
-        assert!(cancels(Some(&marker(7)), 7));
-        assert!(!cancels(Some(&marker(6)), 7));
-        assert!(!cancels(None, 7));
+        assert!(cancels(Some(&marker(7)), TaskVersion(7)));
+        assert!(!cancels(Some(&marker(6)), TaskVersion(7)));
+        assert!(!cancels(None, TaskVersion(7)));
         let junk = StoredTask {
             value: b"x".to_vec(),
             ..marker(7)
         };
-        assert!(!cancels(Some(&junk), 7));
+        assert!(!cancels(Some(&junk), TaskVersion(7)));
     }
 }

@@ -22,7 +22,8 @@ use super::run::{Finished, FAST_HANDLER};
 use super::sort::{Look, Memory, Reading};
 use super::{LeadEnd, Queue};
 use crate::coord::{
-    CoordError, Edit, Leadership, LeaseId, StoredTask, TaskOp, Version, WriteCost, Written,
+    CoordError, Edit, Leadership, LeaseId, StoredTask, TaskOp, TaskVersion, Version, WriteCost,
+    Written,
 };
 use crate::leader::Lease;
 use crate::task::Task;
@@ -85,7 +86,7 @@ enum Planned {
 /// What one claim write did.
 enum Claim {
     /// Claimed, in order, each with its claim's version.
-    Claimed(Vec<(Claimed, u64)>),
+    Claimed(Vec<(Claimed, TaskVersion)>),
     /// The listing is stale (a claim conflict or an error): list again.
     Relist,
     /// Only the batch's own claims failed, on `keys`: moved (read again, they hold
@@ -105,7 +106,7 @@ enum Claim {
 /// What one claim write started, once its answer is applied to the backlog.
 pub(super) enum Started {
     /// These runs start (possibly none: the tasks were deferred, put back or moved).
-    Runs(Vec<(Claimed, u64)>),
+    Runs(Vec<(Claimed, TaskVersion)>),
     /// The listing is stale: list again (once the runs in progress are over).
     Relist,
     End(LeadEnd),
@@ -260,11 +261,11 @@ impl Queue {
                 }
             };
             let mut claimed = claimed.into_iter();
-            while let Some((task, claim_index)) = claimed.next() {
+            while let Some((task, claimed_version)) = claimed.next() {
                 // "Renew between tasks": a batch claimed ahead still runs only while the lease
                 // is fresh; what did not start (this task included) goes back untouched.
                 if let Some(stop) = self.must_stop(lease, shutdown) {
-                    let unstarted = std::iter::once((task, claim_index))
+                    let unstarted = std::iter::once((task, claimed_version))
                         .chain(claimed.by_ref())
                         .collect();
                     self.release_unstarted(leadership, unstarted).await;
@@ -279,7 +280,7 @@ impl Queue {
                         lease,
                         shutdown,
                         task,
-                        claim_index,
+                        claimed_version,
                         &mut finished,
                     )
                     .await;
@@ -309,7 +310,7 @@ impl Queue {
                     // earlier task that arrives or falls due. Sent back, they have new
                     // versions the backlog does not know, and they come before every task
                     // still in it: list again, so they are claimed next, in order.
-                    let rest: Vec<(Claimed, u64)> = claimed.by_ref().collect();
+                    let rest: Vec<(Claimed, TaskVersion)> = claimed.by_ref().collect();
                     self.release_unstarted(leadership, rest).await;
                     break 'listing;
                 }
@@ -558,7 +559,7 @@ impl Queue {
             self.log_completed(leadership, &done, fencing_token);
         }
         let mut claimed = Vec::with_capacity(batch.len());
-        for ((task, value), claim_index) in batch.into_iter().zip(values).zip(versions) {
+        for ((task, value), claimed_version) in batch.into_iter().zip(values).zip(versions) {
             let attempt = task.run_number();
             self.metrics.claimed(&task.task_type);
             tracing::info!(
@@ -566,7 +567,7 @@ impl Queue {
                 task_id = %task.id,
                 task_type = %task.task_type,
                 attempt,
-                fencing_token = leadership.fencing_token,
+                fencing_token = leadership.fencing_token.0,
                 "task claimed"
             );
             claimed.push((
@@ -574,7 +575,7 @@ impl Queue {
                     task: Box::new(task),
                     value,
                 },
-                claim_index,
+                claimed_version,
             ));
         }
         Claim::Claimed(claimed)
@@ -627,16 +628,16 @@ impl Queue {
     pub(super) async fn release_unstarted(
         &self,
         leadership: &Leadership,
-        unstarted: Vec<(Claimed, u64)>,
+        unstarted: Vec<(Claimed, TaskVersion)>,
     ) {
         if unstarted.is_empty() {
             return;
         }
         let ops: Vec<TaskOp> = unstarted
             .iter()
-            .map(|(claimed, claim_index)| TaskOp::Release {
+            .map(|(claimed, claimed_version)| TaskOp::Release {
                 key: claimed.task.key.clone(),
-                version: *claim_index,
+                version: *claimed_version,
                 value: claimed.task.with(&[]),
             })
             .collect();

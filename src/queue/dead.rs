@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::entry::pair_of;
 use super::{Applied, LeadEnd, Queue};
-use crate::coord::{Leadership, StoredTask, TaskOp, WriteCost};
+use crate::coord::{Leadership, StoredTask, TaskOp, TaskVersion, WriteCost};
 use crate::task::{dead_letter_within, Task};
 
 /// A task whose claim the coordinator refuses for a while (`Written::Deferred`: a dead
@@ -90,7 +90,7 @@ impl Queue {
             dead_key = %dead_key,
             reason,
             trimmed,
-            fencing_token = leadership.fencing_token,
+            fencing_token = leadership.fencing_token.0,
             "task moved to the dead-letter prefix"
         );
         Ok(true)
@@ -162,7 +162,7 @@ impl Queue {
             .await?
         {
             Applied::Done => {
-                tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt = attempts, fencing_token = leadership.fencing_token, reason, "task requeued");
+                tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt = attempts, fencing_token = leadership.fencing_token.0, reason, "task requeued");
             }
             Applied::Conflict => {}
             Applied::TooLarge(why) => {
@@ -180,7 +180,7 @@ impl Queue {
         &self,
         leadership: &Leadership,
         task: &Task,
-        index: u64,
+        claimed_version: TaskVersion,
         attempts: u32,
         error: &crate::handler::HandlerError,
     ) -> Result<(), LeadEnd> {
@@ -191,7 +191,7 @@ impl Queue {
                 serde_json::Value::String(error.message.clone()),
             ),
         ]);
-        let pair = pair_of(task, value, index);
+        let pair = pair_of(task, value, claimed_version);
         let reason = if error.permanent {
             format!("failed permanently (not retried) on attempt {attempts}: {error}")
         } else {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::coord::{LeaseId, StoredTask};
+use crate::coord::{LeaseId, StoredTask, TaskVersion};
 use crate::task::key::Key;
 use crate::task::{Status, Task};
 
@@ -174,7 +174,7 @@ pub fn classify(
 }
 
 /// A task as stored again, with `value` and at `version`, to move it to dead-letter.
-pub fn pair_of(task: &Task, value: Vec<u8>, version: u64) -> StoredTask {
+pub fn pair_of(task: &Task, value: Vec<u8>, version: TaskVersion) -> StoredTask {
     StoredTask {
         key: task.key.clone(),
         value,
@@ -220,7 +220,7 @@ mod tests {
     use chrono::{DateTime, Utc};
 
     use super::{classify, eligibility, pair_of, Entry, EntryRules, Remembered};
-    use crate::coord::{LeaseId, StoredTask};
+    use crate::coord::{LeaseId, StoredTask, TaskVersion};
     use crate::queue::scripted::{at, scheduled, task};
     use crate::task::Status;
 
@@ -241,7 +241,7 @@ mod tests {
         StoredTask {
             key: key.into(),
             value: value.to_string().into_bytes(),
-            version: 3,
+            version: TaskVersion(3),
             created: 1,
             holder: holder.map(|h| LeaseId(h.into())),
         }
@@ -328,7 +328,7 @@ mod tests {
     #[test]
     fn a_run_at_too_far_ahead_is_dead_lettered() {
         let far = scheduled("q/a", 1, at(30 * 86_400_000), None);
-        let far = pair_of(&far, far.value().to_vec(), 1);
+        let far = pair_of(&far, far.value().to_vec(), TaskVersion(1));
         assert!(matches!(
             sort(far, &HashMap::new(), at(0)),
             Entry::DeadLetter {
@@ -337,7 +337,7 @@ mod tests {
             }
         ));
         let soon = scheduled("q/b", 1, at(60_000), None);
-        let soon = pair_of(&soon, soon.value().to_vec(), 1);
+        let soon = pair_of(&soon, soon.value().to_vec(), TaskVersion(1));
         assert!(matches!(
             sort(soon, &HashMap::new(), at(0)),
             Entry::Waiting { at: when, .. } if when == at(60_000)

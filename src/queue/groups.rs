@@ -26,7 +26,7 @@ use super::plan::{plan_claim, ClaimPlan};
 use super::run::{Finished, RunOutcome};
 use super::sort::{Look, Memory};
 use super::{LeadEnd, Queue};
-use crate::coord::{Leadership, WriteCost};
+use crate::coord::{Leadership, TaskVersion, WriteCost};
 use crate::leader::Lease;
 use crate::task::Task;
 
@@ -197,14 +197,14 @@ impl Queue {
                 .await;
                 match claimed {
                     Started::Runs(started) => {
-                        for (claimed, claim_index) in started {
+                        for (claimed, claimed_version) in started {
                             busy.insert(claimed.task.group().to_string());
                             runs.push(self.run_in_group(
                                 leadership,
                                 lease,
                                 shutdown,
                                 claimed,
-                                claim_index,
+                                claimed_version,
                             ));
                         }
                     }
@@ -277,7 +277,7 @@ impl Queue {
         lease: &Lease,
         shutdown: &CancellationToken,
         claimed: Claimed,
-        claim_index: u64,
+        claimed_version: TaskVersion,
     ) -> GroupRun {
         let group = claimed.task.group().to_string();
         let key = claimed.task.key.clone();
@@ -288,7 +288,7 @@ impl Queue {
                 lease,
                 shutdown,
                 claimed,
-                claim_index,
+                claimed_version,
                 &mut finished,
             )
             .await;

@@ -321,7 +321,7 @@ impl Queue {
         shutdown: &CancellationToken,
     ) -> Option<LeadEnd> {
         tracing::info!(
-            fencing_token = leadership.fencing_token,
+            fencing_token = leadership.fencing_token.0,
             "queue paused: claiming nothing until `leaderq resume`"
         );
         loop {
@@ -332,7 +332,7 @@ impl Queue {
                 _ = tokio::time::sleep(PAUSE_POLL) => {}
             }
             if !self.paused().await {
-                tracing::info!(fencing_token = leadership.fencing_token, "queue resumed");
+                tracing::info!(fencing_token = leadership.fencing_token.0, "queue resumed");
                 return None;
             }
         }

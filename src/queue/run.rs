@@ -18,8 +18,8 @@ use super::plan::chunks;
 use super::settlement::{self, after_run, RunEnd, Settlement};
 use super::{LeadEnd, Queue};
 use crate::coord::{
-    CoordError, Coordinator, Edit, Edited, Leadership, LeaseId, StoredTask, TaskOp, WriteCost,
-    Written,
+    CoordError, Coordinator, Edit, Edited, FencingToken, Leadership, LeaseId, StoredTask, TaskOp,
+    TaskVersion, WriteCost, Written,
 };
 use crate::handler::TaskContext;
 use crate::leader::Lease;
@@ -39,7 +39,7 @@ pub(super) struct RunOutcome {
 /// A task whose handler succeeded and whose deletion is still to be written.
 pub(super) struct Finished {
     pub(super) task: Box<Task>,
-    claim_index: u64,
+    claimed_version: TaskVersion,
     elapsed_ms: u64,
     /// Where its history record goes and the record (`None`: history is off).
     history: Option<(String, Vec<u8>)>,
@@ -51,13 +51,13 @@ impl Finished {
     fn new(
         coord: &dyn Coordinator,
         task: Box<Task>,
-        claim_index: u64,
+        claimed_version: TaskVersion,
         elapsed_ms: u64,
         history: Option<(String, Vec<u8>)>,
     ) -> Finished {
         let mut finished = Finished {
             task,
-            claim_index,
+            claimed_version,
             elapsed_ms,
             history,
             cost: WriteCost { ops: 0, bytes: 0 },
@@ -72,13 +72,13 @@ impl Finished {
         match &self.history {
             Some((to, value)) => TaskOp::Move {
                 key: self.task.key.clone(),
-                version: self.claim_index,
+                version: self.claimed_version,
                 to: to.clone(),
                 value: value.clone(),
             },
             None => TaskOp::Complete {
                 key: self.task.key.clone(),
-                version: self.claim_index,
+                version: self.claimed_version,
             },
         }
     }
@@ -92,7 +92,7 @@ impl Queue {
         lease: &Lease,
         shutdown: &CancellationToken,
         claimed: Claimed,
-        claim_index: u64,
+        claimed_version: TaskVersion,
         finished: &mut Vec<Finished>,
     ) -> RunOutcome {
         let Claimed { task, value } = claimed;
@@ -126,8 +126,8 @@ impl Queue {
         let result = loop {
             tokio::select! {
                 result = &mut run => break result,
-                _ = self.cancel_requested(&task.key, claim_index), if ending.is_none() && !cancelled => {
-                    tracing::warn!(task_key = %task.key, fencing_token = leadership.fencing_token, "cancel requested by an operator: stopping the handler");
+                _ = self.cancel_requested(&task.key, claimed_version), if ending.is_none() && !cancelled => {
+                    tracing::warn!(task_key = %task.key, fencing_token = leadership.fencing_token.0, "cancel requested by an operator: stopping the handler");
                     cancelled = true;
                     cancel.cancel();
                 }
@@ -164,7 +164,7 @@ impl Queue {
             (&result, &settlement)
         {
             self.metrics.failed(&task.task_type, elapsed);
-            tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt, fencing_token = leadership.fencing_token, error = %err, elapsed_ms, "task failed");
+            tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt, fencing_token = leadership.fencing_token.0, error = %err, elapsed_ms, "task failed");
         }
         match settlement {
             Settlement::Complete { clear_cancel } => {
@@ -175,7 +175,7 @@ impl Queue {
                 finished.push(Finished::new(
                     self.coord.as_ref(),
                     task,
-                    claim_index,
+                    claimed_version,
                     elapsed_ms,
                     history,
                 ))
@@ -190,7 +190,7 @@ impl Queue {
                     ("attempts", serde_json::json!(attempts)),
                     ("lastError", serde_json::Value::String(last_error)),
                 ]);
-                let pair = pair_of(&task, value, claim_index);
+                let pair = pair_of(&task, value, claimed_version);
                 let moved = self.dead_letter(leadership, &pair, &reason).await;
                 if !failed {
                     // An operator's cancel, acted on: its marker goes.
@@ -209,10 +209,10 @@ impl Queue {
                 lease_lost,
             } => {
                 if let Some(why) = lease_lost {
-                    tracing::warn!(task_key = %task.key, fencing_token = leadership.fencing_token, reason = %why, "run stopped for the lease; putting the task back without using an attempt");
+                    tracing::warn!(task_key = %task.key, fencing_token = leadership.fencing_token.0, reason = %why, "run stopped for the lease; putting the task back without using an attempt");
                 }
                 let value = task.retried(attempts, &error, now);
-                self.settle(leadership, &task, claim_index, value, "put back")
+                self.settle(leadership, &task, claimed_version, value, "put back")
                     .await;
             }
             Settlement::Retry {
@@ -221,8 +221,14 @@ impl Queue {
                 not_before,
             } => {
                 let value = task.retried(attempts, &error, not_before);
-                self.settle(leadership, &task, claim_index, value, "schedule a retry")
-                    .await;
+                self.settle(
+                    leadership,
+                    &task,
+                    claimed_version,
+                    value,
+                    "schedule a retry",
+                )
+                .await;
             }
         }
         RunOutcome {
@@ -265,12 +271,12 @@ impl Queue {
         &self,
         leadership: &Leadership,
         done: &Finished,
-        fencing_token: u64,
+        fencing_token: FencingToken,
     ) {
         let task = &done.task;
         // The token the committing write saw (Consul: the leader key's ModifyIndex), under
         // the field name the chaos audit reads.
-        let leader_lock_index = fencing_token;
+        let leader_lock_index = fencing_token.0;
         self.metrics
             .completed(&task.task_type, Duration::from_millis(done.elapsed_ms));
         tracing::info!(
@@ -278,7 +284,7 @@ impl Queue {
             task_id = %task.id,
             task_type = %task.task_type,
             attempt = task.run_number(),
-            fencing_token = leadership.fencing_token,
+            fencing_token = leadership.fencing_token.0,
             elapsed_ms = done.elapsed_ms,
             leader_lock_index,
             "task completed"
@@ -441,13 +447,13 @@ impl Queue {
         &self,
         leadership: &Leadership,
         task: &Task,
-        claim_index: u64,
+        claimed_version: TaskVersion,
         value: Vec<u8>,
         what: &str,
     ) {
         let ops = [TaskOp::Release {
             key: task.key.clone(),
-            version: claim_index,
+            version: claimed_version,
             value: value.clone(),
         }];
         let orphan_edits = |version| {
@@ -473,7 +479,7 @@ impl Queue {
                 }
             }
             Err(CoordError::Refused(why)) => {
-                let pair = pair_of(task, value, claim_index);
+                let pair = pair_of(task, value, claimed_version);
                 let reason = format!("cannot {what}: the task is too large to write back: {why}");
                 if let Err(end) = self.dead_letter(leadership, &pair, &reason).await {
                     tracing::warn!(task_key = %task.key, ?end, "cannot dead-letter a task too large to {what}; the task is requeued when this lease ends");
@@ -509,7 +515,7 @@ impl Queue {
         &self,
         lease: &LeaseId,
         ops: &[TaskOp],
-        orphan_edits: impl FnOnce(u64) -> Vec<Edit>,
+        orphan_edits: impl FnOnce(TaskVersion) -> Vec<Edit>,
     ) -> Result<&'static str, String> {
         let key = ops.first().map(TaskOp::key).unwrap_or_default();
         match self.coord.write_own(lease, ops).await {
@@ -537,7 +543,7 @@ impl Queue {
         &self,
         lease: &LeaseId,
         current: &StoredTask,
-        edits: impl FnOnce(u64) -> Vec<Edit>,
+        edits: impl FnOnce(TaskVersion) -> Vec<Edit>,
     ) -> Result<(), String> {
         let Some(version) = own_orphan(lease, current) else {
             return Err("the task is no longer this lease's claim nor its orphan".into());
@@ -602,7 +608,7 @@ impl Queue {
 /// the marks of this lease's claim prove it. Only the replica whose run it was, and whose
 /// run is over, settles such a task outside any leadership, with an edit at exactly that
 /// version; `None` for anything else (settled, requeued, claimed, held).
-fn own_orphan(lease: &LeaseId, stored: &StoredTask) -> Option<u64> {
+fn own_orphan(lease: &LeaseId, stored: &StoredTask) -> Option<TaskVersion> {
     if stored.holder.is_some() {
         return None;
     }
@@ -617,7 +623,7 @@ fn own_orphan(lease: &LeaseId, stored: &StoredTask) -> Option<u64> {
 
 /// A finished run's completion as edits of the orphan its lease left at `version`, for the
 /// replica whose run it was once its lease ended: delete the task, write its history.
-fn orphan_completion(done: &Finished, version: u64) -> Vec<Edit> {
+fn orphan_completion(done: &Finished, version: TaskVersion) -> Vec<Edit> {
     let mut edits = vec![Edit::Delete {
         key: done.task.key.clone(),
         version,

@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::coord::StoredTask;
+use crate::coord::{StoredTask, TaskVersion};
 use crate::task::Task;
 
 /// `ms` milliseconds after a fixed start.
@@ -21,7 +21,7 @@ pub fn task(key: &str, time: i64, not_before: Option<DateTime<Utc>>) -> Task {
     Task::parse(&StoredTask {
         key: key.into(),
         value: value.to_string().into_bytes(),
-        version: 1,
+        version: TaskVersion(1),
         created: 1,
         holder: None,
     })
@@ -34,7 +34,7 @@ pub fn grouped(key: &str, time: i64, group: &str) -> Task {
     Task::parse(&StoredTask {
         key: key.into(),
         value: value.to_string().into_bytes(),
-        version: 1,
+        version: TaskVersion(1),
         created: 1,
         holder: None,
     })
@@ -60,7 +60,7 @@ pub fn scheduled(
     Task::parse(&StoredTask {
         key: key.into(),
         value: value.to_string().into_bytes(),
-        version: 1,
+        version: TaskVersion(1),
         created: 1,
         holder: None,
     })

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::{plan, Schedule, ScheduleError, ScheduleSpec};
-use crate::coord::{StoredTask, TaskOp};
+use crate::coord::{FencingToken, StoredTask, TaskOp, TaskVersion};
 
 /// Where the schedules of the queue under `queue_prefix` are kept.
 pub fn definitions_prefix(queue_prefix: &str) -> String {
@@ -94,7 +94,7 @@ pub struct TickRecord {
     #[serde(default)]
     pub node: String,
     #[serde(default)]
-    pub fencing_token: u64,
+    pub fencing_token: FencingToken,
 }
 
 impl TickRecord {
@@ -108,7 +108,7 @@ impl TickRecord {
 
     /// The write, in a leader's guarded batch, that records this at `key`: a rewrite at
     /// `read_at`, the version of the record as read, or its creation when there was none.
-    pub fn write(&self, key: String, read_at: Option<u64>) -> TaskOp {
+    pub fn write(&self, key: String, read_at: Option<TaskVersion>) -> TaskOp {
         match read_at {
             Some(version) => TaskOp::Rewrite {
                 key,
@@ -134,7 +134,7 @@ impl TickRecord {
 #[derive(Clone, Debug, PartialEq)]
 pub struct StoredTick {
     pub record: TickRecord,
-    pub version: u64,
+    pub version: TaskVersion,
 }
 
 /// The name a record under `prefix` is kept for.

@@ -21,7 +21,7 @@ use chrono::{DateTime, Utc};
 
 use super::plan;
 use super::store::{self, Definition, StoredTick, TickRecord};
-use crate::coord::{Coordinator, Leadership, TaskOp, Version, Written};
+use crate::coord::{Coordinator, Leadership, TaskOp, TaskVersion, Version, Written};
 use crate::leader::Lease;
 
 /// Ticks created in one write at most, with their record: a catch-up of many ticks is
@@ -134,7 +134,7 @@ async fn write_step(
 async fn read(
     coord: &dyn Coordinator,
     queue_prefix: &str,
-    warned: &mut HashMap<String, u64>,
+    warned: &mut HashMap<String, TaskVersion>,
 ) -> Result<(Vec<Definition>, HashMap<String, StoredTick>, Version), crate::coord::CoordError> {
     let definitions_prefix = store::definitions_prefix(queue_prefix);
     let ticks_prefix = store::ticks_prefix(queue_prefix);
@@ -222,7 +222,7 @@ pub async fn tick_while_leading(
             match write_step(coord, leadership, step.ops).await {
                 Ok(Written::Done { .. }) => {
                     for target in &step.ticks {
-                        tracing::info!(schedule = %name, tick = %store::rfc3339_ms(*target), late_ms = (now - *target).num_milliseconds(), fencing_token = leadership.fencing_token, "schedule tick enqueued");
+                        tracing::info!(schedule = %name, tick = %store::rfc3339_ms(*target), late_ms = (now - *target).num_milliseconds(), fencing_token = leadership.fencing_token.0, "schedule tick enqueued");
                     }
                     if step.skipped > 0 {
                         tracing::warn!(schedule = %name, skipped = step.skipped, catch_up = ?definition.schedule.catch_up, "ticks missed while no leader ran were skipped");
@@ -263,7 +263,7 @@ pub async fn tick_while_leading(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coord::LeaseId;
+    use crate::coord::{FencingToken, LeaseId};
     use crate::schedule::{CatchUp, Schedule, ScheduleSpec};
 
     fn at(secs: i64) -> DateTime<Utc> {
@@ -285,7 +285,7 @@ mod tests {
     fn leadership() -> Leadership {
         Leadership {
             lease: LeaseId("l".into()),
-            fencing_token: 7,
+            fencing_token: FencingToken(7),
         }
     }
 
@@ -295,7 +295,7 @@ mod tests {
                 last: store::rfc3339_ms(last),
                 ..TickRecord::default()
             },
-            version,
+            version: TaskVersion(version),
         }
     }
 
@@ -338,10 +338,10 @@ mod tests {
         let Some(TaskOp::Rewrite { version, value, .. }) = step.ops.last() else {
             panic!("{:?}", step.ops);
         };
-        assert_eq!(*version, 42);
+        assert_eq!(*version, TaskVersion(42));
         let record = TickRecord::decode(value).unwrap();
         assert_eq!(record.last(), Some(at(5)));
-        assert_eq!(record.fencing_token, 7);
+        assert_eq!(record.fencing_token, FencingToken(7));
         assert_eq!(
             record.last_task.as_deref(),
             Some("q/tick_beat-1795000005000")

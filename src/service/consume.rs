@@ -166,7 +166,7 @@ async fn lead_watched(
             () = &mut ticker, if ticking => ticking = false,
             reason = &mut watch, if watching => {
                 watching = false;
-                tracing::warn!(fencing_token = leadership.fencing_token, %reason, "stopping every run and stepping down");
+                tracing::warn!(fencing_token = leadership.fencing_token.0, %reason, "stopping every run and stepping down");
                 queue.metrics.leadership_lost();
                 lease.depose(&reason);
             }

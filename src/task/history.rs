@@ -9,6 +9,8 @@ use chrono::{DateTime, TimeZone, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::coord::FencingToken;
+
 use super::{rfc3339, Task};
 
 /// A completed task's outcome.
@@ -45,7 +47,7 @@ pub struct HistoryRecord {
     pub attempts: u32,
     /// The leadership that recorded it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub fencing_token: Option<u64>,
+    pub fencing_token: Option<FencingToken>,
     /// The replica that ran it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
@@ -66,7 +68,7 @@ pub struct HistoryRecord {
 pub struct Run<'a> {
     pub started: DateTime<Utc>,
     pub finished: DateTime<Utc>,
-    pub fencing_token: u64,
+    pub fencing_token: FencingToken,
     pub node: &'a str,
 }
 
@@ -118,7 +120,10 @@ impl HistoryRecord {
                 .get("attempts")
                 .map(super::parse_attempts)
                 .unwrap_or_default(),
-            fencing_token: fields.get("deadFencingToken").and_then(Value::as_u64),
+            fencing_token: fields
+                .get("deadFencingToken")
+                .and_then(Value::as_u64)
+                .map(FencingToken),
             node: text("deadNode"),
             last_error: text("lastError"),
             reason: text("deadReason"),

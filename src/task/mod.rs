@@ -28,7 +28,7 @@ use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{json, Map, Value};
 
-use crate::coord::{LeaseId, StoredTask};
+use crate::coord::{LeaseId, StoredTask, TaskVersion};
 
 /// The largest `attempts` read from a task: one below u32::MAX, so that the run number
 /// (`attempts + 1`) saturates at u32::MAX instead of overflowing.
@@ -71,7 +71,7 @@ pub struct Task {
     /// When the task was first written, for ordering ties.
     pub created: u64,
     /// The task's version as read: a write conditioned on it fails if the task moved.
-    pub version: u64,
+    pub version: TaskVersion,
 }
 
 /// Why an entry is not a task; the text goes into the dead letter.
@@ -539,7 +539,7 @@ mod tests {
         StoredTask {
             key: key.into(),
             value: value.as_bytes().to_vec(),
-            version: created,
+            version: TaskVersion(created),
             created,
             holder: None,
         }

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::coord::{Holder, StoredTask};
+use crate::coord::{FencingToken, Holder, StoredTask};
 use crate::operate::schedules::ScheduleView;
 use crate::operate::status::{self, StatusReport};
 use crate::operate::tasks::{self, TaskRow};
@@ -26,7 +26,7 @@ pub struct Leader {
     pub host: String,
     pub pid: u32,
     pub since: String,
-    pub fencing_token: u64,
+    pub fencing_token: FencingToken,
 }
 
 /// A task a leader holds now.
@@ -392,14 +392,14 @@ pub fn schedule_rows(views: Vec<ScheduleView>) -> Vec<ScheduleRow> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coord::{HolderRecord, LeaseId};
+    use crate::coord::{HolderRecord, LeaseId, TaskVersion};
     use serde_json::json;
 
     fn stored(key: &str, value: Value) -> StoredTask {
         StoredTask {
             key: key.into(),
             value: value.to_string().into_bytes(),
-            version: 1,
+            version: TaskVersion(1),
             created: 1,
             holder: None,
         }
@@ -422,7 +422,7 @@ mod tests {
                 since: "2026-01-01T00:00:00Z".into(),
                 ..HolderRecord::default()
             }),
-            token: 7,
+            token: FencingToken(7),
         };
         let mut running = stored(
             "oracleTask/task_a",
@@ -448,7 +448,7 @@ mod tests {
         let panes = panes(&holder, queued, dead, true, at(130));
         let overview = &panes.overview;
         assert_eq!(overview.leader.as_ref().unwrap().node, "r1");
-        assert_eq!(overview.leader.as_ref().unwrap().fencing_token, 7);
+        assert_eq!(overview.leader.as_ref().unwrap().fencing_token.0, 7);
         assert_eq!(overview.status.pending, 1);
         assert_eq!(overview.status.scheduled, 1);
         assert_eq!(

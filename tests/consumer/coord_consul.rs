@@ -12,7 +12,7 @@ use leaderq::coord::consul::client::{Client, ClientConfig};
 use leaderq::coord::consul::{ConsulCoordSettings, ConsulCoordinator};
 use leaderq::coord::{
     admit, Campaign, CoordError, Coordinator, HolderRecord, Leadership, LeaseId, LeaseSpec,
-    Renewal, StoredTask, TaskOp, Version, Written,
+    Renewal, StoredTask, TaskOp, TaskVersion, Version, Written,
 };
 
 use super::*;
@@ -299,14 +299,16 @@ async fn consul_queue_writes_are_guarded_by_the_leadership() {
         .unwrap();
     let keys: Vec<&str> = tasks.iter().map(|t| t.key.as_str()).collect();
     assert_eq!(keys, ["oracleTask/t1", "oracleTask/t2", "oracleTask/t3"]);
-    assert!(tasks.iter().all(|t| t.holder.is_none() && t.version > 0));
-    assert!(tasks.iter().all(|t| t.created == t.version));
+    assert!(tasks
+        .iter()
+        .all(|t| t.holder.is_none() && t.version > TaskVersion(0)));
+    assert!(tasks.iter().all(|t| t.created == t.version.0));
     let (names, _) = coord.keys(PREFIX).await.unwrap();
     assert_eq!(names, keys);
     let [t1, t2, t3] = [0, 1, 2].map(|i| tasks[i].clone());
 
     let claimed = b"{\"taskTaken\":true}".to_vec();
-    let claim = |task: &StoredTask, version: u64| TaskOp::Claim {
+    let claim = |task: &StoredTask, version: TaskVersion| TaskOp::Claim {
         key: task.key.clone(),
         version,
         value: claimed.clone(),
@@ -337,7 +339,7 @@ async fn consul_queue_writes_are_guarded_by_the_leadership() {
 
     assert_eq!(
         coord
-            .write(&leader, &[claim(&t2, t2.version + 1000)])
+            .write(&leader, &[claim(&t2, TaskVersion(t2.version.0 + 1000))])
             .await
             .unwrap(),
         Written::Conflict(vec![t2.key.clone()])
@@ -367,7 +369,7 @@ async fn consul_queue_writes_are_guarded_by_the_leadership() {
     let Written::Done { versions, .. } = coord.write(&leader, &ops).await.unwrap() else {
         panic!("the batch was not applied");
     };
-    let version_of: HashMap<String, u64> = versions.into_iter().collect();
+    let version_of: HashMap<String, TaskVersion> = versions.into_iter().collect();
     assert_eq!(version_of.len(), 2, "{version_of:?}");
     let (after, moved) = tokio::time::timeout(Duration::from_secs(5), watcher)
         .await
@@ -635,7 +637,7 @@ async fn consul_writes_within_the_limits_apply_and_beyond_them_are_refused() {
     let too_many: Vec<TaskOp> = (0..100)
         .map(|i| TaskOp::Complete {
             key: format!("{PREFIX}none-{i}"),
-            version: 1,
+            version: TaskVersion(1),
         })
         .flat_map(|op| [op.clone(), op])
         .collect();

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use leaderq::coord::redis::RedisCoordinator;
-use leaderq::coord::{Campaign, Coordinator, HolderRecord, LeaseSpec};
+use leaderq::coord::{Campaign, Coordinator, FencingToken, HolderRecord, LeaseSpec};
 use leaderq::tools::harness::redis::{RedisServer, PREFIX};
 use leaderq::tools::harness::Cluster;
 
@@ -145,7 +145,7 @@ async fn with_the_loss_accepted_a_redis_restarted_empty_still_hands_out_a_higher
 }
 
 /// Opens a lease for `node` and campaigns with it; the token won.
-async fn win(coord: &RedisCoordinator, node: &str) -> u64 {
+async fn win(coord: &RedisCoordinator, node: &str) -> FencingToken {
     let grant = coord
         .open_lease(&LeaseSpec {
             node_id: node.into(),
@@ -214,7 +214,10 @@ async fn a_token_a_replica_has_seen_stays_below_its_next_when_the_redis_clock_is
         .unwrap();
     let coord = redis_coordinator(&server.url(), PREFIX);
     let first = win(&coord, "n1").await;
-    assert!(first > now_ms + HOUR_MS, "{first} is not past the counter");
+    assert!(
+        first.0 > now_ms + HOUR_MS,
+        "{first} is not past the counter"
+    );
     server.cli(&[b"FLUSHALL"]).unwrap();
     let second = win(&coord, "n1").await;
     assert!(

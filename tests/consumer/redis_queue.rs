@@ -147,7 +147,7 @@ async fn redis_replicas_run_tasks_once_in_order_and_survive_a_leader_kill() {
     assert!(journal
         .iter()
         .filter(|l| l[0] == "run" && l[1][1..].parse::<u64>().unwrap() >= 100)
-        .all(|l| l[3] == second && l[2].parse::<u64>().unwrap() == after.fencing_token));
+        .all(|l| l[3] == second && l[2].parse::<u64>().unwrap() == after.fencing_token.0));
 }
 
 /// A leader frozen (SIGSTOP) past its TTL in the middle of a task loses leadership to a
@@ -246,7 +246,7 @@ async fn a_leader_frozen_past_its_ttl_is_fenced_off_when_it_wakes() {
         .filter(|l| l[0] == "run" && !["t0", "t1", "t2"].contains(&l[1].as_str()));
     for line in after_freeze {
         assert!(
-            line[3] == next && line[2].parse::<u64>().unwrap() >= new.fencing_token,
+            line[3] == next && line[2].parse::<u64>().unwrap() >= new.fencing_token.0,
             "{line:?} ran after the freeze, not by {next} under token {}",
             new.fencing_token
         );

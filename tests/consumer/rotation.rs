@@ -4,7 +4,7 @@
 //! among real replicas every few tasks, every task runs once in `taskTime` order, and each
 //! new term runs under a higher fencing token; the pause flag is set, read and cleared.
 
-use leaderq::coord::Version;
+use leaderq::coord::{FencingToken, Version};
 
 use super::*;
 
@@ -139,5 +139,5 @@ async fn rotate_mode_passes_leadership_around(backend: &str) {
         },
     )
     .await;
-    assert!(holder.token >= *terms.last().unwrap());
+    assert!(holder.token >= FencingToken(*terms.last().unwrap()));
 }

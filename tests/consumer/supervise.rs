@@ -549,6 +549,7 @@ mod exec_handler {
 
     use std::time::Duration;
 
+    use leaderq::coord::FencingToken;
     use leaderq::handler::{ExecHandler, Handler, TaskContext};
     use leaderq::supervise::Supervision;
     use tokio_util::sync::CancellationToken;
@@ -560,7 +561,7 @@ mod exec_handler {
             task_type: "Demo".into(),
             task_json: br#"{"taskId":"t1"}"#.to_vec(),
             attempt: 2,
-            fencing_token: 9,
+            fencing_token: FencingToken(9),
             cancel: CancellationToken::new(),
             lease_deadline: TaskContext::unbounded_lease(),
         }

@@ -18,7 +18,8 @@ use crate::coord::consul::client::{
     self as consul, KvPair, PutMode, QueryOptions, TxnOp, TxnOutcome, MIN_REQUERY,
 };
 use crate::coord::{
-    Campaign, CoordError, Elections, Holder, HolderRecord, Leadership, LeaseId, Version,
+    Campaign, CoordError, Elections, FencingToken, Holder, HolderRecord, Leadership, LeaseId,
+    Version,
 };
 
 use super::ConsulCoordinator;
@@ -54,9 +55,9 @@ pub fn holder_of(entry: Option<KvPair>) -> Holder {
         Some(entry) => Holder {
             record: HolderRecord::decode(&entry.value),
             token: if entry.session.is_some() {
-                entry.modify_index
+                FencingToken(entry.modify_index)
             } else {
-                0
+                FencingToken(0)
             },
             lease: entry.session.map(LeaseId),
         },
@@ -69,7 +70,7 @@ fn after_acquire(lease: &LeaseId, entry: Option<&KvPair>) -> Campaign {
     match entry.and_then(|entry| entry.session.as_deref().map(|s| (s, entry.modify_index))) {
         Some((session, modify_index)) if session == lease.0 => Campaign::Won(Leadership {
             lease: lease.clone(),
-            fencing_token: modify_index,
+            fencing_token: FencingToken(modify_index),
         }),
         Some(_) => Campaign::Held,
         // Free: refused under lock-delay, or won and lost again at once (the session was
@@ -115,7 +116,7 @@ impl Elections for ConsulCoordinator {
                 // ModifyIndex, so take the key again for a higher one.
                 match self.reacquire(lease, &value).await? {
                     Some(token) if token > entry.modify_index => {
-                        return Ok(self.won(lease, value, token));
+                        return Ok(self.won(lease, value, FencingToken(token)));
                     }
                     // A server whose transaction did not write the key anew: release it and
                     // acquire it like any free key (a release sets no lock-delay).
@@ -165,7 +166,7 @@ impl Elections for ConsulCoordinator {
 }
 
 impl ConsulCoordinator {
-    fn won(&self, lease: &LeaseId, value: Vec<u8>, fencing_token: u64) -> Campaign {
+    fn won(&self, lease: &LeaseId, value: Vec<u8>, fencing_token: FencingToken) -> Campaign {
         self.tied().records.insert(lease.clone(), value);
         Campaign::Won(Leadership {
             lease: lease.clone(),
@@ -266,11 +267,11 @@ mod tests {
         let held = holder_of(Some(entry(Some("s1"), 4, &record.encode())));
         assert_eq!(held.lease, Some(LeaseId("s1".into())));
         assert_eq!(held.record, Some(record.clone()));
-        assert_eq!(held.token, 4);
+        assert_eq!(held.token, FencingToken(4));
         let free = holder_of(Some(entry(None, 4, &record.encode())));
         assert_eq!(free.lease, None);
         assert_eq!(free.record, Some(record));
-        assert_eq!(free.token, 0);
+        assert_eq!(free.token, FencingToken(0));
         let foreign = holder_of(Some(entry(Some("s2"), 2, b"not json")));
         assert_eq!(foreign.record, None);
         assert_eq!(holder_of(None), Holder::default());
@@ -285,7 +286,7 @@ mod tests {
             after_acquire(&lease, Some(&entry(Some("s1"), 7, b""))),
             Campaign::Won(Leadership {
                 lease: lease.clone(),
-                fencing_token: 7
+                fencing_token: FencingToken(7)
             })
         );
         assert_eq!(

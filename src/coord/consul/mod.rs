@@ -80,7 +80,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::coord::consul::client::{self as consul, Client};
-use crate::coord::{CoordError, Coordinator, Leadership, LeaseId, WriteCost};
+use crate::coord::{CoordError, Coordinator, FencingToken, Leadership, LeaseId, WriteCost};
 
 /// What the Consul coordinator needs beyond its client; from `[election]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -199,7 +199,7 @@ const SESSION_SHAPE: &str = "00000000-0000-0000-0000-000000000000";
 fn guard_cost_on(leader_key: &str) -> WriteCost {
     let widest = Leadership {
         lease: LeaseId(SESSION_SHAPE.into()),
-        fencing_token: u64::MAX,
+        fencing_token: FencingToken(u64::MAX),
     };
     txn::guard(leader_key, &widest)
         .iter()
@@ -218,7 +218,7 @@ const _: () = assert!(MAX_BYTES < 512 * 1024);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coord::TaskOp;
+    use crate::coord::{TaskOp, TaskVersion};
 
     /// Transient trouble is Unavailable; only a write over the limits, a key that cannot be
     /// addressed or a client that cannot be set up is Refused.
@@ -258,16 +258,16 @@ mod tests {
         let ops = vec![
             TaskOp::Complete {
                 key: "q/done".into(),
-                version: 5,
+                version: TaskVersion(5),
             },
             TaskOp::Claim {
                 key: "q/a".into(),
-                version: 6,
+                version: TaskVersion(6),
                 value: vec![b'x'; 1000],
             },
             TaskOp::Move {
                 key: "q/d".into(),
-                version: 9,
+                version: TaskVersion(9),
                 to: "dead/d".into(),
                 value: b"{\"reason\":\"<bad>\"}".to_vec(),
             },
@@ -276,6 +276,7 @@ mod tests {
         assert_eq!(guard.ops, 2);
         let cost = guard + ops.iter().map(|op| txn::cost(&lease, op)).sum();
         let sent_under = |fencing_token: u64| {
+            let fencing_token = FencingToken(fencing_token);
             let leadership = Leadership {
                 lease: lease.clone(),
                 fencing_token,

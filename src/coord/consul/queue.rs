@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use crate::coord::consul::client::{self as consul, KvPair, QueryOptions, TxnOp, TxnOutcome};
 use crate::coord::{
-    CoordError, Edit, Edited, Leadership, LeaseId, StoredTask, TaskOp, Tasks, Version, WriteCost,
-    WriteLimits, Written,
+    CoordError, Edit, Edited, FencingToken, Leadership, LeaseId, StoredTask, TaskOp, TaskVersion,
+    Tasks, Version, WriteCost, WriteLimits, Written,
 };
 
 use super::leadership::{next_version, settle};
@@ -23,7 +23,7 @@ pub fn stored_task(pair: KvPair) -> StoredTask {
     StoredTask {
         key: pair.key,
         value: pair.value,
-        version: pair.modify_index,
+        version: TaskVersion(pair.modify_index),
         created: pair.create_index,
         holder: pair.session.map(LeaseId),
     }
@@ -101,13 +101,19 @@ impl Tasks for ConsulCoordinator {
         if ops.is_empty() {
             return Ok(Written::Done {
                 versions: Vec::new(),
-                fencing_token: 0,
+                fencing_token: FencingToken(0),
             });
         }
         crate::coord::admit(self, ops, false)?;
         let (txn, owners) = txn_ops(None, lease, ops);
         let outcome = self.client.txn(&txn).await?;
-        Ok(written(outcome, ops, &owners, &self.settings.leader_key, 0))
+        Ok(written(
+            outcome,
+            ops,
+            &owners,
+            &self.settings.leader_key,
+            FencingToken(0),
+        ))
     }
 
     /// One transaction of create-only `cas` (index 0), `delete-cas`, `set` and `cas` ops; a
@@ -133,7 +139,7 @@ impl Tasks for ConsulCoordinator {
                 },
                 Edit::Delete { key, version } => TxnOp::DeleteCas {
                     key: key.clone(),
-                    index: *version,
+                    index: version.0,
                 },
                 Edit::Put { key, value } => TxnOp::Set {
                     key: key.clone(),
@@ -148,7 +154,7 @@ impl Tasks for ConsulCoordinator {
                 } => TxnOp::Cas {
                     key: key.clone(),
                     value: value.clone(),
-                    index: *version,
+                    index: version.0,
                 },
             })
             .collect();
@@ -213,7 +219,7 @@ mod tests {
             StoredTask {
                 key: "q/a".into(),
                 value: b"{}".to_vec(),
-                version: 9,
+                version: TaskVersion(9),
                 created: 4,
                 holder: Some(lease()),
             }

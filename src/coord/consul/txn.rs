@@ -4,7 +4,7 @@
 //! becomes a [`Written`] (`written`). Pure: nobody outside this file reads an op index.
 
 use crate::coord::consul::client::{TxnOp, TxnOutcome};
-use crate::coord::{Leadership, LeaseId, TaskOp, Written};
+use crate::coord::{FencingToken, Leadership, LeaseId, TaskOp, TaskVersion, Written};
 
 /// The leadership guard, the first ops of every guarded transaction: the leader key is
 /// still locked by the leadership's session, and still at the ModifyIndex its acquire
@@ -19,7 +19,7 @@ pub fn guard(leader_key: &str, leadership: &Leadership) -> [TxnOp; 2] {
         },
         TxnOp::CheckIndex {
             key: leader_key.to_string(),
-            index: leadership.fencing_token,
+            index: leadership.fencing_token.0,
         },
     ]
 }
@@ -50,7 +50,7 @@ pub fn txn_ops(
             } => {
                 txn.push(TxnOp::CheckIndex {
                     key: key.clone(),
-                    index: *version,
+                    index: version.0,
                 });
                 txn.push(TxnOp::Lock {
                     key: key.clone(),
@@ -66,7 +66,7 @@ pub fn txn_ops(
                 }
                 txn.push(TxnOp::DeleteCas {
                     key: key.clone(),
-                    index: *version,
+                    index: version.0,
                 });
             }
             TaskOp::Release {
@@ -76,7 +76,7 @@ pub fn txn_ops(
             } => {
                 txn.push(TxnOp::CheckIndex {
                     key: key.clone(),
-                    index: *version,
+                    index: version.0,
                 });
                 txn.push(TxnOp::Unlock {
                     key: key.clone(),
@@ -91,7 +91,7 @@ pub fn txn_ops(
             } => txn.push(TxnOp::Cas {
                 key: key.clone(),
                 value: value.clone(),
-                index: *version,
+                index: version.0,
             }),
             // A cas at index 0 writes only a key that does not exist. Without the guard
             // nothing may be created: the check of a lock on a key that does not exist
@@ -114,14 +114,14 @@ pub fn txn_ops(
             } => {
                 txn.push(TxnOp::CheckIndex {
                     key: key.clone(),
-                    index: *version,
+                    index: version.0,
                 });
                 if guard.is_none() {
                     txn.push(own_check(key, lease));
                 }
                 txn.push(TxnOp::DeleteCas {
                     key: key.clone(),
-                    index: *version,
+                    index: version.0,
                 });
                 txn.push(TxnOp::Set {
                     key: to.clone(),
@@ -183,7 +183,7 @@ pub fn cost(lease: &LeaseId, op: &TaskOp) -> crate::coord::WriteCost {
     };
     let leadership = Leadership {
         lease: lease.clone(),
-        fencing_token: 0,
+        fencing_token: FencingToken(0),
     };
     let (txn, owners) = txn_ops(Some(("", &leadership)), lease, std::slice::from_ref(&bare));
     let verbs = &txn[owners.iter().take_while(|owner| owner.is_none()).count()..];
@@ -208,14 +208,14 @@ pub fn written(
     ops: &[TaskOp],
     owners: &[Option<usize>],
     leader_key: &str,
-    fallback_token: u64,
+    fallback_token: FencingToken,
 ) -> Written {
     match outcome {
         TxnOutcome::Committed(entries) => {
             let fencing_token = entries
                 .first()
                 .filter(|entry| owners.first() == Some(&None) && entry.key == leader_key)
-                .map_or(fallback_token, |entry| entry.modify_index);
+                .map_or(fallback_token, |entry| FencingToken(entry.modify_index));
             let versions = ops
                 .iter()
                 .filter(|op| {
@@ -229,7 +229,7 @@ pub fn written(
                         .iter()
                         .rev()
                         .find(|entry| entry.key == op.key())
-                        .map_or(0, |entry| entry.modify_index);
+                        .map_or(TaskVersion(0), |entry| TaskVersion(entry.modify_index));
                     (op.key().to_string(), version)
                 })
                 .collect();
@@ -298,7 +298,7 @@ mod tests {
     fn leadership() -> Leadership {
         Leadership {
             lease: lease(),
-            fencing_token: 12,
+            fencing_token: FencingToken(12),
         }
     }
 
@@ -318,26 +318,26 @@ mod tests {
         vec![
             TaskOp::Complete {
                 key: "q/done".into(),
-                version: 5,
+                version: TaskVersion(5),
             },
             TaskOp::Claim {
                 key: "q/a".into(),
-                version: 6,
+                version: TaskVersion(6),
                 value: b"claimed".to_vec(),
             },
             TaskOp::Release {
                 key: "q/b".into(),
-                version: 7,
+                version: TaskVersion(7),
                 value: b"retry".to_vec(),
             },
             TaskOp::Rewrite {
                 key: "q/c".into(),
-                version: 8,
+                version: TaskVersion(8),
                 value: b"requeued".to_vec(),
             },
             TaskOp::Move {
                 key: "q/d".into(),
-                version: 9,
+                version: TaskVersion(9),
                 to: "dead/d".into(),
                 value: b"dead".to_vec(),
             },
@@ -427,21 +427,37 @@ mod tests {
             pair("q/d", 9, 0),
             pair("dead/d", 20, 0),
         ];
-        let answer = written(TxnOutcome::Committed(entries), &ops, &owners, LEADER, 11);
+        let answer = written(
+            TxnOutcome::Committed(entries),
+            &ops,
+            &owners,
+            LEADER,
+            FencingToken(11),
+        );
         assert_eq!(
             answer,
             Written::Done {
-                versions: vec![("q/a".into(), 20), ("q/b".into(), 20), ("q/c".into(), 20)],
-                fencing_token: 12,
+                versions: vec![
+                    ("q/a".into(), TaskVersion(20)),
+                    ("q/b".into(), TaskVersion(20)),
+                    ("q/c".into(), TaskVersion(20))
+                ],
+                fencing_token: FencingToken(12),
             }
         );
         // Without the guard's result, the leadership's own token stands.
-        let answer = written(TxnOutcome::Committed(Vec::new()), &[], &[None], LEADER, 11);
+        let answer = written(
+            TxnOutcome::Committed(Vec::new()),
+            &[],
+            &[None],
+            LEADER,
+            FencingToken(11),
+        );
         assert_eq!(
             answer,
             Written::Done {
                 versions: Vec::new(),
-                fencing_token: 11
+                fencing_token: FencingToken(11)
             }
         );
     }
@@ -457,7 +473,13 @@ mod tests {
             what: "failed".into(),
         };
         let rolled_back = |errors: Vec<TxnError>| {
-            written(TxnOutcome::RolledBack(errors), &ops, &owners, LEADER, 11)
+            written(
+                TxnOutcome::RolledBack(errors),
+                &ops,
+                &owners,
+                LEADER,
+                FencingToken(11),
+            )
         };
         assert_eq!(rolled_back(vec![error(0), error(2)]), Written::NotLeader);
         assert_eq!(rolled_back(vec![error(1)]), Written::NotLeader);
@@ -491,7 +513,7 @@ mod tests {
                 &ops,
                 &owners,
                 LEADER,
-                0
+                FencingToken(0)
             ),
             Written::Conflict(vec!["q/done".into()])
         );

@@ -51,10 +51,10 @@ pub async fn list_gives_versions_and_creation_order(s: Subject) -> Result<(), St
     ensure(
         tasks
             .iter()
-            .all(|t| t.version >= t.created && t.holder.is_none()),
+            .all(|t| t.version.0 >= t.created && t.holder.is_none()),
         || format!("a version before the creation, or a holder: {tasks:?}"),
     )?;
-    let newest = tasks.iter().map(|t| t.version).max().unwrap_or(0);
+    let newest = tasks.iter().map(|t| t.version.0).max().unwrap_or(0);
     ensure(version.0 >= newest, || {
         format!("list's version {version:?} is below a task's version {newest}")
     })?;

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use super::Subject;
 use crate::coord::{
     Campaign, CoordError, HolderRecord, Leadership, LeaseId, LeaseSpec, Renewal, StoredTask,
-    TaskOp, Version,
+    TaskOp, TaskVersion, Version,
 };
 
 /// Adds what was called to a coordinator error.
@@ -128,7 +128,7 @@ pub(super) async fn wait_until_not_held_by(s: &Subject, lease: &LeaseId) -> Resu
     }
 }
 
-pub(super) fn claim(key: &str, version: u64, value: &[u8]) -> TaskOp {
+pub(super) fn claim(key: &str, version: TaskVersion, value: &[u8]) -> TaskOp {
     TaskOp::Claim {
         key: key.to_string(),
         version,

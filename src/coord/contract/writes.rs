@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::support::*;
 use super::Subject;
-use crate::coord::{batch_cost, CoordError, Edit, Edited, TaskOp, Written};
+use crate::coord::{batch_cost, CoordError, Edit, Edited, TaskOp, TaskVersion, Written};
 
 /// A leader that resigned, or whose lease was revoked, writes nothing: every write answers
 /// `NotLeader` and the task stays as it was.
@@ -225,7 +225,7 @@ pub async fn over_limit_writes_are_refused_whole(s: Subject) -> Result<(), Strin
     loop {
         let next = TaskOp::Complete {
             key: format!("{}missing-{}", s.queue_prefix, at.len()),
-            version: 1,
+            version: TaskVersion(1),
         };
         at.push(next);
         if !admits(&at) {
@@ -343,7 +343,7 @@ pub async fn edits_create_only_new_keys_and_apply_whole(s: Subject) -> Result<()
         .coord
         .edit(&[Edit::Delete {
             key: dead.clone(),
-            version: letter.version + 1_000_000,
+            version: TaskVersion(letter.version.0 + 1_000_000),
         }])
         .await
         .ctx("edit")?;

@@ -15,7 +15,8 @@ use std::time::Duration;
 use crate::coord::etcd::client::{Compare, Kv, Op, Range, Txn};
 use crate::coord::etcd::layout::{lease_id, lease_number, position, revision_of, LastLeader};
 use crate::coord::{
-    Campaign, CoordError, Elections, Holder, HolderRecord, Leadership, LeaseId, Version,
+    Campaign, CoordError, Elections, FencingToken, Holder, HolderRecord, Leadership, LeaseId,
+    Version,
 };
 
 use super::{not_a_lease, EtcdCoordinator};
@@ -37,13 +38,13 @@ pub fn holder_of(first: Option<&Kv>, last: Option<&Kv>) -> Holder {
                 LeaseId(key.rsplit('/').next().unwrap_or_default().to_string())
             }),
             record: HolderRecord::decode(&kv.value),
-            token: kv.create_revision.max(0) as u64,
+            token: FencingToken(kv.create_revision.max(0) as u64),
         },
         None => {
             let last = last.and_then(|kv| LastLeader::decode(&kv.value));
             Holder {
                 lease: None,
-                token: last.as_ref().map_or(0, |l| l.token),
+                token: FencingToken(last.as_ref().map_or(0, |l| l.token)),
                 record: last.map(|l| l.record),
             }
         }
@@ -160,7 +161,7 @@ impl Elections for EtcdCoordinator {
         }
         Ok(Campaign::Won(Leadership {
             lease: lease.clone(),
-            fencing_token: created as u64,
+            fencing_token: FencingToken(created as u64),
         }))
     }
 
@@ -220,7 +221,7 @@ mod tests {
         let held = holder_of(Some(&first), None);
         assert_eq!(held.lease, Some(LeaseId("1f".into())));
         assert_eq!(held.record.as_ref(), Some(&record));
-        assert_eq!(held.token, 12);
+        assert_eq!(held.token, FencingToken(12));
         let last = LastLeader {
             record: record.clone(),
             token: 12,
@@ -228,7 +229,7 @@ mod tests {
         let free = holder_of(None, Some(&kv("L", 13, 0, &last.encode())));
         assert_eq!(free.lease, None);
         assert_eq!(free.record, Some(record));
-        assert_eq!(free.token, 12);
+        assert_eq!(free.token, FencingToken(12));
         assert_eq!(holder_of(None, None), Holder::default());
         let foreign = holder_of(Some(&kv("L/694d", 3, 0, b"x")), None);
         assert_eq!(foreign.lease, Some(LeaseId("694d".into())));

@@ -21,7 +21,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::coord::{HolderRecord, LeaseId, Version};
+use crate::coord::{HolderRecord, LeaseId, TaskVersion, Version};
 
 /// The keys of one election and its claims.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -76,13 +76,13 @@ pub fn lease_number(lease: &LeaseId) -> Option<i64> {
 }
 
 /// A task's version from its `mod_revision` and whether a live claim holds it.
-pub fn task_version(mod_revision: i64, held: bool) -> u64 {
-    2 * mod_revision.max(0) as u64 + u64::from(!held)
+pub fn task_version(mod_revision: i64, held: bool) -> TaskVersion {
+    TaskVersion(2 * mod_revision.max(0) as u64 + u64::from(!held))
 }
 
 /// The `mod_revision` a task version was read at, and whether it was held then.
-pub fn read_version(version: u64) -> (i64, bool) {
-    ((version / 2) as i64, version.is_multiple_of(2))
+pub fn read_version(version: TaskVersion) -> (i64, bool) {
+    ((version.0 / 2) as i64, version.0.is_multiple_of(2))
 }
 
 /// The position of a read at `revision`.
@@ -160,7 +160,7 @@ mod tests {
         assert_ne!(held, orphan);
         assert_eq!(read_version(held), (7, true));
         assert_eq!(read_version(orphan), (7, false));
-        assert!(position(7).0 >= orphan && position(7) > position(6));
+        assert!(position(7).0 >= orphan.0 && position(7) > position(6));
         assert_eq!(revision_of(position(7)), 7);
         assert_eq!(revision_of(Version(0)), 0);
     }

@@ -9,8 +9,8 @@ use crate::coord::etcd::client::{Kv, Op, Range, Txn};
 use crate::coord::etcd::layout::{lease_id, lease_number, position, revision_of, task_version};
 use crate::coord::etcd::txn::{edit_txn, edited, write_txn, written, Guard, Writer, MAX_TXN_OPS};
 use crate::coord::{
-    conflict_on_all, CoordError, Edit, Edited, Leadership, LeaseId, StoredTask, TaskOp, Tasks,
-    Version, WriteCost, WriteLimits, Written,
+    conflict_on_all, CoordError, Edit, Edited, FencingToken, Leadership, LeaseId, StoredTask,
+    TaskOp, Tasks, Version, WriteCost, WriteLimits, Written,
 };
 
 use super::{not_a_lease, txn, EtcdCoordinator};
@@ -135,7 +135,7 @@ impl Tasks for EtcdCoordinator {
         let id = lease_number(&leadership.lease).ok_or_else(|| not_a_lease(&leadership.lease))?;
         let guard = Guard {
             key: self.layout.candidate(id),
-            token: leadership.fencing_token as i64,
+            token: leadership.fencing_token.0 as i64,
         };
         let writer = Writer {
             lease: id,
@@ -158,7 +158,7 @@ impl Tasks for EtcdCoordinator {
         if ops.is_empty() {
             return Ok(Written::Done {
                 versions: Vec::new(),
-                fencing_token: 0,
+                fencing_token: FencingToken(0),
             });
         }
         crate::coord::admit(self, ops, false)?;
@@ -174,7 +174,7 @@ impl Tasks for EtcdCoordinator {
             Err(err) if err.is_not_found() => return Ok(conflict_on_all(ops)),
             Err(err) => return Err(err.into()),
         };
-        Ok(written(&txn, &response, ops, 0))
+        Ok(written(&txn, &response, ops, FencingToken(0)))
     }
 
     /// One transaction of create-only puts and deletes at a version.

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use crate::coord::etcd::client::{Compare, Kv, Op, Range, Txn, TxnResponse};
 use crate::coord::etcd::layout::{read_version, task_version, Layout};
-use crate::coord::{Edit, Edited, TaskOp, WriteCost, WriteLimits, Written};
+use crate::coord::{Edit, Edited, FencingToken, TaskOp, WriteCost, WriteLimits, Written};
 
 /// etcd's default `--max-txn-ops` (each of compare, success and failure may hold as many).
 pub const MAX_TXN_OPS: usize = 128;
@@ -122,7 +122,7 @@ pub fn write_txn(layout: &Layout, guard: Option<&Guard>, writer: Writer, ops: &[
 /// The answer to [`write_txn`]'s transaction. Committed: claimed, released and rewritten
 /// tasks have their new versions (held only after a claim) and the token is the guard's.
 /// Rolled back: judged on the keys the failure branch read.
-pub fn written(txn: &Txn, response: &TxnResponse, ops: &[TaskOp], token: u64) -> Written {
+pub fn written(txn: &Txn, response: &TxnResponse, ops: &[TaskOp], token: FencingToken) -> Written {
     if response.succeeded {
         let revision = response.header.revision;
         let versions = ops
@@ -371,6 +371,7 @@ pub fn guard_cost(layout: &Layout) -> WriteCost {
 mod tests {
     use super::*;
     use crate::coord::etcd::client::{Header, RangeResponse, ResponseOp};
+    use crate::coord::TaskVersion;
 
     fn layout() -> Layout {
         Layout::new("L")
@@ -411,12 +412,13 @@ mod tests {
         }
     }
 
+    const TOKEN: FencingToken = FencingToken(10);
     const WRITER: Writer = Writer {
         lease: 0xa,
         own: false,
     };
 
-    fn claim(key: &str, version: u64) -> TaskOp {
+    fn claim(key: &str, version: TaskVersion) -> TaskOp {
         TaskOp::Claim {
             key: key.into(),
             version,
@@ -482,10 +484,10 @@ mod tests {
     #[test]
     fn a_commit_answers_new_versions_and_the_token() {
         let ops = [
-            claim("q/a", 14),
+            claim("q/a", TaskVersion(14)),
             TaskOp::Complete {
                 key: "q/b".into(),
-                version: 9,
+                version: TaskVersion(9),
             },
         ];
         let txn = write_txn(&layout(), Some(&guard()), WRITER, &ops);
@@ -495,10 +497,10 @@ mod tests {
             responses: Vec::new(),
         };
         assert_eq!(
-            written(&txn, &response, &ops, 10),
+            written(&txn, &response, &ops, TOKEN),
             Written::Done {
                 versions: vec![("q/a".into(), task_version(20, true))],
-                fencing_token: 10
+                fencing_token: TOKEN
             }
         );
     }
@@ -517,20 +519,20 @@ mod tests {
         let b_moved = Some(kv("q/b", 3, 9, 0));
         let response = failed(vec![leader.clone(), a.clone(), None, b_moved.clone(), None]);
         assert_eq!(
-            written(&txn, &response, &ops, 10),
+            written(&txn, &response, &ops, TOKEN),
             Written::Conflict(vec!["q/b".into()])
         );
         let response = failed(vec![None, a.clone(), None, b_moved.clone(), None]);
-        assert_eq!(written(&txn, &response, &ops, 10), Written::NotLeader);
+        assert_eq!(written(&txn, &response, &ops, TOKEN), Written::NotLeader);
         let again = Some(kv("L/a", 12, 12, 0xa));
         let response = failed(vec![again, a.clone(), None, b_moved, None]);
-        assert_eq!(written(&txn, &response, &ops, 10), Written::NotLeader);
+        assert_eq!(written(&txn, &response, &ops, TOKEN), Written::NotLeader);
         // A claim taken meanwhile by another lease conflicts too.
         let claimed = Some(kv("L.claims/q/a", 8, 8, 0xb));
         let b = Some(kv("q/b", 3, 8, 0));
         let response = failed(vec![leader, a, claimed, b, None]);
         assert_eq!(
-            written(&txn, &response, &ops, 10),
+            written(&txn, &response, &ops, TOKEN),
             Written::Conflict(vec!["q/a".into()])
         );
     }
@@ -567,16 +569,16 @@ mod tests {
     fn costs_bound_the_transaction_sent() {
         let layout = layout();
         let ops = vec![
-            claim("q/a", 14),
+            claim("q/a", TaskVersion(14)),
             TaskOp::Move {
                 key: "q/b".into(),
-                version: 9,
+                version: TaskVersion(9),
                 to: "dead/b".into(),
                 value: vec![b'x'; 100],
             },
             TaskOp::Complete {
                 key: "q/c".into(),
-                version: 8,
+                version: TaskVersion(8),
             },
         ];
         let writer = Writer {

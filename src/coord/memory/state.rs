@@ -23,8 +23,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::coord::{
-    Campaign, CoordError, Edit, Edited, Grant, Holder, HolderRecord, Leadership, LeaseId,
-    LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteLimits, Written,
+    Campaign, CoordError, Edit, Edited, FencingToken, Grant, Holder, HolderRecord, Leadership,
+    LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, TaskVersion, Version, WriteLimits, Written,
 };
 
 /// Lock-delay is capped at this whatever a lease asks for (Consul's `MaxLockDelay`).
@@ -125,7 +125,7 @@ struct Leader {
     holder: Option<LeaseId>,
     record: Option<HolderRecord>,
     /// The last fencing token handed out: raised by one on every acquisition.
-    token: u64,
+    token: FencingToken,
     /// The version of the last change to the three fields above.
     version: u64,
     /// No lease may take leadership before this (set when a holder's lease dies).
@@ -422,7 +422,7 @@ impl State {
             None => {}
         }
         self.index += 1;
-        self.leader.token += 1;
+        self.leader.token.0 += 1;
         self.leader.holder = Some(lease.clone());
         self.leader.record = Some(record);
         self.leader.version = self.index;
@@ -484,7 +484,7 @@ impl State {
                 staged.insert(key.to_string(), Some(created));
                 continue;
             }
-            let Some(task) = current.filter(|task| task.version == op.version()) else {
+            let Some(task) = current.filter(|task| task.version == op.version().0) else {
                 fail(&mut failed, key);
                 continue;
             };
@@ -510,7 +510,7 @@ impl State {
                         continue;
                     }
                     staged.insert(key.to_string(), Some(written(value, Some(lease.clone()))));
-                    versions.push((key.to_string(), index));
+                    versions.push((key.to_string(), TaskVersion(index)));
                 }
                 TaskOp::Complete { .. } => {
                     staged.insert(key.to_string(), None);
@@ -521,7 +521,7 @@ impl State {
                         continue;
                     }
                     staged.insert(key.to_string(), Some(written(value, None)));
-                    versions.push((key.to_string(), index));
+                    versions.push((key.to_string(), TaskVersion(index)));
                 }
                 TaskOp::Rewrite { value, .. } => {
                     if task.holder.is_some() {
@@ -602,7 +602,7 @@ fn stored(key: &str, task: &Task) -> StoredTask {
     StoredTask {
         key: key.to_string(),
         value: task.value.clone(),
-        version: task.version,
+        version: TaskVersion(task.version),
         created: task.created,
         holder: task.holder.clone(),
     }

@@ -22,7 +22,7 @@
 //! lease's death moves every version it touched without a write, and a write conditioned on
 //! a version checks both halves (`decode`).
 
-use crate::coord::{Holder, HolderRecord, LeaseId, StoredTask, Version};
+use crate::coord::{FencingToken, Holder, HolderRecord, LeaseId, StoredTask, TaskVersion, Version};
 
 /// The highest fencing token handed out: 2^53 - 1, the largest integer a JSON number (a
 /// double) holds exactly, so the token reads the same in every language. Tokens start
@@ -99,7 +99,7 @@ pub fn task_rows(reply: Vec<Vec<u8>>) -> Result<TaskRows, String> {
         rows.tasks.push(StoredTask {
             key: text(key)?,
             value: value.clone(),
-            version: encode(number(version)?, gone),
+            version: TaskVersion(encode(number(version)?, gone)),
             created: encode(number(created)?, false),
             holder: (!holder.is_empty() && !gone).then_some(LeaseId(holder)),
         });
@@ -128,7 +128,7 @@ pub fn holder_row(reply: Vec<Vec<u8>>) -> Result<HolderRow, String> {
         holder: Holder {
             lease: (!free).then_some(LeaseId(leader)),
             record: HolderRecord::decode(&record),
-            token: number(&token)?,
+            token: FencingToken(number(&token)?),
         },
         version: Version(encode(number(&version)?, free)),
         expiry_ms: (!free && pttl >= 0).then(|| pttl.unsigned_abs()),
@@ -212,18 +212,24 @@ mod tests {
         let [a, b, c] = rows.tasks.as_slice() else {
             panic!("{rows:?}")
         };
-        assert_eq!((a.holder.clone(), a.version), (None, encode(4, true)));
+        assert_eq!(
+            (a.holder.clone(), a.version),
+            (None, TaskVersion(encode(4, true)))
+        );
         assert_eq!(
             (b.holder.clone(), b.version, b.created),
             (
                 Some(LeaseId("L2".into())),
-                encode(9, false),
+                TaskVersion(encode(9, false)),
                 encode(2, false)
             )
         );
-        assert_eq!((c.holder.clone(), c.version), (None, encode(5, false)));
+        assert_eq!(
+            (c.holder.clone(), c.version),
+            (None, TaskVersion(encode(5, false)))
+        );
         assert_eq!(rows.version, Version(encode(9, true)));
-        assert!(rows.tasks.iter().all(|t| t.version <= rows.version.0));
+        assert!(rows.tasks.iter().all(|t| t.version.0 <= rows.version.0));
         assert_eq!(rows.next_expiry_ms, Some(1500));
         let none = task_rows(row(&["3"])).unwrap();
         assert_eq!((none.version, none.next_expiry_ms), (Version(8), None));
@@ -246,9 +252,12 @@ mod tests {
         let free = holder_row(row(&["", "-2", "L1", "4", &encoded, "12"])).unwrap();
         assert_eq!(free.holder.lease, None);
         assert_eq!(free.holder.record, Some(record));
-        assert_eq!(free.holder.token, 4);
+        assert_eq!(free.holder.token, FencingToken(4));
         assert!(free.version > held.version);
         let never = holder_row(row(&["", "-2", "", "0", "", "0"])).unwrap();
-        assert_eq!((never.version, never.holder.token), (Version(3), 0));
+        assert_eq!(
+            (never.version, never.holder.token),
+            (Version(3), FencingToken(0))
+        );
     }
 }

@@ -74,9 +74,9 @@ use self::layout::{holder_row, number, task_rows, text, HolderRow, TaskRows, TOK
 use self::scripts::{edit_args, op_args, Scripts};
 use self::wait::{ReadHolder, ReadTasks};
 use crate::coord::{
-    Campaign, CoordError, Coordinator, Edit, Edited, Elections, Grant, Holder, HolderRecord,
-    Leadership, LeaseId, LeaseSpec, Leases, Renewal, StoredTask, TaskOp, Tasks, Version, WriteCost,
-    WriteLimits, Written,
+    Campaign, CoordError, Coordinator, Edit, Edited, Elections, FencingToken, Grant, Holder,
+    HolderRecord, Leadership, LeaseId, LeaseSpec, Leases, Renewal, StoredTask, TaskOp, TaskVersion,
+    Tasks, Version, WriteCost, WriteLimits, Written,
 };
 
 /// Leases shorter than this are refused: a keep-alive every third of it must get through.
@@ -254,7 +254,7 @@ impl RedisCoordinator {
 
     async fn read_holder(&self) -> Result<HolderRow, CoordError> {
         let row = holder_row(self.fields(&self.scripts.observe, &[]).await?).map_err(bad_answer)?;
-        self.saw_token(row.holder.token);
+        self.saw_token(row.holder.token.0);
         Ok(row)
     }
 
@@ -300,7 +300,7 @@ impl RedisCoordinator {
         &self,
         mode: &str,
         lease: &LeaseId,
-        token: u64,
+        token: FencingToken,
         ops: &[TaskOp],
     ) -> Result<Written, CoordError> {
         crate::coord::admit(self, ops, mode == "guarded")?;
@@ -324,7 +324,8 @@ impl RedisCoordinator {
                 let [token, counter, keys @ ..] = rest else {
                     return Err(bad_answer("a write answered done without its token"));
                 };
-                let version = layout::encode(number(counter).map_err(bad_answer)?, false);
+                let version =
+                    TaskVersion(layout::encode(number(counter).map_err(bad_answer)?, false));
                 let token = number(token).map_err(bad_answer)?;
                 self.saw_token(token);
                 Ok(Written::Done {
@@ -333,7 +334,7 @@ impl RedisCoordinator {
                         .map(|key| text(key).map(|key| (key, version)))
                         .collect::<Result<_, _>>()
                         .map_err(bad_answer)?,
-                    fencing_token: token,
+                    fencing_token: FencingToken(token),
                 })
             }
             _ => Err(bad_answer("a write answered out of turn")),
@@ -466,7 +467,7 @@ impl Elections for RedisCoordinator {
                 self.saw_token(token);
                 Ok(Campaign::Won(Leadership {
                     lease: lease.clone(),
-                    fencing_token: token,
+                    fencing_token: FencingToken(token),
                 }))
             }
             [held] if held.as_slice() == b"held" => Ok(Campaign::Held),
@@ -528,7 +529,7 @@ impl Tasks for RedisCoordinator {
     }
 
     async fn write_own(&self, lease: &LeaseId, ops: &[TaskOp]) -> Result<Written, CoordError> {
-        self.write_ops("own", lease, 0, ops).await
+        self.write_ops("own", lease, FencingToken(0), ops).await
     }
 
     async fn edit(&self, ops: &[Edit]) -> Result<Edited, CoordError> {

@@ -9,7 +9,7 @@
 //! in `ARGV` rather than `KEYS` (task keys are only known inside the script), so they need
 //! one Redis (with replicas if wanted), not Redis Cluster.
 
-use crate::coord::{Edit, TaskOp};
+use crate::coord::{Edit, TaskOp, TaskVersion};
 
 use super::layout::decode;
 
@@ -381,8 +381,8 @@ impl Scripts {
 
 /// A version as the scripts compare it: the counter as text and the `gone` flag. A
 /// number no read handed out gets a counter no task has, so it conflicts.
-fn version_args(version: u64) -> [Vec<u8>; 2] {
-    let (counter, gone) = decode(version).unwrap_or((u64::MAX, false));
+fn version_args(version: TaskVersion) -> [Vec<u8>; 2] {
+    let (counter, gone) = decode(version.0).unwrap_or((u64::MAX, false));
     [
         counter.to_string().into_bytes(),
         if gone { b"1".to_vec() } else { b"0".to_vec() },
@@ -418,10 +418,10 @@ pub fn op_args(ops: &[TaskOp]) -> Vec<Vec<u8>> {
 pub fn edit_args(ops: &[Edit]) -> Vec<Vec<u8>> {
     let mut args = Vec::with_capacity(ops.len() * 5);
     for op in ops {
-        let (kind, version, value): (&str, u64, &[u8]) = match op {
-            Edit::Create { value, .. } => ("create", 0, value),
+        let (kind, version, value): (&str, TaskVersion, &[u8]) = match op {
+            Edit::Create { value, .. } => ("create", TaskVersion(0), value),
             Edit::Delete { version, .. } => ("delete", *version, b""),
-            Edit::Put { value, .. } => ("put", 0, value),
+            Edit::Put { value, .. } => ("put", TaskVersion(0), value),
             Edit::Replace { version, value, .. } => ("replace", *version, value),
         };
         let [counter, gone] = version_args(version);
@@ -448,12 +448,12 @@ mod tests {
         let ops = [
             TaskOp::Claim {
                 key: "q/a".into(),
-                version: encode(7, true),
+                version: TaskVersion(encode(7, true)),
                 value: b"{}".to_vec(),
             },
             TaskOp::Move {
                 key: "q/b".into(),
-                version: 1,
+                version: TaskVersion(1),
                 to: "dead/b".into(),
                 value: b"x".to_vec(),
             },
@@ -481,7 +481,7 @@ mod tests {
         );
         let edits = edit_args(&[Edit::Delete {
             key: "q/c".into(),
-            version: encode(3, false),
+            version: TaskVersion(encode(3, false)),
         }]);
         assert_eq!(edits.len(), 5);
         assert_eq!(edits[2], b"3");

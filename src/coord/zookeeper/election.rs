@@ -18,7 +18,8 @@ use zookeeper_client as zk;
 use super::plan::ZkOp;
 use super::{children_synced, commit, layout, timed, unavailable, ZkCoordinator};
 use crate::coord::{
-    Campaign, CoordError, Elections, Holder, HolderRecord, Leadership, LeaseId, Version,
+    Campaign, CoordError, Elections, FencingToken, Holder, HolderRecord, Leadership, LeaseId,
+    Version,
 };
 
 /// How often a campaign retries when another campaign of the same lease rewrote the marker
@@ -187,7 +188,7 @@ impl Elections for ZkCoordinator {
                         .unwrap_or_default();
                     return Ok(Campaign::Won(Leadership {
                         lease: lease.clone(),
-                        fencing_token: token.max(0) as u64,
+                        fencing_token: FencingToken(token.max(0) as u64),
                     }));
                 }
                 Err(zk::MultiWriteError::OperationFailed { index: 0, .. }) => {
@@ -298,7 +299,7 @@ impl ZkCoordinator {
             holder: Holder {
                 lease,
                 record,
-                token,
+                token: FencingToken(token),
             },
             version: Version((dir_pzxid.max(0) as u64).max(token)),
         })

@@ -10,7 +10,7 @@
 //!   sequence leads) and the persistent child [`MARKER`], rewritten by every winner, whose
 //!   `mzxid` after that write is the fencing token.
 
-use crate::coord::LeaseId;
+use crate::coord::{LeaseId, TaskVersion};
 
 /// The ephemeral child of a task znode that marks it claimed by its owner's session.
 pub const CLAIM: &str = "leaderq-claim";
@@ -120,8 +120,8 @@ pub fn watched<'a>(line: &'a [Latch], own: &[i64]) -> Option<&'a Latch> {
 /// A task's version: the latest of its last data write (`mzxid`) and its last claim or
 /// unclaim (`pzxid`: a claim marker's creation or deletion, also by session expiry). Every
 /// write of the task moves it, and it is never below the creation (`czxid`).
-pub fn task_version(mzxid: i64, pzxid: i64) -> u64 {
-    mzxid.max(pzxid).max(0) as u64
+pub fn task_version(mzxid: i64, pzxid: i64) -> TaskVersion {
+    TaskVersion(mzxid.max(pzxid).max(0) as u64)
 }
 
 #[cfg(test)]
@@ -190,8 +190,8 @@ mod tests {
     /// A claim or its end (pzxid) moves the version as a data write (mzxid) does.
     #[test]
     fn versions_move_with_data_and_claims() {
-        assert_eq!(task_version(10, 10), 10);
-        assert_eq!(task_version(10, 14), 14);
-        assert_eq!(task_version(20, 14), 20);
+        assert_eq!(task_version(10, 10), TaskVersion(10));
+        assert_eq!(task_version(10, 14), TaskVersion(14));
+        assert_eq!(task_version(20, 14), TaskVersion(20));
     }
 }

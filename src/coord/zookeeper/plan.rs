@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 
-use crate::coord::{TaskOp, WriteCost};
+use crate::coord::{TaskOp, TaskVersion, WriteCost};
 
 use super::layout;
 
@@ -20,7 +20,7 @@ pub struct Seen {
     /// ZooKeeper's `Stat.version` of the task znode (data writes only).
     pub data_version: i32,
     /// The domain version ([`layout::task_version`]).
-    pub version: u64,
+    pub version: TaskVersion,
     /// The claim marker, if there is one.
     pub claim: Option<Claim>,
 }
@@ -291,7 +291,7 @@ mod tests {
     fn seen(version: u64, claim: Option<i64>) -> Seen {
         Seen {
             data_version: 3,
-            version,
+            version: TaskVersion(version),
             claim: claim.map(|owner| Claim {
                 owner,
                 data_version: 0,
@@ -302,7 +302,7 @@ mod tests {
     fn claim_op(key: &str, version: u64) -> TaskOp {
         TaskOp::Claim {
             key: key.into(),
-            version,
+            version: TaskVersion(version),
             value: b"taken".to_vec(),
         }
     }
@@ -351,7 +351,7 @@ mod tests {
             claim_op("q/c", 12),
             TaskOp::Complete {
                 key: "q/gone".into(),
-                version: 1,
+                version: TaskVersion(1),
             },
         ];
         assert_eq!(
@@ -371,7 +371,7 @@ mod tests {
         let mut seen_tasks = HashMap::from([("q/a".to_string(), seen(10, Some(ME)))]);
         let op = TaskOp::Move {
             key: "q/a".into(),
-            version: 10,
+            version: TaskVersion(10),
             to: "dead/a".into(),
             value: b"d".to_vec(),
         };
@@ -428,11 +428,20 @@ mod tests {
             value: b"back".to_vec(),
         };
         let own = Writer::Own { session: ME };
-        let planned = plan(Vec::new(), &[release("q/mine", 10)], &seen, own).unwrap();
+        let planned = plan(
+            Vec::new(),
+            &[release("q/mine", TaskVersion(10))],
+            &seen,
+            own,
+        )
+        .unwrap();
         assert_eq!(planned.ops.len(), 2);
         for ops in [
-            vec![release("q/mine", 10), release("q/theirs", 11)],
-            vec![release("q/free", 12)],
+            vec![
+                release("q/mine", TaskVersion(10)),
+                release("q/theirs", TaskVersion(11)),
+            ],
+            vec![release("q/free", TaskVersion(12))],
             vec![claim_op("q/free", 12)],
         ] {
             assert_eq!(plan(Vec::new(), &ops, &seen, own), Err(Unsent::NotOwn));
@@ -448,7 +457,7 @@ mod tests {
         let moved = cost(
             &TaskOp::Move {
                 key: "q/a".into(),
-                version: 1,
+                version: TaskVersion(1),
                 to: "d/a".into(),
                 value: vec![0; 100],
             },

@@ -10,8 +10,8 @@ use zookeeper_client as zk;
 use super::plan::{self, Seen, Unsent, Writer, ZkOp};
 use super::{commit, election, layout, timed, unavailable, ZkCoordinator, LIMITS, LONGEST_LATCH};
 use crate::coord::{
-    admit, conflict_on_all, CoordError, Edit, Edited, Leadership, LeaseId, StoredTask, TaskOp,
-    Tasks, Version, WriteCost, WriteLimits, Written,
+    admit, conflict_on_all, CoordError, Edit, Edited, FencingToken, Leadership, LeaseId,
+    StoredTask, TaskOp, Tasks, Version, WriteCost, WriteLimits, Written,
 };
 
 /// The tasks at `keys` that exist, read at once (every request is sent before the first
@@ -282,7 +282,7 @@ impl Tasks for ZkCoordinator {
         else {
             return Ok(Written::NotLeader);
         };
-        if marker.mzxid.max(0) as u64 != leadership.fencing_token {
+        if FencingToken(marker.mzxid.max(0) as u64) != leadership.fencing_token {
             return Ok(Written::NotLeader);
         }
         // The latch's data is written once, at creation.
@@ -359,7 +359,7 @@ impl Tasks for ZkCoordinator {
             // `write_own`'s callers read only whether it applied: no versions are kept.
             Committed::Done(_) => Ok(Written::Done {
                 versions: Vec::new(),
-                fencing_token: 0,
+                fencing_token: FencingToken(0),
             }),
             Committed::Failed(_) => {
                 self.made().clear();
@@ -511,7 +511,7 @@ impl ZkCoordinator {
     ) -> Result<(Vec<StoredTask>, Version), CoordError> {
         let (keys, dir_version) = self.read_keys(client, prefix).await?;
         let tasks = read_tasks(client, &keys).await?;
-        let newest = tasks.iter().map(|t| t.version).max().unwrap_or(0);
+        let newest = tasks.iter().map(|t| t.version.0).max().unwrap_or(0);
         Ok((tasks, Version(dir_version.0.max(newest))))
     }
 

@@ -501,7 +501,7 @@ async fn completions_leave_history_that_the_leader_prunes_to_its_count() {
     let record: serde_json::Value = serde_json::from_slice(&records[0].value).unwrap();
     assert_eq!(record["outcome"], "completed");
     assert_eq!(record["node"], "n1");
-    assert_eq!(record["fencingToken"], leadership.fencing_token);
+    assert_eq!(record["fencingToken"], leadership.fencing_token.0);
     // The next look at the history, at most HISTORY_PRUNE_EVERY later, keeps the newest two.
     tokio::time::sleep(super::history::HISTORY_PRUNE_EVERY + Duration::from_secs(2)).await;
     let left = coord

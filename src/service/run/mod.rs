@@ -317,7 +317,7 @@ async fn watch_leadership(
 ) {
     tokio::select! {
         reason = crate::leader::watch::until_lost(coord, leadership, wait) => {
-            tracing::warn!(fencing_token = leadership.fencing_token, %reason, "stopping the command");
+            tracing::warn!(fencing_token = leadership.fencing_token.0, %reason, "stopping the command");
         }
         _ = lease.expired() => {}
     }
@@ -369,7 +369,7 @@ async fn lead(
         pass_stderr: true,
     };
     let started = Instant::now();
-    tracing::info!(name = %options.name, fencing_token = leadership.fencing_token, command = ?options.command, "starting the command");
+    tracing::info!(name = %options.name, fencing_token = leadership.fencing_token.0, command = ?options.command, "starting the command");
     let running = supervise::leader::run(supervision, job);
     tokio::pin!(running);
     let lost = watch_leadership(coord, leadership, lease, wait);
@@ -379,7 +379,7 @@ async fn lead(
         tokio::select! {
             ended = &mut running => break ended,
             _ = &mut lost, if why.is_none() => {
-                tracing::warn!(name = %options.name, fencing_token = leadership.fencing_token, "leadership lost; stopping the command");
+                tracing::warn!(name = %options.name, fencing_token = leadership.fencing_token.0, "leadership lost; stopping the command");
                 why = Some(Event::Lost);
                 cancel.cancel();
             }

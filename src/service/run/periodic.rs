@@ -97,7 +97,7 @@ pub(super) async fn lead_periodic(ticks: &Ticks<'_>, leading: &Leading<'_>) -> E
             }
             // The ticks to run, each recorded already; with catch-up "all", several in turn.
             for target in &planned.enqueue {
-                tracing::info!(name = %leading.options.name, tick = %rfc3339_ms(*target), late_ms = (Utc::now() - *target).num_milliseconds(), fencing_token = leading.leadership.fencing_token, "running the command for its tick");
+                tracing::info!(name = %leading.options.name, tick = %rfc3339_ms(*target), late_ms = (Utc::now() - *target).num_milliseconds(), fencing_token = leading.leadership.fencing_token.0, "running the command for its tick");
                 let event = lead(
                     leading.supervision,
                     leading.options,

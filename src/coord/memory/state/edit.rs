@@ -26,7 +26,7 @@ impl State {
                 Edit::Delete { version, .. } | Edit::Replace { version, .. } => {
                     exists
                         && !staged.contains_key(key)
-                        && self.tasks.get(key).is_some_and(|t| t.version == *version)
+                        && self.tasks.get(key).is_some_and(|t| t.version == version.0)
                 }
             };
             if !ok {

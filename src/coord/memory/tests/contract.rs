@@ -10,8 +10,9 @@ use super::shell::shared;
 use crate::coord::contract::{self, Subject, Timing};
 use crate::coord::memory::MemoryCoordinator;
 use crate::coord::{
-    Campaign, CoordFuture, Coordinator, Edit, Edited, Grant, Holder, HolderRecord, Leadership,
-    LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits, Written,
+    Campaign, CoordFuture, Coordinator, Edit, Edited, FencingToken, Grant, Holder, HolderRecord,
+    Leadership, LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits,
+    Written,
 };
 
 fn subject() -> Subject {
@@ -87,9 +88,11 @@ impl Broken {
     }
 
     /// The token this coordinator hands out for the inner one's `token`.
-    fn token(&self, token: u64) -> u64 {
+    fn token(&self, token: FencingToken) -> FencingToken {
         match self.1 {
-            Fault::TokenRestartsWithTheRecord => token - self.2.load(Ordering::SeqCst),
+            Fault::TokenRestartsWithTheRecord => {
+                FencingToken(token.0 - self.2.load(Ordering::SeqCst))
+            }
             _ => token,
         }
     }
@@ -132,10 +135,10 @@ impl Coordinator for Broken {
             Ok(match (self.1, answer) {
                 (Fault::TwoLeaders, Campaign::Held) => Campaign::Won(Leadership {
                     lease: lease.clone(),
-                    fencing_token: 1,
+                    fencing_token: FencingToken(1),
                 }),
                 (Fault::SameToken, Campaign::Won(leadership)) => Campaign::Won(Leadership {
-                    fencing_token: 1,
+                    fencing_token: FencingToken(1),
                     ..leadership
                 }),
                 (Fault::TokenRestartsWithTheRecord, Campaign::Won(leadership)) => {
@@ -237,7 +240,7 @@ impl contract::Producer for ProducerOf {
             let broken = &self.0;
             if broken.1 == Fault::TokenRestartsWithTheRecord {
                 let (holder, _) = broken.0.observe(Version(0), Duration::ZERO).await?;
-                broken.2.store(holder.token, Ordering::SeqCst);
+                broken.2.store(holder.token.0, Ordering::SeqCst);
             }
             contract::Producer::delete_leader_record(&broken.0).await
         })

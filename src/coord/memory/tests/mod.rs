@@ -11,6 +11,7 @@ use tokio::time::Instant;
 
 use super::state::{Op, Outcome, State, MAX_TAKEOVER_DELAY};
 use super::*;
+use crate::coord::{FencingToken, TaskVersion};
 
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
@@ -101,7 +102,7 @@ fn task(state: &State, key: &str) -> StoredTask {
         .unwrap_or_else(|| panic!("{key} is missing"))
 }
 
-fn claim(key: &str, version: u64, value: &[u8]) -> TaskOp {
+fn claim(key: &str, version: TaskVersion, value: &[u8]) -> TaskOp {
     TaskOp::Claim {
         key: key.into(),
         version,
@@ -109,7 +110,7 @@ fn claim(key: &str, version: u64, value: &[u8]) -> TaskOp {
     }
 }
 
-fn release(key: &str, version: u64, value: &[u8]) -> TaskOp {
+fn release(key: &str, version: TaskVersion, value: &[u8]) -> TaskOp {
     TaskOp::Release {
         key: key.into(),
         version,
@@ -157,16 +158,16 @@ fn every_acquisition_raises_the_token() {
     let (mut state, t0) = state();
     let a = open(&mut state, spec("a", 10, 0), t0);
     let b = open(&mut state, spec("b", 10, 0), t0);
-    assert_eq!(lead(&mut state, &a, t0).fencing_token, 1);
+    assert_eq!(lead(&mut state, &a, t0).fencing_token, FencingToken(1));
     assert_eq!(campaign(&mut state, &b, t0), Campaign::Held);
     let again = lead(&mut state, &a, t0);
-    assert_eq!(again.fencing_token, 2);
+    assert_eq!(again.fencing_token, FencingToken(2));
     state.apply(Op::Resign(again.lease), t0).unwrap();
-    assert_eq!(lead(&mut state, &b, t0).fencing_token, 3);
+    assert_eq!(lead(&mut state, &b, t0).fencing_token, FencingToken(3));
     state.apply(Op::Revoke(a.clone()), t0).unwrap();
     assert_eq!(campaign(&mut state, &a, t0), Campaign::LeaseGone);
     let (holder, _) = state.holder();
-    assert_eq!((holder.lease, holder.token), (Some(b), 3));
+    assert_eq!((holder.lease, holder.token), (Some(b), FencingToken(3)));
 }
 
 /// A write answers `NotLeader` under a leadership that is not the current one, though its
@@ -192,7 +193,7 @@ fn only_the_current_leadership_writes() {
     );
     state.apply(Op::DeleteLeaderRecord, t0).unwrap();
     let free = Holder {
-        token: 2,
+        token: FencingToken(2),
         ..Holder::default()
     };
     assert_eq!(
@@ -204,7 +205,7 @@ fn only_the_current_leadership_writes() {
         write(&mut state, &again, Vec::new(), t0),
         Written::NotLeader
     );
-    assert_eq!(lead(&mut state, &a, t0).fencing_token, 3);
+    assert_eq!(lead(&mut state, &a, t0).fencing_token, FencingToken(3));
 }
 
 /// A holder whose lease expires holds leadership back for its lock-delay counted from its
@@ -299,7 +300,7 @@ fn a_dead_lease_frees_its_claims_in_one_change() {
     for (task, value) in tasks.iter().zip([&b"one taken"[..], b"two taken"]) {
         assert_eq!(task.holder, None);
         assert_eq!(task.value, value);
-        assert_eq!(task.version, before + 1);
+        assert_eq!(task.version, TaskVersion(before + 1));
     }
     // a died at t0+10 with a lock-delay of 3 s: its claims can be taken from t0+13.
     let by_b = lead(&mut state, &b, at);
@@ -341,12 +342,12 @@ fn a_conflict_names_every_failed_key_and_applies_nothing() {
     let before = state.list("q/");
     let index = state.index();
     let ops = vec![
-        claim("q/2", 1, b"stale"),
+        claim("q/2", TaskVersion(1), b"stale"),
         claim("q/1", v1, b"fine"),
-        claim("q/3", 1, b"missing"),
+        claim("q/3", TaskVersion(1), b"missing"),
         TaskOp::Complete {
             key: "q/2".into(),
-            version: 1,
+            version: TaskVersion(1),
         },
     ];
     assert_eq!(
@@ -377,13 +378,13 @@ fn ops_see_the_ops_before_them_in_the_batch() {
         write(&mut state, &by_a, gone, t0),
         Written::Conflict(vec!["q/1".into()])
     );
-    let next = state.index() + 1;
+    let next = TaskVersion(state.index() + 1);
     let both = vec![claim("q/1", v, b"taken"), release("q/1", next, b"back")];
     assert_eq!(
         write(&mut state, &by_a, both, t0),
         Written::Done {
             versions: vec![("q/1".into(), next), ("q/1".into(), next)],
-            fencing_token: 1,
+            fencing_token: FencingToken(1),
         }
     );
     let t = task(&state, "q/1");
@@ -447,7 +448,7 @@ fn limits_come_before_leadership() {
     state.apply(Op::Resign(by_a.lease.clone()), t0).unwrap();
     let complete = |n: usize| TaskOp::Complete {
         key: format!("q/{n}"),
-        version: 1,
+        version: TaskVersion(1),
     };
     assert_eq!(
         write(&mut state, &by_a, vec![complete(0)], t0),
