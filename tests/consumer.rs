@@ -60,7 +60,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use common::{client, get_json, index_of, ConsumerProcess, ServerProcess};
 use serde_json::{json, Value};
-use toolbox::{wait_until, wait_until_empty, TestBed, TestSettings};
+use toolbox::{now_ns, wait_until, wait_until_empty, TestBed, TestSettings};
 
 /// The test bed on a `leaderq server` of its own: the Consul backend, with its HTTP API
 /// at hand.

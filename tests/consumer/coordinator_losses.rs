@@ -65,13 +65,6 @@ fn stall_file(dir: &Path, node: &str) -> PathBuf {
     dir.join(format!("{node}.stall-renewals"))
 }
 
-fn now_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-}
-
 fn runs_in(text: &str) -> Vec<Run> {
     let mut runs: Vec<Run> = Vec::new();
     for line in text.lines() {

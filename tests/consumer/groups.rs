@@ -141,14 +141,6 @@ command = ["sh", "-c", "echo \"start $TASK_ID $(date +%s%N)\" >> {journal_path};
     );
 }
 
-/// Now, in nanoseconds since the epoch, as the handlers' `date +%s%N` writes it.
-fn now_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-}
-
 /// Two replicas with `concurrency = 4` on `backend`'s servers, whose `Grouped` handler
 /// journals `start <taskId> <ns> <node> <shell pid>`, sleeps `run_for` and journals
 /// `end <taskId> <ns> <node>`; and the node that leads them.

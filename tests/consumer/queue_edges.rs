@@ -42,13 +42,6 @@ async fn leader_key(bed: &Bed) -> (String, u64) {
     )
 }
 
-fn now_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-}
-
 /// `(event, taskId, epoch ns)` of the journal lines the paced handlers wrote.
 fn paced_events(bed: &Bed) -> Vec<(String, String, u128)> {
     bed.journal()

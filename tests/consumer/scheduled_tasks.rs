@@ -24,13 +24,6 @@ const LATE_MAX_MS: i128 = 1_500;
 const SEEN_AFTER: Duration = Duration::from_millis(300);
 const WINDOW: Duration = Duration::from_millis(1_400);
 
-fn now_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-}
-
 /// The replica's settings: the test bed's, a handler that journals its start with the
 /// time in ns, and for Consul a TTL and a blocking wait long enough that no renewal and no
 /// blocking query's time-out falls within the counted windows.
