@@ -20,8 +20,9 @@ on_every_backend! {
 const AHEAD_MS: u128 = 2_000;
 const LATE_MAX_MS: i128 = 1_500;
 /// The window in which the server's requests are counted: it starts once the leader has
-/// seen the task and ends well before the task is due.
-const SEEN_AFTER: Duration = Duration::from_millis(300);
+/// seen the task (which takes well under `SEEN_WITHIN`) and ends well before the task is
+/// due.
+const SEEN_WITHIN: Duration = Duration::from_millis(500);
 const WINDOW: Duration = Duration::from_millis(1_400);
 
 /// The replica's settings: the test bed's, a handler that journals its start with the
@@ -117,27 +118,21 @@ async fn starts_on_time(backend: &str) {
         &timed_settings(&journal, backend),
         &env,
     );
-    let started = Instant::now();
-    loop {
+    wait_until(Duration::from_secs(30), "a leader", async || {
         let (holder, _) = coord
             .observe(leaderq::coord::Version::default(), Duration::ZERO)
             .await
             .expect("observe");
-        if holder.lease.is_some() {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no leader: {}",
-            replica.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // What a new leader does once (its records, the first prune of the history) is over.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+        holder.lease.ok_or_else(|| replica.log_text())
+    })
+    .await;
     let idle = match &server {
         Some(addr) => {
+            // What a new leader does once (its records, the first prune of the history) is
+            // over when it waits on its blocking queries, counted here.
+            common::wait_until_blocked(addr, 1).await;
             let before = server_requests(addr).await;
+            // Counts what the server answers in a fixed window: nothing, when all is idle.
             tokio::time::sleep(WINDOW).await;
             Some(requests_between(&before, &server_requests(addr).await))
         }
@@ -152,6 +147,13 @@ async fn starts_on_time(backend: &str) {
         "taskType": "Timed",
         "runAt": run_at_value(backend, run_at_ms),
     });
+    let parked = match &server {
+        Some(addr) => Some((
+            server_requests(addr).await,
+            common::metric(addr, "leaderq_server_blocked_queries").await,
+        )),
+        None => None,
+    };
     let create = [leaderq::coord::Edit::Create {
         key: "oracleTask/task_timed".into(),
         value: task.to_string().into_bytes(),
@@ -160,9 +162,22 @@ async fn starts_on_time(backend: &str) {
         coord.edit(&create).await.expect("enqueue"),
         leaderq::coord::Edited::Done
     );
-    if let (Some(addr), Some(idle)) = (&server, idle) {
-        tokio::time::sleep(SEEN_AFTER).await;
+    if let (Some(addr), Some(idle), Some((written, parked))) = (&server, idle, parked) {
+        // The leader has seen the task once its blocking query, woken by the write, has
+        // answered (a request besides the write) and it waits again on as many queries.
+        wait_until(SEEN_WITHIN, "the leader saw the task", async || {
+            let answered = requests_between(&written, &server_requests(addr).await);
+            let now = common::metric(addr, "leaderq_server_blocked_queries").await;
+            let total: u64 = answered.iter().map(|(_, n)| n).sum();
+            if total >= 2 && now >= parked {
+                Ok(())
+            } else {
+                Err((answered, now))
+            }
+        })
+        .await;
         let before = server_requests(addr).await;
+        // Counts what the server answers in a fixed window while the task waits: nothing.
         tokio::time::sleep(WINDOW).await;
         let waiting = requests_between(&before, &server_requests(addr).await);
         assert!(
@@ -181,18 +196,18 @@ async fn starts_on_time(backend: &str) {
         );
     }
 
-    let line = loop {
-        let text = std::fs::read_to_string(&journal).unwrap();
-        if let Some(line) = text.lines().find(|l| l.starts_with("start timed ")) {
-            break line.to_string();
-        }
-        assert!(
-            (now_ns() as i128) < run_at_ns + 20_000_000_000,
-            "the scheduled task never ran: {}",
-            replica.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    let line = wait_until(
+        Duration::from_millis(AHEAD_MS as u64) + Duration::from_secs(20),
+        "the scheduled task ran",
+        async || {
+            let text = std::fs::read_to_string(&journal).unwrap();
+            match text.lines().find(|l| l.starts_with("start timed ")) {
+                Some(line) => Ok(line.to_string()),
+                None => Err(replica.log_text()),
+            }
+        },
+    )
+    .await;
     let start_ns: i128 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
     let late_ms = (start_ns - run_at_ns) as f64 / 1e6;
     eprintln!("{backend}: the scheduled task's handler started {late_ms:.1} ms after its runAt");
@@ -265,27 +280,30 @@ async fn scheduled_tasks_are_listed_with_their_due_time_and_bad_ones_dead_letter
         .set("queue", "run_at_max_ahead", "\"24h\"")
         .toml("s1");
     let replica = ConsumerProcess::start_with_env("127.0.0.1:1", "s1", dir.path(), &config, &env);
-    let started = Instant::now();
-    let dead = loop {
-        let (dead, _) = coord
-            .list(
-                "oracleTaskDead/",
-                leaderq::coord::Version::default(),
-                Duration::ZERO,
-            )
-            .await
-            .expect("list");
-        let ran = std::fs::read_to_string(&journal).unwrap();
-        if dead.len() == 3 && ran.contains("run past ") {
-            break dead;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "dead letters {dead:?}, journal {ran:?}: {}",
-            replica.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let dead = wait_until(
+        Duration::from_secs(30),
+        "three dead letters and a run",
+        async || {
+            let (dead, _) = coord
+                .list(
+                    "oracleTaskDead/",
+                    leaderq::coord::Version::default(),
+                    Duration::ZERO,
+                )
+                .await
+                .expect("list");
+            let ran = std::fs::read_to_string(&journal).unwrap();
+            if dead.len() == 3 && ran.contains("run past ") {
+                Ok(dead)
+            } else {
+                Err(format!(
+                    "dead letters {dead:?}, journal {ran:?}: {}",
+                    replica.log_text()
+                ))
+            }
+        },
+    )
+    .await;
     let reason = |id: &str| {
         let letter = dead
             .iter()
