@@ -60,7 +60,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use common::{client, get_json, index_of, ConsumerProcess, ServerProcess};
 use serde_json::{json, Value};
-use toolbox::{now_ns, wait_until, wait_until_empty, TestBed, TestSettings};
+use toolbox::{now_ns, wait_until, TestBed, TestSettings};
 
 /// How long the server stays down in `consumers_recover_after_the_server_restarts`: long
 /// enough that the replicas' requests fail meanwhile, as in a real restart.
