@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests, over the shared process harness
 //! (`leaderq::tools::harness`): real `leaderq server` processes on free ports with
-//! temporary data dirs, replicas, and a small HTTP client.
+//! temporary data dirs, replicas, a small HTTP client, the server's metrics and
+//! [`wait_until`], the one bounded poll of both test binaries.
 
 #![allow(dead_code)]
 

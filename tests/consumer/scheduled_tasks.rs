@@ -96,28 +96,19 @@ fn requests_between(
 /// sooner than its runAt and less than `LATE_MAX_MS` after it. On `leaderq server`, the
 /// server counts no request while the task waits (nor in the same window before it).
 async fn starts_on_time(backend: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(cluster) = common::start_cluster(backend, dir.path()) else {
+    let Some(mut bed) = TestBed::on(backend) else {
         return;
     };
-    let journal = dir.path().join("journal");
-    std::fs::write(&journal, "").unwrap();
-    let env = cluster.env();
-    let coord = leaderq::service::connect::connect(
-        &leaderq::config::Settings::load(None, env.clone()).unwrap(),
-    )
-    .expect("coordinator");
-    let server = env
-        .iter()
+    let journal = bed.journal.clone();
+    let coord = bed.coord.clone();
+    let server = bed
+        .cluster
+        .env()
+        .into_iter()
         .find(|(name, _)| name == "CONSUL_HTTP_ADDR" && backend == "consul")
-        .map(|(_, addr)| addr.clone());
-    let replica = ConsumerProcess::start_with_env(
-        "127.0.0.1:1",
-        "s1",
-        dir.path(),
-        &timed_settings(&journal, backend),
-        &env,
-    );
+        .map(|(_, addr)| addr);
+    bed.start_replica_with("s1", &timed_settings(&journal, backend));
+    let replica = &bed.replicas[0];
     wait_until(Duration::from_secs(30), "a leader", async || {
         let (holder, _) = coord
             .observe(leaderq::coord::Version::default(), Duration::ZERO)
@@ -244,15 +235,14 @@ fn leaderq_on(env: &[(String, String)], args: &[&str]) -> String {
 /// with reasons that say so.
 #[tokio::test]
 async fn scheduled_tasks_are_listed_with_their_due_time_and_bad_ones_dead_lettered() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(cluster) = common::start_cluster("consul", dir.path()) else {
+    let Some(mut bed) = TestBed::on("consul") else {
         return;
     };
-    let journal = dir.path().join("journal");
-    std::fs::write(&journal, "").unwrap();
-    let env = cluster.env();
+    let journal = bed.journal.clone();
+    let env = bed.cluster.env();
+    // The operator's settings, for `tasks list` and `status`.
     let settings = leaderq::config::Settings::load(None, env.clone()).unwrap();
-    let coord = leaderq::service::connect::connect(&settings).expect("coordinator");
+    let coord = bed.coord.clone();
     let now_s = (now_ns() / 1_000_000_000) as i64;
     let later = chrono::DateTime::from_timestamp(now_s + 3600, 0).unwrap();
     let tasks = [
@@ -279,7 +269,8 @@ async fn scheduled_tasks_are_listed_with_their_due_time_and_bad_ones_dead_letter
     let config = TestSettings::new(&journal)
         .set("queue", "run_at_max_ahead", "\"24h\"")
         .toml("s1");
-    let replica = ConsumerProcess::start_with_env("127.0.0.1:1", "s1", dir.path(), &config, &env);
+    bed.start_replica_with("s1", &config);
+    let replica = &bed.replicas[0];
     let dead = wait_until(
         Duration::from_secs(30),
         "three dead letters and a run",

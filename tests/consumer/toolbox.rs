@@ -1,8 +1,9 @@
 //! The consumer tests' toolbox: [`on_every_backend!`] (one module of tests per backend),
-//! [`wait_until`] (the one bounded poll), [`TestSettings`] (the replicas' settings) and
-//! [`TestBed`] (a coordinator from the shared harness, a directory, a journal and the
-//! replicas). Processes, the HTTP client and the harness's `Cluster`s live in
-//! `tests/common` and `leaderq::tools::harness`; what a test checks stays in the test.
+//! [`wait_until`] (the one bounded poll, shared with the server tests from `tests/common`),
+//! [`TestSettings`] (the replicas' settings) and [`TestBed`] (a coordinator from the shared
+//! harness, a directory, a journal and the replicas). Processes, the HTTP client, the
+//! server's metrics and the harness's `Cluster`s live in `tests/common` and
+//! `leaderq::tools::harness`; what a test checks stays in the test.
 //!
 //! A backend whose server is not installed skips the test, and says so where it is seen
 //! (see `leaderq::tools::harness::external`); under `LEADERQ_REQUIRE_SERVERS` it fails it.
