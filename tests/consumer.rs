@@ -60,7 +60,15 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use common::{client, get_json, index_of, ConsumerProcess, ServerProcess};
 use serde_json::{json, Value};
-use toolbox::{wait_until, wait_until_empty, TestBed, TestSettings};
+use toolbox::{now_ns, wait_until, TestBed, TestSettings};
+
+/// How long the server stays down in `consumers_recover_after_the_server_restarts`: long
+/// enough that the replicas' requests fail meanwhile, as in a real restart.
+const SERVER_DOWN: Duration = Duration::from_millis(500);
+
+/// How long a paused queue must stay idle: an unpaused leader runs a put task in well
+/// under a second.
+const PAUSED_QUIET: Duration = Duration::from_millis(1500);
 
 /// The test bed on a `leaderq server` of its own: the Consul backend, with its HTTP API
 /// at hand.
@@ -356,7 +364,7 @@ async fn consumers_recover_after_the_server_restarts() {
     let temp = bed.cluster.take_temp();
     bed.cluster.kill();
     // Down for a while, as in a real restart: the replicas' requests fail meanwhile.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(SERVER_DOWN).await;
     *bed.cluster =
         ServerProcess::start_at(&addr, &data_dir, &[]).expect("restart on the same port");
     for n in 0..5 {
@@ -739,7 +747,7 @@ async fn pause_and_resume_from_the_cli() {
     .await;
     // Asserts that nothing happens: a leader that claimed despite the pause would have run
     // the task within this time (it runs a put task in well under a second otherwise).
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(PAUSED_QUIET).await;
     assert!(
         bed.journal().is_empty(),
         "a paused queue ran {:?}",

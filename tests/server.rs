@@ -14,8 +14,15 @@ mod wire;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::{client, index_of, ServerProcess};
+use common::{client, index_of, wait_until, wait_until_blocked, ServerProcess};
 use serde_json::{json, Value};
+
+/// Long enough for a blocking query that a write wrongly woke to have answered.
+const SETTLE: Duration = Duration::from_millis(300);
+
+/// How many writes the load of `acknowledged_writes_survive_sigkill` has had acknowledged
+/// when the server is killed: well past the test's minimum of 50.
+const LOAD_BEFORE_KILL: usize = 200;
 
 fn b64(text: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(text)
@@ -36,20 +43,21 @@ async fn get(server: &ServerProcess, path: &str) -> reqwest::Response {
 
 /// Follows a key with blocking queries until no session holds it (guarded against hangs).
 async fn wait_until_unlocked(server: &ServerProcess, key: &str) {
-    let started = Instant::now();
     let mut index = index_of(&get(server, &format!("/v1/kv/{key}")).await);
-    loop {
-        let response = get(server, &format!("/v1/kv/{key}?index={index}&wait=10s")).await;
-        index = index_of(&response);
-        let entries: Value = response.json().await.unwrap();
-        if entries[0].get("Session").is_none() {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "{key} stayed locked"
-        );
-    }
+    wait_until(
+        Duration::from_secs(20),
+        &format!("{key} unlocked"),
+        async || {
+            let response = get(server, &format!("/v1/kv/{key}?index={index}&wait=10s")).await;
+            index = index_of(&response);
+            let entries: Value = response.json().await.unwrap();
+            match entries[0].get("Session") {
+                None => Ok(()),
+                Some(session) => Err(session.clone()),
+            }
+        },
+    )
+    .await
 }
 
 async fn create_session(server: &ServerProcess, body: Value) -> String {
@@ -361,9 +369,11 @@ async fn blocking_query_wakes_on_write_and_times_out() {
 
     let url = server.url(&format!("/v1/kv/queue/?recurse&index={index}&wait=30s"));
     let waiter = tokio::spawn(async move { client().get(url).send().await.unwrap() });
+    wait_until_blocked(&server.addr, 1).await;
     // An unrelated write does not end the wait for this prefix.
     put(&server, "/v1/kv/elsewhere", "x").await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Asserts that nothing happens: a query the write wrongly woke would have answered.
+    tokio::time::sleep(SETTLE).await;
     assert!(!waiter.is_finished());
     put(&server, "/v1/kv/queue/b", "2").await;
     let woke = tokio::time::timeout(Duration::from_secs(10), waiter)
@@ -631,10 +641,12 @@ async fn acknowledged_writes_survive_sigkill() {
     let mut server = ServerProcess::start();
     let temp = server.take_temp();
     let http = client();
+    let count = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut writers = Vec::new();
     for writer in 0..16 {
         let http = http.clone();
         let base = server.url("/v1/kv/load/");
+        let count = count.clone();
         writers.push(tokio::spawn(async move {
             let mut acknowledged = Vec::new();
             for n in 0.. {
@@ -645,14 +657,25 @@ async fn acknowledged_writes_survive_sigkill() {
                     .send()
                     .await;
                 match sent {
-                    Ok(response) if response.status() == 200 => acknowledged.push(key),
+                    Ok(response) if response.status() == 200 => {
+                        acknowledged.push(key);
+                        count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
                     _ => break,
                 }
             }
             acknowledged
         }));
     }
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    wait_until(
+        Duration::from_secs(30),
+        "a write load",
+        async || match count.load(std::sync::atomic::Ordering::Relaxed) {
+            done if done >= LOAD_BEFORE_KILL => Ok(()),
+            short => Err(short),
+        },
+    )
+    .await;
     server.kill();
     let mut acknowledged = Vec::new();
     for writer in writers {
@@ -731,7 +754,7 @@ async fn sigterm_stops_cleanly_with_blocked_queries() {
     let index = index_of(&get(&server, "/v1/kv/k").await);
     let url = server.url(&format!("/v1/kv/k?index={index}&wait=5m"));
     let waiter = tokio::spawn(async move { client().get(url).send().await });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_until_blocked(&server.addr, 1).await;
     let started = Instant::now();
     let status = server.terminate();
     assert!(status.success(), "exit status {status}");

@@ -1,11 +1,14 @@
 //! Helpers shared by the integration tests, over the shared process harness
 //! (`leaderq::tools::harness`): real `leaderq server` processes on free ports with
-//! temporary data dirs, replicas, and a small HTTP client.
+//! temporary data dirs, replicas, a small HTTP client, the server's metrics and
+//! [`wait_until`], the one bounded poll of both test binaries.
 
 #![allow(dead_code)]
 
+use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 pub use leaderq::tools::harness::consul::LeaderqServer;
 use leaderq::tools::harness::{Cluster, Proc};
@@ -152,6 +155,67 @@ pub fn signal(pid: u32, name: &str) {
         .status()
         .expect("run kill");
     assert!(status.success(), "kill -{name} {pid} failed");
+}
+
+/// How often [`wait_until`] looks again: short next to every limit the tests use, long
+/// enough not to load the machine the servers share.
+const POLL: Duration = Duration::from_millis(50);
+
+/// Asks `cond` every [`POLL`] until it answers `Ok` (returned), for at most `limit`; after
+/// that panics naming `what` and the last state `cond` saw (its `Err`).
+pub async fn wait_until<T, S: Debug>(
+    limit: Duration,
+    what: &str,
+    mut cond: impl AsyncFnMut() -> Result<T, S>,
+) -> T {
+    let started = Instant::now();
+    loop {
+        match cond().await {
+            Ok(done) => return done,
+            Err(state) if started.elapsed() > limit => {
+                panic!("{what}: not within {limit:?}; last seen: {state:#?}")
+            }
+            Err(_) => tokio::time::sleep(POLL).await,
+        }
+    }
+}
+
+/// The wall clock in ns since the Unix epoch, as the handlers' `date +%s%N` writes it.
+pub fn now_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// The value of the metric `name` (no labels) on the `/metrics` page of the `leaderq
+/// server` at `addr`; `None` if the page has no such line.
+pub async fn metric(addr: &str, name: &str) -> Option<f64> {
+    let text = client()
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// Waits until at least `count` blocking queries are parked on the `leaderq server` at
+/// `addr` (its `leaderq_server_blocked_queries` gauge), so a write made next is one they
+/// are waiting for.
+pub async fn wait_until_blocked(addr: &str, count: usize) {
+    wait_until(
+        Duration::from_secs(10),
+        &format!("{count} blocked queries"),
+        async || match metric(addr, "leaderq_server_blocked_queries").await {
+            Some(parked) if parked >= count as f64 => Ok(()),
+            other => Err(other),
+        },
+    )
+    .await
 }
 
 pub fn client() -> reqwest::Client {

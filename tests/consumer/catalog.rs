@@ -11,9 +11,8 @@ async fn wait_for_instances(
     limit: Duration,
     done: impl Fn(&[(String, Vec<String>, u64)]) -> bool,
 ) -> Vec<(String, Vec<String>, u64)> {
-    let started = Instant::now();
     let mut index = 0;
-    loop {
+    wait_until(limit, "the catalog showing what was expected", async || {
         let response = client()
             .get(bed.cluster.url(&format!(
                 "/v1/health/service/leaderq?passing&index={index}&wait=2s"
@@ -43,13 +42,12 @@ async fn wait_for_instances(
             })
             .collect();
         if done(&instances) {
-            return instances;
+            Ok(instances)
+        } else {
+            Err(instances)
         }
-        assert!(
-            started.elapsed() < limit,
-            "the catalog never showed what was expected; last: {instances:?}"
-        );
-    }
+    })
+    .await
 }
 
 fn tagged<'a>(instances: &'a [(String, Vec<String>, u64)], tag: &str) -> Vec<&'a str> {

@@ -252,6 +252,8 @@ async fn a_waiting_list_wakes_when_a_claim_dies_with_its_lease() {
     assert_eq!(held[0].holder.as_ref(), Some(&lease));
 
     let long = Duration::from_secs(20);
+    let metrics = format!("{}/metrics", cluster.endpoints()[0]);
+    let watchers_before = etcd_watchers(&metrics).await;
     let waiter = {
         let client = client.clone();
         tokio::spawn(async move {
@@ -266,7 +268,16 @@ async fn a_waiting_list_wakes_when_a_claim_dies_with_its_lease() {
             (started.elapsed(), tasks)
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The list waits on a watch of its own before the lease is revoked.
+    wait_until(
+        Duration::from_secs(10),
+        "the list watching",
+        async || match etcd_watchers(&metrics).await {
+            now if now > watchers_before => Ok(()),
+            now => Err(now),
+        },
+    )
+    .await;
     coord.revoke(&lease).await.unwrap();
     let (took, tasks) = waiter.await.unwrap();
     assert!(
@@ -274,4 +285,23 @@ async fn a_waiting_list_wakes_when_a_claim_dies_with_its_lease() {
         "the waiting list answered after {took:?} with {:?}",
         tasks[0]
     );
+}
+
+/// The number of watches the etcd member serving `metrics` (its `/metrics` URL) holds.
+async fn etcd_watchers(metrics: &str) -> f64 {
+    let text = client()
+        .get(metrics)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find_map(|line| {
+            line.strip_prefix("etcd_debugging_mvcc_watcher_total ")?
+                .parse()
+                .ok()
+        })
+        .unwrap_or_else(|| panic!("no etcd_debugging_mvcc_watcher_total in:\n{text}"))
 }

@@ -71,16 +71,14 @@ async fn won_within(
     node: &str,
     limit: Duration,
 ) -> Leadership {
-    let started = Instant::now();
-    loop {
+    wait_until(limit, &format!("{node} won"), async || {
         match coord.campaign(lease, &record(node, lease)).await.unwrap() {
-            Campaign::Won(leadership) => return leadership,
-            Campaign::Delayed => {}
+            Campaign::Won(leadership) => Ok(leadership),
+            Campaign::Delayed => Err("delayed"),
             other => panic!("{node} cannot win: {other:?}"),
         }
-        assert!(started.elapsed() < limit, "{node} never won");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 async fn get_status_json(server: &ServerProcess, path: &str) -> (u16, Value) {

@@ -65,13 +65,6 @@ fn stall_file(dir: &Path, node: &str) -> PathBuf {
     dir.join(format!("{node}.stall-renewals"))
 }
 
-fn now_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-}
-
 fn runs_in(text: &str) -> Vec<Run> {
     let mut runs: Vec<Run> = Vec::new();
     for line in text.lines() {
@@ -97,22 +90,29 @@ fn runs_in(text: &str) -> Vec<Run> {
     runs
 }
 
+/// The first run the journal shows, once there is one.
+async fn first_run(journal: &Path, replicas: &[ConsumerProcess]) -> Run {
+    wait_until(Duration::from_secs(30), "a first run", async || {
+        let text = std::fs::read_to_string(journal).unwrap();
+        runs_in(&text)
+            .into_iter()
+            .next()
+            .ok_or_else(|| toolbox::logs_of(replicas))
+    })
+    .await
+}
+
 /// Two replicas, one run at a time, one attempt per task (a stop counted as a failure
 /// dead-letters the task); `l00` runs 8 s, `s01`..`s03` 0.2 s each. Once the leader runs
 /// `l00`, its leadership is lost by `loss`. The stall runs with the settings (TTL
 /// 6 s, `kill_grace` 3 s), where a leader that kept claiming saw each run cut at once.
 async fn lose_leadership(backend: &str, loss: Loss) {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(cluster) = common::start_cluster(backend, dir.path()) else {
+    let Some(mut bed) = TestBed::on(backend) else {
         return;
     };
-    let journal = dir.path().join("journal");
-    std::fs::write(&journal, "").unwrap();
-    let coord = leaderq::service::connect::connect(
-        &leaderq::config::Settings::load(None, cluster.env()).expect("settings"),
-    )
-    .expect("coordinator");
-    let mut replicas = Vec::new();
+    let journal = bed.journal.clone();
+    let dir = bed.dir.path().to_path_buf();
+    let coord = bed.coord.clone();
     for node in ["la", "lb"] {
         let j = journal.display();
         let end = format!("echo \\\"end $TASK_ID $(date +%s%N) {node} $$\\\" >> {j}");
@@ -141,19 +141,13 @@ async fn lose_leadership(backend: &str, loss: Loss) {
                 run("8"),
                 run("0.2")
             );
-        let mut env = cluster.env();
-        env.push((
+        bed.env = vec![(
             leaderq::leader::faults::STALL_RENEWALS_ENV.into(),
-            stall_file(dir.path(), node).display().to_string(),
-        ));
-        replicas.push(ConsumerProcess::start_with_env(
-            "127.0.0.1:1",
-            node,
-            dir.path(),
-            &config,
-            &env,
-        ));
+            stall_file(&dir, node).display().to_string(),
+        )];
+        bed.start_replica_with(node, &config);
     }
+    let (cluster, replicas) = (&bed.cluster, &bed.replicas);
     let tasks: Vec<leaderq::coord::Edit> = (0..4u64)
         .map(|n| {
             let (id, kind) = if n == 0 {
@@ -173,19 +167,7 @@ async fn lose_leadership(backend: &str, loss: Loss) {
         coord.edit(&tasks).await.expect("enqueue"),
         leaderq::coord::Edited::Done
     );
-    let started = Instant::now();
-    let first = loop {
-        let text = std::fs::read_to_string(&journal).unwrap();
-        if let Some(run) = runs_in(&text).into_iter().next() {
-            break run;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "nothing ran: {}",
-            replicas[0].log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let first = first_run(&journal, replicas).await;
     assert_eq!(first.id, "l00");
     // The cut run's end is when its shell is seen gone: watched from before the loss, as
     // the operator's tool may take a while to return (zkCli.sh starts a JVM).
@@ -204,7 +186,7 @@ async fn lose_leadership(backend: &str, loss: Loss) {
         Loss::RevokeLease | Loss::RevokeLeaseCleanEnd => {
             cluster.revoke_leader_lease("consumerLeader")
         }
-        Loss::StallRenewals => std::fs::write(stall_file(dir.path(), &first.node), "")
+        Loss::StallRenewals => std::fs::write(stall_file(&dir, &first.node), "")
             .map(|_| true)
             .map_err(|e| e.to_string()),
     };
@@ -215,15 +197,22 @@ async fn lose_leadership(backend: &str, loss: Loss) {
     // The operator's tool may take a while (zkCli.sh starts a JVM): the loss happened
     // between `lost_at` and now.
     let returned_at = now_ns();
-    // The old leader's run is gone (its shell seen dead) long before its 8 s are up.
-    while !watcher.is_finished() {
-        assert!(
-            now_ns() - lost_at < 6_000_000_000,
-            "{loss:?}: the old leader's run went on: {}",
-            replicas[0].log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    // The old leader's run is gone (its shell seen dead) long before its 8 s are up; the
+    // watcher thread, not this poll, says when.
+    let left =
+        Duration::from_secs(6).saturating_sub(Duration::from_nanos((now_ns() - lost_at) as u64));
+    wait_until(
+        left,
+        &format!("{loss:?}: the old leader's run gone"),
+        async || {
+            if watcher.is_finished() {
+                Ok(())
+            } else {
+                Err(replicas[0].log_text())
+            }
+        },
+    )
+    .await;
     let gone_at = watcher.join().unwrap();
     eprintln!(
         "{backend} {loss:?}: the old leader's run was gone {} ms after the loss began ({} ms after the operator's tool returned)",
@@ -232,32 +221,13 @@ async fn lose_leadership(backend: &str, loss: Loss) {
     );
     if let Loss::StallRenewals = loss {
         // The stall lasts until the other replica leads; then the first may renew again.
-        loop {
-            let (holder, _) = coord
-                .observe(leaderq::coord::Version::default(), Duration::ZERO)
-                .await
-                .expect("observe");
-            if holder.lease.is_some()
-                && holder.record.as_ref().is_some_and(|r| r.node != first.node)
-            {
-                break;
-            }
-            assert!(
-                now_ns() - lost_at < 30_000_000_000,
-                "the other replica never took over: {}",
-                replicas[0].log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        std::fs::remove_file(stall_file(dir.path(), &first.node)).unwrap();
+        bed.leader_other_than(&first.node, Duration::from_secs(30))
+            .await;
+        std::fs::remove_file(stall_file(&dir, &first.node)).unwrap();
     }
-    wait_until_empty(
-        coord.as_ref(),
-        "oracleTask/",
-        &replicas,
-        Duration::from_secs(60),
-    )
-    .await;
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(60))
+        .await;
+    let replicas = &bed.replicas;
     let journal_text = std::fs::read_to_string(&journal).unwrap();
     let logs: Vec<String> = replicas.iter().map(|r| r.log_text()).collect();
     // What a failure shows: the journal, then both replicas' logs.
@@ -321,16 +291,10 @@ mod restart {
     }
 
     async fn restart_at_once(backend: &str) {
-        let dir = tempfile::tempdir().unwrap();
-        let Some(cluster) = common::start_cluster(backend, dir.path()) else {
+        let Some(mut bed) = TestBed::on(backend) else {
             return;
         };
-        let journal = dir.path().join("journal");
-        std::fs::write(&journal, "").unwrap();
-        let coord = leaderq::service::connect::connect(
-            &leaderq::config::Settings::load(None, cluster.env()).expect("settings"),
-        )
-        .expect("coordinator");
+        let journal = bed.journal.clone();
         let config = |node: &str| {
             let j = journal.display();
             TestSettings::new(&journal).toml(node)
@@ -338,16 +302,9 @@ mod restart {
                     "\n[handlers.Long]\nkind = \"exec\"\ncommand = [\"sh\", \"-c\", \"echo \\\"start $TASK_ID $(date +%s%N) {node} $$ $LEADERQ_FENCING_TOKEN\\\" >> {j}; sleep 8; echo \\\"end $TASK_ID $(date +%s%N) {node}\\\" >> {j}\"]\n[handlers.Short]\nkind = \"exec\"\ncommand = [\"sh\", \"-c\", \"echo \\\"start $TASK_ID $(date +%s%N) {node} $$ $LEADERQ_FENCING_TOKEN\\\" >> {j}; echo \\\"end $TASK_ID $(date +%s%N) {node}\\\" >> {j}\"]\n"
                 )
         };
-        let start = |node: &str| {
-            ConsumerProcess::start_with_env(
-                "127.0.0.1:1",
-                node,
-                dir.path(),
-                &config(node),
-                &cluster.env(),
-            )
-        };
-        let mut replicas = [start("ra"), start("rb")];
+        for node in ["ra", "rb"] {
+            bed.start_replica_with(node, &config(node));
+        }
         let tasks: Vec<leaderq::coord::Edit> = (0..3u64)
             .map(|n| leaderq::coord::Edit::Create {
                 key: format!("oracleTask/task_{n:02}"),
@@ -356,33 +313,24 @@ mod restart {
                     .into_bytes(),
             })
             .collect();
-        coord.edit(&tasks).await.expect("enqueue");
-        let started = Instant::now();
-        let first = loop {
-            if let Some(run) = runs_in(&std::fs::read_to_string(&journal).unwrap())
-                .into_iter()
-                .next()
-            {
-                break run;
-            }
-            assert!(started.elapsed() < Duration::from_secs(30), "nothing ran");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
-        let index = replicas.iter().position(|r| r.node == first.node).unwrap();
-        common::signal(replicas[index].pid(), "KILL");
-        replicas[index].kill();
+        bed.coord.edit(&tasks).await.expect("enqueue");
+        let first = first_run(&journal, &bed.replicas).await;
+        let index = bed
+            .replicas
+            .iter()
+            .position(|r| r.node == first.node)
+            .unwrap();
+        common::signal(bed.replicas[index].pid(), "KILL");
+        bed.replicas[index].kill();
         // Its log is kept: the restarted one logs beside it.
         let node = first.node.clone();
-        let log = dir.path().join(format!("{node}.log"));
-        std::fs::rename(&log, dir.path().join(format!("{node}.0.log"))).unwrap();
-        replicas[index] = start(&node);
-        wait_until_empty(
-            coord.as_ref(),
-            "oracleTask/",
-            &replicas,
-            Duration::from_secs(45),
-        )
-        .await;
+        let dir = bed.dir.path();
+        let log = dir.join(format!("{node}.log"));
+        std::fs::rename(&log, dir.join(format!("{node}.0.log"))).unwrap();
+        bed.replicas.remove(index);
+        bed.start_replica_with(&node, &config(&node));
+        bed.wait_until_empty("oracleTask/", Duration::from_secs(45))
+            .await;
     }
 
     // A replica that takes its lease up again after a restart and stands by (another
@@ -403,14 +351,11 @@ mod restart {
     }
 
     async fn standby_reuses_a_lease_holding_a_claim(backend: &str) {
-        let dir = tempfile::tempdir().unwrap();
-        let Some(cluster) = common::start_cluster(backend, dir.path()) else {
+        let Some(mut bed) = TestBed::on(backend) else {
             return;
         };
-        let journal = dir.path().join("journal");
-        std::fs::write(&journal, "").unwrap();
-        let settings = leaderq::config::Settings::load(None, cluster.env()).expect("settings");
-        let coord = leaderq::service::connect::connect(&settings).expect("coordinator");
+        let journal = bed.journal.clone();
+        let coord = bed.coord.clone();
         let key = "oracleTask/task_held".to_string();
         let created = coord
             .edit(&[leaderq::coord::Edit::Create {
@@ -436,7 +381,8 @@ mod restart {
             tokio::spawn(async move {
                 loop {
                     let _ = coord.keep_alive(&lease).await;
-                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    // Renews the 3 s lease well within its TTL, as its process would.
+                    tokio::time::sleep(RENEW_EVERY).await;
                 }
             })
         };
@@ -475,56 +421,42 @@ mod restart {
         coord.resign(&lease).await.expect("resign");
 
         let config = |node: &str| settings_for(&journal, node);
-        let mut replicas = vec![ConsumerProcess::start_with_env(
-            "127.0.0.1:1",
-            "rb",
-            dir.path(),
-            &config("rb"),
-            &cluster.env(),
-        )];
-        let started = Instant::now();
-        loop {
-            let (holder, _) = coord
-                .observe(leaderq::coord::Version::default(), Duration::ZERO)
-                .await
-                .expect("observe");
-            if holder.record.is_some_and(|r| r.node == "rb") && holder.lease.is_some() {
-                break;
-            }
-            assert!(started.elapsed() < Duration::from_secs(20), "rb never led");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        bed.start_replica_with("rb", &config("rb"));
+        let limit = Duration::from_secs(20);
+        wait_until(limit, "rb leads", async || match bed.leader(limit).await {
+            node if node == "rb" => Ok(()),
+            node => Err(node),
+        })
+        .await;
         // "ra" starts again on its data dir, takes its lease up and stands by.
-        std::fs::create_dir_all(dir.path().join("ra")).unwrap();
-        std::fs::write(dir.path().join("ra").join("session"), &lease.0).unwrap();
-        replicas.push(ConsumerProcess::start_with_env(
-            "127.0.0.1:1",
-            "ra",
-            dir.path(),
-            &config("ra"),
-            &cluster.env(),
-        ));
-        let reused = Instant::now();
-        while !replicas[1].log_text().contains("reusing the lease") {
-            assert!(
-                reused.elapsed() < Duration::from_secs(10),
-                "ra did not take its lease up: {}",
-                replicas[1].log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        renewer.abort();
-        wait_until_empty(
-            coord.as_ref(),
-            "oracleTask/",
-            &replicas,
-            Duration::from_secs(30),
+        let dir = bed.dir.path().to_path_buf();
+        std::fs::create_dir_all(dir.join("ra")).unwrap();
+        std::fs::write(dir.join("ra").join("session"), &lease.0).unwrap();
+        bed.start_replica_with("ra", &config("ra"));
+        wait_until(
+            Duration::from_secs(10),
+            "ra took its lease up",
+            async || {
+                let log = bed.replicas[1].log_text();
+                // The leader's own line, on every backend ("session" is Consul's word alone).
+                if log.contains("reusing the lease from before the restart") {
+                    Ok(())
+                } else {
+                    Err(log)
+                }
+            },
         )
         .await;
+        renewer.abort();
+        bed.wait_until_empty("oracleTask/", Duration::from_secs(30))
+            .await;
         assert!(std::fs::read_to_string(&journal)
             .unwrap()
             .contains("run held"));
     }
+
+    /// How often the test renews the lease it plays the previous process with (TTL 3 s).
+    const RENEW_EVERY: Duration = Duration::from_millis(500);
 
     fn settings_for(journal: &Path, node: &str) -> String {
         TestSettings::new(journal).toml(node)

@@ -44,21 +44,20 @@ impl Browser {
         let driver = Proc::spawn("chromedriver", command).unwrap();
         let http = client();
         let base = format!("http://127.0.0.1:{port}");
-        let started = Instant::now();
-        loop {
-            if let Ok(answer) = http.get(format!("{base}/status")).send().await {
-                let status: Value = answer.json().await.unwrap_or_default();
-                if status["value"]["ready"] == true {
-                    break;
+        wait_until(
+            Duration::from_secs(20),
+            "chromedriver started",
+            async || {
+                if let Ok(answer) = http.get(format!("{base}/status")).send().await {
+                    let status: Value = answer.json().await.unwrap_or_default();
+                    if status["value"]["ready"] == true {
+                        return Ok(());
+                    }
                 }
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "chromedriver did not start: {}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+                Err(std::fs::read_to_string(log).unwrap_or_default())
+            },
+        )
+        .await;
         let mut browser = Browser {
             http,
             base,
@@ -160,25 +159,29 @@ impl Browser {
     /// Clicks the first element matching `css`, found again if the page replaced it
     /// between finding and clicking.
     async fn click(&self, css: &str) {
-        let started = Instant::now();
-        loop {
-            let element = self
-                .find_all(css)
-                .await
-                .into_iter()
-                .next()
-                .unwrap_or_else(|| panic!("nothing to click at {css}"));
-            match self
-                .try_command("POST", &format!("/element/{element}/click"), json!({}))
-                .await
-            {
-                Ok(_) => return,
-                Err((error, _))
-                    if error == "stale element reference"
-                        && started.elapsed() < Duration::from_secs(5) => {}
-                Err((error, message)) => panic!("webdriver click at {css}: {error}: {message}"),
-            }
-        }
+        wait_until(
+            Duration::from_secs(5),
+            &format!("a click at {css}"),
+            async || {
+                let element = self
+                    .find_all(css)
+                    .await
+                    .into_iter()
+                    .next()
+                    .unwrap_or_else(|| panic!("nothing to click at {css}"));
+                match self
+                    .try_command("POST", &format!("/element/{element}/click"), json!({}))
+                    .await
+                {
+                    Ok(_) => Ok(()),
+                    Err((error, message)) if error == "stale element reference" => {
+                        Err(format!("{error}: {message}"))
+                    }
+                    Err((error, message)) => panic!("webdriver click at {css}: {error}: {message}"),
+                }
+            },
+        )
+        .await
     }
 
     /// Replaces the text in the first element matching `css` with `text`, typed.
@@ -202,17 +205,18 @@ impl Browser {
     /// Waits until the text at `css` satisfies `wanted`; panics with the page's text after
     /// `limit`.
     async fn wait_text(&self, css: &str, limit: Duration, wanted: impl Fn(&str) -> bool) {
-        let started = Instant::now();
-        loop {
-            if self.text(css).await.is_some_and(|text| wanted(&text)) {
-                return;
-            }
-            if started.elapsed() > limit {
-                let page = self.text("body").await.unwrap_or_default();
-                panic!("{css} never showed what was expected; the page:\n{page}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        wait_until(
+            limit,
+            &format!("{css} showing what was expected"),
+            async || match self.text(css).await {
+                Some(text) if wanted(&text) => Ok(()),
+                _ => Err(format!(
+                    "the page:\n{}",
+                    self.text("body").await.unwrap_or_default()
+                )),
+            },
+        )
+        .await
     }
 
     async fn quit(self) {
@@ -268,14 +272,15 @@ async fn dashboard_shows_the_leader_and_retries_a_dead_letter_by_click() {
         ran[4], "1",
         "a retried dead letter starts again at attempt 1"
     );
-    let started = Instant::now();
-    while !browser.find_all(row).await.is_empty() {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the retried task stays in the dead letters pane"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until(
+        Duration::from_secs(5),
+        "the retried task leaves the dead letters pane",
+        async || match browser.find_all(row).await {
+            rows if rows.is_empty() => Ok(()),
+            rows => Err(rows),
+        },
+    )
+    .await;
     browser
         .wait_text("#dead-badge", Duration::from_secs(5), str::is_empty)
         .await;
@@ -546,6 +551,9 @@ on_every_backend! {
 
 const TOKEN: &str = "test-token-0123456789abcdef";
 
+/// Longer than the interval at which the dashboard's watcher reads at most (250 ms).
+const QUIET_SPELL: Duration = Duration::from_millis(300);
+
 /// `leaderq ui --listen 127.0.0.1:0` against `cluster`, with [`TOKEN`]; its address.
 fn start_ui(cluster: &dyn harness::Cluster) -> (Proc, String) {
     start_ui_with(&cluster.env())
@@ -663,8 +671,9 @@ async fn standalone_ui(backend: &str) {
     assert_eq!(first["status"]["pending"], 0, "{first}");
     assert_eq!(first["leader"], Value::Null, "{first}");
 
-    // After a quiet spell (the watcher reads at most every 250 ms), a change is read at once.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // After a quiet spell (the watcher reads at most every 250 ms), a change is read at once:
+    // the wait is the rate limit's, which nothing outside the dashboard shows.
+    tokio::time::sleep(QUIET_SPELL).await;
     let task = json!({"taskId": "live", "taskTime": 1, "taskType": "Work"}).to_string();
     let written = Instant::now();
     cluster

@@ -308,7 +308,10 @@ async fn a_restarted_replica_takes_its_lease_up_and_leads_with_a_higher_token() 
     let took = killed.elapsed();
     eprintln!("the task ended on its second run {took:?} after the kill (lease TTL 8s)");
     let log = bed.replicas[0].log_text();
-    assert!(log.contains("reusing the lease"), "{log}");
+    assert!(
+        log.contains("reusing the lease from before the restart"),
+        "{log}"
+    );
     let journal = bed.journal();
     let tokens: Vec<u64> = journal
         .iter()

@@ -28,16 +28,10 @@ struct Run {
 }
 
 async fn groups_run_side_by_side_never_within_one(backend: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(cluster) = common::start_cluster(backend, dir.path()) else {
+    let Some(mut bed) = TestBed::on(backend) else {
         return;
     };
-    let journal = dir.path().join("journal");
-    std::fs::write(&journal, "").unwrap();
-    let coord = leaderq::service::connect::connect(
-        &leaderq::config::Settings::load(None, cluster.env()).expect("settings"),
-    )
-    .expect("coordinator");
+    let journal = bed.journal.clone();
     // Four groups of three and three tasks without a group, interleaved in taskTime; keys
     // in the reverse order.
     let mut tasks = Vec::new();
@@ -54,7 +48,7 @@ async fn groups_run_side_by_side_never_within_one(backend: &str) {
         });
     }
     assert_eq!(
-        coord.edit(&tasks).await.expect("enqueue"),
+        bed.coord.edit(&tasks).await.expect("enqueue"),
         leaderq::coord::Edited::Done
     );
     let journal_path = journal.display();
@@ -68,20 +62,9 @@ kind = "exec"
 command = ["sh", "-c", "echo \"start $TASK_ID $(date +%s%N)\" >> {journal_path}; sleep 0.3; echo \"end $TASK_ID $(date +%s%N)\" >> {journal_path}"]
 "#
         );
-    let replica = ConsumerProcess::start_with_env(
-        "127.0.0.1:1",
-        "groups",
-        dir.path(),
-        &config,
-        &cluster.env(),
-    );
-    wait_until_empty(
-        coord.as_ref(),
-        "oracleTask/",
-        std::slice::from_ref(&replica),
-        Duration::from_secs(60),
-    )
-    .await;
+    bed.start_replica_with("groups", &config);
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(60))
+        .await;
     let text = std::fs::read_to_string(&journal).unwrap();
     let mut runs: Vec<Run> = Vec::new();
     for line in text.lines() {
@@ -141,38 +124,14 @@ command = ["sh", "-c", "echo \"start $TASK_ID $(date +%s%N)\" >> {journal_path};
     );
 }
 
-/// Now, in nanoseconds since the epoch, as the handlers' `date +%s%N` writes it.
-fn now_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-}
-
-/// Two replicas with `concurrency = 4` on `backend`'s servers, whose `Grouped` handler
-/// journals `start <taskId> <ns> <node> <shell pid>`, sleeps `run_for` and journals
+/// A bed with two replicas with `concurrency = 4` on `backend`'s servers, whose `Grouped`
+/// handler journals `start <taskId> <ns> <node> <shell pid>`, sleeps `run_for` and journals
 /// `end <taskId> <ns> <node>`; and the node that leads them.
-struct Pair {
-    _cluster: Box<dyn leaderq::tools::harness::Cluster>,
-    coord: std::sync::Arc<dyn leaderq::coord::Coordinator>,
-    journal: PathBuf,
-    replicas: Vec<ConsumerProcess>,
-    leader: String,
-    started: Instant,
-}
-
-async fn leading_pair(backend: &str, dir: &Path, run_for: &str) -> Option<Pair> {
-    let cluster = common::start_cluster(backend, dir)?;
-    let journal = dir.join("journal");
-    std::fs::write(&journal, "").unwrap();
-    let coord = leaderq::service::connect::connect(
-        &leaderq::config::Settings::load(None, cluster.env()).expect("settings"),
-    )
-    .expect("coordinator");
-    let mut replicas = Vec::new();
+async fn leading_pair(backend: &str, run_for: &str) -> Option<(TestBed, String)> {
+    let mut bed = TestBed::on(backend)?;
     for node in ["ka", "kb"] {
-        let journal_path = journal.display();
-        let config = TestSettings::new(&journal)
+        let journal_path = bed.journal.display();
+        let config = TestSettings::new(&bed.journal)
             .set("queue", "concurrency", "4")
             .toml(node)
             + &format!(
@@ -182,34 +141,10 @@ kind = "exec"
 command = ["sh", "-c", "echo \"start $TASK_ID $(date +%s%N) {node} $$\" >> {journal_path}; sleep {run_for}; echo \"end $TASK_ID $(date +%s%N) {node}\" >> {journal_path}"]
 "#
             );
-        replicas.push(ConsumerProcess::start_with_env(
-            "127.0.0.1:1",
-            node,
-            dir,
-            &config,
-            &cluster.env(),
-        ));
+        bed.start_replica_with(node, &config);
     }
-    let started = Instant::now();
-    let leader = loop {
-        let (holder, _) = coord
-            .observe(leaderq::coord::Version(0), Duration::ZERO)
-            .await
-            .expect("observe");
-        if let Some(record) = holder.record.filter(|_| holder.lease.is_some()) {
-            break record.node;
-        }
-        assert!(started.elapsed() < Duration::from_secs(20), "no leader");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
-    Some(Pair {
-        _cluster: cluster,
-        coord,
-        journal,
-        replicas,
-        leader,
-        started,
-    })
+    let leader = bed.leader(Duration::from_secs(20)).await;
+    Some((bed, leader))
 }
 
 /// Enqueues `count` `Grouped` tasks over the groups a, b and c in turn (ids `a00`,
@@ -232,24 +167,21 @@ async fn enqueue_grouped(coord: &dyn leaderq::coord::Coordinator, count: u64) {
     );
 }
 
-/// Waits until `count` runs have started.
-async fn wait_for_starts(pair: &Pair, count: usize) -> String {
-    loop {
-        let text = std::fs::read_to_string(&pair.journal).unwrap();
-        if text.lines().filter(|l| l.starts_with("start")).count() >= count {
-            return text;
-        }
-        assert!(
-            pair.started.elapsed() < Duration::from_secs(30),
-            "no runs: {text}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// Waits until the queue is empty.
-async fn wait_until_drained(pair: &Pair, limit: Duration) {
-    wait_until_empty(pair.coord.as_ref(), "oracleTask/", &pair.replicas, limit).await;
+/// Waits until `count` runs have started; the journal then.
+async fn wait_for_starts(bed: &TestBed, count: usize) -> String {
+    wait_until(
+        Duration::from_secs(30),
+        &format!("{count} runs"),
+        async || {
+            let text = std::fs::read_to_string(&bed.journal).unwrap();
+            if text.lines().filter(|l| l.starts_with("start")).count() >= count {
+                Ok(text)
+            } else {
+                Err(text)
+            }
+        },
+    )
+    .await
 }
 
 /// The runs the journal holds, as (id, node, start, end, shell pid); `end` is 0 for a run
@@ -312,19 +244,17 @@ fn assert_groups_never_overlapped(
 /// still ends, and the runs of a group never overlap, across the two leaders: a run that
 /// never ended counts as going until the kill.
 async fn a_killed_leaders_groups_wait_for_its_runs_to_die(backend: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(mut pair) = leading_pair(backend, dir.path(), "0.5").await else {
+    let Some((mut bed, leader)) = leading_pair(backend, "0.5").await else {
         return;
     };
-    enqueue_grouped(pair.coord.as_ref(), 15).await;
+    enqueue_grouped(bed.coord.as_ref(), 15).await;
     // Kill the leader once its second wave of runs has started.
-    wait_for_starts(&pair, 5).await;
-    let leader = pair.leader.clone();
-    let index = if leader == "ka" { 0 } else { 1 };
-    pair.replicas[index].kill();
+    wait_for_starts(&bed, 5).await;
+    bed.replica(&leader).kill();
     let killed_at = now_ns();
-    wait_until_drained(&pair, Duration::from_secs(90)).await;
-    let text = std::fs::read_to_string(&pair.journal).unwrap();
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(90))
+        .await;
+    let text = std::fs::read_to_string(&bed.journal).unwrap();
     // A run the kill cut short ends at the kill.
     let mut runs = journaled_runs(&text);
     for run in runs.iter_mut().filter(|r| r.3 == 0) {
@@ -347,17 +277,16 @@ async fn a_killed_leaders_groups_wait_for_its_runs_to_die(backend: &str) {
 /// other replica starts a task of its group; the frozen leader, woken once the other leads,
 /// runs nothing more. Every task still ends, and no two runs of one group overlap.
 async fn a_frozen_leaders_group_runs_die_before_the_next_leader_runs_their_groups(backend: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(pair) = leading_pair(backend, dir.path(), "4").await else {
+    let Some((mut bed, leader)) = leading_pair(backend, "4").await else {
         return;
     };
-    enqueue_grouped(pair.coord.as_ref(), 6).await;
-    let text = wait_for_starts(&pair, 3).await;
-    let leader = pair.leader.clone();
-    let frozen = pair.replicas[if leader == "ka" { 0 } else { 1 }].pid();
+    enqueue_grouped(bed.coord.as_ref(), 6).await;
+    let text = wait_for_starts(&bed, 3).await;
+    let frozen = bed.replica(&leader).pid();
     common::signal(frozen, "STOP");
     let frozen_at = now_ns();
-    // When each of the frozen leader's runs is gone.
+    // When each of the frozen leader's runs is gone, polled often: the times measured are
+    // the runs' ends in the overlap check.
     let cut = journaled_runs(&text);
     let mut gone: HashMap<u32, u128> = HashMap::new();
     while gone.len() < cut.len() {
@@ -376,20 +305,20 @@ async fn a_frozen_leaders_group_runs_die_before_the_next_leader_runs_their_group
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // Woken once the other replica has started a run.
-    loop {
-        let text = std::fs::read_to_string(&pair.journal).unwrap();
-        if journaled_runs(&text).iter().any(|r| r.1 != leader) {
-            break;
-        }
-        assert!(
-            now_ns() - frozen_at < 30_000_000_000,
-            "the other replica never took over: {text}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    bed.wait_journal(
+        Duration::from_secs(30),
+        "the other replica took over",
+        |journal| {
+            journal
+                .iter()
+                .any(|l| l.len() == 5 && l[0] == "start" && l[3] != leader)
+        },
+    )
+    .await;
     common::signal(frozen, "CONT");
-    wait_until_drained(&pair, Duration::from_secs(90)).await;
-    let text = std::fs::read_to_string(&pair.journal).unwrap();
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(90))
+        .await;
+    let text = std::fs::read_to_string(&bed.journal).unwrap();
     let mut runs = journaled_runs(&text);
     for run in runs.iter_mut() {
         if run.1 == leader {

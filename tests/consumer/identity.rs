@@ -58,14 +58,13 @@ impl Replica {
 
     /// The exit status, if the replica exits within `limit`.
     async fn exit_within(&mut self, limit: Duration) -> Option<ExitStatus> {
-        let started = Instant::now();
-        while started.elapsed() < limit {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return Some(status);
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        None
+        let child = &mut self.child;
+        // Bounded by the time-out, not by `wait_until`: the callers assert on `None`, with
+        // the replica's log.
+        let exited = wait_until(Duration::MAX, "the replica exits", async || {
+            child.try_wait().expect("try_wait").ok_or("running")
+        });
+        tokio::time::timeout(limit, exited).await.ok()
     }
 
     fn log_text(&self) -> String {

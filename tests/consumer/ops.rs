@@ -379,14 +379,12 @@ async fn until_it<T: std::fmt::Debug, F: std::future::Future<Output = T>>(
 /// before ended (the seam's `Edit::Put` and listings of leaderq's own prefixes).
 async fn history_replicas_and_timeline_are_kept(backend: &str) {
     use leaderq::operate::{history as ops_history, leadership, status};
-    let dir = tempfile::tempdir().unwrap();
-    let Some(cluster) = common::start_cluster(backend, dir.path()) else {
+    let Some(mut bed) = TestBed::on(backend) else {
         return;
     };
-    let journal = dir.path().join("journal");
-    std::fs::write(&journal, "").unwrap();
-    let settings = leaderq::config::Settings::load(None, cluster.env()).expect("settings");
-    let coord = leaderq::service::connect::connect(&settings).expect("coordinator");
+    // The operator's settings, for the prefixes the records are kept under.
+    let settings = leaderq::config::Settings::load(None, bed.cluster.env()).expect("settings");
+    let coord = bed.coord.clone();
     let coord = coord.as_ref();
     let tasks: Vec<leaderq::coord::Edit> = (0..3u64)
         .map(|n| leaderq::coord::Edit::Create {
@@ -400,16 +398,8 @@ async fn history_replicas_and_timeline_are_kept(backend: &str) {
         coord.edit(&tasks).await.expect("enqueue"),
         leaderq::coord::Edited::Done
     );
-    let mut replicas = Vec::new();
     for node in ["ops-a", "ops-b"] {
-        let config = settings_for_test(&journal, node);
-        replicas.push(ConsumerProcess::start_with_env(
-            "127.0.0.1:1",
-            node,
-            dir.path(),
-            &config,
-            &cluster.env(),
-        ));
+        bed.start_replica(node);
     }
     let limit = Duration::from_secs(30);
     let filter = ops_history::HistoryFilter::default();
@@ -441,8 +431,7 @@ async fn history_replicas_and_timeline_are_kept(backend: &str) {
         (timeline[0].node.as_str(), timeline[0].previous_end.as_str()),
         (first.as_str(), "first")
     );
-    let leader = replicas.iter_mut().find(|r| r.node == first).unwrap();
-    assert!(leader.terminate().success());
+    assert!(bed.replica(&first).terminate().success());
     let timeline = until_it(
         limit,
         || leadership::timeline(coord, &settings, 10),
@@ -459,11 +448,6 @@ async fn history_replicas_and_timeline_are_kept(backend: &str) {
         1,
         "a replica that shut down took its record along: {seen:?}"
     );
-}
-
-/// The bed's settings for `node`, with the journal's handlers.
-fn settings_for_test(journal: &std::path::Path, node: &str) -> String {
-    TestSettings::new(journal).toml(node)
 }
 
 /// `leaderq run` records its terms too: a command that failed and was restarted shows as a

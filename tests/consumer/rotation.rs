@@ -21,13 +21,12 @@ on_every_backend! {
 /// `status`, and is cleared; on every backend.
 async fn pause_flag_is_set_read_and_cleared(backend: &str) {
     use leaderq::operate::status;
-    let dir = tempfile::tempdir().unwrap();
-    let Some(cluster) = common::start_cluster(backend, dir.path()) else {
+    let Some(bed) = TestBed::on(backend) else {
         return;
     };
-    let settings = leaderq::config::Settings::load(None, cluster.env()).expect("settings");
-    let coord = leaderq::service::connect::connect(&settings).expect("coordinator");
-    let coord = coord.as_ref();
+    // The operator's settings, for the flag's key.
+    let settings = leaderq::config::Settings::load(None, bed.cluster.env()).expect("settings");
+    let coord = bed.coord.as_ref();
     assert!(!status::status(coord, &settings).await.unwrap().paused);
     assert!(
         !status::pause(coord, &settings).await.unwrap(),
@@ -44,16 +43,11 @@ async fn pause_flag_is_set_read_and_cleared(backend: &str) {
 }
 
 async fn rotate_mode_passes_leadership_around(backend: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(cluster) = common::start_cluster(backend, dir.path()) else {
+    let Some(mut bed) = TestBed::on(backend) else {
         return;
     };
-    let journal = dir.path().join("journal");
-    std::fs::write(&journal, "").unwrap();
-    let coord = leaderq::service::connect::connect(
-        &leaderq::config::Settings::load(None, cluster.env()).expect("settings"),
-    )
-    .expect("coordinator");
+    let journal = bed.journal.clone();
+    let coord = bed.coord.clone();
     // Enqueued as `leaderq enqueue` does (one JVM per `zkCli.sh` would take longer than
     // the test).
     let tasks: Vec<leaderq::coord::Edit> = (0..15u64)
@@ -68,27 +62,16 @@ async fn rotate_mode_passes_leadership_around(backend: &str) {
         coord.edit(&tasks).await.expect("enqueue"),
         leaderq::coord::Edited::Done
     );
-    let mut replicas = Vec::new();
+    bed.settings = bed.settings.set("election", "mode", "\"rotate\"").set(
+        "election",
+        "rotate_after_tasks",
+        "3",
+    );
     for node in ["rot-a", "rot-b", "rot-c"] {
-        let config = TestSettings::new(&journal)
-            .set("election", "mode", "\"rotate\"")
-            .set("election", "rotate_after_tasks", "3")
-            .toml(node);
-        replicas.push(ConsumerProcess::start_with_env(
-            "127.0.0.1:1",
-            node,
-            dir.path(),
-            &config,
-            &cluster.env(),
-        ));
+        bed.start_replica(node);
     }
-    wait_until_empty(
-        coord.as_ref(),
-        "oracleTask/",
-        &replicas,
-        Duration::from_secs(60),
-    )
-    .await;
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(60))
+        .await;
     let runs: Vec<Vec<String>> = std::fs::read_to_string(&journal)
         .unwrap()
         .lines()

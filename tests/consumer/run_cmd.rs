@@ -93,6 +93,14 @@ fn alive(pid: &str) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| !stat.contains(") Z "))
 }
 
+/// How long the standbys must start nothing while a leader runs its command: each
+/// contends every retry interval (100 ms), so one that wrongly started would by then.
+const STANDBYS_QUIET: Duration = Duration::from_millis(500);
+/// How long after a new command's start a beat of the old one written late would show.
+const LATE_BEAT: Duration = Duration::from_millis(300);
+/// Time for a just started standby to be waiting on the leadership: it exposes no signal.
+const STANDBY_SETTLES: Duration = Duration::from_millis(500);
+
 async fn wait_exit(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
     wait_until(limit, "leaderq run exits", async || {
         child.try_wait().unwrap().ok_or("running")
@@ -109,7 +117,7 @@ async fn one_command_at_a_time(backend: &str, hit: &str) {
     let mut replicas: Vec<Child> = (0..3).map(|n| runs.start(n, &[], BEATING)).collect();
     let first = runs.wait_for_starts(1, Duration::from_secs(30)).await;
     // Asserts that nothing happens: no standby starts a command of its own meanwhile.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(STANDBYS_QUIET).await;
     assert_eq!(
         runs.starts().len(),
         1,
@@ -143,7 +151,7 @@ async fn one_command_at_a_time(backend: &str, hit: &str) {
     let new_token: u64 = new[1].parse().unwrap();
     assert!(new_token > old_token, "tokens {old_token} then {new_token}");
     // Asserts that nothing happens: a beat of the old command written late would show here.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(LATE_BEAT).await;
     let new_start_ns: u128 = new[3].parse().unwrap();
     let last_old_beat: u128 = runs
         .lines()
@@ -210,7 +218,7 @@ async fn sigterm_hands_over(backend: &str) {
     // The standby has no signal of its own for "standing by" that the test can read; the
     // handover is checked either way (its start is awaited below), this only gives it the
     // time to be waiting when the leader goes.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(STANDBY_SETTLES).await;
     let command_pid = runs.starts()[0][2].clone();
     common::signal(a.id(), "TERM");
     let status = wait_exit(&mut a, Duration::from_secs(10)).await;

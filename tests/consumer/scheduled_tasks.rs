@@ -20,16 +20,10 @@ on_every_backend! {
 const AHEAD_MS: u128 = 2_000;
 const LATE_MAX_MS: i128 = 1_500;
 /// The window in which the server's requests are counted: it starts once the leader has
-/// seen the task and ends well before the task is due.
-const SEEN_AFTER: Duration = Duration::from_millis(300);
+/// seen the task (which takes well under `SEEN_WITHIN`) and ends well before the task is
+/// due.
+const SEEN_WITHIN: Duration = Duration::from_millis(500);
 const WINDOW: Duration = Duration::from_millis(1_400);
-
-fn now_ns() -> u128 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos()
-}
 
 /// The replica's settings: the test bed's, a handler that journals its start with the
 /// time in ns, and for Consul a TTL and a blocking wait long enough that no renewal and no
@@ -102,49 +96,34 @@ fn requests_between(
 /// sooner than its runAt and less than `LATE_MAX_MS` after it. On `leaderq server`, the
 /// server counts no request while the task waits (nor in the same window before it).
 async fn starts_on_time(backend: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(cluster) = common::start_cluster(backend, dir.path()) else {
+    let Some(mut bed) = TestBed::on(backend) else {
         return;
     };
-    let journal = dir.path().join("journal");
-    std::fs::write(&journal, "").unwrap();
-    let env = cluster.env();
-    let coord = leaderq::service::connect::connect(
-        &leaderq::config::Settings::load(None, env.clone()).unwrap(),
-    )
-    .expect("coordinator");
-    let server = env
-        .iter()
+    let journal = bed.journal.clone();
+    let coord = bed.coord.clone();
+    let server = bed
+        .cluster
+        .env()
+        .into_iter()
         .find(|(name, _)| name == "CONSUL_HTTP_ADDR" && backend == "consul")
-        .map(|(_, addr)| addr.clone());
-    let replica = ConsumerProcess::start_with_env(
-        "127.0.0.1:1",
-        "s1",
-        dir.path(),
-        &timed_settings(&journal, backend),
-        &env,
-    );
-    let started = Instant::now();
-    loop {
+        .map(|(_, addr)| addr);
+    bed.start_replica_with("s1", &timed_settings(&journal, backend));
+    let replica = &bed.replicas[0];
+    wait_until(Duration::from_secs(30), "a leader", async || {
         let (holder, _) = coord
             .observe(leaderq::coord::Version::default(), Duration::ZERO)
             .await
             .expect("observe");
-        if holder.lease.is_some() {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "no leader: {}",
-            replica.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    // What a new leader does once (its records, the first prune of the history) is over.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+        holder.lease.ok_or_else(|| replica.log_text())
+    })
+    .await;
     let idle = match &server {
         Some(addr) => {
+            // What a new leader does once (its records, the first prune of the history) is
+            // over when it waits on its blocking queries, counted here.
+            common::wait_until_blocked(addr, 1).await;
             let before = server_requests(addr).await;
+            // Counts what the server answers in a fixed window: nothing, when all is idle.
             tokio::time::sleep(WINDOW).await;
             Some(requests_between(&before, &server_requests(addr).await))
         }
@@ -159,6 +138,13 @@ async fn starts_on_time(backend: &str) {
         "taskType": "Timed",
         "runAt": run_at_value(backend, run_at_ms),
     });
+    let parked = match &server {
+        Some(addr) => Some((
+            server_requests(addr).await,
+            common::metric(addr, "leaderq_server_blocked_queries").await,
+        )),
+        None => None,
+    };
     let create = [leaderq::coord::Edit::Create {
         key: "oracleTask/task_timed".into(),
         value: task.to_string().into_bytes(),
@@ -167,9 +153,22 @@ async fn starts_on_time(backend: &str) {
         coord.edit(&create).await.expect("enqueue"),
         leaderq::coord::Edited::Done
     );
-    if let (Some(addr), Some(idle)) = (&server, idle) {
-        tokio::time::sleep(SEEN_AFTER).await;
+    if let (Some(addr), Some(idle), Some((written, parked))) = (&server, idle, parked) {
+        // The leader has seen the task once its blocking query, woken by the write, has
+        // answered (a request besides the write) and it waits again on as many queries.
+        wait_until(SEEN_WITHIN, "the leader saw the task", async || {
+            let answered = requests_between(&written, &server_requests(addr).await);
+            let now = common::metric(addr, "leaderq_server_blocked_queries").await;
+            let total: u64 = answered.iter().map(|(_, n)| n).sum();
+            if total >= 2 && now >= parked {
+                Ok(())
+            } else {
+                Err((answered, now))
+            }
+        })
+        .await;
         let before = server_requests(addr).await;
+        // Counts what the server answers in a fixed window while the task waits: nothing.
         tokio::time::sleep(WINDOW).await;
         let waiting = requests_between(&before, &server_requests(addr).await);
         assert!(
@@ -188,18 +187,18 @@ async fn starts_on_time(backend: &str) {
         );
     }
 
-    let line = loop {
-        let text = std::fs::read_to_string(&journal).unwrap();
-        if let Some(line) = text.lines().find(|l| l.starts_with("start timed ")) {
-            break line.to_string();
-        }
-        assert!(
-            (now_ns() as i128) < run_at_ns + 20_000_000_000,
-            "the scheduled task never ran: {}",
-            replica.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    };
+    let line = wait_until(
+        Duration::from_millis(AHEAD_MS as u64) + Duration::from_secs(20),
+        "the scheduled task ran",
+        async || {
+            let text = std::fs::read_to_string(&journal).unwrap();
+            match text.lines().find(|l| l.starts_with("start timed ")) {
+                Some(line) => Ok(line.to_string()),
+                None => Err(replica.log_text()),
+            }
+        },
+    )
+    .await;
     let start_ns: i128 = line.split_whitespace().nth(2).unwrap().parse().unwrap();
     let late_ms = (start_ns - run_at_ns) as f64 / 1e6;
     eprintln!("{backend}: the scheduled task's handler started {late_ms:.1} ms after its runAt");
@@ -236,15 +235,14 @@ fn leaderq_on(env: &[(String, String)], args: &[&str]) -> String {
 /// with reasons that say so.
 #[tokio::test]
 async fn scheduled_tasks_are_listed_with_their_due_time_and_bad_ones_dead_lettered() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(cluster) = common::start_cluster("consul", dir.path()) else {
+    let Some(mut bed) = TestBed::on("consul") else {
         return;
     };
-    let journal = dir.path().join("journal");
-    std::fs::write(&journal, "").unwrap();
-    let env = cluster.env();
+    let journal = bed.journal.clone();
+    let env = bed.cluster.env();
+    // The operator's settings, for `tasks list` and `status`.
     let settings = leaderq::config::Settings::load(None, env.clone()).unwrap();
-    let coord = leaderq::service::connect::connect(&settings).expect("coordinator");
+    let coord = bed.coord.clone();
     let now_s = (now_ns() / 1_000_000_000) as i64;
     let later = chrono::DateTime::from_timestamp(now_s + 3600, 0).unwrap();
     let tasks = [
@@ -271,28 +269,32 @@ async fn scheduled_tasks_are_listed_with_their_due_time_and_bad_ones_dead_letter
     let config = TestSettings::new(&journal)
         .set("queue", "run_at_max_ahead", "\"24h\"")
         .toml("s1");
-    let replica = ConsumerProcess::start_with_env("127.0.0.1:1", "s1", dir.path(), &config, &env);
-    let started = Instant::now();
-    let dead = loop {
-        let (dead, _) = coord
-            .list(
-                "oracleTaskDead/",
-                leaderq::coord::Version::default(),
-                Duration::ZERO,
-            )
-            .await
-            .expect("list");
-        let ran = std::fs::read_to_string(&journal).unwrap();
-        if dead.len() == 3 && ran.contains("run past ") {
-            break dead;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "dead letters {dead:?}, journal {ran:?}: {}",
-            replica.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    bed.start_replica_with("s1", &config);
+    let replica = &bed.replicas[0];
+    let dead = wait_until(
+        Duration::from_secs(30),
+        "three dead letters and a run",
+        async || {
+            let (dead, _) = coord
+                .list(
+                    "oracleTaskDead/",
+                    leaderq::coord::Version::default(),
+                    Duration::ZERO,
+                )
+                .await
+                .expect("list");
+            let ran = std::fs::read_to_string(&journal).unwrap();
+            if dead.len() == 3 && ran.contains("run past ") {
+                Ok(dead)
+            } else {
+                Err(format!(
+                    "dead letters {dead:?}, journal {ran:?}: {}",
+                    replica.log_text()
+                ))
+            }
+        },
+    )
+    .await;
     let reason = |id: &str| {
         let letter = dead
             .iter()

@@ -57,22 +57,92 @@ fn schedules(cluster: &dyn leaderq::tools::harness::Cluster, dir: &Path, args: &
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-async fn leader_node(coord: &dyn leaderq::coord::Coordinator, not: &[&str]) -> String {
-    let started = Instant::now();
-    loop {
-        if let Ok((holder, _)) = coord
-            .observe(leaderq::coord::Version::default(), Duration::ZERO)
-            .await
-        {
-            if let (Some(_), Some(record)) = (&holder.lease, &holder.record) {
-                if !not.contains(&record.node.as_str()) {
-                    return record.node.clone();
-                }
+/// How long a leader may take to be seen, after a kill or a freeze past its lease.
+const LEADER_LIMIT: Duration = Duration::from_secs(60);
+/// How long a tick may take to start once the schedule fires every second.
+const TICK_LIMIT: Duration = Duration::from_secs(30);
+/// How many ticks run in all before the schedule is paused: the check wants ten at least.
+const TICKS_BEFORE_PAUSE: usize = 12;
+/// A tick the leader was enqueuing as the pause landed is written within this time; no
+/// signal says "the leader read the pause", so the queue is drained only after it.
+const PAUSE_LANDS: Duration = Duration::from_millis(500);
+
+/// The leader's node, once there is one that is none of `not`.
+async fn leader_node(bed: &TestBed, not: &[&str]) -> String {
+    wait_until(
+        LEADER_LIMIT,
+        &format!("a leader other than {not:?}"),
+        async || {
+            let node = bed.leader(LEADER_LIMIT).await;
+            if not.contains(&node.as_str()) {
+                Err(node)
+            } else {
+                Ok(node)
             }
-        }
-        assert!(started.elapsed() < Duration::from_secs(60), "no leader");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+        },
+    )
+    .await
+}
+
+/// Waits until a tick starts after the first `seen` start lines, on `by` if given; the
+/// number of start lines then.
+async fn tick_started(bed: &TestBed, seen: usize, by: Option<&str>) -> usize {
+    wait_until(
+        TICK_LIMIT,
+        &format!("a tick started on {by:?}"),
+        async || {
+            let runs = starts(&bed.journal);
+            let new = runs
+                .iter()
+                .skip(seen)
+                .any(|(_, node)| by.is_none_or(|by| by == node));
+            if new {
+                Ok(runs.len())
+            } else {
+                Err((runs, bed.logs()))
+            }
+        },
+    )
+    .await
+}
+
+/// Waits until `node` has run a tick to its end and the queue is empty: the moment to
+/// freeze it with no run of its own cut short (the next tick is most of a second away).
+async fn between_ticks(bed: &TestBed, node: &str) {
+    wait_until(
+        TICK_LIMIT,
+        &format!("{node} between two ticks"),
+        async || {
+            let journal = bed.journal();
+            let ended = journal
+                .iter()
+                .any(|l| l.len() == 4 && l[0] == "end" && l[3] == node);
+            let (queued, _) = bed
+                .coord
+                .keys("oracleTask/")
+                .await
+                .map_err(|e| e.to_string())?;
+            if ended && queued.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("{queued:?}\n{journal:?}"))
+            }
+        },
+    )
+    .await
+}
+
+/// Waits until at least `count` ticks were enqueued in all (the leaders' log lines).
+async fn ticks_enqueued(bed: &TestBed, count: usize) {
+    wait_until(
+        TICK_LIMIT,
+        &format!("{count} ticks enqueued"),
+        async || match enqueued(&bed.replicas) {
+            ticks if ticks.len() >= count => Ok(()),
+            ticks => Err(ticks),
+        },
+    )
+    .await
 }
 
 /// Each `(tick id, node)` of the journal's start lines, in the order they were written.
@@ -110,11 +180,6 @@ fn ticks_between(first: &str, last: &str) -> Vec<String> {
         .step_by(1000)
         .map(|at| format!("beat-{at:013}"))
         .collect()
-}
-
-/// Waits until the queue under `oracleTask/` is empty.
-async fn drained(coord: &dyn leaderq::coord::Coordinator, replicas: &[ConsumerProcess]) {
-    wait_until_empty(coord, "oracleTask/", replicas, Duration::from_secs(60)).await;
 }
 
 /// Checks the ticks run from the first to the last with none missing, each enqueued once
@@ -155,107 +220,98 @@ fn check_ticks(journal: &Path, replicas: &[ConsumerProcess], repeats: usize) {
 }
 
 async fn ticks_through_faults(backend: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(mut cluster) = common::start_cluster(backend, dir.path()) else {
+    let Some(mut bed) = TestBed::on(backend) else {
         return;
     };
-    let journal = dir.path().join("journal");
-    std::fs::write(&journal, "").unwrap();
-    let coord = leaderq::service::connect::connect(
-        &leaderq::config::Settings::load(None, cluster.env()).expect("settings"),
-    )
-    .expect("coordinator");
-    let mut replicas: Vec<ConsumerProcess> = ["sa", "sb", "sc"]
-        .iter()
-        .map(|node| {
-            ConsumerProcess::start_with_env(
-                "127.0.0.1:1",
-                node,
-                dir.path(),
-                &tick_settings(&journal, node, true),
-                &cluster.env(),
-            )
-        })
-        .collect();
-    std::fs::write(dir.path().join("schedules.toml"), SCHEDULE).unwrap();
-    let applied = schedules(cluster.as_ref(), dir.path(), &["apply", "schedules.toml"]);
+    for node in ["sa", "sb", "sc"] {
+        let config = tick_settings(&bed.journal, node, true);
+        bed.start_replica_with(node, &config);
+    }
+    let dir = bed.dir.path().to_path_buf();
+    std::fs::write(dir.join("schedules.toml"), SCHEDULE).unwrap();
+    let applied = schedules(bed.cluster.as_ref(), &dir, &["apply", "schedules.toml"]);
     assert!(applied.contains("+ created beat"), "{applied}");
-    let started = Instant::now();
-    while starts(&journal).len() < 3 {
-        assert!(started.elapsed() < Duration::from_secs(30), "no tick ran");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_until(TICK_LIMIT, "three ticks ran", async || {
+        match starts(&bed.journal) {
+            runs if runs.len() >= 3 => Ok(()),
+            runs => Err(runs),
+        }
+    })
+    .await;
 
-    let killed = leader_node(coord.as_ref(), &[]).await;
+    let killed = leader_node(&bed, &[]).await;
     eprintln!("{backend}: SIGKILL of leader {killed}");
-    let index = replicas.iter().position(|r| r.node == killed).unwrap();
-    replicas[index].kill();
-    let frozen = leader_node(coord.as_ref(), &[&killed]).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    bed.replica(&killed).kill();
+    let seen = starts(&bed.journal).len();
+    let frozen = leader_node(&bed, &[&killed]).await;
+    // The next leader runs ticks of its own before it is frozen.
+    tick_started(&bed, seen, Some(&frozen)).await;
+    between_ticks(&bed, &frozen).await;
     eprintln!("{backend}: SIGSTOP of leader {frozen} past its lease");
-    let pid = replicas.iter().find(|r| r.node == frozen).unwrap().pid();
+    let pid = bed.replica(&frozen).pid();
     common::signal(pid, "STOP");
-    leader_node(coord.as_ref(), &[&killed, &frozen]).await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    let seen = starts(&bed.journal).len();
+    let third = leader_node(&bed, &[&killed, &frozen]).await;
+    // The leader after it runs a tick while the frozen one still sleeps.
+    tick_started(&bed, seen, Some(&third)).await;
+    let seen = starts(&bed.journal).len();
     common::signal(pid, "CONT");
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    if cluster.members() > 1 {
+    // Ticks go on once the frozen leader is thawed, past its lease.
+    let mut seen = tick_started(&bed, seen, None).await;
+    if bed.cluster.members() > 1 {
         eprintln!("{backend}: SIGKILL and restart of member 0");
-        cluster.kill_member(0).unwrap();
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        cluster.restart_member(0).unwrap();
+        bed.cluster.kill_member(0).unwrap();
+        // Ticks go on with a member down, and again once it is back.
+        seen = tick_started(&bed, seen, None).await;
+        bed.cluster.restart_member(0).unwrap();
+        tick_started(&bed, seen, None).await;
     }
-    while started.elapsed() < Duration::from_secs(30) {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    let paused = schedules(cluster.as_ref(), dir.path(), &["pause", "beat"]);
+    wait_until(TICK_LIMIT, "ticks enough ran", async || {
+        match starts(&bed.journal) {
+            runs if runs.len() >= TICKS_BEFORE_PAUSE => Ok(()),
+            runs => Err(runs),
+        }
+    })
+    .await;
+    let paused = schedules(bed.cluster.as_ref(), &dir, &["pause", "beat"]);
     assert!(paused.contains("beat paused"), "{paused}");
     // A tick written just before the pause still runs; then nothing more is enqueued.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    drained(coord.as_ref(), &replicas).await;
-    let listed = schedules(cluster.as_ref(), dir.path(), &["list"]);
+    tokio::time::sleep(PAUSE_LANDS).await;
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(60))
+        .await;
+    let listed = schedules(bed.cluster.as_ref(), &dir, &["list"]);
     assert!(
         listed.contains("beat") && listed.contains("paused"),
         "{listed}"
     );
-    check_ticks(&journal, &replicas, 1);
+    check_ticks(&bed.journal, &bed.replicas, 1);
 }
 
 async fn ticks_with_other_settings(backend: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(cluster) = common::start_cluster(backend, dir.path()) else {
+    let Some(mut bed) = TestBed::on(backend) else {
         return;
     };
-    let journal = dir.path().join("journal");
-    std::fs::write(&journal, "").unwrap();
-    let coord = leaderq::service::connect::connect(
-        &leaderq::config::Settings::load(None, cluster.env()).expect("settings"),
-    )
-    .expect("coordinator");
     // "sb" has no Tick handler (another task type only): whoever leads, ticks fire once.
-    let mut replicas: Vec<ConsumerProcess> = [("sa", true), ("sb", false)]
-        .iter()
-        .map(|(node, handlers)| {
-            ConsumerProcess::start_with_env(
-                "127.0.0.1:1",
-                node,
-                dir.path(),
-                &tick_settings(&journal, node, *handlers),
-                &cluster.env(),
-            )
-        })
-        .collect();
-    std::fs::write(dir.path().join("schedules.toml"), SCHEDULE).unwrap();
-    schedules(cluster.as_ref(), dir.path(), &["apply", "schedules.toml"]);
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    for (node, handlers) in [("sa", true), ("sb", false)] {
+        let config = tick_settings(&bed.journal, node, handlers);
+        bed.start_replica_with(node, &config);
+    }
+    let dir = bed.dir.path().to_path_buf();
+    std::fs::write(dir.join("schedules.toml"), SCHEDULE).unwrap();
+    schedules(bed.cluster.as_ref(), &dir, &["apply", "schedules.toml"]);
+    ticks_enqueued(&bed, 4).await;
     // Hand leadership to the other replica and back by SIGTERM and restart.
-    let first = leader_node(coord.as_ref(), &[]).await;
-    let index = replicas.iter().position(|r| r.node == first).unwrap();
-    replicas[index].terminate();
-    leader_node(coord.as_ref(), &[&first]).await;
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    schedules(cluster.as_ref(), dir.path(), &["pause", "beat"]);
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let first = leader_node(&bed, &[]).await;
+    bed.replica(&first).terminate();
+    leader_node(&bed, &[&first]).await;
+    let before = enqueued(&bed.replicas).len();
+    ticks_enqueued(&bed, before + 4).await;
+    schedules(bed.cluster.as_ref(), &dir, &["pause", "beat"]);
+    // A tick written just before the pause is in the queue or the dead letters by then.
+    tokio::time::sleep(PAUSE_LANDS).await;
+    let coord = &bed.coord;
+    let journal = &bed.journal;
+    let replicas = &bed.replicas;
     let (letters, _) = coord.keys("oracleTaskDead/").await.expect("keys");
     let (queued, _) = coord.keys("oracleTask/").await.expect("keys");
     let mut ticks: Vec<String> = letters
@@ -263,11 +319,11 @@ async fn ticks_with_other_settings(backend: &str) {
         .chain(&queued)
         .filter_map(|k| k.rsplit("tick_").next().map(str::to_string))
         .collect();
-    ticks.extend(starts(&journal).into_iter().map(|(id, _)| id));
+    ticks.extend(starts(journal).into_iter().map(|(id, _)| id));
     let count = ticks.len();
     ticks.sort();
     ticks.dedup();
-    let mut times = enqueued(&replicas);
+    let mut times = enqueued(replicas);
     let enqueues = times.len();
     times.sort();
     times.dedup();

@@ -1,21 +1,22 @@
 //! The consumer tests' toolbox: [`on_every_backend!`] (one module of tests per backend),
-//! [`wait_until`] (the one bounded poll), [`TestSettings`] (the replicas' settings) and
-//! [`TestBed`] (a coordinator from the shared harness, a directory, a journal and the
-//! replicas). Processes, the HTTP client and the harness's `Cluster`s live in
-//! `tests/common` and `leaderq::tools::harness`; what a test checks stays in the test.
+//! [`wait_until`] (the one bounded poll, shared with the server tests from `tests/common`),
+//! [`TestSettings`] (the replicas' settings) and [`TestBed`] (a coordinator from the shared
+//! harness, a directory, a journal and the replicas). Processes, the HTTP client, the
+//! server's metrics and the harness's `Cluster`s live in `tests/common` and
+//! `leaderq::tools::harness`; what a test checks stays in the test.
 //!
 //! A backend whose server is not installed skips the test, and says so where it is seen
 //! (see `leaderq::tools::harness::external`); under `LEADERQ_REQUIRE_SERVERS` it fails it.
 
-use std::fmt::Debug;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use leaderq::coord::{Coordinator, Leadership, Version};
 use leaderq::tools::harness::Cluster;
 
 use super::common::{self, ConsumerProcess, ServerProcess};
+pub use super::common::{now_ns, wait_until};
 
 /// One module per backend (all four, or those in a leading `[..]`), each holding every test
 /// given: `fn name => scenario(args…);` becomes a test `name` that awaits
@@ -43,29 +44,6 @@ macro_rules! on_every_backend {
     ($($tests:tt)*) => {
         on_every_backend!([consul, etcd, redis, zookeeper] { $($tests)* });
     };
-}
-
-/// How often [`wait_until`] looks again: short next to every limit the tests use, long
-/// enough not to load the machine the servers share.
-const POLL: Duration = Duration::from_millis(50);
-
-/// Asks `cond` every [`POLL`] until it answers `Ok` (returned), for at most `limit`; after
-/// that panics naming `what` and the last state `cond` saw (its `Err`).
-pub async fn wait_until<T, S: Debug>(
-    limit: Duration,
-    what: &str,
-    mut cond: impl AsyncFnMut() -> Result<T, S>,
-) -> T {
-    let started = Instant::now();
-    loop {
-        match cond().await {
-            Ok(done) => return done,
-            Err(state) if started.elapsed() > limit => {
-                panic!("{what}: not within {limit:?}; last seen: {state:#?}")
-            }
-            Err(_) => tokio::time::sleep(POLL).await,
-        }
-    }
 }
 
 /// The lines of a journal file, each split at white space.

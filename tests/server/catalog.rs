@@ -216,7 +216,7 @@ async fn health_service_filters_passing_and_blocks() {
         "/v1/health/service/app?passing&index={index}&wait=10s"
     ));
     let waiter = tokio::spawn(async move { client().get(url).send().await.unwrap() });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_until_blocked(&server.addr, 1).await;
     assert!(!waiter.is_finished(), "the blocking read returned at once");
     put(&server, "/v1/agent/check/pass/ttl-b", "").await;
     let woke = tokio::time::timeout(Duration::from_secs(5), waiter)

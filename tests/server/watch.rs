@@ -20,22 +20,6 @@ async fn metric(server: &ServerProcess, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
 }
 
-/// Waits until `count` blocking queries are parked on the server, so a write made next is
-/// one they are waiting for.
-async fn wait_until_blocked(server: &ServerProcess, count: usize) {
-    let started = Instant::now();
-    while metric(server, "leaderq_server_blocked_queries").await < count as f64 {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "{count} queries never blocked"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// Long enough for a query that a write wrongly woke to have answered.
-const SETTLE: Duration = Duration::from_millis(300);
-
 /// A blocking GET of a missing key is not ended by writes and deletes of other keys: it
 /// returns at the end of its wait, 404 still.
 #[tokio::test]
@@ -48,7 +32,7 @@ async fn blocking_get_of_a_missing_key_returns_at_its_wait_despite_other_writes(
 
     let started = Instant::now();
     let waiter = spawn_get(server.url(&format!("/v1/kv/watched/key?index={index}&wait=1s")));
-    wait_until_blocked(&server, 1).await;
+    wait_until_blocked(&server.addr, 1).await;
     for n in 0..3 {
         put(&server, &format!("/v1/kv/other/{n}"), "x").await;
     }
@@ -76,7 +60,7 @@ async fn blocking_get_of_a_missing_key_wakes_when_that_key_is_written() {
     let server = ServerProcess::start();
     let index = index_of(&get(&server, "/v1/kv/watched/key").await);
     let mut waiter = spawn_get(server.url(&format!("/v1/kv/watched/key?index={index}&wait=30s")));
-    wait_until_blocked(&server, 1).await;
+    wait_until_blocked(&server.addr, 1).await;
     put(&server, "/v1/kv/other/a", "x").await;
     put(
         &server,
@@ -99,7 +83,7 @@ async fn blocking_get_of_a_missing_key_wakes_when_that_key_is_written() {
     assert!(written > index);
 
     let waiter = spawn_get(server.url(&format!("/v1/kv/watched/key?index={written}&wait=30s")));
-    wait_until_blocked(&server, 1).await;
+    wait_until_blocked(&server.addr, 1).await;
     client()
         .delete(server.url("/v1/kv/watched/key"))
         .send()
@@ -126,7 +110,7 @@ async fn blocking_list_is_not_woken_by_writes_outside_its_prefix() {
         let index = index_of(&first);
         let mut waiter =
             spawn_get(server.url(&format!("/v1/kv/{prefix}?{query}&index={index}&wait=30s")));
-        wait_until_blocked(&server, 1).await;
+        wait_until_blocked(&server.addr, 1).await;
         put(
             &server,
             &format!("/v1/kv/{}x", prefix.trim_end_matches('/')),
@@ -222,7 +206,7 @@ async fn back_to_back_updates_of_a_watched_key_are_each_observed() {
             seen
         }));
     }
-    wait_until_blocked(&server, WATCHERS).await;
+    wait_until_blocked(&server.addr, WATCHERS).await;
     let url = server.url("/v1/kv/watched");
     let first = tokio::spawn(async move { client().put(url).body("1").send().await.unwrap() });
     // The second update queues behind the first one's slow commit, so the writer starts
@@ -261,7 +245,7 @@ async fn a_write_wakes_only_the_queries_that_read_what_it_changed() {
         .enumerate()
         .map(|(n, index)| spawn_get(server.url(&format!("/v1/kv/many/{n}?index={index}&wait=30s"))))
         .collect();
-    wait_until_blocked(&server, KEYS + 1).await;
+    wait_until_blocked(&server.addr, KEYS + 1).await;
     let before = metric(&server, "leaderq_server_blocked_query_wakeups_total").await;
 
     put(&server, "/v1/kv/many/0", "1").await;
@@ -270,6 +254,7 @@ async fn a_write_wakes_only_the_queries_that_read_what_it_changed() {
         .expect("the written key's query wakes")
         .unwrap();
     assert_eq!(woke.status(), 200);
+    // Asserts that nothing happens: a query the write wrongly woke would be counted by then.
     tokio::time::sleep(SETTLE).await;
     let after = metric(&server, "leaderq_server_blocked_query_wakeups_total").await;
     assert_eq!(
