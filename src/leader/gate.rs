@@ -1,5 +1,7 @@
 //! The election's pure decisions: given the holder a replica observed, what it does next.
 //! No I/O and no clock; `mod.rs` performs what these return.
+//!
+//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use std::time::Duration;
 

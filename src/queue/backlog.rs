@@ -6,6 +6,8 @@
 //! leader wakes by itself ([`wake_at`]). `sort.rs` and `claim.rs` perform the I/O it asks for.
 //!
 //! Size: over half of it is the scripted-time tests of these decisions.
+//!
+//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;

@@ -3,6 +3,8 @@
 //! plus completions of finished tasks; which task is too large to claim at all
 //! ([`plan_claim`]); and how ops that cannot share one write are split ([`chunks`]).
 //! `claim.rs` and `run.rs` write what it plans.
+//!
+//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use std::ops::Range;
 

@@ -3,6 +3,8 @@
 //! come in): complete it, retry it at a time, put it back without using an attempt, or
 //! dead-letter it with a reason. `run.rs` runs the handler and writes what
 //! [`after_run`] answers.
+//!
+//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use std::time::Duration;
 

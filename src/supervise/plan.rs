@@ -6,6 +6,8 @@
 //! exited and left processes behind) or at `kill_by - kill_grace`, whichever comes first;
 //! SIGKILL `kill_grace` after SIGTERM but never later than `kill_by`, then again every
 //! `KILL_REPEAT` for processes that escaped the group, until everything is gone.
+//!
+//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use std::time::Duration;
 

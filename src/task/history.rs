@@ -4,6 +4,8 @@
 //! pure retention decision (which records the leader prunes, by count and by age).
 //! Dead letters are history too: [`HistoryRecord::from_dead_letter`] reads one as a record
 //! of outcome `dead`, so nothing is written twice. No I/O, no clock: time comes in.
+//!
+//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use chrono::{DateTime, TimeZone, Utc};
 use serde::{Deserialize, Serialize};

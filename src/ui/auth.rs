@@ -12,6 +12,8 @@
 //!   browser send neither the header nor, with `SameSite=Strict`, the cookie.
 //!
 //! The tokens themselves are made by the caller; this module only compares.
+//!
+//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use std::net::SocketAddr;
 

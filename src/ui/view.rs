@@ -2,6 +2,8 @@
 //! holder, the pause flag) and `now`: pure, so its rules are unit-tested with scripted time.
 //! Also the throughput ring buffer, fed by the difference between two readings, and the
 //! schedules pane's rows from `operate::schedules::list`'s views.
+//!
+//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 

@@ -1,6 +1,8 @@
 //! What earlier runs of a replica left behind, judged without I/O: the session a restart
 //! finds (take it up, replace it, or leave it alone) and the TTL checks that older versions,
 //! whose node id was `<host>-<pid>`, left on this host's agent.
+//!
+//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use crate::coord::consul::client::{AgentCheck, SessionInfo, SessionRequest};
 use crate::util::duration;

@@ -2,6 +2,8 @@
 //! each [`TaskOp`] becomes Consul verbs (`txn_ops`), after the guard (`check-session` and
 //! `check-index` on the leader key) when there is one, and the transaction's outcome
 //! becomes a [`Written`] (`written`). Pure: nobody outside this file reads an op index.
+//!
+//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use crate::coord::consul::client::{TxnOp, TxnOutcome};
 use crate::coord::{FencingToken, Leadership, LeaseId, TaskOp, TaskVersion, Written};

@@ -1,6 +1,5 @@
-//! Queue writes as one etcd transaction each, and their answers in the seam's words: pure.
-//!
-//! A guarded write compares the leader's campaign key's `create_revision` with the fencing
+//! Queue writes as one etcd transaction each, and their answers in the seam's words.
+//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`. A guarded write compares the leader's campaign key's `create_revision` with the fencing
 //! token (a key that went compares as 0), then, for each task, its `mod_revision` and its
 //! claim as the version says (held: the claim key exists; not held: it does not; without
 //! leadership, `write_own`: the claim is this lease's). The failure branch reads every key

@@ -14,6 +14,8 @@
 //!
 //! Size: one state machine with every rule of the seam (leases, leadership, tasks, their
 //! versions and delays), read as one; its tests are in `tests/`.
+//!
+//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 mod edit;
 

@@ -21,6 +21,8 @@
 //! `2 * counter + 2 + gone`, with `gone` set when the lease named has ended ([`encode`]): a
 //! lease's death moves every version it touched without a write, and a write conditioned on
 //! a version checks both halves (`decode`).
+//!
+//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use crate::coord::{FencingToken, Holder, HolderRecord, LeaseId, StoredTask, TaskVersion, Version};
 

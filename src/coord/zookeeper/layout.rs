@@ -9,6 +9,8 @@
 //!   sequential child `latch-<session>-<sequence>` (Curator's LeaderLatch: the lowest
 //!   sequence leads) and the persistent child [`MARKER`], rewritten by every winner, whose
 //!   `mzxid` after that write is the fencing token.
+//!
+//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use crate::coord::{LeaseId, TaskVersion};
 

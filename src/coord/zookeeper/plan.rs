@@ -7,6 +7,8 @@
 //! that came meanwhile came with a claim's data write, which fails the version check. So the
 //! `multi` applies only to the very state the read saw, whose domain version the caller
 //! compared with the one each op is conditioned on.
+//!
+//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use std::collections::HashMap;
 

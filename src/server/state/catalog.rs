@@ -319,9 +319,12 @@ mod tests {
     const NODE: &str = "node-1";
 
     fn state() -> (State, Instant) {
-        let mut state = State::new(Config {
-            session_ttl_min: Duration::from_secs(1),
-        });
+        let mut state = State::new(
+            Config {
+                session_ttl_min: Duration::from_secs(1),
+            },
+            Instant::now(),
+        );
         let t0 = Instant::now();
         state
             .apply(

@@ -10,6 +10,8 @@
 //! By table: `kv.rs` (entries, locks, tombstones, txn), `sessions.rs` (sessions, checks,
 //! the node), `catalog.rs` (services); `model.rs` holds the data model, commands and
 //! outcomes. This file holds the machine itself: apply, timers, reads.
+//!
+//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -75,8 +77,9 @@ pub struct State {
 }
 
 impl State {
-    pub fn new(config: Config) -> State {
-        State::restore(config, Snapshot::default(), Instant::now())
+    /// An empty state whose timers start at `now`.
+    pub fn new(config: Config, now: Instant) -> State {
+        State::restore(config, Snapshot::default(), now)
     }
 
     /// Rebuilds the state from what was persisted. Timers start afresh at `now`, as

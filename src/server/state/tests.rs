@@ -13,9 +13,12 @@ fn secs(n: u64) -> Duration {
 
 /// A state with the agent's node registered, as the server has after start.
 fn state() -> (State, Instant) {
-    let mut state = State::new(Config {
-        session_ttl_min: secs(1),
-    });
+    let mut state = State::new(
+        Config {
+            session_ttl_min: secs(1),
+        },
+        Instant::now(),
+    );
     let t0 = Instant::now();
     state
         .apply(
@@ -290,7 +293,7 @@ fn ttl_session_expires_after_twice_its_ttl() {
 /// TTL bounds and syntax produce Consul's error texts.
 #[test]
 fn session_ttl_is_validated() {
-    let mut s = State::new(Config::default());
+    let mut s = State::new(Config::default(), Instant::now());
     let t0 = Instant::now();
     s.apply(
         Command::RegisterNode {

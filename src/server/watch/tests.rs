@@ -199,7 +199,7 @@ fn written(state: &State, key: &str, value: &str) -> (State, Changes) {
 /// has no method for records everything.
 #[test]
 fn a_view_records_what_a_read_touched() {
-    let (state, _) = written(&State::new(Config::default()), "p/1", "x");
+    let (state, _) = written(&State::new(Config::default(), Instant::now()), "p/1", "x");
     let view = View::new(&state, true);
     assert!(view.kv_get("missing").is_none());
     assert_eq!(view.kv_list("p/").count(), 1);
@@ -224,7 +224,7 @@ fn a_view_records_what_a_read_touched() {
 /// it touches; the others stay parked until they leave.
 #[test]
 fn publishing_a_commit_shows_it_and_wakes_only_its_readers() {
-    let empty = State::new(Config::default());
+    let empty = State::new(Config::default(), Instant::now());
     let committed = Committed::new(empty.clone());
     let seen = committed.load_published();
     let Park::Parked(mut on_a) = committed.park(seen.generation, keys_set(&["a"])) else {
@@ -255,7 +255,7 @@ fn publishing_a_commit_shows_it_and_wakes_only_its_readers() {
 /// parked are woken.
 #[test]
 fn a_query_behind_the_latest_commit_parks_only_if_it_missed_nothing() {
-    let mut state = State::new(Config::default());
+    let mut state = State::new(Config::default(), Instant::now());
     let committed = Committed::new(state.clone());
     let behind = committed.load_published().generation;
     let (next, changes) = written(&state, "a", "1");

@@ -1,6 +1,8 @@
 //! `leaderq run`'s pure decisions: what to do when the command exits, when leadership is
 //! lost, when the replica is told to stop; and how its exit status becomes `leaderq
 //! run`'s own. No I/O and no clock: the shell in `mod.rs` performs what these return.
+//!
+//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use std::time::Duration;
 
