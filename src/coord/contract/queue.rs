@@ -141,6 +141,9 @@ pub async fn list_and_observe_wait_for_a_change_or_the_wait(s: Subject) -> Resul
 /// version moved and no holder, and the next leader can requeue and claim it.
 pub async fn dead_lease_leaves_its_claims_unheld(s: Subject) -> Result<(), String> {
     let a = open(&s, "node-a", Duration::ZERO).await?;
+    // Kept alive until its claim is read back, so that a slow machine does not end it
+    // before; then left to expire.
+    let renew_a = Renewer::start(&s, &a);
     let by_a = lead(&s, &a, "node-a").await?;
     let key = put(&s, "t1", b"{\"n\":1}").await?;
     let pending = get_one(&s, &key).await?;
@@ -154,6 +157,7 @@ pub async fn dead_lease_leaves_its_claims_unheld(s: Subject) -> Result<(), Strin
         format!("the claim answered {written:?}")
     })?;
     let held = get_one(&s, &key).await?;
+    drop(renew_a);
     wait_until_not_held_by(&s, &a).await?;
     let orphan = get_one(&s, &key).await?;
     ensure(
@@ -199,6 +203,7 @@ pub async fn dead_lease_leaves_its_claims_unheld(s: Subject) -> Result<(), Strin
 pub async fn a_claim_within_a_dead_leases_delay_is_deferred(s: Subject) -> Result<(), String> {
     let delay = s.timing.ttl;
     let a = open(&s, "node-a", delay).await?;
+    let _renew_a = Renewer::start(&s, &a);
     let by_a = lead(&s, &a, "node-a").await?;
     let key = put(&s, "t1", b"{\"n\":1}").await?;
     let pending = get_one(&s, &key).await?;

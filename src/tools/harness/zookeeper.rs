@@ -57,7 +57,13 @@ impl Ensemble {
     pub fn start(size: usize) -> Option<Result<Ensemble, String>> {
         let java = external(&["java"], INSTALL)?;
         external(&[JAR], INSTALL)?;
-        Some(Ensemble::start_with(java, size))
+        // Its ports are picked free, then bound by the JVM a moment later: another test may
+        // take one in between, and the member never serves. A second try, on new ports,
+        // tells that race from a ZooKeeper that cannot start.
+        Some(Ensemble::start_with(java.clone(), size).or_else(|first| {
+            Ensemble::start_with(java, size)
+                .map_err(|second| format!("{second} (and on a first try: {first})"))
+        }))
     }
 
     fn start_with(java: PathBuf, size: usize) -> Result<Ensemble, String> {
