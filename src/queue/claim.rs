@@ -18,7 +18,7 @@ use super::backlog::{Backlog, Next};
 use super::dead::DEFERRED_RETRY;
 use super::entry::pair_of;
 use super::plan::{chunks, plan_claim, ClaimPlan};
-use super::run::{Finished, FAST_HANDLER};
+use super::run::{Claimed, Finished, FAST_HANDLER};
 use super::sort::{Look, Memory, Reading};
 use super::{LeadEnd, Queue};
 use crate::coord::{
@@ -54,12 +54,6 @@ impl Candidate {
     pub(super) fn op(&self) -> &TaskOp {
         &self.op
     }
-}
-
-/// A claimed task and the value its claim wrote (what the handler gets).
-pub(super) struct Claimed {
-    pub(super) task: Box<Task>,
-    pub(super) value: Vec<u8>,
 }
 
 /// One claim write, ready: the tasks in claim order, their prepared claims, and how many

@@ -21,8 +21,9 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 use super::backlog::{Backlog, Next, LOOK_INTERVAL};
-use super::claim::{Batch, Candidate, Claimed, Started};
+use super::claim::{Batch, Candidate, Started};
 use super::plan::{plan_claim, ClaimPlan};
+use super::run::Claimed;
 use super::run::{Finished, RunOutcome};
 use super::sort::{Look, Memory};
 use super::{LeadEnd, Queue};

@@ -12,7 +12,6 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::backlog::Backlog;
-use super::claim::Claimed;
 use super::entry::pair_of;
 use super::plan::chunks;
 use super::settlement::{self, after_run, RunEnd, Settlement};
@@ -24,6 +23,12 @@ use crate::coord::{
 use crate::handler::TaskContext;
 use crate::leader::Lease;
 use crate::task::Task;
+
+/// A claimed task and the value its claim wrote (what the handler gets).
+pub(super) struct Claimed {
+    pub(super) task: Box<Task>,
+    pub(super) value: Vec<u8>,
+}
 
 /// A handler run shorter than this lets the next claim take a batch.
 pub(super) const FAST_HANDLER: Duration = Duration::from_millis(5);
