@@ -522,7 +522,7 @@ mod tests {
     fn defaults_load() {
         let settings = Settings::load(None, Env::new()).unwrap();
         assert_eq!(settings.queue.prefix, "oracleTask/");
-        assert_eq!(settings.election.lease_ttl, Duration::from_secs(15));
+        assert_eq!(settings.election.lease_ttl, Duration::from_secs(10));
         assert_eq!(settings.consul.addresses, vec!["http://127.0.0.1:8500"]);
         assert_eq!(
             settings.queue.run_at_max_ahead,

@@ -72,10 +72,11 @@ impl Finished {
     }
 
     /// Completes the version this run claimed, and only that one: deletes it, or, with
-    /// history on, moves it to its history record in the same write (no extra round trip).
+    /// history on, finishes it with its history record in the same write (no extra round
+    /// trip).
     pub(super) fn completion(&self) -> TaskOp {
         match &self.history {
-            Some((to, value)) => TaskOp::Move {
+            Some((to, value)) => TaskOp::Finish {
                 key: self.task.key.clone(),
                 version: self.claimed_version,
                 to: to.clone(),

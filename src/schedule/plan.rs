@@ -44,8 +44,8 @@ use super::{CatchUp, Schedule, When};
 /// How late a tick may be and still count as on time for [`CatchUp::None`]. A healthy
 /// leader wakes at its tick within milliseconds, but it may be writing a batch of claims or
 /// waiting on a slow coordinator write when the tick falls, and dropping a tick for that
-/// would make `none` lose ticks with a leader in place; two lease renewals at the default
-/// session TTL (15s, renewed every 5s) cover it. A tick missed in a real outage is mostly
+/// would make `none` lose ticks with a leader in place; three lease renewals at the default
+/// lease TTL (10s, renewed every 3.3s) cover it. A tick missed in a real outage is mostly
 /// later than this, as a failed leader's lease ends only a TTL after its last renewal; a
 /// quick handover within the grace still runs the tick, which is what a tick barely missed
 /// should do.

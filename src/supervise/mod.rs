@@ -28,7 +28,7 @@ pub mod protocol;
 pub const SUPERVISE_ARG: &str = "__supervise";
 
 /// The lease's safety margin is this fraction of the session TTL: a handler must be dead
-/// `lease_ttl / 10` before the lease deadline (1.5 s with the default 15 s TTL). It covers
+/// `lease_ttl / 10` before the lease deadline (1 s with the default 10 s TTL). It covers
 /// the supervisor's wake-up latency, the kernel's time to tear the processes down and any
 /// drift between this machine's clock and the coordinator's.
 pub const LEASE_MARGIN_DIVISOR: u32 = 10;

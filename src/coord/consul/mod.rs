@@ -271,6 +271,12 @@ mod tests {
                 to: "dead/d".into(),
                 value: b"{\"reason\":\"<bad>\"}".to_vec(),
             },
+            TaskOp::Finish {
+                key: "q/e".into(),
+                version: TaskVersion(10),
+                to: "done/e".into(),
+                value: b"{\"outcome\":\"completed\"}".to_vec(),
+            },
         ];
         let guard = guard_cost_on("consumerLeader");
         assert_eq!(guard.ops, 2);

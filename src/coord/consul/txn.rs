@@ -108,6 +108,28 @@ pub fn txn_ops(
                     index: 0,
                 })
             }
+            // Under the guard a delete-cas alone: a claimed task can only have gone by an
+            // operator's hand, and its run did finish, so its record is true all the same
+            // (a delete-cas of a missing key succeeds). Without it, the lock check fails
+            // on a missing key, as for a completion.
+            TaskOp::Finish {
+                key,
+                version,
+                to,
+                value,
+            } => {
+                if guard.is_none() {
+                    txn.push(own_check(key, lease));
+                }
+                txn.push(TxnOp::DeleteCas {
+                    key: key.clone(),
+                    index: version.0,
+                });
+                txn.push(TxnOp::Set {
+                    key: to.clone(),
+                    value: value.clone(),
+                });
+            }
             TaskOp::Move {
                 key,
                 version,
@@ -149,40 +171,7 @@ fn own_check(key: &str, lease: &LeaseId) -> TxnOp {
 /// value left out, plus the value's base64 length: a cost is asked for every candidate
 /// of every claim, and copying values of tens of KB to measure them would dominate.
 pub fn cost(lease: &LeaseId, op: &TaskOp) -> crate::coord::WriteCost {
-    let value_len = match op {
-        TaskOp::Claim { value, .. }
-        | TaskOp::Release { value, .. }
-        | TaskOp::Rewrite { value, .. }
-        | TaskOp::Move { value, .. }
-        | TaskOp::Create { value, .. } => value.len(),
-        TaskOp::Complete { .. } => 0,
-    };
-    let (key, version, value) = (op.key().to_string(), op.version(), Vec::new());
-    let bare = match op {
-        TaskOp::Claim { .. } => TaskOp::Claim {
-            key,
-            version,
-            value,
-        },
-        TaskOp::Release { .. } => TaskOp::Release {
-            key,
-            version,
-            value,
-        },
-        TaskOp::Rewrite { .. } => TaskOp::Rewrite {
-            key,
-            version,
-            value,
-        },
-        TaskOp::Move { to, .. } => TaskOp::Move {
-            key,
-            version,
-            to: to.clone(),
-            value,
-        },
-        TaskOp::Complete { .. } => TaskOp::Complete { key, version },
-        TaskOp::Create { .. } => TaskOp::Create { key, value },
-    };
+    let (bare, value_len) = (op.bare(), op.value_len());
     let leadership = Leadership {
         lease: lease.clone(),
         fencing_token: FencingToken(0),
@@ -343,6 +332,12 @@ mod tests {
                 to: "dead/d".into(),
                 value: b"dead".to_vec(),
             },
+            TaskOp::Finish {
+                key: "q/e".into(),
+                version: TaskVersion(10),
+                to: "done/e".into(),
+                value: b"record".to_vec(),
+            },
         ]
     }
 
@@ -381,6 +376,8 @@ mod tests {
                 "check-index q/d 9",
                 "delete-cas q/d 9",
                 "set dead/d",
+                "delete-cas q/e 10",
+                "set done/e",
             ]
         );
         assert_eq!(
@@ -396,7 +393,9 @@ mod tests {
                 Some(3),
                 Some(4),
                 Some(4),
-                Some(4)
+                Some(4),
+                Some(5),
+                Some(5)
             ]
         );
         let (own, owners) = txn_ops(None, &lease(), &batch()[1..2]);
@@ -407,6 +406,11 @@ mod tests {
         assert_eq!(
             verbs(&own),
             ["check-session q/done s1", "delete-cas q/done 5"]
+        );
+        let (own, _) = txn_ops(None, &lease(), &batch()[5..]);
+        assert_eq!(
+            verbs(&own),
+            ["check-session q/e s1", "delete-cas q/e 10", "set done/e"]
         );
     }
 

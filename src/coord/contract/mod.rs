@@ -10,6 +10,7 @@
 //! tokio's paused clock runs the whole suite in no real time, and a real server with a 1 s
 //! TTL in a few seconds.
 
+mod finish;
 mod leadership;
 mod queue;
 mod support;
@@ -20,6 +21,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use self::finish::*;
 pub use self::leadership::*;
 pub use self::queue::*;
 pub use self::writes::*;
@@ -143,6 +145,7 @@ macro_rules! with_checks {
             conflict_names_the_key_and_applies_nothing,
             completing_or_moving_a_gone_task_conflicts,
             claim_and_complete_follow_versions,
+            finish_deletes_the_task_and_writes_its_record,
             list_gives_versions_and_creation_order,
             list_and_observe_wait_for_a_change_or_the_wait,
             dead_lease_leaves_its_claims_unheld,

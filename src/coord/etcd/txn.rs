@@ -72,6 +72,7 @@ pub fn write_txn(layout: &Layout, guard: Option<&Guard>, writer: Writer, ops: &[
                 TaskOp::Release { .. }
                     | TaskOp::Complete { .. }
                     | TaskOp::Move { .. }
+                    | TaskOp::Finish { .. }
                     | TaskOp::Create { .. }
             );
         txn.compare.push(if own_only {
@@ -108,7 +109,7 @@ pub fn write_txn(layout: &Layout, guard: Option<&Guard>, writer: Writer, ops: &[
             TaskOp::Rewrite { value, .. } | TaskOp::Create { value, .. } => {
                 txn.success.push(put(&key, value, 0))
             }
-            TaskOp::Move { to, value, .. } => {
+            TaskOp::Move { to, value, .. } | TaskOp::Finish { to, value, .. } => {
                 txn.success.push(Op::Delete(key));
                 txn.success.push(Op::Delete(claim));
                 txn.success.push(put(to.as_bytes(), value, 0));
@@ -285,66 +286,7 @@ pub fn txn_bytes(txn: &Txn) -> usize {
 /// What `op` costs: `OP_ENTRIES` entries, and its bytes. Measured on the op without its
 /// value, plus the value's length, so that costing a large task copies nothing big.
 pub fn cost(layout: &Layout, op: &TaskOp) -> WriteCost {
-    let (bare, value_len) = match op {
-        TaskOp::Claim {
-            key,
-            version,
-            value,
-        } => (
-            TaskOp::Claim {
-                key: key.clone(),
-                version: *version,
-                value: Vec::new(),
-            },
-            value.len(),
-        ),
-        TaskOp::Release {
-            key,
-            version,
-            value,
-        } => (
-            TaskOp::Release {
-                key: key.clone(),
-                version: *version,
-                value: Vec::new(),
-            },
-            value.len(),
-        ),
-        TaskOp::Rewrite {
-            key,
-            version,
-            value,
-        } => (
-            TaskOp::Rewrite {
-                key: key.clone(),
-                version: *version,
-                value: Vec::new(),
-            },
-            value.len(),
-        ),
-        TaskOp::Move {
-            key,
-            version,
-            to,
-            value,
-        } => (
-            TaskOp::Move {
-                key: key.clone(),
-                version: *version,
-                to: to.clone(),
-                value: Vec::new(),
-            },
-            value.len(),
-        ),
-        TaskOp::Complete { .. } => (op.clone(), 0),
-        TaskOp::Create { key, value } => (
-            TaskOp::Create {
-                key: key.clone(),
-                value: Vec::new(),
-            },
-            value.len(),
-        ),
-    };
+    let (bare, value_len) = (op.bare(), op.value_len());
     // The longest lease id, so a cost does not depend on whose lease writes.
     let writer = Writer {
         lease: i64::MAX,

@@ -486,6 +486,12 @@ impl State {
                 staged.insert(key.to_string(), Some(created));
                 continue;
             }
+            if let (TaskOp::Finish { to, value, .. }, None, false) = (op, &current, own) {
+                // Gone already (an operator deleted it under the claim): finished all the
+                // same, as on Consul, whose delete-cas of a missing key succeeds.
+                stage_record(&mut staged, &self.tasks, to, value, index);
+                continue;
+            }
             let Some(task) = current.filter(|task| task.version == op.version().0) else {
                 fail(&mut failed, key);
                 continue;
@@ -533,24 +539,9 @@ impl State {
                     staged.insert(key.to_string(), Some(written(value, None)));
                 }
                 TaskOp::Create { .. } => {}
-                TaskOp::Move { to, value, .. } => {
+                TaskOp::Move { to, value, .. } | TaskOp::Finish { to, value, .. } => {
                     staged.insert(key.to_string(), None);
-                    let target = match staged.get(to) {
-                        Some(task) => task.clone(),
-                        None => self.tasks.get(to).cloned(),
-                    };
-                    // Like a producer's write: an existing task keeps its place and claim.
-                    let (created, holder) =
-                        target.map_or((index, None), |task| (task.created, task.holder));
-                    staged.insert(
-                        to.clone(),
-                        Some(Task {
-                            value: value.clone(),
-                            version: index,
-                            created,
-                            holder,
-                        }),
-                    );
+                    stage_record(&mut staged, &self.tasks, to, value, index);
                 }
             }
         }
@@ -588,6 +579,31 @@ fn fail(failed: &mut Vec<String>, key: &str) {
     }
 }
 
+/// Stages `value` under `to`, the record a move or a finish writes. Like a producer's
+/// write: an existing task keeps its place and claim.
+fn stage_record(
+    staged: &mut BTreeMap<String, Option<Task>>,
+    tasks: &BTreeMap<String, Task>,
+    to: &str,
+    value: &[u8],
+    index: u64,
+) {
+    let target = match staged.get(to) {
+        Some(task) => task.clone(),
+        None => tasks.get(to).cloned(),
+    };
+    let (created, holder) = target.map_or((index, None), |task| (task.created, task.holder));
+    staged.insert(
+        to.to_string(),
+        Some(Task {
+            value: value.to_vec(),
+            version: index,
+            created,
+            holder,
+        }),
+    );
+}
+
 /// The bytes an op carries: its keys and its value.
 pub(crate) fn op_bytes(op: &TaskOp) -> usize {
     match op {
@@ -596,7 +612,9 @@ pub(crate) fn op_bytes(op: &TaskOp) -> usize {
         | TaskOp::Rewrite { key, value, .. }
         | TaskOp::Create { key, value } => key.len() + value.len(),
         TaskOp::Complete { key, .. } => key.len(),
-        TaskOp::Move { key, to, value, .. } => key.len() + to.len() + value.len(),
+        TaskOp::Move { key, to, value, .. } | TaskOp::Finish { key, to, value, .. } => {
+            key.len() + to.len() + value.len()
+        }
     }
 }
 

@@ -559,7 +559,9 @@ impl Tasks for RedisCoordinator {
             | TaskOp::Rewrite { key, value, .. }
             | TaskOp::Create { key, value } => key.len() + value.len(),
             TaskOp::Complete { key, .. } => key.len(),
-            TaskOp::Move { key, to, value, .. } => key.len() + to.len() + value.len(),
+            TaskOp::Move { key, to, value, .. } | TaskOp::Finish { key, to, value, .. } => {
+                key.len() + to.len() + value.len()
+            }
         };
         WriteCost { ops: 1, bytes }
     }

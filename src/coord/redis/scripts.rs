@@ -399,7 +399,9 @@ pub fn op_args(ops: &[TaskOp]) -> Vec<Vec<u8>> {
             TaskOp::Release { value, .. } => ("release", value, ""),
             TaskOp::Rewrite { value, .. } => ("rewrite", value, ""),
             TaskOp::Create { value, .. } => ("create", value, ""),
-            TaskOp::Move { to, value, .. } => ("move", value, to),
+            TaskOp::Move { to, value, .. } | TaskOp::Finish { to, value, .. } => {
+                ("move", value, to)
+            }
         };
         let [counter, gone] = version_args(op.version());
         args.extend([

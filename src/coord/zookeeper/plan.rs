@@ -204,7 +204,7 @@ pub fn plan(
                 planned.push(set(&path, value, task.data_version), Some(key));
             }
             TaskOp::Create { .. } => {}
-            TaskOp::Move { to, value, .. } => {
+            TaskOp::Move { to, value, .. } | TaskOp::Finish { to, value, .. } => {
                 drop_claim(&mut planned);
                 planned.push(delete(&path, task.data_version), Some(key));
                 let to_path = layout::path_of(to);

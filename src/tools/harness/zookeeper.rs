@@ -4,7 +4,7 @@
 //!
 //! `tickTime` is 500 ms, so sessions from 1 s are granted and a member's loss is noticed
 //! within a second or two; `maxSessionTimeout` is raised to 60 s so that leaderq's default
-//! `session_ttl` (15 s) works on it too, as on a production ensemble. A member is ready when it answers the four-letter word
+//! `lease_ttl` (10 s) and longer ones work on it too, as on a production ensemble. A member is ready when it answers the four-letter word
 //! `srvr` with its `Mode:` (leader, follower or standalone). Producers write as ZooKeeper
 //! users do, with `zkCli.sh create`.
 
