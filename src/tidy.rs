@@ -5,6 +5,9 @@
 //! process (an `.expect("...")` is allowed where the message states the invariant that
 //! makes it safe, such as "a JSON object serializes"); and module headers and
 //! ARCHITECTURE.md name only source files that exist, so a moved file leaves no stale map.
+//! The documentation's rules (links, anchors, line width) are in `docs.rs` below.
+
+mod docs;
 
 use std::path::{Path, PathBuf};
 

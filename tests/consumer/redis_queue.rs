@@ -335,7 +335,7 @@ async fn enqueue_tasks_and_status_work_on_redis() {
 /// with the AOF on (`appendfsync always`, `everysec` or `no`: Redis writes the AOF before
 /// it answers, so a process crash leaves it in the kernel's page cache; what `everysec` and
 /// `no` lose on an OS crash or power loss cannot be measured here), everything without it.
-/// The counts are printed for README's durability table.
+/// The counts are printed for the durability table in docs/redis.md.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_kill_loses_no_acknowledged_write_with_the_aof_on() {
     const WRITES: usize = 300;

@@ -4,7 +4,7 @@
 //! [`RedisCoordinator::check_durability`] reads the settings (`CONFIG GET`, or `INFO` where
 //! CONFIG is renamed or forbidden) and acts on it.
 //!
-//! Where the line is drawn, and why (README, "What Redis must be configured with"):
+//! Where the line is drawn, and why (docs/redis.md, "What Redis must be configured with"):
 //! - `appendonly no` loses everything since the last snapshot on any restart of Redis, a
 //!   routine event: refused;
 //! - `appendfsync no` leaves the flush to the kernel (about 30 s on Linux, unbounded by
@@ -132,7 +132,7 @@ pub fn risks(server: &ServerSettings) -> Vec<String> {
 pub fn refusal(redis: &str, risks: &[String]) -> String {
     let unread = risks.iter().any(|risk| risk.contains(UNREAD));
     format!(
-        "{redis} can lose acknowledged writes, so this replica will not lead on it: {}; fix it on the Redis server (appendonly yes, appendfsync always or everysec, maxmemory-policy noeviction{}), or, to run anyway, set redis.accept_data_loss = true (LEADERQ__REDIS__ACCEPT_DATA_LOSS=true): README's \"What Redis must be configured with\" says what can then be lost",
+        "{redis} can lose acknowledged writes, so this replica will not lead on it: {}; fix it on the Redis server (appendonly yes, appendfsync always or everysec, maxmemory-policy noeviction{}), or, to run anyway, set redis.accept_data_loss = true (LEADERQ__REDIS__ACCEPT_DATA_LOSS=true): docs/redis.md, \"Accepting the risk\", says what can then be lost",
         risks.join("; "),
         if unread {
             ", and let leaderq's Redis user run CONFIG GET"

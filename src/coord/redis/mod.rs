@@ -19,7 +19,7 @@
 //!   refuses one that can lose acknowledged writes unless `redis.accept_data_loss` says so
 //!   (`durability.rs`), again at every lease; producers and operators (no lease) are never
 //!   refused. Asynchronous replication is not seen: a failover can lose writes whatever the
-//!   primary's settings (README, "Production with Redis").
+//!   primary's settings (docs/redis.md, "Replication and failover").
 //!
 //! How it keeps each guarantee of [`crate::coord`]:
 //! - **One leader.** `SET … NX` lets one lease hold the key, with the lease's remaining PTTL,

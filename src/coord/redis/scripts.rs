@@ -496,19 +496,19 @@ mod tests {
         assert!(!PRODUCE.contains('\n') && !PRODUCE.contains('"') && !PRODUCE.contains('$'));
     }
 
-    /// README's producer command is this script, word for word: what the tests write with
-    /// (`harness::redis`) is what users paste.
+    /// The Redis guide's producer command (docs/redis.md) is this script, word for word:
+    /// what the tests write with (`harness::redis`) is what users paste.
     #[test]
-    fn the_readme_shows_the_producers_script() {
-        let readme = include_str!("../../../README.md");
-        let block = readme
+    fn the_redis_guide_shows_the_producers_script() {
+        let guide = include_str!("../../../docs/redis.md");
+        let block = guide
             .split("<!-- readme-redis:start -->")
             .nth(1)
             .and_then(|rest| rest.split("<!-- readme-redis:end -->").next())
-            .expect("README has a readme-redis block");
+            .expect("docs/redis.md has a readme-redis block");
         assert!(
             block.contains(&format!("redis-cli EVAL \"{PRODUCE}\"")),
-            "README's producer command differs from scripts::PRODUCE"
+            "docs/redis.md's producer command differs from scripts::PRODUCE"
         );
     }
 }
