@@ -635,11 +635,12 @@ mod supervision_tests {
         )
     }
 
-    /// The kill grace defaults to 5s, which fits Consul's smallest TTL (10s: 5s + 1s margin
-    /// < 6.67s); one that could outlast the lease is refused with what to do.
+    /// The kill grace defaults to 2s, which leaves the default 10s TTL room for a slow
+    /// renewal (2s + 1s margin < 6.67s); one that could outlast the lease is refused with
+    /// what to do.
     #[test]
     fn kill_grace_must_end_before_the_lease_could() {
-        assert_eq!(load(&[]).unwrap().queue.kill_grace, Duration::from_secs(5));
+        assert_eq!(load(&[]).unwrap().queue.kill_grace, Duration::from_secs(2));
         load(&[("LEADERQ__ELECTION__SESSION_TTL", "10s")]).unwrap();
         let err = load(&[("LEADERQ__ELECTION__SESSION_TTL", "3s")])
             .unwrap_err()

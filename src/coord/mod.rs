@@ -286,6 +286,14 @@ impl TaskOp {
         }
     }
 
+    /// Where a move or a finish writes its record (the dead letter, the history record).
+    pub fn record_key(&self) -> Option<&str> {
+        match self {
+            TaskOp::Move { to, .. } | TaskOp::Finish { to, .. } => Some(to),
+            _ => None,
+        }
+    }
+
     /// The length of the value the op writes (0 for a completion).
     pub fn value_len(&self) -> usize {
         match self {

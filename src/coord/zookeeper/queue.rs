@@ -189,10 +189,11 @@ async fn send(
 /// The keys a batch reads before it is planned: each task, and each dead letter it writes.
 fn keys_of(ops: &[TaskOp]) -> Vec<String> {
     let mut keys: Vec<String> = ops.iter().map(|op| op.key().to_string()).collect();
-    keys.extend(ops.iter().filter_map(|op| match op {
-        TaskOp::Move { to, .. } => Some(to.clone()),
-        _ => None,
-    }));
+    keys.extend(
+        ops.iter()
+            .filter_map(TaskOp::record_key)
+            .map(str::to_string),
+    );
     keys
 }
 
@@ -296,9 +297,8 @@ impl Tasks for ZkCoordinator {
         let new_keys: Vec<&str> = ops
             .iter()
             .filter_map(|op| match op {
-                TaskOp::Move { to, .. } => Some(to.as_str()),
                 TaskOp::Create { key, .. } => Some(key.as_str()),
-                _ => None,
+                _ => op.record_key(),
             })
             .collect();
         self.make_parents(&client, &new_keys).await?;
@@ -347,13 +347,7 @@ impl Tasks for ZkCoordinator {
         let Ok(planned) = plan::plan(Vec::new(), ops, &seen, Writer::Own { session }) else {
             return Ok(conflict_on_all(ops));
         };
-        let dead: Vec<&str> = ops
-            .iter()
-            .filter_map(|op| match op {
-                TaskOp::Move { to, .. } => Some(to.as_str()),
-                _ => None,
-            })
-            .collect();
+        let dead: Vec<&str> = ops.iter().filter_map(TaskOp::record_key).collect();
         self.make_parents(&client, &dead).await?;
         match send(&client, &planned.ops, self.acls()).await? {
             // `write_own`'s callers read only whether it applied: no versions are kept.
