@@ -1,11 +1,18 @@
 //! The backlog measurement: how fast one `leaderq consume` process drains a queue that
 //! backed up, and how much memory it takes, at growing backlogs (1k, 10k, 100k no-op tasks
-//! by default). Each backlog is enqueued first on a fresh coordinator (in create-only
-//! batches through the seam, so it is quick on every backend), then one replica starts;
-//! the drain is timed from its election to an empty queue, and its peak RSS read from
-//! /proc before it stops. Each backlog is drained several times (`runs_for`), and the
-//! median rate reported. Writes a row per backlog, a JSON object and an SVG chart (rate and RSS
-//! against backlog, drawn here by hand: a chart is a few lines of SVG).
+//! by default), beside the protocol's floor. Each backlog is enqueued first on a fresh
+//! coordinator (in create-only batches through the seam, so it is quick on every backend),
+//! then one replica starts; the drain is timed from its election to an empty queue, and
+//! its peak RSS read from /proc before it stops. On the same coordinator the same backlog
+//! is enqueued again and drained by the minimal native client of `floor/`, before or after
+//! leaderq's drain by turns. Each backlog is drained several times (`runs_for`), and the
+//! median rates reported, with their ratio and what a task cost the server either way (its
+//! own counters, with the bench's own polling of the queue taken out). Writes a row per
+//! backlog, a JSON object and an SVG chart (rate and RSS against backlog, drawn here by
+//! hand: a chart is a few lines of SVG).
+//!
+//! Size: one measurement, leaderq's drain with the floor's beside it, what each cost the
+//! server, and its chart.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -16,6 +23,7 @@ use anyhow::{bail, Context};
 use serde_json::json;
 
 use super::consumer::{task_body, task_body_at, Target, BACKLOG_TASK_TIME, TASK_TYPE};
+use super::floor::{self, Counters};
 use super::{mib, progress, rss_of, Options, Report, TempDir};
 use crate::coord::{Coordinator, Edit, Edited};
 use crate::tools::chaos::leader_node;
@@ -38,6 +46,11 @@ fn runs_for(backlog: usize) -> usize {
 }
 /// How long the bench waits for the replica to win the election.
 const LEADER_LIMIT: Duration = Duration::from_secs(30);
+/// Polls of each kind the bench makes to learn what one costs the server, so that its
+/// polling during leaderq's drain can be taken out of leaderq's cost.
+const POLL_PROBES: usize = 20;
+/// A server's counters that cannot be read by then are left out.
+const COUNTERS_LIMIT: Duration = Duration::from_secs(5);
 
 /// One backlog's drain.
 #[derive(Clone, Debug)]
@@ -49,17 +62,57 @@ pub struct Drain {
     pub peak_rss: u64,
 }
 
+/// The floor's drains of one backlog beside leaderq's, and what a task cost the server
+/// either way (per task, summed over the runs; `None` where it keeps no counters).
+#[derive(Clone, Debug)]
+struct Beside {
+    floor_rate: f64,
+    leaderq_cost: Option<Counters>,
+    floor_cost: Option<Counters>,
+}
+
+impl Beside {
+    fn ratio(&self, drain: &Drain) -> f64 {
+        if self.floor_rate > 0.0 {
+            drain.rate / self.floor_rate
+        } else {
+            0.0
+        }
+    }
+}
+
 pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<()> {
     let mut drains = Vec::new();
+    let mut besides = Vec::new();
     for &backlog in &options.backlogs {
         let mut runs = Vec::new();
-        for _ in 0..runs_for(backlog) {
-            runs.push(drain(&options.backend, backlog).await?);
+        let mut floor_rates = Vec::new();
+        let (mut leaderq_cost, mut floor_cost) =
+            (Some(Counters::default()), Some(Counters::default()));
+        let (mut leaderq_tasks, mut floor_tasks) = (0usize, 0usize);
+        for run in 0..runs_for(backlog) {
+            let pair = pair(&options.backend, backlog, run % 2 == 1).await?;
+            leaderq_tasks += pair.drain.drained;
+            floor_tasks += pair.floor.drained;
+            leaderq_cost = leaderq_cost.zip(pair.leaderq_cost).map(|(a, b)| a.add(b));
+            floor_cost = floor_cost.zip(pair.floor_cost).map(|(a, b)| a.add(b));
+            floor_rates.push(pair.floor.rate());
+            runs.push(pair.drain);
         }
+        floor_rates.sort_by(f64::total_cmp);
+        let per_task = |cost: Option<Counters>, tasks: usize| {
+            cost.filter(|_| tasks > 0)
+                .map(|c| c.scaled(1.0 / tasks as f64))
+        };
+        besides.push(Beside {
+            floor_rate: floor_rates[floor_rates.len() / 2],
+            leaderq_cost: per_task(leaderq_cost, leaderq_tasks),
+            floor_cost: per_task(floor_cost, floor_tasks),
+        });
         drains.push(median(runs));
     }
     let first = drains.first().map_or(0.0, |d| d.rate);
-    for d in &drains {
+    for (d, beside) in drains.iter().zip(&besides) {
         let result = if d.drained < d.backlog {
             format!(
                 "{:.0} ({} in {:.0} s), {:.1} MiB",
@@ -86,6 +139,43 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
             result,
             target,
         );
+        report.row(
+            format!(
+                "backlog: drain {}, minimal native protocol, tasks/s (median of {})",
+                d.backlog,
+                runs_for(d.backlog)
+            ),
+            format!("{:.0}", beside.floor_rate),
+            "",
+        );
+        report.row(
+            format!("backlog: drain {}, leaderq / minimal protocol", d.backlog),
+            format!("{:.2}", beside.ratio(d)),
+            ">= 0.7",
+        );
+        if let (Some(leaderq), Some(floor)) = (beside.leaderq_cost, beside.floor_cost) {
+            report.row(
+                format!(
+                    "backlog: drain {}, server reads/writes per task, leaderq vs minimal",
+                    d.backlog
+                ),
+                format!(
+                    "{:.2}/{:.2} vs {:.2}/{:.2}",
+                    leaderq.reads, leaderq.writes, floor.reads, floor.writes
+                ),
+                floor::counted(&options.backend),
+            );
+            if let (Some(a), Some(b)) = (leaderq.cpu_seconds, floor.cpu_seconds) {
+                report.row(
+                    format!(
+                        "backlog: drain {}, server CPU per task, us, leaderq vs minimal",
+                        d.backlog
+                    ),
+                    format!("{:.0} vs {:.0}", a * 1e6, b * 1e6),
+                    "",
+                );
+            }
+        }
     }
     let chart = options
         .chart
@@ -94,17 +184,33 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
     std::fs::write(&chart, svg(&drains, &options.backend))
         .with_context(|| format!("cannot write the chart to {}", chart.display()))?;
     progress(&format!("backlog: chart written to {}", chart.display()));
+    let cost_json = |cost: Option<Counters>| {
+        cost.map(|c| {
+            json!({
+                "reads_per_task": (c.reads * 100.0).round() / 100.0,
+                "writes_per_task": (c.writes * 100.0).round() / 100.0,
+                "cpu_us_per_task": c.cpu_seconds.map(|s| (s * 1e6).round()),
+            })
+        })
+    };
     report.json.insert(
         "backlog".into(),
         json!({
             "backend": options.backend,
             "chart": chart.display().to_string(),
-            "drains": drains.iter().map(|d| json!({
+            "server_counts": floor::counted(&options.backend),
+            "drains": drains.iter().zip(&besides).map(|(d, beside)| json!({
                 "backlog": d.backlog,
                 "drained": d.drained,
                 "seconds": (d.seconds * 1000.0).round() / 1000.0,
                 "tasks_per_sec": d.rate.round(),
                 "peak_rss_mib": (mib(d.peak_rss) * 10.0).round() / 10.0,
+                "floor_tasks_per_sec": beside.floor_rate.round(),
+                "ratio": (beside.ratio(d) * 100.0).round() / 100.0,
+                "server_cost": {
+                    "leaderq": cost_json(beside.leaderq_cost),
+                    "floor": cost_json(beside.floor_cost),
+                },
             })).collect::<Vec<_>>(),
             "rate_vs_first": drains.last().map(|d| if first > 0.0 { (d.rate / first * 100.0).round() / 100.0 } else { 0.0 }),
         }),
@@ -121,19 +227,74 @@ fn median(mut runs: Vec<Drain>) -> Drain {
     median
 }
 
-/// Enqueues `backlog` tasks on a fresh coordinator, then drains them with one child
-/// `leaderq consume` whose handler for the bench's taskType is the built-in log handler.
-async fn drain(backend: &str, backlog: usize) -> anyhow::Result<Drain> {
+/// One run: leaderq's drain and the floor's, on one fresh coordinator, the floor's first
+/// when `floor_first`; each with what it cost the server.
+struct Pair {
+    drain: Drain,
+    floor: floor::Floor,
+    leaderq_cost: Option<Counters>,
+    floor_cost: Option<Counters>,
+}
+
+async fn pair(backend: &str, backlog: usize, floor_first: bool) -> anyhow::Result<Pair> {
     let server = Target::start(backend)?;
+    let mut leaderq = None;
+    let mut minimal = None;
+    for floor_turn in [floor_first, !floor_first] {
+        if floor_turn {
+            progress(&format!(
+                "backlog: enqueueing {backlog} tasks for the minimal client"
+            ));
+            enqueue(&server.coord, backlog).await?;
+            progress(&format!(
+                "backlog: draining {backlog} tasks with the minimal native client"
+            ));
+            let before = counters(&server, backend).await;
+            let drained = floor::drain(&server, backend).await?;
+            let after = counters(&server, backend).await;
+            minimal = Some((drained, after.zip(before).map(|(a, b)| a.since(b))));
+        } else {
+            leaderq = Some(drain(&server, backend, backlog).await?);
+        }
+    }
+    let (Some((drain, leaderq_cost)), Some((floor, floor_cost))) = (leaderq, minimal) else {
+        bail!("a drain of the pair did not run");
+    };
+    Ok(Pair {
+        drain,
+        floor,
+        leaderq_cost,
+        floor_cost,
+    })
+}
+
+/// The server's counters now, if it keeps them and answers in time.
+async fn counters(server: &Target, backend: &str) -> Option<Counters> {
+    tokio::time::timeout(COUNTERS_LIMIT, floor::counters(server, backend))
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Enqueues `backlog` tasks on `server`, then drains them with one child `leaderq consume`
+/// whose handler for the bench's taskType is the built-in log handler; with what the
+/// drain cost the server, less the bench's own polls.
+async fn drain(
+    server: &Target,
+    backend: &str,
+    backlog: usize,
+) -> anyhow::Result<(Drain, Option<Counters>)> {
     let dir = TempDir::new()?;
     progress(&format!("backlog: enqueueing {backlog} tasks"));
     enqueue(&server.coord, backlog).await?;
     let config = dir.0.join("consume.toml");
     std::fs::write(&config, format!("[handlers.{TASK_TYPE}]\nkind = \"log\"\n"))
         .context("cannot write the replica's settings")?;
+    let probes = poll_costs(server, backend, backlog).await?;
     progress(&format!(
         "backlog: draining {backlog} tasks with one replica"
     ));
+    let before = counters(server, backend).await;
     let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
     let mut child = Command::new(exe)
         .arg("consume")
@@ -147,26 +308,79 @@ async fn drain(backend: &str, backlog: usize) -> anyhow::Result<Drain> {
         .stderr(Stdio::inherit())
         .spawn()
         .context("cannot start leaderq consume")?;
-    let measured = measure(&server, &child, backlog).await;
+    let measured = measure(server, &child, backlog).await;
+    let after = counters(server, backend).await;
     let _ = child.kill();
     let _ = child.wait();
-    measured
+    let (drain, polls) = measured?;
+    let cost = match (after.zip(before), probes) {
+        (Some((after, before)), Some((leader_poll, task_poll))) => Some(
+            after
+                .since(before)
+                .less(leader_poll, polls.leader as f64)
+                .less(task_poll, polls.task as f64),
+        ),
+        _ => None,
+    };
+    Ok((drain, cost))
+}
+
+/// The bench's own reads of the queue while it times a drain.
+#[derive(Clone, Copy, Debug, Default)]
+struct Polls {
+    /// Looks for a leader, until the election.
+    leader: usize,
+    /// Reads of the last task, until it is gone.
+    task: usize,
+}
+
+/// What one look for a leader and one read of the last task cost the server, measured
+/// before the replica starts: [`POLL_PROBES`] of each.
+async fn poll_costs(
+    server: &Target,
+    backend: &str,
+    backlog: usize,
+) -> anyhow::Result<Option<(Counters, Counters)>> {
+    let last = [task_key(backlog - 1)];
+    let Some(start) = counters(server, backend).await else {
+        return Ok(None);
+    };
+    for _ in 0..POLL_PROBES {
+        leader_node(server.coord.as_ref()).await;
+    }
+    let Some(middle) = counters(server, backend).await else {
+        return Ok(None);
+    };
+    for _ in 0..POLL_PROBES {
+        server.coord.get(&last).await?;
+    }
+    let Some(end) = counters(server, backend).await else {
+        return Ok(None);
+    };
+    let each = 1.0 / POLL_PROBES as f64;
+    Ok(Some((
+        middle.since(start).scaled(each),
+        end.since(middle).scaled(each),
+    )))
 }
 
 async fn measure(
     server: &Target,
     child: &std::process::Child,
     backlog: usize,
-) -> anyhow::Result<Drain> {
+) -> anyhow::Result<(Drain, Polls)> {
+    let mut polls = Polls::default();
     // The drain is timed from the election, seen within a millisecond: a 1k backlog
     // drains in tens of them.
     let waiting = Instant::now();
     while leader_node(server.coord.as_ref()).await.is_none() {
+        polls.leader += 1;
         if waiting.elapsed() > LEADER_LIMIT {
             bail!("no leader within {LEADER_LIMIT:?}");
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+    polls.leader += 1;
     let started = Instant::now();
     // The last task comes last in claim order (a later taskTime), so the queue is empty
     // once it is gone: it alone is read, every millisecond; a count of the names (which
@@ -174,6 +388,7 @@ async fn measure(
     let last = [task_key(backlog - 1)];
     let mut left = backlog;
     while started.elapsed() < DRAIN_LIMIT {
+        polls.task += 1;
         if server.coord.get(&last).await?.is_empty() {
             left = server.coord.keys("oracleTask/").await?.0.len();
             if left == 0 {
@@ -185,13 +400,16 @@ async fn measure(
     let seconds = started.elapsed().as_secs_f64();
     let (_, peak_rss) = rss_of(child.id()).unwrap_or((0, 0));
     let drained = backlog - left.min(backlog);
-    Ok(Drain {
-        backlog,
-        drained,
-        seconds,
-        rate: drained as f64 / seconds,
-        peak_rss,
-    })
+    Ok((
+        Drain {
+            backlog,
+            drained,
+            seconds,
+            rate: drained as f64 / seconds,
+            peak_rss,
+        },
+        polls,
+    ))
 }
 
 /// The key of the `n`th task of a backlog.

@@ -19,6 +19,7 @@ use serde_json::{json, Map, Value};
 mod backlog;
 mod consumer;
 mod failover;
+mod floor;
 mod groups;
 mod run;
 mod schedules;
