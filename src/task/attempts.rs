@@ -73,6 +73,13 @@ impl Attempt {
     }
 }
 
+/// Whether a task's value may hold a log: a look for the field's name, cheaper than
+/// parsing the value again on every completion.
+pub fn has_log(value: &[u8]) -> bool {
+    let name = b"\"attemptLog\"";
+    value.windows(name.len()).any(|window| window == name)
+}
+
 /// The log read from a task's fields: the entries that can be read, oldest first; an
 /// absent or unreadable log is empty.
 pub fn read(fields: &Map<String, Value>) -> Vec<Attempt> {

@@ -101,11 +101,12 @@ impl HistoryRecord {
             node: Some(run.node.to_string()),
             last_error: task.last_error.clone(),
             reason: None,
-            // The earlier runs (this one is the record itself); a first run has none, and
-            // its value is not parsed again.
-            attempt_log: match task.attempts {
-                0 => Vec::new(),
-                _ => attempts::read(&task.fields()),
+            // The earlier runs (this one is the record itself); a value without a log (most
+            // first runs) is not parsed again. A retried dead letter keeps its log.
+            attempt_log: if attempts::has_log(task.value()) {
+                attempts::read(&task.fields())
+            } else {
+                Vec::new()
             },
             record_key: String::new(),
         }
