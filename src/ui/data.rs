@@ -43,26 +43,17 @@ fn rows_or_why<T>(read: Result<Vec<T>, OperateError>, row: impl Fn(T) -> Value) 
     }
 }
 
-/// Every finished task's record (completed tasks' history records and dead letters), for
-/// the history page to filter and page (`ui::pages::history_page`): or why they could not
-/// be read.
-pub async fn history(
-    coord: &dyn Coordinator,
-    settings: &Settings,
-) -> Result<Vec<HistoryRecord>, OperateError> {
-    history::history(coord, settings, &HistoryFilter::default()).await
-}
-
-/// The chart of `window`: the finished tasks' records and the leadership terms, read now.
+/// The chart of `window` over `records` (the watcher's, so open pages cost no listing of
+/// the history), with the leadership terms read now.
 pub async fn chart(
     coord: &dyn Coordinator,
     settings: &Settings,
+    records: impl IntoIterator<Item = &HistoryRecord>,
     window: Window,
     now: DateTime<Utc>,
 ) -> Result<Chart, OperateError> {
-    let records = history::history(coord, settings, &HistoryFilter::default()).await?;
     let terms = leadership::timeline(coord, settings, TIMELINE_ROWS).await?;
-    Ok(pages::chart(&records, &terms, window, now))
+    Ok(pages::chart(records, &terms, window, now))
 }
 
 /// One task's page, by its key: under the queue prefix (and once it left the queue, its

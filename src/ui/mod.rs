@@ -8,7 +8,10 @@
 //! dead letters, the holder and the pause flag, and waits on the coordinator's blocking
 //! `list`/`observe` for the next change (or an action here), at most four times a second;
 //! every page in every browser gets each new reading from it, so a hundred open tabs cost
-//! the coordinator what one does (`watcher.rs`). The panes are computed by `view.rs`
+//! the coordinator what one does (`watcher.rs`); the history page and the chart filter
+//! and count the watcher's records too. What is read per request is small: a task page's
+//! key (and, once it left the queue, the history to find its record), the leadership
+//! terms for the chart. The panes are computed by `view.rs`
 //! (pure); who may call what is `auth.rs` (pure); records kept by other parts (history,
 //! timeline, standbys) and the actions they own are behind `data.rs`. The queue's own
 //! reads and writes are `operate`'s.
@@ -366,8 +369,8 @@ async fn dead(
 }
 
 /// Finished tasks (completed and dead), newest first, filtered (`type`, `outcome`, `from`,
-/// `to`, `q`) and paged (`offset`, `limit`) here; `recorded: "no"` with why when the
-/// records cannot be read.
+/// `to`, `q`) and paged (`offset`, `limit`) here, from the watcher's last reading of the
+/// records (a second or so behind a completion, five at most behind a direct write).
 async fn history(
     State(ui): State<Arc<Ui>>,
     headers: HeaderMap,
@@ -380,17 +383,11 @@ async fn history(
         Ok(filter) => filter,
         Err(why) => return refused(StatusCode::BAD_REQUEST, &why),
     };
-    match data::history(ui.coord.as_ref(), &ui.settings).await {
-        Ok(records) => {
-            let mut page = json!(pages::history_page(records, &filter));
-            page["recorded"] = json!("yes");
-            answer(StatusCode::OK, page)
-        }
-        Err(err) => answer(
-            StatusCode::OK,
-            json!({ "recorded": "no", "why": err.to_string() }),
-        ),
-    }
+    let panes = ui.panes().await;
+    let records = panes.done.iter().chain(&panes.dead_records);
+    let mut page = json!(pages::history_page(records, &filter));
+    page["recorded"] = json!("yes");
+    answer(StatusCode::OK, page)
 }
 
 /// The chart of a window (`window`: 1h, 24h or 7d): completions and dead letters by bar,
@@ -414,7 +411,10 @@ async fn chart(
             &format!("window={asked:?} is not a window: give 1h, 24h or 7d"),
         );
     };
-    match data::chart(ui.coord.as_ref(), &ui.settings, window, chrono::Utc::now()).await {
+    let panes = ui.panes().await;
+    let records = panes.done.iter().chain(&panes.dead_records);
+    let now = chrono::Utc::now();
+    match data::chart(ui.coord.as_ref(), &ui.settings, records, window, now).await {
         Ok(chart) => answer(StatusCode::OK, json!(chart)),
         Err(err) => operate_failure(err),
     }

@@ -193,29 +193,51 @@ pub struct HistoryRow {
 }
 
 /// The history page: the records that `filter` keeps, newest first, one page of them.
-pub fn history_page(mut records: Vec<HistoryRecord>, filter: &Filter) -> Page<HistoryRow> {
+pub fn history_page<'a>(
+    records: impl IntoIterator<Item = &'a HistoryRecord>,
+    filter: &Filter,
+) -> Page<HistoryRow> {
+    let records: Vec<&HistoryRecord> = records.into_iter().collect();
     let types = types_of(records.iter().map(|r| r.task_type.as_str()));
-    records.sort_by(|a, b| (b.finished(), &b.record_key).cmp(&(a.finished(), &a.record_key)));
-    let matched = records
+    let mut matched: Vec<(Option<DateTime<Utc>>, &HistoryRecord)> = records
         .into_iter()
-        .filter(|r| {
+        .map(|r| (r.finished(), r))
+        .filter(|(finished, r)| {
             let keys = [r.key.as_str(), r.record_key.as_str(), r.task_id.as_str()];
-            filter.keeps(&r.task_type, &r.outcome, r.finished(), &keys)
-        })
-        .map(|r| HistoryRow {
-            detail: r.reason.or(r.last_error).unwrap_or_default(),
-            key: r.key,
-            record_key: r.record_key,
-            task_type: r.task_type,
-            outcome: r.outcome,
-            duration_ms: r.duration_ms,
-            attempts: r.attempts,
-            fencing_token: r.fencing_token,
-            node: r.node.unwrap_or_default(),
-            finished_at: r.finished_at,
+            filter.keeps(&r.task_type, &r.outcome, *finished, &keys)
         })
         .collect();
-    page(matched, types, filter)
+    matched.sort_by(|a, b| (b.0, &b.1.record_key).cmp(&(a.0, &a.1.record_key)));
+    let Page {
+        total,
+        offset,
+        limit,
+        types,
+        rows,
+    } = page(matched, types, filter);
+    let rows = rows.into_iter().map(|(_, r)| HistoryRow {
+        detail: r
+            .reason
+            .clone()
+            .or(r.last_error.clone())
+            .unwrap_or_default(),
+        key: r.key.clone(),
+        record_key: r.record_key.clone(),
+        task_type: r.task_type.clone(),
+        outcome: r.outcome.clone(),
+        duration_ms: r.duration_ms,
+        attempts: r.attempts,
+        fencing_token: r.fencing_token,
+        node: r.node.clone().unwrap_or_default(),
+        finished_at: r.finished_at.clone(),
+    });
+    Page {
+        total,
+        offset,
+        limit,
+        types,
+        rows: rows.collect(),
+    }
 }
 
 /// The dead-letter page: the dead letters that `filter` keeps, newest first.
@@ -315,8 +337,8 @@ pub struct Chart {
 
 /// Completions and dead letters by bar over `window` up to `now`, from the history
 /// records, and the leaderships that began in it, from the timeline.
-pub fn chart(
-    records: &[HistoryRecord],
+pub fn chart<'a>(
+    records: impl IntoIterator<Item = &'a HistoryRecord>,
     terms: &[TimelineEntry],
     window: Window,
     now: DateTime<Utc>,
@@ -645,7 +667,7 @@ mod tests {
             limit: 20,
             ..Filter::default()
         };
-        let page = history_page(records, &filter);
+        let page = history_page(&records, &filter);
         // n in [600, 1200), even, a multiple of 3: multiples of 6, 100 of them.
         assert_eq!(page.total, 100);
         assert_eq!(page.rows.len(), 20);

@@ -9,6 +9,7 @@
 //! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -135,6 +136,11 @@ pub struct Panes {
     /// The queue in claim order (as `leaderq tasks list`), dead letters left out.
     pub queue: Vec<QueueRow>,
     pub dead: Vec<Dead>,
+    /// The completed tasks' history records, as the watcher last read them (shared
+    /// between readings: read again every few seconds, not at each).
+    pub done: Arc<Vec<HistoryRecord>>,
+    /// The dead letters as history records.
+    pub dead_records: Vec<HistoryRecord>,
 }
 
 /// Builds every pane from one reading.
@@ -226,6 +232,8 @@ pub fn panes(
         },
         queue,
         dead: dead_rows,
+        done: Arc::default(),
+        dead_records: Vec::new(),
     }
 }
 

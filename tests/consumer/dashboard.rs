@@ -225,6 +225,14 @@ impl Browser {
         url.as_str().unwrap_or_default().to_string()
     }
 
+    /// Accepts the page's `confirm()` dialog, once it shows.
+    async fn accept_dialog(&self) {
+        wait_until(Duration::from_secs(5), "a dialog to accept", async || {
+            self.try_command("POST", "/alert/accept", json!({})).await
+        })
+        .await;
+    }
+
     /// The browser's back button.
     async fn back(&self) {
         self.command("POST", "/back", json!({})).await;
@@ -977,15 +985,26 @@ async fn dashboard_history_and_dead_letters_filter_and_page_by_address() {
         "http://{observe}/ui/api/history?type=A&outcome=completed&from={}&limit=20&offset=40",
         from.replace('+', "%2B")
     );
-    let page: Value = client()
-        .get(&api)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert_eq!(page["total"], 500, "{page}");
+    // The dashboard reads the records again within seconds of a direct write.
+    let page = wait_until(
+        Duration::from_secs(15),
+        "the records in the history",
+        async || {
+            let page: Value = client()
+                .get(&api)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            match page["total"] == 500 {
+                true => Ok(page),
+                false => Err(page["total"].clone()),
+            }
+        },
+    )
+    .await;
     assert_eq!(page["rows"].as_array().unwrap().len(), 20);
     assert_eq!(
         page["rows"][0]["key"], "oracleTask/task_h2918",
@@ -1077,6 +1096,64 @@ async fn dashboard_history_and_dead_letters_filter_and_page_by_address() {
     browser.back().await;
     browser
         .wait_text("#dead-page", Duration::from_secs(5), |t| t.ends_with("(1)"))
+        .await;
+    // Delete there, from the task page: back to the dead letters, one fewer.
+    browser
+        .click("#dead-rows tr[data-key='oracleTaskDead/task_d0'] a.task-link")
+        .await;
+    browser
+        .click("#task-actions button[data-action='delete']")
+        .await;
+    browser.accept_dialog().await;
+    browser
+        .wait_text("#dead-page", Duration::from_secs(5), |t| t.ends_with("(2)"))
+        .await;
+    assert!(browser.url().await.ends_with("#/dead"));
+
+    // Claiming paused: the queue filtered by type from the address, and a pending task
+    // cancelled from its page becomes a dead letter there.
+    let paused = leaderq(&bed, &["pause"]);
+    assert!(paused.status.success());
+    bed.put_task(
+        "task_w",
+        json!({"taskId": "w", "taskTime": 1, "taskType": "Work"}),
+    )
+    .await;
+    bed.put_task(
+        "task_s",
+        json!({"taskId": "s", "taskTime": 2, "taskType": "Slow"}),
+    )
+    .await;
+    browser
+        .goto(&format!("http://{observe}/ui/#/queue?type=Work"))
+        .await;
+    browser
+        .wait_text("#queue-page", Duration::from_secs(10), |t| {
+            t.ends_with("(1 tasks)")
+        })
+        .await;
+    assert!(browser
+        .text("#queue-rows")
+        .await
+        .unwrap()
+        .contains("oracleTask/task_w"));
+    browser
+        .click("#queue-rows tr[data-key='oracleTask/task_w'] a.task-link")
+        .await;
+    browser
+        .wait_text("#task-state", Duration::from_secs(5), |t| t == "pending")
+        .await;
+    browser
+        .click("#task-actions button[data-action='cancel']")
+        .await;
+    browser.accept_dialog().await;
+    browser
+        .wait_text("#task-state", Duration::from_secs(10), |t| t == "dead")
+        .await;
+    browser
+        .wait_text("#task-summary", Duration::from_secs(5), |t| {
+            t.contains("cancel")
+        })
         .await;
     browser.quit().await;
 }
