@@ -89,10 +89,13 @@ function since(time) {
   return isNaN(at) ? null : (Date.now() - at) / 1000;
 }
 
-// A time as the page shows it: UTC, to the second.
-function utc(time) {
+// A time as the page shows it: UTC, to the second (or the millisecond, for runs that
+// take less than one).
+function utc(time, millis) {
   const at = Date.parse(time);
-  return isNaN(at) ? time || "" : new Date(at).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
+  if (isNaN(at)) return time || "";
+  const text = new Date(at).toISOString().replace("T", " ");
+  return (millis ? text.replace(/Z$/, "") : text.replace(/\.\d+Z$/, "")) + " UTC";
 }
 
 // ---- addresses ----
@@ -464,7 +467,7 @@ async function loadTask() {
   // Attempts are stored in the task's value, in the producers' camelCase.
   const attempts = task.attempt_log.map((a) =>
     el("tr", { class: a.outcome, "data-attempt": a.attempt },
-      el("td", {}, a.attempt), el("td", {}, utc(a.startedAt)), el("td", {}, utc(a.finishedAt)),
+      el("td", {}, a.attempt), el("td", {}, utc(a.startedAt, true)), el("td", {}, utc(a.finishedAt, true)),
       el("td", { class: "outcome" }, a.outcome), el("td", {}, a.error ? el("pre", { class: "error" }, a.error) : ""),
       el("td", {}, a.node), el("td", {}, a.fencingToken == null ? "" : a.fencingToken)));
   $("task-attempts").replaceChildren(...(attempts.length ? attempts : [el("tr", {}, el("td", { colSpan: 7 }, task.attempts ? "no run was logged (runs before leaderq kept an attempt log)" : "not run yet"))]));
