@@ -22,6 +22,7 @@ use crate::coord::{
 };
 use crate::handler::TaskContext;
 use crate::leader::Lease;
+use crate::task::attempts::{self, Attempt};
 use crate::task::Task;
 
 /// A claimed task and the value its claim wrote (what the handler gets).
@@ -172,6 +173,18 @@ impl Queue {
             self.metrics.failed(&task.task_type, elapsed);
             tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt, fencing_token = leadership.fencing_token.0, error = %err, elapsed_ms, "task failed");
         }
+        // This run, for the task's attempt log (written with the retry or the dead letter).
+        let logged = |outcome: &str, error: &str| {
+            Attempt::new(
+                attempt,
+                started_at,
+                now,
+                outcome,
+                error,
+                &self.node_id,
+                leadership.fencing_token,
+            )
+        };
         match settlement {
             Settlement::Complete { clear_cancel } => {
                 if clear_cancel {
@@ -192,8 +205,14 @@ impl Queue {
                 reason,
                 failed,
             } => {
+                let outcome = if failed {
+                    attempts::FAILED
+                } else {
+                    attempts::CANCELLED
+                };
                 let value = task.with(&[
                     ("attempts", serde_json::json!(attempts)),
+                    task.logged(&logged(outcome, &last_error)),
                     ("lastError", serde_json::Value::String(last_error)),
                 ]);
                 let pair = pair_of(&task, value, claimed_version);
@@ -217,7 +236,8 @@ impl Queue {
                 if let Some(why) = lease_lost {
                     tracing::warn!(task_key = %task.key, fencing_token = leadership.fencing_token.0, reason = %why, "run stopped for the lease; putting the task back without using an attempt");
                 }
-                let value = task.retried(attempts, &error, now);
+                let run = logged(attempts::INTERRUPTED, &error);
+                let value = task.retried_after(attempts, &error, now, &run);
                 self.settle(leadership, &task, claimed_version, value, "put back")
                     .await;
             }
@@ -226,7 +246,8 @@ impl Queue {
                 error,
                 not_before,
             } => {
-                let value = task.retried(attempts, &error, not_before);
+                let run = logged(attempts::FAILED, &error);
+                let value = task.retried_after(attempts, &error, not_before, &run);
                 self.settle(
                     leadership,
                     &task,

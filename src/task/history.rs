@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use crate::coord::FencingToken;
 
+use super::attempts::{self, Attempt};
 use super::{rfc3339, Task};
 
 /// A completed task's outcome.
@@ -59,6 +60,11 @@ pub struct HistoryRecord {
     /// Why it was dead-lettered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The task's earlier runs, oldest first (`task::attempts`): for a completed task the
+    /// attempt log it carried (the run that completed it is the record itself), for a dead
+    /// letter every run it logged.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempt_log: Vec<Attempt>,
     /// Where the record is stored (under the done or the dead-letter prefix); not stored
     /// in the record itself.
     #[serde(default, skip_deserializing)]
@@ -95,6 +101,13 @@ impl HistoryRecord {
             node: Some(run.node.to_string()),
             last_error: task.last_error.clone(),
             reason: None,
+            // The earlier runs (this one is the record itself); a value without a log (most
+            // first runs) is not parsed again. A retried dead letter keeps its log.
+            attempt_log: if attempts::has_log(task.value()) {
+                attempts::read(&task.fields())
+            } else {
+                Vec::new()
+            },
             record_key: String::new(),
         }
     }
@@ -129,6 +142,7 @@ impl HistoryRecord {
             node: text("deadNode"),
             last_error: text("lastError"),
             reason: text("deadReason"),
+            attempt_log: attempts::read(&fields),
             record_key: record_key.to_string(),
         })
     }
@@ -305,5 +319,52 @@ mod tests {
             Some(Utc.timestamp_opt(1_767_225_600, 0).unwrap())
         );
         assert!(HistoryRecord::from_dead_letter("dead/x", b"nope").is_none());
+    }
+
+    /// A task retried after a failed run carries that run in its attempt log (producer
+    /// fields untouched); the record of its completion keeps the earlier runs, and a dead
+    /// letter reads back with them; a first run that completes adds no log.
+    #[test]
+    fn the_attempt_log_travels_from_retries_to_the_history() {
+        use crate::coord::{StoredTask, TaskVersion};
+        let stored = StoredTask {
+            key: "q/t1".into(),
+            value: br#"{"taskType":"T","taskTime":1,"mine":{"a":1}}"#.to_vec(),
+            version: TaskVersion(1),
+            created: 1,
+            holder: None,
+        };
+        let task = Task::parse(&stored).unwrap();
+        let run = Run {
+            started: at(20),
+            finished: at(21),
+            fencing_token: FencingToken(3),
+            node: "r1",
+        };
+        assert!(HistoryRecord::completed(&task, &run).attempt_log.is_empty());
+        let failed = Attempt::new(
+            1,
+            at(10),
+            at(11),
+            attempts::FAILED,
+            "boom",
+            "r1",
+            FencingToken(3),
+        );
+        let retried = StoredTask {
+            value: task.retried_after(1, "boom", at(12), &failed),
+            ..stored
+        };
+        let value: Value = serde_json::from_slice(&retried.value).unwrap();
+        assert_eq!(value["mine"], serde_json::json!({"a": 1}));
+        assert_eq!(value["attemptLog"][0]["error"], "boom");
+        let task = Task::parse(&retried).unwrap();
+        let record = HistoryRecord::completed(&task, &run);
+        assert_eq!(record.attempt_log, vec![failed.clone()]);
+        let decoded = HistoryRecord::decode("d/x", &record.encode()).unwrap();
+        assert_eq!(decoded.attempt_log, vec![failed.clone()]);
+        let dead = super::super::dead_letter(&retried, "failed", at(30));
+        let record = HistoryRecord::from_dead_letter("dead/t1", &dead).unwrap();
+        assert_eq!(record.attempt_log, vec![failed]);
     }
 }

@@ -19,6 +19,7 @@
 //! Size: lenient parsing of every producer field and the values leaderq writes back, with
 //! their tests; the key rule is in key.rs.
 
+pub mod attempts;
 pub mod history;
 pub mod key;
 
@@ -324,7 +325,37 @@ impl Task {
 
     /// The value written when a run failed and the task waits for another attempt.
     pub fn retried(&self, attempts: u32, error: &str, not_before: DateTime<Utc>) -> Vec<u8> {
-        self.with(&[
+        self.retried_with(attempts, error, not_before, None)
+    }
+
+    /// As [`Task::retried`], after a run the leader saw: `run` joins the attempt log in the
+    /// same write.
+    pub fn retried_after(
+        &self,
+        attempts: u32,
+        error: &str,
+        not_before: DateTime<Utc>,
+        run: &attempts::Attempt,
+    ) -> Vec<u8> {
+        self.retried_with(attempts, error, not_before, Some(run))
+    }
+
+    /// The update that adds `run` to the task's attempt log.
+    pub fn logged(&self, run: &attempts::Attempt) -> (&'static str, Value) {
+        (
+            attempts::ATTEMPT_LOG,
+            attempts::appended(&self.fields(), run),
+        )
+    }
+
+    fn retried_with(
+        &self,
+        attempts: u32,
+        error: &str,
+        not_before: DateTime<Utc>,
+        run: Option<&attempts::Attempt>,
+    ) -> Vec<u8> {
+        let mut updates = vec![
             ("taskTaken", Value::Bool(false)),
             ("attempts", json!(attempts)),
             (
@@ -334,7 +365,9 @@ impl Task {
             ("notBefore", Value::String(rfc3339(not_before))),
             ("takenBy", Value::Null),
             ("takenAt", Value::Null),
-        ])
+        ];
+        updates.extend(run.map(|run| self.logged(run)));
+        self.with(&updates)
     }
 }
 

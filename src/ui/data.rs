@@ -9,15 +9,16 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use super::pages::{self, Chart, TaskPage, Window};
 use crate::config::Settings;
-use crate::coord::Coordinator;
+use crate::coord::{Coordinator, FencingToken};
 use crate::operate::history::{self, HistoryFilter};
 use crate::operate::schedules::{self, SchedulesError};
 use crate::operate::tasks::{self, Cancelled};
 use crate::operate::{dead, leadership, status, OperateError};
+use crate::task::history::HistoryRecord;
+use crate::task::key::Key;
 
-/// History records the pane shows, newest first.
-const HISTORY_ROWS: usize = 200;
 /// Leadership terms the pane shows, newest first.
 const TIMELINE_ROWS: usize = 100;
 
@@ -42,27 +43,67 @@ fn rows_or_why<T>(read: Result<Vec<T>, OperateError>, row: impl Fn(T) -> Value) 
     }
 }
 
-/// Finished tasks: outcome, duration, attempts, fencing token, node, and for a dead
-/// letter its reason.
-pub async fn history(coord: &dyn Coordinator, settings: &Settings) -> Recorded {
-    let filter = HistoryFilter {
-        task_type: None,
-        failed: false,
-        limit: Some(HISTORY_ROWS),
+/// The chart of `window` over `records` (the watcher's, so open pages cost no listing of
+/// the history), with the leadership terms read now.
+pub async fn chart(
+    coord: &dyn Coordinator,
+    settings: &Settings,
+    records: impl IntoIterator<Item = &HistoryRecord>,
+    window: Window,
+    now: DateTime<Utc>,
+) -> Result<Chart, OperateError> {
+    let terms = leadership::timeline(coord, settings, TIMELINE_ROWS).await?;
+    Ok(pages::chart(records, &terms, window, now))
+}
+
+/// One task's page, by its key: under the queue prefix (and once it left the queue, its
+/// newest history record or dead letter), under the dead-letter prefix, or a history
+/// record's. `leader_token` is the current leadership's, shown for a task it runs.
+pub async fn task(
+    coord: &dyn Coordinator,
+    settings: &Settings,
+    key: &str,
+    leader_token: Option<FencingToken>,
+    now: DateTime<Utc>,
+) -> Result<TaskPage, OperateError> {
+    let queue = &settings.queue;
+    let prefixes = [
+        queue.prefix.as_str(),
+        queue.dead_prefix.as_str(),
+        queue.done_prefix.as_str(),
+    ];
+    let key = Key::within(key, &prefixes).map_err(|reason| OperateError::InvalidKey {
+        key: key.to_string(),
+        prefixes: prefixes.join(" or "),
+        reason,
+    })?;
+    let key = String::from(key);
+    let under = |prefix: &str| key.starts_with(prefix);
+    let found = coord.get(std::slice::from_ref(&key)).await?.pop();
+    let missing = || OperateError::NoSuchTask { key: key.clone() };
+    if under(&queue.done_prefix) {
+        let stored = found.ok_or_else(missing)?;
+        let record = HistoryRecord::decode(&stored.key, &stored.value).ok_or_else(missing)?;
+        return Ok(pages::completed_page(record));
+    }
+    if under(&queue.dead_prefix) {
+        return Ok(pages::dead_page_of(&found.ok_or_else(missing)?));
+    }
+    if let Some(stored) = found {
+        return Ok(pages::queued_page(&stored, leader_token, now));
+    }
+    // Gone from the queue: finished. Its newest record says how.
+    let records = history::history(coord, settings, &HistoryFilter::default()).await?;
+    let Some(record) = records.into_iter().find(|record| record.key == key) else {
+        return Err(missing());
     };
-    rows_or_why(history::history(coord, settings, &filter).await, |record| {
-        json!({
-            "key": record.key,
-            "task_type": record.task_type,
-            "outcome": record.outcome,
-            "duration": record.duration_ms.map(|ms| format!("{ms} ms")).unwrap_or_default(),
-            "attempts": record.attempts,
-            "fencing_token": record.fencing_token,
-            "node": record.node.unwrap_or_default(),
-            "finished_at": record.finished_at,
-            "detail": record.reason.or(record.last_error).unwrap_or_default(),
-        })
-    })
+    if record.failed() {
+        let wanted = [record.record_key.clone()];
+        if let Some(dead) = coord.get(&wanted).await?.pop() {
+            return Ok(pages::dead_page_of(&dead));
+        }
+    }
+    Ok(pages::completed_page(record))
 }
 
 /// Who led when, and why each term began and ended.
@@ -72,7 +113,7 @@ pub async fn timeline(coord: &dyn Coordinator, settings: &Settings) -> Recorded 
         |entry| {
             json!({
                 "node": entry.node,
-                "fencing_token": entry.fencing_token,
+                "token": entry.fencing_token,
                 "since": entry.since,
                 "until": entry.ended_at.unwrap_or_default(),
                 "why": format!(
@@ -85,13 +126,17 @@ pub async fn timeline(coord: &dyn Coordinator, settings: &Settings) -> Recorded 
     )
 }
 
-/// Every replica's record: the leader, the standbys with their last heartbeat, the gone.
+/// The replicas that do not lead: the standbys with their last heartbeat, then the gone
+/// (the leader is the overview's own card).
 pub async fn standbys(coord: &dyn Coordinator, settings: &Settings) -> Recorded {
-    rows_or_why(status::replicas(coord, settings).await, |view| {
+    let others = status::replicas(coord, settings)
+        .await
+        .map(|views| views.into_iter().filter(|v| v.status != "leader").collect());
+    rows_or_why(others, |view: crate::leader::replicas::ReplicaView| {
         json!({
             "node": view.record.node,
             "status": view.status,
-            "last_heartbeat": format!("{} s ago", view.last_seen_seconds),
+            "seen": format!("{} s ago", view.last_seen_seconds),
             "host": view.record.host,
         })
     })

@@ -8,7 +8,10 @@
 //! dead letters, the holder and the pause flag, and waits on the coordinator's blocking
 //! `list`/`observe` for the next change (or an action here), at most four times a second;
 //! every page in every browser gets each new reading from it, so a hundred open tabs cost
-//! the coordinator what one does (`watcher.rs`). The panes are computed by `view.rs`
+//! the coordinator what one does (`watcher.rs`); the history page and the chart filter
+//! and count the watcher's records too. What is read per request is small: a task page's
+//! key (and, once it left the queue, the history to find its record), the leadership
+//! terms for the chart. The panes are computed by `view.rs`
 //! (pure); who may call what is `auth.rs` (pure); records kept by other parts (history,
 //! timeline, standbys) and the actions they own are behind `data.rs`. The queue's own
 //! reads and writes are `operate`'s.
@@ -18,6 +21,7 @@
 
 pub mod auth;
 pub mod data;
+pub mod pages;
 pub mod view;
 mod watcher;
 
@@ -145,6 +149,8 @@ pub fn router(ui: Arc<Ui>) -> Router {
         .route("/ui/api/dead", get(dead))
         .route("/ui/api/history", get(history))
         .route("/ui/api/timeline", get(timeline))
+        .route("/ui/api/chart", get(chart))
+        .route("/ui/api/task", get(task))
         .route("/ui/api/standbys", get(standbys))
         .route("/ui/api/schedules", get(schedules))
         .route("/ui/api/events", get(events))
@@ -341,20 +347,106 @@ async fn queue(
     )
 }
 
-async fn dead(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
+/// The dead letters, newest first, filtered (`type`, `from`, `to`, `q`) and paged
+/// (`offset`, `limit`) here, so the page gets one page however many there are.
+async fn dead(
+    State(ui): State<Arc<Ui>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
     if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
         return refusal(why);
     }
+    let filter = match pages::Filter::parse(&parameters(query.as_deref())) {
+        Ok(filter) => filter,
+        Err(why) => return refused(StatusCode::BAD_REQUEST, &why),
+    };
     let panes = ui.panes().await;
-    answer(StatusCode::OK, json!({ "rows": panes.dead }))
+    answer(
+        StatusCode::OK,
+        json!(pages::dead_page(&panes.dead, &filter)),
+    )
 }
 
-async fn history(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
+/// Finished tasks (completed and dead), newest first, filtered (`type`, `outcome`, `from`,
+/// `to`, `q`) and paged (`offset`, `limit`) here, from the watcher's last reading of the
+/// records (a second or so behind a completion, five at most behind a direct write).
+async fn history(
+    State(ui): State<Arc<Ui>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
     if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
         return refusal(why);
     }
-    let rows = data::history(ui.coord.as_ref(), &ui.settings).await;
-    answer(StatusCode::OK, json!(rows))
+    let filter = match pages::Filter::parse(&parameters(query.as_deref())) {
+        Ok(filter) => filter,
+        Err(why) => return refused(StatusCode::BAD_REQUEST, &why),
+    };
+    let panes = ui.panes().await;
+    let records = panes.done.iter().chain(&panes.dead_records);
+    let mut page = json!(pages::history_page(records, &filter));
+    page["recorded"] = json!("yes");
+    answer(StatusCode::OK, page)
+}
+
+/// The chart of a window (`window`: 1h, 24h or 7d): completions and dead letters by bar,
+/// and the leaderships that began in it.
+async fn chart(
+    State(ui): State<Arc<Ui>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
+        return refusal(why);
+    }
+    let parameters = parameters(query.as_deref());
+    let asked = parameters
+        .iter()
+        .find(|(name, _)| name == "window")
+        .map_or("1h", |(_, value)| value.as_str());
+    let Some(window) = pages::Window::parse(asked) else {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            &format!("window={asked:?} is not a window: give 1h, 24h or 7d"),
+        );
+    };
+    let panes = ui.panes().await;
+    let records = panes.done.iter().chain(&panes.dead_records);
+    let now = chrono::Utc::now();
+    match data::chart(ui.coord.as_ref(), &ui.settings, records, window, now).await {
+        Ok(chart) => answer(StatusCode::OK, json!(chart)),
+        Err(err) => operate_failure(err),
+    }
+}
+
+/// One task's page (`key`): its value, state, attempts, history record and actions.
+async fn task(
+    State(ui): State<Arc<Ui>>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Response {
+    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
+        return refusal(why);
+    }
+    let parameters = parameters(query.as_deref());
+    let Some((_, key)) = parameters.iter().find(|(name, _)| name == "key") else {
+        return refused(StatusCode::BAD_REQUEST, "no key given");
+    };
+    let panes = ui.panes().await;
+    let token = panes.overview.leader.as_ref().map(|l| l.fencing_token);
+    match data::task(
+        ui.coord.as_ref(),
+        &ui.settings,
+        key,
+        token,
+        chrono::Utc::now(),
+    )
+    .await
+    {
+        Ok(page) => answer(StatusCode::OK, json!(page)),
+        Err(err) => operate_failure(err),
+    }
 }
 
 async fn timeline(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {

@@ -3,9 +3,13 @@
 //! Also the throughput ring buffer, fed by the difference between two readings, and the
 //! schedules pane's rows from `operate::schedules::list`'s views.
 //!
+//! Size: every live pane (overview with its counts by type and queue latency, queue, dead
+//! letters, schedules, the throughput seen) from one reading, with scripted-time tests.
+//!
 //! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
 use serde::Serialize;
@@ -82,6 +86,31 @@ pub struct Overview {
     /// Where the chart's counts come from: "history" (the finished tasks' records) or
     /// "seen" (changes this dashboard saw between its readings, when history is off).
     pub chart_source: &'static str,
+    /// How long the oldest due task has waited to be claimed, in seconds (since its
+    /// taskTime, or since its retry or schedule came due); `None` with nothing due.
+    pub queue_latency_seconds: Option<i64>,
+    /// That task's key.
+    pub oldest_due: Option<String>,
+    /// Counts by taskType, by name.
+    pub types: Vec<TypeCounts>,
+    /// The newest dead letters (at most [`RECENT_DEAD`]), for a link to each.
+    pub recent_dead: Vec<Dead>,
+}
+
+/// Dead letters the overview links to.
+pub const RECENT_DEAD: usize = 5;
+
+/// One taskType's tasks by state.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct TypeCounts {
+    pub task_type: String,
+    /// Due now.
+    pub pending: usize,
+    /// Waiting for a retry's backoff or their producer's time.
+    pub waiting: usize,
+    /// Held by a leader now.
+    pub claimed: usize,
+    pub dead: usize,
 }
 
 /// A row of the queue pane: `leaderq tasks list`'s, with the producer's id to search by.
@@ -107,6 +136,11 @@ pub struct Panes {
     /// The queue in claim order (as `leaderq tasks list`), dead letters left out.
     pub queue: Vec<QueueRow>,
     pub dead: Vec<Dead>,
+    /// The completed tasks' history records, as the watcher last read them (shared
+    /// between readings: read again every few seconds, not at each).
+    pub done: Arc<Vec<HistoryRecord>>,
+    /// The dead letters as history records.
+    pub dead_records: Vec<HistoryRecord>,
 }
 
 /// Builds every pane from one reading.
@@ -159,7 +193,19 @@ pub fn panes(
         })
         .collect();
     running.sort_by(|a, b| a.taken_at.cmp(&b.taken_at));
-    let dead_rows = dead.iter().map(dead_row).collect();
+    let dead_rows: Vec<Dead> = dead.iter().map(dead_row).collect();
+    let parsed: Vec<Task> = queued
+        .iter()
+        .filter_map(|stored| Task::parse(stored).ok())
+        .collect();
+    let oldest = parsed
+        .iter()
+        .filter(|task| task.status(now) == Status::Pending)
+        .map(|task| (due_since(task), &task.key))
+        .min();
+    let mut recent_dead = dead_rows.clone();
+    recent_dead.sort_by(|a, b| b.dead_at.cmp(&a.dead_at));
+    recent_dead.truncate(RECENT_DEAD);
     let ids: BTreeMap<String, String> = queued
         .iter()
         .filter_map(|stored| Task::parse(stored).ok())
@@ -178,11 +224,53 @@ pub fn panes(
             leader,
             status,
             running,
+            queue_latency_seconds: oldest.map(|(since, _)| (now - since).num_seconds().max(0)),
+            oldest_due: oldest.map(|(_, key)| key.clone()),
+            types: type_counts(&parsed, &dead_rows, now),
+            recent_dead,
             ..Overview::default()
         },
         queue,
         dead: dead_rows,
+        done: Arc::default(),
+        dead_records: Vec::new(),
     }
+}
+
+/// Since when a pending task has been due: its taskTime, or the later retry or schedule
+/// time it waited for.
+fn due_since(task: &Task) -> DateTime<Utc> {
+    [Some(task.time), task.not_before, task.run_at]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(task.time)
+}
+
+/// Tasks by taskType and state, by name.
+fn type_counts(tasks: &[Task], dead: &[Dead], now: DateTime<Utc>) -> Vec<TypeCounts> {
+    fn row<'a, 'b>(
+        counts: &'b mut BTreeMap<&'a str, TypeCounts>,
+        name: &'a str,
+    ) -> &'b mut TypeCounts {
+        counts.entry(name).or_insert_with(|| TypeCounts {
+            task_type: name.to_string(),
+            ..TypeCounts::default()
+        })
+    }
+    let mut counts: BTreeMap<&str, TypeCounts> = BTreeMap::new();
+    for task in tasks {
+        let row = row(&mut counts, &task.task_type);
+        match task.status(now) {
+            Status::Pending | Status::Orphan => row.pending += 1,
+            Status::Delayed(_) | Status::Scheduled(_) => row.waiting += 1,
+            Status::InFlight | Status::Foreign => row.claimed += 1,
+        }
+    }
+    for letter in dead {
+        row(&mut counts, &letter.task_type).dead += 1;
+    }
+    counts.into_values().collect()
 }
 
 fn dead_row(stored: &StoredTask) -> Dead {
@@ -412,9 +500,9 @@ mod tests {
     }
 
     /// The overview names the leader and its token, counts the queue (a scheduled task
-    /// apart, with when the next one is due), and shows a held task as running with its node
-    /// and elapsed time; the queue pane says when a scheduled task is due; dead letters
-    /// carry their reason.
+    /// apart, with when the next one is due) and by type, says how long the oldest due task
+    /// has waited, and shows a held task as running with its node and elapsed time; the
+    /// queue pane says when a scheduled task is due; dead letters carry their reason.
     #[test]
     fn panes_show_leader_running_task_and_dead_letters() {
         let holder = Holder {
@@ -473,6 +561,23 @@ mod tests {
         );
         assert_eq!(panes.queue[1].row.due_at, None);
         assert!(panes.queue[1].matches("b") && !panes.queue[1].matches("zz"));
+        assert_eq!(
+            overview.queue_latency_seconds,
+            Some(128),
+            "the pending task, due since its taskTime"
+        );
+        assert_eq!(overview.oldest_due.as_deref(), Some("oracleTask/task_b"));
+        assert_eq!(
+            overview.types,
+            [TypeCounts {
+                task_type: "T".into(),
+                pending: 1,
+                waiting: 1,
+                claimed: 1,
+                dead: 1,
+            }]
+        );
+        assert_eq!(overview.recent_dead.len(), 1);
         assert_eq!(panes.dead[0].reason, "failed 3 times");
         assert_eq!(panes.dead[0].last_error, "boom");
         assert!(panes.dead[0].retryable);

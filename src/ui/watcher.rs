@@ -1,9 +1,11 @@
 //! The dashboard's watcher: one per serving process, started by the first request. It
 //! reads the queue, the dead letters, the holder and the pause flag, publishes the panes
-//! built from them (and the last hour's throughput, from the history records every few
-//! seconds, or as seen between two readings when history is off), then waits on the
-//! coordinator's blocking `list`/`observe` for the next change, an action on this
-//! dashboard, or the pause flag moving; at most once per `MIN_REFRESH`.
+//! built from them (with the completed tasks' history records, read again every few
+//! seconds or a second after a completion, which the history page and the chart filter
+//! and count; the last hour's throughput as seen between two readings when history is
+//! off), then waits on the coordinator's blocking `list`/`observe` for the next change,
+//! an action on this dashboard, the pause flag moving, or the records' next reading; at
+//! most once per `MIN_REFRESH`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +29,10 @@ const PAUSE_POLL: Duration = Duration::from_millis(900);
 /// The chart's completed records are read again at most this often (a listing of up to
 /// `queue.history_keep` records); the dead letters come with every reading.
 const HISTORY_REFRESH: Duration = Duration::from_secs(5);
+/// After a reading that saw a task finish, the records are read again once this long has
+/// passed since the last read: the history page shows a completion within about a second,
+/// yet a busy queue costs one listing a second, not one per reading.
+const HISTORY_AFTER_CHANGE: Duration = Duration::from_secs(1);
 
 /// One reading of everything the panes show.
 struct Reading {
@@ -73,7 +79,7 @@ pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
     let mut throughput = Throughput::default();
     // The completed tasks' history records, and when they were read (the dead letters come
     // with every reading).
-    let mut done_records: Option<(tokio::time::Instant, Vec<HistoryRecord>)> = None;
+    let mut done_records: Option<(tokio::time::Instant, Arc<Vec<HistoryRecord>>)> = None;
     let mut seq = 0;
     let wait = ui.settings.watch_wait();
     loop {
@@ -87,15 +93,12 @@ pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
                 throughput.record(now, completed, failed);
                 seen = Some(next);
                 let history_on = ui.settings.queue.history_keep > 0;
-                let dead: Vec<HistoryRecord> = if history_on {
-                    reading
-                        .dead
-                        .iter()
-                        .filter_map(|s| HistoryRecord::from_dead_letter(&s.key, &s.value))
-                        .collect()
-                } else {
-                    Vec::new()
-                };
+                let mut refreshed = false;
+                let dead: Vec<HistoryRecord> = reading
+                    .dead
+                    .iter()
+                    .filter_map(|s| HistoryRecord::from_dead_letter(&s.key, &s.value))
+                    .collect();
                 let mut panes = view::panes(
                     &reading.holder,
                     reading.queued,
@@ -107,23 +110,37 @@ pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
                 panes.overview.chart = throughput.chart(now);
                 panes.overview.chart_source = "seen";
                 if history_on {
-                    let stale = done_records
-                        .as_ref()
-                        .is_none_or(|(read, _)| read.elapsed() >= HISTORY_REFRESH);
+                    let stale = done_records.as_ref().is_none_or(|(read, _)| {
+                        read.elapsed() >= HISTORY_REFRESH
+                            || (completed + failed > 0 && read.elapsed() >= HISTORY_AFTER_CHANGE)
+                    });
                     if stale {
+                        refreshed = true;
                         if let Ok(records) =
                             crate::operate::history::completed(ui.coord.as_ref(), &ui.settings)
                                 .await
                         {
-                            done_records = Some((tokio::time::Instant::now(), records));
+                            done_records = Some((tokio::time::Instant::now(), Arc::new(records)));
                         }
                     }
                     if let Some((_, records)) = &done_records {
                         panes.overview.chart =
                             view::chart_of_history(records.iter().chain(&dead), now);
                         panes.overview.chart_source = "history";
+                        panes.done = records.clone();
                     }
                 }
+                panes.dead_records = dead;
+                // The records are read again on their own clock too: a completion seen
+                // while they were fresh, or a record written by another hand, shows
+                // within HISTORY_AFTER_CHANGE or HISTORY_REFRESH with no further change.
+                let history_next = match &done_records {
+                    Some((read, _)) if completed + failed > 0 && !refreshed => {
+                        *read + HISTORY_AFTER_CHANGE
+                    }
+                    Some((read, _)) => *read + HISTORY_REFRESH,
+                    None => tokio::time::Instant::now() + HISTORY_REFRESH,
+                };
                 panes.overview.completed_last_hour =
                     panes.overview.chart.iter().map(|m| m.completed).sum();
                 panes.overview.failed_last_hour =
@@ -138,6 +155,7 @@ pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
                     _ = coord.list(&queue.dead_prefix, reading.dead_version, wait) => {}
                     _ = coord.observe(reading.holder_version, wait) => {}
                     _ = pause_changes(&ui, reading.paused) => {}
+                    _ = tokio::time::sleep_until(history_next), if history_on => {}
                 }
             }
             Err(err) => {

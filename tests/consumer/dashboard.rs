@@ -219,6 +219,41 @@ impl Browser {
         .await
     }
 
+    /// The page's address now.
+    async fn url(&self) -> String {
+        let url = self.command("GET", "/url", Value::Null).await;
+        url.as_str().unwrap_or_default().to_string()
+    }
+
+    /// Accepts the page's `confirm()` dialog, once it shows.
+    async fn accept_dialog(&self) {
+        wait_until(Duration::from_secs(5), "a dialog to accept", async || {
+            self.try_command("POST", "/alert/accept", json!({})).await
+        })
+        .await;
+    }
+
+    /// The browser's back button.
+    async fn back(&self) {
+        self.command("POST", "/back", json!({})).await;
+    }
+
+    /// A screenshot of the page as PNG, written to `path`; checked non-empty.
+    async fn screenshot(&self, path: &Path) {
+        use base64::Engine;
+        let png = self.command("GET", "/screenshot", Value::Null).await;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().unwrap_or_default())
+            .unwrap();
+        assert!(
+            bytes.len() > 1000,
+            "an empty screenshot of {}",
+            path.display()
+        );
+        std::fs::write(path, bytes).unwrap();
+        println!("screenshot: {}", path.display());
+    }
+
     async fn quit(self) {
         let _ = self.http.delete(&self.base).send().await;
     }
@@ -731,4 +766,394 @@ async fn standalone_ui(backend: &str) {
         .await
         .unwrap();
     assert_eq!(bad.status(), 400);
+}
+
+/// Where the browser tests leave their screenshots for a reviewer: a directory under the
+/// system's temp dir that outlives the test.
+fn screenshots() -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join("leaderq-dashboard-screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The "done when", in a real browser: a task whose handler fails (a line on its
+/// stderr each time) is followed from the overview's link to its page, which shows every
+/// attempt with its error, its state and its value; the page's address opened in a fresh
+/// browser session lands on the same view; a click on retry there requeues it (the
+/// handler fixed meanwhile) and the page follows it to completed, the earlier attempts
+/// kept; the back button returns to the dead letter's address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_task_page_shows_each_attempt_and_retries_it_there() {
+    let Some((driver, chromium)) = Browser::installed() else {
+        return;
+    };
+    let mut bed = Bed::new();
+    let fixed = format!("{}.loud-fixed", bed.journal.display());
+    bed.settings = bed.settings.clone().handler(
+        "Loud",
+        &format!(
+            "test -f {fixed} && exit 0; echo \"disk full on attempt $LEADERQ_ATTEMPT\" >&2; exit 1"
+        ),
+    );
+    bed.start_replica("r1");
+    let leader = bed.leader(Duration::from_secs(30)).await;
+    let observe = observe_address(&bed.replicas[0]).await;
+    let browser =
+        Browser::start(&driver, &chromium, &bed.dir.path().join("chromedriver.log")).await;
+    browser.goto(&format!("http://{observe}/ui/")).await;
+    browser
+        .wait_text("#leader-node", Duration::from_secs(10), |t| t == leader)
+        .await;
+    bed.put_task(
+        "task_loud",
+        json!({"taskId": "loud", "taskTime": 1, "taskType": "Loud", "taskPara": {"disk": "/data"}}),
+    )
+    .await;
+
+    // Overview → its link → the task page.
+    let link = "#recent-dead tr[data-key='oracleTaskDead/task_loud'] a.task-link";
+    browser
+        .wait_text(link, Duration::from_secs(20), |t| {
+            t == "oracleTaskDead/task_loud"
+        })
+        .await;
+    browser
+        .wait_text(
+            "#type-rows tr[data-type='Loud']",
+            Duration::from_secs(5),
+            |t| t.ends_with('1'),
+        )
+        .await;
+    browser.click(link).await;
+    browser
+        .wait_text("#task-state", Duration::from_secs(10), |t| t == "dead")
+        .await;
+    browser
+        .wait_text("#task-summary", Duration::from_secs(5), |t| {
+            t.contains("failed 3 times")
+        })
+        .await;
+    for attempt in 1..=3 {
+        browser
+            .wait_text(
+                &format!("#task-attempts tr[data-attempt='{attempt}']"),
+                Duration::from_secs(5),
+                |t| {
+                    t.contains("failed")
+                        && t.contains(&format!("disk full on attempt {attempt}"))
+                        && t.contains(&leader)
+                        && t.matches(" UTC").count() == 2
+                },
+            )
+            .await;
+    }
+    browser
+        .wait_text("#task-value", Duration::from_secs(5), |t| {
+            t.contains("\"disk\": \"/data\"")
+        })
+        .await;
+    let address = browser.url().await;
+    assert!(
+        address.ends_with("#/task/oracleTaskDead%2Ftask_loud"),
+        "the task page has its own address: {address}"
+    );
+    let shots = screenshots();
+    browser.screenshot(&shots.join("task.png")).await;
+
+    // A colleague opens the address: the same view.
+    let colleague = Browser::start(
+        &driver,
+        &chromium,
+        &bed.dir.path().join("chromedriver2.log"),
+    )
+    .await;
+    colleague.goto(&address).await;
+    colleague
+        .wait_text("#task-key", Duration::from_secs(10), |t| {
+            t == "oracleTaskDead/task_loud"
+        })
+        .await;
+    colleague
+        .wait_text("#task-attempts", Duration::from_secs(5), |t| {
+            t.contains("disk full on attempt 3")
+        })
+        .await;
+    colleague.quit().await;
+
+    // Retry there: the page follows the task back in the queue to its completion.
+    std::fs::write(&fixed, "").unwrap();
+    browser
+        .click("#task-actions button[data-action='retry']")
+        .await;
+    browser
+        .wait_text("#task-key", Duration::from_secs(10), |t| {
+            t == "oracleTask/task_loud"
+        })
+        .await;
+    browser
+        .wait_text("#task-state", Duration::from_secs(20), |t| t == "completed")
+        .await;
+    browser
+        .wait_text("#task-attempts", Duration::from_secs(5), |t| {
+            t.contains("disk full on attempt 2") && t.contains("completed")
+        })
+        .await;
+    assert!(browser
+        .url()
+        .await
+        .ends_with("#/task/oracleTask%2Ftask_loud"));
+    browser.back().await;
+    browser
+        .wait_text("#task-key", Duration::from_secs(10), |t| {
+            t == "oracleTaskDead/task_loud"
+        })
+        .await;
+    browser
+        .goto(&format!("http://{observe}/ui/#/overview?window=24h"))
+        .await;
+    browser
+        .wait_text("#chart-totals", Duration::from_secs(10), |t| {
+            t.contains("last 24 h")
+                && t.contains("1 completed")
+                && t.contains("1 leadership change")
+        })
+        .await;
+    browser
+        .wait_text("#standbys", Duration::from_secs(5), |t| {
+            !t.contains(&leader)
+        })
+        .await;
+    browser.screenshot(&shots.join("overview.png")).await;
+    browser.quit().await;
+}
+
+/// Thousands of finished tasks: the history API filters them by type, outcome and time
+/// range and answers one page of them; the history and dead-letter panes take their
+/// filters and page from the address, so a reload, back and forward land on the same
+/// view.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_history_and_dead_letters_filter_and_page_by_address() {
+    use leaderq::coord::Edit;
+    use leaderq::task::history::{record_key, HistoryRecord};
+    let mut bed = Bed::new();
+    // The leader prunes the history beyond history_keep: room for the records written here.
+    bed.settings = bed.settings.clone().set("queue", "history_keep", "5000");
+    bed.start_replica("h1");
+    bed.leader(Duration::from_secs(30)).await;
+    let observe = observe_address(&bed.replicas[0]).await;
+    // 3000 records, a second apart, types A and B, ending a minute ago.
+    let end = chrono::Utc::now() - chrono::Duration::seconds(60);
+    let records: Vec<Edit> = (0..3000i64)
+        .map(|n| {
+            let finished = end - chrono::Duration::seconds(3000 - n);
+            let key = format!("oracleTask/task_h{n}");
+            let record = HistoryRecord {
+                outcome: "completed".into(),
+                key: key.clone(),
+                task_id: format!("h{n}"),
+                task_type: if n % 2 == 0 { "A" } else { "B" }.into(),
+                finished_at: leaderq::task::rfc3339(finished),
+                attempts: 1,
+                ..HistoryRecord::default()
+            };
+            Edit::Put {
+                key: record_key("oracleTask/", "oracleTaskDone/", &key, finished),
+                value: record.encode(),
+            }
+        })
+        .collect();
+    for batch in records.chunks(50) {
+        bed.coord.edit(batch).await.unwrap();
+    }
+    for n in 0..3 {
+        let key = format!("oracleTaskDead/task_d{n}");
+        let value = json!({"taskType": if n == 0 { "A" } else { "B" }, "taskTime": 1,
+            "deadReason": "failed 3 times", "deadAt": leaderq::task::rfc3339(end),
+            "originalKey": format!("oracleTask/task_d{n}")});
+        bed.coord
+            .edit(&[Edit::Create {
+                key,
+                value: value.to_string().into_bytes(),
+            }])
+            .await
+            .unwrap();
+    }
+
+    // Through the API: type, outcome and a time range, one page.
+    let from = leaderq::task::rfc3339(end - chrono::Duration::seconds(1000));
+    let api = format!(
+        "http://{observe}/ui/api/history?type=A&outcome=completed&from={}&limit=20&offset=40",
+        from.replace('+', "%2B")
+    );
+    // The dashboard reads the records again within seconds of a direct write.
+    let page = wait_until(
+        Duration::from_secs(15),
+        "the records in the history",
+        async || {
+            let page: Value = client()
+                .get(&api)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            match page["total"] == 500 {
+                true => Ok(page),
+                false => Err(page["total"].clone()),
+            }
+        },
+    )
+    .await;
+    assert_eq!(page["rows"].as_array().unwrap().len(), 20);
+    assert_eq!(
+        page["rows"][0]["key"], "oracleTask/task_h2918",
+        "newest first, from the 41st"
+    );
+    assert_eq!(page["types"], json!(["A", "B"]));
+    let dead: Value = client()
+        .get(format!("http://{observe}/ui/api/dead?type=B"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(dead["total"], 2, "{dead}");
+    let refused = client()
+        .get(format!("http://{observe}/ui/api/history?from=soon"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 400);
+
+    let Some((driver, chromium)) = Browser::installed() else {
+        return;
+    };
+    let browser =
+        Browser::start(&driver, &chromium, &bed.dir.path().join("chromedriver.log")).await;
+    browser
+        .goto(&format!(
+            "http://{observe}/ui/#/history?outcome=completed&type=B&page=3"
+        ))
+        .await;
+    browser
+        .wait_text("#history-page", Duration::from_secs(15), |t| {
+            t == "page 3 of 30 (1500)"
+        })
+        .await;
+    browser
+        .wait_text("#history-rows tr", Duration::from_secs(5), |t| {
+            t.contains("oracleTask/task_h2799") && t.contains("completed")
+        })
+        .await;
+    browser
+        .screenshot(&screenshots().join("history-filtered.png"))
+        .await;
+    browser.click("#history-next").await;
+    browser
+        .wait_text("#history-page", Duration::from_secs(5), |t| {
+            t.starts_with("page 4 of 30")
+        })
+        .await;
+    assert!(browser.url().await.contains("page=4"));
+    browser.back().await;
+    browser
+        .wait_text("#history-page", Duration::from_secs(5), |t| {
+            t.starts_with("page 3 of 30")
+        })
+        .await;
+    // A filter chosen on the page becomes the address.
+    browser.type_text("#history-search", "task_h2998").await;
+    browser.click("#history-filter button[type='submit']").await;
+    browser
+        .wait_text("#history-page", Duration::from_secs(5), |t| {
+            t == "page 1 of 1 (0)"
+        })
+        .await;
+    assert!(browser.url().await.contains("q=task_h2998"));
+    browser
+        .goto(&format!("http://{observe}/ui/#/history?q=task_h2998"))
+        .await;
+    browser
+        .wait_text("#history-rows", Duration::from_secs(5), |t| {
+            t.contains("oracleTask/task_h2998")
+        })
+        .await;
+    // The dead letters, by type, from the address; a row links to its task page.
+    browser
+        .goto(&format!("http://{observe}/ui/#/dead?type=A"))
+        .await;
+    browser
+        .wait_text("#dead-page", Duration::from_secs(5), |t| t.ends_with("(1)"))
+        .await;
+    browser
+        .click("#dead-rows tr[data-key='oracleTaskDead/task_d0'] a.task-link")
+        .await;
+    browser
+        .wait_text("#task-state", Duration::from_secs(5), |t| t == "dead")
+        .await;
+    browser.back().await;
+    browser
+        .wait_text("#dead-page", Duration::from_secs(5), |t| t.ends_with("(1)"))
+        .await;
+    // Delete there, from the task page: back to the dead letters, one fewer.
+    browser
+        .click("#dead-rows tr[data-key='oracleTaskDead/task_d0'] a.task-link")
+        .await;
+    browser
+        .click("#task-actions button[data-action='delete']")
+        .await;
+    browser.accept_dialog().await;
+    browser
+        .wait_text("#dead-page", Duration::from_secs(5), |t| t.ends_with("(2)"))
+        .await;
+    assert!(browser.url().await.ends_with("#/dead"));
+
+    // Claiming paused: the queue filtered by type from the address, and a pending task
+    // cancelled from its page becomes a dead letter there.
+    let paused = leaderq(&bed, &["pause"]);
+    assert!(paused.status.success());
+    bed.put_task(
+        "task_w",
+        json!({"taskId": "w", "taskTime": 1, "taskType": "Work"}),
+    )
+    .await;
+    bed.put_task(
+        "task_s",
+        json!({"taskId": "s", "taskTime": 2, "taskType": "Slow"}),
+    )
+    .await;
+    browser
+        .goto(&format!("http://{observe}/ui/#/queue?type=Work"))
+        .await;
+    browser
+        .wait_text("#queue-page", Duration::from_secs(10), |t| {
+            t.ends_with("(1 tasks)")
+        })
+        .await;
+    assert!(browser
+        .text("#queue-rows")
+        .await
+        .unwrap()
+        .contains("oracleTask/task_w"));
+    browser
+        .click("#queue-rows tr[data-key='oracleTask/task_w'] a.task-link")
+        .await;
+    browser
+        .wait_text("#task-state", Duration::from_secs(5), |t| t == "pending")
+        .await;
+    browser
+        .click("#task-actions button[data-action='cancel']")
+        .await;
+    browser.accept_dialog().await;
+    browser
+        .wait_text("#task-state", Duration::from_secs(10), |t| t == "dead")
+        .await;
+    browser
+        .wait_text("#task-summary", Duration::from_secs(5), |t| {
+            t.contains("cancel")
+        })
+        .await;
+    browser.quit().await;
 }

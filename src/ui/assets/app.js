@@ -1,14 +1,21 @@
 // The leaderq dashboard: renders the panes from /ui/api/..., follows the live feed
 // (server-sent events), and sends the actions as POSTs with the page's CSRF token.
-// No framework: every text from the server goes through textContent, never innerHTML.
+// Every pane, filter and task has its address in the URL's hash (#/history?outcome=dead,
+// #/task/<key>), so back and forward work, a reload lands on the same view and a link can
+// be sent. No framework: every text from the server goes through textContent, never
+// innerHTML; the chart is drawn here as SVG.
 "use strict";
 
 const csrf = document.querySelector('meta[name="csrf-token"]').content;
 const $ = (id) => document.getElementById(id);
-let active = "overview";
+const SVG = "http://www.w3.org/2000/svg";
+const PER_PAGE = 50;
+// Panes by the first segment of the hash.
+const PANES = { overview: "overview", queue: "queue", dead: "dead", schedules: "schedules", history: "history", leadership: "timeline", task: "task" };
+let route = { pane: "overview", params: new URLSearchParams(), key: null };
 let overview = null;
-let queuePage = 0;
 let feed = null;
+let chartRead = 0;
 
 // An element with attributes and children (strings become text nodes).
 function el(tag, attrs, ...children) {
@@ -21,6 +28,13 @@ function el(tag, attrs, ...children) {
   for (const child of children) {
     node.append(child instanceof Node ? child : document.createTextNode(child == null ? "" : String(child)));
   }
+  return node;
+}
+
+function svg(tag, attrs, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attrs || {})) node.setAttribute(name, value);
+  if (text != null) node.textContent = text;
   return node;
 }
 
@@ -75,12 +89,85 @@ function since(time) {
   return isNaN(at) ? null : (Date.now() - at) / 1000;
 }
 
+// A time as the page shows it: UTC, to the second (or the millisecond, for runs that
+// take less than one).
+function utc(time, millis) {
+  const at = Date.parse(time);
+  if (isNaN(at)) return time || "";
+  const text = new Date(at).toISOString().replace("T", " ");
+  return (millis ? text.replace(/Z$/, "") : text.replace(/\.\d+Z$/, "")) + " UTC";
+}
+
+// ---- addresses ----
+
+function taskHref(key) {
+  return "#/task/" + encodeURIComponent(key);
+}
+
+function taskLink(key) {
+  return el("a", { class: "task-link key", href: taskHref(key) }, key);
+}
+
+// The route the hash names: #/pane?params or #/task/<key>.
+function parseHash() {
+  const hash = location.hash.replace(/^#\/?/, "");
+  const [path, query] = hash.split("?", 2);
+  const params = new URLSearchParams(query || "");
+  if (path.startsWith("task/")) return { pane: "task", params, key: decodeURIComponent(path.slice(5)) };
+  const pane = PANES[path] ? path : "overview";
+  return { pane, params, key: null };
+}
+
+// The address of `pane` with `params` (empty ones left out).
+function href(pane, params) {
+  const query = new URLSearchParams();
+  for (const [name, value] of Object.entries(params || {})) if (value !== "" && value != null) query.set(name, value);
+  const text = query.toString();
+  return "#/" + pane + (text ? "?" + text : "");
+}
+
+function go(address, replace) {
+  if (location.hash === address) return render();
+  if (replace) {
+    history.replaceState(null, "", address);
+    render();
+  } else {
+    location.hash = address;
+  }
+}
+
+function page() {
+  return Math.max(1, parseInt(route.params.get("page") || "1", 10) || 1);
+}
+
+// Moves to page `n` of the current pane, its filters kept.
+function toPage(n) {
+  const params = Object.fromEntries(route.params.entries());
+  params.page = n > 1 ? n : "";
+  go(href(route.pane, params));
+}
+
+function render() {
+  route = parseHash();
+  const pane = PANES[route.pane];
+  for (const link of document.querySelectorAll("nav a")) link.classList.toggle("active", link.dataset.pane === pane);
+  for (const section of document.querySelectorAll(".pane")) section.hidden = section.id !== "pane-" + pane;
+  if (route.pane === "overview") {
+    chartRead = 0;
+    for (const link of document.querySelectorAll("#chart-windows a")) link.classList.toggle("active", link.dataset.window === chartWindow());
+  }
+  show("");
+  loadActive();
+}
+
+// ---- overview ----
+
 function renderOverview(data) {
   overview = data;
-  show(data.error || "");
+  if (data.error) show(data.error);
   const leader = data.leader;
   $("leader-node").textContent = leader ? leader.node || "(unnamed)" : "none";
-  $("leader-since").textContent = leader && leader.since ? leader.since + " (" + age(since(leader.since)) + " ago)" : "–";
+  $("leader-since").textContent = leader && leader.since ? utc(leader.since) + " (" + age(since(leader.since)) + " ago)" : "–";
   $("leader-token").textContent = leader ? leader.fencing_token : "–";
   const status = data.status;
   $("pending-count").textContent = status.pending;
@@ -95,56 +182,125 @@ function renderOverview(data) {
   const pause = $("pause-button");
   pause.textContent = status.paused ? "Resume" : "Pause";
   pause.dataset.action = status.paused ? "resume" : "pause";
+  $("queue-latency").textContent = data.queue_latency_seconds == null ? "none due" : age(data.queue_latency_seconds);
+  $("latency-detail").replaceChildren(...(data.oldest_due
+    ? ["oldest due: ", taskLink(data.oldest_due)]
+    : ["no task is waiting to be claimed"]));
+  const types = data.types.map((t) =>
+    el("tr", { "data-type": t.task_type },
+      el("td", {}, el("a", { href: href("queue", { type: t.task_type }) }, t.task_type)),
+      el("td", {}, t.pending), el("td", {}, t.waiting), el("td", {}, t.claimed),
+      el("td", {}, t.dead ? el("a", { href: href("dead", { type: t.task_type }) }, t.dead) : "0")));
+  $("type-rows").replaceChildren(...(types.length ? types : [el("tr", {}, el("td", { colSpan: 5 }, "no tasks"))]));
+  const dead = data.recent_dead.map((d) =>
+    el("tr", { "data-key": d.key }, el("td", {}, taskLink(d.key)), el("td", {}, d.task_type), el("td", { class: "error" }, d.reason)));
+  $("recent-dead").replaceChildren(...(dead.length ? dead : [el("tr", {}, el("td", { colSpan: 3 }, "no dead letters"))]));
   const rows = data.running.map((task) =>
     el("tr", { "data-key": task.key },
-      el("td", { class: "key" }, task.key), el("td", {}, task.task_type), el("td", {}, task.node),
+      el("td", {}, taskLink(task.key)), el("td", {}, task.task_type), el("td", {}, task.node),
       el("td", {}, task.attempt), el("td", { class: "elapsed", "data-since": task.taken_at }, age(since(task.taken_at)))));
   $("running-rows").replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colSpan: 5 }, "nothing running"))]));
-  $("completed-hour").textContent = data.completed_last_hour;
-  $("chart-source").textContent = data.chart_source === "history" ? "from the history" : "seen by this dashboard (history is off)";
-  $("failed-hour").textContent = data.failed_last_hour;
-  const total = data.completed_last_hour + data.failed_last_hour;
-  $("failure-rate").textContent = total ? Math.round((100 * data.failed_last_hour) / total) : 0;
-  renderChart(data.chart);
 }
 
-function renderChart(minutes) {
-  const svg = $("chart");
-  const ns = "http://www.w3.org/2000/svg";
-  const top = Math.max(1, ...minutes.map((m) => m.completed + m.failed));
-  const width = 600 / Math.max(1, minutes.length);
-  const bars = [];
-  minutes.forEach((m, i) => {
-    const ok = (90 * m.completed) / top;
-    const bad = (90 * m.failed) / top;
-    for (const [height, y, kind] of [[ok, 100 - ok, "ok"], [bad, 100 - ok - bad, "bad"]]) {
-      if (!height) continue;
-      const rect = document.createElementNS(ns, "rect");
-      rect.setAttribute("x", i * width + 1);
-      rect.setAttribute("width", Math.max(1, width - 2));
-      rect.setAttribute("y", y);
-      rect.setAttribute("height", height);
-      rect.setAttribute("class", kind);
-      const title = document.createElementNS(ns, "title");
-      title.textContent = new Date(m.minute * 60000).toLocaleTimeString() + ": " + m.completed + " completed, " + m.failed + " failed";
-      rect.append(title);
-      bars.push(rect);
+function chartWindow() {
+  const asked = route.params.get("window");
+  return ["1h", "24h", "7d"].includes(asked) ? asked : "1h";
+}
+
+// A round number at or above `n`: 1, 2, 5 times a power of ten.
+function niceMax(n) {
+  if (n <= 4) return 4;
+  const power = Math.pow(10, Math.floor(Math.log10(n)));
+  for (const step of [1, 2, 5, 10]) if (step * power >= n) return step * power;
+  return 10 * power;
+}
+
+function tickLabel(seconds, window) {
+  const at = new Date(seconds * 1000);
+  const hm = String(at.getUTCHours()).padStart(2, "0") + ":" + String(at.getUTCMinutes()).padStart(2, "0");
+  if (window !== "7d") return hm;
+  return at.toISOString().slice(5, 10) + " " + hm;
+}
+
+async function loadChart() {
+  const window = chartWindow();
+  const chart = await api("/ui/api/chart?window=" + window);
+  chartRead = Date.now();
+  const total = chart.completed + chart.failed;
+  $("chart-totals").textContent = "last " + window.replace("h", " h").replace("d", " d") + ": " + chart.completed + " completed, " +
+    chart.failed + " failed (" + (total ? Math.round((100 * chart.failed) / total) : 0) + "% failure rate), " +
+    chart.leadership.length + " leadership change" + (chart.leadership.length === 1 ? "" : "s");
+  drawChart(chart);
+}
+
+// Stacked bars (completed, failed) per bucket, a y axis with a rounded scale, time labels
+// in UTC on the x axis, and a dashed line where a new leader took over.
+function drawChart(chart) {
+  const [W, H, left, right, top, bottom] = [900, 220, 44, 10, 12, 34];
+  const plotW = W - left - right;
+  const plotH = H - top - bottom;
+  const max = niceMax(Math.max(0, ...chart.bars.map((b) => b.completed + b.failed)));
+  const span = chart.to - chart.from;
+  const x = (t) => left + ((t - chart.from) / span) * plotW;
+  const y = (n) => top + plotH - (n / max) * plotH;
+  const nodes = [];
+  for (let i = 0; i <= 4; i++) {
+    const n = (max * i) / 4;
+    nodes.push(svg("line", { x1: left, x2: W - right, y1: y(n), y2: y(n), class: "grid" }));
+    nodes.push(svg("text", { x: left - 6, y: y(n) + 4, class: "axis", "text-anchor": "end" }, Number.isInteger(n) ? n : n.toFixed(1)));
+  }
+  nodes.push(svg("text", { x: 12, y: top + plotH / 2, class: "axis", transform: "rotate(-90 12 " + (top + plotH / 2) + ")", "text-anchor": "middle" }, "tasks per " + age(chart.bucket_seconds).replace(" 0s", "").replace(" 0m", "")));
+  const barW = plotW / chart.bars.length;
+  for (const bar of chart.bars) {
+    const bx = x(bar.start) + 0.5;
+    const w = Math.max(1, barW - 1);
+    const label = tickLabel(bar.start, chart.window) + ": " + bar.completed + " completed, " + bar.failed + " failed";
+    if (bar.completed) {
+      const rect = svg("rect", { x: bx, width: w, y: y(bar.completed), height: y(0) - y(bar.completed), class: "ok" });
+      rect.append(svg("title", {}, label));
+      nodes.push(rect);
     }
-  });
-  svg.replaceChildren(...bars);
+    if (bar.failed) {
+      const rect = svg("rect", { x: bx, width: w, y: y(bar.completed + bar.failed), height: y(bar.completed) - y(bar.completed + bar.failed), class: "bad" });
+      rect.append(svg("title", {}, label));
+      nodes.push(rect);
+    }
+  }
+  nodes.push(svg("line", { x1: left, x2: W - right, y1: y(0), y2: y(0), class: "axisline" }));
+  const ticks = 6;
+  for (let i = 0; i <= ticks; i++) {
+    const t = chart.from + (span * i) / ticks;
+    nodes.push(svg("line", { x1: x(t), x2: x(t), y1: y(0), y2: y(0) + 4, class: "axisline" }));
+    nodes.push(svg("text", { x: x(t), y: H - bottom + 18, class: "axis", "text-anchor": i === 0 ? "start" : i === ticks ? "end" : "middle" }, tickLabel(t, chart.window)));
+  }
+  nodes.push(svg("text", { x: W - right, y: H - 2, class: "axis", "text-anchor": "end" }, "UTC"));
+  for (const mark of chart.leadership) {
+    const group = svg("g", { class: "lead" });
+    group.append(svg("line", { x1: x(mark.at), x2: x(mark.at), y1: top, y2: y(0) }));
+    group.append(svg("text", { x: x(mark.at) + 3, y: top + 9, class: "axis lead-label" }, mark.node));
+    group.append(svg("title", {}, tickLabel(mark.at, "7d") + ": " + mark.node + " leads (fencing token " + mark.fencing_token + "; before: " + mark.why + ")"));
+    nodes.push(group);
+  }
+  $("chart").replaceChildren(...nodes);
 }
 
-function recordedPane(target, data, columns) {
+async function loadStandbys() {
+  recordedPane($("standbys"), await api("/ui/api/standbys"), [["node", "Node"], ["status", "Status"], ["seen", "Last heartbeat"], ["host", "Host"]], "no standbys: only the leader runs");
+}
+
+// ---- list panes ----
+
+function recordedPane(target, data, columns, empty) {
   if (data.recorded !== "yes") {
     target.replaceChildren(el("div", { class: "empty" }, "Not recorded: " + (data.why || "")));
     return;
   }
   if (!data.rows.length) {
-    target.replaceChildren(el("div", { class: "empty" }, "nothing yet"));
+    target.replaceChildren(el("div", { class: "empty" }, empty || "nothing yet"));
     return;
   }
-  const head = el("tr", {}, ...columns.map((c) => el("th", {}, c)));
-  const rows = data.rows.map((row) => el("tr", {}, ...columns.map((c) => el("td", {}, typeof row[c] === "object" ? JSON.stringify(row[c]) : row[c]))));
+  const head = el("tr", {}, ...columns.map(([, title]) => el("th", {}, title)));
+  const rows = data.rows.map((row) => el("tr", {}, ...columns.map(([name]) => el("td", {}, typeof row[name] === "object" ? JSON.stringify(row[name]) : row[name]))));
   target.replaceChildren(el("table", {}, el("thead", {}, head), el("tbody", {}, ...rows)));
 }
 
@@ -152,20 +308,49 @@ function actionButton(label, action, key, danger) {
   return el("button", { "data-action": action, "data-key": key, class: danger ? "danger" : "" }, label);
 }
 
+// Fills a type filter with the types the server named, keeping the chosen one.
+function fillTypes(select, types, chosen) {
+  const first = select.options[0];
+  const all = new Set(types);
+  if (chosen) all.add(chosen);
+  select.replaceChildren(first, ...[...all].sort().map((t) => el("option", { value: t }, t)));
+  select.value = chosen || "";
+}
+
+function pager(prefix, data) {
+  const pages = Math.max(1, Math.ceil(data.total / data.limit));
+  const current = Math.floor(data.offset / data.limit) + 1;
+  $(prefix + "-page").textContent = "page " + current + " of " + pages + " (" + data.total + ")";
+  $(prefix + "-prev").disabled = current <= 1;
+  $(prefix + "-next").disabled = current >= pages;
+}
+
+// The API's query for a filtered, paged pane: its filters from the address, the page as an
+// offset.
+function listQuery(names) {
+  const query = new URLSearchParams();
+  for (const name of names) {
+    const value = route.params.get(name);
+    if (value) query.set(name, value);
+  }
+  query.set("limit", PER_PAGE);
+  query.set("offset", (page() - 1) * PER_PAGE);
+  return query;
+}
+
 async function loadQueue() {
-  const params = new URLSearchParams({ page: queuePage, per: 50 });
-  const type = $("queue-type").value;
-  const search = $("queue-search").value.trim();
-  if (type) params.set("type", type);
-  if (search) params.set("q", search);
-  const data = await api("/ui/api/queue?" + params);
-  const select = $("queue-type");
-  const known = new Set([...select.options].map((o) => o.value));
-  for (const t of data.types) if (!known.has(t)) select.append(el("option", { value: t }, t));
+  const query = new URLSearchParams({ page: page() - 1, per: PER_PAGE });
+  const type = route.params.get("type") || "";
+  const search = route.params.get("q") || "";
+  if (type) query.set("type", type);
+  if (search) query.set("q", search);
+  if (document.activeElement !== $("queue-search")) $("queue-search").value = search;
+  const data = await api("/ui/api/queue?" + query);
+  fillTypes($("queue-type"), data.types, type);
   const first = data.page * data.per;
   const rows = data.rows.map((row, i) =>
     el("tr", { "data-key": row.key },
-      el("td", {}, first + i + 1), el("td", {}, row.state), el("td", { class: "key" }, row.key),
+      el("td", {}, first + i + 1), el("td", {}, row.state.replace("_", " ")), el("td", {}, taskLink(row.key)),
       el("td", {}, row.task_type), el("td", {}, age(row.age_seconds)),
       el("td", { title: row.due_at || "" }, row.due_at ? due(row.due_at) : ""), el("td", {}, row.attempts),
       el("td", { class: "error" }, row.last_error),
@@ -177,15 +362,49 @@ async function loadQueue() {
   $("queue-next").disabled = data.page + 1 >= pages;
 }
 
+// Shows the address's filters in a filter form.
+function fillForm(form) {
+  for (const field of form.elements) {
+    if (!field.name || field.tagName === "SELECT") continue;
+    if (document.activeElement !== field) field.value = route.params.get(field.name) || "";
+  }
+}
+
 async function loadDead() {
-  const data = await api("/ui/api/dead");
+  fillForm($("dead-filter"));
+  const data = await api("/ui/api/dead?" + listQuery(["type", "from", "to", "q"]));
+  fillTypes($("dead-type"), data.types, route.params.get("type"));
   const rows = data.rows.map((row) =>
     el("tr", { "data-key": row.key },
-      el("td", { class: "key" }, row.key), el("td", {}, row.task_type), el("td", { class: "error" }, row.reason),
+      el("td", {}, taskLink(row.key)), el("td", {}, row.task_type), el("td", { class: "error" }, row.reason),
       el("td", {}, row.attempts), el("td", { class: "error" }, row.last_error),
-      el("td", {}, row.dead_at ? age(since(row.dead_at)) : ""),
+      el("td", { title: row.dead_at }, row.dead_at ? age(since(row.dead_at)) : ""),
       el("td", {}, row.retryable ? actionButton("Retry", "retry", row.key) : "", " ", actionButton("Delete", "delete", row.key, true))));
-  $("dead-rows").replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colSpan: 7 }, "no dead letters"))]));
+  $("dead-rows").replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colSpan: 7 }, "no dead letters" + (route.params.toString() ? " match" : "")))]));
+  pager("dead", data);
+}
+
+async function loadHistory() {
+  fillForm($("history-filter"));
+  const data = await api("/ui/api/history?" + listQuery(["type", "outcome", "from", "to", "q"]));
+  $("history-outcome").value = route.params.get("outcome") || "";
+  if (data.recorded !== "yes") {
+    $("history").replaceChildren(el("div", { class: "empty" }, "Not recorded: " + (data.why || "")));
+    return;
+  }
+  fillTypes($("history-type"), data.types, route.params.get("type"));
+  const head = el("tr", {}, ...["Finished", "Task", "Type", "Outcome", "Duration", "Attempts", "Fencing token", "Node", "Reason or last error"].map((t) => el("th", {}, t)));
+  const rows = data.rows.map((row) =>
+    el("tr", { "data-key": row.key, class: row.outcome },
+      el("td", { title: row.finished_at }, utc(row.finished_at)), el("td", {}, el("a", { class: "task-link key", href: taskHref(row.record_key) }, row.key)),
+      el("td", {}, row.task_type), el("td", { class: "outcome" }, row.outcome),
+      el("td", {}, row.duration_ms == null ? "" : row.duration_ms + " ms"), el("td", {}, row.attempts),
+      el("td", {}, row.fencing_token == null ? "" : row.fencing_token), el("td", {}, row.node),
+      el("td", { class: "error" }, row.detail)));
+  $("history").replaceChildren(rows.length
+    ? el("table", {}, el("thead", {}, head), el("tbody", { id: "history-rows" }, ...rows))
+    : el("div", { class: "empty" }, route.params.toString() ? "no finished task matches" : "nothing yet"));
+  pager("history", data);
 }
 
 // Schedules: a paused one offers resume, an active one pause; an unreadable record says why.
@@ -207,36 +426,76 @@ async function loadSchedules() {
       el("td", { class: "state" }, row.state),
       el("td", { title: row.last_tick }, row.last_tick ? age(since(row.last_tick)) + " ago" : "never"),
       el("td", { class: "next", title: row.next_tick }, row.next_tick ? due(row.next_tick) + " (" + row.next_tick + ")" : "–"),
-      el("td", { class: "key" }, row.last_task), el("td", {}, row.outcome), el("td", {}, row.skipped),
+      el("td", {}, row.last_task ? taskLink(row.last_task) : ""), el("td", {}, row.outcome), el("td", {}, row.skipped),
       el("td", {}, button));
   });
   $("schedule-rows").replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colSpan: 10 }, "no schedules (add some with leaderq schedules apply FILE)"))]));
 }
 
-async function loadStandbys() {
-  recordedPane($("standbys"), await api("/ui/api/standbys"), ["node", "status", "last_heartbeat", "host"]);
+// ---- the task page ----
+
+async function loadTask() {
+  const key = route.key;
+  $("task-key").textContent = key;
+  let task;
+  try {
+    task = await api("/ui/api/task?key=" + encodeURIComponent(key));
+  } catch (err) {
+    $("task-state").textContent = "not found";
+    $("task-summary").textContent = err.message;
+    for (const id of ["task-actions", "task-facts", "task-attempts", "task-value"]) $(id).replaceChildren();
+    $("task-record-box").hidden = true;
+    return;
+  }
+  if (route.key !== key) return;
+  $("task-key").textContent = task.key;
+  $("task-state").textContent = task.state.replace("_", " ");
+  $("task-state").className = "state " + task.state;
+  $("task-summary").textContent = task.summary;
+  const labels = { retry: "Retry", cancel: "Cancel", delete: "Delete" };
+  $("task-actions").replaceChildren(...task.actions.map((action) =>
+    actionButton(labels[action], action, task.key, action !== "retry")));
+  const facts = [
+    ["Where", { queue: "in the queue", dead: "in the dead letters", history: "finished (history)" }[task.place]],
+    ["Task type", task.task_type], ["Task id", task.task_id], ["Attempts used", task.attempts],
+    ["Claimed by", task.claimed_by], ["Claimed at", task.claimed_at && utc(task.claimed_at)],
+    ["Due at", task.due_at && utc(task.due_at)], ["Fencing token", task.fencing_token],
+    ["Last error", task.last_error],
+  ].filter(([, value]) => value !== "" && value != null);
+  $("task-facts").replaceChildren(...facts.map(([name, value]) =>
+    el("tr", {}, el("th", {}, name), el("td", { class: name === "Last error" ? "error" : "" }, value))));
+  // Attempts are stored in the task's value, in the producers' camelCase.
+  const attempts = task.attempt_log.map((a) =>
+    el("tr", { class: a.outcome, "data-attempt": a.attempt },
+      el("td", {}, a.attempt), el("td", {}, utc(a.startedAt, true)), el("td", {}, utc(a.finishedAt, true)),
+      el("td", { class: "outcome" }, a.outcome), el("td", {}, a.error ? el("pre", { class: "error" }, a.error) : ""),
+      el("td", {}, a.node), el("td", {}, a.fencingToken == null ? "" : a.fencingToken)));
+  $("task-attempts").replaceChildren(...(attempts.length ? attempts : [el("tr", {}, el("td", { colSpan: 7 }, task.attempts ? "no run was logged (runs before leaderq kept an attempt log)" : "not run yet"))]));
+  $("task-value").textContent = task.value == null ? "(a completed task's value is not kept; its record is below)" : JSON.stringify(task.value, null, 2);
+  $("task-record-box").hidden = !task.record;
+  if (task.record) $("task-record").textContent = JSON.stringify(task.record, null, 2);
 }
+
+// ---- loading and the live feed ----
 
 async function loadActive() {
   try {
-    if (active === "queue") await loadQueue();
-    else if (active === "dead") await loadDead();
-    else if (active === "schedules") await loadSchedules();
-    else if (active === "history") recordedPane($("history"), await api("/ui/api/history"), ["key", "task_type", "outcome", "duration", "attempts", "fencing_token", "node", "finished_at", "detail"]);
-    else if (active === "timeline") recordedPane($("timeline"), await api("/ui/api/timeline"), ["node", "fencing_token", "since", "until", "why"]);
+    if (route.pane === "overview") {
+      if (Date.now() - chartRead > 5000) await Promise.all([loadChart(), loadStandbys()]);
+    } else if (route.pane === "queue") await loadQueue();
+    else if (route.pane === "dead") await loadDead();
+    else if (route.pane === "schedules") await loadSchedules();
+    else if (route.pane === "history") await loadHistory();
+    else if (route.pane === "leadership") recordedPane($("timeline"), await api("/ui/api/timeline"), [["node", "Node"], ["token", "Fencing token"], ["since", "Since"], ["until", "Until"], ["why", "Why"]]);
+    else if (route.pane === "task") await loadTask();
   } catch (err) {
     show(err.message);
   }
 }
 
-function select(pane) {
-  active = pane;
-  for (const button of document.querySelectorAll("nav button")) button.classList.toggle("active", button.dataset.pane === pane);
-  for (const section of document.querySelectorAll(".pane")) section.hidden = section.id !== "pane-" + pane;
-  loadActive();
-}
-
-// The live feed: each event is a new overview; the open list pane is read again with it.
+// The live feed: each event is a new overview; the open pane is read again with it (the
+// history and a task page at most once a second).
+let lastSlowRead = 0;
 function connect() {
   if (feed) feed.close();
   feed = new EventSource("/ui/api/events");
@@ -244,6 +503,9 @@ function connect() {
     $("live").textContent = "live";
     $("live").className = "live on";
     renderOverview(JSON.parse(event.data));
+    const slow = route.pane === "history" || route.pane === "task";
+    if (slow && Date.now() - lastSlowRead < 1000) return;
+    if (slow) lastSlowRead = Date.now();
     loadActive();
   });
   feed.onerror = () => {
@@ -255,13 +517,8 @@ function connect() {
 }
 
 document.addEventListener("click", async (event) => {
-  const target = event.target.closest("button, a");
+  const target = event.target.closest("button");
   if (!target) return;
-  if (target.dataset.pane) return select(target.dataset.pane);
-  if (target.dataset.goto) {
-    event.preventDefault();
-    return select(target.dataset.goto);
-  }
   const action = target.dataset.action;
   if (!action) return;
   const key = target.dataset.key;
@@ -272,11 +529,18 @@ document.addEventListener("click", async (event) => {
   target.disabled = true;
   try {
     const answer = await act("/ui/api/" + action, key ? { key } : name ? { name } : {});
-    if (action === "retry") show("requeued as " + answer.requeued, true);
-    else if (action === "retry-all") show("requeued " + answer.requeued + (answer.errors.length ? "; not requeued: " + answer.errors.join("; ") : ""), !answer.errors.length);
-    else if (action === "delete") show("deleted " + answer.deleted, true);
+    const onTaskPage = route.pane === "task";
+    if (action === "retry") {
+      show("requeued as " + answer.requeued, true);
+      if (onTaskPage) return go(taskHref(answer.requeued));
+    } else if (action === "retry-all") show("requeued " + answer.requeued + (answer.errors.length ? "; not requeued: " + answer.errors.join("; ") : ""), !answer.errors.length);
+    else if (action === "delete") {
+      show("deleted " + answer.deleted, true);
+      if (onTaskPage) return go(href("dead"));
+    } else if (action === "cancel") show(answer.what, true);
     else show("");
     await loadActive();
+    if (onTaskPage) show($("message").textContent, true);
   } catch (err) {
     show(err.message);
   } finally {
@@ -291,25 +555,43 @@ $("login").addEventListener("submit", async (event) => {
     $("login").hidden = true;
     show("");
     connect();
-    loadStandbys().catch(() => {});
+    chartRead = 0;
+    loadActive();
   } catch (err) {
     show(err.message);
   }
 });
 
+// A filter form's fields become the address (datetime-local values as they are: UTC).
+for (const [form, pane] of [["dead-filter", "dead"], ["history-filter", "history"]]) {
+  $(form).addEventListener("submit", (event) => {
+    event.preventDefault();
+    const params = {};
+    for (const field of $(form).elements) if (field.name) params[field.name] = field.value.trim();
+    go(href(pane, params));
+  });
+  for (const select of $(form).querySelectorAll("select")) {
+    select.addEventListener("change", () => $(form).requestSubmit());
+  }
+}
+
 let searchTimer = null;
 $("queue-search").addEventListener("input", () => {
   clearTimeout(searchTimer);
-  searchTimer = setTimeout(() => { queuePage = 0; loadActive(); }, 250);
+  searchTimer = setTimeout(() => go(href("queue", { type: $("queue-type").value, q: $("queue-search").value.trim() }), true), 250);
 });
-$("queue-type").addEventListener("change", () => { queuePage = 0; loadActive(); });
-$("queue-prev").addEventListener("click", () => { queuePage = Math.max(0, queuePage - 1); loadActive(); });
-$("queue-next").addEventListener("click", () => { queuePage += 1; loadActive(); });
+$("queue-type").addEventListener("change", () => go(href("queue", { type: $("queue-type").value, q: $("queue-search").value.trim() })));
+for (const prefix of ["queue", "dead", "history"]) {
+  $(prefix + "-prev").addEventListener("click", () => toPage(page() - 1));
+  $(prefix + "-next").addEventListener("click", () => toPage(page() + 1));
+}
+$("task-back").addEventListener("click", () => history.back());
 
 // Elapsed times tick every second between readings.
 setInterval(() => {
   for (const cell of document.querySelectorAll(".elapsed[data-since]")) cell.textContent = age(since(cell.dataset.since));
 }, 1000);
 
+window.addEventListener("hashchange", render);
 connect();
-loadStandbys().catch(() => {});
+render();
