@@ -153,7 +153,7 @@ async fn drain(backend: &str, backlog: usize) -> anyhow::Result<Drain> {
     measured
 }
 
-async fn measure(
+pub(super) async fn measure(
     server: &Target,
     child: &std::process::Child,
     backlog: usize,
@@ -202,7 +202,7 @@ fn task_key(n: usize) -> String {
 /// Creates `count` no-op tasks as `leaderq enqueue` would, in create-only batches; the
 /// last one is written alone after the others, a second later in taskTime: it is the
 /// last to be claimed.
-async fn enqueue(coord: &Arc<dyn Coordinator>, count: usize) -> anyhow::Result<()> {
+pub(super) async fn enqueue(coord: &Arc<dyn Coordinator>, count: usize) -> anyhow::Result<()> {
     let body_len = task_body("b000000").len() + "oracleTask/b000000".len();
     let limits = coord.limits();
     // Room for each op's own overhead in the backend's encoding.
