@@ -651,17 +651,21 @@ mod exec_handler {
             .args(["-KILL", &pid.to_string()])
             .status()
             .unwrap();
-        // Dead: a zombie until its parent, this process, reaps it.
-        for _ in 0..500 {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            if stat
-                .rsplit_once(')')
-                .is_none_or(|(_, rest)| rest.trim_start().starts_with('Z'))
-            {
+        // Dead: a zombie until its parent, this process, reaps it. The bound only guards
+        // against a hang.
+        let zombie = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| Some(stat.rsplit_once(')')?.1.trim_start().starts_with('Z')))
+                .unwrap_or(false)
+        };
+        for _ in 0..3000 {
+            if zombie() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        assert!(zombie(), "the killed supervisor {pid} is not dead yet");
         handler.handle(&ctx()).await.unwrap();
         let now = handler.supervision.pool.idle_pids();
         assert_eq!(now.len(), 1, "{now:?}");
