@@ -168,6 +168,7 @@ impl Registry {
             kill_grace: settings.queue.kill_grace,
             margin: supervise::lease_margin(settings.election.lease_ttl),
             lock_file,
+            pool: Default::default(),
         };
         let parent: Vec<(String, String)> = std::env::vars().collect();
         let mut registry = Registry::default();

@@ -158,13 +158,14 @@ struct BenchArgs {
     #[arg(long, default_value_t = 100_000)]
     memory_keys: usize,
     /// Run one section only.
-    #[arg(long, value_parser = ["server", "contention", "consumer", "backlog", "failover", "run", "groups", "schedules"])]
+    #[arg(long, value_parser = ["server", "contention", "consumer", "backlog", "exec", "failover", "run", "groups", "schedules"])]
     only: Option<String>,
     /// Blocked queries (one per key) parked while their keys are written.
     #[arg(long, default_value_t = 10_000)]
     watchers: usize,
     /// Another leaderq binary (an older build) whose server also runs the contention
-    /// measurements (reads under writes, wakes among many watchers), printed beside these.
+    /// measurements (reads under writes, wakes among many watchers), and whose consumer
+    /// also drains the exec section's backlogs, printed beside these.
     #[arg(long)]
     baseline_exe: Option<PathBuf>,
     /// The coordinator the consumer, failover, run, groups and schedules sections run on,
@@ -179,6 +180,9 @@ struct BenchArgs {
     /// Where the backlog section writes its SVG chart (rate and RSS against backlog).
     #[arg(long, default_value = leaderq::tools::bench::DEFAULT_CHART)]
     chart: PathBuf,
+    /// Backlogs of `/bin/true` exec tasks the exec section drains, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = leaderq::tools::bench::DEFAULT_EXEC_BACKLOGS, value_parser = backlog_size)]
+    exec_backlogs: Vec<usize>,
 }
 
 #[derive(clap::Args)]
@@ -553,6 +557,7 @@ fn main() -> ExitCode {
                     backend: args.backend,
                     backlogs: args.backlogs,
                     chart: Some(args.chart),
+                    exec_backlogs: args.exec_backlogs,
                     ..Default::default()
                 };
                 leaderq::tools::bench::run(options, args.json).await

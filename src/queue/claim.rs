@@ -303,15 +303,60 @@ impl Queue {
                     // rest back unchanged, so that a batch of slow tasks never holds up an
                     // earlier task that arrives or falls due. Sent back, they have new
                     // versions the backlog does not know, and they come before every task
-                    // still in it: list again, so they are claimed next, in order.
+                    // still in it: just they are read again and take their places, so they
+                    // are claimed next, in order. Not a listing: a run that straddles the
+                    // threshold costs a read of at most a batch, whatever the backlog.
                     let rest: Vec<(Claimed, TaskVersion)> = claimed.by_ref().collect();
+                    let keys: Vec<String> =
+                        rest.iter().map(|(task, _)| task.task.key.clone()).collect();
                     self.release_unstarted(leadership, rest).await;
-                    break 'listing;
+                    match self
+                        .read_again(leadership, &mut backlog, memory, &keys)
+                        .await
+                    {
+                        Ok(true) => {}
+                        Ok(false) => break 'listing,
+                        Err(stop) => {
+                            end = Some(stop);
+                            break 'listing;
+                        }
+                    }
                 }
             }
         }
         let unrecorded = self.complete_all(leadership, finished).await;
         (end, unrecorded)
+    }
+
+    /// Reads `keys` again and puts what they hold in its place in the backlog (or forgets
+    /// them, if gone). `Ok(false)`: they could not be read; list again.
+    async fn read_again(
+        &self,
+        leadership: &Leadership,
+        backlog: &mut Backlog,
+        memory: &mut Memory,
+        keys: &[String],
+    ) -> Result<bool, LeadEnd> {
+        let current = match self.coord.get(keys).await {
+            Ok(current) => current,
+            Err(err) => {
+                self.metrics.coordinator_error(&err);
+                tracing::warn!(error = %err, "cannot read tasks sent back; listing again");
+                return Ok(false);
+            }
+        };
+        for key in keys {
+            backlog.forget(key);
+        }
+        let sorted = self
+            .sort_out(leadership, current, memory, self.clock().now())
+            .await?;
+        backlog.learn(
+            sorted.keys.into_iter().collect(),
+            sorted.pending,
+            sorted.delayed,
+        );
+        Ok(true)
     }
 
     /// Plans the next claim: prepares claims of up to `max_tasks` pending tasks while they

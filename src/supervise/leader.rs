@@ -1,20 +1,24 @@
-//! The leader's side of a supervised run: start the supervisor in its own process group
-//! with a clean environment, hand it the job, forward every move of the lease deadline,
-//! ask it to stop on time-out or cancellation, and return only once it reports that the
-//! handler and everything it started are gone.
+//! The leader's side of a supervised run: hand the job to a supervisor (an idle one kept
+//! from an earlier run, or one started now in its own process group with a clean
+//! environment), forward every move of the lease deadline, ask it to stop on time-out or
+//! cancellation, and return only once it reports that the handler and everything it
+//! started are gone; then keep it for the next run.
 //!
 //! If the supervisor dies without a report, the leader kills the handler's process group
-//! itself. If the leader dies, the supervisor sees its control socket close.
+//! itself, and the supervisor is not kept. If the leader dies, every supervisor, idle or
+//! not, sees its control socket close.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
 use rustix::process::{Pid, Signal};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -26,10 +30,116 @@ use super::{Supervision, SUPERVISE_ARG};
 /// Beyond the kill grace, how long the leader waits for a supervisor that was asked to
 /// stop before it kills the supervisor and the handler's group itself.
 const BACKSTOP: Duration = Duration::from_secs(2);
-/// How long to wait for the supervisor's exit and the end of its stderr after its report.
+/// How long to wait for a supervisor's exit once it is not kept.
 const AFTERMATH: Duration = Duration::from_secs(2);
 /// How much of the handler's stderr is kept.
-pub const STDERR_TAIL_BYTES: usize = 2048;
+pub const STDERR_TAIL_BYTES: usize = protocol::STDERR_TAIL_BYTES;
+
+/// Supervisors between runs, each ready for its next: as many as runs went on at once
+/// (one per run at a time; up to `queue.concurrency` in a replica). Shared by the clones of
+/// a `Supervision`. An idle supervisor holds nothing (no lock, no process) and exits when
+/// the leader does, as its control socket closes.
+#[derive(Clone, Default)]
+pub struct Pool(Arc<Mutex<Vec<Supervisor>>>);
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let idle = self.0.lock().map_or(0, |idle| idle.len());
+        f.debug_struct("Pool").field("idle", &idle).finish()
+    }
+}
+
+impl Pool {
+    /// An idle supervisor that is still alive, if any.
+    fn take(&self) -> Option<Supervisor> {
+        let mut idle = self.0.lock().ok()?;
+        while let Some(mut supervisor) = idle.pop() {
+            if matches!(supervisor.child.try_wait(), Ok(None)) {
+                return Some(supervisor);
+            }
+        }
+        None
+    }
+
+    fn keep(&self, supervisor: Supervisor) {
+        if let Ok(mut idle) = self.0.lock() {
+            idle.push(supervisor);
+        }
+    }
+
+    /// How many supervisors are idle.
+    pub fn idle(&self) -> usize {
+        self.0.lock().map_or(0, |idle| idle.len())
+    }
+
+    /// The pids of the idle supervisors.
+    pub fn idle_pids(&self) -> Vec<u32> {
+        self.0.lock().map_or(Vec::new(), |idle| {
+            idle.iter().filter_map(|s| s.child.id()).collect()
+        })
+    }
+}
+
+/// A supervisor process and the leader's ends of its control socket.
+struct Supervisor {
+    child: tokio::process::Child,
+    reports: Lines<BufReader<OwnedReadHalf>>,
+    write: OwnedWriteHalf,
+}
+
+impl Supervisor {
+    /// Starts `program` as a supervisor: its own process group (a terminal's Ctrl-C does
+    /// not reach it), a clean environment, the control socket on its stdin, our stdout
+    /// and stderr.
+    fn start(program: &Path) -> Result<Supervisor, RunError> {
+        let not_started =
+            |what: &str, e: std::io::Error| RunError::NotStarted(format!("{what}: {e}"));
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| not_started("cannot create the supervisor's control socket", e))?;
+        ours.set_nonblocking(true)
+            .map_err(|e| not_started("cannot set up the control socket", e))?;
+        let ours = tokio::net::UnixStream::from_std(ours)
+            .map_err(|e| not_started("cannot set up the control socket", e))?;
+        // The command is dropped right after the spawn, and with it our copy of the
+        // supervisor's end of the socket: its death must read as EOF here.
+        let child = tokio::process::Command::new(program)
+            .arg(SUPERVISE_ARG)
+            .env_clear()
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit())
+            .process_group(0)
+            .spawn()
+            .map_err(|e| {
+                not_started(
+                    &format!("cannot start the handler supervisor {}", program.display()),
+                    e,
+                )
+            })?;
+        let (read, write) = ours.into_split();
+        Ok(Supervisor {
+            child,
+            reports: BufReader::new(read).lines(),
+            write,
+        })
+    }
+
+    /// Closes our end (a supervisor still reading sees EOF), then reaps it, killing it if
+    /// it does not exit by itself.
+    async fn end(self) {
+        let Supervisor {
+            mut child,
+            reports,
+            write,
+        } = self;
+        drop(write);
+        drop(reports);
+        if tokio::time::timeout(AFTERMATH, child.wait()).await.is_err() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+}
 
 /// One handler run.
 pub struct Job<'a> {
@@ -86,58 +196,10 @@ pub async fn run(supervision: &Supervision, job: Job<'_>) -> Result<Ended, RunEr
         mut lease_deadline,
         pass_stderr,
     } = job;
-    let not_started = |what: &str, e: std::io::Error| RunError::NotStarted(format!("{what}: {e}"));
-    let (ours, theirs) = std::os::unix::net::UnixStream::pair()
-        .map_err(|e| not_started("cannot create the supervisor's control socket", e))?;
-    ours.set_nonblocking(true)
-        .map_err(|e| not_started("cannot set up the control socket", e))?;
-    let ours = tokio::net::UnixStream::from_std(ours)
-        .map_err(|e| not_started("cannot set up the control socket", e))?;
-    // The command is dropped right after the spawn, and with it our copy of the
-    // supervisor's end of the socket: its death must read as EOF here.
-    let mut supervisor = tokio::process::Command::new(&supervision.program)
-        .arg(SUPERVISE_ARG)
-        .env_clear()
-        .stdin(Stdio::from(OwnedFd::from(theirs)))
-        .stdout(Stdio::inherit())
-        .stderr(if pass_stderr {
-            Stdio::inherit()
-        } else {
-            Stdio::piped()
-        })
-        .process_group(0)
-        .spawn()
-        .map_err(|e| {
-            not_started(
-                &format!(
-                    "cannot start the handler supervisor {}",
-                    supervision.program.display()
-                ),
-                e,
-            )
-        })?;
-    let stderr = supervisor.stderr.take();
-    let mut collect = tokio::spawn(async move {
-        let mut tail = Vec::new();
-        let Some(mut stderr) = stderr else {
-            return tail;
-        };
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = stderr.read(&mut buf).await {
-            if n == 0 {
-                break;
-            }
-            tail.extend_from_slice(&buf[..n]);
-            if tail.len() > STDERR_TAIL_BYTES * 2 {
-                tail.drain(..tail.len() - STDERR_TAIL_BYTES);
-            }
-        }
-        let start = tail.len().saturating_sub(STDERR_TAIL_BYTES);
-        tail.split_off(start)
-    });
-
-    let (read, mut write) = ours.into_split();
-    let mut reports = BufReader::new(read).lines();
+    let mut supervisor = match supervision.pool.take() {
+        Some(idle) => idle,
+        None => Supervisor::start(&supervision.program)?,
+    };
     let deadline_now = |deadline: Option<Instant>| {
         nanos(kill_by(
             deadline,
@@ -155,7 +217,13 @@ pub async fn run(supervision: &Supervision, job: Job<'_>) -> Result<Ended, RunEr
         kill_by_ns: deadline_now(*lease_deadline.borrow_and_update()),
         lock_file: supervision.lock_file.clone(),
         leader_pid: std::process::id(),
+        keep_stderr: !pass_stderr,
     };
+    let Supervisor {
+        child,
+        reports,
+        write,
+    } = &mut supervisor;
     // A failed write means the supervisor is already gone: its EOF tells below.
     let _ = write
         .write_all(&protocol::line(&Control::Start(Box::new(start))))
@@ -174,6 +242,7 @@ pub async fn run(supervision: &Supervision, job: Job<'_>) -> Result<Ended, RunEr
     let mut asked: Option<Asked> = None;
     let mut group: Option<Pid> = None;
     let mut backstop_fired = false;
+    let mut answered = false;
     let outcome = loop {
         tokio::select! {
             line = reports.next_line() => {
@@ -183,9 +252,16 @@ pub async fn run(supervision: &Supervision, job: Job<'_>) -> Result<Ended, RunEr
                 };
                 match report {
                     Some(Report::Started { pid }) => group = Pid::from_raw(pid as i32),
-                    Some(Report::Refused { reason }) => break Err(RunError::NotStarted(reason)),
-                    Some(Report::Exited { wait_status, stopped }) => {
-                        break Ok((ExitStatus::from_raw(wait_status), stopped));
+                    Some(Report::Refused { reason }) => {
+                        answered = true;
+                        break Err(RunError::NotStarted(reason));
+                    }
+                    Some(Report::Exited { wait_status, stopped, stderr_tail }) => {
+                        let tail = base64::engine::general_purpose::STANDARD
+                            .decode(stderr_tail)
+                            .unwrap_or_default();
+                        answered = true;
+                        break Ok((ExitStatus::from_raw(wait_status), stopped, tail));
                     }
                     None => {
                         // The supervisor died without a report: do its job.
@@ -226,29 +302,18 @@ pub async fn run(supervision: &Supervision, job: Job<'_>) -> Result<Ended, RunEr
                 // killing the handler's group above.
                 backstop_fired = true;
                 tracing::warn!(program = %supervision.program.display(), "the handler supervisor did not stop the handler in time; killing both");
-                let _ = supervisor.start_kill();
+                let _ = child.start_kill();
             }
         }
     };
-    // Close our end: a supervisor still reading sees EOF. Then reap it and read the end of
-    // its stderr; after its report both come at once.
-    drop(write);
-    drop(reports);
-    if tokio::time::timeout(AFTERMATH, supervisor.wait())
-        .await
-        .is_err()
-    {
-        let _ = supervisor.start_kill();
-        let _ = supervisor.wait().await;
+    // A supervisor that answered for its run (`exited` or `refused`) serves the next one;
+    // one that died, or was killed by the backstop, is ended.
+    if answered && !backstop_fired {
+        supervision.pool.keep(supervisor);
+    } else {
+        supervisor.end().await;
     }
-    let stderr_tail = match tokio::time::timeout(AFTERMATH, &mut collect).await {
-        Ok(Ok(tail)) => tail,
-        _ => {
-            collect.abort();
-            Vec::new()
-        }
-    };
-    let (status, stopped) = outcome?;
+    let (status, stopped, stderr_tail) = outcome?;
     Ok(Ended {
         status,
         stopped,

@@ -5,6 +5,9 @@
 //! it), which starts the handler in another new process group with a clean environment and
 //! enforces, on its own clock and whatever the leader does, the kill schedule of `plan.rs`:
 //! SIGTERM to the handler's group, `kill_grace`, SIGKILL, all before the lease could end.
+//! A supervisor serves one run at a time and, between runs, waits for the next one (the
+//! leader keeps it idle): starting this executable costs milliseconds, a run of a small
+//! handler about one.
 //!
 //! - `leader.rs`: the leader's side (start, lease updates, stop, the report).
 //! - `process.rs`: the supervisor process itself.
@@ -49,6 +52,8 @@ pub struct Supervision {
     pub margin: Duration,
     /// `handlers.lock` in the data dir, absolute; `None` runs without it.
     pub lock_file: Option<PathBuf>,
+    /// The supervisors kept between runs, shared by every clone.
+    pub pool: leader::Pool,
 }
 
 /// Call this first thing in `main` of any program that runs exec handlers (the `leaderq`

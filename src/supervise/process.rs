@@ -1,13 +1,20 @@
-//! The supervisor process (`<exe> __supervise`): runs one handler in a new process group
-//! and makes sure that group, and everything the handler started, is gone by the time the
-//! lease it runs under could end, whatever happens to the leader.
+//! The supervisor process (`<exe> __supervise`): runs handlers, one at a time, each in a
+//! new process group, and makes sure that group, and everything the handler started, is
+//! gone by the time the lease it runs under could end, whatever happens to the leader.
 //!
-//! Plain threads, no async runtime: a control thread reads the leader's messages (EOF: the
-//! leader is gone), a reaper thread waits for every child (as a child subreaper, orphaned
-//! descendants become its children too), and the main thread follows `plan.rs`.
+//! One supervisor serves run after run for as long as its leader lives (the leader keeps
+//! the idle ones, `leader.rs`), so a run costs the handler's own fork and exec, not also
+//! the start of this executable. Runs never overlap in one supervisor: each is over
+//! (handler, leftovers and escaped descendants all gone, reported `exited`) before the next
+//! `start` is read, so whatever it adopts as their subreaper belongs to the one run going.
+//!
+//! Plain threads, no async runtime: a control thread reads the leader's messages for the
+//! supervisor's life (EOF: the leader is gone), a reaper thread per run waits for every
+//! child (as a child subreaper, orphaned descendants become its children too), and the
+//! main thread follows `plan.rs`.
 
 use std::fs::File;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read as _, Write};
 use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt as _;
@@ -19,11 +26,14 @@ use base64::Engine as _;
 use rustix::process::{Pid, Signal, WaitOptions};
 
 use super::plan::{Progress, Step, StopReason};
-use super::protocol::{self, boot_now, Control, Report, Start};
+use super::protocol::{self, boot_now, Control, Report, Start, STDERR_TAIL_BYTES};
 
 /// While only members of the handler's group that are not our children remain (no
 /// subreaper), how often to look whether they are gone.
 const GROUP_POLL: Duration = Duration::from_millis(20);
+/// Once every process of a run is gone, how long to wait for the end of its stderr (a
+/// process outside the run that was handed the pipe could hold it open).
+const STDERR_END: Duration = Duration::from_secs(2);
 
 enum Event {
     Control(Control),
@@ -41,45 +51,60 @@ pub fn run() -> i32 {
             return 2;
         }
     };
-    let mut reader = BufReader::new(match control.try_clone() {
+    let reader = BufReader::new(match control.try_clone() {
         Ok(stream) => stream,
         Err(err) => {
             eprintln!("leaderq supervisor: {err}");
             return 2;
         }
     });
-    let mut first = String::new();
-    let start = match reader.read_line(&mut first) {
-        Ok(n) if n > 0 => match serde_json::from_str::<Control>(&first) {
-            Ok(Control::Start(start)) => *start,
-            _ => {
-                eprintln!(
-                    "leaderq supervisor: the first message is not a start: run by leaderq only"
-                );
-                return 2;
-            }
-        },
-        _ => return 2,
-    };
+    // Orphaned descendants of a handler become our children, so they can be found,
+    // killed and reaped. Linux only; without it the process group is all we can reach.
+    let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
+    let (events, inbox) = mpsc::channel();
+    let control_events = events.clone();
+    std::thread::spawn(move || read_control(reader, control_events));
     let mut report = control;
-    match supervise(start, reader, &mut report) {
-        Ok(()) => 0,
-        Err(reason) => {
-            let _ = report.write_all(&protocol::line(&Report::Refused { reason }));
-            0
+    let mut served = 0u64;
+    loop {
+        match inbox.recv() {
+            Ok(Event::Control(Control::Start(start))) => {
+                served += 1;
+                match supervise(*start, &events, &inbox, &mut report) {
+                    Ok(Served::Ready) => {}
+                    Ok(Served::LeaderGone) => return 0,
+                    Err(reason) => {
+                        let _ = report.write_all(&protocol::line(&Report::Refused { reason }));
+                    }
+                }
+            }
+            // Lease moves and stops that crossed the end of the run they were meant for.
+            Ok(Event::Control(_)) => {}
+            Ok(Event::LeaderGone) | Err(_) => return 0,
+            Ok(Event::HandlerExited(_) | Event::NoChildren) => {}
+        }
+        if served == 0 {
+            eprintln!("leaderq supervisor: the first message is not a start: run by leaderq only");
+            return 2;
         }
     }
+}
+
+/// How a run ended for the supervisor.
+enum Served {
+    /// Ready for the next run.
+    Ready,
+    /// The leader is gone: nothing more will come.
+    LeaderGone,
 }
 
 /// Starts the handler and follows it to the end; `Err` when nothing was started.
 fn supervise(
     start: Start,
-    reader: BufReader<UnixStream>,
+    events: &mpsc::Sender<Event>,
+    inbox: &mpsc::Receiver<Event>,
     report: &mut UnixStream,
-) -> Result<(), String> {
-    // Orphaned descendants of the handler become our children, so they can be found,
-    // killed and reaped. Linux only; without it the process group is all we can reach.
-    let _ = rustix::process::set_child_subreaper(Some(rustix::process::getpid()));
+) -> Result<Served, String> {
     let lock = match &start.lock_file {
         Some(path) => Some(lock_shared(path)?),
         None => None,
@@ -97,6 +122,19 @@ fn supervise(
     let task = base64::engine::general_purpose::STANDARD
         .decode(&start.task_base64)
         .map_err(|e| format!("task is not base64: {e}"))?;
+    // The handler's stderr: ours (the leader's), or a pipe whose end is kept for the
+    // report. The pipe's ends are close-on-exec; the spawn gives the handler its own copy.
+    let (stderr, tail) = if start.keep_stderr {
+        let (read, write) =
+            std::io::pipe().map_err(|e| format!("cannot make a pipe for stderr: {e}"))?;
+        let (sender, tail) = mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = sender.send(read_tail(read));
+        });
+        (Stdio::from(write), Some(tail))
+    } else {
+        (Stdio::inherit(), None)
+    };
     let mut command = Command::new(program);
     command
         .args(args)
@@ -104,14 +142,16 @@ fn supervise(
         .envs(start.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(Stdio::inherit())
-        .stderr(Stdio::inherit())
+        .stderr(stderr)
         .process_group(0);
     if let Some(cwd) = &start.cwd {
         command.current_dir(cwd);
     }
-    let mut child = command
-        .spawn()
-        .map_err(|e| format!("cannot start {program}: {e}"))?;
+    let spawned = command.spawn();
+    // Our copy of the pipe's writing end goes with the command: the reader sees the end
+    // of stderr once the handler's processes are gone.
+    drop(command);
+    let mut child = spawned.map_err(|e| format!("cannot start {program}: {e}"))?;
     // The handler holds the lock too (the spawn above inherited the lock's descriptor, see
     // `lock_shared`): should this supervisor be killed, the lock still lasts as long as
     // the handler, and a restarted replica keeps waiting for it. Ours is released when
@@ -121,7 +161,6 @@ fn supervise(
     let group = Pid::from_raw(pid as i32).expect("a child's pid is positive");
     let _ = report.write_all(&protocol::line(&Report::Started { pid }));
 
-    let (events, inbox) = mpsc::channel();
     let mut stdin = child.stdin.take().expect("stdin is piped");
     // std's Child is never waited for: the reaper thread below reaps every child, this one
     // included, so it must be the only one calling wait.
@@ -130,9 +169,8 @@ fn supervise(
         // A handler that does not read its stdin closes it early; that is not an error.
         let _ = stdin.write_all(&task);
     });
-    let control_events = events.clone();
-    std::thread::spawn(move || read_control(reader, control_events));
-    std::thread::spawn(move || reap(pid as i32, events));
+    let reaper_events = events.clone();
+    std::thread::spawn(move || reap(pid as i32, reaper_events));
 
     let kill_grace = Duration::from_millis(start.kill_grace_ms);
     let mut progress = Progress {
@@ -142,6 +180,7 @@ fn supervise(
     let mut wait_status: Option<i32> = None;
     let mut stopped: Option<StopReason> = None;
     let mut no_children = false;
+    let mut leader_gone = false;
     loop {
         if no_children && group_gone(group) {
             break;
@@ -182,8 +221,14 @@ fn supervise(
                 progress.kill_by = Duration::from_nanos(kill_by_ns);
             }
             Event::Control(Control::Stop) => progress.stop(now, Some(StopReason::Requested)),
-            Event::Control(Control::Start(_)) => {}
-            Event::LeaderGone => progress.stop(now, Some(StopReason::LeaderGone)),
+            Event::Control(Control::Start(_)) => {
+                // One run at a time: the leader starts the next only after `exited`.
+                eprintln!("leaderq supervisor: ignoring a start during a run");
+            }
+            Event::LeaderGone => {
+                leader_gone = true;
+                progress.stop(now, Some(StopReason::LeaderGone));
+            }
             Event::HandlerExited(status) => {
                 wait_status = Some(status);
                 // Whatever it left behind runs outside any run: stop it too.
@@ -194,12 +239,41 @@ fn supervise(
             Event::NoChildren => no_children = true,
         }
     }
+    let stderr_tail = tail
+        .and_then(|tail| tail.recv_timeout(STDERR_END).ok())
+        .unwrap_or_default();
     let exited = Report::Exited {
         wait_status: wait_status.unwrap_or(0),
         stopped,
+        stderr_tail: base64::engine::general_purpose::STANDARD.encode(stderr_tail),
     };
     let _ = report.write_all(&protocol::line(&exited));
-    Ok(())
+    Ok(if leader_gone {
+        Served::LeaderGone
+    } else {
+        Served::Ready
+    })
+}
+
+/// Reads a run's stderr to its end; keeps the last `STDERR_TAIL_BYTES`.
+fn read_tail(mut stderr: std::io::PipeReader) -> Vec<u8> {
+    let mut tail = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stderr.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                tail.extend_from_slice(&buf[..n]);
+                if tail.len() > STDERR_TAIL_BYTES * 2 {
+                    tail.drain(..tail.len() - STDERR_TAIL_BYTES);
+                }
+            }
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => break,
+        }
+    }
+    let start = tail.len().saturating_sub(STDERR_TAIL_BYTES);
+    tail.split_off(start)
 }
 
 /// Opens `path` and takes a shared lock on it, leaving the descriptor open across exec so

@@ -1,10 +1,11 @@
 //! What the leader and a supervisor say to each other over the supervisor's stdin, a Unix
 //! socket: one JSON object per line each way. And the clock they share.
 //!
-//! Leader → supervisor: `start` (once, first), then `lease` whenever the lease deadline
+//! Leader → supervisor, for each run: `start`, then `lease` whenever the lease deadline
 //! moves, and `stop`. Supervisor → leader: `started` (the handler's pid, which is also its
 //! process group id) or `refused`, then `exited` once the handler and every process it
-//! started are gone.
+//! started are gone. The next `start` comes only after that run's `exited` or `refused`;
+//! a `lease` or `stop` that crossed the end of its run is ignored.
 //!
 //! Clock: deadlines travel as absolute CLOCK_BOOTTIME readings, which both processes read
 //! from the same kernel. Absolute, so a message that waits in the socket (a paused leader)
@@ -36,7 +37,13 @@ pub struct Start {
     pub lock_file: Option<PathBuf>,
     /// The leader's pid: a supervisor whose parent is already someone else starts nothing.
     pub leader_pid: u32,
+    /// Keep the handler's stderr for the report (its end, `STDERR_TAIL_BYTES`) instead of
+    /// passing it to the supervisor's own.
+    pub keep_stderr: bool,
 }
+
+/// How much of a handler's stderr is kept.
+pub const STDERR_TAIL_BYTES: usize = 2048;
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
@@ -54,10 +61,13 @@ pub enum Report {
     /// Nothing was started.
     Refused { reason: String },
     /// The handler and everything it started are gone. `wait_status` is the raw status
-    /// of the handler process; `stopped` says why the supervisor stopped it, if it did.
+    /// of the handler process; `stopped` says why the supervisor stopped it, if it did;
+    /// `stderr_tail` (base64) is the end of its stderr when it was kept.
     Exited {
         wait_status: i32,
         stopped: Option<StopReason>,
+        #[serde(default)]
+        stderr_tail: String,
     },
 }
 
@@ -130,6 +140,7 @@ mod tests {
             kill_by_ns: 7,
             lock_file: Some("/tmp/x.lock".into()),
             leader_pid: 42,
+            keep_stderr: true,
         }));
         let bytes = line(&start);
         assert_eq!(bytes.iter().filter(|b| **b == b'\n').count(), 1);
@@ -137,6 +148,7 @@ mod tests {
         let exited = Report::Exited {
             wait_status: 9,
             stopped: Some(StopReason::Lease),
+            stderr_tail: "AAEC".into(),
         };
         assert_eq!(
             serde_json::from_slice::<Report>(&line(&exited)).unwrap(),

@@ -119,6 +119,54 @@ async fn sigkill_of_the_leader_pid_kills_its_forking_handler_at_once() {
     eprintln!("handler group gone {took:?} after SIGKILL of the leader");
 }
 
+/// A supervisor kept from an earlier run serves the next one, and the leader's death
+/// still kills that run's whole group at once, and the supervisor with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_supervisor_runs_the_next_task_and_dies_with_its_leader() {
+    let mut bed = Bed::new();
+    let quick = serde_json::to_string(&[
+        "sh",
+        "-c",
+        &format!("echo \"quick $TASK_ID $PPID\" >> {}", bed.journal.display()),
+    ])
+    .unwrap();
+    let config = fork_settings(
+        &bed,
+        "r1",
+        "3s",
+        &[],
+        &format!("[handlers.Quick]\nkind = \"exec\"\ncommand = {quick}\n"),
+    );
+    let replica = ConsumerProcess::start(&bed.cluster.addr, "r1", bed.dir.path(), &config);
+    bed.replicas.push(replica);
+    bed.leader(Duration::from_secs(30)).await;
+    bed.put_task(
+        "task_q",
+        json!({"taskId": "q", "taskTime": 1, "taskType": "Quick"}),
+    )
+    .await;
+    let first = bed
+        .wait_for_line(Duration::from_secs(10), |l| l[0] == "quick")
+        .await;
+    bed.put_task(
+        "task_f",
+        json!({"taskId": "f", "taskTime": 2, "taskType": "Fork"}),
+    )
+    .await;
+    let start = wait_for_start(&bed, "f", "1", Duration::from_secs(10)).await;
+    let supervisor = leaderq::tools::harness::parent_of(start[3].parse().unwrap()).unwrap();
+    assert_eq!(
+        first[2],
+        supervisor.to_string(),
+        "the second run has a supervisor of its own"
+    );
+    bed.replica("r1").kill();
+    let mut all = pids(&start);
+    all.push(supervisor);
+    let took = wait_dead(&all, Duration::from_secs(1)).await;
+    eprintln!("handler group and kept supervisor gone {took:?} after SIGKILL of the leader");
+}
+
 /// A replica SIGKILLed and restarted at once on the same data dir does not start work while
 /// the previous process's handlers are still alive (here they ignore SIGTERM, so they live
 /// until the kill grace runs out).
@@ -578,6 +626,7 @@ mod exec_handler {
                 kill_grace: Duration::from_millis(500),
                 margin: Duration::from_millis(100),
                 lock_file: None,
+                pool: Default::default(),
             },
             permanent_exit_codes: vec![65],
         }
@@ -585,6 +634,42 @@ mod exec_handler {
 
     fn sh(script: &str) -> ExecHandler {
         exec(&["sh", "-c", script], None)
+    }
+
+    /// Runs one after the other share one supervisor; one that died while idle is
+    /// replaced, and the run goes on.
+    #[tokio::test]
+    async fn a_supervisor_is_kept_between_runs_and_replaced_once_dead() {
+        let handler = exec(&["true"], None);
+        handler.handle(&ctx()).await.unwrap();
+        let kept = handler.supervision.pool.idle_pids();
+        assert_eq!(kept.len(), 1, "{kept:?}");
+        handler.handle(&ctx()).await.unwrap();
+        assert_eq!(handler.supervision.pool.idle_pids(), kept);
+        let pid = kept[0];
+        std::process::Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .unwrap();
+        // Dead: a zombie until its parent, this process, reaps it. The bound only guards
+        // against a hang.
+        let zombie = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| Some(stat.rsplit_once(')')?.1.trim_start().starts_with('Z')))
+                .unwrap_or(false)
+        };
+        for _ in 0..3000 {
+            if zombie() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(zombie(), "the killed supervisor {pid} is not dead yet");
+        handler.handle(&ctx()).await.unwrap();
+        let now = handler.supervision.pool.idle_pids();
+        assert_eq!(now.len(), 1, "{now:?}");
+        assert_ne!(now, kept);
     }
 
     /// The command gets the task on stdin and its identity in the environment.

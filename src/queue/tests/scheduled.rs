@@ -3,7 +3,7 @@
 //! starts at its time and not before, after a later task that was due, and the leader calls
 //! the coordinator's queue not once while it waits.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use chrono::{DateTime, Utc};
 
@@ -13,101 +13,12 @@ use std::time::Duration;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
+use super::counting::Counting;
 use super::{default_settings, lead_in_background, lone_leader, queue_on, task, until, LeadEnd};
 use crate::coord::memory::MemoryCoordinator;
-use crate::coord::{Campaign, Coordinator, HolderRecord, LeaseSpec};
-use crate::coord::{
-    CoordFuture, Edit, Edited, Grant, Holder, Leadership, LeaseId, Renewal, StoredTask, TaskOp,
-    Version, WriteCost, WriteLimits, Written,
-};
+use crate::coord::Coordinator;
 use crate::handler::{Handler, HandlerFuture, Registry, TaskContext};
 use crate::observe::Metrics;
-
-/// The in-memory coordinator, counting the queue's calls (reads and writes of tasks, not
-/// the lease's renewals or the leadership's).
-struct Counting {
-    inner: Arc<MemoryCoordinator>,
-    calls: AtomicUsize,
-}
-
-impl Counting {
-    fn count(&self) {
-        self.calls.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-impl Coordinator for Counting {
-    fn describe(&self) -> String {
-        "the in-memory coordinator, counting".into()
-    }
-    fn open_lease<'a>(&'a self, spec: &'a LeaseSpec) -> CoordFuture<'a, Grant> {
-        self.inner.open_lease(spec)
-    }
-    fn keep_alive<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, Renewal> {
-        self.inner.keep_alive(lease)
-    }
-    fn revoke<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
-        self.inner.revoke(lease)
-    }
-    fn close<'a>(&'a self, lease: Option<&'a LeaseId>) -> CoordFuture<'a, ()> {
-        self.inner.close(lease)
-    }
-    fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)> {
-        self.inner.observe(after, wait)
-    }
-    fn campaign<'a>(
-        &'a self,
-        lease: &'a LeaseId,
-        record: &'a HolderRecord,
-    ) -> CoordFuture<'a, Campaign> {
-        self.inner.campaign(lease, record)
-    }
-    fn resign<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
-        self.inner.resign(lease)
-    }
-    fn list<'a>(
-        &'a self,
-        prefix: &'a str,
-        after: Version,
-        wait: Duration,
-    ) -> CoordFuture<'a, (Vec<StoredTask>, Version)> {
-        self.count();
-        self.inner.list(prefix, after, wait)
-    }
-    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)> {
-        self.count();
-        self.inner.keys(prefix)
-    }
-    fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>> {
-        self.count();
-        self.inner.get(keys)
-    }
-    fn write<'a>(
-        &'a self,
-        leadership: &'a Leadership,
-        ops: &'a [TaskOp],
-    ) -> CoordFuture<'a, Written> {
-        self.count();
-        self.inner.write(leadership, ops)
-    }
-    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, Written> {
-        self.count();
-        self.inner.write_own(lease, ops)
-    }
-    fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited> {
-        self.count();
-        self.inner.edit(ops)
-    }
-    fn limits(&self) -> WriteLimits {
-        self.inner.limits()
-    }
-    fn cost(&self, op: &TaskOp) -> WriteCost {
-        self.inner.cost(op)
-    }
-    fn guard_cost(&self) -> WriteCost {
-        self.inner.guard_cost()
-    }
-}
 
 /// Each run's task id and when it started.
 type Starts = Arc<Mutex<Vec<(String, DateTime<Utc>)>>>;
@@ -134,10 +45,7 @@ impl Handler for Stamped {
 #[tokio::test]
 async fn a_scheduled_task_starts_at_its_time_with_no_call_while_it_waits() {
     let memory = Arc::new(MemoryCoordinator::default());
-    let counting = Arc::new(Counting {
-        inner: memory.clone(),
-        calls: AtomicUsize::new(0),
-    });
+    let counting = Arc::new(Counting::new(memory.clone()));
     let coord: Arc<dyn Coordinator> = counting.clone();
     let mut settings = default_settings();
     // No history, so no pruning calls of its own.

@@ -158,6 +158,7 @@ async fn lead_command(
         kill_grace: settings.queue.kill_grace,
         margin: supervise::lease_margin(settings.election.lease_ttl),
         lock_file: std::path::absolute(&lock_file).ok(),
+        pool: Default::default(),
     };
     let parent: Vec<(String, String)> = std::env::vars().collect();
     let base_env = crate::handler::handler_env(

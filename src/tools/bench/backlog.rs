@@ -327,7 +327,7 @@ async fn drain(
 
 /// The bench's own reads of the queue while it times a drain.
 #[derive(Clone, Copy, Debug, Default)]
-struct Polls {
+pub(super) struct Polls {
     /// Looks for a leader, until the election.
     leader: usize,
     /// Reads of the last task, until it is gone.
@@ -364,7 +364,7 @@ async fn poll_costs(
     )))
 }
 
-async fn measure(
+pub(super) async fn measure(
     server: &Target,
     child: &std::process::Child,
     backlog: usize,
@@ -420,7 +420,7 @@ fn task_key(n: usize) -> String {
 /// Creates `count` no-op tasks as `leaderq enqueue` would, in create-only batches; the
 /// last one is written alone after the others, a second later in taskTime: it is the
 /// last to be claimed.
-async fn enqueue(coord: &Arc<dyn Coordinator>, count: usize) -> anyhow::Result<()> {
+pub(super) async fn enqueue(coord: &Arc<dyn Coordinator>, count: usize) -> anyhow::Result<()> {
     let body_len = task_body("b000000").len() + "oracleTask/b000000".len();
     let limits = coord.limits();
     // Room for each op's own overhead in the backend's encoding.

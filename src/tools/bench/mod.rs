@@ -5,7 +5,8 @@
 //!
 //! `server.rs` measures the embedded server, `consumer.rs` the consumer, `failover.rs`
 //! handover and failover of replica processes, `run.rs` the takeover of `leaderq run`,
-//! `groups.rs` drains at several `queue.concurrency` settings, `schedules.rs` the accuracy
+//! `groups.rs` drains at several `queue.concurrency` settings, `exec.rs` what supervising
+//! an exec handler costs a run and drains of exec tasks, `schedules.rs` the accuracy
 //! of schedule ticks and what a task waiting for its `runAt` costs the server.
 //! Numbers only: nothing here fails on a missed target; people judge.
 
@@ -18,6 +19,7 @@ use serde_json::{json, Map, Value};
 
 mod backlog;
 mod consumer;
+mod exec;
 mod failover;
 mod floor;
 mod groups;
@@ -26,6 +28,7 @@ mod schedules;
 mod server;
 
 pub use backlog::{DEFAULT_BACKLOGS, DEFAULT_CHART};
+pub use exec::DEFAULT_EXEC_BACKLOGS;
 
 /// Size of the values written by the load phases, as in the memory target.
 const VALUE_BYTES: usize = 300;
@@ -50,15 +53,16 @@ pub struct Options {
     pub order_probes: usize,
     /// SIGTERM handovers measured.
     pub handovers: usize,
-    /// Run only this section ("server", "contention", "consumer", "backlog", "failover",
-    /// "run", "groups" or "schedules").
+    /// Run only this section ("server", "contention", "consumer", "backlog", "exec",
+    /// "failover", "run", "groups" or "schedules").
     pub only: Option<String>,
     /// Blocked queries parked for the wake measurement among many watchers.
     pub watchers: usize,
     /// PUTs per second written to watched keys in that measurement.
     pub watch_rate: u32,
     /// Another `leaderq` binary (an older build) to run the contention measurements (reads
-    /// under writes, wakes among many watchers) against too, printed beside this one's.
+    /// under writes, wakes among many watchers) and the exec drains against too, printed
+    /// beside this one's.
     pub baseline_exe: Option<PathBuf>,
     /// The coordinator the consumer and failover sections run on (`[coordinator] backend`);
     /// the server and contention sections measure `leaderq server` itself.
@@ -67,6 +71,8 @@ pub struct Options {
     pub backlogs: Vec<usize>,
     /// Where the backlog section writes its chart (default `bench-backlog.svg`).
     pub chart: Option<PathBuf>,
+    /// Backlogs of `/bin/true` tasks the exec section drains, one fresh coordinator each.
+    pub exec_backlogs: Vec<usize>,
 }
 
 impl Default for Options {
@@ -88,6 +94,7 @@ impl Default for Options {
             backend: "consul".into(),
             backlogs: backlog::DEFAULT_BACKLOGS.to_vec(),
             chart: None,
+            exec_backlogs: exec::DEFAULT_EXEC_BACKLOGS.to_vec(),
         }
     }
 }
@@ -260,6 +267,9 @@ pub async fn run(options: Options, as_json: bool) -> anyhow::Result<()> {
     }
     if wants("backlog") {
         backlog::section(&options, &mut report).await?;
+    }
+    if wants("exec") {
+        exec::section(&options, &mut report).await?;
     }
     if wants("failover") {
         failover::section(options.handovers, &options.backend, &mut report).await?;

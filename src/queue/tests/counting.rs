@@ -1,0 +1,110 @@
+//! The in-memory coordinator behind a counter of the queue's calls, for tests that show
+//! what the leader does not ask.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::coord::memory::MemoryCoordinator;
+use crate::coord::{Campaign, Coordinator, HolderRecord, LeaseSpec};
+use crate::coord::{
+    CoordFuture, Edit, Edited, Grant, Holder, Leadership, LeaseId, Renewal, StoredTask, TaskOp,
+    Version, WriteCost, WriteLimits, Written,
+};
+
+/// The in-memory coordinator, counting the queue's calls (reads and writes of tasks, not
+/// the lease's renewals or the leadership's).
+pub(super) struct Counting {
+    inner: Arc<MemoryCoordinator>,
+    pub calls: AtomicUsize,
+    /// Listings of the queue alone, shared so that a handler can read it.
+    pub lists: Arc<AtomicUsize>,
+}
+
+impl Counting {
+    pub fn new(inner: Arc<MemoryCoordinator>) -> Counting {
+        Counting {
+            inner,
+            calls: AtomicUsize::new(0),
+            lists: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn count(&self) {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+impl Coordinator for Counting {
+    fn describe(&self) -> String {
+        "the in-memory coordinator, counting".into()
+    }
+    fn open_lease<'a>(&'a self, spec: &'a LeaseSpec) -> CoordFuture<'a, Grant> {
+        self.inner.open_lease(spec)
+    }
+    fn keep_alive<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, Renewal> {
+        self.inner.keep_alive(lease)
+    }
+    fn revoke<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
+        self.inner.revoke(lease)
+    }
+    fn close<'a>(&'a self, lease: Option<&'a LeaseId>) -> CoordFuture<'a, ()> {
+        self.inner.close(lease)
+    }
+    fn observe(&self, after: Version, wait: Duration) -> CoordFuture<'_, (Holder, Version)> {
+        self.inner.observe(after, wait)
+    }
+    fn campaign<'a>(
+        &'a self,
+        lease: &'a LeaseId,
+        record: &'a HolderRecord,
+    ) -> CoordFuture<'a, Campaign> {
+        self.inner.campaign(lease, record)
+    }
+    fn resign<'a>(&'a self, lease: &'a LeaseId) -> CoordFuture<'a, ()> {
+        self.inner.resign(lease)
+    }
+    fn list<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Version,
+        wait: Duration,
+    ) -> CoordFuture<'a, (Vec<StoredTask>, Version)> {
+        self.count();
+        self.lists.fetch_add(1, Ordering::SeqCst);
+        self.inner.list(prefix, after, wait)
+    }
+    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)> {
+        self.count();
+        self.inner.keys(prefix)
+    }
+    fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>> {
+        self.count();
+        self.inner.get(keys)
+    }
+    fn write<'a>(
+        &'a self,
+        leadership: &'a Leadership,
+        ops: &'a [TaskOp],
+    ) -> CoordFuture<'a, Written> {
+        self.count();
+        self.inner.write(leadership, ops)
+    }
+    fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, Written> {
+        self.count();
+        self.inner.write_own(lease, ops)
+    }
+    fn edit<'a>(&'a self, ops: &'a [Edit]) -> CoordFuture<'a, Edited> {
+        self.count();
+        self.inner.edit(ops)
+    }
+    fn limits(&self) -> WriteLimits {
+        self.inner.limits()
+    }
+    fn cost(&self, op: &TaskOp) -> WriteCost {
+        self.inner.cost(op)
+    }
+    fn guard_cost(&self) -> WriteCost {
+        self.inner.guard_cost()
+    }
+}
