@@ -142,6 +142,7 @@ impl Supervisor {
 }
 
 /// One handler run.
+#[derive(Clone)]
 pub struct Job<'a> {
     pub command: &'a [String],
     pub env: Vec<(String, String)>,
@@ -184,8 +185,36 @@ pub enum RunError {
     SupervisorLost(String),
 }
 
-/// Runs `job` under a supervisor; returns when the handler's processes are all gone.
+/// Runs `job` under a supervisor; returns when the handler's processes are all gone. A
+/// kept supervisor is used if one is idle; one that went while idle (killed, out of
+/// memory) and so ends without a word to the run's start hands the run to a new one.
 pub async fn run(supervision: &Supervision, job: Job<'_>) -> Result<Ended, RunError> {
+    if let Some(kept) = supervision.pool.take() {
+        match run_on(supervision, kept, job.clone()).await {
+            Attempt::Ran(ended) => return ended,
+            Attempt::Silent => {
+                tracing::debug!("a kept handler supervisor had gone; starting a new one");
+            }
+        }
+    }
+    let fresh = Supervisor::start(&supervision.program)?;
+    match run_on(supervision, fresh, job).await {
+        Attempt::Ran(ended) => ended,
+        Attempt::Silent => Err(RunError::NotStarted(format!(
+            "{} did not act as a handler supervisor; a program that runs exec handlers must call leaderq::supervise::run_if_supervisor() first thing in main",
+            supervision.program.display()
+        ))),
+    }
+}
+
+/// A run on one supervisor: how it ended, or that the supervisor ended without a word
+/// (not even that the handler started).
+enum Attempt {
+    Ran(Result<Ended, RunError>),
+    Silent,
+}
+
+async fn run_on(supervision: &Supervision, mut supervisor: Supervisor, job: Job<'_>) -> Attempt {
     let Job {
         command,
         env,
@@ -196,10 +225,6 @@ pub async fn run(supervision: &Supervision, job: Job<'_>) -> Result<Ended, RunEr
         mut lease_deadline,
         pass_stderr,
     } = job;
-    let mut supervisor = match supervision.pool.take() {
-        Some(idle) => idle,
-        None => Supervisor::start(&supervision.program)?,
-    };
     let deadline_now = |deadline: Option<Instant>| {
         nanos(kill_by(
             deadline,
@@ -254,27 +279,24 @@ pub async fn run(supervision: &Supervision, job: Job<'_>) -> Result<Ended, RunEr
                     Some(Report::Started { pid }) => group = Pid::from_raw(pid as i32),
                     Some(Report::Refused { reason }) => {
                         answered = true;
-                        break Err(RunError::NotStarted(reason));
+                        break Some(Err(RunError::NotStarted(reason)));
                     }
                     Some(Report::Exited { wait_status, stopped, stderr_tail }) => {
                         let tail = base64::engine::general_purpose::STANDARD
                             .decode(stderr_tail)
                             .unwrap_or_default();
                         answered = true;
-                        break Ok((ExitStatus::from_raw(wait_status), stopped, tail));
+                        break Some(Ok((ExitStatus::from_raw(wait_status), stopped, tail)));
                     }
                     None => {
                         // The supervisor died without a report: do its job.
                         let Some(group) = group else {
-                            break Err(RunError::NotStarted(format!(
-                                "{} did not act as a handler supervisor; a program that runs exec handlers must call leaderq::supervise::run_if_supervisor() first thing in main",
-                                supervision.program.display()
-                            )));
+                            break None;
                         };
                         kill_group(group).await;
-                        break Err(RunError::SupervisorLost(
+                        break Some(Err(RunError::SupervisorLost(
                             "the handler supervisor died; the handler's process group was killed".into(),
-                        ));
+                        )));
                     }
                 }
             }
@@ -313,13 +335,15 @@ pub async fn run(supervision: &Supervision, job: Job<'_>) -> Result<Ended, RunEr
     } else {
         supervisor.end().await;
     }
-    let (status, stopped, stderr_tail) = outcome?;
-    Ok(Ended {
+    let Some(outcome) = outcome else {
+        return Attempt::Silent;
+    };
+    Attempt::Ran(outcome.map(|(status, stopped, stderr_tail)| Ended {
         status,
         stopped,
         asked,
         stderr_tail,
-    })
+    }))
 }
 
 /// SIGKILL to the handler's group, then wait (bounded) until nothing is left in it.
