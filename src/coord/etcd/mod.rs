@@ -42,9 +42,10 @@
 //! - **Guarded writes.** `write` is one `/v3/kv/txn`: compare the campaign key's
 //!   `create_revision` with the token (a deleted key compares as 0), then per task its
 //!   `mod_revision` and its claim (present or not, as the version says; for `write_own`, the
-//!   claim's lease is the writer's). The failure branch reads every compared key, so the
-//!   rollback is judged on what the txn saw: a failed guard is `NotLeader`, otherwise the
-//!   tasks whose compares failed are the `Conflict`.
+//!   claim's lease is the writer's), with no failure branch: only after a rollback are
+//!   the compared keys read, and the rollback judged on them (`queue.rs` says why that is
+//!   sound): a failed guard is `NotLeader`, otherwise the tasks whose compares failed are
+//!   the `Conflict`.
 //! - **Versions.** `2 × mod_revision`, + 1 when no claim key exists: a claim dying with its
 //!   lease writes nothing to the task, so the low bit moves instead. List positions are
 //!   `2 × revision + 1`, at or above every version read with them.

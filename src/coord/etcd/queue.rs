@@ -142,12 +142,13 @@ impl Tasks for EtcdCoordinator {
             own: false,
         };
         let txn = write_txn(&self.layout, Some(&guard), writer, ops);
-        let response = match self.client.txn(&txn).await {
+        let response = match self.send_judged(txn).await {
             Ok(response) => response,
             // A claim under a lease etcd no longer has: the leadership went with it.
             Err(err) if err.is_not_found() => return Ok(Written::NotLeader),
             Err(err) => return Err(err.into()),
         };
+        let (txn, response) = response;
         Ok(written(&txn, &response, ops, leadership.fencing_token))
     }
 
@@ -168,12 +169,13 @@ impl Tasks for EtcdCoordinator {
             own: true,
         };
         let txn = write_txn(&self.layout, None, writer, ops);
-        let response = match self.client.txn(&txn).await {
+        let response = match self.send_judged(txn).await {
             Ok(response) => response,
             // The lease ended: its claims are orphans now, none of them its to settle.
             Err(err) if err.is_not_found() => return Ok(conflict_on_all(ops)),
             Err(err) => return Err(err.into()),
         };
+        let (txn, response) = response;
         Ok(written(&txn, &response, ops, FencingToken(0)))
     }
 
@@ -205,6 +207,45 @@ impl Tasks for EtcdCoordinator {
 
     fn guard_cost(&self) -> WriteCost {
         txn::guard_cost(&self.layout)
+    }
+}
+
+impl EtcdCoordinator {
+    /// Sends a queue write without its failure branch, and reads that branch's keys only
+    /// if the write was rolled back; answers the transaction as planned (failure branch
+    /// included) and a response as if that branch had run.
+    ///
+    /// The failure branch (the guard's key and each task's key and claim) serves only to
+    /// say why a rollback happened. Sent with every write, it is decoded by the gateway
+    /// and carried in the raft entry every member logs and applies, though it runs only on
+    /// a rollback. Read after the rollback instead, in one read-only transaction, it says
+    /// the same: the rollback applied nothing either way; a guard that failed stays failed
+    /// (a campaign key's `create_revision` never comes back), and a guard that fails only
+    /// by then means the leadership is gone now, which `NotLeader` says; a task whose
+    /// compare failed has moved for good (revisions only rise), and if none is seen to
+    /// fail every task of the write is a conflict, as for any rollback nothing explains.
+    async fn send_judged(
+        &self,
+        mut txn: Txn,
+    ) -> Result<(Txn, crate::coord::etcd::client::TxnResponse), crate::coord::etcd::client::Error>
+    {
+        let reads = std::mem::take(&mut txn.failure);
+        let response = self.client.txn(&txn).await?;
+        txn.failure = reads;
+        if response.succeeded || txn.failure.is_empty() {
+            return Ok((txn, response));
+        }
+        let read = Txn {
+            success: txn.failure.clone(),
+            ..Txn::default()
+        };
+        let seen = self.client.txn(&read).await?;
+        let judged = crate::coord::etcd::client::TxnResponse {
+            header: response.header,
+            succeeded: false,
+            responses: seen.responses,
+        };
+        Ok((txn, judged))
     }
 }
 

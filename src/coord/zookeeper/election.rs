@@ -179,17 +179,23 @@ impl Elections for ZkCoordinator {
                 .map_err(unavailable)?;
             match commit(&mut multi).await {
                 Ok(results) => {
-                    let token = results
-                        .into_iter()
-                        .find_map(|result| match result {
-                            zk::MultiWriteResult::SetData { stat } => Some(stat.mzxid),
-                            _ => None,
-                        })
-                        .unwrap_or_default();
-                    return Ok(Campaign::Won(Leadership {
+                    let Some(marker) = results.into_iter().find_map(|result| match result {
+                        zk::MultiWriteResult::SetData { stat } => Some(stat),
+                        _ => None,
+                    }) else {
+                        return Err(CoordError::Unavailable(
+                            "ZooKeeper answered the campaign's multi without the marker's stat"
+                                .into(),
+                        ));
+                    };
+                    let leadership = Leadership {
                         lease: lease.clone(),
-                        fencing_token: FencingToken(token.max(0) as u64),
-                    }));
+                        fencing_token: FencingToken(marker.mzxid.max(0) as u64),
+                    };
+                    // The guard of this leadership's writes, known now: they need not
+                    // read it again (`queue.rs`).
+                    self.remember_guard(&leadership, &mine, latch_stat.version, marker.version);
+                    return Ok(Campaign::Won(leadership));
                 }
                 Err(zk::MultiWriteError::OperationFailed { index: 0, .. }) => {
                     return Ok(if client.state().is_terminated() {

@@ -21,10 +21,12 @@
 //! - the queue is a znode's children, each task's claim its ephemeral child marker owned by
 //!   the claiming session; a task's version is max(`mzxid`, `pzxid`), so the marker's
 //!   creation or deletion (also by expiry) moves it. `list` syncs, then reads children, data
-//!   and markers pipelined, and waits on a persistent recursive watch (`queue.rs`). Every
-//!   write first reads (behind a `sync`) each task's stat and marker; `plan.rs` (pure) turns
-//!   that and the ops into one `multi`, and an op whose version moved, a task gone or one
-//!   claimed by another lease is a `Conflict` without sending.
+//!   and markers pipelined, and waits on a persistent recursive watch (`queue.rs`). A write
+//!   first reads (behind a `sync`) the stat and marker of each task it does not know from
+//!   this process's own claim; `plan.rs` (pure) turns that and the ops into one `multi`,
+//!   and an op whose version moved, a task gone or one claimed by another lease is a
+//!   `Conflict` without sending. Why each read that remains is needed, and why the others
+//!   are not, is in `queue.rs`.
 //!
 //! Every read is sent right behind a `sync` on its session: a member serves reads from its
 //! own copy, which may lag behind writes acknowledged through another session (a
@@ -47,7 +49,8 @@
 //! - **Guarded writes.** `write` is one `multi` whose first two ops check the leader's latch
 //!   (exists, version 0) and the marker (at this win's version), sent on the lease's own
 //!   session: a session that ended fails it whole, and nothing is sent while its connection
-//!   is lost. A failed guard or a session gone answers `NotLeader`, any other failed op
+//!   is lost. The latch's name and the marker's version are kept from the win, so the
+//!   guard costs no read. A failed guard or a session gone answers `NotLeader`, any other failed op
 //!   `Conflict` with its task's key. `write_own` plans without the guard, only for tasks
 //!   whose marker this session owns.
 //! - **Versions.** Every data write moves `mzxid`, every claim or its end `pzxid`; each op is
@@ -59,12 +62,13 @@
 //! Not offered: taking a lease up from a new process. `zookeeper-client` cannot hand a session
 //! id and password to a new connection, so a restarted replica opens a new session (its old
 //! latch deleted, its old claims freed when the old session expires); the contract runs with
-//! `Timing::without_lease_reuse`. Limits: 128 `multi` ops counting the two guard checks, 960
+//! `Timing::without_lease_reuse`. Limits: 256 `multi` ops counting the two guard checks, 960
 //! KiB (under `jute.maxbuffer`'s 1 MiB). ZooKeeper's errors become [`CoordError`] in one
 //! place, `unavailable`: a request it will never take (bad arguments, an invalid ACL) and a
 //! bad connect string are `Refused`, everything else `Unavailable`.
 
 mod election;
+mod known;
 mod layout;
 mod lease;
 mod plan;
@@ -107,6 +111,10 @@ pub struct ZkCoordinator {
     leases: Arc<Mutex<HashMap<LeaseId, lease::Held>>>,
     /// Znodes known to exist (queue and dead-letter parents, the election znode).
     made: Mutex<HashSet<String>>,
+    /// Each lease's latest leadership and the guard its win left (`known.rs`).
+    guards: Mutex<HashMap<LeaseId, known::Guarded>>,
+    /// Tasks as this process's own claims left them (`known.rs`).
+    claimed: Mutex<HashMap<String, plan::Seen>>,
 }
 
 /// The ZooKeeper backend from its `[zookeeper]` section and the leader key.
@@ -126,10 +134,13 @@ pub fn connect(
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One `multi`, at most: operations (ZooKeeper has no count limit; this keeps one request's
-/// work on the leader small) and bytes (below `jute.maxbuffer`'s default of 1 MiB, which
-/// bounds a request packet, with room for the chroot and framing).
+/// work on the leader bounded, yet holds a full batch: 32 claims of 2 ops each, plus the
+/// 32 completions riding along, 3 ops each with history on, plus the 2 guard checks, is
+/// 162; at 128 a batch took two `multi`s, each a quorum write) and bytes (below
+/// `jute.maxbuffer`'s default of 1 MiB, which bounds a request packet, with room for the
+/// chroot and framing).
 const LIMITS: WriteLimits = WriteLimits {
-    max_ops: 128,
+    max_ops: 256,
     max_bytes: 960 * 1024,
 };
 
@@ -146,6 +157,8 @@ impl ZkCoordinator {
             main: tokio::sync::Mutex::new(None),
             leases: Arc::new(Mutex::new(HashMap::new())),
             made: Mutex::new(HashSet::new()),
+            guards: Mutex::new(HashMap::new()),
+            claimed: Mutex::new(HashMap::new()),
         }
     }
 

@@ -1,6 +1,10 @@
 //! [`Tasks`] on ZooKeeper: a prefix's znode and its children, read with their stats,
 //! waited on with one persistent recursive watch, and written in `multi`s planned by
-//! `plan.rs` from a read just before.
+//! `plan.rs` from a read just before or from what `known.rs` kept.
+//!
+//! Size: the leader's writes, a lease's own and an operator's edits share the reads and
+//! the `multi` of this file; why each read before a leader's write is needed is argued
+//! beside it.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -251,46 +255,105 @@ impl Tasks for ZkCoordinator {
                 "the leader's ZooKeeper connection is suspended: no writes until it is back".into(),
             ));
         }
-        let dir = layout::path_of(&self.settings.leader_key);
-        let marker_path = format!("{dir}/{}", layout::MARKER);
-        let synced = timed(client.sync("/"));
-        let children = timed(client.list_children(&dir));
-        let marker = timed(client.check_stat(&marker_path));
-        let keys = keys_of(ops);
-        let seen = read_seen(&client, &keys);
-        let lost = |err: zk::Error| match err {
-            zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::NoNode => {
-                Ok(Written::NotLeader)
+        // What must be read before the multi, and why (see the module header of `mod.rs`
+        // for the guarantees): only what the multi's own checks cannot stand for.
+        // - The guard (the latch's name, the marker's version) is known from this
+        //   leadership's win: the multi checks the latch still exists and the marker is
+        //   at that version, so a lost session, a latch deleted by an operator or by
+        //   expiry, or a later win (which rewrites the marker) fails it whole. No `sync`,
+        //   children or marker read is needed for it. A leadership this process did not
+        //   see win (or an older one of the same lease) reads them, as before.
+        // - A task this process claimed is known as its claim's multi left it (its data
+        //   version, its marker owned by this session at version 0), recorded under the
+        //   version that write handed out: while the task is at that version nothing
+        //   changed it, and if anything did (a data write, the marker's end with the
+        //   session or by hand, the task deleted), the completion's conditioned deletes
+        //   fail the multi. Its history record or dead letter is created, not read first:
+        //   if one exists the multi fails as a conflict and the next try reads.
+        // - Every other task (a claim from the listing, an orphan, a retry) is read, behind
+        //   a `sync`: the plan needs its data version, which the seam's version does not
+        //   carry, and whether a marker holds it.
+        let known_guard = self.known_guard(leadership);
+        let mut seen: HashMap<String, Seen> = HashMap::new();
+        let mut to_read = Vec::new();
+        {
+            let claimed = self.claimed();
+            for op in ops {
+                let own = matches!(
+                    op,
+                    TaskOp::Complete { .. } | TaskOp::Move { .. } | TaskOp::Release { .. }
+                );
+                match claimed.get(op.key()) {
+                    Some(task) if own && task.version == op.version() => {
+                        seen.insert(op.key().to_string(), task.clone());
+                    }
+                    _ => {
+                        to_read.push(op.key().to_string());
+                        if let TaskOp::Move { to, .. } = op {
+                            to_read.push(to.clone());
+                        }
+                    }
+                }
             }
-            other => Err(unavailable(other)),
-        };
-        if let Err(err) = synced.await {
-            return lost(err);
         }
-        let children = match children.await {
-            Ok(children) => children,
-            Err(err) => return lost(err),
+        let read = async {
+            if to_read.is_empty() {
+                Ok(HashMap::new())
+            } else {
+                read_seen(&client, &to_read).await
+            }
         };
-        let marker = match marker.await {
-            Ok(Some(marker)) => marker,
-            Ok(None) => return Ok(Written::NotLeader),
-            Err(err) => return lost(err),
+        let guard = match known_guard {
+            Some(guard) => {
+                seen.extend(read.await?);
+                guard
+            }
+            None => {
+                let dir = layout::path_of(&self.settings.leader_key);
+                let marker_path = format!("{dir}/{}", layout::MARKER);
+                let synced = timed(client.sync("/"));
+                let children = timed(client.list_children(&dir));
+                let marker = timed(client.check_stat(&marker_path));
+                let lost = |err: zk::Error| match err {
+                    zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::NoNode => {
+                        Ok(Written::NotLeader)
+                    }
+                    other => Err(unavailable(other)),
+                };
+                if let Err(err) = synced.await {
+                    return lost(err);
+                }
+                let children = match children.await {
+                    Ok(children) => children,
+                    Err(err) => return lost(err),
+                };
+                let marker = match marker.await {
+                    Ok(Some(marker)) => marker,
+                    Ok(None) => return Ok(Written::NotLeader),
+                    Err(err) => return lost(err),
+                };
+                seen.extend(read.await?);
+                let Some(latch) = layout::latches(&children)
+                    .into_iter()
+                    .find(|latch| latch.session == session)
+                else {
+                    return Ok(Written::NotLeader);
+                };
+                if FencingToken(marker.mzxid.max(0) as u64) != leadership.fencing_token {
+                    return Ok(Written::NotLeader);
+                }
+                // The latch's data is written once, at creation.
+                self.remember_guard(leadership, &latch.name, 0, marker.version);
+                election::guard(&self.settings.leader_key, &latch.name, 0, marker.version)
+            }
         };
-        let seen = seen.await?;
-        let Some(latch) = layout::latches(&children)
-            .into_iter()
-            .find(|latch| latch.session == session)
-        else {
-            return Ok(Written::NotLeader);
-        };
-        if FencingToken(marker.mzxid.max(0) as u64) != leadership.fencing_token {
-            return Ok(Written::NotLeader);
-        }
-        // The latch's data is written once, at creation.
-        let guard = election::guard(&self.settings.leader_key, &latch.name, 0, marker.version);
+        let guard_len = guard.len();
         let planned = match plan::plan(guard, ops, &seen, Writer::Leader { session }) {
             Ok(planned) => planned,
-            Err(Unsent::Conflict(keys)) => return Ok(Written::Conflict(keys)),
+            Err(Unsent::Conflict(keys)) => {
+                self.forget_claimed(ops);
+                return Ok(Written::Conflict(keys));
+            }
             Err(Unsent::NotOwn) => return Ok(Written::NotLeader),
         };
         // Dead letters and created keys may be the first under their parents.
@@ -302,9 +365,13 @@ impl Tasks for ZkCoordinator {
             })
             .collect();
         self.make_parents(&client, &new_keys).await?;
-        match send(&client, &planned.ops, self.acls()).await? {
+        let committed = send(&client, &planned.ops, self.acls()).await;
+        if !matches!(committed, Ok(Committed::Done(_))) {
+            self.forget_claimed(ops);
+        }
+        match committed? {
             Committed::Done(stats) => {
-                let versions = planned
+                let written: HashMap<&String, zk::Stat> = planned
                     .ops
                     .iter()
                     .zip(&planned.keys)
@@ -317,8 +384,15 @@ impl Tasks for ZkCoordinator {
                             },
                             Some(key),
                             Some(stat),
-                        ) => Some((key.clone(), layout::task_version(stat.mzxid, stat.pzxid))),
+                        ) => Some((key, stat)),
                         _ => None,
+                    })
+                    .collect();
+                self.remember_claimed(session, ops, &seen, &written);
+                let versions = written
+                    .iter()
+                    .map(|(key, stat)| {
+                        ((*key).clone(), layout::task_version(stat.mzxid, stat.pzxid))
                     })
                     .collect();
                 Ok(Written::Done {
@@ -326,10 +400,15 @@ impl Tasks for ZkCoordinator {
                     fencing_token: leadership.fencing_token,
                 })
             }
-            Committed::Failed(index) => Ok(match self.forget_made(planned.keys.get(index)) {
-                Some(Some(key)) => Written::Conflict(vec![key.clone()]),
-                _ => Written::NotLeader,
-            }),
+            Committed::Failed(index) => {
+                if index < guard_len {
+                    self.forget_guard(leadership);
+                }
+                Ok(match self.forget_made(planned.keys.get(index)) {
+                    Some(Some(key)) => Written::Conflict(vec![key.clone()]),
+                    _ => Written::NotLeader,
+                })
+            }
             Committed::SessionGone => Ok(Written::NotLeader),
         }
     }

@@ -87,8 +87,12 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
     for &backlog in &options.backlogs {
         let mut runs = Vec::new();
         let mut floor_rates = Vec::new();
-        let (mut leaderq_cost, mut floor_cost) =
-            (Some(Counters::default()), Some(Counters::default()));
+        // Sums: a server without CPU counters makes the first `add` drop the CPU.
+        let zero = Some(Counters {
+            cpu_seconds: Some(0.0),
+            ..Counters::default()
+        });
+        let (mut leaderq_cost, mut floor_cost) = (zero, zero);
         let (mut leaderq_tasks, mut floor_tasks) = (0usize, 0usize);
         for run in 0..runs_for(backlog) {
             let pair = pair(&options.backend, backlog, run % 2 == 1).await?;
