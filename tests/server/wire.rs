@@ -240,6 +240,26 @@ async fn redirects_keep_the_query_and_add_the_registered_slash() {
     assert_eq!(put_answer.text().await.unwrap(), "");
 }
 
+/// A committed write answers each write op's entry without its value, in Consul's field
+/// order, byte for byte (`Txn.Apply` blanks the values it returns), and no QueryMeta.
+#[tokio::test]
+async fn committed_write_txn_answers_entries_without_values() {
+    let server = ServerProcess::start();
+    let ops = json!([{"KV": {"Verb": "set", "Key": "w", "Value": "MQ==", "Flags": 7}}]).to_string();
+    let answer = put(&server, "/v1/txn", &ops).await;
+    assert_eq!(answer.status(), 200);
+    assert!(answer.headers().get("X-Consul-KnownLeader").is_none());
+    let text = answer.text().await.unwrap();
+    let index: Value = serde_json::from_str(&text).unwrap();
+    let index = index["Results"][0]["KV"]["ModifyIndex"].as_u64().unwrap();
+    assert_eq!(
+        text,
+        format!(
+            "{{\"Results\":[{{\"KV\":{{\"LockIndex\":0,\"Key\":\"w\",\"Flags\":7,\"Value\":null,\"CreateIndex\":{index},\"ModifyIndex\":{index}}}}}],\"Errors\":null}}"
+        )
+    );
+}
+
 /// A txn of reads only answers, like Consul's `Txn.Read`, with the embedded QueryMeta
 /// fields in its body and the KnownLeader and LastContact headers, but no index.
 #[tokio::test]

@@ -17,6 +17,21 @@ pub(super) async fn txn(req: Req<'_>) -> Reply {
     let read_only = !ops.iter().any(TxnOp::is_write);
     let outcome = shared.write(Command::Txn(ops)).await?;
     let (status, body) = match outcome {
+        // A write's answer is sent as it is serialized, without a JSON tree per result: a
+        // queue's transactions carry a hundred of them.
+        Outcome::TxnCommitted(results) if !read_only => {
+            let results: Vec<KvResult> = results
+                .iter()
+                .map(|r| KvResult {
+                    kv: DirEntry::new(&r.key, &r.entry),
+                })
+                .collect();
+            let body = Committed {
+                results,
+                errors: None,
+            };
+            return Ok(json_body(to_json(&body, pretty)));
+        }
         Outcome::TxnCommitted(results) => {
             let results: Vec<Value> = results
                 .iter()
@@ -59,6 +74,20 @@ pub(super) async fn txn(req: Req<'_>) -> Reply {
         response = with_meta(response, None);
     }
     Ok(response)
+}
+
+/// A committed write's answer, in Consul's field order.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "PascalCase")]
+struct Committed<'a> {
+    results: Vec<KvResult<'a>>,
+    errors: Option<()>,
+}
+
+#[derive(serde::Serialize)]
+struct KvResult<'a> {
+    #[serde(rename = "KV")]
+    kv: DirEntry<'a>,
 }
 
 pub(super) fn parse_txn(body: &[u8]) -> Result<Vec<TxnOp>, HttpError> {
