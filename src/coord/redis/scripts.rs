@@ -210,13 +210,21 @@ local function fail(key)
   for _, k in ipairs(failed) do if k == key then return end end
   failed[#failed + 1] = key
 end
+-- Whether a holder's lease lives, asked once per lease and script: a batch's tasks are
+-- mostly held by one lease, and nothing in the script ends one.
+local living = {}
+local function lives(holder)
+  local l = living[holder]
+  if l == nil then l = alive(holder); living[holder] = l end
+  return l
+end
 local i = 4
 while i <= #A do
   local kind, key, version, gone, value, to = A[i], A[i + 1], A[i + 2], A[i + 3], A[i + 4], A[i + 5]
   i = i + 6
   local task = load(key)
-  local lives = task and alive(task.holder)
-  local orphan = task and task.holder ~= '' and not lives
+  local held_alive = task and lives(task.holder)
+  local orphan = task and task.holder ~= '' and not held_alive
   if kind == 'create' then
     if task or mode == 'own' then fail(key) else
       stage(key, {value = value, version = next, created = next, holder = ''})
@@ -224,8 +232,8 @@ while i <= #A do
   elseif not task or task.version ~= version or (orphan and '1' or '0') ~= gone then
     fail(key)
   else
-    local own = lives and task.holder == lease
-    local held = lives and task.holder ~= ''
+    local own = held_alive and task.holder == lease
+    local held = held_alive and task.holder ~= ''
     if mode == 'own' and not own then
       fail(key)
     elseif kind == 'claim' then
