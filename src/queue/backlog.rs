@@ -200,14 +200,13 @@ impl Backlog {
         list_cost: Duration,
     ) -> Backlog {
         let listed = pending.len();
-        let mut places = HashMap::with_capacity_and_hasher(listed, KeyHash::default());
         // Built in one go from the tasks sorted: its nodes full, where inserting them one
-        // by one in order would leave each about half full.
+        // by one in order would leave each about half full. The index by key is built
+        // after, once the listing's own vector and the sort's scratch space are freed.
         let pending: BTreeMap<Place, Slot> = pending
             .into_iter()
             .map(|task| {
                 let task: Pending = task.into();
-                places.insert(task.key.clone(), (task.time, task.created, task.version));
                 (
                     (task.time, task.created, task.key),
                     Slot {
@@ -218,6 +217,14 @@ impl Backlog {
                 )
             })
             .collect();
+        let mut places = HashMap::with_capacity_and_hasher(listed, KeyHash::default());
+        let mut known = known;
+        for ((time, created, key), slot) in &pending {
+            places.insert(key.clone(), (*time, *created, slot.version));
+            if !known.contains(&**key) {
+                known.insert(key.clone());
+            }
+        }
         let mut backlog = Backlog {
             pending,
             places,
@@ -231,8 +238,6 @@ impl Backlog {
             listed,
             forgotten: None,
         };
-        let keys: Vec<Arc<str>> = backlog.places.keys().cloned().collect();
-        backlog.known.extend(keys);
         backlog.learn(Keys::default(), Vec::<Pending>::new(), delayed);
         backlog
     }
