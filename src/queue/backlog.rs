@@ -10,6 +10,7 @@
 //! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -96,14 +97,71 @@ pub enum Looked {
 /// The hash of the backlog's key sets: seeded per process, and several times faster than
 /// std's SipHash on keys of queue names (the sets hold every task of the backlog).
 pub type KeyHash = foldhash::fast::RandomState;
-/// A set of task keys.
-pub type Keys = HashSet<String, KeyHash>;
+/// A set of task keys. A key is held once, shared by the sets and the pending tasks.
+pub type Keys = HashSet<Arc<str>, KeyHash>;
 
 /// A pending task's place in claim order: `Task::order_key`, owned.
-type Place = (DateTime<Utc>, u64, String);
+type Place = (DateTime<Utc>, u64, Arc<str>);
 
-fn place_of(task: &Task) -> Place {
-    (task.time, task.created, task.key.clone())
+/// A pending task as the backlog holds it: its place in claim order and what a claim
+/// needs besides (the version, the value as read, the group). The backlog holds every
+/// pending task of a large backlog, and a parsed `Task` takes several times this: the
+/// task is parsed again from its value when it is looked at or taken (a value that parsed
+/// once parses the same again).
+#[derive(Debug)]
+pub struct Pending {
+    key: Arc<str>,
+    time: DateTime<Utc>,
+    created: u64,
+    version: TaskVersion,
+    value: Box<[u8]>,
+    group: Box<str>,
+}
+
+impl Pending {
+    /// The task's key, shared with the sets that name it.
+    pub fn key(&self) -> &Arc<str> {
+        &self.key
+    }
+}
+
+impl From<Task> for Pending {
+    fn from(task: Task) -> Pending {
+        let key = Arc::from(task.key.as_str());
+        let (time, created, version) = (task.time, task.created, task.version);
+        let (value, group) = task.into_value_and_group();
+        Pending {
+            key,
+            time,
+            created,
+            version,
+            value,
+            group,
+        }
+    }
+}
+
+/// What the backlog keeps of a pending task beside its place.
+#[derive(Debug)]
+struct Slot {
+    version: TaskVersion,
+    value: Box<[u8]>,
+    group: Box<str>,
+}
+
+/// The task at `place` with `value`, parsed again as it was when listed.
+fn task_of(place: &Place, version: TaskVersion, value: Vec<u8>) -> Task {
+    let pair = StoredTask {
+        key: place.2.to_string(),
+        value,
+        version,
+        created: place.1,
+        holder: None,
+    };
+    match Task::parse_owned(pair) {
+        Ok(task) => task,
+        Err((invalid, _)) => unreachable!("a pending task's value parsed when listed: {invalid}"),
+    }
 }
 
 /// The leader's picture of the queue between two listings: pending tasks in claim order,
@@ -112,9 +170,9 @@ fn place_of(task: &Task) -> Place {
 /// times.
 #[derive(Debug)]
 pub struct Backlog {
-    pending: BTreeMap<Place, Task>,
-    /// Where each pending task is in `pending`, and its version, by key.
-    places: HashMap<String, (Place, TaskVersion), KeyHash>,
+    pending: BTreeMap<Place, Slot>,
+    /// Where each pending task is in `pending` (its time and creation), and its version, by key.
+    places: HashMap<Arc<str>, (DateTime<Utc>, u64, TaskVersion), KeyHash>,
     /// Tasks not eligible before a time: a retry's notBefore, a producer's runAt, or a key
     /// refused for a while by the coordinator.
     delayed: Vec<(DateTime<Utc>, Task)>,
@@ -135,16 +193,41 @@ impl Backlog {
     /// The picture a listing at `now` gave, which took `list_cost`: `known` holds every key
     /// listed that is still there (in flight, foreign and delayed ones included).
     pub fn new(
-        pending: Vec<Task>,
+        pending: Vec<impl Into<Pending>>,
         delayed: Vec<(DateTime<Utc>, Task)>,
         known: Keys,
         now: DateTime<Utc>,
         list_cost: Duration,
     ) -> Backlog {
         let listed = pending.len();
+        // Built in one go from the tasks sorted: its nodes full, where inserting them one
+        // by one in order would leave each about half full. The index by key is built
+        // after, once the listing's own vector and the sort's scratch space are freed.
+        let pending: BTreeMap<Place, Slot> = pending
+            .into_iter()
+            .map(|task| {
+                let task: Pending = task.into();
+                (
+                    (task.time, task.created, task.key),
+                    Slot {
+                        version: task.version,
+                        value: task.value,
+                        group: task.group,
+                    },
+                )
+            })
+            .collect();
+        let mut places = HashMap::with_capacity_and_hasher(listed, KeyHash::default());
+        let mut known = known;
+        for ((time, created, key), slot) in &pending {
+            places.insert(key.clone(), (*time, *created, slot.version));
+            if !known.contains(&**key) {
+                known.insert(key.clone());
+            }
+        }
         let mut backlog = Backlog {
-            pending: BTreeMap::new(),
-            places: HashMap::with_capacity_and_hasher(listed, KeyHash::default()),
+            pending,
+            places,
             delayed: Vec::new(),
             known,
             listed_at: now,
@@ -155,7 +238,7 @@ impl Backlog {
             listed,
             forgotten: None,
         };
-        backlog.learn(Vec::new(), pending, delayed);
+        backlog.learn(Keys::default(), Vec::<Pending>::new(), delayed);
         backlog
     }
 
@@ -204,9 +287,11 @@ impl Backlog {
         )
     }
 
-    /// The pending tasks, front (next to claim) first.
-    pub fn pending(&self) -> impl Iterator<Item = &Task> {
-        self.pending.values()
+    /// The pending tasks, front (next to claim) first, each parsed again from its value.
+    pub fn pending(&self) -> impl Iterator<Item = Task> + '_ {
+        self.pending
+            .iter()
+            .map(|(place, slot)| task_of(place, slot.version, slot.value.to_vec()))
     }
 
     /// Takes the first `n` pending tasks to claim them.
@@ -216,29 +301,31 @@ impl Backlog {
         taken
     }
 
-    /// Takes, to claim it, the first pending task `free` admits. With concurrency groups
-    /// `free` admits the tasks of groups with no run in progress, and the first such task
-    /// is its group's earliest pending one, unless a delayed task of its group comes before
-    /// it (a retry waiting for its backoff): then the whole group waits. A task scheduled
-    /// for later (runAt) is not due, so it holds no place in its group's order until then.
-    pub fn take_first_free(&mut self, free: impl Fn(&Task) -> bool) -> Option<Task> {
+    /// Takes, to claim it, the first pending task whose group (`taskGroup`, empty when
+    /// none) `free` admits. With concurrency groups `free` admits the groups with no run in
+    /// progress, and the first such task is its group's earliest pending one, unless a
+    /// delayed task of its group comes before it (a retry waiting for its backoff): then
+    /// the whole group waits. A task scheduled for later (runAt) is not due, so it holds no
+    /// place in its group's order until then.
+    pub fn take_first_free(&mut self, free: impl Fn(&str) -> bool) -> Option<Task> {
         let place = self
             .pending
             .iter()
-            .find(|(_, task)| free(task) && !self.waits_in_group(task))
+            .find(|(place, slot)| free(&slot.group) && !self.waits_in_group(&slot.group, place))
             .map(|(place, _)| place.clone())?;
-        let task = self.pending.remove(&place)?;
-        self.places.remove(&task.key);
+        let slot = self.pending.remove(&place)?;
+        self.places.remove(&place.2);
         self.claimed += 1;
-        Some(task)
+        Some(task_of(&place, slot.version, slot.value.into_vec()))
     }
 
-    /// Whether a delayed task of `task`'s group (not one scheduled for later) comes before
-    /// it in claim order.
-    fn waits_in_group(&self, task: &Task) -> bool {
+    /// Whether a delayed task of `group` (not one scheduled for later) comes before
+    /// `place` in claim order.
+    fn waits_in_group(&self, group: &str, place: &Place) -> bool {
+        let order = (place.0, place.1, &*place.2);
         self.delayed.iter().any(|(at, delayed)| {
-            delayed.group() == task.group()
-                && delayed.order_key() < task.order_key()
+            delayed.group() == group
+                && delayed.order_key() < order
                 && !delayed.waits_for_run_at(*at)
         })
     }
@@ -251,9 +338,9 @@ impl Backlog {
 
     /// Takes the first pending task out without claiming it (it is to be moved away).
     pub fn take_first(&mut self) -> Option<Task> {
-        let (_, task) = self.pending.pop_first()?;
-        self.places.remove(&task.key);
-        Some(task)
+        let (place, slot) = self.pending.pop_first()?;
+        self.places.remove(&place.2);
+        Some(task_of(&place, slot.version, slot.value.into_vec()))
     }
 
     /// Puts tasks taken but not claimed back in their places (at the front, unless
@@ -266,21 +353,31 @@ impl Backlog {
     }
 
     /// Adds a pending task in claim order, replacing what was pending under its key.
-    fn insert(&mut self, task: Task) {
-        let place = place_of(&task);
-        if let Some((old, _)) = self
-            .places
-            .insert(task.key.clone(), (place.clone(), task.version))
-        {
-            self.pending.remove(&old);
+    fn insert(&mut self, task: impl Into<Pending>) {
+        let mut task: Pending = task.into();
+        // The key's one copy is the known one, when it is known.
+        if let Some(known) = self.known.get(&*task.key) {
+            task.key = known.clone();
         }
-        self.pending.insert(place, task);
+        if let Some((time, created, _)) = self
+            .places
+            .insert(task.key.clone(), (task.time, task.created, task.version))
+        {
+            self.pending.remove(&(time, created, task.key.clone()));
+        }
+        let slot = Slot {
+            version: task.version,
+            value: task.value,
+            group: task.group,
+        };
+        self.pending
+            .insert((task.time, task.created, task.key), slot);
     }
 
     /// Drops the pending task under `key`, if there is one.
     fn remove(&mut self, key: &str) {
-        if let Some((place, _)) = self.places.remove(key) {
-            self.pending.remove(&place);
+        if let Some((key, (time, created, _))) = self.places.remove_entry(key) {
+            self.pending.remove(&(time, created, key));
         }
     }
 
@@ -336,10 +433,10 @@ impl Backlog {
     /// Drops every task and known key not `present` under the prefix.
     fn drop_missing(&mut self, present: HashSet<&str, KeyHash>) {
         {
-            let gone: Vec<String> = self
+            let gone: Vec<Arc<str>> = self
                 .places
                 .keys()
-                .filter(|key| !present.contains(key.as_str()))
+                .filter(|key| !present.contains(&***key))
                 .cloned()
                 .collect();
             for key in gone {
@@ -347,7 +444,7 @@ impl Backlog {
             }
             self.delayed
                 .retain(|(_, task)| present.contains(task.key.as_str()));
-            self.known.retain(|key| present.contains(key.as_str()));
+            self.known.retain(|key| present.contains(&**key));
         }
     }
 
@@ -373,19 +470,19 @@ impl Backlog {
         let mut take = vec![false; entries.len()];
         let mut rewritten = Vec::new();
         for (n, entry) in entries.iter().enumerate() {
-            let known = self.known.contains(&entry.key);
+            let known = self.known.contains(entry.key.as_str());
             still += usize::from(known);
             // Held by this lease: one of its runs, or one that ended during the read.
             if entry.holder.as_ref() == Some(own) {
                 continue;
             }
             if !known {
-                take[n] = !forgotten.contains(&entry.key);
+                take[n] = !forgotten.contains(entry.key.as_str());
             } else if entry.holder.is_none()
                 && self
                     .places
-                    .get(&entry.key)
-                    .is_some_and(|(_, version)| *version != entry.version)
+                    .get(entry.key.as_str())
+                    .is_some_and(|(_, _, version)| *version != entry.version)
             {
                 take[n] = true;
                 rewritten.push(n);
@@ -395,7 +492,7 @@ impl Backlog {
             self.drop_missing(entries.iter().map(|entry| entry.key.as_str()).collect());
         }
         for n in rewritten {
-            self.known.remove(&entries[n].key);
+            self.known.remove(entries[n].key.as_str());
             self.remove(&entries[n].key);
         }
         let sort: Vec<StoredTask> = entries
@@ -422,17 +519,18 @@ impl Backlog {
     /// pending tasks go in claim order, delayed ones wait for their time.
     pub fn learn(
         &mut self,
-        keys: Vec<String>,
-        pending: Vec<Task>,
+        keys: Keys,
+        pending: Vec<impl Into<Pending>>,
         delayed: Vec<(DateTime<Utc>, Task)>,
     ) {
         self.known.extend(keys);
         for task in pending {
+            let task: Pending = task.into();
             self.known.insert(task.key.clone());
             self.insert(task);
         }
         for (at, task) in delayed {
-            self.known.insert(task.key.clone());
+            self.known.insert(Arc::from(task.key.as_str()));
             self.delayed.push((at, task));
         }
     }
@@ -441,7 +539,7 @@ impl Backlog {
     /// read again (a retry written back).
     pub fn forget(&mut self, key: &str) {
         if let Some(forgotten) = &mut self.forgotten {
-            forgotten.insert(key.to_string());
+            forgotten.insert(Arc::from(key));
         }
         self.known.remove(key);
         self.remove(key);
@@ -467,8 +565,8 @@ impl Backlog {
             .into_iter()
             .partition(|(at, _)| *at <= now);
         self.delayed = waiting;
-        let due = due.into_iter().map(|(_, task)| task).collect();
-        self.learn(Vec::new(), due, Vec::new());
+        let due: Vec<Task> = due.into_iter().map(|(_, task)| task).collect();
+        self.learn(Keys::default(), due, Vec::new());
     }
 }
 
@@ -506,7 +604,7 @@ mod tests {
         );
         let mut running: HashSet<String> = HashSet::new();
         let take = |backlog: &mut Backlog, running: &mut HashSet<String>| {
-            let task = backlog.take_first_free(|t| !running.contains(t.group()))?;
+            let task = backlog.take_first_free(|group| !running.contains(group))?;
             running.insert(task.group().to_string());
             Some(task.key)
         };
@@ -540,17 +638,17 @@ mod tests {
             at(0),
             Duration::ZERO,
         );
-        let b1 = backlog.take_first_free(|t| t.group() == "b").unwrap();
+        let b1 = backlog.take_first_free(|group| group == "b").unwrap();
         backlog.put_back_one(b1);
         assert_eq!(keys(&backlog), vec!["q/a1", "q/b1", "q/b2"]);
     }
 
-    fn keys(backlog: &Backlog) -> Vec<&str> {
-        backlog.pending().map(|t| t.key.as_str()).collect()
+    fn keys(backlog: &Backlog) -> Vec<String> {
+        backlog.pending().map(|t| t.key).collect()
     }
 
     fn known(names: &[&str]) -> Keys {
-        names.iter().map(|s| s.to_string()).collect()
+        names.iter().map(|&s| s.into()).collect()
     }
 
     /// Right after a listing the leader claims; once LOOK_INTERVAL has passed it looks at
@@ -659,10 +757,10 @@ mod tests {
             .collect();
         assert_eq!(sort, ["q/258", "q/new"]);
         // q/258 is sorted out again, q/299 is gone; q/259 stays as known.
-        assert_eq!(keys(&backlog).first(), Some(&"q/257"));
-        assert!(!keys(&backlog).contains(&"q/258"));
-        assert!(!keys(&backlog).contains(&"q/299"));
-        assert!(keys(&backlog).contains(&"q/259"));
+        assert_eq!(keys(&backlog).first().map(String::as_str), Some("q/257"));
+        assert!(!keys(&backlog).contains(&"q/258".to_string()));
+        assert!(!keys(&backlog).contains(&"q/299".to_string()));
+        assert!(keys(&backlog).contains(&"q/259".to_string()));
         assert_eq!(
             backlog.next(at(4)),
             Next::Claim,
@@ -731,7 +829,7 @@ mod tests {
             Duration::ZERO,
         );
         assert_eq!(looked, Looked::New(vec!["q/a".into()]));
-        backlog.learn(vec!["q/a".into()], vec![task("q/a", 1, None)], vec![]);
+        backlog.learn(known(&["q/a"]), vec![task("q/a", 1, None)], vec![]);
         assert_eq!(keys(&backlog), ["q/a", "q/c", "q/d"]);
         // Known now: the same key is not new at the next look.
         assert_eq!(
@@ -827,7 +925,7 @@ mod tests {
         assert_eq!(backlog.next(at(1)), Next::Claim);
         assert_eq!(keys(&backlog)[0], "q/254");
         let mut waiting = Backlog::new(
-            vec![],
+            Vec::<crate::task::Task>::new(),
             vec![(at(500), task("q/a", 1, Some(at(500))))],
             Keys::default(),
             at(0),
@@ -885,16 +983,16 @@ mod tests {
             .map(|n| task(&format!("q/{n:04}"), 10 + n, None))
             .collect();
         let mut backlog = Backlog::new(tasks, vec![], Keys::default(), at(0), Duration::ZERO);
-        backlog.learn(vec![], vec![task("q/0500", 1, None)], vec![]);
+        backlog.learn(Keys::default(), vec![task("q/0500", 1, None)], vec![]);
         assert_eq!(keys(&backlog)[..2], ["q/0500", "q/0000"]);
         assert_eq!(backlog.pending().count(), 1_000);
         backlog.forget("q/0000");
         assert_eq!(keys(&backlog)[..2], ["q/0500", "q/0001"]);
         let taken = backlog.take(2);
-        backlog.learn(vec![], vec![task("q/new", 5_000, None)], vec![]);
+        backlog.learn(Keys::default(), vec![task("q/new", 5_000, None)], vec![]);
         backlog.put_back(taken);
         assert_eq!(keys(&backlog)[..2], ["q/0500", "q/0001"]);
-        assert_eq!(keys(&backlog).last(), Some(&"q/new"));
+        assert_eq!(keys(&backlog).last().map(String::as_str), Some("q/new"));
         assert_eq!(backlog.pending().count(), 1_000);
     }
 

@@ -382,7 +382,7 @@ impl Queue {
             tasks: 0,
         };
         for task in backlog.pending().take(max_tasks) {
-            let candidate = Candidate::new(task, leadership, &self.node_id, now);
+            let candidate = Candidate::new(&task, leadership, &self.node_id, now);
             claims.push(self.coord.cost(&candidate.op));
             let next = plan_claim(guard, &completions, &claims, max_tasks, limits);
             match next {
@@ -484,11 +484,7 @@ impl Queue {
                 let now = self.clock().now();
                 match self.sort_out(leadership, current, memory, now).await {
                     Ok(sorted) => {
-                        backlog.learn(
-                            sorted.keys.into_iter().collect(),
-                            sorted.pending,
-                            sorted.delayed,
-                        );
+                        backlog.learn(sorted.keys, sorted.pending, sorted.delayed);
                         Started::Runs(Vec::new())
                     }
                     Err(stop) => Started::End(stop),

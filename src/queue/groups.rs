@@ -169,8 +169,7 @@ impl Queue {
                 let mut batch = Vec::new();
                 let mut chosen: HashSet<String> = HashSet::new();
                 while batch.len() < slots {
-                    let Some(task) = backlog.take_first_free(|task| {
-                        let group = task.group();
+                    let Some(task) = backlog.take_first_free(|group| {
                         !busy.contains(group)
                             && !chosen.contains(group)
                             && !memory.held_groups.contains(group)

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::backlog::{self, Backlog, Keys, Looked};
+use super::backlog::{self, Backlog, Keys, Looked, Pending};
 use super::entry::{classify, Entry, EntryRules, Remembered};
 use super::{LeadEnd, Queue};
 use crate::coord::{CoordError, Leadership, StoredTask, Version};
@@ -40,7 +40,8 @@ pub(super) struct Memory {
 /// Entries sorted out: what can be claimed now or later, and the keys left as they were.
 #[derive(Default)]
 pub(super) struct Sorted {
-    pub(super) pending: Vec<Task>,
+    /// In no particular order (the backlog sorts them).
+    pub(super) pending: Vec<Pending>,
     /// Tasks not eligible before a time.
     pub(super) delayed: Vec<(DateTime<Utc>, Task)>,
     /// Keys of the entries left in place unchanged; those moved or rewritten are not here,
@@ -157,11 +158,12 @@ impl Queue {
                             tracing::warn!(task_key = %task.key, not_before = %crate::task::rfc3339(at), "notBefore is further ahead than any backoff leaderq writes (a clock that jumped, or a crafted value); ignoring it");
                         }
                     }
-                    sorted.keys.insert(task.key.clone());
+                    let task = Pending::from(task);
+                    sorted.keys.insert(task.key().clone());
                     sorted.pending.push(task);
                 }
                 Entry::Waiting { at, task } => {
-                    sorted.keys.insert(task.key.clone());
+                    sorted.keys.insert(task.key.as_str().into());
                     sorted.delayed.push((at, task));
                 }
                 Entry::DeadLetter {
@@ -172,7 +174,7 @@ impl Queue {
                     sorted.changed = true;
                     let moved = self.dead_letter(leadership, &entry, &reason).await?;
                     if known_if_kept && !moved {
-                        sorted.keys.insert(entry.key);
+                        sorted.keys.insert(entry.key.into());
                     }
                 }
                 Entry::Requeue { task, reason } => {
@@ -183,7 +185,7 @@ impl Queue {
                 Entry::Held { task } => {
                     memory.held_groups.insert(task.group().to_string());
                     sorted.in_flight += 1;
-                    sorted.keys.insert(task.key.clone());
+                    sorted.keys.insert(task.key.as_str().into());
                 }
                 Entry::Fenced { task, seen, until } => {
                     memory.orphans_seen.entry(task.key.clone()).or_insert(seen);
@@ -194,23 +196,20 @@ impl Queue {
                     memory.held_groups.insert(task.group().to_string());
                     sorted.fenced_until =
                         Some(sorted.fenced_until.map_or(until, |at| at.min(until)));
-                    sorted.keys.insert(task.key.clone());
+                    sorted.keys.insert(task.key.as_str().into());
                 }
                 Entry::Foreign { task } => {
                     if memory.warned.insert(format!("foreign {}", task.key)) {
                         tracing::warn!(task_key = %task.key, "task is marked taken by a program other than leaderq; leaving it alone");
                     }
-                    sorted.keys.insert(task.key.clone());
+                    sorted.keys.insert(task.key.as_str().into());
                 }
                 Entry::HeldUnreadable { key } => {
-                    sorted.keys.insert(key);
+                    sorted.keys.insert(key.into());
                 }
                 Entry::HeldUnaddressable => {}
             }
         }
-        sorted
-            .pending
-            .sort_by(|a, b| a.order_key().cmp(&b.order_key()));
         Ok(sorted)
     }
 
@@ -341,11 +340,7 @@ impl Queue {
         let sorted = self
             .sort_out(leadership, entries, memory, clock.now())
             .await?;
-        backlog.learn(
-            sorted.keys.into_iter().collect(),
-            sorted.pending,
-            sorted.delayed,
-        );
+        backlog.learn(sorted.keys, sorted.pending, sorted.delayed);
         match listed_in_flight {
             Some(in_flight) => {
                 let (pending, delayed, scheduled) = backlog.depth();

@@ -248,6 +248,12 @@ impl Task {
         &self.value
     }
 
+    /// The value as read and the group, taken out: what a backlog keeps of a pending task
+    /// besides its place and version (the rest is parsed again from the value).
+    pub fn into_value_and_group(self) -> (Box<[u8]>, Box<str>) {
+        (self.value, self.group)
+    }
+
     /// The task's JSON object, parsed again from the value read.
     pub fn fields(&self) -> Map<String, Value> {
         serde_json::from_slice(&self.value).expect("the value parsed as an object when read")

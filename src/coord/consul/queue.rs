@@ -42,10 +42,10 @@ impl Tasks for ConsulCoordinator {
             wait: Some(wait),
         };
         let sent = Instant::now();
-        let (entries, returned) = self.client.kv_list(prefix, options).await?;
+        let (entries, returned) = self.client.kv_list_as(prefix, options, stored_task).await?;
         let next = next_version(after, returned);
         settle(sent, wait, after, next).await;
-        Ok((entries.into_iter().map(stored_task).collect(), next))
+        Ok((entries, next))
     }
 
     /// `?keys` on `prefix`, no values.

@@ -18,6 +18,17 @@ use super::{not_a_lease, txn, EtcdCoordinator};
 /// Keys read per transaction by `get` (a read of the task and one of its claim each).
 const GET_CHUNK: usize = MAX_TXN_OPS / 2;
 
+/// Keys per page of a listing or a look: a large queue in one answer would be held whole
+/// (tens of MB of JSON with its values in base64) beside what it decodes to.
+const LIST_PAGE: usize = 1024;
+
+/// The key right after `key` in etcd's order: where the next page starts.
+fn key_after(key: &[u8]) -> Vec<u8> {
+    let mut next = key.to_vec();
+    next.push(0);
+    next
+}
+
 /// The tasks among `tasks`, each held if `claims` (keys `claims_prefix` + task key) has
 /// its claim.
 pub fn stored_tasks(claims_prefix: &str, tasks: Vec<Kv>, claims: &[Kv]) -> Vec<StoredTask> {
@@ -35,7 +46,8 @@ pub fn stored_tasks(claims_prefix: &str, tasks: Vec<Kv>, claims: &[Kv]) -> Vec<S
         .map(|kv| {
             let claim = holders.get(kv.key.as_slice()).copied();
             StoredTask {
-                key: String::from_utf8_lossy(&kv.key).into_owned(),
+                key: String::from_utf8(kv.key)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
                 version: task_version(kv.mod_revision, claim.is_some()),
                 created: kv.create_revision.max(0) as u64,
                 holder: claim.filter(|lease| *lease != 0).map(lease_id),
@@ -67,36 +79,74 @@ impl Tasks for EtcdCoordinator {
                 watched = self.client.watch(&held, start, wait) => watched?,
             };
         }
+        // The first page with every claim, then the other pages at the same revision: one
+        // picture of the queue, read a page at a time.
+        let tasks = Range {
+            limit: LIST_PAGE,
+            ..Range::prefix(prefix.as_bytes())
+        };
         let read = Txn {
             success: vec![
-                Op::Get(Range::prefix(prefix.as_bytes())),
+                Op::Get(tasks.clone()),
                 Op::Get(Range::prefix(claims.as_bytes())),
             ],
             ..Txn::default()
         };
         let response = self.client.txn(&read).await?;
-        let mut ranges = response.ranges().into_iter();
-        let tasks = ranges.next().unwrap_or_default();
-        let claims = ranges.next().unwrap_or_default();
-        Ok((
-            stored_tasks(&self.layout.claims(), tasks, &claims),
-            position(response.header.revision),
-        ))
+        let revision = response.header.revision;
+        let mut ranges = response
+            .responses
+            .into_iter()
+            .map(|op| op.response_range.unwrap_or_default());
+        let first = ranges.next().unwrap_or_default();
+        let claims = ranges.next().unwrap_or_default().kvs;
+        let mut more = first.more;
+        let mut listed = stored_tasks(&self.layout.claims(), first.kvs, &claims);
+        while more {
+            let Some(last) = listed.last() else { break };
+            let page = Range {
+                key: key_after(last.key.as_bytes()),
+                revision,
+                ..tasks.clone()
+            };
+            let page = self.client.range(&page).await?;
+            more = page.more;
+            listed.extend(stored_tasks(&self.layout.claims(), page.kvs, &claims));
+        }
+        Ok((listed, position(revision)))
     }
 
     /// The prefix's keys without values.
     async fn keys(&self, prefix: &str) -> Result<(Vec<String>, Version), CoordError> {
         let range = Range {
             keys_only: true,
+            limit: LIST_PAGE,
             ..Range::prefix(prefix.as_bytes())
         };
         let response = self.client.range(&range).await?;
-        let keys = response
-            .kvs
-            .iter()
-            .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
-            .collect();
-        Ok((keys, position(response.header.revision)))
+        let revision = response.header.revision;
+        let mut more = response.more;
+        let mut keys: Vec<String> = Vec::new();
+        let mut page = response.kvs;
+        loop {
+            let next = page.last().map(|kv| key_after(&kv.key));
+            keys.extend(page.into_iter().map(|kv| {
+                String::from_utf8(kv.key)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
+            }));
+            let (true, Some(next)) = (more, next) else {
+                break;
+            };
+            let read = Range {
+                key: next,
+                revision,
+                ..range.clone()
+            };
+            let response = self.client.range(&read).await?;
+            more = response.more;
+            page = response.kvs;
+        }
+        Ok((keys, position(revision)))
     }
 
     /// Each key with its claim, a chunk of keys per read-only transaction.

@@ -340,6 +340,7 @@ mod tests {
                     response_range: Some(RangeResponse {
                         header: Header::default(),
                         kvs: kv.into_iter().collect(),
+                        more: false,
                     }),
                 })
                 .collect(),

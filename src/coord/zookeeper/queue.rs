@@ -18,48 +18,56 @@ use crate::coord::{
     StoredTask, TaskOp, Tasks, Version, WriteCost, WriteLimits, Written,
 };
 
-/// The tasks at `keys` that exist, read at once (every request is sent before the first
-/// answer is awaited).
+/// Reads of tasks in flight at once: enough to keep the server busy, while the requests and
+/// answers of a whole large queue (100k of them) are never held at once.
+const READ_WINDOW: usize = 1024;
+
+/// The tasks at `keys` that exist, read `READ_WINDOW` at a time (every request of a window
+/// is sent before its first answer is awaited), after one `sync`.
 async fn read_tasks(client: &zk::Client, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {
-    let synced = timed(client.sync("/"));
-    let reads: Vec<_> = keys
-        .iter()
-        .map(|key| timed(client.get_data(&layout::path_of(key))))
-        .collect();
-    synced.await.map_err(unavailable)?;
-    let mut found = Vec::new();
-    for (key, read) in keys.iter().zip(reads) {
-        match read.await {
-            Ok((value, stat)) => found.push((key, value, stat)),
-            Err(zk::Error::NoNode) => {}
-            Err(err) => return Err(unavailable(err)),
+    let mut synced = Some(timed(client.sync("/")));
+    let mut tasks = Vec::with_capacity(keys.len());
+    for window in keys.chunks(READ_WINDOW) {
+        let reads: Vec<_> = window
+            .iter()
+            .map(|key| timed(client.get_data(&layout::path_of(key))))
+            .collect();
+        if let Some(synced) = synced.take() {
+            synced.await.map_err(unavailable)?;
         }
-    }
-    let claims: Vec<_> = found
-        .iter()
-        .map(|(key, _, stat)| {
-            (stat.num_children > 0).then(|| timed(client.check_stat(&layout::claim_path(key))))
-        })
-        .collect();
-    let mut tasks = Vec::with_capacity(found.len());
-    for ((key, value, stat), claim) in found.into_iter().zip(claims) {
-        let holder = match claim {
-            Some(read) => match read.await {
-                Ok(Some(marker)) if marker.ephemeral_owner != 0 => {
-                    Some(layout::lease_of(marker.ephemeral_owner))
-                }
-                Ok(_) => None,
+        let mut found = Vec::with_capacity(window.len());
+        for (key, read) in window.iter().zip(reads) {
+            match read.await {
+                Ok((value, stat)) => found.push((key, value, stat)),
+                Err(zk::Error::NoNode) => {}
                 Err(err) => return Err(unavailable(err)),
-            },
-            None => None,
-        };
-        tasks.push(StoredTask {
-            key: key.clone(),
-            value,
-            version: layout::task_version(stat.mzxid, stat.pzxid),
-            created: stat.czxid.max(0) as u64,
-            holder,
-        });
+            }
+        }
+        let claims: Vec<_> = found
+            .iter()
+            .map(|(key, _, stat)| {
+                (stat.num_children > 0).then(|| timed(client.check_stat(&layout::claim_path(key))))
+            })
+            .collect();
+        for ((key, value, stat), claim) in found.into_iter().zip(claims) {
+            let holder = match claim {
+                Some(read) => match read.await {
+                    Ok(Some(marker)) if marker.ephemeral_owner != 0 => {
+                        Some(layout::lease_of(marker.ephemeral_owner))
+                    }
+                    Ok(_) => None,
+                    Err(err) => return Err(unavailable(err)),
+                },
+                None => None,
+            };
+            tasks.push(StoredTask {
+                key: key.clone(),
+                value,
+                version: layout::task_version(stat.mzxid, stat.pzxid),
+                created: stat.czxid.max(0) as u64,
+                holder,
+            });
+        }
     }
     Ok(tasks)
 }

@@ -83,14 +83,114 @@ pub enum PutMode {
     Release(String),
 }
 
-async fn decode_entries(response: reqwest::Response) -> Result<Vec<KvPair>, Error> {
-    let body = response
-        .bytes()
+/// Reads a listing's entries as the body arrives, each decoded as soon as it is whole and
+/// turned into what the caller keeps (`each`): the body of a large listing (tens of MB, its
+/// values in base64) is never held whole, nor beside the entries it decodes to.
+async fn decode_entries<T>(
+    mut response: reqwest::Response,
+    mut each: impl FnMut(KvPair) -> T,
+) -> Result<Vec<T>, Error> {
+    let mut elements = Elements::default();
+    let mut entries = Vec::new();
+    let mut decode = |element: &[u8]| -> Result<(), Error> {
+        let wire: WireEntry =
+            serde_json::from_slice(element).map_err(|e| Error::Decode(e.to_string()))?;
+        entries.push(each(KvPair::try_from(wire)?));
+        Ok(())
+    };
+    while let Some(chunk) = response
+        .chunk()
         .await
-        .map_err(|e| Error::Decode(e.to_string()))?;
-    let wire: Vec<WireEntry> =
-        serde_json::from_slice(&body).map_err(|e| Error::Decode(e.to_string()))?;
-    wire.into_iter().map(KvPair::try_from).collect()
+        .map_err(|e| Error::Decode(e.to_string()))?
+    {
+        elements.feed(&chunk, &mut decode)?;
+    }
+    elements.finish()?;
+    Ok(entries)
+}
+
+/// Splits a JSON array that arrives in pieces into its elements, each handed on whole as
+/// soon as its last byte is in; only the element in progress is kept. It tracks nesting and
+/// strings, and checks no more than that: each element is then parsed on its own.
+#[derive(Debug, Default)]
+struct Elements {
+    /// The bytes of the element in progress (from its first byte on).
+    partial: Vec<u8>,
+    /// Nesting depth: 1 inside the array, more inside an element.
+    depth: u32,
+    in_string: bool,
+    escaped: bool,
+    /// The array's closing bracket was read.
+    closed: bool,
+}
+
+impl Elements {
+    /// Reads `chunk`, handing each element it completes to `element`.
+    fn feed(
+        &mut self,
+        chunk: &[u8],
+        element: &mut impl FnMut(&[u8]) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let mut start = (self.depth > 1).then_some(0);
+        for (n, &byte) in chunk.iter().enumerate() {
+            if self.in_string {
+                match byte {
+                    _ if self.escaped => self.escaped = false,
+                    b'\\' => self.escaped = true,
+                    b'"' => self.in_string = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match (self.depth, byte) {
+                (_, b' ' | b'\n' | b'\r' | b'\t') => {}
+                (0, b'[') if !self.closed => self.depth = 1,
+                (1, b',') => {}
+                (1, b']') => {
+                    self.depth = 0;
+                    self.closed = true;
+                }
+                (1, b'{' | b'[') => {
+                    self.depth = 2;
+                    start = Some(n);
+                }
+                (d, b'{' | b'[') if d > 1 => self.depth += 1,
+                (d, b'}' | b']') if d > 1 => {
+                    self.depth -= 1;
+                    if self.depth == 1 {
+                        let from = start.take().unwrap_or(0);
+                        if self.partial.is_empty() {
+                            element(&chunk[from..=n])?;
+                        } else {
+                            self.partial.extend_from_slice(&chunk[from..=n]);
+                            element(&self.partial)?;
+                            self.partial.clear();
+                        }
+                    }
+                }
+                (d, b'"') if d > 1 => self.in_string = true,
+                (d, _) if d > 1 => {}
+                _ => return Err(not_entries()),
+            }
+        }
+        if let Some(from) = start {
+            self.partial.extend_from_slice(&chunk[from..]);
+        }
+        Ok(())
+    }
+
+    /// Checks the array was closed.
+    fn finish(&self) -> Result<(), Error> {
+        if self.closed {
+            Ok(())
+        } else {
+            Err(not_entries())
+        }
+    }
+}
+
+fn not_entries() -> Error {
+    Error::Decode("the listing is not a JSON array of entries".into())
 }
 
 impl Client {
@@ -107,7 +207,13 @@ impl Client {
         let index = index_header(&response);
         match response.status() {
             StatusCode::NOT_FOUND => Ok((None, index)),
-            StatusCode::OK => Ok((decode_entries(response).await?.into_iter().next(), index)),
+            StatusCode::OK => Ok((
+                decode_entries(response, |pair| pair)
+                    .await?
+                    .into_iter()
+                    .next(),
+                index,
+            )),
             _ => Err(status_error(response).await),
         }
     }
@@ -118,6 +224,17 @@ impl Client {
         prefix: &str,
         options: QueryOptions,
     ) -> Result<(Vec<KvPair>, u64), Error> {
+        self.kv_list_as(prefix, options, |pair| pair).await
+    }
+
+    /// `kv_list`, each entry turned into what the caller keeps as it is read (a large
+    /// listing is not held twice, as entries and as what they become).
+    pub async fn kv_list_as<T>(
+        &self,
+        prefix: &str,
+        options: QueryOptions,
+        each: impl FnMut(KvPair) -> T,
+    ) -> Result<(Vec<T>, u64), Error> {
         let path = format!(
             "{}{}",
             kv_path(prefix)?,
@@ -129,7 +246,7 @@ impl Client {
         let index = index_header(&response);
         match response.status() {
             StatusCode::NOT_FOUND => Ok((Vec::new(), index)),
-            StatusCode::OK => Ok((decode_entries(response).await?, index)),
+            StatusCode::OK => Ok((decode_entries(response, each).await?, index)),
             _ => Err(status_error(response).await),
         }
     }
@@ -187,5 +304,60 @@ impl Client {
             .await
             .map_err(|e| Error::Decode(e.to_string()))?;
         Ok(body.contains("true"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Elements, Error};
+
+    /// Splits `body` cut into pieces of `size` bytes.
+    fn split(body: &str, size: usize) -> Result<Vec<String>, Error> {
+        let mut elements = Elements::default();
+        let mut out = Vec::new();
+        for chunk in body.as_bytes().chunks(size) {
+            elements.feed(chunk, &mut |element: &[u8]| {
+                out.push(String::from_utf8_lossy(element).into_owned());
+                Ok(())
+            })?;
+        }
+        elements.finish()?;
+        Ok(out)
+    }
+
+    /// A listing's elements come out whole and unchanged however the body is cut, strings
+    /// holding brackets, braces and escaped quotes included.
+    #[test]
+    fn a_listing_cut_anywhere_yields_its_elements_whole() {
+        let body =
+            r#" [ {"Key":"q/a","Value":"e30="}, {"Key":"q/}{\"]","Nested":{"a":[1,{}]}} ,{}] "#;
+        let expected = vec![
+            r#"{"Key":"q/a","Value":"e30="}"#.to_string(),
+            r#"{"Key":"q/}{\"]","Nested":{"a":[1,{}]}}"#.to_string(),
+            "{}".to_string(),
+        ];
+        for size in 1..=body.len() {
+            assert_eq!(
+                split(body, size).ok(),
+                Some(expected.clone()),
+                "cut every {size} bytes"
+            );
+        }
+        assert_eq!(split("[]", 1).ok(), Some(Vec::new()));
+    }
+
+    /// What is not an array of objects, or is cut short, is an error, not an empty listing.
+    #[test]
+    fn a_body_that_is_not_a_whole_array_is_refused() {
+        for body in [
+            "",
+            "null",
+            "{}",
+            r#"[{"Key":"q/a"}"#,
+            r#"[{"Key":"q/a"}] []"#,
+            "[1]",
+        ] {
+            assert!(split(body, 3).is_err(), "{body:?} was accepted");
+        }
     }
 }

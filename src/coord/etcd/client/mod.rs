@@ -25,6 +25,9 @@ use wire::{watch_line, GatewayError, KeepAliveResult};
 pub const CODE_INVALID_ARGUMENT: i64 = 3;
 pub const CODE_NOT_FOUND: i64 = 5;
 pub const CODE_UNAUTHENTICATED: i64 = 16;
+/// An answer's buffer is sized from its Content-Length up to this (a larger one grows as it
+/// arrives): a header does not get to reserve memory the body never sends.
+const MAX_PRESIZE: u64 = 256 * 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -356,11 +359,18 @@ impl Client {
     }
 }
 
-async fn decode<T: DeserializeOwned>(response: reqwest::Response) -> Result<T, Error> {
-    let bytes = response
-        .bytes()
+async fn decode<T: DeserializeOwned>(mut response: reqwest::Response) -> Result<T, Error> {
+    // Gathered into one buffer sized from the header: collecting the pieces and then
+    // copying them whole would hold a large listing's body (tens of MB) twice.
+    let size = response.content_length().unwrap_or(0).min(MAX_PRESIZE) as usize;
+    let mut bytes = Vec::with_capacity(size);
+    while let Some(chunk) = response
+        .chunk()
         .await
-        .map_err(|e| Error::Decode(e.to_string()))?;
+        .map_err(|e| Error::Decode(e.to_string()))?
+    {
+        bytes.extend_from_slice(&chunk);
+    }
     serde_json::from_slice(&bytes).map_err(|e| {
         Error::Decode(format!(
             "{e}: {}",

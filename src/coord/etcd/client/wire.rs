@@ -76,6 +76,9 @@ pub struct RangeResponse {
     pub header: Header,
     #[serde(default)]
     pub kvs: Vec<Kv>,
+    /// More keys are in the range than the limit let through.
+    #[serde(default)]
+    pub more: bool,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -108,6 +111,15 @@ impl TxnResponse {
             })
             .collect()
     }
+
+    /// `ranges`, taking the keys over instead of copying them (a listing of a large queue
+    /// holds every task once).
+    pub fn into_ranges(self) -> Vec<Vec<Kv>> {
+        self.responses
+            .into_iter()
+            .map(|op| op.response_range.map(|range| range.kvs).unwrap_or_default())
+            .collect()
+    }
 }
 
 /// A range request: one key, or a prefix's keys.
@@ -119,6 +131,10 @@ pub struct Range {
     pub keys_only: bool,
     /// Only the first key by creation (a `limit 1` range sorted on `create_revision`).
     pub first_created: bool,
+    /// At most this many keys (0: all of them).
+    pub limit: usize,
+    /// Read at this revision (0: the latest).
+    pub revision: i64,
 }
 
 impl Range {
@@ -128,6 +144,8 @@ impl Range {
             range_end: None,
             keys_only: false,
             first_created: false,
+            limit: 0,
+            revision: 0,
         }
     }
 
@@ -137,6 +155,8 @@ impl Range {
             range_end: Some(prefix_end(prefix)),
             keys_only: false,
             first_created: false,
+            limit: 0,
+            revision: 0,
         }
     }
 
@@ -147,6 +167,12 @@ impl Range {
         }
         if self.keys_only {
             range["keys_only"] = json!(true);
+        }
+        if self.limit > 0 {
+            range["limit"] = json!(self.limit.to_string());
+        }
+        if self.revision > 0 {
+            range["revision"] = json!(self.revision.to_string());
         }
         if self.first_created {
             range["sort_order"] = json!("ASCEND");
