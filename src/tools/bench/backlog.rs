@@ -94,7 +94,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         });
         let (mut leaderq_cost, mut floor_cost) = (zero, zero);
         let (mut leaderq_tasks, mut floor_tasks) = (0usize, 0usize);
-        for run in 0..runs_for(backlog) {
+        for run in 0..options.backlog_runs.unwrap_or_else(|| runs_for(backlog)) {
             let pair = pair(&options.backend, backlog, run % 2 == 1).await?;
             leaderq_tasks += pair.drain.drained;
             floor_tasks += pair.floor.drained;
@@ -137,7 +137,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
             format!(
                 "backlog: drain {} no-op tasks, 1 `leaderq consume`, tasks/s (median of {}), peak RSS ({})",
                 d.backlog,
-                runs_for(d.backlog),
+                options.backlog_runs.unwrap_or_else(|| runs_for(d.backlog)),
                 options.backend
             ),
             result,
@@ -147,7 +147,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
             format!(
                 "backlog: drain {}, minimal native protocol, tasks/s (median of {})",
                 d.backlog,
-                runs_for(d.backlog)
+                options.backlog_runs.unwrap_or_else(|| runs_for(d.backlog))
             ),
             format!("{:.0}", beside.floor_rate),
             "",

@@ -69,6 +69,8 @@ pub struct Options {
     pub backend: String,
     /// Backlogs the backlog section drains, one fresh coordinator each.
     pub backlogs: Vec<usize>,
+    /// How many times each backlog is drained (`None`: as many as its size calls for).
+    pub backlog_runs: Option<usize>,
     /// Where the backlog section writes its chart (default `bench-backlog.svg`).
     pub chart: Option<PathBuf>,
     /// Backlogs of `/bin/true` tasks the exec section drains, one fresh coordinator each.
@@ -93,6 +95,7 @@ impl Default for Options {
             baseline_exe: None,
             backend: "consul".into(),
             backlogs: backlog::DEFAULT_BACKLOGS.to_vec(),
+            backlog_runs: None,
             chart: None,
             exec_backlogs: exec::DEFAULT_EXEC_BACKLOGS.to_vec(),
         }
