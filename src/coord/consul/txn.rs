@@ -108,38 +108,29 @@ pub fn txn_ops(
                     index: 0,
                 })
             }
-            // Under the guard a delete-cas alone: a claimed task can only have gone by an
-            // operator's hand, and its run did finish, so its record is true all the same
-            // (a delete-cas of a missing key succeeds). Without it, the lock check fails
-            // on a missing key, as for a completion.
-            TaskOp::Finish {
-                key,
-                version,
-                to,
-                value,
-            } => {
-                if guard.is_none() {
-                    txn.push(own_check(key, lease));
-                }
-                txn.push(TxnOp::DeleteCas {
-                    key: key.clone(),
-                    index: version.0,
-                });
-                txn.push(TxnOp::Set {
-                    key: to.clone(),
-                    value: value.clone(),
-                });
-            }
+            // A move first checks that the task is still there (a delete-cas of a missing
+            // key succeeds). A finish under the guard needs no check: a claimed task can
+            // only have gone by an operator's hand, and its run did finish, so its record
+            // is true all the same. Without the guard, the lock check fails on a missing
+            // key, as for a completion.
             TaskOp::Move {
                 key,
                 version,
                 to,
                 value,
+            }
+            | TaskOp::Finish {
+                key,
+                version,
+                to,
+                value,
             } => {
-                txn.push(TxnOp::CheckIndex {
-                    key: key.clone(),
-                    index: version.0,
-                });
+                if matches!(op, TaskOp::Move { .. }) {
+                    txn.push(TxnOp::CheckIndex {
+                        key: key.clone(),
+                        index: version.0,
+                    });
+                }
                 if guard.is_none() {
                     txn.push(own_check(key, lease));
                 }

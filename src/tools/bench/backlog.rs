@@ -300,18 +300,7 @@ async fn drain(
     ));
     let before = counters(server, backend).await;
     let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
-    let mut child = Command::new(exe)
-        .arg("consume")
-        .arg("--config")
-        .arg(&config)
-        .envs(server.env.iter().map(|(k, v)| (k, v)))
-        .env("LEADERQ__DATA__DIR", dir.0.join("replica"))
-        .env("LEADERQ__OBSERVE__LISTEN", "127.0.0.1:0")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("cannot start leaderq consume")?;
+    let mut child = start_replica(&exe, server, &config, &dir)?;
     let measured = measure(server, &child, backlog).await;
     let after = counters(server, backend).await;
     let _ = child.kill();
@@ -366,6 +355,28 @@ async fn poll_costs(
         middle.since(start).scaled(each),
         end.since(middle).scaled(each),
     )))
+}
+
+/// Starts `exe consume` with `config` on `server`, its data dir in `dir`, its metrics on a
+/// free port and its log at warnings only: the one replica a drain is timed on.
+pub(super) fn start_replica(
+    exe: &Path,
+    server: &Target,
+    config: &Path,
+    dir: &TempDir,
+) -> anyhow::Result<std::process::Child> {
+    Command::new(exe)
+        .arg("consume")
+        .arg("--config")
+        .arg(config)
+        .envs(server.env.iter().map(|(k, v)| (k, v)))
+        .env("LEADERQ__DATA__DIR", dir.0.join("replica"))
+        .env("LEADERQ__OBSERVE__LISTEN", "127.0.0.1:0")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("cannot start {} consume", exe.display()))
 }
 
 pub(super) async fn measure(

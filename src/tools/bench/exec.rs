@@ -22,7 +22,7 @@ use anyhow::Context;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::backlog::{enqueue, measure, Drain};
+use super::backlog::{enqueue, measure, start_replica, Drain};
 use super::consumer::{Target, TASK_TYPE};
 use super::{progress, Options, Report, TempDir};
 use crate::handler::TaskContext;
@@ -254,18 +254,7 @@ async fn drain(backend: &str, exe: &Path, backlog: usize) -> anyhow::Result<Drai
         format!("[handlers.{TASK_TYPE}]\nkind = \"exec\"\ncommand = [\"{PROGRAM}\"]\n"),
     )
     .context("cannot write the replica's settings")?;
-    let mut child = Command::new(exe)
-        .arg("consume")
-        .arg("--config")
-        .arg(&config)
-        .envs(server.env.iter().map(|(k, v)| (k, v)))
-        .env("LEADERQ__DATA__DIR", dir.0.join("replica"))
-        .env("LEADERQ__OBSERVE__LISTEN", "127.0.0.1:0")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .with_context(|| format!("cannot start {} consume", exe.display()))?;
+    let mut child = start_replica(exe, &server, &config, &dir)?;
     let measured = measure(&server, &child, backlog).await;
     let _ = child.kill();
     let _ = child.wait();
