@@ -24,8 +24,9 @@ pub struct HistoryFilter {
     pub limit: Option<usize>,
 }
 
-/// The history records of completed tasks under `queue.done_prefix`, in key order; a
-/// record that is not one of leaderq's is skipped.
+/// The history records of completed tasks under `queue.done_prefix`, in key order (the
+/// records written together under one key in their order there); a record that is not one
+/// of leaderq's is skipped.
 pub async fn completed(
     coord: &dyn Coordinator,
     settings: &Settings,
@@ -33,7 +34,7 @@ pub async fn completed(
     Ok(list_now(coord, &settings.queue.done_prefix)
         .await?
         .iter()
-        .filter_map(|stored| HistoryRecord::decode(&stored.key, &stored.value))
+        .flat_map(|stored| HistoryRecord::decode_all(&stored.key, &stored.value))
         .collect())
 }
 

@@ -17,8 +17,9 @@ use super::answer::{after_refusal, fates, read_answer, ClaimAnswer, Fate, Refusa
 use super::backlog::{Backlog, Next};
 use super::dead::DEFERRED_RETRY;
 use super::entry::pair_of;
+use super::finished::{completions, riders, Finished};
 use super::plan::{chunks, plan_claim, ClaimPlan};
-use super::run::{Claimed, Finished, FAST_HANDLER};
+use super::run::{Claimed, FAST_HANDLER};
 use super::sort::{Look, Memory, Reading};
 use super::{LeadEnd, Queue};
 use crate::coord::{
@@ -370,8 +371,7 @@ impl Queue {
         max_tasks: usize,
     ) -> Planned {
         let now = self.clock().now();
-        let completions: Vec<WriteCost> = finished.iter().map(|done| done.cost).collect();
-        let guard = self.coord.guard_cost();
+        let (guard, completions) = riders(self.coord.guard_cost(), finished);
         let limits = self.coord.limits();
         // Claims are prepared one at a time and only while they fit: preparing one writes
         // the task's whole value, which is worth skipping for large values.
@@ -534,7 +534,10 @@ impl Queue {
         let mut ops = Vec::with_capacity(deletions + batch.len());
         // Finished tasks are completed in this claim's write: one commit, not two. It is
         // applied only if the whole claim is.
-        ops.extend(finished[..deletions].iter().map(Finished::completion));
+        ops.extend(completions(
+            &self.settings.done_prefix,
+            &finished[..deletions],
+        ));
         let mut values = Vec::with_capacity(candidates.len());
         for candidate in candidates {
             ops.push(candidate.op);

@@ -22,9 +22,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::backlog::{Backlog, Next, LOOK_INTERVAL};
 use super::claim::{Batch, Candidate, Started};
+use super::finished::{riders, Finished};
 use super::plan::{plan_claim, ClaimPlan};
 use super::run::Claimed;
-use super::run::{Finished, RunOutcome};
+use super::run::RunOutcome;
 use super::sort::{Look, Memory};
 use super::{LeadEnd, Queue};
 use crate::coord::{Leadership, TaskVersion, WriteCost};
@@ -317,12 +318,11 @@ impl Queue {
             .iter()
             .map(|task| Candidate::new(task, leadership, &self.node_id, now))
             .collect();
-        let completions: Vec<WriteCost> = finished.iter().map(|done| done.cost).collect();
+        let (guard, completions) = riders(self.coord.guard_cost(), finished);
         let claims: Vec<WriteCost> = candidates
             .iter()
             .map(|candidate| self.coord.cost(candidate.op()))
             .collect();
-        let guard = self.coord.guard_cost();
         let limits = self.coord.limits();
         let riders = if *single { &[][..] } else { &completions[..] };
         let (deletions, fit) = match plan_claim(guard, riders, &claims, batch.len(), limits) {

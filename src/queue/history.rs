@@ -2,7 +2,8 @@
 //! term, beside the claims (never on their path, whatever the backlog), deletes now and
 //! then (every [`HISTORY_PRUNE_EVERY`], or [`HISTORY_PRUNE_AGAIN`] while a large backlog of
 //! records is being worked off) the records that `[queue] history_keep` and
-//! `history_max_age` no longer keep, at the versions it read.
+//! `history_max_age` no longer keep, at the versions it read (a key of several records on
+//! both sides of the count is cut to its newest, not deleted).
 //! The records themselves are written by the completions (`run.rs`); what they hold and
 //! which to drop is `task::history`'s business.
 
@@ -15,7 +16,7 @@ use super::clock::Clock;
 use super::Queue;
 use crate::coord::{Coordinator, Edit, Edited};
 use crate::observe::Metrics;
-use crate::task::history::{to_prune, Retention};
+use crate::task::history::{cut_to_newest, to_prune, Retention};
 
 /// How often the leader looks at the history's size.
 pub(super) const HISTORY_PRUNE_EVERY: Duration = Duration::from_secs(30);
@@ -88,18 +89,33 @@ impl Pruner {
         let more = drop.len() > PRUNE_PER_LOOK;
         let mut pruned = 0;
         for chunk in drop[..drop.len().min(PRUNE_PER_LOOK)].chunks(PRUNE_BATCH) {
-            let found = match self.coord.get(chunk).await {
+            let keys: Vec<String> = chunk.iter().map(|prune| prune.key.clone()).collect();
+            let found = match self.coord.get(&keys).await {
                 Ok(found) => found,
                 Err(err) => {
                     self.metrics.coordinator_error(&err);
                     break;
                 }
             };
+            // A key of several records that straddles the count keeps its newest ones.
             let ops: Vec<Edit> = found
                 .iter()
-                .map(|record| Edit::Delete {
-                    key: record.key.clone(),
-                    version: record.version,
+                .filter_map(|stored| {
+                    let keep = chunk
+                        .iter()
+                        .find(|prune| prune.key == stored.key)
+                        .map_or(0, |prune| prune.keep);
+                    if keep == 0 {
+                        return Some(Edit::Delete {
+                            key: stored.key.clone(),
+                            version: stored.version,
+                        });
+                    }
+                    Some(Edit::Replace {
+                        key: stored.key.clone(),
+                        version: stored.version,
+                        value: cut_to_newest(&stored.value, keep)?,
+                    })
                 })
                 .collect();
             match self.coord.edit(&ops).await {

@@ -28,6 +28,7 @@ mod claim;
 mod clock;
 mod dead;
 mod entry;
+mod finished;
 mod groups;
 mod history;
 mod plan;
@@ -52,7 +53,7 @@ use crate::leader::Lease;
 use crate::observe::Metrics;
 
 use clock::Clock;
-use run::Finished;
+use finished::Finished;
 use sort::{Memory, Pick};
 
 pub use cancel::{cancel_key, CancelMarker};

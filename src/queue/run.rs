@@ -13,12 +13,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::backlog::Backlog;
 use super::entry::pair_of;
+use super::finished::{completions, riders, Finished};
 use super::plan::chunks;
 use super::settlement::{self, after_run, RunEnd, Settlement};
 use super::{LeadEnd, Queue};
 use crate::coord::{
-    CoordError, Coordinator, Edit, Edited, FencingToken, Leadership, LeaseId, StoredTask, TaskOp,
-    TaskVersion, WriteCost, Written,
+    CoordError, Edit, Edited, FencingToken, Leadership, LeaseId, StoredTask, TaskOp, TaskVersion,
+    Written,
 };
 use crate::handler::TaskContext;
 use crate::leader::Lease;
@@ -40,55 +41,6 @@ pub(super) const RELEASE_ATTEMPTS: usize = 5;
 pub(super) struct RunOutcome {
     pub(super) elapsed: Duration,
     pub(super) end: Option<LeadEnd>,
-}
-
-/// A task whose handler succeeded and whose deletion is still to be written.
-pub(super) struct Finished {
-    pub(super) task: Box<Task>,
-    claimed_version: TaskVersion,
-    elapsed_ms: u64,
-    /// Where its history record goes and the record (`None`: history is off).
-    history: Option<(String, Vec<u8>)>,
-    /// What its completion costs in a write (asked for at every claim it may ride along).
-    pub(super) cost: WriteCost,
-}
-
-impl Finished {
-    fn new(
-        coord: &dyn Coordinator,
-        task: Box<Task>,
-        claimed_version: TaskVersion,
-        elapsed_ms: u64,
-        history: Option<(String, Vec<u8>)>,
-    ) -> Finished {
-        let mut finished = Finished {
-            task,
-            claimed_version,
-            elapsed_ms,
-            history,
-            cost: WriteCost { ops: 0, bytes: 0 },
-        };
-        finished.cost = coord.cost(&finished.completion());
-        finished
-    }
-
-    /// Completes the version this run claimed, and only that one: deletes it, or, with
-    /// history on, finishes it with its history record in the same write (no extra round
-    /// trip).
-    pub(super) fn completion(&self) -> TaskOp {
-        match &self.history {
-            Some((to, value)) => TaskOp::Finish {
-                key: self.task.key.clone(),
-                version: self.claimed_version,
-                to: to.clone(),
-                value: value.clone(),
-            },
-            None => TaskOp::Complete {
-                key: self.task.key.clone(),
-                version: self.claimed_version,
-            },
-        }
-    }
 }
 
 impl Queue {
@@ -385,12 +337,11 @@ impl Queue {
             }
             return left;
         }
-        let costs: Vec<WriteCost> = finished.iter().map(|done| done.cost).collect();
-        let guard = self.coord.guard_cost();
+        let (guard, costs) = riders(self.coord.guard_cost(), &finished);
         let mut finished = finished.into_iter();
         for range in chunks(Some(guard), &costs, self.coord.limits()) {
             let group: Vec<Finished> = finished.by_ref().take(range.len()).collect();
-            let ops: Vec<TaskOp> = group.iter().map(Finished::completion).collect();
+            let ops = completions(&self.settings.done_prefix, &group);
             match self.write(leadership, &ops).await {
                 Ok(Written::Done { fencing_token, .. }) => {
                     for done in &group {

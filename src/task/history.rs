@@ -1,7 +1,11 @@
 //! The history of finished tasks: the small record a completion leaves under
-//! `[queue] done_prefix` (written in the completion's own write, as a move of the task to
-//! it), the record's key, which starts with the finish time so that keys sort by it, and the
-//! pure retention decision (which records the leader prunes, by count and by age).
+//! `[queue] done_prefix` (written in the completion's own write), the record's key, which
+//! starts with the finish time so that keys sort by it, and the pure retention decision
+//! (which records the leader prunes, by count and by age).
+//!
+//! Tasks completed in one write share one key ([`batch_key`]): its value is the JSON array
+//! of their records, and the key says how many it holds, so that retention counts records
+//! without reading them. A key of one record holds the record itself.
 //! Dead letters are history too: [`HistoryRecord::from_dead_letter`] reads one as a record
 //! of outcome `dead`, so nothing is written twice. No I/O, no clock: time comes in.
 //!
@@ -65,8 +69,9 @@ pub struct HistoryRecord {
     /// letter every run it logged.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub attempt_log: Vec<Attempt>,
-    /// Where the record is stored (under the done or the dead-letter prefix); not stored
-    /// in the record itself.
+    /// Where the record is stored (under the done or the dead-letter prefix); for one of
+    /// several records under one key, that key, `/`, and its place in it ([`locate`]). Not
+    /// stored in the record itself.
     #[serde(default, skip_deserializing)]
     pub record_key: String,
 }
@@ -154,6 +159,25 @@ impl HistoryRecord {
         Some(record)
     }
 
+    /// The records stored under `key`: one, or the array [`batch_value`] wrote, each then
+    /// addressed as `key/<place>`. Nothing for a value that is neither.
+    pub fn decode_all(key: &str, value: &[u8]) -> Vec<HistoryRecord> {
+        if !value.trim_ascii_start().starts_with(b"[") {
+            return HistoryRecord::decode(key, value).into_iter().collect();
+        }
+        let Ok(records) = serde_json::from_slice::<Vec<HistoryRecord>>(value) else {
+            return Vec::new();
+        };
+        records
+            .into_iter()
+            .enumerate()
+            .map(|(place, mut record)| {
+                record.record_key = format!("{key}/{place}");
+                record
+            })
+            .collect()
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         serde_json::to_vec(self).expect("a history record serializes")
     }
@@ -190,15 +214,68 @@ pub fn record_key(
     )
 }
 
-/// The finish time a record key carries; `None` for a key not made by [`record_key`].
+/// The key of `count` records written together, the newest of which has the key `newest`
+/// (made by [`record_key`]): `<done_prefix><epoch ms>.<count>-<name>`. The count sits
+/// where a key of one record has its `-`, so the two never read as each other.
+pub fn batch_key(done_prefix: &str, newest: &str, count: usize) -> String {
+    match newest.strip_prefix(done_prefix) {
+        Some(rest)
+            if count > 1 && rest.len() > MILLIS_DIGITS && rest.is_char_boundary(MILLIS_DIGITS) =>
+        {
+            let (millis, name) = rest.split_at(MILLIS_DIGITS);
+            format!("{done_prefix}{millis}.{count}{name}")
+        }
+        _ => newest.to_string(),
+    }
+}
+
+/// The value of records written together under a [`batch_key`]: a JSON array of them,
+/// each as [`HistoryRecord::encode`] wrote it.
+pub fn batch_value<'a>(records: impl IntoIterator<Item = &'a [u8]>) -> Vec<u8> {
+    let mut value = vec![b'['];
+    for (n, record) in records.into_iter().enumerate() {
+        if n > 0 {
+            value.push(b',');
+        }
+        value.extend_from_slice(record);
+    }
+    value.push(b']');
+    value
+}
+
+/// Where the record addressed as `address` is stored: its key, and its place in that key's
+/// array for an address `key/<place>` ([`HistoryRecord::decode_all`]).
+pub fn locate(done_prefix: &str, address: &str) -> (String, Option<usize>) {
+    if let Some((key, place)) = address.rsplit_once('/') {
+        if let (Some(_), Ok(place)) = (stored_count(done_prefix, key), place.parse::<usize>()) {
+            return (key.to_string(), Some(place));
+        }
+    }
+    (address.to_string(), None)
+}
+
+/// The finish time a record key carries; `None` for a key not made by [`record_key`] or
+/// [`batch_key`].
 pub fn finished_of(done_prefix: &str, key: &str) -> Option<DateTime<Utc>> {
+    stored_count(done_prefix, key).map(|(at, _)| at)
+}
+
+/// The finish time a record key carries and how many records it holds.
+fn stored_count(done_prefix: &str, key: &str) -> Option<(DateTime<Utc>, usize)> {
     let rest = key.strip_prefix(done_prefix)?;
-    let (millis, name) = rest.split_once('-')?;
-    if millis.len() != MILLIS_DIGITS || name.is_empty() {
+    let (head, name) = rest.split_once('-')?;
+    if name.is_empty() || name.contains('/') {
+        return None;
+    }
+    let (millis, count) = match head.split_once('.') {
+        Some((millis, count)) => (millis, count.parse::<usize>().ok().filter(|n| *n > 1)?),
+        None => (head, 1),
+    };
+    if millis.len() != MILLIS_DIGITS {
         return None;
     }
     let millis: i64 = millis.parse().ok()?;
-    Utc.timestamp_millis_opt(millis).single()
+    Some((Utc.timestamp_millis_opt(millis).single()?, count))
 }
 
 /// Retention: keep the newest `keep` records (0: none) and none finished more than
@@ -209,32 +286,68 @@ pub struct Retention {
     pub max_age: std::time::Duration,
 }
 
-/// The record keys under `done_prefix` that `retention` drops, oldest first. Keys that no
-/// record of leaderq's would have are left alone.
+/// A record key that retention prunes: deleted, or, holding records on both sides of the
+/// count, cut to the newest `keep` of them (the last in its array).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Prune {
+    pub key: String,
+    /// Records that stay under it, 0: the key goes.
+    pub keep: usize,
+}
+
+/// What `retention` drops under `done_prefix`, oldest first: every key too old, every key
+/// whose records are all beyond the newest `keep`, and the key that straddles the count,
+/// cut to what it keeps. Keys that no record of leaderq's would have are left alone.
 pub fn to_prune(
     keys: &[String],
     done_prefix: &str,
     retention: Retention,
     now: DateTime<Utc>,
-) -> Vec<String> {
-    let mut records: Vec<(DateTime<Utc>, &String)> = keys
+) -> Vec<Prune> {
+    let mut stored: Vec<(DateTime<Utc>, &String, usize)> = keys
         .iter()
-        .filter_map(|key| finished_of(done_prefix, key).map(|at| (at, key)))
+        .filter_map(|key| stored_count(done_prefix, key).map(|(at, count)| (at, key, count)))
         .collect();
-    records.sort();
-    let over = records.len().saturating_sub(retention.keep);
+    stored.sort();
     let too_old = |at: &DateTime<Utc>| {
         !retention.max_age.is_zero()
             && (now - *at)
                 .to_std()
                 .is_ok_and(|age| age > retention.max_age)
     };
-    records
+    // Records in keys newer than each key, counted from the newest.
+    let mut newer = 0usize;
+    let mut kept_after: Vec<usize> = vec![0; stored.len()];
+    for (i, (_, _, count)) in stored.iter().enumerate().rev() {
+        kept_after[i] = newer;
+        newer += count;
+    }
+    stored
         .iter()
-        .enumerate()
-        .filter(|(n, (at, _))| *n < over || too_old(at))
-        .map(|(_, (_, key))| (*key).clone())
+        .zip(kept_after)
+        .filter_map(|((at, key, count), newer)| {
+            let keep = if too_old(at) {
+                0
+            } else {
+                retention.keep.saturating_sub(newer)
+            };
+            (keep < *count).then(|| Prune {
+                key: (*key).clone(),
+                keep,
+            })
+        })
         .collect()
+}
+
+/// The value of a key of several records cut to its last `keep`; `None` when the value
+/// is not such an array.
+pub fn cut_to_newest(value: &[u8], keep: usize) -> Option<Vec<u8>> {
+    let records: Vec<Value> = serde_json::from_slice(value).ok()?;
+    let kept: Vec<Vec<u8>> = records[records.len().saturating_sub(keep)..]
+        .iter()
+        .map(|record| serde_json::to_vec(record).expect("a JSON value serializes"))
+        .collect();
+    Some(batch_value(kept.iter().map(Vec::as_slice)))
 }
 
 #[cfg(test)]
@@ -276,7 +389,7 @@ mod tests {
             max_age: Duration::ZERO,
         };
         assert_eq!(
-            to_prune(&keys, "d/", by_count, now),
+            pruned(to_prune(&keys, "d/", by_count, now)),
             ["d/0000000100000-t1", "d/0000000200000-t2"]
         );
         let by_age = Retention {
@@ -284,7 +397,7 @@ mod tests {
             max_age: Duration::from_secs(250),
         };
         assert_eq!(
-            to_prune(&keys, "d/", by_age, now),
+            pruned(to_prune(&keys, "d/", by_age, now)),
             [
                 "d/0000000100000-t1",
                 "d/0000000200000-t2",
@@ -301,6 +414,103 @@ mod tests {
             max_age: Duration::ZERO,
         };
         assert!(to_prune(&keys, "d/", all, now).is_empty());
+    }
+
+    /// Records written together share a key that carries their count where a single
+    /// record's key has its `-`: it sorts by time with the others, reads back its time and
+    /// count, and addresses each record in it as `key/<place>`.
+    #[test]
+    fn records_written_together_share_a_counted_key() {
+        let newest = record_key("q/", "done/", "q/a/b", at(9));
+        let batch = batch_key("done/", &newest, 3);
+        assert_eq!(batch, "done/0000000009000.3-a_b");
+        crate::task::key::check(&batch).unwrap();
+        assert_eq!(batch_key("done/", &newest, 1), newest);
+        assert_eq!(finished_of("done/", &batch), Some(at(9)));
+        assert_eq!(stored_count("done/", &batch).map(|(_, n)| n), Some(3));
+        assert_eq!(finished_of("done/", "done/0000000009000.1-x"), None);
+        assert_eq!(finished_of("done/", "done/0000000009000.x-y"), None);
+        let records: Vec<Vec<u8>> = ["q/t1", "q/t2"]
+            .iter()
+            .map(|key| {
+                HistoryRecord {
+                    outcome: COMPLETED.into(),
+                    key: key.to_string(),
+                    ..HistoryRecord::default()
+                }
+                .encode()
+            })
+            .collect();
+        let value = batch_value(records.iter().map(Vec::as_slice));
+        let read = HistoryRecord::decode_all(&batch, &value);
+        let read: Vec<(&str, &str)> = read
+            .iter()
+            .map(|r| (r.key.as_str(), r.record_key.as_str()))
+            .collect();
+        assert_eq!(
+            read,
+            [
+                ("q/t1", "done/0000000009000.3-a_b/0"),
+                ("q/t2", "done/0000000009000.3-a_b/1")
+            ]
+        );
+        assert_eq!(
+            locate("done/", "done/0000000009000.3-a_b/1"),
+            ("done/0000000009000.3-a_b".to_string(), Some(1))
+        );
+        assert_eq!(locate("done/", &newest), (newest.clone(), None));
+        assert_eq!(HistoryRecord::decode_all(&newest, &records[0]).len(), 1);
+        assert!(HistoryRecord::decode_all(&batch, b"[1,2").is_empty());
+    }
+
+    /// Retention counts records, not keys: a key goes once all its records are beyond the
+    /// newest `keep`; one that straddles the count stays.
+    #[test]
+    fn retention_counts_the_records_a_key_holds() {
+        let keys = vec![
+            "d/0000000100000.4-a".to_string(),
+            "d/0000000200000-b".to_string(),
+            "d/0000000300000.3-c".to_string(),
+        ];
+        let keep = |keep| Retention {
+            keep,
+            max_age: Duration::ZERO,
+        };
+        let now = at(400);
+        let cut = |key: &str, keep| Prune {
+            key: key.into(),
+            keep,
+        };
+        assert_eq!(
+            to_prune(&keys, "d/", keep(4), now),
+            [cut("d/0000000100000.4-a", 0)]
+        );
+        assert_eq!(
+            to_prune(&keys, "d/", keep(6), now),
+            [cut("d/0000000100000.4-a", 2)]
+        );
+        assert!(to_prune(&keys, "d/", keep(8), now).is_empty());
+        assert_eq!(
+            to_prune(&keys, "d/", keep(2), now),
+            [
+                cut("d/0000000100000.4-a", 0),
+                cut("d/0000000200000-b", 0),
+                cut("d/0000000300000.3-c", 2)
+            ]
+        );
+        let value = br#"[{"n":1},{"n":2},{"n":3}]"#;
+        assert_eq!(cut_to_newest(value, 2).unwrap(), br#"[{"n":2},{"n":3}]"#);
+        assert_eq!(cut_to_newest(b"{}", 2), None);
+    }
+
+    fn pruned(prunes: Vec<Prune>) -> Vec<String> {
+        prunes
+            .into_iter()
+            .map(|prune| {
+                assert_eq!(prune.keep, 0, "{prune:?}");
+                prune.key
+            })
+            .collect()
     }
 
     /// A dead letter reads as a record of outcome `dead` with its reason and attempts.

@@ -79,13 +79,16 @@ pub async fn task(
     })?;
     let key = String::from(key);
     let under = |prefix: &str| key.starts_with(prefix);
-    let found = coord.get(std::slice::from_ref(&key)).await?.pop();
     let missing = || OperateError::NoSuchTask { key: key.clone() };
     if under(&queue.done_prefix) {
-        let stored = found.ok_or_else(missing)?;
-        let record = HistoryRecord::decode(&stored.key, &stored.value).ok_or_else(missing)?;
-        return Ok(pages::completed_page(record));
+        // One record of several written together is addressed as `<their key>/<place>`.
+        let (stored_key, place) = crate::task::history::locate(&queue.done_prefix, &key);
+        let stored = coord.get(&[stored_key]).await?.pop().ok_or_else(missing)?;
+        let records = HistoryRecord::decode_all(&stored.key, &stored.value);
+        let record = records.into_iter().nth(place.unwrap_or(0));
+        return Ok(pages::completed_page(record.ok_or_else(missing)?));
     }
+    let found = coord.get(std::slice::from_ref(&key)).await?.pop();
     if under(&queue.dead_prefix) {
         return Ok(pages::dead_page_of(&found.ok_or_else(missing)?));
     }
