@@ -1,6 +1,7 @@
 //! The embedded server's Prometheus metrics, served on `/metrics` beside the Consul API:
 //! requests by endpoint and status, write batch sizes, commit latency, blocked queries,
-//! wake-ups of blocked queries, sessions and keys. Recording only; the server's behaviour does not depend on them.
+//! wake-ups of blocked queries, sessions and keys, and the process's CPU time. Recording
+//! only; the server's behaviour does not depend on them.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -82,6 +83,36 @@ impl ServerMetrics {
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &self.registry)
             .expect("writing to a String cannot fail");
+        // The process's CPU time, under the name every Prometheus client library gives it,
+        // before the exposition's end marker.
+        let cpu = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+        let seconds = cpu.tv_sec as f64 + cpu.tv_nsec as f64 / 1e9;
+        let end = text.rfind("# EOF").unwrap_or(text.len());
+        text.insert_str(
+            end,
+            &format!(
+                "# HELP process_cpu_seconds Total user and system CPU time spent in seconds.\n\
+                 # TYPE process_cpu_seconds counter\n\
+                 process_cpu_seconds_total {seconds:.6}\n"
+            ),
+        );
         text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The process's CPU time is exposed under its usual name, inside the exposition.
+    #[test]
+    fn the_process_cpu_time_is_exposed() {
+        let text = ServerMetrics::default().encode();
+        let cpu = text
+            .lines()
+            .find_map(|line| line.strip_prefix("process_cpu_seconds_total "))
+            .expect("process_cpu_seconds_total is exposed");
+        assert!(cpu.parse::<f64>().unwrap() > 0.0);
+        assert!(text.trim_end().ends_with("# EOF"), "{text}");
     }
 }

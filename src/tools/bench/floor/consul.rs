@@ -109,7 +109,8 @@ async fn run(http: &reqwest::Client, base: &str, session: &str) -> anyhow::Resul
 }
 
 /// `leaderq server`'s HTTP requests so far, from its /metrics (which does not count its
-/// own reads): a transaction counts as a write, any other request as a read.
+/// own reads): a transaction counts as a write, any other request as a read; and its CPU
+/// time.
 pub(super) async fn counters(addr: &str) -> Option<Counters> {
     let text = reqwest::get(format!("http://{addr}/metrics"))
         .await
@@ -119,6 +120,10 @@ pub(super) async fn counters(addr: &str) -> Option<Counters> {
         .ok()?;
     let mut counters = Counters::default();
     for line in text.lines() {
+        if let Some(seconds) = line.strip_prefix("process_cpu_seconds_total ") {
+            counters.cpu_seconds = seconds.trim().parse().ok();
+            continue;
+        }
         let Some(rest) = line.strip_prefix("leaderq_server_http_requests_total{") else {
             continue;
         };

@@ -169,7 +169,7 @@ impl Counters {
 /// What each server counts, in words, for the report.
 pub(super) fn counted(backend: &str) -> &'static str {
     match backend {
-        "consul" => "HTTP requests: reads = all but /v1/txn, writes = /v1/txn",
+        "consul" => "HTTP requests: reads = all but /v1/txn, writes = /v1/txn; CPU of the server",
         "etcd" => "mvcc ranges over all members; puts + deletes of one member; CPU of all",
         "redis" => "commandstats calls, scripts' own calls included; CPU of the server",
         "zookeeper" => "mntr read and update requests over all members",
