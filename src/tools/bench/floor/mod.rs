@@ -32,8 +32,11 @@ const BATCH: usize = 32;
 const LEADER_KEY: &str = "floorLeader";
 /// The queue the bench enqueues into.
 const PREFIX: &str = "oracleTask/";
-/// The floor client's lease TTL (the replicas' default).
-const LEASE_TTL_SECS: u64 = 15;
+/// The floor client's lease TTL: longer than its longest drain (100k tasks on etcd take
+/// over 15 s), so that it never renews. A renewal every few seconds would cost the server
+/// nothing a drain shows; ZooKeeper caps the session's timeout at its own maximum, and its
+/// client keeps the session alive by itself.
+const LEASE_TTL_SECS: u64 = 600;
 
 /// One drain by the floor client.
 #[derive(Clone, Copy, Debug)]
