@@ -218,3 +218,44 @@ pub async fn cancel(
         Err(err) => Err(err.to_string()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coord::memory::MemoryCoordinator;
+    use crate::task::history::{batch_value, HistoryRecord, COMPLETED};
+
+    /// A record among several written under one key opens at its address, `key/place`; the
+    /// key alone opens the first.
+    #[tokio::test]
+    async fn a_record_written_with_others_opens_at_its_place() {
+        let settings = crate::config::Settings::load(None, crate::config::Env::new()).unwrap();
+        let coord = MemoryCoordinator::default();
+        let records: Vec<Vec<u8>> = ["t1", "t2"]
+            .iter()
+            .map(|name| {
+                HistoryRecord {
+                    outcome: COMPLETED.into(),
+                    key: format!("{}{name}", settings.queue.prefix),
+                    task_id: name.to_string(),
+                    ..HistoryRecord::default()
+                }
+                .encode()
+            })
+            .collect();
+        let key = format!("{}0000000009000.2-t2", settings.queue.done_prefix);
+        coord
+            .put(&key, &batch_value(records.iter().map(Vec::as_slice)))
+            .unwrap();
+        let now = Utc::now();
+        let second = task(&coord, &settings, &format!("{key}/1"), None, now)
+            .await
+            .unwrap();
+        assert_eq!(second.task_id, "t2");
+        let first = task(&coord, &settings, &key, None, now).await.unwrap();
+        assert_eq!(first.task_id, "t1");
+        assert!(task(&coord, &settings, &format!("{key}/2"), None, now)
+            .await
+            .is_err());
+    }
+}
