@@ -87,15 +87,26 @@ pub enum PutMode {
 /// turned into what the caller keeps (`each`): the body of a large listing (tens of MB, its
 /// values in base64) is never held whole, nor beside the entries it decodes to.
 async fn decode_entries<T>(
-    mut response: reqwest::Response,
+    response: reqwest::Response,
     mut each: impl FnMut(KvPair) -> T,
 ) -> Result<Vec<T>, Error> {
+    decode_array(response, |element| {
+        let wire: WireEntry = parse(element)?;
+        Ok(each(KvPair::try_from(wire)?))
+    })
+    .await
+}
+
+/// Reads a JSON array as the body arrives, each element handed to `each` (which parses it
+/// and answers what the caller keeps) as soon as it is whole; the body is never held whole.
+async fn decode_array<T>(
+    mut response: reqwest::Response,
+    mut each: impl FnMut(&[u8]) -> Result<T, Error>,
+) -> Result<Vec<T>, Error> {
     let mut elements = Elements::default();
-    let mut entries = Vec::new();
+    let mut kept = Vec::new();
     let mut decode = |element: &[u8]| -> Result<(), Error> {
-        let wire: WireEntry =
-            serde_json::from_slice(element).map_err(|e| Error::Decode(e.to_string()))?;
-        entries.push(each(KvPair::try_from(wire)?));
+        kept.push(each(element)?);
         Ok(())
     };
     while let Some(chunk) = response
@@ -106,7 +117,12 @@ async fn decode_entries<T>(
         elements.feed(&chunk, &mut decode)?;
     }
     elements.finish()?;
-    Ok(entries)
+    Ok(kept)
+}
+
+/// One element of a JSON array, parsed.
+fn parse<'a, E: serde::Deserialize<'a>>(element: &'a [u8]) -> Result<E, Error> {
+    serde_json::from_slice(element).map_err(|e| Error::Decode(e.to_string()))
 }
 
 /// Splits a JSON array that arrives in pieces into its elements, each handed on whole as
@@ -120,6 +136,8 @@ struct Elements {
     depth: u32,
     in_string: bool,
     escaped: bool,
+    /// The element in progress is a string (an array of names, `?keys`).
+    text: bool,
     /// The array's closing bracket was read.
     closed: bool,
 }
@@ -131,13 +149,19 @@ impl Elements {
         chunk: &[u8],
         element: &mut impl FnMut(&[u8]) -> Result<(), Error>,
     ) -> Result<(), Error> {
-        let mut start = (self.depth > 1).then_some(0);
+        let mut start = (self.depth > 1 || self.text).then_some(0);
         for (n, &byte) in chunk.iter().enumerate() {
             if self.in_string {
                 match byte {
                     _ if self.escaped => self.escaped = false,
                     b'\\' => self.escaped = true,
-                    b'"' => self.in_string = false,
+                    b'"' => {
+                        self.in_string = false;
+                        if self.text {
+                            self.text = false;
+                            self.hand(&chunk[start.take().unwrap_or(0)..=n], element)?;
+                        }
+                    }
                     _ => {}
                 }
                 continue;
@@ -154,18 +178,16 @@ impl Elements {
                     self.depth = 2;
                     start = Some(n);
                 }
+                (1, b'"') => {
+                    self.in_string = true;
+                    self.text = true;
+                    start = Some(n);
+                }
                 (d, b'{' | b'[') if d > 1 => self.depth += 1,
                 (d, b'}' | b']') if d > 1 => {
                     self.depth -= 1;
                     if self.depth == 1 {
-                        let from = start.take().unwrap_or(0);
-                        if self.partial.is_empty() {
-                            element(&chunk[from..=n])?;
-                        } else {
-                            self.partial.extend_from_slice(&chunk[from..=n]);
-                            element(&self.partial)?;
-                            self.partial.clear();
-                        }
+                        self.hand(&chunk[start.take().unwrap_or(0)..=n], element)?;
                     }
                 }
                 (d, b'"') if d > 1 => self.in_string = true,
@@ -179,6 +201,22 @@ impl Elements {
         Ok(())
     }
 
+    /// Hands on the element whose last bytes are `tail` (its first ones, if it began in an
+    /// earlier chunk, are kept in `partial`).
+    fn hand(
+        &mut self,
+        tail: &[u8],
+        element: &mut impl FnMut(&[u8]) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        if self.partial.is_empty() {
+            return element(tail);
+        }
+        self.partial.extend_from_slice(tail);
+        let handed = element(&self.partial);
+        self.partial.clear();
+        handed
+    }
+
     /// Checks the array was closed.
     fn finish(&self) -> Result<(), Error> {
         if self.closed {
@@ -190,7 +228,7 @@ impl Elements {
 }
 
 fn not_entries() -> Error {
-    Error::Decode("the listing is not a JSON array of entries".into())
+    Error::Decode("the listing is not a JSON array of entries or of names".into())
 }
 
 impl Client {
@@ -268,13 +306,12 @@ impl Client {
         let index = index_header(&response);
         match response.status() {
             StatusCode::NOT_FOUND => Ok((Vec::new(), index)),
-            StatusCode::OK => {
-                let keys = response
-                    .json()
-                    .await
-                    .map_err(|e| Error::Decode(e.to_string()))?;
-                Ok((keys, index))
-            }
+            // The names of a large queue (100k of them) are decoded as they arrive, not
+            // after the whole body.
+            StatusCode::OK => Ok((
+                decode_array(response, |name| parse::<String>(name)).await?,
+                index,
+            )),
             _ => Err(status_error(response).await),
         }
     }
@@ -344,6 +381,24 @@ mod tests {
             );
         }
         assert_eq!(split("[]", 1).ok(), Some(Vec::new()));
+    }
+
+    /// The names `?keys` answers come out whole however the body is cut, escapes included.
+    #[test]
+    fn names_cut_anywhere_come_out_whole() {
+        let body = r#"["q/a", "q/\"]{,","x" ]"#;
+        let expected = vec![
+            r#""q/a""#.to_string(),
+            r#""q/\"]{,""#.to_string(),
+            r#""x""#.to_string(),
+        ];
+        for size in 1..=body.len() {
+            assert_eq!(
+                split(body, size).ok(),
+                Some(expected.clone()),
+                "cut every {size} bytes"
+            );
+        }
     }
 
     /// What is not an array of objects, or is cut short, is an error, not an empty listing.
