@@ -371,7 +371,7 @@ impl Queue {
         max_tasks: usize,
     ) -> Planned {
         let now = self.clock().now();
-        let (guard, completions) = riders(self.coord.guard_cost(), finished);
+        let (guard, shares) = riders(self.coord.guard_cost(), finished);
         let limits = self.coord.limits();
         // Claims are prepared one at a time and only while they fit: preparing one writes
         // the task's whole value, which is worth skipping for large values.
@@ -384,7 +384,7 @@ impl Queue {
         for task in backlog.pending().take(max_tasks) {
             let candidate = Candidate::new(&task, leadership, &self.node_id, now);
             claims.push(self.coord.cost(&candidate.op));
-            let next = plan_claim(guard, &completions, &claims, max_tasks, limits);
+            let next = plan_claim(guard, &shares, &claims, max_tasks, limits);
             match next {
                 ClaimPlan::Take { tasks, .. } if tasks == claims.len() => {
                     candidates.push(candidate);

@@ -318,14 +318,14 @@ impl Queue {
             .iter()
             .map(|task| Candidate::new(task, leadership, &self.node_id, now))
             .collect();
-        let (guard, completions) = riders(self.coord.guard_cost(), finished);
+        let (guard, shares) = riders(self.coord.guard_cost(), finished);
         let claims: Vec<WriteCost> = candidates
             .iter()
             .map(|candidate| self.coord.cost(candidate.op()))
             .collect();
         let limits = self.coord.limits();
-        let riders = if *single { &[][..] } else { &completions[..] };
-        let (deletions, fit) = match plan_claim(guard, riders, &claims, batch.len(), limits) {
+        let riding = if *single { &[][..] } else { &shares[..] };
+        let (deletions, fit) = match plan_claim(guard, riding, &claims, batch.len(), limits) {
             ClaimPlan::Take { finished, tasks } => (finished, tasks.max(1)),
             ClaimPlan::TooLarge { cost } => {
                 let task = batch.remove(0);
