@@ -23,8 +23,8 @@ use super::run::{Claimed, FAST_HANDLER};
 use super::sort::{Look, Memory, Reading};
 use super::{LeadEnd, Queue};
 use crate::coord::{
-    CoordError, Edit, Leadership, LeaseId, StoredTask, TaskOp, TaskVersion, Version, WriteCost,
-    Written,
+    CoordError, Edit, FencingToken, Leadership, LeaseId, StoredTask, TaskOp, TaskVersion, Version,
+    WriteCost, Written,
 };
 use crate::leader::Lease;
 use crate::task::Task;
@@ -67,12 +67,8 @@ pub(super) struct Batch {
 
 /// The next claim, planned.
 enum Planned {
-    /// Claim `tasks` with their `candidates`; the first `deletions` finished tasks ride along.
-    Batch {
-        tasks: Vec<Task>,
-        candidates: Vec<Candidate>,
-        deletions: usize,
-    },
+    /// Claim the batch's tasks; the first `deletions` finished tasks ride along.
+    Batch(Batch),
     /// The first pending task, taken out of the backlog, cannot be claimed even alone: its
     /// claim would cost `cost`.
     TooLarge { task: Box<Task>, cost: WriteCost },
@@ -80,8 +76,12 @@ enum Planned {
 
 /// What one claim write did.
 enum Claim {
-    /// Claimed, in order, each with its claim's version.
-    Claimed(Vec<(Claimed, TaskVersion)>),
+    /// Claimed, in order, each with its claim's version; the riders' completions were
+    /// written under `fencing_token`.
+    Claimed {
+        runs: Vec<(Claimed, TaskVersion)>,
+        fencing_token: FencingToken,
+    },
     /// The listing is stale (a claim conflict or an error): list again.
     Relist,
     /// Only the batch's own claims failed, on `keys`: moved (read again, they hold
@@ -95,6 +95,15 @@ enum Claim {
     },
     /// The coordinator refused the write as too large; nothing was applied.
     TooLarge(Vec<Task>, String),
+    End(LeadEnd),
+}
+
+/// How the runs of a claimed batch ended.
+enum Ran {
+    /// Every task ran, or a slow run sent the rest back and they were read again.
+    Done,
+    /// What a slow run sent back could not be read again: list again.
+    Relist,
     End(LeadEnd),
 }
 
@@ -158,15 +167,20 @@ impl Queue {
         let mut end = None;
         // A look whose names are being read.
         let mut reading: Option<Reading> = None;
-        'listing: loop {
+        // The batch claimed while the previous one ran, none of it started yet.
+        let mut ahead: Vec<(Claimed, TaskVersion)> = Vec::new();
+        loop {
             if let Some(stop) = self.must_stop(lease, shutdown) {
                 end = Some(stop);
                 break;
             }
             if !lease.outlasts(self.lease_rules.claim_headroom) {
-                // Renewals are late: a run claimed now could be cut by its supervisor's
-                // kill window. Claim nothing until a renewal comes or the lease runs out.
+                // Renewals are late: a run started now could be cut by its supervisor's
+                // kill window. Start and claim nothing until a renewal comes or the lease
+                // runs out.
                 tracing::warn!(headroom = %crate::util::duration::format(self.lease_rules.claim_headroom), "the lease may not outlast a run's kill sequence; claiming nothing until it is renewed");
+                self.release_unstarted(leadership, std::mem::take(&mut ahead))
+                    .await;
                 tokio::select! {
                     _ = shutdown.cancelled() => {}
                     _ = lease.until_it_outlasts(self.lease_rules.claim_headroom) => {}
@@ -187,7 +201,9 @@ impl Queue {
                     reading = Some(self.start_relist(&mut backlog));
                     None
                 }
-                Next::Done => break,
+                Next::Done if ahead.is_empty() => break,
+                // The backlog is empty, but the batch claimed ahead is still to run.
+                Next::Done => None,
             };
             if let Some(read) = in_line.or_else(|| reading.take_if(|reading| reading.is_ready())) {
                 match self
@@ -205,128 +221,275 @@ impl Queue {
                     }
                 }
             }
-            let max_tasks = if fast && !single {
-                self.settings.claim_batch
-            } else {
-                1
-            };
-            let riders = &finished[..if single { 0 } else { finished.len() }];
-            let (batch, candidates, deletions) =
-                match self.plan_batch(leadership, &mut backlog, riders, max_tasks) {
-                    Planned::Batch {
-                        tasks,
-                        candidates,
-                        deletions,
-                    } => (tasks, candidates, deletions),
-                    Planned::TooLarge { task, cost } => {
-                        match self.dead_letter_too_large(leadership, &task, cost).await {
-                            Ok(_) => backlog.forget(&task.key),
-                            Err(stop) => {
-                                end = Some(stop);
-                                break;
-                            }
-                        }
-                        continue;
-                    }
+            let claimed = if ahead.is_empty() {
+                let max_tasks = if fast && !single {
+                    self.settings.claim_batch
+                } else {
+                    1
                 };
-            let batch = Batch {
-                tasks: batch,
-                candidates,
-                deletions,
+                let riders = if single { 0 } else { finished.len() };
+                let batch =
+                    match self.plan_batch(leadership, &mut backlog, &finished[..riders], max_tasks)
+                    {
+                        Planned::Batch(batch) => batch,
+                        Planned::TooLarge { task, cost } => {
+                            match self.dead_letter_too_large(leadership, &task, cost).await {
+                                Ok(_) => backlog.forget(&task.key),
+                                Err(stop) => {
+                                    end = Some(stop);
+                                    break;
+                                }
+                            }
+                            continue;
+                        }
+                    };
+                let alone = single;
+                let started = self
+                    .claim_and_apply(
+                        leadership,
+                        &mut backlog,
+                        memory,
+                        batch,
+                        &mut finished,
+                        &mut single,
+                        alone,
+                    )
+                    .await;
+                match started {
+                    // Possibly none: the tasks were deferred, put back or read again.
+                    Started::Runs(claimed) => claimed,
+                    Started::Relist => break,
+                    Started::End(stop) => {
+                        end = Some(stop);
+                        break;
+                    }
+                }
+            } else {
+                std::mem::take(&mut ahead)
             };
-            let alone = single;
+            // While fast handlers run this batch, the next one is claimed: its write's
+            // round trip overlaps the runs instead of following them.
+            let wanted = fast && !single && !claimed.is_empty();
+            let next = match self
+                .plan_ahead(leadership, lease, shutdown, &mut backlog, &finished, wanted)
+                .await
+            {
+                Ok(next) => next,
+                Err(stop) => {
+                    self.release_unstarted(leadership, claimed).await;
+                    end = Some(stop);
+                    break;
+                }
+            };
+            let Some(next) = next else {
+                match self
+                    .run_batch(
+                        leadership,
+                        lease,
+                        shutdown,
+                        claimed,
+                        &mut backlog,
+                        memory,
+                        &mut finished,
+                        &mut fast,
+                    )
+                    .await
+                {
+                    Ran::Done => continue,
+                    Ran::Relist => break,
+                    Ran::End(stop) => {
+                        end = Some(stop);
+                        break;
+                    }
+                }
+            };
+            let deletions = next.deletions;
+            let riders: Vec<Finished> = finished.drain(..deletions).collect();
+            let (claim, ran) = tokio::join!(
+                self.claim_batch(leadership, next, &riders),
+                self.run_batch(
+                    leadership,
+                    lease,
+                    shutdown,
+                    claimed,
+                    &mut backlog,
+                    memory,
+                    &mut finished,
+                    &mut fast
+                ),
+            );
+            // The riders go back in front; they are taken out again if the claim held.
+            finished.splice(0..0, riders);
             let started = self
-                .claim_and_apply(
+                .apply_claim(
                     leadership,
                     &mut backlog,
                     memory,
-                    batch,
+                    claim,
+                    deletions,
                     &mut finished,
                     &mut single,
-                    alone,
+                    false,
                 )
                 .await;
-            let claimed = match started {
-                // Possibly none: the tasks were deferred, put back or read again.
-                Started::Runs(claimed) => claimed,
-                Started::Relist => break,
+            let next = match started {
+                Started::Runs(next) => next,
+                Started::Relist => {
+                    if let Ran::End(stop) = ran {
+                        end = Some(stop);
+                    }
+                    break;
+                }
                 Started::End(stop) => {
                     end = Some(stop);
                     break;
                 }
             };
-            let mut claimed = claimed.into_iter();
-            while let Some((task, claimed_version)) = claimed.next() {
-                // "Renew between tasks": a batch claimed ahead still runs only while the lease
-                // is fresh; what did not start (this task included) goes back untouched.
-                if let Some(stop) = self.must_stop(lease, shutdown) {
-                    let unstarted = std::iter::once((task, claimed_version))
-                        .chain(claimed.by_ref())
-                        .collect();
-                    self.release_unstarted(leadership, unstarted).await;
-                    end = Some(stop);
-                    break 'listing;
-                }
-                let key = task.task.key.clone();
-                let finished_before = finished.len();
-                let run = self
-                    .run_claimed(
-                        leadership,
-                        lease,
-                        shutdown,
-                        task,
-                        claimed_version,
-                        &mut finished,
-                    )
-                    .await;
-                if finished.len() == finished_before {
-                    // Not a success: a retry was written back or the task moved. The next
-                    // look reads the key again, so the retry is known when due.
-                    backlog.forget(&key);
-                }
-                fast = run.elapsed < FAST_HANDLER;
-                // Past a slow run, finished tasks are recorded at once rather than at the
-                // next claim, which keeps the window in which a crash makes them run again
-                // short.
-                if !fast && !finished.is_empty() {
-                    finished = self
-                        .complete_known(leadership, &mut backlog, std::mem::take(&mut finished))
-                        .await;
-                }
-                let stop = run.end;
-                if let Some(stop) = stop {
-                    self.release_unstarted(leadership, claimed.collect()).await;
-                    end = Some(stop);
-                    break 'listing;
-                }
-                if !fast && claimed.len() > 0 {
-                    // The batch was claimed on the promise of fast runs. A slow one sends the
-                    // rest back unchanged, so that a batch of slow tasks never holds up an
-                    // earlier task that arrives or falls due. Sent back, they have new
-                    // versions the backlog does not know, and they come before every task
-                    // still in it: just they are read again and take their places, so they
-                    // are claimed next, in order. Not a listing: a run that straddles the
-                    // threshold costs a read of at most a batch, whatever the backlog.
-                    let rest: Vec<(Claimed, TaskVersion)> = claimed.by_ref().collect();
-                    let keys: Vec<String> =
-                        rest.iter().map(|(task, _)| task.task.key.clone()).collect();
-                    self.release_unstarted(leadership, rest).await;
-                    match self
-                        .read_again(leadership, &mut backlog, memory, &keys)
-                        .await
-                    {
+            match ran {
+                // A slow run sent the rest of its batch back; the batch claimed ahead,
+                // later in claim order, goes back too and is read again.
+                Ran::Done if !fast => {
+                    match self.send_back(leadership, &mut backlog, memory, next).await {
                         Ok(true) => {}
-                        Ok(false) => break 'listing,
+                        Ok(false) => break,
                         Err(stop) => {
                             end = Some(stop);
-                            break 'listing;
+                            break;
                         }
                     }
                 }
+                Ran::Done => ahead = next,
+                Ran::Relist => {
+                    self.release_unstarted(leadership, next).await;
+                    break;
+                }
+                Ran::End(stop) => {
+                    self.release_unstarted(leadership, next).await;
+                    end = Some(stop);
+                    break;
+                }
             }
         }
+        self.release_unstarted(leadership, ahead).await;
         let unrecorded = self.complete_all(leadership, finished).await;
         (end, unrecorded)
+    }
+
+    /// Plans the batch claimed while this one runs, when `wanted` (handlers are fast and
+    /// batches allowed) and the leading may go on; `None`: the next claim follows the runs.
+    /// A first pending task too large to claim even alone is dead-lettered here, and the
+    /// next claim follows the runs.
+    #[allow(clippy::too_many_arguments)]
+    async fn plan_ahead(
+        &self,
+        leadership: &Leadership,
+        lease: &Lease,
+        shutdown: &CancellationToken,
+        backlog: &mut Backlog,
+        finished: &[Finished],
+        wanted: bool,
+    ) -> Result<Option<Batch>, LeadEnd> {
+        if !wanted
+            || self.must_stop(lease, shutdown).is_some()
+            || !lease.outlasts(self.lease_rules.claim_headroom)
+        {
+            return Ok(None);
+        }
+        match self.plan_batch(leadership, backlog, finished, self.settings.claim_batch) {
+            Planned::Batch(batch) if batch.tasks.is_empty() => Ok(None),
+            Planned::Batch(batch) => Ok(Some(batch)),
+            Planned::TooLarge { task, cost } => {
+                self.dead_letter_too_large(leadership, &task, cost).await?;
+                backlog.forget(&task.key);
+                Ok(None)
+            }
+        }
+    }
+
+    /// Runs a claimed batch one task at a time. A run that ends the leading, or a stop
+    /// between runs, puts back what did not start; a slow run sends the rest of the batch
+    /// back and reads it again (`fast` says whether the last run was fast).
+    #[allow(clippy::too_many_arguments)]
+    async fn run_batch(
+        &self,
+        leadership: &Leadership,
+        lease: &Lease,
+        shutdown: &CancellationToken,
+        claimed: Vec<(Claimed, TaskVersion)>,
+        backlog: &mut Backlog,
+        memory: &mut Memory,
+        finished: &mut Vec<Finished>,
+        fast: &mut bool,
+    ) -> Ran {
+        let mut claimed = claimed.into_iter();
+        while let Some((task, claimed_version)) = claimed.next() {
+            // "Renew between tasks": a batch claimed ahead still runs only while the lease
+            // is fresh; what did not start (this task included) goes back untouched.
+            if let Some(stop) = self.must_stop(lease, shutdown) {
+                let unstarted = std::iter::once((task, claimed_version))
+                    .chain(claimed.by_ref())
+                    .collect();
+                self.release_unstarted(leadership, unstarted).await;
+                return Ran::End(stop);
+            }
+            let key = task.task.key.clone();
+            let finished_before = finished.len();
+            let run = self
+                .run_claimed(leadership, lease, shutdown, task, claimed_version, finished)
+                .await;
+            if finished.len() == finished_before {
+                // Not a success: a retry was written back or the task moved. The next
+                // look reads the key again, so the retry is known when due.
+                backlog.forget(&key);
+            }
+            *fast = run.elapsed < FAST_HANDLER;
+            // Past a slow run, finished tasks are recorded at once rather than at the
+            // next claim, which keeps the window in which a crash makes them run again
+            // short.
+            if !*fast && !finished.is_empty() {
+                *finished = self
+                    .complete_known(leadership, backlog, std::mem::take(finished))
+                    .await;
+            }
+            if let Some(stop) = run.end {
+                self.release_unstarted(leadership, claimed.collect()).await;
+                return Ran::End(stop);
+            }
+            if !*fast && claimed.len() > 0 {
+                // The batch was claimed on the promise of fast runs. A slow one sends the
+                // rest back unchanged, so that a batch of slow tasks never holds up an
+                // earlier task that arrives or falls due.
+                match self
+                    .send_back(leadership, backlog, memory, claimed.by_ref().collect())
+                    .await
+                {
+                    Ok(true) => {}
+                    Ok(false) => return Ran::Relist,
+                    Err(stop) => return Ran::End(stop),
+                }
+            }
+        }
+        Ran::Done
+    }
+
+    /// Puts claimed tasks back unchanged and reads them again. Sent back, they have new
+    /// versions the backlog does not know, and they come before every task still in it:
+    /// just they are read again and take their places, so they are claimed next, in order.
+    /// Not a listing: a run that straddles the fast-handler threshold costs a read of at
+    /// most a batch, whatever the backlog. `Ok(false)`: they could not be read; list again.
+    async fn send_back(
+        &self,
+        leadership: &Leadership,
+        backlog: &mut Backlog,
+        memory: &mut Memory,
+        rest: Vec<(Claimed, TaskVersion)>,
+    ) -> Result<bool, LeadEnd> {
+        if rest.is_empty() {
+            return Ok(true);
+        }
+        let keys: Vec<String> = rest.iter().map(|(task, _)| task.task.key.clone()).collect();
+        self.release_unstarted(leadership, rest).await;
+        self.read_again(leadership, backlog, memory, &keys).await
     }
 
     /// Reads `keys` again and puts what they hold in its place in the backlog (or forgets
@@ -398,21 +561,21 @@ impl Queue {
             }
         }
         match plan {
-            ClaimPlan::Take { finished, tasks } => Planned::Batch {
+            ClaimPlan::Take { finished, tasks } => Planned::Batch(Batch {
                 tasks: backlog.take(tasks),
                 candidates,
                 deletions: finished,
-            },
+            }),
             ClaimPlan::TooLarge { cost } => match backlog.take_first() {
                 Some(task) => Planned::TooLarge {
                     task: Box::new(task),
                     cost,
                 },
-                None => Planned::Batch {
+                None => Planned::Batch(Batch {
                     tasks: Vec::new(),
                     candidates: Vec::new(),
                     deletions: 0,
-                },
+                }),
             },
         }
     }
@@ -434,16 +597,40 @@ impl Queue {
         alone: bool,
     ) -> Started {
         let deletions = batch.deletions;
-        let deleted: Vec<String> = finished[..deletions]
-            .iter()
-            .map(|done| done.task.key.clone())
-            .collect();
-        match self.claim_batch(leadership, batch, finished).await {
-            Claim::Claimed(claimed) => {
-                for key in &deleted {
-                    backlog.forget(key);
+        let claim = self
+            .claim_batch(leadership, batch, &finished[..deletions])
+            .await;
+        self.apply_claim(
+            leadership, backlog, memory, claim, deletions, finished, single, alone,
+        )
+        .await
+    }
+
+    /// Applies a claim write's answer to the backlog: on success the first `deletions`
+    /// finished tasks, its riders, are completed and forgotten; then as
+    /// [`Queue::claim_and_apply`] says.
+    #[allow(clippy::too_many_arguments)]
+    async fn apply_claim(
+        &self,
+        leadership: &Leadership,
+        backlog: &mut Backlog,
+        memory: &mut Memory,
+        claim: Claim,
+        deletions: usize,
+        finished: &mut Vec<Finished>,
+        single: &mut bool,
+        alone: bool,
+    ) -> Started {
+        match claim {
+            Claim::Claimed {
+                runs,
+                fencing_token,
+            } => {
+                for done in finished.drain(..deletions) {
+                    self.log_completed(leadership, &done, fencing_token);
+                    backlog.forget(&done.task.key);
                 }
-                Started::Runs(claimed)
+                Started::Runs(runs)
             }
             Claim::Relist => Started::Relist,
             Claim::End(stop) => Started::End(stop),
@@ -518,13 +705,13 @@ impl Queue {
         }
     }
 
-    /// Claims `batch` in one write that also completes the first `deletions` finished
-    /// tasks, and reads the answer (`answer.rs`).
+    /// Claims `batch` in one write that also completes `riders` (its first `deletions`
+    /// finished tasks), and reads the answer (`answer.rs`).
     async fn claim_batch(
         &self,
         leadership: &Leadership,
         batch: Batch,
-        finished: &mut Vec<Finished>,
+        riders: &[Finished],
     ) -> Claim {
         let Batch {
             tasks: batch,
@@ -534,10 +721,7 @@ impl Queue {
         let mut ops = Vec::with_capacity(deletions + batch.len());
         // Finished tasks are completed in this claim's write: one commit, not two. It is
         // applied only if the whole claim is.
-        ops.extend(completions(
-            &self.settings.done_prefix,
-            &finished[..deletions],
-        ));
+        ops.extend(completions(&self.settings.done_prefix, riders));
         let mut values = Vec::with_capacity(candidates.len());
         for candidate in candidates {
             ops.push(candidate.op);
@@ -593,9 +777,6 @@ impl Queue {
                 };
             }
         };
-        for done in finished.drain(..deletions) {
-            self.log_completed(leadership, &done, fencing_token);
-        }
         let mut claimed = Vec::with_capacity(batch.len());
         for ((task, value), claimed_version) in batch.into_iter().zip(values).zip(versions) {
             let attempt = task.run_number();
@@ -616,7 +797,10 @@ impl Queue {
                 claimed_version,
             ));
         }
-        Claim::Claimed(claimed)
+        Claim::Claimed {
+            runs: claimed,
+            fencing_token,
+        }
     }
 
     /// After a restart that took this replica's lease up again (before it leads, if it

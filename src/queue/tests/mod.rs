@@ -16,6 +16,7 @@ use crate::leader::{Election, Lease};
 use crate::observe::Metrics;
 use crate::task::history::HistoryRecord;
 
+mod ahead;
 mod counting;
 mod groups;
 mod scheduled;

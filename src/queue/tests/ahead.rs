@@ -1,0 +1,79 @@
+//! The one-at-a-time driver claims the next batch while fast handlers run this one.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{default_settings, lead_in_background, lone_leader, queue_on, task, until, LeadEnd};
+use crate::coord::memory::MemoryCoordinator;
+use crate::coord::Coordinator;
+use crate::handler::{Handler, HandlerFuture, Registry, TaskContext};
+use crate::observe::Metrics;
+
+/// Records, at each run, how many of the queue's tasks are held by a lease once the run
+/// has let the leader's other work go on (a few yields, no time passing).
+struct HeldSeen {
+    memory: Arc<MemoryCoordinator>,
+    prefix: String,
+    held: Arc<Mutex<Vec<usize>>>,
+}
+
+impl Handler for HeldSeen {
+    fn handle<'a>(&'a self, _ctx: &'a TaskContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            for _ in 0..20 {
+                tokio::task::yield_now().await;
+            }
+            let (tasks, _) = self
+                .memory
+                .list(&self.prefix, crate::coord::Version(0), Duration::ZERO)
+                .await
+                .unwrap();
+            let held = tasks.iter().filter(|t| t.holder.is_some()).count();
+            self.held.lock().unwrap().push(held);
+            Ok(())
+        })
+    }
+}
+
+/// While a batch of fast runs goes on, the next batch is already being claimed, so the
+/// claim's round trip is not added to every batch; every task still runs once, in order.
+#[tokio::test(start_paused = true)]
+async fn the_next_batch_is_claimed_while_a_batch_runs() {
+    let memory = Arc::new(MemoryCoordinator::default());
+    let coord: Arc<dyn Coordinator> = memory.clone();
+    let mut settings = default_settings();
+    settings.queue.claim_batch = 2;
+    let prefix = settings.queue.prefix.clone();
+    for n in 0..9u64 {
+        memory
+            .put(&format!("{prefix}k{n}"), &task(&format!("t{n}"), 10 + n))
+            .unwrap();
+    }
+    let held = Arc::new(Mutex::new(Vec::new()));
+    let mut registry = Registry::default();
+    registry.register(
+        "Work",
+        HeldSeen {
+            memory: memory.clone(),
+            prefix: prefix.clone(),
+            held: held.clone(),
+        },
+    );
+    let metrics = Arc::new(Metrics::new(["Work"]));
+    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
+    let queue = queue_on(&coord, &settings, registry, metrics);
+    let shutdown = CancellationToken::new();
+    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
+    until("every task ran", || held.lock().unwrap().len() == 9).await;
+    shutdown.cancel();
+    assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
+    stop.cancel();
+    assert_eq!(coord.keys(&prefix).await.unwrap().0, Vec::<String>::new());
+    let held = held.lock().unwrap().clone();
+    assert!(
+        held.iter().any(|&n| n > 2),
+        "no run saw more than one batch of 2 held: {held:?}"
+    );
+}
