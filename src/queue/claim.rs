@@ -19,7 +19,7 @@ use super::dead::DEFERRED_RETRY;
 use super::entry::pair_of;
 use super::finished::{completions, riders, Finished};
 use super::plan::{chunks, plan_claim, ClaimPlan};
-use super::run::{Claimed, FAST_HANDLER};
+use super::run::{Claimed, Pace};
 use super::sort::{Look, Memory, Reading};
 use super::{LeadEnd, Queue};
 use crate::coord::{
@@ -159,7 +159,7 @@ impl Queue {
         memory: &mut Memory,
     ) -> (Option<LeadEnd>, Vec<Finished>) {
         let mut finished: Vec<Finished> = Vec::new();
-        let mut fast = false;
+        let mut pace = Pace::default();
         // After the coordinator refused a batch as too large (a Consul whose limits are
         // below leaderq's), claim one task at a time, alone in its write, until the next
         // listing.
@@ -222,7 +222,7 @@ impl Queue {
                 }
             }
             let claimed = if ahead.is_empty() {
-                let max_tasks = if fast && !single {
+                let max_tasks = if pace.fast() && !single {
                     self.settings.claim_batch
                 } else {
                     1
@@ -269,7 +269,7 @@ impl Queue {
             };
             // While fast handlers run this batch, the next one is claimed: its write's
             // round trip overlaps the runs instead of following them.
-            let wanted = fast && !single && !claimed.is_empty();
+            let wanted = pace.fast() && !single && !claimed.is_empty();
             let next = match self
                 .plan_ahead(leadership, lease, shutdown, &mut backlog, &finished, wanted)
                 .await
@@ -291,7 +291,7 @@ impl Queue {
                         &mut backlog,
                         memory,
                         &mut finished,
-                        &mut fast,
+                        &mut pace,
                     )
                     .await
                 {
@@ -315,7 +315,7 @@ impl Queue {
                     &mut backlog,
                     memory,
                     &mut finished,
-                    &mut fast
+                    &mut pace
                 ),
             );
             // The riders go back in front; they are taken out again if the claim held.
@@ -348,7 +348,7 @@ impl Queue {
             match ran {
                 // A slow run sent the rest of its batch back; the batch claimed ahead,
                 // later in claim order, goes back too and is read again.
-                Ran::Done if !fast => {
+                Ran::Done if !pace.fast() => {
                     match self.send_back(leadership, &mut backlog, memory, next).await {
                         Ok(true) => {}
                         Ok(false) => break,
@@ -408,7 +408,7 @@ impl Queue {
 
     /// Runs a claimed batch one task at a time. A run that ends the leading, or a stop
     /// between runs, puts back what did not start; a slow run sends the rest of the batch
-    /// back and reads it again (`fast` says whether the last run was fast).
+    /// back and reads it again (`pace` counts each run).
     #[allow(clippy::too_many_arguments)]
     async fn run_batch(
         &self,
@@ -419,7 +419,7 @@ impl Queue {
         backlog: &mut Backlog,
         memory: &mut Memory,
         finished: &mut Vec<Finished>,
-        fast: &mut bool,
+        pace: &mut Pace,
     ) -> Ran {
         let mut claimed = claimed.into_iter();
         while let Some((task, claimed_version)) = claimed.next() {
@@ -442,11 +442,11 @@ impl Queue {
                 // look reads the key again, so the retry is known when due.
                 backlog.forget(&key);
             }
-            *fast = run.elapsed < FAST_HANDLER;
+            pace.record(run.elapsed);
             // Past a slow run, finished tasks are recorded at once rather than at the
             // next claim, which keeps the window in which a crash makes them run again
             // short.
-            if !*fast && !finished.is_empty() {
+            if !pace.fast() && !finished.is_empty() {
                 *finished = self
                     .complete_known(leadership, backlog, std::mem::take(finished))
                     .await;
@@ -455,7 +455,7 @@ impl Queue {
                 self.release_unstarted(leadership, claimed.collect()).await;
                 return Ran::End(stop);
             }
-            if !*fast && claimed.len() > 0 {
+            if !pace.fast() && claimed.len() > 0 {
                 // The batch was claimed on the promise of fast runs. A slow one sends the
                 // rest back unchanged, so that a batch of slow tasks never holds up an
                 // earlier task that arrives or falls due.

@@ -363,15 +363,15 @@ async fn a_permanent_failure_is_dead_lettered_at_once_and_a_retryable_one_retrie
     stop.cancel();
 }
 
-/// Records its runs; the task `slow` takes 10 ms on the queue's clock, tokio's (over
-/// `FAST_HANDLER`).
+/// Records its runs; the task `slow` takes 25 ms on the queue's clock, tokio's (over
+/// four times `FAST_HANDLER`: slow at once).
 struct SlowOne(Arc<Mutex<Vec<String>>>);
 
 impl Handler for SlowOne {
     fn handle<'a>(&'a self, ctx: &'a TaskContext) -> HandlerFuture<'a> {
         Box::pin(async move {
             if ctx.task_id == "slow" {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                tokio::time::sleep(Duration::from_millis(25)).await;
             }
             self.0.lock().unwrap().push(ctx.task_id.clone());
             Ok(())
@@ -419,8 +419,8 @@ async fn tasks_sent_back_after_a_slow_run_still_go_before_later_ones() {
     stop.cancel();
 }
 
-/// Records each run with the listings made so far; the task `slow` takes 10 ms on the
-/// queue's clock, tokio's (over `FAST_HANDLER`).
+/// Records each run with the listings made so far; the task `slow` takes 25 ms on the
+/// queue's clock, tokio's (over four times `FAST_HANDLER`: slow at once).
 struct ListingsSeen {
     runs: Arc<Mutex<Vec<(String, usize)>>>,
     lists: Arc<std::sync::atomic::AtomicUsize>,
@@ -430,7 +430,7 @@ impl Handler for ListingsSeen {
     fn handle<'a>(&'a self, ctx: &'a TaskContext) -> HandlerFuture<'a> {
         Box::pin(async move {
             if ctx.task_id == "slow" {
-                tokio::time::sleep(Duration::from_millis(10)).await;
+                tokio::time::sleep(Duration::from_millis(25)).await;
             }
             let lists = self.lists.load(std::sync::atomic::Ordering::SeqCst);
             self.runs.lock().unwrap().push((ctx.task_id.clone(), lists));
