@@ -19,9 +19,6 @@ pub const MAX_TXN_OPS: usize = 128;
 pub const MAX_TXN_BYTES: usize = 1024 * 1024;
 /// What one compare or operation costs beyond its key and value (field tags, numbers).
 const ENTRY_OVERHEAD: usize = 24;
-/// Entries a task op adds to the largest of compare, success and failure (a move: delete
-/// the task and its claim, write the dead letter).
-const OP_ENTRIES: usize = 3;
 
 pub const LIMITS: WriteLimits = WriteLimits {
     max_ops: MAX_TXN_OPS,
@@ -283,7 +280,11 @@ pub fn txn_bytes(txn: &Txn) -> usize {
     compares + ops
 }
 
-/// What `op` costs: `OP_ENTRIES` entries, and its bytes. Measured on the op without its
+/// What `op` costs: the entries it adds to the largest of its transaction's branches, and
+/// its bytes. etcd bounds each branch (compare, success, failure) by `MAX_TXN_OPS` on its
+/// own, so a write whose ops' costs sum within it has no branch over it: two compares and
+/// two failure reads per op, and one to three success entries (a claim: the task and its
+/// claim key; a move or finish also writes its record). Measured on the op without its
 /// value, plus the value's length, so that costing a large task copies nothing big.
 pub fn cost(layout: &Layout, op: &TaskOp) -> WriteCost {
     let (bare, value_len) = (op.bare(), op.value_len());
@@ -293,8 +294,9 @@ pub fn cost(layout: &Layout, op: &TaskOp) -> WriteCost {
         own: false,
     };
     let txn = write_txn(layout, None, writer, std::slice::from_ref(&bare));
+    let branches = [txn.compare.len(), txn.success.len(), txn.failure.len()];
     WriteCost {
-        ops: OP_ENTRIES,
+        ops: branches.into_iter().max().unwrap_or_default(),
         bytes: txn_bytes(&txn) + value_len,
     }
 }
@@ -538,5 +540,22 @@ mod tests {
             assert!(branch <= cost.ops);
         }
         assert_eq!(cost.bytes, txn_bytes(&txn));
+    }
+
+    /// A branch holds at most `MAX_TXN_OPS` entries, each on its own: a write of a full
+    /// batch of claims with a batch of completions riding along fits one transaction.
+    #[test]
+    fn a_full_batch_of_claims_with_its_completions_fits_one_transaction() {
+        let layout = layout();
+        let mut ops: Vec<TaskOp> = (0..32)
+            .map(|n| claim(&format!("q/c{n:02}"), TaskVersion(14)))
+            .collect();
+        ops.extend((0..31).map(|n| TaskOp::Complete {
+            key: format!("q/d{n:02}"),
+            version: TaskVersion(8),
+        }));
+        let cost: WriteCost =
+            guard_cost(&layout) + ops.iter().map(|op| cost(&layout, op)).sum::<WriteCost>();
+        assert!(cost.ops <= MAX_TXN_OPS, "{} entries", cost.ops);
     }
 }
