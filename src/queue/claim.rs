@@ -9,6 +9,8 @@
 //! Size: the one-at-a-time driver, the claim write and the application of its answer are
 //! one path, read top to bottom; the releases of unstarted claims close it.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -107,6 +109,9 @@ enum Ran {
     End(LeadEnd),
 }
 
+/// A claim write on its way: awaited, its answer and the completions that rode in it.
+type Flight<'a> = Pin<Box<dyn Future<Output = (Claim, Vec<Finished>)> + Send + 'a>>;
+
 /// What one claim write started, once its answer is applied to the backlog.
 pub(super) enum Started {
     /// These runs start (possibly none: the tasks were deferred, put back or moved).
@@ -169,6 +174,8 @@ impl Queue {
         let mut reading: Option<Reading> = None;
         // The batch claimed while the previous one ran, none of it started yet.
         let mut ahead: Vec<(Claimed, TaskVersion)> = Vec::new();
+        // The claim after it, sent before the answer that claimed `ahead` was applied.
+        let mut flight: Option<Flight<'_>> = None;
         loop {
             if let Some(stop) = self.must_stop(lease, shutdown) {
                 end = Some(stop);
@@ -179,8 +186,22 @@ impl Queue {
                 // kill window. Start and claim nothing until a renewal comes or the lease
                 // runs out.
                 tracing::warn!(headroom = %crate::util::duration::format(self.lease_rules.claim_headroom), "the lease may not outlast a run's kill sequence; claiming nothing until it is renewed");
+                let landed = self
+                    .land(
+                        leadership,
+                        &mut backlog,
+                        memory,
+                        flight.take(),
+                        &mut finished,
+                        &mut single,
+                    )
+                    .await;
                 self.release_unstarted(leadership, std::mem::take(&mut ahead))
                     .await;
+                if let Some(stop) = landed {
+                    end = Some(stop);
+                    break;
+                }
                 tokio::select! {
                     _ = shutdown.cancelled() => {}
                     _ = lease.until_it_outlasts(self.lease_rules.claim_headroom) => {}
@@ -201,7 +222,7 @@ impl Queue {
                     reading = Some(self.start_relist(&mut backlog));
                     None
                 }
-                Next::Done if ahead.is_empty() => break,
+                Next::Done if ahead.is_empty() && flight.is_none() => break,
                 // The backlog is empty, but the batch claimed ahead is still to run.
                 Next::Done => None,
             };
@@ -221,67 +242,81 @@ impl Queue {
                     }
                 }
             }
-            let claimed = if ahead.is_empty() {
-                let max_tasks = if pace.fast() && !single {
-                    self.settings.claim_batch
-                } else {
-                    1
-                };
-                let riders = if single { 0 } else { finished.len() };
-                let batch =
-                    match self.plan_batch(leadership, &mut backlog, &finished[..riders], max_tasks)
-                    {
-                        Planned::Batch(batch) => batch,
-                        Planned::TooLarge { task, cost } => {
-                            match self.dead_letter_too_large(leadership, &task, cost).await {
-                                Ok(_) => backlog.forget(&task.key),
-                                Err(stop) => {
-                                    end = Some(stop);
-                                    break;
+            let (claimed, sent) = match flight.take() {
+                Some(sent) => (std::mem::take(&mut ahead), Some(sent)),
+                None => {
+                    let claimed = if ahead.is_empty() {
+                        let max_tasks = if pace.fast() && !single {
+                            self.settings.claim_batch
+                        } else {
+                            1
+                        };
+                        let riders = if single { 0 } else { finished.len() };
+                        let planned = self.plan_batch(
+                            leadership,
+                            &mut backlog,
+                            &finished[..riders],
+                            max_tasks,
+                        );
+                        let batch = match planned {
+                            Planned::Batch(batch) => batch,
+                            Planned::TooLarge { task, cost } => {
+                                match self.dead_letter_too_large(leadership, &task, cost).await {
+                                    Ok(_) => backlog.forget(&task.key),
+                                    Err(stop) => {
+                                        end = Some(stop);
+                                        break;
+                                    }
                                 }
+                                continue;
                             }
-                            continue;
+                        };
+                        let alone = single;
+                        let started = self
+                            .claim_and_apply(
+                                leadership,
+                                &mut backlog,
+                                memory,
+                                batch,
+                                &mut finished,
+                                &mut single,
+                                alone,
+                            )
+                            .await;
+                        match started {
+                            // Possibly none: the tasks were deferred, put back or read again.
+                            Started::Runs(claimed) => claimed,
+                            Started::Relist => break,
+                            Started::End(stop) => {
+                                end = Some(stop);
+                                break;
+                            }
+                        }
+                    } else {
+                        std::mem::take(&mut ahead)
+                    };
+                    // While fast handlers run this batch, the next one is claimed: its
+                    // write's round trip overlaps the runs instead of following them.
+                    let wanted = pace.fast() && !single && !claimed.is_empty();
+                    let next = match self
+                        .plan_ahead(leadership, lease, shutdown, &mut backlog, &finished, wanted)
+                        .await
+                    {
+                        Ok(next) => next,
+                        Err(stop) => {
+                            self.release_unstarted(leadership, claimed).await;
+                            end = Some(stop);
+                            break;
                         }
                     };
-                let alone = single;
-                let started = self
-                    .claim_and_apply(
-                        leadership,
-                        &mut backlog,
-                        memory,
-                        batch,
-                        &mut finished,
-                        &mut single,
-                        alone,
-                    )
-                    .await;
-                match started {
-                    // Possibly none: the tasks were deferred, put back or read again.
-                    Started::Runs(claimed) => claimed,
-                    Started::Relist => break,
-                    Started::End(stop) => {
-                        end = Some(stop);
-                        break;
-                    }
-                }
-            } else {
-                std::mem::take(&mut ahead)
-            };
-            // While fast handlers run this batch, the next one is claimed: its write's
-            // round trip overlaps the runs instead of following them.
-            let wanted = pace.fast() && !single && !claimed.is_empty();
-            let next = match self
-                .plan_ahead(leadership, lease, shutdown, &mut backlog, &finished, wanted)
-                .await
-            {
-                Ok(next) => next,
-                Err(stop) => {
-                    self.release_unstarted(leadership, claimed).await;
-                    end = Some(stop);
-                    break;
+                    let sent = next.map(|batch| {
+                        let riders = finished.drain(..batch.deletions).collect();
+                        self.send_claim(leadership, batch, riders)
+                    });
+                    (claimed, sent)
                 }
             };
-            let Some(next) = next else {
+            let Some(sent) = sent else {
                 match self
                     .run_batch(
                         leadership,
@@ -303,10 +338,8 @@ impl Queue {
                     }
                 }
             };
-            let deletions = next.deletions;
-            let riders: Vec<Finished> = finished.drain(..deletions).collect();
-            let (claim, ran) = tokio::join!(
-                self.claim_batch(leadership, next, &riders),
+            let ((claim, riders), ran) = tokio::join!(
+                sent,
                 self.run_batch(
                     leadership,
                     lease,
@@ -319,7 +352,29 @@ impl Queue {
                 ),
             );
             // The riders go back in front; they are taken out again if the claim held.
+            let deletions = riders.len();
             finished.splice(0..0, riders);
+            // The claim after this one is sent before this answer is applied, so that the
+            // coordinator works on it while the leader applies the answer and runs the
+            // batch: the two overlap instead of taking turns.
+            let mut stopping = None;
+            if matches!(claim, Claim::Claimed { .. }) && matches!(ran, Ran::Done) {
+                let wanted = pace.fast() && !single;
+                let later = &finished[deletions..];
+                match self
+                    .plan_ahead(leadership, lease, shutdown, &mut backlog, later, wanted)
+                    .await
+                {
+                    Ok(Some(batch)) => {
+                        let riders = finished
+                            .drain(deletions..deletions + batch.deletions)
+                            .collect();
+                        flight = Some(self.send_claim(leadership, batch, riders));
+                    }
+                    Ok(None) => {}
+                    Err(stop) => stopping = Some(stop),
+                }
+            }
             let started = self
                 .apply_claim(
                     leadership,
@@ -345,6 +400,11 @@ impl Queue {
                     break;
                 }
             };
+            if let Some(stop) = stopping {
+                self.release_unstarted(leadership, next).await;
+                end = Some(stop);
+                break;
+            }
             match ran {
                 // A slow run sent the rest of its batch back; the batch claimed ahead,
                 // later in claim order, goes back too and is read again.
@@ -370,9 +430,79 @@ impl Queue {
                 }
             }
         }
+        let landed = self
+            .land(
+                leadership,
+                &mut backlog,
+                memory,
+                flight,
+                &mut finished,
+                &mut single,
+            )
+            .await;
+        end = end.or(landed);
         self.release_unstarted(leadership, ahead).await;
         let unrecorded = self.complete_all(leadership, finished).await;
         (end, unrecorded)
+    }
+
+    /// Sends a claim write that also completes `riders`: the write goes out now, on a
+    /// task of its own, whatever the leader does meanwhile; its answer, read, and the
+    /// riders come when the returned future is awaited. A write whose answer is never read
+    /// is a lost answer: what it claimed is held by this lease, and the next listing finds
+    /// it (`sort.rs`).
+    fn send_claim<'a>(
+        &'a self,
+        leadership: &'a Leadership,
+        batch: Batch,
+        riders: Vec<Finished>,
+    ) -> Flight<'a> {
+        let (tasks, values, ops) = self.claim_ops(batch, &riders);
+        let coord = self.coord.clone();
+        let guard = leadership.clone();
+        let write = tokio::spawn(async move { coord.write(&guard, &ops).await });
+        Box::pin(async move {
+            let written = write.await.unwrap_or_else(|err| {
+                Err(CoordError::Unavailable(format!(
+                    "the claim write's task ended: {err}"
+                )))
+            });
+            if let Err(err) = &written {
+                self.metrics.coordinator_error(err);
+            }
+            let claim = self.read_claim(leadership, tasks, values, written).await;
+            (claim, riders)
+        })
+    }
+
+    /// Waits for a claim sent ahead, if any, when the leading stops or waits before its
+    /// runs start: its answer is applied (riders recorded if it held, kept if not) and what
+    /// it claimed is put back untouched. Answers why the leading ends, if the answer says.
+    async fn land(
+        &self,
+        leadership: &Leadership,
+        backlog: &mut Backlog,
+        memory: &mut Memory,
+        flight: Option<Flight<'_>>,
+        finished: &mut Vec<Finished>,
+        single: &mut bool,
+    ) -> Option<LeadEnd> {
+        let (claim, riders) = flight?.await;
+        let deletions = riders.len();
+        finished.splice(0..0, riders);
+        let started = self
+            .apply_claim(
+                leadership, backlog, memory, claim, deletions, finished, single, false,
+            )
+            .await;
+        match started {
+            Started::Runs(runs) => {
+                self.release_unstarted(leadership, runs).await;
+                None
+            }
+            Started::Relist => None,
+            Started::End(stop) => Some(stop),
+        }
     }
 
     /// Plans the batch claimed while this one runs, when `wanted` (handlers are fast and
@@ -713,12 +843,24 @@ impl Queue {
         batch: Batch,
         riders: &[Finished],
     ) -> Claim {
+        let (tasks, values, ops) = self.claim_ops(batch, riders);
+        let written = self.write(leadership, &ops).await;
+        self.read_claim(leadership, tasks, values, written).await
+    }
+
+    /// A claim write's ops: the riders' completions, then the claims, in order; with the
+    /// tasks and the values their claims write.
+    fn claim_ops(
+        &self,
+        batch: Batch,
+        riders: &[Finished],
+    ) -> (Vec<Task>, Vec<Vec<u8>>, Vec<TaskOp>) {
         let Batch {
-            tasks: batch,
+            tasks,
             candidates,
             deletions,
         } = batch;
-        let mut ops = Vec::with_capacity(deletions + batch.len());
+        let mut ops = Vec::with_capacity(deletions + tasks.len());
         // Finished tasks are completed in this claim's write: one commit, not two. It is
         // applied only if the whole claim is.
         ops.extend(completions(&self.settings.done_prefix, riders));
@@ -727,7 +869,18 @@ impl Queue {
             ops.push(candidate.op);
             values.push(candidate.value);
         }
-        let written = match self.write(leadership, &ops).await {
+        (tasks, values, ops)
+    }
+
+    /// Reads a claim write's answer (`answer.rs`) for `batch`, whose claims wrote `values`.
+    async fn read_claim(
+        &self,
+        leadership: &Leadership,
+        batch: Vec<Task>,
+        values: Vec<Vec<u8>>,
+        written: Result<Written, CoordError>,
+    ) -> Claim {
+        let written = match written {
             Ok(written) => written,
             Err(CoordError::Refused(why)) => return Claim::TooLarge(batch, why),
             Err(err) => {
