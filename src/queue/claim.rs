@@ -3,8 +3,9 @@
 //! limits (`plan.rs`), its answer read (`answer.rs`: claimed, step down, list again, or
 //! per task put back, deferred or read again) and applied here ([`Queue::claim_and_apply`]);
 //! finished tasks ride along in the next claim, and claims that did not start are put back.
-//! With one run at a time the driver is here (`drive_one`, which batches the claims
-//! of fast handlers); with several, `groups.rs`.
+//! With one run at a time the driver is here (`drive_one`, which batches the claims of fast
+//! handlers and sends each batch's claim while the batch before it runs); with several,
+//! `groups.rs`.
 //!
 //! Size: the one-at-a-time driver, the claim write and the application of its answer are
 //! one path, read top to bottom; the releases of unstarted claims close it.
