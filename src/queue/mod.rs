@@ -10,8 +10,9 @@
 //! refuses moves the task away instead of costing the leadership.
 //!
 //! Read top-down: [`Queue::lead`] (this file) lists, sorts the listing out (`sort.rs`) and
-//! hands the backlog to the driver (`claim.rs`: `drive`, which claims, runs and
-//! settles; with `queue.concurrency` > 1 its groups form in `groups.rs`). The decisions
+//! hands the backlog to the driver (`one_at_a_time.rs`: `drive`, which claims through
+//! `claim.rs`, runs and settles; with `queue.concurrency` > 1 its groups form in
+//! `groups.rs`). The decisions
 //! that matter are pure functions beside them, fed `now` from the one [`Clock`]:
 //! `entry.rs` (what a listed entry is), `backlog.rs` (what the leader knows and does next
 //! between claims), `plan.rs` (what one write takes), `answer.rs` (what a claim's answer
@@ -31,6 +32,7 @@ mod entry;
 mod finished;
 mod groups;
 mod history;
+mod one_at_a_time;
 mod plan;
 mod run;
 #[cfg(test)]
@@ -270,7 +272,7 @@ impl Queue {
                         continue;
                     }
                     // Claims, runs and settles until this listing is worked through
-                    // (claim.rs); the decisions on the way are pure (backlog.rs, plan.rs,
+                    // (one_at_a_time.rs); the decisions on the way are pure (backlog.rs, plan.rs,
                     // answer.rs, settlement.rs).
                     let (end, left) = self
                         .drive(leadership, lease, shutdown, *backlog, &mut memory)
