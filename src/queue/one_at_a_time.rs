@@ -1,14 +1,17 @@
 //! The one-at-a-time driver: works through a listing's backlog in `taskTime` order, one run
 //! at a time, and claims in batches while handlers are fast (`run.rs`'s `Pace`). Each
 //! batch's claim is sent, on a task of its own, as soon as the answer before it is in, and
-//! is answered while the batch before it runs; a claim sent ahead is always landed (its
-//! answer applied, what it claimed put back) when the leading stops or waits first. The
+//! is answered while the batch before it runs; when the runs are over before that answer
+//! comes, the next claim goes out at once, so that up to two are on their way. A claim
+//! sent ahead is always landed (its answer applied, what it claimed put back) when the
+//! leading stops or waits first, or when the claim before it did not hold. The
 //! claim write itself, and the application of its answer, are in `claim.rs`; the driver of
 //! several runs at once is `groups.rs`.
+//!
+//! Size: one loop, and the helpers only it uses; the claims in flight are landed on every
+//! path out of it, which reads best beside the loop.
 
-use std::future::Future;
-use std::pin::Pin;
-
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::backlog::{Backlog, Next};
@@ -17,8 +20,9 @@ use super::finished::Finished;
 use super::run::{Claimed, Pace};
 use super::sort::{Look, Memory, Reading};
 use super::{LeadEnd, Queue};
-use crate::coord::{CoordError, Leadership, TaskVersion};
+use crate::coord::{CoordError, Leadership, TaskVersion, Written};
 use crate::leader::Lease;
+use crate::task::Task;
 
 /// How the runs of a claimed batch ended.
 enum Ran {
@@ -29,8 +33,21 @@ enum Ran {
     End(LeadEnd),
 }
 
-/// A claim write on its way: awaited, its answer and the completions that rode in it.
-type Flight<'a> = Pin<Box<dyn Future<Output = (Claim, Vec<Finished>)> + Send + 'a>>;
+/// A claim write on its way, on a task of its own: what its answer is read against, and
+/// the completions riding in it.
+struct Flight {
+    write: JoinHandle<Result<Written, CoordError>>,
+    tasks: Vec<Task>,
+    values: Vec<Vec<u8>>,
+    riders: Vec<Finished>,
+}
+
+impl Flight {
+    /// The coordinator has answered (the answer is not read yet).
+    fn answered(&self) -> bool {
+        self.write.is_finished()
+    }
+}
 
 impl Queue {
     /// Works through a listing's backlog: with one run at a time here, claims batched while
@@ -86,7 +103,7 @@ impl Queue {
         // The batch claimed while the previous one ran, none of it started yet.
         let mut ahead: Vec<(Claimed, TaskVersion)> = Vec::new();
         // The claim after it, sent before the answer that claimed `ahead` was applied.
-        let mut flight: Option<Flight<'_>> = None;
+        let mut flight: Option<Flight> = None;
         loop {
             if let Some(stop) = self.must_stop(lease, shutdown) {
                 end = Some(stop);
@@ -249,9 +266,9 @@ impl Queue {
                     }
                 }
             };
-            let ((claim, riders), ran) = tokio::join!(
-                sent,
-                self.run_batch(
+            // The claim sent goes on, on its own task, while this batch runs.
+            let ran = self
+                .run_batch(
                     leadership,
                     lease,
                     shutdown,
@@ -259,17 +276,78 @@ impl Queue {
                     &mut backlog,
                     memory,
                     &mut finished,
-                    &mut pace
-                ),
-            );
+                    &mut pace,
+                )
+                .await;
+            let mut stopping = None;
+            let mut relist = false;
+            // The runs went faster than the coordinator answers: a second claim, carrying
+            // this batch's completions, is sent before the first is answered, so that the
+            // coordinator always has one to work on.
+            let mut second = None;
+            if matches!(ran, Ran::Done) && !sent.answered() {
+                let wanted = pace.fast() && !single;
+                match self
+                    .plan_ahead(leadership, lease, shutdown, &mut backlog, &finished, wanted)
+                    .await
+                {
+                    Ok(Some(batch)) => {
+                        let riders = finished.drain(..batch.deletions).collect();
+                        second = Some(self.send_claim(leadership, batch, riders));
+                    }
+                    Ok(None) => {}
+                    Err(stop) => stopping = Some(stop),
+                }
+            }
+            let (claim, riders) = self.answer(leadership, sent).await;
             // The riders go back in front; they are taken out again if the claim held.
             let deletions = riders.len();
             finished.splice(0..0, riders);
+            if let Some(later) = second.take() {
+                if matches!(claim, Claim::Claimed { .. }) {
+                    flight = Some(later);
+                } else {
+                    // The earlier claim did not hold: what the later one claimed goes
+                    // back and is read again, so that the order holds.
+                    let (later, riders) = self.answer(leadership, later).await;
+                    let held = riders.len();
+                    finished.splice(deletions..deletions, riders);
+                    let mut shares: Vec<Finished> = finished.drain(..deletions).collect();
+                    let started = self
+                        .apply_claim(
+                            leadership,
+                            &mut backlog,
+                            memory,
+                            later,
+                            held,
+                            &mut finished,
+                            &mut single,
+                            false,
+                        )
+                        .await;
+                    shares.append(&mut finished);
+                    finished = shares;
+                    match started {
+                        Started::Runs(runs) => {
+                            match self.send_back(leadership, &mut backlog, memory, runs).await {
+                                Ok(true) => {}
+                                Ok(false) => relist = true,
+                                Err(stop) => stopping = Some(stop),
+                            }
+                        }
+                        Started::Relist => {}
+                        Started::End(stop) => stopping = Some(stop),
+                    }
+                }
+            }
             // The claim after this one is sent before this answer is applied, so that the
             // coordinator works on it while the leader applies the answer and runs the
             // batch: the two overlap instead of taking turns.
-            let mut stopping = None;
-            if matches!(claim, Claim::Claimed { .. }) && matches!(ran, Ran::Done) {
+            if flight.is_none()
+                && stopping.is_none()
+                && matches!(claim, Claim::Claimed { .. })
+                && matches!(ran, Ran::Done)
+            {
                 let wanted = pace.fast() && !single;
                 let later = &finished[deletions..];
                 match self
@@ -316,6 +394,10 @@ impl Queue {
                 end = Some(stop);
                 break;
             }
+            if relist {
+                self.release_unstarted(leadership, next).await;
+                break;
+            }
             match ran {
                 // A slow run sent the rest of its batch back; the batch claimed ahead,
                 // later in claim order, goes back too and is read again.
@@ -358,32 +440,35 @@ impl Queue {
     }
 
     /// Sends a claim write that also completes `riders`: the write goes out now, on a
-    /// task of its own, whatever the leader does meanwhile; its answer, read, and the
-    /// riders come when the returned future is awaited. A write whose answer is never read
-    /// is a lost answer: what it claimed is held by this lease, and the next listing finds
-    /// it (`sort.rs`).
-    fn send_claim<'a>(
-        &'a self,
-        leadership: &'a Leadership,
-        batch: Batch,
-        riders: Vec<Finished>,
-    ) -> Flight<'a> {
+    /// task of its own, whatever the leader does meanwhile; [`Queue::answer`] reads its
+    /// answer. A write whose answer is never read is a lost answer: what it claimed is held
+    /// by this lease, and the next listing finds it (`entry.rs`: requeued as ours).
+    fn send_claim(&self, leadership: &Leadership, batch: Batch, riders: Vec<Finished>) -> Flight {
         let (tasks, values, ops) = self.claim_ops(batch, &riders);
         let coord = self.coord.clone();
         let guard = leadership.clone();
-        let write = tokio::spawn(async move { coord.write(&guard, &ops).await });
-        Box::pin(async move {
-            let written = write.await.unwrap_or_else(|err| {
-                Err(CoordError::Unavailable(format!(
-                    "the claim write's task ended: {err}"
-                )))
-            });
-            if let Err(err) = &written {
-                self.metrics.coordinator_error(err);
-            }
-            let claim = self.read_claim(leadership, tasks, values, written).await;
-            (claim, riders)
-        })
+        Flight {
+            write: tokio::spawn(async move { coord.write(&guard, &ops).await }),
+            tasks,
+            values,
+            riders,
+        }
+    }
+
+    /// Waits for a claim sent ahead and reads its answer; hands back its riders.
+    async fn answer(&self, leadership: &Leadership, flight: Flight) -> (Claim, Vec<Finished>) {
+        let written = flight.write.await.unwrap_or_else(|err| {
+            Err(CoordError::Unavailable(format!(
+                "the claim write's task ended: {err}"
+            )))
+        });
+        if let Err(err) = &written {
+            self.metrics.coordinator_error(err);
+        }
+        let claim = self
+            .read_claim(leadership, flight.tasks, flight.values, written)
+            .await;
+        (claim, flight.riders)
     }
 
     /// Waits for a claim sent ahead, if any, when the leading stops or waits before its
@@ -394,11 +479,11 @@ impl Queue {
         leadership: &Leadership,
         backlog: &mut Backlog,
         memory: &mut Memory,
-        flight: Option<Flight<'_>>,
+        flight: Option<Flight>,
         finished: &mut Vec<Finished>,
         single: &mut bool,
     ) -> Option<LeadEnd> {
-        let (claim, riders) = flight?.await;
+        let (claim, riders) = self.answer(leadership, flight?).await;
         let deletions = riders.len();
         finished.splice(0..0, riders);
         let started = self

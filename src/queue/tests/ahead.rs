@@ -1,10 +1,12 @@
-//! The one-at-a-time driver claims the next batch while fast handlers run this one.
+//! The one-at-a-time driver claims the next batch while fast handlers run this one, and a
+//! second one when the runs outpace the coordinator.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::counting::Counting;
 use super::{default_settings, lead_in_background, lone_leader, queue_on, task, until, LeadEnd};
 use crate::coord::memory::MemoryCoordinator;
 use crate::coord::Coordinator;
@@ -76,4 +78,59 @@ async fn the_next_batch_is_claimed_while_a_batch_runs() {
         held.iter().any(|&n| n > 2),
         "no run saw more than one batch of 2 held: {held:?}"
     );
+}
+
+/// Records the order of its runs.
+struct InOrder(Arc<Mutex<Vec<String>>>);
+
+impl Handler for InOrder {
+    fn handle<'a>(&'a self, ctx: &'a TaskContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            self.0.lock().unwrap().push(ctx.task_id.clone());
+            Ok(())
+        })
+    }
+}
+
+/// When the runs finish before the coordinator answers the claim sent ahead, a second claim
+/// is sent before that answer comes, so two are on their way at once; the tasks still run
+/// once each, in order, and all complete.
+#[tokio::test(start_paused = true)]
+async fn a_second_claim_goes_out_while_a_slow_coordinator_answers_the_first() {
+    let memory = Arc::new(MemoryCoordinator::default());
+    let counting = Arc::new(Counting::with_write_delay(
+        memory.clone(),
+        Duration::from_millis(5),
+    ));
+    let coord: Arc<dyn Coordinator> = counting.clone();
+    let mut settings = default_settings();
+    settings.queue.claim_batch = 3;
+    let prefix = settings.queue.prefix.clone();
+    let order: Vec<String> = (0..20).map(|n| format!("t{n:02}")).collect();
+    for (n, id) in order.iter().enumerate() {
+        memory
+            .put(&format!("{prefix}k{n:02}"), &task(id, 10 + n as u64))
+            .unwrap();
+    }
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let mut registry = Registry::default();
+    registry.register("Work", InOrder(runs.clone()));
+    let metrics = Arc::new(Metrics::new(["Work"]));
+    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
+    let queue = queue_on(&coord, &settings, registry, metrics);
+    let shutdown = CancellationToken::new();
+    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
+    until("every task ran", || {
+        runs.lock().unwrap().len() == order.len()
+    })
+    .await;
+    shutdown.cancel();
+    assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
+    stop.cancel();
+    assert_eq!(*runs.lock().unwrap(), order);
+    assert_eq!(coord.keys(&prefix).await.unwrap().0, Vec::<String>::new());
+    let most = counting
+        .most_writing
+        .load(std::sync::atomic::Ordering::SeqCst);
+    assert!(most >= 2, "at most {most} claim on its way at once");
 }

@@ -19,6 +19,11 @@ pub(super) struct Counting {
     pub calls: AtomicUsize,
     /// Listings of the queue alone, shared so that a handler can read it.
     pub lists: Arc<AtomicUsize>,
+    /// How long each guarded write takes before it is applied (tokio's clock).
+    write_delay: Duration,
+    writing: AtomicUsize,
+    /// The most guarded writes that were ever on their way at once.
+    pub most_writing: AtomicUsize,
 }
 
 impl Counting {
@@ -27,6 +32,17 @@ impl Counting {
             inner,
             calls: AtomicUsize::new(0),
             lists: Arc::new(AtomicUsize::new(0)),
+            write_delay: Duration::ZERO,
+            writing: AtomicUsize::new(0),
+            most_writing: AtomicUsize::new(0),
+        }
+    }
+
+    /// The same, with each guarded write taking `delay` before it is applied.
+    pub fn with_write_delay(inner: Arc<MemoryCoordinator>, delay: Duration) -> Counting {
+        Counting {
+            write_delay: delay,
+            ..Counting::new(inner)
         }
     }
 
@@ -88,7 +104,16 @@ impl Coordinator for Counting {
         ops: &'a [TaskOp],
     ) -> CoordFuture<'a, Written> {
         self.count();
-        self.inner.write(leadership, ops)
+        Box::pin(async move {
+            let writing = self.writing.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most_writing.fetch_max(writing, Ordering::SeqCst);
+            if !self.write_delay.is_zero() {
+                tokio::time::sleep(self.write_delay).await;
+            }
+            let written = self.inner.write(leadership, ops).await;
+            self.writing.fetch_sub(1, Ordering::SeqCst);
+            written
+        })
     }
     fn write_own<'a>(&'a self, lease: &'a LeaseId, ops: &'a [TaskOp]) -> CoordFuture<'a, Written> {
         self.count();
