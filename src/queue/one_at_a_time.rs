@@ -244,29 +244,7 @@ impl Queue {
                     (claimed, sent)
                 }
             };
-            let Some(sent) = sent else {
-                match self
-                    .run_batch(
-                        leadership,
-                        lease,
-                        shutdown,
-                        claimed,
-                        &mut backlog,
-                        memory,
-                        &mut finished,
-                        &mut pace,
-                    )
-                    .await
-                {
-                    Ran::Done => continue,
-                    Ran::Relist => break,
-                    Ran::End(stop) => {
-                        end = Some(stop);
-                        break;
-                    }
-                }
-            };
-            // The claim sent goes on, on its own task, while this batch runs.
+            // A claim sent goes on, on its own task, while this batch runs.
             let ran = self
                 .run_batch(
                     leadership,
@@ -279,6 +257,16 @@ impl Queue {
                     &mut pace,
                 )
                 .await;
+            let Some(sent) = sent else {
+                match ran {
+                    Ran::Done => continue,
+                    Ran::Relist => break,
+                    Ran::End(stop) => {
+                        end = Some(stop);
+                        break;
+                    }
+                }
+            };
             let mut stopping = None;
             let mut relist = false;
             // The runs went faster than the coordinator answers: a second claim, carrying
