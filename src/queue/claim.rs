@@ -173,18 +173,16 @@ impl Queue {
         single: &mut bool,
         alone: bool,
     ) -> Started {
-        let deletions = batch.deletions;
-        let claim = self
-            .claim_batch(leadership, batch, &finished[..deletions])
-            .await;
+        let riders: Vec<Finished> = finished.drain(..batch.deletions).collect();
+        let claim = self.claim_batch(leadership, batch, &riders).await;
         self.apply_claim(
-            leadership, backlog, memory, claim, deletions, finished, single, alone,
+            leadership, backlog, memory, claim, riders, finished, single, alone,
         )
         .await
     }
 
-    /// Applies a claim write's answer to the backlog: on success the first `deletions`
-    /// finished tasks, its riders, are completed and forgotten; then as
+    /// Applies a claim write's answer to the backlog: on success its `riders` are completed
+    /// and forgotten; if nothing was applied they go back in front of `finished`; then as
     /// [`Queue::claim_and_apply`] says.
     #[allow(clippy::too_many_arguments)]
     pub(super) async fn apply_claim(
@@ -193,17 +191,22 @@ impl Queue {
         backlog: &mut Backlog,
         memory: &mut Memory,
         claim: Claim,
-        deletions: usize,
+        mut riders: Vec<Finished>,
         finished: &mut Vec<Finished>,
         single: &mut bool,
         alone: bool,
     ) -> Started {
+        let deletions = riders.len();
+        if !matches!(claim, Claim::Claimed { .. }) {
+            // Nothing was applied: the riders are completed later, first of the finished.
+            finished.splice(0..0, std::mem::take(&mut riders));
+        }
         match claim {
             Claim::Claimed {
                 runs,
                 fencing_token,
             } => {
-                for done in finished.drain(..deletions) {
+                for done in riders {
                     self.log_completed(leadership, &done, fencing_token);
                     backlog.forget(&done.task.key);
                 }

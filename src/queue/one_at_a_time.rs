@@ -288,33 +288,25 @@ impl Queue {
                 }
             }
             let (claim, riders) = self.answer(leadership, sent).await;
-            // The riders go back in front; they are taken out again if the claim held.
-            let deletions = riders.len();
-            finished.splice(0..0, riders);
             if let Some(later) = second.take() {
                 if matches!(claim, Claim::Claimed { .. }) {
                     flight = Some(later);
                 } else {
                     // The earlier claim did not hold: what the later one claimed goes
                     // back and is read again, so that the order holds.
-                    let (later, riders) = self.answer(leadership, later).await;
-                    let held = riders.len();
-                    finished.splice(deletions..deletions, riders);
-                    let mut shares: Vec<Finished> = finished.drain(..deletions).collect();
+                    let (later, later_riders) = self.answer(leadership, later).await;
                     let started = self
                         .apply_claim(
                             leadership,
                             &mut backlog,
                             memory,
                             later,
-                            held,
+                            later_riders,
                             &mut finished,
                             &mut single,
                             false,
                         )
                         .await;
-                    shares.append(&mut finished);
-                    finished = shares;
                     match started {
                         Started::Runs(runs) => {
                             match self.send_back(leadership, &mut backlog, memory, runs).await {
@@ -337,15 +329,12 @@ impl Queue {
                 && matches!(ran, Ran::Done)
             {
                 let wanted = pace.fast() && !single;
-                let later = &finished[deletions..];
                 match self
-                    .plan_ahead(leadership, lease, shutdown, &mut backlog, later, wanted)
+                    .plan_ahead(leadership, lease, shutdown, &mut backlog, &finished, wanted)
                     .await
                 {
                     Ok(Some(batch)) => {
-                        let riders = finished
-                            .drain(deletions..deletions + batch.deletions)
-                            .collect();
+                        let riders = finished.drain(..batch.deletions).collect();
                         flight = Some(self.send_claim(leadership, batch, riders));
                     }
                     Ok(None) => {}
@@ -358,7 +347,7 @@ impl Queue {
                     &mut backlog,
                     memory,
                     claim,
-                    deletions,
+                    riders,
                     &mut finished,
                     &mut single,
                     false,
@@ -472,11 +461,9 @@ impl Queue {
         single: &mut bool,
     ) -> Option<LeadEnd> {
         let (claim, riders) = self.answer(leadership, flight?).await;
-        let deletions = riders.len();
-        finished.splice(0..0, riders);
         let started = self
             .apply_claim(
-                leadership, backlog, memory, claim, deletions, finished, single, false,
+                leadership, backlog, memory, claim, riders, finished, single, false,
             )
             .await;
         match started {
