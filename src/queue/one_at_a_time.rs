@@ -356,9 +356,10 @@ impl Queue {
             let next = match started {
                 Started::Runs(next) => next,
                 Started::Relist => {
-                    if let Ran::End(stop) = ran {
-                        end = Some(stop);
-                    }
+                    end = match ran {
+                        Ran::End(stop) => Some(stop),
+                        _ => stopping,
+                    };
                     break;
                 }
                 Started::End(stop) => {
