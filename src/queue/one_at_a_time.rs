@@ -226,21 +226,24 @@ impl Queue {
                     // While fast handlers run this batch, the next one is claimed: its
                     // write's round trip overlaps the runs instead of following them.
                     let wanted = pace.fast() && !single && !claimed.is_empty();
-                    let next = match self
-                        .plan_ahead(leadership, lease, shutdown, &mut backlog, &finished, wanted)
+                    let sent = match self
+                        .send_ahead(
+                            leadership,
+                            lease,
+                            shutdown,
+                            &mut backlog,
+                            &mut finished,
+                            wanted,
+                        )
                         .await
                     {
-                        Ok(next) => next,
+                        Ok(sent) => sent,
                         Err(stop) => {
                             self.release_unstarted(leadership, claimed).await;
                             end = Some(stop);
                             break;
                         }
                     };
-                    let sent = next.map(|batch| {
-                        let riders = finished.drain(..batch.deletions).collect();
-                        self.send_claim(leadership, batch, riders)
-                    });
                     (claimed, sent)
                 }
             };
@@ -276,14 +279,17 @@ impl Queue {
             if matches!(ran, Ran::Done) && !sent.answered() {
                 let wanted = pace.fast() && !single;
                 match self
-                    .plan_ahead(leadership, lease, shutdown, &mut backlog, &finished, wanted)
+                    .send_ahead(
+                        leadership,
+                        lease,
+                        shutdown,
+                        &mut backlog,
+                        &mut finished,
+                        wanted,
+                    )
                     .await
                 {
-                    Ok(Some(batch)) => {
-                        let riders = finished.drain(..batch.deletions).collect();
-                        second = Some(self.send_claim(leadership, batch, riders));
-                    }
-                    Ok(None) => {}
+                    Ok(sent) => second = sent,
                     Err(stop) => stopping = Some(stop),
                 }
             }
@@ -330,14 +336,17 @@ impl Queue {
             {
                 let wanted = pace.fast() && !single;
                 match self
-                    .plan_ahead(leadership, lease, shutdown, &mut backlog, &finished, wanted)
+                    .send_ahead(
+                        leadership,
+                        lease,
+                        shutdown,
+                        &mut backlog,
+                        &mut finished,
+                        wanted,
+                    )
                     .await
                 {
-                    Ok(Some(batch)) => {
-                        let riders = finished.drain(..batch.deletions).collect();
-                        flight = Some(self.send_claim(leadership, batch, riders));
-                    }
-                    Ok(None) => {}
+                    Ok(sent) => flight = sent,
                     Err(stop) => stopping = Some(stop),
                 }
             }
@@ -477,20 +486,20 @@ impl Queue {
         }
     }
 
-    /// Plans the batch claimed while this one runs, when `wanted` (handlers are fast and
-    /// batches allowed) and the leading may go on; `None`: the next claim follows the runs.
-    /// A first pending task too large to claim even alone is dead-lettered here, and the
-    /// next claim follows the runs.
+    /// Plans and sends a claim ahead of the runs (its riders taken out of `finished`), when
+    /// `wanted` (handlers are fast and batches allowed) and the leading may go on; `None`:
+    /// the next claim follows the runs. A first pending task too large to claim even alone
+    /// is dead-lettered here, and the next claim follows the runs.
     #[allow(clippy::too_many_arguments)]
-    async fn plan_ahead(
+    async fn send_ahead(
         &self,
         leadership: &Leadership,
         lease: &Lease,
         shutdown: &CancellationToken,
         backlog: &mut Backlog,
-        finished: &[Finished],
+        finished: &mut Vec<Finished>,
         wanted: bool,
-    ) -> Result<Option<Batch>, LeadEnd> {
+    ) -> Result<Option<Flight>, LeadEnd> {
         if !wanted
             || self.must_stop(lease, shutdown).is_some()
             || !lease.outlasts(self.lease_rules.claim_headroom)
@@ -499,7 +508,10 @@ impl Queue {
         }
         match self.plan_batch(leadership, backlog, finished, self.settings.claim_batch) {
             Planned::Batch(batch) if batch.tasks.is_empty() => Ok(None),
-            Planned::Batch(batch) => Ok(Some(batch)),
+            Planned::Batch(batch) => {
+                let riders = finished.drain(..batch.deletions).collect();
+                Ok(Some(self.send_claim(leadership, batch, riders)))
+            }
             Planned::TooLarge { task, cost } => {
                 self.dead_letter_too_large(leadership, &task, cost).await?;
                 backlog.forget(&task.key);
