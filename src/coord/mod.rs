@@ -43,6 +43,7 @@ pub mod consul;
 pub mod contract;
 pub mod etcd;
 pub mod memory;
+mod names;
 pub mod redis;
 pub mod zookeeper;
 
@@ -51,6 +52,8 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+
+pub use names::Names;
 
 /// The future every coordinator call returns: boxed, so the seam can be a trait object
 /// chosen at start from the settings.
@@ -611,7 +614,7 @@ pub trait Tasks: Send + Sync {
     fn keys(
         &self,
         prefix: &str,
-    ) -> impl Future<Output = Result<(Vec<String>, Version), CoordError>> + Send;
+    ) -> impl Future<Output = Result<(Names, Version), CoordError>> + Send;
 
     /// The tasks at `keys` that exist.
     fn get(
@@ -687,7 +690,7 @@ pub trait Coordinator: Send + Sync {
         wait: Duration,
     ) -> CoordFuture<'a, (Vec<StoredTask>, Version)>;
     /// [`Tasks::keys`].
-    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)>;
+    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Names, Version)>;
     /// [`Tasks::get`].
     fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>>;
     /// [`Tasks::write`].
@@ -768,7 +771,7 @@ impl<C: Leases + Elections + Tasks> Coordinator for C {
         Box::pin(Tasks::list(self, prefix, after, wait))
     }
 
-    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)> {
+    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Names, Version)> {
         Box::pin(Tasks::keys(self, prefix))
     }
 

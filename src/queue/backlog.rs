@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::coord::{LeaseId, StoredTask, TaskVersion};
+use crate::coord::{LeaseId, Names, StoredTask, TaskVersion};
 use crate::task::Task;
 
 /// Least time between two looks at the queue's keys while the leader works through a
@@ -396,11 +396,10 @@ impl Backlog {
 
     /// Records a look at `now` that took `cost` and found `keys` under the prefix: tasks
     /// whose keys are gone are dropped; keys never seen (or forgotten) are new.
-    pub fn looked(&mut self, keys: Vec<String>, now: DateTime<Utc>, cost: Duration) -> Looked {
+    pub fn looked(&mut self, keys: Names, now: DateTime<Utc>, cost: Duration) -> Looked {
         self.last_look = now;
         self.look_cost = cost;
-        let names: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let mut new = self.compare(&names);
+        let mut new = self.compare(&keys);
         if new.len() > MAX_FETCH {
             return Looked::Relist;
         }
@@ -411,14 +410,14 @@ impl Backlog {
     /// Compares the keys under the prefix with the known ones: drops the tasks whose keys
     /// are gone, and returns the keys that are new (not known, and not forgotten since the
     /// look or listing that read them began). Ends that look or listing.
-    fn compare(&mut self, keys: &[&str]) -> Vec<String> {
+    fn compare(&mut self, keys: &Names) -> Vec<String> {
         // One pass over the names, one hash each: on a large backlog the comparison costs
         // as much as reading them, and it is made every look. Nothing is dropped unless
         // some known key is missing (the leader forgets the keys it deletes itself).
         let forgotten = self.forgotten.take().unwrap_or_default();
         let mut still = 0;
         let mut new = Vec::new();
-        for &key in keys {
+        for key in keys.iter() {
             if self.known.contains(key) {
                 still += 1;
             } else if !forgotten.contains(key) {
@@ -426,7 +425,7 @@ impl Backlog {
             }
         }
         if still < self.known.len() {
-            self.drop_missing(keys.iter().copied().collect());
+            self.drop_missing(keys.iter().collect());
         }
         new
     }
@@ -581,7 +580,7 @@ mod tests {
         RELIST_FRACTION,
     };
     use crate::coord::StoredTask;
-    use crate::coord::{LeaseId, TaskVersion};
+    use crate::coord::{LeaseId, Names, TaskVersion};
     use crate::queue::scripted::{at, grouped, scheduled, task};
 
     /// With groups, the next claim is the earliest task of a group with nothing running,
@@ -668,7 +667,7 @@ mod tests {
         assert_eq!(backlog.next(at(19)), Next::Claim);
         assert_eq!(backlog.next(at(20)), Next::Look);
         assert_eq!(
-            backlog.looked(vec!["q/a".into(), "q/b".into()], at(20), Duration::ZERO),
+            backlog.looked(Names::from_iter(["q/a", "q/b"]), at(20), Duration::ZERO),
             Looked::New(vec![])
         );
         assert_eq!(backlog.next(at(21)), Next::Claim);
@@ -696,7 +695,7 @@ mod tests {
         assert_eq!(backlog.next(at(21)), Next::Claim, "one look at a time");
         // The names, read at 20: q/a is claimed and completed meanwhile, q/b claimed and
         // written back as a retry (forgotten, to be read again); q/new arrived.
-        let names = vec!["q/a".into(), "q/b".into(), "q/c".into(), "q/new".into()];
+        let names = Names::from_iter(["q/a", "q/b", "q/c", "q/new"]);
         let taken: Vec<String> = backlog.take(2).into_iter().map(|t| t.key).collect();
         assert_eq!(taken, ["q/a", "q/b"]);
         backlog.forget("q/a");
@@ -706,7 +705,7 @@ mod tests {
             Looked::New(vec!["q/new".into()])
         );
         assert_eq!(
-            backlog.looked(vec!["q/b".into(), "q/c".into()], at(130), Duration::ZERO),
+            backlog.looked(Names::from_iter(["q/b", "q/c"]), at(130), Duration::ZERO),
             Looked::New(vec!["q/b".into()]),
             "the retry is read at the next look"
         );
@@ -781,9 +780,9 @@ mod tests {
             Duration::ZERO,
         );
         assert!(backlog.looks_in_line(), "the first look measures its cost");
-        backlog.looked(vec!["q/a".into()], at(20), Duration::from_millis(4));
+        backlog.looked(Names::from_iter(["q/a"]), at(20), Duration::from_millis(4));
         assert!(backlog.looks_in_line());
-        backlog.looked(vec!["q/a".into()], at(40), Duration::from_millis(5));
+        backlog.looked(Names::from_iter(["q/a"]), at(40), Duration::from_millis(5));
         assert!(!backlog.looks_in_line());
     }
 
@@ -797,12 +796,12 @@ mod tests {
             at(0),
             Duration::ZERO,
         );
-        backlog.looked(vec!["q/a".into()], at(0), Duration::from_millis(8));
+        backlog.looked(Names::from_iter(["q/a"]), at(0), Duration::from_millis(8));
         assert_eq!(backlog.next(at(79)), Next::Claim);
         assert_eq!(backlog.next(at(80)), Next::Look);
         // The whole look (names compared, new tasks read) cost 30 ms: the next one waits
         // ten times that, not ten times the 8 ms the names took to arrive.
-        backlog.looked(vec!["q/a".into()], at(100), Duration::from_millis(8));
+        backlog.looked(Names::from_iter(["q/a"]), at(100), Duration::from_millis(8));
         backlog.look_took(Duration::from_millis(30));
         assert_eq!(backlog.next(at(399)), Next::Claim);
         assert_eq!(backlog.next(at(400)), Next::Look);
@@ -825,7 +824,7 @@ mod tests {
         );
         assert_eq!(backlog.take(1).len(), 1);
         let looked = backlog.looked(
-            vec!["q/a".into(), "q/c".into(), "q/d".into(), "q/running".into()],
+            Names::from_iter(["q/a", "q/c", "q/d", "q/running"]),
             at(30),
             Duration::ZERO,
         );
@@ -834,7 +833,7 @@ mod tests {
         assert_eq!(keys(&backlog), ["q/a", "q/c", "q/d"]);
         // Known now: the same key is not new at the next look.
         assert_eq!(
-            backlog.looked(vec!["q/a".into(), "q/c".into()], at(60), Duration::ZERO),
+            backlog.looked(Names::from_iter(["q/a", "q/c"]), at(60), Duration::ZERO),
             Looked::New(vec![])
         );
         assert_eq!(keys(&backlog), ["q/a", "q/c"]);
@@ -854,7 +853,7 @@ mod tests {
         let claimed = backlog.take(1);
         backlog.forget(&claimed[0].key);
         assert_eq!(
-            backlog.looked(vec!["q/a".into()], at(30), Duration::ZERO),
+            backlog.looked(Names::from_iter(["q/a"]), at(30), Duration::ZERO),
             Looked::New(vec!["q/a".into()])
         );
     }
@@ -872,7 +871,7 @@ mod tests {
         assert_eq!(backlog.next(at(10)), Next::Claim);
         assert_eq!(keys(&backlog), ["q/b", "q/c"]);
         backlog.looked(
-            vec!["q/a".into(), "q/b".into(), "q/c".into()],
+            Names::from_iter(["q/a", "q/b", "q/c"]),
             at(99),
             Duration::ZERO,
         );
@@ -902,7 +901,7 @@ mod tests {
         assert_eq!(backlog.next(at(10)), Next::Claim);
         assert_eq!(keys(&backlog), ["q/b", "q/c"]);
         backlog.looked(
-            vec!["q/a".into(), "q/b".into(), "q/c".into()],
+            Names::from_iter(["q/a", "q/b", "q/c"]),
             at(990),
             Duration::ZERO,
         );
@@ -1007,7 +1006,9 @@ mod tests {
             at(0),
             Duration::ZERO,
         );
-        let flood = (0..=MAX_FETCH).map(|n| format!("q/n{n}")).collect();
+        let flood = (0..=MAX_FETCH)
+            .map(|n| format!("q/n{n}"))
+            .collect::<Names>();
         assert_eq!(
             backlog.looked(flood, at(30), Duration::ZERO),
             Looked::Relist

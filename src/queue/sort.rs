@@ -15,7 +15,7 @@ use tokio_util::task::AbortOnDropHandle;
 use super::backlog::{self, Backlog, Keys, Looked, Pending};
 use super::entry::{classify, Entry, EntryRules, Remembered};
 use super::{LeadEnd, Queue};
-use crate::coord::{CoordError, Leadership, StoredTask, Version};
+use crate::coord::{CoordError, Leadership, Names, StoredTask, Version};
 use crate::task::Task;
 
 /// Added to the longest backoff (backoff_max + 20% jitter) before a notBefore is
@@ -355,7 +355,7 @@ impl Queue {
 
 /// What a read in the background brings.
 pub(super) enum Read {
-    Names(Result<Vec<String>, CoordError>),
+    Names(Result<Names, CoordError>),
     Tasks(Result<Vec<StoredTask>, CoordError>),
 }
 

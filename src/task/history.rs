@@ -298,15 +298,17 @@ pub struct Prune {
 /// What `retention` drops under `done_prefix`, oldest first: every key too old, every key
 /// whose records are all beyond the newest `keep`, and the key that straddles the count,
 /// cut to what it keeps. Keys that no record of leaderq's would have are left alone.
-pub fn to_prune(
-    keys: &[String],
+pub fn to_prune<S: AsRef<str> + Ord>(
+    keys: impl IntoIterator<Item = S>,
     done_prefix: &str,
     retention: Retention,
     now: DateTime<Utc>,
 ) -> Vec<Prune> {
-    let mut stored: Vec<(DateTime<Utc>, &String, usize)> = keys
-        .iter()
-        .filter_map(|key| stored_count(done_prefix, key).map(|(at, count)| (at, key, count)))
+    let mut stored: Vec<(DateTime<Utc>, S, usize)> = keys
+        .into_iter()
+        .filter_map(|key| {
+            stored_count(done_prefix, key.as_ref()).map(|(at, count)| (at, key, count))
+        })
         .collect();
     stored.sort();
     let too_old = |at: &DateTime<Utc>| {
@@ -332,7 +334,7 @@ pub fn to_prune(
                 retention.keep.saturating_sub(newer)
             };
             (keep < *count).then(|| Prune {
-                key: (*key).clone(),
+                key: key.as_ref().to_string(),
                 keep,
             })
         })

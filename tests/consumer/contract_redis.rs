@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use leaderq::coord::contract::{self, Producer, Subject, Timing};
 use leaderq::coord::redis::{Layout, RedisCoordSettings, RedisCoordinator};
-use leaderq::coord::{CoordError, CoordFuture};
+use leaderq::coord::{CoordError, CoordFuture, Coordinator, Edit, Edited, Version};
 use leaderq::tools::harness::redis::RedisServer;
 
 use super::*;
@@ -91,6 +91,46 @@ async fn the_redis_backend_keeps_the_coordinator_contract() {
     if let Err(failures) = outcome {
         panic!("the Redis backend breaks the contract:\n{failures}");
     }
+}
+
+/// A queue larger than a page of keys (4,096) and of tasks (256): a look reads every key
+/// once, in order, page after page, and a listing every task; nothing is read twice or
+/// left out where one page ends and the next begins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_and_listings_page_through_a_queue_larger_than_a_page() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let coord = redis_coordinator(&server.url(), "paging/");
+    let keys: Vec<String> = (0..4_500).map(|n| format!("queue/t{n:05}")).collect();
+    for chunk in keys.chunks(128) {
+        let creates: Vec<Edit> = chunk
+            .iter()
+            .map(|key| Edit::Create {
+                key: key.clone(),
+                value: br#"{"taskType":"Work","taskTime":"1"}"#.to_vec(),
+            })
+            .collect();
+        assert_eq!(coord.edit(&creates).await.unwrap(), Edited::Done);
+    }
+    coord
+        .edit(&[Edit::Create {
+            key: "queue0".into(),
+            value: b"{}".to_vec(),
+        }])
+        .await
+        .unwrap();
+    let (names, _) = coord.keys("queue/").await.unwrap();
+    assert_eq!(
+        names, keys,
+        "every key once, in order, and none beside the prefix"
+    );
+    let (listed, _) = coord
+        .list("queue/", Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    let listed: Vec<String> = listed.into_iter().map(|task| task.key).collect();
+    assert_eq!(listed, keys);
 }
 
 /// Waits wake without polling: a `list` waiting past the queue's version answers within

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use crate::coord::consul::client::{self as consul, KvPair, QueryOptions, TxnOp, TxnOutcome};
 use crate::coord::{
-    CoordError, Edit, Edited, FencingToken, Leadership, LeaseId, StoredTask, TaskOp, TaskVersion,
-    Tasks, Version, WriteCost, WriteLimits, Written,
+    CoordError, Edit, Edited, FencingToken, Leadership, LeaseId, Names, StoredTask, TaskOp,
+    TaskVersion, Tasks, Version, WriteCost, WriteLimits, Written,
 };
 
 use super::leadership::{next_version, settle};
@@ -49,7 +49,7 @@ impl Tasks for ConsulCoordinator {
     }
 
     /// `?keys` on `prefix`, no values.
-    async fn keys(&self, prefix: &str) -> Result<(Vec<String>, Version), CoordError> {
+    async fn keys(&self, prefix: &str) -> Result<(Names, Version), CoordError> {
         let (keys, index) = self.client.kv_keys(prefix, QueryOptions::default()).await?;
         Ok((keys, next_version(Version(0), index)))
     }

@@ -9,8 +9,8 @@ use crate::coord::etcd::client::{Kv, Op, Range, Txn};
 use crate::coord::etcd::layout::{lease_id, lease_number, position, revision_of, task_version};
 use crate::coord::etcd::txn::{edit_txn, edited, write_txn, written, Guard, Writer, MAX_TXN_OPS};
 use crate::coord::{
-    conflict_on_all, CoordError, Edit, Edited, FencingToken, Leadership, LeaseId, StoredTask,
-    TaskOp, Tasks, Version, WriteCost, WriteLimits, Written,
+    conflict_on_all, CoordError, Edit, Edited, FencingToken, Leadership, LeaseId, Names,
+    StoredTask, TaskOp, Tasks, Version, WriteCost, WriteLimits, Written,
 };
 
 use super::{not_a_lease, txn, EtcdCoordinator};
@@ -117,7 +117,7 @@ impl Tasks for EtcdCoordinator {
     }
 
     /// The prefix's keys without values.
-    async fn keys(&self, prefix: &str) -> Result<(Vec<String>, Version), CoordError> {
+    async fn keys(&self, prefix: &str) -> Result<(Names, Version), CoordError> {
         let range = Range {
             keys_only: true,
             limit: LIST_PAGE,
@@ -126,14 +126,13 @@ impl Tasks for EtcdCoordinator {
         let response = self.client.range(&range).await?;
         let revision = response.header.revision;
         let mut more = response.more;
-        let mut keys: Vec<String> = Vec::new();
+        let mut keys = Names::new();
         let mut page = response.kvs;
         loop {
             let next = page.last().map(|kv| key_after(&kv.key));
-            keys.extend(page.into_iter().map(|kv| {
-                String::from_utf8(kv.key)
-                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned())
-            }));
+            for kv in &page {
+                keys.push(&String::from_utf8_lossy(&kv.key));
+            }
             let (true, Some(next)) = (more, next) else {
                 break;
             };

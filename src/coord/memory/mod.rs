@@ -55,8 +55,8 @@ use self::state::{Op, Outcome, State};
 use super::contract::Producer;
 use super::{
     Campaign, CoordError, CoordFuture, Edit, Edited, Elections, Grant, Holder, HolderRecord,
-    Leadership, LeaseId, LeaseSpec, Leases, Renewal, StoredTask, TaskOp, Tasks, Version, WriteCost,
-    WriteLimits, Written,
+    Leadership, LeaseId, LeaseSpec, Leases, Names, Renewal, StoredTask, TaskOp, Tasks, Version,
+    WriteCost, WriteLimits, Written,
 };
 
 /// The longest a blocking `observe` or `list` waits, whatever it asks (Consul's cap); it
@@ -273,7 +273,7 @@ impl Tasks for MemoryCoordinator {
             .await
     }
 
-    async fn keys(&self, prefix: &str) -> Result<(Vec<String>, Version), CoordError> {
+    async fn keys(&self, prefix: &str) -> Result<(Names, Version), CoordError> {
         self.with_state(|core, _| core.keys(prefix))
     }
 

@@ -26,7 +26,8 @@ use tokio::time::Instant;
 
 use crate::coord::{
     Campaign, CoordError, Edit, Edited, FencingToken, Grant, Holder, HolderRecord, Leadership,
-    LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, TaskVersion, Version, WriteLimits, Written,
+    LeaseId, LeaseSpec, Names, Renewal, StoredTask, TaskOp, TaskVersion, Version, WriteLimits,
+    Written,
 };
 
 /// Lock-delay is capped at this whatever a lease asks for (Consul's `MaxLockDelay`).
@@ -297,7 +298,7 @@ impl State {
     }
 
     /// The keys under `prefix` in order, with the tasks' version.
-    pub fn keys(&self, prefix: &str) -> (Vec<String>, Version) {
+    pub fn keys(&self, prefix: &str) -> (Names, Version) {
         let keys = self.under(prefix).map(|(key, _)| key.clone()).collect();
         (keys, Version(self.tasks_version))
     }

@@ -153,8 +153,14 @@ fn signed(field: &[u8]) -> Result<i64, String> {
         .map_err(|_| format!("{:?} is not a number", String::from_utf8_lossy(field)))
 }
 
+/// A field read as text.
 pub fn text(field: &[u8]) -> Result<String, String> {
-    String::from_utf8(field.to_vec()).map_err(|_| "a key or id that is not UTF-8".to_string())
+    text_in(field).map(str::to_string)
+}
+
+/// A field read as text, borrowed.
+pub fn text_in(field: &[u8]) -> Result<&str, String> {
+    std::str::from_utf8(field).map_err(|_| "a key or id that is not UTF-8".to_string())
 }
 
 #[cfg(test)]

@@ -70,13 +70,13 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{IntoConnectionInfo, ProtocolVersion};
 use tokio::sync::{watch, OnceCell};
 
-use self::layout::{holder_row, number, task_rows, text, HolderRow, TaskRows, TOKEN_MAX};
+use self::layout::{holder_row, number, task_rows, text, text_in, HolderRow, TaskRows, TOKEN_MAX};
 use self::scripts::{edit_args, op_args, Scripts};
 use self::wait::{ReadHolder, ReadTasks};
 use crate::coord::{
     Campaign, CoordError, Coordinator, Edit, Edited, Elections, FencingToken, Grant, Holder,
-    HolderRecord, Leadership, LeaseId, LeaseSpec, Leases, Renewal, StoredTask, TaskOp, TaskVersion,
-    Tasks, Version, WriteCost, WriteLimits, Written,
+    HolderRecord, Leadership, LeaseId, LeaseSpec, Leases, Names, Renewal, StoredTask, TaskOp,
+    TaskVersion, Tasks, Version, WriteCost, WriteLimits, Written,
 };
 
 /// Leases shorter than this are refused: a keep-alive every third of it must get through.
@@ -84,6 +84,9 @@ pub const TTL_MIN: Duration = Duration::from_secs(1);
 
 /// Tasks per page of a listing: 256 tasks of 20 KB are a 5 MB answer.
 const LIST_PAGE: usize = 256;
+
+/// Keys per page of a look: the reply of a page is held in full while it is packed.
+const KEYS_PAGE: usize = 4096;
 
 /// One write: the ops Redis runs in one script, and the bytes of keys and values it
 /// carries (a script blocks Redis while it runs: keep each short).
@@ -501,20 +504,32 @@ impl Tasks for RedisCoordinator {
         self.wait_for(after, wait, ReadTasks(prefix)).await
     }
 
-    async fn keys(&self, prefix: &str) -> Result<(Vec<String>, Version), CoordError> {
-        let reply = self
-            .fields(&self.scripts.keys, &[prefix.as_bytes()])
-            .await?;
-        let Some((counter, keys)) = reply.split_first() else {
-            return Err(bad_answer("keys answered nothing"));
-        };
-        let keys = keys
-            .iter()
-            .map(|key| text(key))
-            .collect::<Result<_, _>>()
-            .map_err(bad_answer)?;
-        let counter = number(counter).map_err(bad_answer)?;
-        Ok((keys, Version(layout::encode(counter, false))))
+    /// The keys under `prefix`, `KEYS_PAGE` at a time, packed as they come; the version
+    /// is the lowest a page saw, as a listing's.
+    async fn keys(&self, prefix: &str) -> Result<(Names, Version), CoordError> {
+        let page_size = KEYS_PAGE.to_string();
+        let mut keys = Names::new();
+        let mut lowest = u64::MAX;
+        let mut after = String::new();
+        loop {
+            let reply = self
+                .fields(
+                    &self.scripts.keys,
+                    &[prefix.as_bytes(), after.as_bytes(), page_size.as_bytes()],
+                )
+                .await?;
+            let Some((counter, page)) = reply.split_first() else {
+                return Err(bad_answer("keys answered nothing"));
+            };
+            lowest = lowest.min(number(counter).map_err(bad_answer)?);
+            for key in page {
+                keys.push(text_in(key).map_err(bad_answer)?);
+            }
+            match page.last() {
+                Some(last) if page.len() >= KEYS_PAGE => after = text(last).map_err(bad_answer)?,
+                _ => return Ok((keys, Version(layout::encode(lowest, false)))),
+            }
+        }
     }
 
     async fn get(&self, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {

@@ -163,10 +163,13 @@ end
 return out
 "#;
 
-/// `A = [prefix]`: `[counter, keys…]`.
+/// `A = [prefix, after, limit]`: `[counter, keys…]`, at most `limit` keys under the
+/// prefix that come after `after` ("" for the first page), in key order.
 const KEYS: &str = r#"
+local low = '[' .. A[1]
+if A[2] ~= '' then low = '(' .. A[2] end
 local out = {redis.call('GET', P .. 'version') or '0'}
-for _, key in ipairs(redis.call('ZRANGEBYLEX', P .. 'tasks', '[' .. A[1], '(' .. A[1] .. '\255')) do
+for _, key in ipairs(redis.call('ZRANGEBYLEX', P .. 'tasks', low, '(' .. A[1] .. '\255', 'LIMIT', 0, tonumber(A[3]))) do
   out[#out + 1] = key
 end
 return out

@@ -14,7 +14,7 @@ use zookeeper_client as zk;
 use super::plan::{self, Seen, Unsent, Writer, ZkOp};
 use super::{commit, election, layout, timed, unavailable, ZkCoordinator, LIMITS, LONGEST_LATCH};
 use crate::coord::{
-    admit, conflict_on_all, CoordError, Edit, Edited, FencingToken, Leadership, LeaseId,
+    admit, conflict_on_all, CoordError, Edit, Edited, FencingToken, Leadership, LeaseId, Names,
     StoredTask, TaskOp, Tasks, Version, WriteCost, WriteLimits, Written,
 };
 
@@ -24,10 +24,18 @@ const READ_WINDOW: usize = 1024;
 
 /// The tasks at `keys` that exist, read `READ_WINDOW` at a time (every request of a window
 /// is sent before its first answer is awaited), after one `sync`.
-async fn read_tasks(client: &zk::Client, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {
+async fn read_tasks<'k>(
+    client: &zk::Client,
+    keys: impl ExactSizeIterator<Item = &'k str>,
+) -> Result<Vec<StoredTask>, CoordError> {
     let mut synced = Some(timed(client.sync("/")));
     let mut tasks = Vec::with_capacity(keys.len());
-    for window in keys.chunks(READ_WINDOW) {
+    let mut keys = keys;
+    loop {
+        let window: Vec<&str> = keys.by_ref().take(READ_WINDOW).collect();
+        if window.is_empty() {
+            break;
+        }
         let reads: Vec<_> = window
             .iter()
             .map(|key| timed(client.get_data(&layout::path_of(key))))
@@ -61,7 +69,7 @@ async fn read_tasks(client: &zk::Client, keys: &[String]) -> Result<Vec<StoredTa
                 None => None,
             };
             tasks.push(StoredTask {
-                key: key.clone(),
+                key: key.to_string(),
                 value,
                 version: layout::task_version(stat.mzxid, stat.pzxid),
                 created: stat.czxid.max(0) as u64,
@@ -238,14 +246,14 @@ impl Tasks for ZkCoordinator {
         self.read_list(&main, prefix).await
     }
 
-    async fn keys(&self, prefix: &str) -> Result<(Vec<String>, Version), CoordError> {
+    async fn keys(&self, prefix: &str) -> Result<(Names, Version), CoordError> {
         let main = self.main().await?;
         self.read_keys(&main, prefix).await
     }
 
     async fn get(&self, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {
         let main = self.main().await?;
-        read_tasks(&main, keys).await
+        read_tasks(&main, keys.iter().map(String::as_str)).await
     }
 
     async fn write(&self, leadership: &Leadership, ops: &[TaskOp]) -> Result<Written, CoordError> {
@@ -591,7 +599,7 @@ impl ZkCoordinator {
         prefix: &str,
     ) -> Result<(Vec<StoredTask>, Version), CoordError> {
         let (keys, dir_version) = self.read_keys(client, prefix).await?;
-        let tasks = read_tasks(client, &keys).await?;
+        let tasks = read_tasks(client, keys.iter()).await?;
         let newest = tasks.iter().map(|t| t.version.0).max().unwrap_or(0);
         Ok((tasks, Version(dir_version.0.max(newest))))
     }
@@ -600,24 +608,26 @@ impl ZkCoordinator {
         &self,
         client: &zk::Client,
         prefix: &str,
-    ) -> Result<(Vec<String>, Version), CoordError> {
+    ) -> Result<(Names, Version), CoordError> {
         let (dir, start) = layout::prefix_dir(prefix);
         let synced = timed(client.sync("/"));
         let children = timed(client.get_children(&dir));
         synced.await.map_err(unavailable)?;
-        let (names, stat) = match children.await {
+        let (mut names, stat) = match children.await {
             Ok(found) => found,
-            Err(zk::Error::NoNode) => return Ok((Vec::new(), Version(0))),
+            Err(zk::Error::NoNode) => return Ok((Names::new(), Version(0))),
             Err(err) => return Err(unavailable(err)),
         };
-        let mut keys: Vec<String> = names
-            .iter()
-            .filter(|name| name.starts_with(&start))
-            // ZooKeeper's own subtree, when the prefix lists the root.
-            .filter(|name| !(dir == "/" && name.as_str() == "zookeeper"))
-            .map(|name| layout::child_key(&dir, name))
-            .collect();
-        keys.sort();
+        // ZooKeeper's own subtree is left out when the prefix lists the root. The keys
+        // share the directory's path, so sorting the names sorts them.
+        names.retain(|name| name.starts_with(&start) && !(dir == "/" && name == "zookeeper"));
+        names.sort_unstable();
+        let base = layout::child_key(&dir, "").len();
+        let bytes = names.iter().map(|name| base + name.len()).sum();
+        let mut keys = Names::with_capacity(names.len(), bytes);
+        for name in &names {
+            keys.push(&layout::child_key(&dir, name));
+        }
         Ok((keys, Version(stat.pzxid.max(0) as u64)))
     }
 }

@@ -8,8 +8,8 @@ use std::time::Duration;
 use crate::coord::memory::MemoryCoordinator;
 use crate::coord::{Campaign, Coordinator, HolderRecord, LeaseSpec};
 use crate::coord::{
-    CoordFuture, Edit, Edited, Grant, Holder, Leadership, LeaseId, Renewal, StoredTask, TaskOp,
-    Version, WriteCost, WriteLimits, Written,
+    CoordFuture, Edit, Edited, Grant, Holder, Leadership, LeaseId, Names, Renewal, StoredTask,
+    TaskOp, Version, WriteCost, WriteLimits, Written,
 };
 
 /// The in-memory coordinator, counting the queue's calls (reads and writes of tasks, not
@@ -90,7 +90,7 @@ impl Coordinator for Counting {
         self.lists.fetch_add(1, Ordering::SeqCst);
         self.inner.list(prefix, after, wait)
     }
-    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)> {
+    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Names, Version)> {
         self.count();
         self.inner.keys(prefix)
     }

@@ -10,6 +10,7 @@ use super::{
     escape_key, escape_query, index_header, kv_path, query_suffix, status_error, Client, Error,
     QueryOptions,
 };
+use crate::coord::Names;
 
 /// One KV entry as Consul returns it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -99,14 +100,14 @@ async fn decode_entries<T>(
 
 /// Reads a JSON array as the body arrives, each element handed to `each` (which parses it
 /// and answers what the caller keeps) as soon as it is whole; the body is never held whole.
-async fn decode_array<T>(
+async fn decode_array<T, C: Default + Extend<T>>(
     mut response: reqwest::Response,
     mut each: impl FnMut(&[u8]) -> Result<T, Error>,
-) -> Result<Vec<T>, Error> {
+) -> Result<C, Error> {
     let mut elements = Elements::default();
-    let mut kept = Vec::new();
+    let mut kept = C::default();
     let mut decode = |element: &[u8]| -> Result<(), Error> {
-        kept.push(each(element)?);
+        kept.extend([each(element)?]);
         Ok(())
     };
     while let Some(chunk) = response
@@ -294,7 +295,7 @@ impl Client {
         &self,
         prefix: &str,
         options: QueryOptions,
-    ) -> Result<(Vec<String>, u64), Error> {
+    ) -> Result<(Names, u64), Error> {
         let path = format!(
             "/v1/kv/{}{}",
             escape_key(prefix),
@@ -305,9 +306,9 @@ impl Client {
             .await?;
         let index = index_header(&response);
         match response.status() {
-            StatusCode::NOT_FOUND => Ok((Vec::new(), index)),
+            StatusCode::NOT_FOUND => Ok((Names::new(), index)),
             // The names of a large queue (100k of them) are decoded as they arrive, not
-            // after the whole body.
+            // after the whole body, and packed.
             StatusCode::OK => Ok((
                 decode_array(response, |name| parse::<String>(name)).await?,
                 index,

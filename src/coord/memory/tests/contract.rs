@@ -11,8 +11,8 @@ use crate::coord::contract::{self, Subject, Timing};
 use crate::coord::memory::MemoryCoordinator;
 use crate::coord::{
     Campaign, CoordFuture, Coordinator, Edit, Edited, FencingToken, Grant, Holder, HolderRecord,
-    Leadership, LeaseId, LeaseSpec, Renewal, StoredTask, TaskOp, Version, WriteCost, WriteLimits,
-    Written,
+    Leadership, LeaseId, LeaseSpec, Names, Renewal, StoredTask, TaskOp, Version, WriteCost,
+    WriteLimits, Written,
 };
 
 fn subject() -> Subject {
@@ -165,7 +165,7 @@ impl Coordinator for Broken {
             _ => self.0.list(prefix, after, wait),
         }
     }
-    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Vec<String>, Version)> {
+    fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Names, Version)> {
         self.0.keys(prefix)
     }
     fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>> {
