@@ -4,10 +4,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-
 use super::counting::Counting;
-use super::{default_settings, lead_in_background, lone_leader, queue_on, task, until, LeadEnd};
+use super::{default_settings, task, until, Leading};
 use crate::coord::memory::MemoryCoordinator;
 use crate::coord::Coordinator;
 use crate::handler::{Handler, HandlerFuture, Registry, TaskContext};
@@ -64,14 +62,9 @@ async fn the_next_batch_is_claimed_while_a_batch_runs() {
         },
     );
     let metrics = Arc::new(Metrics::new(["Work"]));
-    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
-    let queue = queue_on(&coord, &settings, registry, metrics);
-    let shutdown = CancellationToken::new();
-    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
+    let leading = Leading::start(&coord, &settings, registry, metrics).await;
     until("every task ran", || held.lock().unwrap().len() == 9).await;
-    shutdown.cancel();
-    assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
-    stop.cancel();
+    leading.shut_down().await;
     assert_eq!(coord.keys(&prefix).await.unwrap().0, Vec::<String>::new());
     let held = held.lock().unwrap().clone();
     assert!(
@@ -116,17 +109,12 @@ async fn a_second_claim_goes_out_while_a_slow_coordinator_answers_the_first() {
     let mut registry = Registry::default();
     registry.register("Work", InOrder(runs.clone()));
     let metrics = Arc::new(Metrics::new(["Work"]));
-    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
-    let queue = queue_on(&coord, &settings, registry, metrics);
-    let shutdown = CancellationToken::new();
-    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
+    let leading = Leading::start(&coord, &settings, registry, metrics).await;
     until("every task ran", || {
         runs.lock().unwrap().len() == order.len()
     })
     .await;
-    shutdown.cancel();
-    assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
-    stop.cancel();
+    leading.shut_down().await;
     assert_eq!(*runs.lock().unwrap(), order);
     assert_eq!(coord.keys(&prefix).await.unwrap().0, Vec::<String>::new());
     let most = counting

@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::{default_settings, lead_in_background, lone_leader, queue_on, until, LeadEnd};
+use super::{default_settings, lead_in_background, lone_leader, queue_on, until, LeadEnd, Leading};
 use crate::coord::memory::MemoryCoordinator;
 use crate::coord::Coordinator;
 use crate::handler::{Handler, HandlerFuture, Registry, TaskContext};
@@ -81,10 +81,7 @@ async fn concurrency_groups_overlap_runs_but_never_within_a_group() {
     let mut registry = Registry::default();
     registry.register("Work", Timed(runs.clone()));
     let metrics = Arc::new(Metrics::new(["Work"]));
-    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
-    let queue = queue_on(&coord, &settings, registry, metrics.clone());
-    let shutdown = CancellationToken::new();
-    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
+    let leading = Leading::start(&coord, &settings, registry, metrics.clone()).await;
     until("every task ran (c1 twice)", || {
         runs.lock().unwrap().len() == 10
     })
@@ -96,9 +93,7 @@ async fn concurrency_groups_overlap_runs_but_never_within_a_group() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(coord.keys(&prefix).await.unwrap().0, Vec::<String>::new());
-    shutdown.cancel();
-    assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
-    stop.cancel();
+    leading.shut_down().await;
 
     let runs = runs.lock().unwrap().clone();
     let group_of = |id: &str| {
@@ -187,10 +182,7 @@ async fn a_group_held_by_a_previous_leaders_lease_waits_for_it() {
     let runs = Arc::new(Mutex::new(Vec::new()));
     let mut registry = Registry::default();
     registry.register("Work", Timed(runs.clone()));
-    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
-    let queue = queue_on(&coord, &settings, registry, metrics.clone());
-    let shutdown = CancellationToken::new();
-    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
+    let leading = Leading::start(&coord, &settings, registry, metrics.clone()).await;
     let ran = |runs: &Arc<Mutex<Vec<TimedRun>>>| -> Vec<String> {
         runs.lock().unwrap().iter().map(|r| r.0.clone()).collect()
     };
@@ -202,9 +194,7 @@ async fn a_group_held_by_a_previous_leaders_lease_waits_for_it() {
     memory.expire_lease(&old.lease).unwrap();
     until("a1 and a2 ran", || ran(&runs).len() == 3).await;
     assert_eq!(ran(&runs), ["b1", "a1", "a2"]);
-    shutdown.cancel();
-    assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
-    stop.cancel();
+    leading.shut_down().await;
 }
 
 /// Runs for a minute unless cancelled; records how it ended.

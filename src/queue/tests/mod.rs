@@ -19,7 +19,10 @@ use crate::task::history::HistoryRecord;
 mod ahead;
 mod counting;
 mod groups;
+mod leading;
 mod scheduled;
+
+use self::leading::Leading;
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -330,10 +333,7 @@ async fn a_permanent_failure_is_dead_lettered_at_once_and_a_retryable_one_retrie
     let mut registry = Registry::default();
     registry.register("Work", Failing(runs.clone()));
     let metrics = Arc::new(Metrics::new(["Work"]));
-    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
-    let queue = queue_on(&coord, &settings, registry, metrics);
-    let shutdown = CancellationToken::new();
-    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
+    let leading = Leading::start(&coord, &settings, registry, metrics).await;
     until("flaky ran twice", || runs.lock().unwrap().len() == 3).await;
     for _ in 0..1000 {
         if coord.keys(&prefix).await.unwrap().0.is_empty() {
@@ -358,9 +358,7 @@ async fn a_permanent_failure_is_dead_lettered_at_once_and_a_retryable_one_retrie
             .contains("failed permanently (not retried) on attempt 1: unknown customer"),
         "{letter}"
     );
-    shutdown.cancel();
-    assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
-    stop.cancel();
+    leading.shut_down().await;
 }
 
 /// Records its runs; the task `slow` takes 25 ms on the queue's clock, tokio's (over
@@ -405,18 +403,13 @@ async fn tasks_sent_back_after_a_slow_run_still_go_before_later_ones() {
     let mut registry = Registry::default();
     registry.register("Work", SlowOne(runs.clone()));
     let metrics = Arc::new(Metrics::new(["Work"]));
-    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
-    let queue = queue_on(&coord, &settings, registry, metrics);
-    let shutdown = CancellationToken::new();
-    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
+    let leading = Leading::start(&coord, &settings, registry, metrics).await;
     until("every task ran", || {
         runs.lock().unwrap().len() == order.len()
     })
     .await;
     assert_eq!(*runs.lock().unwrap(), order);
-    shutdown.cancel();
-    assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
-    stop.cancel();
+    leading.shut_down().await;
 }
 
 /// Records each run with the listings made so far; the task `slow` takes 25 ms on the
@@ -468,10 +461,7 @@ async fn tasks_sent_back_after_a_slow_run_are_read_again_without_a_listing() {
         },
     );
     let metrics = Arc::new(Metrics::new(["Work"]));
-    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
-    let queue = queue_on(&coord, &settings, registry, metrics);
-    let shutdown = CancellationToken::new();
-    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
+    let leading = Leading::start(&coord, &settings, registry, metrics).await;
     until("every task ran", || {
         runs.lock().unwrap().len() == order.len()
     })
@@ -483,9 +473,7 @@ async fn tasks_sent_back_after_a_slow_run_are_read_again_without_a_listing() {
         runs.iter().all(|(_, lists)| *lists == 1),
         "listed again during the drain: {runs:?}"
     );
-    shutdown.cancel();
-    assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
-    stop.cancel();
+    leading.shut_down().await;
 }
 
 /// While the pause flag is set the leader claims nothing; once it is cleared the queue
@@ -504,10 +492,7 @@ async fn a_paused_queue_claims_nothing_until_resumed() {
     let mut registry = Registry::default();
     registry.register("Work", SlowOne(ran.clone()));
     let metrics = Arc::new(Metrics::new(["Work"]));
-    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
-    let queue = queue_on(&coord, &settings, registry, metrics);
-    let shutdown = CancellationToken::new();
-    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
+    let leading = Leading::start(&coord, &settings, registry, metrics).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(ran.lock().unwrap().is_empty(), "a paused queue ran tasks");
     let found = coord.get(std::slice::from_ref(&flag)).await.unwrap();
@@ -520,9 +505,7 @@ async fn a_paused_queue_claims_nothing_until_resumed() {
         .unwrap();
     until("both tasks ran", || ran.lock().unwrap().len() == 2).await;
     assert_eq!(*ran.lock().unwrap(), ["one", "two"]);
-    shutdown.cancel();
-    assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
-    stop.cancel();
+    leading.shut_down().await;
 }
 
 /// Each completion leaves its task's history record in the same write; the leader prunes
@@ -552,10 +535,7 @@ async fn completions_leave_history_that_the_leader_prunes_to_its_count() {
         },
     );
     let metrics = Arc::new(Metrics::new(["Work"]));
-    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
-    let queue = queue_on(&coord, &settings, registry, metrics);
-    let shutdown = CancellationToken::new();
-    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
+    let leading = Leading::start(&coord, &settings, registry, metrics).await;
     until("all five ran", || ran.lock().unwrap().len() == 5).await;
     let read = || async {
         let stored = coord
@@ -581,13 +561,11 @@ async fn completions_leave_history_that_the_leader_prunes_to_its_count() {
     let record = &records[0];
     assert_eq!(record.outcome, "completed");
     assert_eq!(record.node.as_deref(), Some("n1"));
-    assert_eq!(record.fencing_token, Some(leadership.fencing_token));
+    assert_eq!(record.fencing_token, Some(leading.leadership.fencing_token));
     // The next look at the history, at most HISTORY_PRUNE_EVERY later, keeps the newest two
     // (records written together are cut, not kept or dropped whole).
     tokio::time::sleep(super::history::HISTORY_PRUNE_EVERY + Duration::from_secs(2)).await;
     let ids: Vec<String> = read().await.into_iter().map(|r| r.task_id).collect();
     assert_eq!(ids, ["id4", "id5"]);
-    shutdown.cancel();
-    assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
-    stop.cancel();
+    leading.shut_down().await;
 }

@@ -11,10 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 
 use super::counting::Counting;
-use super::{default_settings, lead_in_background, lone_leader, queue_on, task, until, LeadEnd};
+use super::{default_settings, task, until, Leading};
 use crate::coord::memory::MemoryCoordinator;
 use crate::coord::Coordinator;
 use crate::handler::{Handler, HandlerFuture, Registry, TaskContext};
@@ -64,10 +63,7 @@ async fn a_scheduled_task_starts_at_its_time_with_no_call_while_it_waits() {
     let mut registry = Registry::default();
     registry.register("Work", Stamped(runs.clone()));
     let metrics = Arc::new(Metrics::new(["Work"]));
-    let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
-    let queue = queue_on(&coord, &settings, registry, metrics.clone());
-    let shutdown = CancellationToken::new();
-    let leading = lead_in_background(queue, &leadership, &lease, &shutdown);
+    let leading = Leading::start(&coord, &settings, registry, metrics.clone()).await;
 
     until("the due task ran", || runs.lock().unwrap().len() == 1).await;
     // Its completion recorded, the queue listed again, the wait begun.
@@ -96,7 +92,5 @@ async fn a_scheduled_task_starts_at_its_time_with_no_call_while_it_waits() {
         "started {} ms after its runAt",
         late.num_milliseconds()
     );
-    shutdown.cancel();
-    assert_eq!(leading.await.unwrap(), LeadEnd::Shutdown);
-    stop.cancel();
+    leading.shut_down().await;
 }
