@@ -51,11 +51,6 @@ impl Names {
             &self.text[start..self.ends[i]]
         })
     }
-
-    /// The keys as owned strings (for a caller that writes or sends them one by one).
-    pub fn to_vec(&self) -> Vec<String> {
-        self.iter().map(str::to_string).collect()
-    }
 }
 
 impl<S: AsRef<str>> FromIterator<S> for Names {
@@ -71,15 +66,6 @@ impl<S: AsRef<str>> Extend<S> for Names {
         for name in names {
             self.push(name.as_ref());
         }
-    }
-}
-
-impl<'a> IntoIterator for &'a Names {
-    type Item = &'a str;
-    type IntoIter = Box<dyn Iterator<Item = &'a str> + 'a>;
-
-    fn into_iter(self) -> Self::IntoIter {
-        Box::new(self.iter())
     }
 }
 
@@ -120,7 +106,6 @@ mod tests {
         assert_eq!(names.len(), 3);
         assert_eq!(names.iter().collect::<Vec<_>>(), ["q/a", "", "q/ü-long"]);
         assert_eq!(names, ["q/a", "", "q/ü-long"]);
-        assert_eq!(names.to_vec(), vec!["q/a", "", "q/ü-long"]);
         assert_ne!(names, ["q/a", "", "q/ü-lon"]);
         assert_ne!(names, ["q/a", ""]);
         assert_eq!(format!("{names:?}"), r#"["q/a", "", "q/ü-long"]"#);

@@ -85,7 +85,7 @@ impl Pruner {
                 return false;
             }
         };
-        let drop = to_prune(&keys, prefix, self.retention, self.clock.now());
+        let drop = to_prune(keys.iter(), prefix, self.retention, self.clock.now());
         let more = drop.len() > PRUNE_PER_LOOK;
         let mut pruned = 0;
         for chunk in drop[..drop.len().min(PRUNE_PER_LOOK)].chunks(PRUNE_BATCH) {

@@ -316,7 +316,7 @@ async fn ticks_with_other_settings(backend: &str) {
     let (queued, _) = coord.keys("oracleTask/").await.expect("keys");
     let mut ticks: Vec<String> = letters
         .iter()
-        .chain(&queued)
+        .chain(queued.iter())
         .filter_map(|k| k.rsplit("tick_").next().map(str::to_string))
         .collect();
     ticks.extend(starts(journal).into_iter().map(|(id, _)| id));
