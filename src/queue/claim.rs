@@ -9,12 +9,12 @@ use std::time::Duration;
 use super::answer::{after_refusal, fates, read_answer, ClaimAnswer, Fate, Refusal};
 use super::backlog::Backlog;
 use super::dead::DEFERRED_RETRY;
-use super::entry::pair_of;
+use super::entry::{pair_of, UnansweredClaim};
 use super::finished::{completions, riders, Finished};
 use super::plan::{chunks, plan_claim, ClaimPlan};
 use super::run::Claimed;
 use super::sort::Memory;
-use super::{LeadEnd, Queue};
+use super::{Applied, LeadEnd, Queue};
 use crate::coord::{
     CoordError, Edit, FencingToken, Leadership, LeaseId, StoredTask, TaskOp, TaskVersion, Version,
     WriteCost, Written,
@@ -84,6 +84,12 @@ pub(super) enum Claim {
         keys: Vec<String>,
         current: Vec<StoredTask>,
         fates: Vec<Fate>,
+    },
+    /// The write's answer never came: it may have been applied. List again; the tasks
+    /// (claimed as `values` say) are remembered until the next read of their keys.
+    Unanswered {
+        batch: Vec<Task>,
+        values: Vec<Vec<u8>>,
     },
     /// The coordinator refused the write as too large; nothing was applied.
     TooLarge(Vec<Task>, String),
@@ -213,6 +219,15 @@ impl Queue {
                 Started::Runs(runs)
             }
             Claim::Relist => Started::Relist,
+            Claim::Unanswered { batch, values } => {
+                for (task, claimed) in batch.into_iter().zip(values) {
+                    let before = task.with(&[]);
+                    memory
+                        .unanswered
+                        .insert(task.key, UnansweredClaim { claimed, before });
+                }
+                Started::Relist
+            }
             Claim::End(stop) => Started::End(stop),
             Claim::Conflicted {
                 batch,
@@ -335,7 +350,7 @@ impl Queue {
             Err(CoordError::Refused(why)) => return Claim::TooLarge(batch, why),
             Err(err) => {
                 tracing::warn!(error = %err, "claim failed");
-                return Claim::Relist;
+                return Claim::Unanswered { batch, values };
             }
         };
         let answer = read_answer(&batch, written);
@@ -444,6 +459,37 @@ impl Queue {
                 }
             }
         }
+    }
+
+    /// Puts back, as it was before, a task held by a claim of this term whose answer never
+    /// came (`Entry::Unanswered`): nothing ran it, so it costs no attempt. A task that
+    /// changed meanwhile is left to the next listing.
+    pub(super) async fn put_back_unanswered(
+        &self,
+        leadership: &Leadership,
+        task: &Task,
+        value: Vec<u8>,
+    ) -> Result<(), LeadEnd> {
+        let op = [TaskOp::Release {
+            key: task.key.clone(),
+            version: task.version,
+            value,
+        }];
+        match self
+            .write_or_step_down(leadership, &op, "put back a claim whose answer was lost")
+            .await?
+        {
+            Applied::Done => {
+                tracing::info!(task_key = %task.key, "a claim whose answer was lost was applied; the task did not run and is back in the queue as it was")
+            }
+            Applied::Conflict => {}
+            // Smaller than the claim that was written: only a coordinator whose limits
+            // shrank meanwhile refuses it; the next listing requeues the task.
+            Applied::TooLarge(why) => {
+                tracing::warn!(task_key = %task.key, error = %why, "cannot put back a claim whose answer was lost")
+            }
+        }
+        Ok(())
     }
 
     /// Releases claimed tasks whose handlers never started, restoring their value, so they

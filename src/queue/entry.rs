@@ -42,6 +42,10 @@ pub enum Entry {
     /// has passed, or a claim of this very lease that nothing here runs (a restart took
     /// the lease up again).
     Requeue { task: Task, reason: &'static str },
+    /// Held by this very lease with exactly the value of a claim whose write's answer never
+    /// came back: that write was applied, and nothing ran the task (the leader listed
+    /// again instead). Put back with `value`, the task as it was before, costing no attempt.
+    Unanswered { task: Task, value: Vec<u8> },
     /// Moved to dead-letter as stored, with `reason`. If the move does not happen (the
     /// entry changed meanwhile), the key stays known only when `known_if_kept`.
     DeadLetter {
@@ -81,6 +85,18 @@ pub struct Remembered<'a> {
     pub deferred: &'a HashMap<String, DateTime<Utc>>,
     /// Orphans and when this term first saw each.
     pub orphans_seen: &'a HashMap<String, DateTime<Utc>>,
+    /// The claim this term wrote for the entry's key and never had an answer to, if any.
+    pub unanswered: Option<&'a UnansweredClaim>,
+}
+
+/// A claim this term sent whose answer never came (an error or a timeout after the write
+/// left): it may or may not have been applied.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnansweredClaim {
+    /// The value the claim wrote.
+    pub claimed: Vec<u8>,
+    /// The task's value before the claim, to put back.
+    pub before: Vec<u8>,
 }
 
 /// What `entry` is at `now`, under `rules`, given what the leader `remembers` and whether
@@ -148,10 +164,20 @@ pub fn classify(
             }
         }
         Status::Delayed(at) | Status::Scheduled(at) => Entry::Waiting { at, task },
-        Status::InFlight if task.holder.as_ref() == Some(rules.own) => Entry::Requeue {
-            task,
-            reason: "the replica restarted while running the task",
-        },
+        // The claim's value names the time it was written, so only that very write
+        // leaves it: its answer was lost, and this term ran nothing of it.
+        Status::InFlight if task.holder.as_ref() == Some(rules.own) => {
+            match remembered.unanswered {
+                Some(lost) if lost.claimed == task.value() => Entry::Unanswered {
+                    value: lost.before.clone(),
+                    task,
+                },
+                _ => Entry::Requeue {
+                    task,
+                    reason: "the replica restarted while running the task",
+                },
+            }
+        }
         Status::InFlight => Entry::Held { task },
         Status::Orphan => {
             // Its lease may have been revoked while its run went on: that run is provably
@@ -221,7 +247,7 @@ mod tests {
 
     use chrono::{DateTime, Utc};
 
-    use super::{classify, eligibility, pair_of, Entry, EntryRules, Remembered};
+    use super::{classify, eligibility, pair_of, Entry, EntryRules, Remembered, UnansweredClaim};
     use crate::coord::{LeaseId, StoredTask, TaskVersion};
     use crate::queue::scripted::{at, scheduled, task};
     use crate::task::Status;
@@ -260,13 +286,66 @@ mod tests {
     }
 
     fn sort(entry: StoredTask, seen: &HashMap<String, DateTime<Utc>>, now: DateTime<Utc>) -> Entry {
+        sort_after(entry, seen, None, now)
+    }
+
+    /// [`sort`] with the claim of the entry's key this term had no answer to, if any.
+    fn sort_after(
+        entry: StoredTask,
+        seen: &HashMap<String, DateTime<Utc>>,
+        unanswered: Option<&UnansweredClaim>,
+        now: DateTime<Utc>,
+    ) -> Entry {
         let own = LeaseId(OWN.into());
         let deferred = HashMap::new();
         let remembered = Remembered {
             deferred: &deferred,
             orphans_seen: seen,
+            unanswered,
         };
         classify(entry, &rules(&own), remembered, |t| t == "x", now)
+    }
+
+    /// A task of this lease's whose value is exactly what a claim without an answer wrote
+    /// is put back as it was, without an attempt; any other value (a later write, a run of
+    /// a previous process) is requeued as a failed attempt.
+    #[test]
+    fn only_the_very_value_of_an_unanswered_claim_is_put_back_without_an_attempt() {
+        let before = serde_json::json!({"taskType": "x", "taskTime": 1}).to_string();
+        let claimed = taken(OWN).to_string().into_bytes();
+        let lost = UnansweredClaim {
+            claimed: claimed.clone(),
+            before: before.clone().into_bytes(),
+        };
+        let held = || stored("q/d", taken(OWN), Some(OWN));
+        match sort_after(held(), &HashMap::new(), Some(&lost), at(0)) {
+            Entry::Unanswered { task, value } => {
+                assert_eq!(task.key, "q/d");
+                assert_eq!(value, before.as_bytes());
+            }
+            other => panic!("{other:?}"),
+        }
+        let other_value = UnansweredClaim {
+            claimed: [&claimed[..claimed.len() - 1], b",\"x\":1}"].concat(),
+            ..lost.clone()
+        };
+        assert!(matches!(
+            sort_after(held(), &HashMap::new(), Some(&other_value), at(0)),
+            Entry::Requeue { reason, .. } if reason.contains("restarted")
+        ));
+        // Held by another lease: that lease's run, whatever this term wrote.
+        assert!(matches!(
+            sort_after(
+                stored("q/d", taken("other"), Some("other")),
+                &HashMap::new(),
+                Some(&UnansweredClaim {
+                    claimed: taken("other").to_string().into_bytes(),
+                    ..lost
+                }),
+                at(0)
+            ),
+            Entry::Held { .. }
+        ));
     }
 
     /// A free task with a handler is pending; one whose notBefore lies ahead waits for it.

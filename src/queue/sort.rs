@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::backlog::{self, Backlog, Keys, Looked, Pending};
-use super::entry::{classify, Entry, EntryRules, Remembered};
+use super::entry::{classify, Entry, EntryRules, Remembered, UnansweredClaim};
 use super::{LeadEnd, Queue};
 use crate::coord::{CoordError, Leadership, Names, StoredTask, Version};
 use crate::task::Task;
@@ -35,6 +35,9 @@ pub(super) struct Memory {
     pub(super) held_groups: HashSet<String>,
     /// Orphans and when this term first saw each: requeued once `orphan_fence` has passed.
     pub(super) orphans_seen: HashMap<String, DateTime<Utc>>,
+    /// Claims this term sent without an answer, by key, until an entry of that key is
+    /// sorted out (the first read after the write shows whether it was applied).
+    pub(super) unanswered: HashMap<String, UnansweredClaim>,
 }
 
 /// Entries sorted out: what can be claimed now or later, and the keys left as they were.
@@ -52,6 +55,9 @@ pub(super) struct Sorted {
     fenced_until: Option<DateTime<Utc>>,
     /// Something was moved or rewritten.
     changed: bool,
+    /// A task of an unanswered claim was put back: its place in the order is among the
+    /// pending, so the queue is listed again before any of them runs.
+    put_back: bool,
 }
 
 /// What to do with a listing.
@@ -103,7 +109,7 @@ impl Queue {
             }
             return Ok(sorted.fenced_until.map_or(Pick::Nothing, Pick::WaitUntil));
         }
-        if !sorted.pending.is_empty() {
+        if !sorted.pending.is_empty() && !sorted.put_back {
             let backlog = Backlog::new(
                 sorted.pending,
                 sorted.delayed,
@@ -143,9 +149,11 @@ impl Queue {
         sorted.pending.reserve(entries.len());
         sorted.keys.reserve(entries.len());
         for entry in entries {
+            let unanswered = memory.unanswered.remove(&entry.key);
             let remembered = Remembered {
                 deferred: &memory.deferred,
                 orphans_seen: &memory.orphans_seen,
+                unanswered: unanswered.as_ref(),
             };
             let has_handler = |task_type: &str| self.registry.get(task_type).is_some();
             match classify(entry, &rules, remembered, has_handler, now) {
@@ -181,6 +189,11 @@ impl Queue {
                     memory.orphans_seen.remove(&task.key);
                     self.requeue(leadership, &task, reason).await?;
                     sorted.changed = true;
+                }
+                Entry::Unanswered { task, value } => {
+                    self.put_back_unanswered(leadership, &task, value).await?;
+                    sorted.changed = true;
+                    sorted.put_back = true;
                 }
                 Entry::Held { task } => {
                     memory.held_groups.insert(task.group().to_string());

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::coord::memory::MemoryCoordinator;
-use crate::coord::{Campaign, Coordinator, HolderRecord, LeaseSpec};
+use crate::coord::{Campaign, CoordError, Coordinator, HolderRecord, LeaseSpec};
 use crate::coord::{
     CoordFuture, Edit, Edited, Grant, Holder, Leadership, LeaseId, Names, Renewal, StoredTask,
     TaskOp, Version, WriteCost, WriteLimits, Written,
@@ -24,6 +24,9 @@ pub(super) struct Counting {
     writing: AtomicUsize,
     /// The most guarded writes that were ever on their way at once.
     pub most_writing: AtomicUsize,
+    /// How many more guarded writes that claim something are applied, and then answered
+    /// `Unavailable` as if the answer was lost on its way back.
+    pub lose_claim_answers: AtomicUsize,
 }
 
 impl Counting {
@@ -35,6 +38,7 @@ impl Counting {
             write_delay: Duration::ZERO,
             writing: AtomicUsize::new(0),
             most_writing: AtomicUsize::new(0),
+            lose_claim_answers: AtomicUsize::new(0),
         }
     }
 
@@ -112,6 +116,15 @@ impl Coordinator for Counting {
             }
             let written = self.inner.write(leadership, ops).await;
             self.writing.fetch_sub(1, Ordering::SeqCst);
+            let claims = ops.iter().any(|op| matches!(op, TaskOp::Claim { .. }));
+            let lose = claims
+                && self
+                    .lose_claim_answers
+                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok();
+            if lose {
+                return Err(CoordError::Unavailable("the answer was lost".into()));
+            }
             written
         })
     }

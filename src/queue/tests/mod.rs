@@ -20,6 +20,7 @@ mod ahead;
 mod counting;
 mod groups;
 mod leading;
+mod lost;
 mod scheduled;
 
 use self::leading::Leading;
