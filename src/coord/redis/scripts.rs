@@ -201,9 +201,11 @@ local staged, order, failed, versions = {}, {}, {}, {}
 local function load(key)
   local s = staged[key]
   if s ~= nil then return s end
-  local f = redis.call('HMGET', P .. 'task/' .. key, 'value', 'version', 'created', 'holder')
-  if not f[2] then return false end
-  return {value = f[1] or '', version = f[2], created = f[3] or f[2], holder = f[4] or ''}
+  -- Not the value: every write stages a value of its own, so reading it would only copy
+  -- (and intern) bytes the script never looks at.
+  local f = redis.call('HMGET', P .. 'task/' .. key, 'version', 'created', 'holder')
+  if not f[1] then return false end
+  return {version = f[1], created = f[2] or f[1], holder = f[3] or ''}
 end
 local function stage(key, task)
   if staged[key] == nil then order[#order + 1] = key end
