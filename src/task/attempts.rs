@@ -76,8 +76,7 @@ impl Attempt {
 /// Whether a task's value may hold a log: a look for the field's name, cheaper than
 /// parsing the value again on every completion.
 pub fn has_log(value: &[u8]) -> bool {
-    let name = b"\"attemptLog\"";
-    value.windows(name.len()).any(|window| window == name)
+    memchr::memmem::find(value, b"\"attemptLog\"").is_some()
 }
 
 /// The log read from a task's fields: the entries that can be read, oldest first; an
@@ -152,6 +151,18 @@ mod tests {
             json!(7),
             "camelCase, as the producers' fields"
         );
+    }
+
+    /// The look finds the field's quoted name anywhere in a value, and nothing else.
+    #[test]
+    fn has_log_looks_for_the_quoted_field_name() {
+        assert!(has_log(br#"{"attemptLog":[]}"#));
+        assert!(has_log(br#"{"taskId":"1","attemptLog":[{"attempt":1}]}"#));
+        assert!(!has_log(br#"{"taskId":"1","attemptLogs":[]}"#));
+        assert!(!has_log(
+            br#"{"note":"attemptLog without quotes: attemptLog"}"#
+        ));
+        assert!(!has_log(b""));
     }
 
     /// The log keeps the newest ATTEMPT_LOG_MAX entries and cuts each error to its limit,
