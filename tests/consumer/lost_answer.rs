@@ -1,0 +1,290 @@
+//! A claim whose answer is lost on the wire costs its task no attempt, end to end: an
+//! HTTP/1.1 proxy between the one replica and the `leaderq server` forwards every request
+//! and answer unchanged, except the answer to the first claim transaction, which reaches
+//! the server and is applied there, but whose answer the proxy reads and throws away,
+//! closing the replica's connection instead. The queue's own unit test of the same case,
+//! on the in-memory coordinator, is `src/queue/tests/lost.rs`.
+
+use super::*;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// What marks a claim on the wire: a transaction op that locks a key under the queue
+/// prefix with the leader's session (`TxnOp::Lock`). The campaign locks the leader key,
+/// which is not under the prefix, and a put back is an `unlock`.
+const CLAIM_OP: &str = r#""Verb":"lock","Key":"oracleTask/"#;
+
+/// An HTTP/1.1 proxy to the server that loses the answer to the first claim transaction
+/// sent through it, and forwards everything else unchanged, keep-alive included.
+struct LosingProxy {
+    addr: String,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+/// What the proxy's connections share.
+struct Shared {
+    server: String,
+    /// Set until the first claim is seen: the answer to that one is lost.
+    armed: AtomicBool,
+    /// The status codes of the answers the server gave and the replica never got.
+    lost: Mutex<Vec<u16>>,
+}
+
+impl LosingProxy {
+    async fn start(server: &str) -> LosingProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let shared = Arc::new(Shared {
+            server: server.to_string(),
+            armed: AtomicBool::new(true),
+            lost: Mutex::new(Vec::new()),
+        });
+        let stop = CancellationToken::new();
+        let accept = tokio::spawn(accept_loop(listener, shared.clone(), stop.clone()));
+        LosingProxy {
+            addr,
+            shared,
+            stop,
+            accept,
+        }
+    }
+
+    /// The status codes of the answers lost so far.
+    fn lost(&self) -> Vec<u16> {
+        self.shared.lost.lock().unwrap().clone()
+    }
+}
+
+impl Drop for LosingProxy {
+    fn drop(&mut self) {
+        self.stop.cancel();
+        self.accept.abort();
+    }
+}
+
+/// Relays each connection on a task of its own until `stop`, then waits for them all.
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: CancellationToken) {
+    let tracker = TaskTracker::new();
+    loop {
+        let inbound = tokio::select! {
+            _ = stop.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((inbound, _)) => inbound,
+                Err(_) => break,
+            },
+        };
+        let (shared, stop) = (shared.clone(), stop.clone());
+        tracker.spawn(async move {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                // A connection that breaks is simply closed, as the server would close it.
+                _ = relay(inbound, &shared) => {}
+            }
+        });
+    }
+    tracker.close();
+    tracker.wait().await;
+}
+
+/// Forwards the requests of one replica connection to a server connection of its own, one
+/// at a time (HTTP/1.1 without pipelining, as reqwest sends), each answer back in turn.
+/// Returns when either side closes, or once the answer to the first claim is lost: then
+/// both connections are dropped with that answer read whole and never sent.
+async fn relay(inbound: TcpStream, shared: &Shared) -> std::io::Result<()> {
+    let outbound = TcpStream::connect(&shared.server).await?;
+    let (from_client, mut to_client) = inbound.into_split();
+    let (from_server, mut to_server) = outbound.into_split();
+    let (mut from_client, mut from_server) =
+        (BufReader::new(from_client), BufReader::new(from_server));
+    loop {
+        let Some(request) = read_message(&mut from_client, None).await? else {
+            return Ok(());
+        };
+        let claim = request.head.starts_with("PUT /v1/txn ")
+            && String::from_utf8_lossy(&request.bytes).contains(CLAIM_OP);
+        let lose = claim && shared.armed.swap(false, Ordering::SeqCst);
+        to_server.write_all(&request.bytes).await?;
+        let head_only = request.head.starts_with("HEAD ");
+        let Some(answer) = read_message(&mut from_server, Some(head_only)).await? else {
+            return Ok(());
+        };
+        if lose {
+            let status = answer.status().unwrap_or(0);
+            shared.lost.lock().unwrap().push(status);
+            return Ok(());
+        }
+        to_client.write_all(&answer.bytes).await?;
+        if answer.until_close {
+            return Ok(());
+        }
+    }
+}
+
+/// One HTTP/1.1 message read whole: its bytes exactly as they came, and its head (the
+/// request or status line and the headers).
+struct Message {
+    head: String,
+    bytes: Vec<u8>,
+    /// Its body ran to the end of the connection (an answer with no length).
+    until_close: bool,
+}
+
+impl Message {
+    /// An answer's status code.
+    fn status(&self) -> Option<u16> {
+        self.head.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    /// The value of header `name`, if present.
+    fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|line| {
+            let (key, value) = line.split_once(':')?;
+            key.trim()
+                .eq_ignore_ascii_case(name)
+                .then_some(value.trim())
+        })
+    }
+}
+
+/// Reads one message from `from`: a request (`answer_to_head` is `None`) or an answer
+/// (`Some(true)` when it answers a HEAD, so it has no body). `None` when the connection
+/// ends cleanly before a message starts.
+async fn read_message(
+    from: &mut (impl AsyncBufRead + Unpin),
+    answer_to_head: Option<bool>,
+) -> std::io::Result<Option<Message>> {
+    let mut bytes = Vec::new();
+    loop {
+        let line = from.read_until(b'\n', &mut bytes).await?;
+        if line == 0 {
+            if bytes.is_empty() {
+                return Ok(None);
+            }
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        if bytes.ends_with(b"\r\n\r\n") || bytes.ends_with(b"\n\n") {
+            break;
+        }
+    }
+    let mut message = Message {
+        head: String::from_utf8_lossy(&bytes).into_owned(),
+        bytes,
+        until_close: false,
+    };
+    let no_body = match answer_to_head {
+        None => false,
+        Some(to_head) => {
+            let status = message.status().unwrap_or(0);
+            to_head || (100..200).contains(&status) || status == 204 || status == 304
+        }
+    };
+    if no_body {
+        return Ok(Some(message));
+    }
+    let chunked = message
+        .header("transfer-encoding")
+        .is_some_and(|coding| coding.to_ascii_lowercase().contains("chunked"));
+    let length = message
+        .header("content-length")
+        .map(|length| length.parse::<usize>().map_err(std::io::Error::other))
+        .transpose()?;
+    if chunked {
+        read_chunked(from, &mut message.bytes).await?;
+    } else if let Some(length) = length {
+        let start = message.bytes.len();
+        message.bytes.resize(start + length, 0);
+        from.read_exact(&mut message.bytes[start..]).await?;
+    } else if answer_to_head.is_some() {
+        from.read_to_end(&mut message.bytes).await?;
+        message.until_close = true;
+    }
+    Ok(Some(message))
+}
+
+/// Reads a chunked body, its chunks and trailers, onto `bytes` as they came.
+async fn read_chunked(
+    from: &mut (impl AsyncBufRead + Unpin),
+    bytes: &mut Vec<u8>,
+) -> std::io::Result<()> {
+    loop {
+        let start = bytes.len();
+        if from.read_until(b'\n', bytes).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let line = String::from_utf8_lossy(&bytes[start..]).into_owned();
+        let size = line.split(';').next().unwrap_or("").trim();
+        let size = usize::from_str_radix(size, 16).map_err(std::io::Error::other)?;
+        if size == 0 {
+            // Trailers, up to the empty line.
+            loop {
+                let start = bytes.len();
+                if from.read_until(b'\n', bytes).await? == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                if &bytes[start..] == b"\r\n" || &bytes[start..] == b"\n" {
+                    return Ok(());
+                }
+            }
+        }
+        // The chunk and the CRLF after it.
+        let start = bytes.len();
+        bytes.resize(start + size + 2, 0);
+        from.read_exact(&mut bytes[start..]).await?;
+    }
+}
+
+/// A claim the server applied but whose answer the leader never got (its connection closed
+/// after the server answered) costs no attempt: with one attempt allowed, the task still
+/// runs exactly once, as attempt 1, nothing is dead-lettered and the queue drains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_answer_was_lost_on_the_wire_costs_its_task_no_attempt() {
+    let mut bed = Bed::new();
+    let proxy = LosingProxy::start(&bed.cluster.addr).await;
+    let config = bed
+        .settings
+        .clone()
+        .set("queue", "max_attempts", "1")
+        .toml("r1");
+    let replica = ConsumerProcess::start(&proxy.addr, "r1", bed.dir.path(), &config);
+    bed.replicas.push(replica);
+    assert_eq!(bed.leader(Duration::from_secs(30)).await, "r1");
+    bed.put_task(
+        "task_l",
+        json!({"taskId": "l", "taskTime": 1, "taskType": "Work"}),
+    )
+    .await;
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(20))
+        .await;
+    assert_eq!(
+        proxy.lost(),
+        [200],
+        "the first claim's answer, a commit, is lost on the wire\n{}",
+        bed.logs()
+    );
+    let log = bed.replicas[0].log_text();
+    assert!(
+        log.contains("claim failed"),
+        "the leader saw no error: {log}"
+    );
+    let dead = bed.dead_letters().await;
+    assert!(dead.is_empty(), "dead-lettered: {dead:#?}\n{}", bed.logs());
+    let runs: Vec<(String, String)> = bed
+        .journal()
+        .iter()
+        .map(|line| (line[1].clone(), line[4].clone()))
+        .collect();
+    assert_eq!(
+        runs,
+        [("l".to_string(), "1".to_string())],
+        "the task runs once, as its first attempt\n{}",
+        bed.logs()
+    );
+}
