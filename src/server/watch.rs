@@ -380,6 +380,13 @@ impl<'a> View<'a> {
         self.state.kv_prefix_index(prefix)
     }
 
+    /// The same, for a reader that went over the prefix's entries already and found the
+    /// newest at ModifyIndex `entries` (`State::kv_prefix_index_over`).
+    pub fn kv_prefix_index_over(&self, prefix: &str, entries: u64) -> u64 {
+        self.record(|set| set.prefix(prefix));
+        self.state.kv_prefix_index_over(prefix, entries)
+    }
+
     pub fn session(&self, id: &str) -> Option<&'a Session> {
         self.record(|set| set.table(Table::Sessions));
         self.state.session(id)

@@ -62,16 +62,18 @@ pub(super) async fn kv_get(req: Req<'_>, key: String) -> Reply {
     let pretty = req.query.has("pretty");
     let (index, body) = watch::query(&req.shared.core, blocking, |state| {
         if recurse {
+            // The reply's index comes from the same pass over the entries as its body.
+            let mut newest = 0;
+            let listed = state.kv_list(&key).inspect(|(_, entry)| {
+                newest = newest.max(entry.modify_index);
+            });
             let body = if pretty {
-                let entries: Vec<DirEntry> = state
-                    .kv_list(&key)
-                    .map(|(k, e)| DirEntry::new(k, e))
-                    .collect();
+                let entries: Vec<DirEntry> = listed.map(|(k, e)| DirEntry::new(k, e)).collect();
                 (!entries.is_empty()).then(|| to_json(&entries, pretty))
             } else {
-                write_entries(state.kv_list(&key))
+                write_entries(listed)
             };
-            (state.kv_prefix_index(&key), body)
+            (state.kv_prefix_index_over(&key, newest), body)
         } else {
             let body = state.kv_get(&key).map(|entry| {
                 if raw {
@@ -166,7 +168,9 @@ pub(super) async fn kv_keys(req: Req<'_>, prefix: String) -> Reply {
     let pretty = req.query.has("pretty");
     let (index, keys) = watch::query(&req.shared.core, blocking, |state| {
         let mut keys: Vec<&str> = Vec::new();
-        for (key, _) in state.kv_list(&prefix) {
+        let mut newest = 0;
+        for (key, entry) in state.kv_list(&prefix) {
+            newest = newest.max(entry.modify_index);
             let rolled = if separator.is_empty() {
                 key.as_str()
             } else {
@@ -181,7 +185,7 @@ pub(super) async fn kv_keys(req: Req<'_>, prefix: String) -> Reply {
             }
         }
         let body = (!keys.is_empty() || prefix.is_empty()).then(|| to_json(&keys, pretty));
-        (state.kv_prefix_index(&prefix), body)
+        (state.kv_prefix_index_over(&prefix, newest), body)
     })
     .await;
     match keys {

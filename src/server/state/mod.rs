@@ -39,6 +39,10 @@ pub const MAX_LOCK_DELAY: Duration = Duration::from_secs(60);
 pub const DEFAULT_LOCK_DELAY: Duration = Duration::from_secs(15);
 /// Tombstones keep prefix indexes from going backwards; Consul reaps them after this long.
 pub const TOMBSTONE_TTL: Duration = Duration::from_secs(15 * 60);
+/// How many of the newest tombstones a prefix index looks among before it goes over the
+/// prefix's own: enough to step over a few deletes elsewhere, a bounded cost when none is
+/// under the prefix.
+const RECENT_TOMBSTONES: usize = 64;
 /// The node health check every agent has and default sessions are bound to.
 pub const SERF_CHECK_ID: &str = "serfHealth";
 
@@ -56,7 +60,8 @@ pub struct State {
     kv: OrdMap<String, Arc<Entry>>,
     /// key -> index of the delete that removed it.
     tombstones: OrdMap<String, u64>,
-    /// Reap order: tombstones are created with a monotonic `now`, so the front is oldest.
+    /// Reap order: tombstones are created with a monotonic `now`, so the front is oldest;
+    /// and with a rising index, so the back is newest (a restore queues them by index).
     tombstone_reaps: Vector<(Instant, String, u64)>,
     sessions: OrdMap<String, Session>,
     /// session id -> keys it holds, so invalidation does not scan the whole KV.
@@ -118,7 +123,11 @@ impl State {
             }
             state.kv.insert(key, Arc::new(entry));
         }
-        for (key, index) in snapshot.tombstones {
+        // Queued for reaping in the order of their indexes, as they were written (the
+        // newest under a prefix is looked for from the back).
+        let mut tombstones = snapshot.tombstones;
+        tombstones.sort_by_key(|(_, index)| *index);
+        for (key, index) in tombstones {
             state
                 .tombstone_reaps
                 .push_back((now + TOMBSTONE_TTL, key.clone(), index));
@@ -190,16 +199,41 @@ impl State {
     /// X-Consul-Index of a prefix listing: the newest entry or tombstone under the prefix,
     /// falling back to the KV tables' index when there is none; never 0.
     pub fn kv_prefix_index(&self, prefix: &str) -> u64 {
-        if prefix.is_empty() {
-            return self.kv_table_index().max(1);
-        }
         let entries = self
             .kv_list(prefix)
             .map(|(_, entry)| entry.modify_index)
             .max()
             .unwrap_or(0);
-        let tombstones = self
-            .tombstones
+        self.kv_prefix_index_over(prefix, entries)
+    }
+
+    /// [`State::kv_prefix_index`] for a reader that went over the entries under `prefix`
+    /// already, the newest of them at ModifyIndex `entries` (0: none): a listing then
+    /// reads its entries once, not twice.
+    pub fn kv_prefix_index_over(&self, prefix: &str, entries: u64) -> u64 {
+        if prefix.is_empty() {
+            return self.kv_table_index().max(1);
+        }
+        match entries.max(self.newest_tombstone_under(prefix)) {
+            0 => self.kv_table_index().max(1),
+            index => index,
+        }
+    }
+
+    /// The index of the newest tombstone under `prefix`, 0 if none. The reap queue holds
+    /// tombstones in the order of their indexes, so under a prefix deleted from lately (a
+    /// queue being drained, whose tombstones number as many as the tasks it ran in 15
+    /// minutes) the newest is among the last few queued; otherwise the prefix's own
+    /// tombstones are gone over. A queued tombstone the map no longer holds at that index
+    /// (reaped, written again, or rolled back) is passed over.
+    fn newest_tombstone_under(&self, prefix: &str) -> u64 {
+        let recent = self.tombstone_reaps.iter().rev().take(RECENT_TOMBSTONES);
+        for (_, key, index) in recent {
+            if key.starts_with(prefix) && self.tombstones.get(key) == Some(index) {
+                return *index;
+            }
+        }
+        self.tombstones
             .range::<_, str>((
                 std::ops::Bound::Included(prefix),
                 std::ops::Bound::Unbounded,
@@ -207,11 +241,7 @@ impl State {
             .take_while(|(key, _)| key.starts_with(prefix))
             .map(|(_, index)| *index)
             .max()
-            .unwrap_or(0);
-        match entries.max(tombstones) {
-            0 => self.kv_table_index().max(1),
-            index => index,
-        }
+            .unwrap_or(0)
     }
 
     fn kv_table_index(&self) -> u64 {
