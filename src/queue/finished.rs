@@ -25,6 +25,10 @@ pub(super) struct Finished {
     /// Where its history record goes when written alone, and the record (`None`: history
     /// is off).
     pub(super) history: Option<(String, Vec<u8>)>,
+    /// The history record key of a completion write that carried this one and whose answer
+    /// never came: if that key exists, the write was applied (it is all or nothing), and
+    /// writing the completion again would record the run twice.
+    pub(super) sent_under: Option<String>,
     /// What its completion costs in a write of its own.
     alone: WriteCost,
     /// What it adds to a write whose completions share one record key: its deletion and
@@ -45,6 +49,7 @@ impl Finished {
             claimed_version,
             elapsed_ms,
             history,
+            sent_under: None,
             alone: WriteCost::default(),
             shared: WriteCost::default(),
         };
@@ -102,16 +107,9 @@ impl Finished {
 /// after the newest), written by the finish of the task that has it. One record is
 /// written under its own key, as a completion alone writes it.
 pub(super) fn completions(done_prefix: &str, group: &[Finished]) -> Vec<TaskOp> {
-    let recorded = group.iter().filter(|done| done.history.is_some()).count();
-    let newest = group
-        .iter()
-        .enumerate()
-        .filter_map(|(i, done)| Some((&done.history.as_ref()?.0, i)))
-        .max();
-    let Some((newest_key, carrier)) = newest.filter(|_| recorded > 1) else {
+    let Some((to, Some(carrier))) = record_of(done_prefix, group) else {
         return group.iter().map(Finished::completion).collect();
     };
-    let to = batch_key(done_prefix, newest_key, recorded);
     let value = batch_value(
         group
             .iter()
@@ -126,6 +124,32 @@ pub(super) fn completions(done_prefix: &str, group: &[Finished]) -> Vec<TaskOp> 
             None => done.deletion(),
         })
         .collect()
+}
+
+/// The key [`completions`] writes `group`'s history records under, if any, and the index
+/// of the completion that carries them when they share one key (`None`: one record, under
+/// its own key).
+fn record_of(done_prefix: &str, group: &[Finished]) -> Option<(String, Option<usize>)> {
+    let recorded = group.iter().filter(|done| done.history.is_some()).count();
+    let (newest, carrier) = group
+        .iter()
+        .enumerate()
+        .filter_map(|(i, done)| Some((&done.history.as_ref()?.0, i)))
+        .max()?;
+    if recorded == 1 {
+        return Some((newest.clone(), None));
+    }
+    Some((batch_key(done_prefix, newest, recorded), Some(carrier)))
+}
+
+/// Marks `group`, whose completion write's answer never came, with the record key that
+/// write carried (nothing without history: a completion written again deletes what is
+/// gone and records nothing).
+pub(super) fn mark_unanswered(done_prefix: &str, group: &mut [Finished]) {
+    let key = record_of(done_prefix, group).map(|(key, _)| key);
+    for done in group {
+        done.sent_under = key.clone();
+    }
 }
 
 /// What the completions of `finished` cost a write, as [`completions`] writes them: the

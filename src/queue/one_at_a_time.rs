@@ -109,6 +109,9 @@ impl Queue {
                 end = Some(stop);
                 break;
             }
+            if finished.iter().any(|done| done.sent_under.is_some()) {
+                finished = self.settle_unsure(leadership, finished).await;
+            }
             if !lease.outlasts(self.lease_rules.claim_headroom) {
                 // Renewals are late: a run started now could be cut by its supervisor's
                 // kill window. Start and claim nothing until a renewal comes or the lease

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::backlog::Backlog;
 use super::entry::pair_of;
-use super::finished::{completions, riders, Finished};
+use super::finished::{completions, mark_unanswered, riders, Finished};
 use super::plan::chunks;
 use super::settlement::{self, after_run, RunEnd, Settlement};
 use super::{LeadEnd, Queue};
@@ -346,10 +346,66 @@ impl Queue {
             }
             Err(err) => {
                 tracing::warn!(task_key = %task.key, error = %err, "cannot record the completed task yet; retrying");
+                let mut done = done;
+                mark_unanswered(&self.settings.done_prefix, std::slice::from_mut(&mut done));
                 return Some(done);
             }
         }
         None
+    }
+
+    /// `finished` without those a completion write whose answer never came did record
+    /// ([`Queue::recorded_already`]); those it cannot tell about yet come first, so that
+    /// nothing rides a claim after them.
+    pub(super) async fn settle_unsure(
+        &self,
+        leadership: &Leadership,
+        finished: Vec<Finished>,
+    ) -> Vec<Finished> {
+        let (write, mut unsure) = self.recorded_already(leadership, finished).await;
+        unsure.extend(write);
+        unsure
+    }
+
+    /// Of `finished`, those a completion write whose answer never came did record: their
+    /// record key exists, so that write was applied, and they are logged as completed
+    /// rather than written again (which, where the completion of a task already gone
+    /// succeeds, would record their runs twice). Answers the others, to complete, and
+    /// those it cannot tell about yet (the coordinator cannot be read), to keep.
+    async fn recorded_already(
+        &self,
+        leadership: &Leadership,
+        finished: Vec<Finished>,
+    ) -> (Vec<Finished>, Vec<Finished>) {
+        let mut keys: Vec<String> = finished
+            .iter()
+            .filter_map(|done| done.sent_under.clone())
+            .collect();
+        if keys.is_empty() {
+            return (finished, Vec::new());
+        }
+        keys.sort();
+        keys.dedup();
+        let found = match self.coord.get(&keys).await {
+            Ok(found) => found,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot tell yet whether completions whose answer was lost were recorded; retrying");
+                return finished
+                    .into_iter()
+                    .partition(|done| done.sent_under.is_none());
+            }
+        };
+        let mut write = Vec::with_capacity(finished.len());
+        for mut done in finished {
+            match done.sent_under.take() {
+                Some(key) if found.iter().any(|stored| stored.key == key) => {
+                    tracing::info!(task_key = %done.task.key, "a completion whose answer was lost was recorded");
+                    self.log_completed(leadership, &done, leadership.fencing_token);
+                }
+                _ => write.push(done),
+            }
+        }
+        (write, Vec::new())
     }
 
     /// Completes finished tasks, in as few writes as the limits allow; if one of them was
@@ -361,7 +417,7 @@ impl Queue {
         leadership: &Leadership,
         finished: Vec<Finished>,
     ) -> Vec<Finished> {
-        let mut left = Vec::new();
+        let (finished, mut left) = self.recorded_already(leadership, finished).await;
         if finished.len() <= 1 {
             for done in finished {
                 left.extend(self.complete(leadership, done).await);
@@ -371,13 +427,19 @@ impl Queue {
         let (guard, costs) = riders(self.coord.guard_cost(), &finished);
         let mut finished = finished.into_iter();
         for range in chunks(Some(guard), &costs, self.coord.limits()) {
-            let group: Vec<Finished> = finished.by_ref().take(range.len()).collect();
+            let mut group: Vec<Finished> = finished.by_ref().take(range.len()).collect();
             let ops = completions(&self.settings.done_prefix, &group);
             match self.write(leadership, &ops).await {
                 Ok(Written::Done { fencing_token, .. }) => {
                     for done in &group {
                         self.log_completed(leadership, done, fencing_token);
                     }
+                }
+                Err(err) if !matches!(err, CoordError::Refused(_)) => {
+                    // Perhaps applied: tried again as they are once it is known.
+                    tracing::warn!(error = %err, tasks = group.len(), "cannot record completed tasks yet; retrying");
+                    mark_unanswered(&self.settings.done_prefix, &mut group);
+                    left.extend(group);
                 }
                 _ => {
                     for done in group {

@@ -27,6 +27,10 @@ pub(super) struct Counting {
     /// How many more guarded writes that claim something are applied, and then answered
     /// `Unavailable` as if the answer was lost on its way back.
     pub lose_claim_answers: AtomicUsize,
+    /// The same for guarded writes that complete tasks and claim nothing.
+    pub lose_completion_answers: AtomicUsize,
+    /// How many claim writes are answered before `lose_claim_answers` starts losing.
+    pub pass_claims: AtomicUsize,
 }
 
 impl Counting {
@@ -39,6 +43,8 @@ impl Counting {
             writing: AtomicUsize::new(0),
             most_writing: AtomicUsize::new(0),
             lose_claim_answers: AtomicUsize::new(0),
+            lose_completion_answers: AtomicUsize::new(0),
+            pass_claims: AtomicUsize::new(0),
         }
     }
 
@@ -117,11 +123,20 @@ impl Coordinator for Counting {
             let written = self.inner.write(leadership, ops).await;
             self.writing.fetch_sub(1, Ordering::SeqCst);
             let claims = ops.iter().any(|op| matches!(op, TaskOp::Claim { .. }));
-            let lose = claims
-                && self
-                    .lose_claim_answers
-                    .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                    .is_ok();
+            let completes = ops
+                .iter()
+                .any(|op| matches!(op, TaskOp::Complete { .. } | TaskOp::Finish { .. }));
+            let passed = |left: &AtomicUsize| {
+                left.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+            };
+            let counter = match (claims, completes) {
+                (true, _) if passed(&self.pass_claims) => None,
+                (true, _) => Some(&self.lose_claim_answers),
+                (false, true) => Some(&self.lose_completion_answers),
+                (false, false) => None,
+            };
+            let lose = counter.is_some_and(passed);
             if lose {
                 return Err(CoordError::Unavailable("the answer was lost".into()));
             }

@@ -1,6 +1,8 @@
-//! A claim write applied by the coordinator whose answer never reached the leader: what it
-//! claimed is put back as it was, without costing an attempt.
+//! Writes applied by the coordinator whose answers never reached the leader: a claim's
+//! tasks are put back as they were, without costing an attempt, and a completion (alone
+//! or riding a claim) is not written again, so no run is recorded twice.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,6 +13,7 @@ use crate::coord::memory::MemoryCoordinator;
 use crate::coord::Coordinator;
 use crate::handler::{Handler, HandlerFuture, Registry, TaskContext};
 use crate::observe::Metrics;
+use crate::task::history::HistoryRecord;
 
 /// Records each run's task id and attempt number.
 struct Attempts(Arc<Mutex<Vec<(String, u32)>>>);
@@ -27,23 +30,30 @@ impl Handler for Attempts {
     }
 }
 
-/// A claim write that was applied but whose answer was lost leaves its tasks held by the
-/// leader's own lease, none of them started. The next listing puts them back as they
-/// were, costing no attempt: with one attempt allowed and two answers lost in a row, each
-/// task still runs once, as its first attempt, in order, and nothing is dead-lettered.
-#[tokio::test(start_paused = true)]
-async fn a_claim_whose_answer_was_lost_costs_its_tasks_no_attempt() {
-    let memory = Arc::new(MemoryCoordinator::default());
-    let counting = Arc::new(Counting::new(memory.clone()));
-    counting
-        .lose_claim_answers
-        .store(2, std::sync::atomic::Ordering::SeqCst);
-    let coord: Arc<dyn Coordinator> = counting.clone();
+/// The tasks each test drains, in their order.
+const IDS: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
+
+/// What a drain left, one attempt allowed: each run's task id and attempt,
+/// the dead letters, and the task ids of the history records.
+struct Drained {
+    runs: Vec<(String, u32)>,
+    dead: Vec<crate::coord::StoredTask>,
+    recorded: Vec<String>,
+}
+
+/// Drains tasks with the ids `IDS` (in that order), claimed up to `claim_batch` at a time
+/// with one attempt allowed, through `counting`, whose knobs the caller set to lose answers.
+async fn drain(
+    memory: &Arc<MemoryCoordinator>,
+    counting: Arc<Counting>,
+    claim_batch: usize,
+) -> Drained {
+    let coord: Arc<dyn Coordinator> = counting;
     let mut settings = default_settings();
     settings.queue.max_attempts = 1;
+    settings.queue.claim_batch = claim_batch;
     let prefix = settings.queue.prefix.clone();
-    let dead_prefix = settings.queue.dead_prefix.clone();
-    for (n, id) in ["one", "two", "three"].iter().enumerate() {
+    for (n, id) in IDS.iter().enumerate() {
         memory
             .put(&format!("{prefix}t{n}"), &task(id, 10 + n as u64))
             .unwrap();
@@ -53,33 +63,101 @@ async fn a_claim_whose_answer_was_lost_costs_its_tasks_no_attempt() {
     registry.register("Work", Attempts(runs.clone()));
     let metrics = Arc::new(Metrics::new(["Work"]));
     let leading = Leading::start(&coord, &settings, registry, metrics).await;
+    let list = |prefix: &str| {
+        let (coord, prefix) = (coord.clone(), prefix.to_string());
+        async move {
+            coord
+                .list(&prefix, crate::coord::Version(0), Duration::ZERO)
+                .await
+                .unwrap()
+                .0
+        }
+    };
     for _ in 0..1000 {
-        let (left, _) = coord
-            .list(&prefix, crate::coord::Version(0), Duration::ZERO)
-            .await
-            .unwrap();
-        if left.is_empty() {
+        if list(&prefix).await.is_empty() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let (dead, _) = coord
-        .list(&dead_prefix, crate::coord::Version(0), Duration::ZERO)
+    // Long enough for every completion to be written, however it was retried.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let left = list(&prefix).await;
+    assert!(left.is_empty(), "left in the queue: {left:?}");
+    leading.shut_down().await;
+    let mut recorded: Vec<String> = list(&settings.queue.done_prefix)
         .await
-        .unwrap();
-    assert!(dead.is_empty(), "dead-lettered: {dead:?}");
+        .iter()
+        .flat_map(|s| HistoryRecord::decode_all(&s.key, &s.value))
+        .map(|record| record.task_id)
+        .collect();
+    recorded.sort();
+    let dead = list(&settings.queue.dead_prefix).await;
     let runs = runs.lock().unwrap().clone();
-    assert_eq!(
+    Drained {
         runs,
-        [("one".into(), 1), ("two".into(), 1), ("three".into(), 1)],
+        dead,
+        recorded,
+    }
+}
+
+/// Each task ran once, as its first attempt, in order; none was dead-lettered; each run
+/// has one history record; and every answer the test meant to lose was lost.
+fn assert_drained_once(drained: Drained, counting: &Counting) {
+    assert!(drained.dead.is_empty(), "dead-lettered: {:?}", drained.dead);
+    let once: Vec<(String, u32)> = IDS.iter().map(|id| (id.to_string(), 1)).collect();
+    assert_eq!(
+        drained.runs, once,
         "each task runs once, as its first attempt"
     );
+    let mut ids = IDS.to_vec();
+    ids.sort();
+    assert_eq!(drained.recorded, ids, "one history record per run");
+    let left = |n: &AtomicUsize| n.load(Ordering::SeqCst);
     assert_eq!(
-        counting
-            .lose_claim_answers
-            .load(std::sync::atomic::Ordering::SeqCst),
+        left(&counting.lose_claim_answers),
         0,
-        "no answer was lost"
+        "claim answers not lost"
     );
-    leading.shut_down().await;
+    assert_eq!(
+        left(&counting.lose_completion_answers),
+        0,
+        "completion answers not lost"
+    );
+}
+
+/// A claim write that was applied but whose answer was lost leaves its tasks held by the
+/// leader's own lease, none of them started. The next listing puts them back as they
+/// were, costing no attempt: with two answers lost in a row, each task still runs once.
+#[tokio::test(start_paused = true)]
+async fn a_claim_whose_answer_was_lost_costs_its_tasks_no_attempt() {
+    let memory = Arc::new(MemoryCoordinator::default());
+    let counting = Arc::new(Counting::new(memory.clone()));
+    counting.lose_claim_answers.store(2, Ordering::SeqCst);
+    let drained = drain(&memory, counting.clone(), 32).await;
+    assert_drained_once(drained, &counting);
+}
+
+/// A claim whose answer was lost carried completions: they were applied with it, and are
+/// not written (nor their runs recorded) again. Claimed two at a time, the fourth claim
+/// (lost) carries the completions of `b` and `c`; written again, they would go in one
+/// write with those of `d` and `e`, under another record key.
+#[tokio::test(start_paused = true)]
+async fn the_completions_riding_a_lost_claim_are_recorded_once() {
+    let memory = Arc::new(MemoryCoordinator::default());
+    let counting = Arc::new(Counting::new(memory.clone()));
+    counting.pass_claims.store(3, Ordering::SeqCst);
+    counting.lose_claim_answers.store(1, Ordering::SeqCst);
+    let drained = drain(&memory, counting.clone(), 2).await;
+    assert_drained_once(drained, &counting);
+}
+
+/// A completion whose answer was lost was applied all the same: its tasks are gone and
+/// their history recorded. It is not written again, so no run is recorded twice.
+#[tokio::test(start_paused = true)]
+async fn a_completion_whose_answer_was_lost_is_recorded_once() {
+    let memory = Arc::new(MemoryCoordinator::default());
+    let counting = Arc::new(Counting::new(memory.clone()));
+    counting.lose_completion_answers.store(1, Ordering::SeqCst);
+    let drained = drain(&memory, counting.clone(), 32).await;
+    assert_drained_once(drained, &counting);
 }
