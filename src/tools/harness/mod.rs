@@ -14,6 +14,7 @@ pub mod zookeeper;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod etcd;
@@ -71,9 +72,24 @@ fn which(candidate: &str) -> Option<PathBuf> {
     })
 }
 
-/// A loopback port nobody listens on now (the kernel's pick, released at once: another
-/// process could take it before the caller does, which is rare enough for tests).
+/// A loopback port nobody listens on now, for a server the harness starts. Taken below
+/// Linux's ephemeral range (32768 and up), where the kernel picks the local ports of
+/// outgoing connections and of binds to port 0: a port picked there and released could be
+/// taken by any connection before the server binds it (an etcd member once failed to
+/// start so, with the tests' many connections). Handed out in turn, from a start that
+/// differs per process, each checked free by a bind; the kernel's pick if none is.
 pub fn free_port() -> u16 {
+    /// The ports handed out: `LOW..LOW + SPAN`.
+    const LOW: usize = 20_000;
+    const SPAN: usize = 12_000;
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let start = std::process::id() as usize * 7_919;
+    for _ in 0..SPAN {
+        let port = (LOW + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())
