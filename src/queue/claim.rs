@@ -10,7 +10,7 @@ use super::answer::{after_refusal, fates, read_answer, ClaimAnswer, Fate, Refusa
 use super::backlog::Backlog;
 use super::dead::DEFERRED_RETRY;
 use super::entry::{pair_of, UnansweredClaim};
-use super::finished::{completions, mark_unanswered, riders, Finished};
+use super::finished::{completions, mark_unanswered, ride_able, riders, Finished};
 use super::plan::{chunks, plan_claim, ClaimPlan};
 use super::run::Claimed;
 use super::sort::Memory;
@@ -117,10 +117,7 @@ impl Queue {
         max_tasks: usize,
     ) -> Planned {
         let now = self.clock().now();
-        // A completion that went out in a write whose answer was lost rides nothing until
-        // its record says whether that write was applied (`Queue::recorded_already`).
-        let unsure = finished.iter().position(|done| done.sent_under.is_some());
-        let finished = &finished[..unsure.unwrap_or(finished.len())];
+        let finished = ride_able(finished);
         let (guard, shares) = riders(self.coord.guard_cost(), finished);
         let limits = self.coord.limits();
         // Claims are prepared one at a time and only while they fit: preparing one writes

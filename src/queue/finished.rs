@@ -152,6 +152,14 @@ pub(super) fn mark_unanswered(done_prefix: &str, group: &mut [Finished]) {
     }
 }
 
+/// The completions of `finished` that may ride a claim: those before the first whose
+/// earlier write's answer was lost, which rides nothing until its record says whether that
+/// write was applied (`Queue::recorded_already`).
+pub(super) fn ride_able(finished: &[Finished]) -> &[Finished] {
+    let unsure = finished.iter().position(|done| done.sent_under.is_some());
+    &finished[..unsure.unwrap_or(finished.len())]
+}
+
 /// What the completions of `finished` cost a write, as [`completions`] writes them: the
 /// write's own part (`guard`, plus the shared record key's op when records ride) and each
 /// completion's share. Kept within limits, any prefix of them fits with what they say.

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::backlog::{Backlog, Next, LOOK_INTERVAL};
 use super::claim::{Batch, Candidate, Started};
-use super::finished::{riders, Finished};
+use super::finished::{ride_able, riders, Finished};
 use super::plan::{plan_claim, ClaimPlan};
 use super::run::Claimed;
 use super::run::RunOutcome;
@@ -318,7 +318,7 @@ impl Queue {
             .iter()
             .map(|task| Candidate::new(task, leadership, &self.node_id, now))
             .collect();
-        let (guard, shares) = riders(self.coord.guard_cost(), finished);
+        let (guard, shares) = riders(self.coord.guard_cost(), ride_able(finished));
         let claims: Vec<WriteCost> = candidates
             .iter()
             .map(|candidate| self.coord.cost(candidate.op()))

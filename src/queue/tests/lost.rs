@@ -41,17 +41,20 @@ struct Drained {
     recorded: Vec<String>,
 }
 
-/// Drains tasks with the ids `IDS` (in that order), claimed up to `claim_batch` at a time
-/// with one attempt allowed, through `counting`, whose knobs the caller set to lose answers.
+/// Drains tasks with the ids `IDS` (in that order), claimed up to `claim_batch` at a time,
+/// run up to `concurrency` at once, with one attempt allowed, through `counting`, whose
+/// knobs the caller set to lose answers.
 async fn drain(
     memory: &Arc<MemoryCoordinator>,
     counting: Arc<Counting>,
     claim_batch: usize,
+    concurrency: usize,
 ) -> Drained {
     let coord: Arc<dyn Coordinator> = counting;
     let mut settings = default_settings();
     settings.queue.max_attempts = 1;
     settings.queue.claim_batch = claim_batch;
+    settings.queue.concurrency = concurrency;
     let prefix = settings.queue.prefix.clone();
     for (n, id) in IDS.iter().enumerate() {
         memory
@@ -133,7 +136,7 @@ async fn a_claim_whose_answer_was_lost_costs_its_tasks_no_attempt() {
     let memory = Arc::new(MemoryCoordinator::default());
     let counting = Arc::new(Counting::new(memory.clone()));
     counting.lose_claim_answers.store(2, Ordering::SeqCst);
-    let drained = drain(&memory, counting.clone(), 32).await;
+    let drained = drain(&memory, counting.clone(), 32, 1).await;
     assert_drained_once(drained, &counting);
 }
 
@@ -147,7 +150,7 @@ async fn the_completions_riding_a_lost_claim_are_recorded_once() {
     let counting = Arc::new(Counting::new(memory.clone()));
     counting.pass_claims.store(3, Ordering::SeqCst);
     counting.lose_claim_answers.store(1, Ordering::SeqCst);
-    let drained = drain(&memory, counting.clone(), 2).await;
+    let drained = drain(&memory, counting.clone(), 2, 1).await;
     assert_drained_once(drained, &counting);
 }
 
@@ -158,6 +161,23 @@ async fn a_completion_whose_answer_was_lost_is_recorded_once() {
     let memory = Arc::new(MemoryCoordinator::default());
     let counting = Arc::new(Counting::new(memory.clone()));
     counting.lose_completion_answers.store(1, Ordering::SeqCst);
-    let drained = drain(&memory, counting.clone(), 32).await;
+    let drained = drain(&memory, counting.clone(), 32, 1).await;
     assert_drained_once(drained, &counting);
+}
+
+/// The driver of concurrency groups settles the same lost answers the same way: a lost
+/// claim, a lost completion, a lost claim carrying completions.
+#[tokio::test(start_paused = true)]
+async fn with_concurrency_lost_answers_settle_the_same_way() {
+    for (claims, completions, passed) in [(1, 0, 0), (0, 1, 0), (1, 0, 2)] {
+        let memory = Arc::new(MemoryCoordinator::default());
+        let counting = Arc::new(Counting::new(memory.clone()));
+        counting.lose_claim_answers.store(claims, Ordering::SeqCst);
+        counting
+            .lose_completion_answers
+            .store(completions, Ordering::SeqCst);
+        counting.pass_claims.store(passed, Ordering::SeqCst);
+        let drained = drain(&memory, counting.clone(), 2, 3).await;
+        assert_drained_once(drained, &counting);
+    }
 }
