@@ -128,16 +128,41 @@ fn assert_drained_once(drained: Drained, counting: &Counting) {
     );
 }
 
+/// Answers to lose: claim writes answered first (`passed`), then claim answers lost, and
+/// completion answers lost.
+#[derive(Clone, Copy, Default)]
+struct Lose {
+    passed: usize,
+    claims: usize,
+    completions: usize,
+}
+
+/// Drains `IDS` as [`drain`] does over a coordinator that loses the answers `lose` says,
+/// and checks [`assert_drained_once`].
+async fn drains_once(lose: Lose, claim_batch: usize, concurrency: usize) {
+    let memory = Arc::new(MemoryCoordinator::default());
+    let counting = Arc::new(Counting::new(memory.clone()));
+    counting.pass_claims.store(lose.passed, Ordering::SeqCst);
+    counting
+        .lose_claim_answers
+        .store(lose.claims, Ordering::SeqCst);
+    counting
+        .lose_completion_answers
+        .store(lose.completions, Ordering::SeqCst);
+    let drained = drain(&memory, counting.clone(), claim_batch, concurrency).await;
+    assert_drained_once(drained, &counting);
+}
+
 /// A claim write that was applied but whose answer was lost leaves its tasks held by the
 /// leader's own lease, none of them started. The next listing puts them back as they
 /// were, costing no attempt: with two answers lost in a row, each task still runs once.
 #[tokio::test(start_paused = true)]
 async fn a_claim_whose_answer_was_lost_costs_its_tasks_no_attempt() {
-    let memory = Arc::new(MemoryCoordinator::default());
-    let counting = Arc::new(Counting::new(memory.clone()));
-    counting.lose_claim_answers.store(2, Ordering::SeqCst);
-    let drained = drain(&memory, counting.clone(), 32, 1).await;
-    assert_drained_once(drained, &counting);
+    let lose = Lose {
+        claims: 2,
+        ..Lose::default()
+    };
+    drains_once(lose, 32, 1).await;
 }
 
 /// A claim whose answer was lost carried completions: they were applied with it, and are
@@ -146,38 +171,35 @@ async fn a_claim_whose_answer_was_lost_costs_its_tasks_no_attempt() {
 /// write with those of `d` and `e`, under another record key.
 #[tokio::test(start_paused = true)]
 async fn the_completions_riding_a_lost_claim_are_recorded_once() {
-    let memory = Arc::new(MemoryCoordinator::default());
-    let counting = Arc::new(Counting::new(memory.clone()));
-    counting.pass_claims.store(3, Ordering::SeqCst);
-    counting.lose_claim_answers.store(1, Ordering::SeqCst);
-    let drained = drain(&memory, counting.clone(), 2, 1).await;
-    assert_drained_once(drained, &counting);
+    let lose = Lose {
+        passed: 3,
+        claims: 1,
+        ..Lose::default()
+    };
+    drains_once(lose, 2, 1).await;
 }
 
 /// A completion whose answer was lost was applied all the same: its tasks are gone and
 /// their history recorded. It is not written again, so no run is recorded twice.
 #[tokio::test(start_paused = true)]
 async fn a_completion_whose_answer_was_lost_is_recorded_once() {
-    let memory = Arc::new(MemoryCoordinator::default());
-    let counting = Arc::new(Counting::new(memory.clone()));
-    counting.lose_completion_answers.store(1, Ordering::SeqCst);
-    let drained = drain(&memory, counting.clone(), 32, 1).await;
-    assert_drained_once(drained, &counting);
+    let lose = Lose {
+        completions: 1,
+        ..Lose::default()
+    };
+    drains_once(lose, 32, 1).await;
 }
 
 /// The driver of concurrency groups settles the same lost answers the same way: a lost
 /// claim, a lost completion, a lost claim carrying completions.
 #[tokio::test(start_paused = true)]
 async fn with_concurrency_lost_answers_settle_the_same_way() {
-    for (claims, completions, passed) in [(1, 0, 0), (0, 1, 0), (1, 0, 2)] {
-        let memory = Arc::new(MemoryCoordinator::default());
-        let counting = Arc::new(Counting::new(memory.clone()));
-        counting.lose_claim_answers.store(claims, Ordering::SeqCst);
-        counting
-            .lose_completion_answers
-            .store(completions, Ordering::SeqCst);
-        counting.pass_claims.store(passed, Ordering::SeqCst);
-        let drained = drain(&memory, counting.clone(), 2, 3).await;
-        assert_drained_once(drained, &counting);
+    for (passed, claims, completions) in [(0, 1, 0), (0, 0, 1), (2, 1, 0)] {
+        let lose = Lose {
+            passed,
+            claims,
+            completions,
+        };
+        drains_once(lose, 2, 3).await;
     }
 }
