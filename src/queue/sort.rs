@@ -149,7 +149,12 @@ impl Queue {
         sorted.pending.reserve(entries.len());
         sorted.keys.reserve(entries.len());
         for entry in entries {
-            let unanswered = memory.unanswered.remove(&entry.key);
+            // Almost always empty: a probe would hash every key of a 100k listing for nothing.
+            let unanswered = if memory.unanswered.is_empty() {
+                None
+            } else {
+                memory.unanswered.remove(&entry.key)
+            };
             let remembered = Remembered {
                 deferred: &memory.deferred,
                 orphans_seen: &memory.orphans_seen,
