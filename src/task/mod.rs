@@ -22,14 +22,15 @@
 pub mod attempts;
 pub mod history;
 pub mod key;
+mod rewrite;
 
 use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
-use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{json, Map, Value};
 
 use crate::coord::{LeaseId, StoredTask, TaskVersion};
+use rewrite::{RawFields, Rewritten};
 
 /// The largest `attempts` read from a task: one below u32::MAX, so that the run number
 /// (`attempts + 1`) saturates at u32::MAX instead of overflowing.
@@ -310,11 +311,13 @@ impl Task {
         self.run_at == Some(at)
     }
 
-    /// The task's JSON with `updates` applied (a `Null` removes the field), written from
-    /// its fields parsed again, in their order.
+    /// The task's JSON with `updates` applied (a `Null` removes the field), its other
+    /// fields in their order and as they were written (`rewrite.rs`).
     pub fn with(&self, updates: &[(&str, Value)]) -> Vec<u8> {
+        let fields =
+            RawFields::parse(&self.value).expect("the value parsed as an object when read");
         serde_json::to_vec(&Rewritten {
-            fields: &self.fields(),
+            fields: &fields,
             updates,
         })
         .expect("task JSON serializes")
@@ -374,35 +377,6 @@ impl Task {
         ];
         updates.extend(run.map(|run| self.logged(run)));
         self.with(&updates)
-    }
-}
-
-/// A task's fields with updates applied, as they serialize: an updated field keeps its
-/// place, a new one comes last, a `Null` update removes the field; the last update of a
-/// name wins.
-struct Rewritten<'a> {
-    fields: &'a Map<String, Value>,
-    updates: &'a [(&'a str, Value)],
-}
-
-impl Serialize for Rewritten<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        let update = |name: &str| self.updates.iter().rev().find(|(n, _)| *n == name);
-        let mut map = serializer.serialize_map(None)?;
-        for (name, value) in self.fields {
-            match update(name) {
-                Some((_, new)) if new.is_null() => {}
-                Some((_, new)) => map.serialize_entry(name, new)?,
-                None => map.serialize_entry(name, value)?,
-            }
-        }
-        for (i, (name, new)) in self.updates.iter().enumerate() {
-            let last = self.updates.iter().rposition(|(n, _)| n == name) == Some(i);
-            if last && !new.is_null() && !self.fields.contains_key(*name) {
-                map.serialize_entry(name, new)?;
-            }
-        }
-        map.end()
     }
 }
 

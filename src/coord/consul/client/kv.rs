@@ -151,22 +151,33 @@ impl Elements {
         element: &mut impl FnMut(&[u8]) -> Result<(), Error>,
     ) -> Result<(), Error> {
         let mut start = (self.depth > 1 || self.text).then_some(0);
-        for (n, &byte) in chunk.iter().enumerate() {
+        let mut n = 0;
+        while n < chunk.len() {
             if self.in_string {
-                match byte {
-                    _ if self.escaped => self.escaped = false,
-                    b'\\' => self.escaped = true,
-                    b'"' => {
-                        self.in_string = false;
-                        if self.text {
-                            self.text = false;
-                            self.hand(&chunk[start.take().unwrap_or(0)..=n], element)?;
-                        }
-                    }
-                    _ => {}
+                if self.escaped {
+                    self.escaped = false;
+                    n += 1;
+                    continue;
                 }
+                // A string's body (a value's base64, most of a listing's bytes) is passed
+                // over to its next quote or backslash at once.
+                let Some(skip) = memchr::memchr2(b'"', b'\\', &chunk[n..]) else {
+                    break;
+                };
+                n += skip;
+                if chunk[n] == b'\\' {
+                    self.escaped = true;
+                } else {
+                    self.in_string = false;
+                    if self.text {
+                        self.text = false;
+                        self.hand(&chunk[start.take().unwrap_or(0)..=n], element)?;
+                    }
+                }
+                n += 1;
                 continue;
             }
+            let byte = chunk[n];
             match (self.depth, byte) {
                 (_, b' ' | b'\n' | b'\r' | b'\t') => {}
                 (0, b'[') if !self.closed => self.depth = 1,
@@ -195,6 +206,7 @@ impl Elements {
                 (d, _) if d > 1 => {}
                 _ => return Err(not_entries()),
             }
+            n += 1;
         }
         if let Some(from) = start {
             self.partial.extend_from_slice(&chunk[from..]);
@@ -387,11 +399,13 @@ mod tests {
     /// The names `?keys` answers come out whole however the body is cut, escapes included.
     #[test]
     fn names_cut_anywhere_come_out_whole() {
-        let body = r#"["q/a", "q/\"]{,","x" ]"#;
+        let body = r#"["q/a", "q/\"]{,","x", "y\\", "\\\"z" ]"#;
         let expected = vec![
             r#""q/a""#.to_string(),
             r#""q/\"]{,""#.to_string(),
             r#""x""#.to_string(),
+            r#""y\\""#.to_string(),
+            r#""\\\"z""#.to_string(),
         ];
         for size in 1..=body.len() {
             assert_eq!(
