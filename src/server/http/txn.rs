@@ -131,16 +131,8 @@ pub(super) fn parse_txn(body: &[u8]) -> Result<Vec<TxnOp>, HttpError> {
         let Some(Value::Object(kv)) = field(op, "KV") else {
             return Err(fail("operation has no KV member".into()));
         };
-        let text = |name: &str| -> Result<String, HttpError> {
-            match field(kv, name) {
-                None | Some(Value::Null) => Ok(String::new()),
-                Some(Value::String(s)) => Ok(s.clone()),
-                Some(other) => Err(fail(format!(
-                    "json: cannot unmarshal {} into Go struct field KVTxnOp.KV.{name} of type string",
-                    json_kind(other)
-                ))),
-            }
-        };
+        // Borrowed: a value's base64 is decoded from the body's own string, not a copy.
+        let text = |name: &str| text_field(kv, name).map_err(fail);
         let number = |name: &str| -> Result<u64, HttpError> {
             match field(kv, name) {
                 None | Some(Value::Null) => Ok(0),
@@ -151,7 +143,7 @@ pub(super) fn parse_txn(body: &[u8]) -> Result<Vec<TxnOp>, HttpError> {
                 ))),
             }
         };
-        let key = text("Key")?;
+        let key = text("Key")?.to_string();
         let value = base64::engine::general_purpose::STANDARD
             .decode(text("Value")?)
             .map_err(|e| fail(format!("illegal base64 data: {e}")))?;
@@ -166,13 +158,25 @@ pub(super) fn parse_txn(body: &[u8]) -> Result<Vec<TxnOp>, HttpError> {
             ));
         }
         parsed.push(TxnOp {
-            verb: text("Verb")?,
+            verb: text("Verb")?.to_string(),
             key,
             value,
             flags: number("Flags")?,
             index: number("Index")?,
-            session: text("Session")?,
+            session: text("Session")?.to_string(),
         });
     }
     Ok(parsed)
+}
+
+/// Field `name` of a transaction's KV operation, a string (absent or null: empty).
+fn text_field<'a>(kv: &'a Map<String, Value>, name: &str) -> Result<&'a str, String> {
+    match field(kv, name) {
+        None | Some(Value::Null) => Ok(""),
+        Some(Value::String(s)) => Ok(s),
+        Some(other) => Err(format!(
+            "json: cannot unmarshal {} into Go struct field KVTxnOp.KV.{name} of type string",
+            json_kind(other)
+        )),
+    }
 }
