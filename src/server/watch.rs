@@ -31,7 +31,7 @@ use arc_swap::ArcSwap;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::state::{Changes, Check, Config, Entry, Node, Session, State, TableIndexes};
+use super::state::{Changes, Check, Config, Entry, KvPrefix, Node, Session, State, TableIndexes};
 use super::Core;
 
 /// Consul's `default_query_time`: the wait when a client sends `index` without `wait`.
@@ -358,6 +358,11 @@ impl<'a> View<'a> {
     ) -> impl Iterator<Item = (&'b String, &'b Entry)> + 'b {
         self.record(|set| set.prefix(prefix));
         self.state.kv_list(prefix)
+    }
+
+    pub fn kv_prefix_owned(&self, prefix: &str) -> KvPrefix {
+        self.record(|set| set.prefix(prefix));
+        self.state.kv_prefix_owned(prefix)
     }
 
     pub fn kv_len(&self) -> usize {

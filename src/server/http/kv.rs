@@ -60,6 +60,8 @@ pub(super) async fn kv_get(req: Req<'_>, key: String) -> Reply {
     let blocking = req.blocking()?;
     let raw = req.query.has("raw") && !recurse;
     let pretty = req.query.has("pretty");
+    // A large listing goes out as it is written, unless it is to be gzipped whole.
+    let stream = !pretty && !accepts_gzip(&req.headers);
     let (index, body) = watch::query(&req.shared.core, blocking, |state| {
         if recurse {
             // The reply's index comes from the same pass over the entries as its body.
@@ -69,28 +71,47 @@ pub(super) async fn kv_get(req: Req<'_>, key: String) -> Reply {
             });
             let body = if pretty {
                 let entries: Vec<DirEntry> = listed.map(|(k, e)| DirEntry::new(k, e)).collect();
-                (!entries.is_empty()).then(|| to_json(&entries, pretty))
+                (!entries.is_empty()).then(|| Listing::Whole(to_json(&entries, pretty)))
             } else {
-                write_entries(listed)
+                let limit = if stream { STREAM_MIN_BYTES } else { usize::MAX };
+                match write_entries_up_to(listed, limit) {
+                    Written::None => None,
+                    Written::Whole(body) => Some(Listing::Whole(body)),
+                    Written::Head { head, last } => {
+                        // The rest's index is read now, as it stands in this snapshot.
+                        let rest = state.kv_prefix_owned(&key);
+                        for (_, entry) in rest.entries_after(&last) {
+                            newest = newest.max(entry.modify_index);
+                        }
+                        Some(Listing::Streamed { head, rest, last })
+                    }
+                }
             };
             (state.kv_prefix_index_over(&key, newest), body)
         } else {
             let body = state.kv_get(&key).map(|entry| {
-                if raw {
+                Listing::Whole(if raw {
                     entry.value.clone()
                 } else {
                     to_json(&[DirEntry::new(&key, entry)], pretty)
-                }
+                })
             });
             (state.kv_key_index(&key), body)
         }
     })
     .await;
-    let Some(body) = body else {
-        return Ok(with_meta(
-            StatusCode::NOT_FOUND.into_response(),
-            Some(index),
-        ));
+    let body = match body {
+        None => {
+            return Ok(with_meta(
+                StatusCode::NOT_FOUND.into_response(),
+                Some(index),
+            ))
+        }
+        Some(Listing::Whole(body)) => body,
+        Some(Listing::Streamed { head, rest, last }) => {
+            let response = json_body(stream_rest(head, rest, last));
+            return Ok(with_meta(response, Some(index)));
+        }
     };
     let mut response = if raw {
         let mut response = body.into_response();
@@ -112,49 +133,125 @@ pub(super) async fn kv_get(req: Req<'_>, key: String) -> Reply {
     Ok(response)
 }
 
+/// A `?recurse` answer whose body passes this many bytes is sent as it is written, in
+/// chunks of about `STREAM_CHUNK_BYTES`, rather than built whole first: the client reads
+/// the first entries while the server writes the rest, and the server holds a chunk, not
+/// the listing (a backlog of 2,000 tasks of 20 KB is a 53 MB answer). Consul's larger
+/// answers go out chunked too: Go's net/http sends no Content-Length past its buffer.
+const STREAM_MIN_BYTES: usize = 1 << 20;
+const STREAM_CHUNK_BYTES: usize = 256 << 10;
+
+/// A read's body: whole, or a `?recurse` listing's first bytes and the entries after them.
+enum Listing {
+    Whole(Vec<u8>),
+    Streamed {
+        head: Vec<u8>,
+        rest: KvPrefix,
+        /// The last key written in `head`.
+        last: String,
+    },
+}
+
+/// What [`write_entries_up_to`] wrote.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Written {
+    /// There were no entries.
+    None,
+    /// The whole listing.
+    Whole(Vec<u8>),
+    /// Its first entries, up to and including key `last`, without the closing bracket.
+    Head { head: Vec<u8>, last: String },
+}
+
 /// The compact JSON of a `?recurse` listing, written straight into one buffer: listing
 /// 10,000 keys is the hot read of a task queue, and this skips a String per value.
-/// Produces the same bytes as serializing `DirEntry`s; `None` when there are none.
-pub(super) fn write_entries<'a>(
+/// Produces the same bytes as serializing `DirEntry`s. Stops after the entry that takes
+/// the body to `limit` bytes, if more follow.
+pub(super) fn write_entries_up_to<'a>(
     entries: impl Iterator<Item = (&'a String, &'a Entry)>,
-) -> Option<Vec<u8>> {
-    use std::io::Write as _;
+    limit: usize,
+) -> Written {
     let mut out = Vec::new();
-    for (key, entry) in entries {
-        out.push(if out.is_empty() { b'[' } else { b',' });
-        let _ = write!(out, "{{\"LockIndex\":{},\"Key\":", entry.lock_index);
-        write_json_string(&mut out, key);
-        let _ = write!(out, ",\"Flags\":{},\"Value\":", entry.flags);
-        if entry.value.is_empty() {
-            out.extend_from_slice(b"null");
-        } else {
-            out.push(b'"');
-            let start = out.len();
-            out.resize(
-                start + base64::encoded_len(entry.value.len(), true).unwrap_or(0),
-                0,
-            );
-            let written = base64::engine::general_purpose::STANDARD
-                .encode_slice(&entry.value, &mut out[start..])
-                .expect("buffer sized for base64");
-            out.truncate(start + written);
-            out.push(b'"');
+    let mut entries = entries.peekable();
+    while let Some((key, entry)) = entries.next() {
+        let separator = if out.is_empty() { b'[' } else { b',' };
+        write_entry(&mut out, separator, key, entry);
+        if out.len() >= limit && entries.peek().is_some() {
+            return Written::Head {
+                head: out,
+                last: key.clone(),
+            };
         }
-        if let Some(session) = &entry.session {
-            out.extend_from_slice(b",\"Session\":");
-            write_json_string(&mut out, session);
-        }
-        let _ = write!(
-            out,
-            ",\"CreateIndex\":{},\"ModifyIndex\":{}}}",
-            entry.create_index, entry.modify_index
-        );
     }
     if out.is_empty() {
-        return None;
+        return Written::None;
     }
     out.push(b']');
-    Some(out)
+    Written::Whole(out)
+}
+
+/// Writes one entry of a listing after `separator` (`[` before the first, `,` after).
+fn write_entry(out: &mut Vec<u8>, separator: u8, key: &str, entry: &Entry) {
+    use std::io::Write as _;
+    out.push(separator);
+    let _ = write!(out, "{{\"LockIndex\":{},\"Key\":", entry.lock_index);
+    write_json_string(out, key);
+    let _ = write!(out, ",\"Flags\":{},\"Value\":", entry.flags);
+    if entry.value.is_empty() {
+        out.extend_from_slice(b"null");
+    } else {
+        out.push(b'"');
+        let start = out.len();
+        out.resize(
+            start + base64::encoded_len(entry.value.len(), true).unwrap_or(0),
+            0,
+        );
+        let written = base64::engine::general_purpose::STANDARD
+            .encode_slice(&entry.value, &mut out[start..])
+            .expect("buffer sized for base64");
+        out.truncate(start + written);
+        out.push(b'"');
+    }
+    if let Some(session) = &entry.session {
+        out.extend_from_slice(b",\"Session\":");
+        write_json_string(out, session);
+    }
+    let _ = write!(
+        out,
+        ",\"CreateIndex\":{},\"ModifyIndex\":{}}}",
+        entry.create_index, entry.modify_index
+    );
+}
+
+/// The body of a streamed listing: `head`, then the entries of `rest` after key `last`,
+/// written a chunk at a time as the client takes them (two chunks ahead at most), then
+/// the closing bracket. A client that goes away ends the writing.
+pub(super) fn stream_rest(head: Vec<u8>, rest: KvPrefix, last: String) -> Body {
+    let (chunks, received) = tokio::sync::mpsc::channel::<Bytes>(2);
+    tokio::spawn(async move {
+        if chunks.send(Bytes::from(head)).await.is_err() {
+            return;
+        }
+        let mut out = Vec::with_capacity(STREAM_CHUNK_BYTES);
+        for (key, entry) in rest.entries_after(&last) {
+            write_entry(&mut out, b',', key, entry);
+            if out.len() >= STREAM_CHUNK_BYTES {
+                let full = std::mem::replace(&mut out, Vec::with_capacity(STREAM_CHUNK_BYTES));
+                if chunks.send(Bytes::from(full)).await.is_err() {
+                    return;
+                }
+            }
+        }
+        out.push(b']');
+        let _ = chunks.send(Bytes::from(out)).await;
+    });
+    Body::from_stream(futures_util::stream::unfold(
+        received,
+        |mut received| async move {
+            let chunk = received.recv().await?;
+            Some((Ok::<_, std::convert::Infallible>(chunk), received))
+        },
+    ))
 }
 
 pub(super) async fn kv_keys(req: Req<'_>, prefix: String) -> Reply {

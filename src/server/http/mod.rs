@@ -51,8 +51,8 @@ use serde_json::{json, Map, Value};
 
 use super::state::catalog::is_maintenance_check;
 use super::state::{
-    ApplyError, Check, CheckSpec, CheckStatus, Command, Entry, Outcome, Service, ServiceCheck,
-    Session, SessionSpec, State, TxnOp, DEFAULT_LOCK_DELAY, SERF_CHECK_ID,
+    ApplyError, Check, CheckSpec, CheckStatus, Command, Entry, KvPrefix, Outcome, Service,
+    ServiceCheck, Session, SessionSpec, State, TxnOp, DEFAULT_LOCK_DELAY, SERF_CHECK_ID,
 };
 use super::watch::{self, Blocking};
 use super::{Shared, WriteError, CONSUL_VERSION, DATACENTER};
@@ -727,13 +727,64 @@ mod tests {
                 },
             ),
         ];
-        let fast = write_entries(entries.iter().map(|(k, e)| (k, e))).unwrap();
+        let Written::Whole(fast) =
+            write_entries_up_to(entries.iter().map(|(k, e)| (k, e)), usize::MAX)
+        else {
+            panic!("the whole listing is written");
+        };
         let slow: Vec<DirEntry> = entries.iter().map(|(k, e)| DirEntry::new(k, e)).collect();
         assert_eq!(
             String::from_utf8(fast).unwrap(),
             String::from_utf8(to_json(&slow, false)).unwrap()
         );
-        assert_eq!(write_entries(std::iter::empty()), None);
+        assert_eq!(
+            write_entries_up_to(std::iter::empty(), usize::MAX),
+            Written::None
+        );
+    }
+
+    /// A listing cut after any entry and streamed from there is byte for byte the whole
+    /// one; only entries under the prefix are listed.
+    #[tokio::test]
+    async fn a_streamed_listing_is_the_whole_listing() {
+        let entry = |n: u64| Entry {
+            value: vec![b'v'; n as usize * 7],
+            flags: n,
+            session: n.is_multiple_of(2).then(|| format!("s{n}")),
+            lock_index: n,
+            create_index: n,
+            modify_index: n + 1,
+        };
+        let mut entries: Vec<(String, Entry)> =
+            (0..20).map(|n| (format!("q/{n:02}"), entry(n))).collect();
+        entries.push(("qq".to_string(), entry(99)));
+        entries.push(("p".to_string(), entry(98)));
+        let listed: Vec<(String, Entry)> = entries
+            .iter()
+            .filter(|(key, _)| key.starts_with("q/"))
+            .cloned()
+            .collect();
+        let mut listed = listed;
+        listed.sort_by(|a, b| a.0.cmp(&b.0));
+        let whole = match write_entries_up_to(listed.iter().map(|(k, e)| (k, e)), usize::MAX) {
+            Written::Whole(body) => body,
+            other => panic!("{other:?}"),
+        };
+        for limit in 1..whole.len() + 2 {
+            let body = match write_entries_up_to(listed.iter().map(|(k, e)| (k, e)), limit) {
+                Written::Whole(body) => body,
+                Written::Head { head, last } => {
+                    let rest = KvPrefix::of(entries.clone(), "q/");
+                    let body = stream_rest(head, rest, last);
+                    axum::body::to_bytes(body, usize::MAX)
+                        .await
+                        .unwrap()
+                        .to_vec()
+                }
+                Written::None => panic!("entries were listed"),
+            };
+            assert_eq!(body, whole, "cut at {limit} bytes");
+        }
     }
 
     /// LockDelay numbers and strings below 1000ns are read as seconds.

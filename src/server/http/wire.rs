@@ -147,7 +147,7 @@ pub(super) fn to_json<T: Serialize + ?Sized>(value: &T, pretty: bool) -> Vec<u8>
     out
 }
 
-pub(super) fn json_body(body: Vec<u8>) -> Response {
+pub(super) fn json_body(body: impl IntoResponse) -> Response {
     let mut response = body.into_response();
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -170,13 +170,17 @@ impl State {
 
     /// Entries whose key starts with `prefix` (a byte prefix), in key order.
     pub fn kv_list<'a>(&'a self, prefix: &'a str) -> impl Iterator<Item = (&'a String, &'a Entry)> {
-        self.kv
-            .range::<_, str>((
-                std::ops::Bound::Included(prefix),
-                std::ops::Bound::Unbounded,
-            ))
-            .take_while(move |(key, _)| key.starts_with(prefix))
-            .map(|(key, entry)| (key, entry.as_ref()))
+        prefix_from(&self.kv, prefix, std::ops::Bound::Included(prefix))
+    }
+
+    /// The entries under `prefix` in an owned copy of the KV map (O(1): the map is
+    /// persistent), to be walked after this read returns: a large listing is written out
+    /// while later commits land, as it stood when it was read.
+    pub fn kv_prefix_owned(&self, prefix: &str) -> KvPrefix {
+        KvPrefix {
+            kv: self.kv.clone(),
+            prefix: prefix.to_string(),
+        }
     }
 
     pub fn kv_len(&self) -> usize {
@@ -453,6 +457,42 @@ impl State {
             self.changes.meta = true;
         }
     }
+}
+
+/// A prefix's entries as one read saw them, owned ([`State::kv_prefix_owned`]).
+pub struct KvPrefix {
+    kv: OrdMap<String, Arc<Entry>>,
+    prefix: String,
+}
+
+impl KvPrefix {
+    /// A prefix of these entries, as a read of a state holding them would take it.
+    #[cfg(test)]
+    pub fn of(entries: Vec<(String, Entry)>, prefix: &str) -> KvPrefix {
+        KvPrefix {
+            kv: entries.into_iter().map(|(k, e)| (k, Arc::new(e))).collect(),
+            prefix: prefix.to_string(),
+        }
+    }
+
+    /// Its entries after key `after`, in key order.
+    pub fn entries_after<'a>(
+        &'a self,
+        after: &'a str,
+    ) -> impl Iterator<Item = (&'a String, &'a Entry)> {
+        prefix_from(&self.kv, &self.prefix, std::ops::Bound::Excluded(after))
+    }
+}
+
+/// The entries of `kv` under `prefix` from `start` on, in key order.
+fn prefix_from<'a>(
+    kv: &'a OrdMap<String, Arc<Entry>>,
+    prefix: &'a str,
+    start: std::ops::Bound<&'a str>,
+) -> impl Iterator<Item = (&'a String, &'a Entry)> {
+    kv.range::<_, str>((start, std::ops::Bound::Unbounded))
+        .take_while(move |(key, _)| key.starts_with(prefix))
+        .map(|(key, entry)| (key, entry.as_ref()))
 }
 
 #[cfg(test)]
