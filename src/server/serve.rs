@@ -135,6 +135,12 @@ pub async fn run(
         match accepted {
             Ok((stream, peer)) => match Clients::admit(&clients, peer.ip()) {
                 Some(slot) => {
+                    // As Go sets on every TCP connection (Consul's too): an answer's last
+                    // segment goes out at once, not after the client's delayed ACK of the
+                    // one before (up to 40 ms on Linux), which a body sent in chunks meets.
+                    if let Err(err) = stream.set_nodelay(true) {
+                        tracing::debug!(error = %err, "cannot set TCP_NODELAY");
+                    }
                     let connection =
                         serve_connection(stream, app.clone(), limits.clone(), shutdown.clone());
                     connections.spawn(async move {
