@@ -203,6 +203,44 @@ async fn bodies_are_gzipped_as_consuls_wrapper_does() {
     assert!(!refused_head.contains("Content-Encoding"), "{refused_head}");
 }
 
+/// A listing past 16 MiB is sent as it is written, chunked (as Consul's large answers are),
+/// and is byte for byte the listing built whole for a client that takes it gzipped.
+#[tokio::test]
+async fn a_large_listing_is_streamed_and_whole() {
+    let server = ServerProcess::start();
+    for i in 0..36 {
+        let value = format!("{i:02}").repeat(250_000);
+        put(&server, &format!("/v1/kv/large/{i:02}"), &value).await;
+    }
+    put(&server, "/v1/kv/larger", "not listed").await;
+    let (head, streamed) = raw(&server, "GET", "/v1/kv/large/?recurse", &[]);
+    assert!(head.contains("\r\nTransfer-Encoding: chunked"), "{head}");
+    assert!(streamed.len() > 16 << 20, "{} bytes", streamed.len());
+    let (whole_head, whole) = raw(
+        &server,
+        "GET",
+        "/v1/kv/large/?recurse",
+        &["Accept-Encoding: gzip"],
+    );
+    assert!(gunzip(&whole) == streamed, "the streamed listing differs");
+    // The index is the prefix's newest entry's, as for the whole listing: not that of the
+    // key written after them, outside the prefix.
+    let index = |head: &str| -> u64 {
+        let line = head
+            .lines()
+            .find(|l| l.starts_with("X-Consul-Index: "))
+            .unwrap();
+        line["X-Consul-Index: ".len()..].parse().unwrap()
+    };
+    let (larger_head, _) = raw(&server, "GET", "/v1/kv/larger", &[]);
+    assert_eq!(index(&head), index(&whole_head));
+    assert_eq!(index(&head) + 1, index(&larger_head));
+    let entries: Vec<serde_json::Value> = serde_json::from_slice(&streamed).unwrap();
+    let keys: Vec<&str> = entries.iter().map(|e| e["Key"].as_str().unwrap()).collect();
+    let expected: Vec<String> = (0..36).map(|i| format!("large/{i:02}")).collect();
+    assert_eq!(keys, expected);
+}
+
 /// Go's mux redirects a path Consul registers with a trailing slash, reached without it,
 /// to the slashed path with the query kept (`/v1/kv?recurse` → `/v1/kv/?recurse`), with
 /// Go's short HTML body for a GET.
