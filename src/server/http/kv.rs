@@ -225,35 +225,42 @@ fn write_entry(out: &mut Vec<u8>, separator: u8, key: &str, entry: &Entry) {
     );
 }
 
-/// The body of a streamed listing: `head`, then the entries of `rest` after key `last`,
-/// written a chunk at a time as the client takes them (two chunks ahead at most), then
-/// the closing bracket. A client that goes away ends the writing.
+/// The body of a streamed listing: `head`, then the entries of `rest` after key `last`, a
+/// chunk written each time the connection asks for the next one (so no faster than the
+/// client reads, and on the connection's own task: nothing is spawned), then the closing
+/// bracket. Each chunk starts from the key the one before ended with.
 pub(super) fn stream_rest(head: Vec<u8>, rest: KvPrefix, last: String) -> Body {
-    let (chunks, received) = tokio::sync::mpsc::channel::<Bytes>(2);
-    tokio::spawn(async move {
-        if chunks.send(Bytes::from(head)).await.is_err() {
-            return;
-        }
-        let mut out = Vec::with_capacity(STREAM_CHUNK_BYTES);
-        for (key, entry) in rest.entries_after(&last) {
-            write_entry(&mut out, b',', key, entry);
-            if out.len() >= STREAM_CHUNK_BYTES {
-                let full = std::mem::replace(&mut out, Vec::with_capacity(STREAM_CHUNK_BYTES));
-                if chunks.send(Bytes::from(full)).await.is_err() {
-                    return;
+    enum Next {
+        Head(Vec<u8>, KvPrefix, String),
+        After(KvPrefix, String),
+        Done,
+    }
+    let chunks = futures_util::stream::unfold(Next::Head(head, rest, last), |next| async move {
+        let (chunk, next) = match next {
+            Next::Head(head, rest, last) => (head, Next::After(rest, last)),
+            Next::After(rest, last) => {
+                let mut out = Vec::with_capacity(STREAM_CHUNK_BYTES);
+                let mut ended_at = None;
+                for (key, entry) in rest.entries_after(&last) {
+                    write_entry(&mut out, b',', key, entry);
+                    if out.len() >= STREAM_CHUNK_BYTES {
+                        ended_at = Some(key.clone());
+                        break;
+                    }
+                }
+                match ended_at {
+                    Some(key) => (out, Next::After(rest, key)),
+                    None => {
+                        out.push(b']');
+                        (out, Next::Done)
+                    }
                 }
             }
-        }
-        out.push(b']');
-        let _ = chunks.send(Bytes::from(out)).await;
+            Next::Done => return None,
+        };
+        Some((Ok::<_, std::convert::Infallible>(Bytes::from(chunk)), next))
     });
-    Body::from_stream(futures_util::stream::unfold(
-        received,
-        |mut received| async move {
-            let chunk = received.recv().await?;
-            Some((Ok::<_, std::convert::Infallible>(chunk), received))
-        },
-    ))
+    Body::from_stream(chunks)
 }
 
 pub(super) async fn kv_keys(req: Req<'_>, prefix: String) -> Reply {
