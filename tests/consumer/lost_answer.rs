@@ -1,9 +1,10 @@
-//! A claim whose answer is lost on the wire costs its task no attempt, end to end: an
-//! HTTP/1.1 proxy between the one replica and the `leaderq server` forwards every request
-//! and answer unchanged, except the answer to the first claim transaction, which reaches
+//! Writes whose answers are lost on the wire, end to end: an HTTP/1.1 proxy between the one
+//! replica and the `leaderq server` forwards every request and answer unchanged, except the
+//! answer to the first transaction of one kind (a claim, or a completion), which reaches
 //! the server and is applied there, but whose answer the proxy reads and throws away,
-//! closing the replica's connection instead. The queue's own unit test of the same case,
-//! on the in-memory coordinator, is `src/queue/tests/lost.rs`.
+//! closing the replica's connection instead. A lost claim costs its task no attempt; a lost
+//! completion is recorded once. The queue's own unit tests of the same cases, on the
+//! in-memory coordinator, are in `src/queue/tests/lost.rs`.
 
 use super::*;
 
@@ -20,8 +21,13 @@ use tokio_util::task::TaskTracker;
 /// which is not under the prefix, and a put back is an `unlock`.
 const CLAIM_OP: &str = r#""Verb":"lock","Key":"oracleTask/"#;
 
-/// An HTTP/1.1 proxy to the server that loses the answer to the first claim transaction
-/// sent through it, and forwards everything else unchanged, keep-alive included.
+/// What marks a completion on the wire: a `delete-cas` of a key under the queue prefix
+/// (`TaskOp::Complete`, and the task's half of a `Finish` that writes its history record).
+const COMPLETION_OP: &str = r#""Verb":"delete-cas","Key":"oracleTask/"#;
+
+/// An HTTP/1.1 proxy to the server that loses the answer to the first transaction sent
+/// through it that holds its marker (an op on the wire), and forwards everything else
+/// unchanged, keep-alive included.
 struct LosingProxy {
     addr: String,
     shared: Arc<Shared>,
@@ -32,6 +38,8 @@ struct LosingProxy {
 /// What the proxy's connections share.
 struct Shared {
     server: String,
+    /// The op whose first transaction's answer is lost.
+    marker: &'static str,
     /// Set until the first claim is seen: the answer to that one is lost.
     armed: AtomicBool,
     /// The status codes of the answers the server gave and the replica never got.
@@ -39,11 +47,12 @@ struct Shared {
 }
 
 impl LosingProxy {
-    async fn start(server: &str) -> LosingProxy {
+    async fn start(server: &str, marker: &'static str) -> LosingProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let shared = Arc::new(Shared {
             server: server.to_string(),
+            marker,
             armed: AtomicBool::new(true),
             lost: Mutex::new(Vec::new()),
         });
@@ -96,7 +105,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, stop: Cancellat
 
 /// Forwards the requests of one replica connection to a server connection of its own, one
 /// at a time (HTTP/1.1 without pipelining, as reqwest sends), each answer back in turn.
-/// Returns when either side closes, or once the answer to the first claim is lost: then
+/// Returns when either side closes, or once the marked answer is lost: then
 /// both connections are dropped with that answer read whole and never sent.
 async fn relay(inbound: TcpStream, shared: &Shared) -> std::io::Result<()> {
     let outbound = TcpStream::connect(&shared.server).await?;
@@ -108,9 +117,9 @@ async fn relay(inbound: TcpStream, shared: &Shared) -> std::io::Result<()> {
         let Some(request) = read_message(&mut from_client, None).await? else {
             return Ok(());
         };
-        let claim = request.head.starts_with("PUT /v1/txn ")
-            && String::from_utf8_lossy(&request.bytes).contains(CLAIM_OP);
-        let lose = claim && shared.armed.swap(false, Ordering::SeqCst);
+        let marked = request.head.starts_with("PUT /v1/txn ")
+            && String::from_utf8_lossy(&request.bytes).contains(shared.marker);
+        let lose = marked && shared.armed.swap(false, Ordering::SeqCst);
         to_server.write_all(&request.bytes).await?;
         let head_only = request.head.starts_with("HEAD ");
         let Some(answer) = read_message(&mut from_server, Some(head_only)).await? else {
@@ -247,7 +256,7 @@ async fn read_chunked(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_whose_answer_was_lost_on_the_wire_costs_its_task_no_attempt() {
     let mut bed = Bed::new();
-    let proxy = LosingProxy::start(&bed.cluster.addr).await;
+    let proxy = LosingProxy::start(&bed.cluster.addr, CLAIM_OP).await;
     let config = bed
         .settings
         .clone()
@@ -287,4 +296,48 @@ async fn a_claim_whose_answer_was_lost_on_the_wire_costs_its_task_no_attempt() {
         "the task runs once, as its first attempt\n{}",
         bed.logs()
     );
+}
+
+/// A completion the server applied but whose answer the leader never got is recorded once:
+/// the leader reads the record key its lost write carried, finds it, and writes nothing
+/// again. The task ran once, the queue drains, and its history holds one record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_whose_answer_was_lost_on_the_wire_is_recorded_once() {
+    use leaderq::operate::history::{history, HistoryFilter};
+    use leaderq::tools::harness::Cluster as _;
+    let mut bed = Bed::new();
+    let proxy = LosingProxy::start(&bed.cluster.addr, COMPLETION_OP).await;
+    let config = bed.settings.clone().toml("r1");
+    let replica = ConsumerProcess::start(&proxy.addr, "r1", bed.dir.path(), &config);
+    bed.replicas.push(replica);
+    assert_eq!(bed.leader(Duration::from_secs(30)).await, "r1");
+    bed.put_task(
+        "task_c",
+        json!({"taskId": "c", "taskTime": 1, "taskType": "Work"}),
+    )
+    .await;
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(20))
+        .await;
+    assert_eq!(
+        proxy.lost(),
+        [200],
+        "the first completion's answer, a commit, is lost on the wire\n{}",
+        bed.logs()
+    );
+    let settings = leaderq::config::Settings::load(None, bed.cluster.env()).expect("settings");
+    let records = history(bed.coord.as_ref(), &settings, &HistoryFilter::default())
+        .await
+        .expect("history");
+    let of_c: Vec<_> = records.iter().filter(|r| r.task_id == "c").collect();
+    assert_eq!(
+        of_c.len(),
+        1,
+        "one record of the run: {records:#?}\n{}",
+        bed.logs()
+    );
+    assert_eq!(of_c[0].outcome, "completed");
+    let runs: Vec<String> = bed.journal().iter().map(|line| line[1].clone()).collect();
+    assert_eq!(runs, ["c"], "the task runs once\n{}", bed.logs());
+    let dead = bed.dead_letters().await;
+    assert!(dead.is_empty(), "dead-lettered: {dead:#?}\n{}", bed.logs());
 }
