@@ -250,24 +250,25 @@ async fn read_chunked(
     }
 }
 
-/// A claim the server applied but whose answer the leader never got (its connection closed
-/// after the server answered) costs no attempt: with one attempt allowed, the task still
-/// runs exactly once, as attempt 1, nothing is dead-lettered and the queue drains.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_whose_answer_was_lost_on_the_wire_costs_its_task_no_attempt() {
+/// One replica, `configure`d, reaching the server through a proxy that loses the first
+/// answer to a transaction holding `marker`, drains task `id`: the queue empties, that one
+/// answer (`what`, a commit) was lost on the wire, and nothing was dead-lettered. Hands
+/// back the bed and the proxy, which the replica still goes through.
+async fn drain_one_losing(
+    marker: &'static str,
+    what: &str,
+    configure: impl FnOnce(TestSettings) -> TestSettings,
+    id: &str,
+) -> (Bed, LosingProxy) {
     let mut bed = Bed::new();
-    let proxy = LosingProxy::start(&bed.cluster.addr, CLAIM_OP).await;
-    let config = bed
-        .settings
-        .clone()
-        .set("queue", "max_attempts", "1")
-        .toml("r1");
+    let proxy = LosingProxy::start(&bed.cluster.addr, marker).await;
+    let config = configure(bed.settings.clone()).toml("r1");
     let replica = ConsumerProcess::start(&proxy.addr, "r1", bed.dir.path(), &config);
     bed.replicas.push(replica);
     assert_eq!(bed.leader(Duration::from_secs(30)).await, "r1");
     bed.put_task(
-        "task_l",
-        json!({"taskId": "l", "taskTime": 1, "taskType": "Work"}),
+        &format!("task_{id}"),
+        json!({"taskId": id, "taskTime": 1, "taskType": "Work"}),
     )
     .await;
     bed.wait_until_empty("oracleTask/", Duration::from_secs(20))
@@ -275,16 +276,31 @@ async fn a_claim_whose_answer_was_lost_on_the_wire_costs_its_task_no_attempt() {
     assert_eq!(
         proxy.lost(),
         [200],
-        "the first claim's answer, a commit, is lost on the wire\n{}",
+        "{what}'s answer, a commit, is lost on the wire\n{}",
         bed.logs()
     );
+    let dead = bed.dead_letters().await;
+    assert!(dead.is_empty(), "dead-lettered: {dead:#?}\n{}", bed.logs());
+    (bed, proxy)
+}
+
+/// A claim the server applied but whose answer the leader never got (its connection closed
+/// after the server answered) costs no attempt: with one attempt allowed, the task still
+/// runs exactly once, as attempt 1, nothing is dead-lettered and the queue drains.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_answer_was_lost_on_the_wire_costs_its_task_no_attempt() {
+    let (bed, _proxy) = drain_one_losing(
+        CLAIM_OP,
+        "the first claim",
+        |settings| settings.set("queue", "max_attempts", "1"),
+        "l",
+    )
+    .await;
     let log = bed.replicas[0].log_text();
     assert!(
         log.contains("claim failed"),
         "the leader saw no error: {log}"
     );
-    let dead = bed.dead_letters().await;
-    assert!(dead.is_empty(), "dead-lettered: {dead:#?}\n{}", bed.logs());
     let runs: Vec<(String, String)> = bed
         .journal()
         .iter()
@@ -308,25 +324,8 @@ async fn a_claim_whose_answer_was_lost_on_the_wire_costs_its_task_no_attempt() {
 async fn a_completion_whose_answer_was_lost_on_the_wire_is_recorded_once() {
     use leaderq::operate::history::{history, HistoryFilter};
     use leaderq::tools::harness::Cluster as _;
-    let mut bed = Bed::new();
-    let proxy = LosingProxy::start(&bed.cluster.addr, COMPLETION_OP).await;
-    let config = bed.settings.clone().toml("r1");
-    let replica = ConsumerProcess::start(&proxy.addr, "r1", bed.dir.path(), &config);
-    bed.replicas.push(replica);
-    assert_eq!(bed.leader(Duration::from_secs(30)).await, "r1");
-    bed.put_task(
-        "task_c",
-        json!({"taskId": "c", "taskTime": 1, "taskType": "Work"}),
-    )
-    .await;
-    bed.wait_until_empty("oracleTask/", Duration::from_secs(20))
-        .await;
-    assert_eq!(
-        proxy.lost(),
-        [200],
-        "the completion's answer, a commit, is lost on the wire\n{}",
-        bed.logs()
-    );
+    let (bed, _proxy) =
+        drain_one_losing(COMPLETION_OP, "the completion", |settings| settings, "c").await;
     let settings = leaderq::config::Settings::load(None, bed.cluster.env()).expect("settings");
     let records = history(bed.coord.as_ref(), &settings, &HistoryFilter::default())
         .await
@@ -341,6 +340,4 @@ async fn a_completion_whose_answer_was_lost_on_the_wire_is_recorded_once() {
     assert_eq!(of_c[0].outcome, "completed");
     let runs: Vec<String> = bed.journal().iter().map(|line| line[1].clone()).collect();
     assert_eq!(runs, ["c"], "the task runs once\n{}", bed.logs());
-    let dead = bed.dead_letters().await;
-    assert!(dead.is_empty(), "dead-lettered: {dead:#?}\n{}", bed.logs());
 }
