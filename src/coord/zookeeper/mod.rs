@@ -20,9 +20,10 @@
 //!   predecessor, the leader on its own latch, one not in line on the leader's (`election.rs`);
 //! - the queue is a znode's children, each task's claim its ephemeral child marker owned by
 //!   the claiming session; a task's version is max(`mzxid`, `pzxid`), so the marker's
-//!   creation or deletion (also by expiry) moves it. `list` syncs, then reads children, data
-//!   and markers pipelined, and waits on a persistent recursive watch (`queue.rs`). A write
-//!   first reads (behind a `sync`) the stat and marker of each task it does not know from
+//!   creation or deletion (also by expiry) moves it. `list` syncs, then reads the children,
+//!   and each task with its marker in `multiRead`s of 64 tasks (one request, not one or two
+//!   a task), and waits on a persistent recursive watch (`queue.rs`). A write first reads
+//!   (behind a `sync`, the same way) the stat and marker of each task it does not know from
 //!   this process's own claim; `plan.rs` (pure) turns that and the ops into one `multi`,
 //!   and an op whose version moved, a task gone or one claimed by another lease is a
 //!   `Conflict` without sending. Why each read that remains is needed, and why the others

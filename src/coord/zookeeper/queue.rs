@@ -22,62 +22,116 @@ use crate::coord::{
 /// answers of a whole large queue (100k of them) are never held at once.
 const READ_WINDOW: usize = 1024;
 
-/// The tasks at `keys` that exist, read `READ_WINDOW` at a time (every request of a window
-/// is sent before its first answer is awaited), after one `sync`.
-async fn read_tasks<'k>(
+/// Tasks per `multiRead` (a read of each and of its claim marker): one request instead of two
+/// or three per task, which is most of what a drained task costs ZooKeeper. The answer holds
+/// every value read, so it is bounded by ZooKeeper's own per-node limit times this.
+const READ_BATCH: usize = 64;
+
+/// A task as read with its claim marker, in one `multiRead` with the tasks beside it.
+struct Read {
+    key: String,
+    value: Vec<u8>,
+    stat: zk::Stat,
+    /// The marker's stat, if a marker holds the task.
+    claim: Option<zk::Stat>,
+}
+
+/// The tasks at `keys` that exist, each with its claim marker, after one `sync` (so that
+/// they include every write acknowledged before, whichever session made it). Read
+/// `READ_BATCH` tasks to a `multiRead`, `READ_WINDOW` tasks in flight at once (every
+/// request of a window is sent before its first answer is awaited); a task and its marker
+/// are read in the same request, so at the same point of ZooKeeper's order.
+async fn read_with_claims<'k>(
     client: &zk::Client,
-    keys: impl ExactSizeIterator<Item = &'k str>,
-) -> Result<Vec<StoredTask>, CoordError> {
+    keys: impl Iterator<Item = &'k str>,
+) -> Result<Vec<Read>, CoordError> {
     let mut synced = Some(timed(client.sync("/")));
-    let mut tasks = Vec::with_capacity(keys.len());
-    let mut keys = keys;
-    loop {
-        let window: Vec<&str> = keys.by_ref().take(READ_WINDOW).collect();
-        if window.is_empty() {
-            break;
+    let mut found = Vec::new();
+    let mut keys = keys.peekable();
+    while keys.peek().is_some() {
+        let mut batches = Vec::new();
+        for _ in 0..READ_WINDOW / READ_BATCH {
+            let batch: Vec<&str> = keys.by_ref().take(READ_BATCH).collect();
+            if batch.is_empty() {
+                break;
+            }
+            let mut reader = client.new_multi_reader();
+            for key in &batch {
+                reader
+                    .add_get_data(&layout::path_of(key))
+                    .map_err(unavailable)?;
+                reader
+                    .add_get_data(&layout::claim_path(key))
+                    .map_err(unavailable)?;
+            }
+            batches.push((batch, timed(reader.commit())));
         }
-        let reads: Vec<_> = window
-            .iter()
-            .map(|key| timed(client.get_data(&layout::path_of(key))))
-            .collect();
         if let Some(synced) = synced.take() {
             synced.await.map_err(unavailable)?;
         }
-        let mut found = Vec::with_capacity(window.len());
-        for (key, read) in window.iter().zip(reads) {
-            match read.await {
-                Ok((value, stat)) => found.push((key, value, stat)),
-                Err(zk::Error::NoNode) => {}
-                Err(err) => return Err(unavailable(err)),
+        for (batch, read) in batches {
+            let results = read.await.map_err(unavailable)?;
+            if results.len() != 2 * batch.len() {
+                return Err(CoordError::Unavailable(format!(
+                    "ZooKeeper answered {} reads of {} asked",
+                    results.len(),
+                    2 * batch.len()
+                )));
+            }
+            let mut results = results.into_iter();
+            for key in batch {
+                let (task, marker) = (results.next(), results.next());
+                let (value, stat) = match task {
+                    Some(zk::MultiReadResult::Data { data, stat }) => (data, stat),
+                    Some(zk::MultiReadResult::Error {
+                        err: zk::Error::NoNode,
+                    }) => continue,
+                    Some(zk::MultiReadResult::Error { err }) => return Err(unavailable(err)),
+                    _ => return Err(CoordError::Unavailable(unexpected_read(key))),
+                };
+                let claim = match marker {
+                    Some(zk::MultiReadResult::Data { stat, .. }) => Some(stat),
+                    Some(zk::MultiReadResult::Error {
+                        err: zk::Error::NoNode,
+                    }) => None,
+                    Some(zk::MultiReadResult::Error { err }) => return Err(unavailable(err)),
+                    _ => return Err(CoordError::Unavailable(unexpected_read(key))),
+                };
+                found.push(Read {
+                    key: key.to_string(),
+                    value,
+                    stat,
+                    claim,
+                });
             }
         }
-        let claims: Vec<_> = found
-            .iter()
-            .map(|(key, _, stat)| {
-                (stat.num_children > 0).then(|| timed(client.check_stat(&layout::claim_path(key))))
-            })
-            .collect();
-        for ((key, value, stat), claim) in found.into_iter().zip(claims) {
-            let holder = match claim {
-                Some(read) => match read.await {
-                    Ok(Some(marker)) if marker.ephemeral_owner != 0 => {
-                        Some(layout::lease_of(marker.ephemeral_owner))
-                    }
-                    Ok(_) => None,
-                    Err(err) => return Err(unavailable(err)),
-                },
-                None => None,
-            };
-            tasks.push(StoredTask {
-                key: key.to_string(),
-                value,
-                version: layout::task_version(stat.mzxid, stat.pzxid),
-                created: stat.czxid.max(0) as u64,
-                holder,
-            });
-        }
     }
-    Ok(tasks)
+    Ok(found)
+}
+
+fn unexpected_read(key: &str) -> String {
+    format!("ZooKeeper answered a read of {key} with something other than data")
+}
+
+/// The tasks at `keys` that exist, with their holders.
+async fn read_tasks<'k>(
+    client: &zk::Client,
+    keys: impl Iterator<Item = &'k str>,
+) -> Result<Vec<StoredTask>, CoordError> {
+    let read = read_with_claims(client, keys).await?;
+    Ok(read
+        .into_iter()
+        .map(|read| StoredTask {
+            holder: read
+                .claim
+                .filter(|marker| marker.ephemeral_owner != 0)
+                .map(|marker| layout::lease_of(marker.ephemeral_owner)),
+            version: layout::task_version(read.stat.mzxid, read.stat.pzxid),
+            created: read.stat.czxid.max(0) as u64,
+            key: read.key,
+            value: read.value,
+        })
+        .collect())
 }
 
 /// What a write's plan needs of `keys`: each one's data version, domain version and claim.
@@ -85,49 +139,21 @@ async fn read_seen(
     client: &zk::Client,
     keys: &[String],
 ) -> Result<HashMap<String, Seen>, CoordError> {
-    let synced = timed(client.sync("/"));
-    let stats: Vec<_> = keys
-        .iter()
-        .map(|key| timed(client.check_stat(&layout::path_of(key))))
-        .collect();
-    synced.await.map_err(unavailable)?;
-    let mut found = Vec::new();
-    for (key, stat) in keys.iter().zip(stats) {
-        match stat.await {
-            Ok(Some(stat)) => found.push((key, stat)),
-            Ok(None) => {}
-            Err(err) => return Err(unavailable(err)),
-        }
-    }
-    let claims: Vec<_> = found
-        .iter()
-        .map(|(key, stat)| {
-            (stat.num_children > 0).then(|| timed(client.check_stat(&layout::claim_path(key))))
-        })
-        .collect();
-    let mut seen = HashMap::new();
-    for ((key, stat), claim) in found.into_iter().zip(claims) {
-        let claim = match claim {
-            Some(read) => match read.await {
-                Ok(Some(marker)) => Some(plan::Claim {
+    let read = read_with_claims(client, keys.iter().map(String::as_str)).await?;
+    Ok(read
+        .into_iter()
+        .map(|read| {
+            let seen = Seen {
+                data_version: read.stat.version,
+                version: layout::task_version(read.stat.mzxid, read.stat.pzxid),
+                claim: read.claim.map(|marker| plan::Claim {
                     owner: marker.ephemeral_owner,
                     data_version: marker.version,
                 }),
-                Ok(None) => None,
-                Err(err) => return Err(unavailable(err)),
-            },
-            None => None,
-        };
-        seen.insert(
-            key.clone(),
-            Seen {
-                data_version: stat.version,
-                version: layout::task_version(stat.mzxid, stat.pzxid),
-                claim,
-            },
-        );
-    }
-    Ok(seen)
+            };
+            (read.key, seen)
+        })
+        .collect())
 }
 
 /// Adds `op` to `multi`.
