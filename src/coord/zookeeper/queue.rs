@@ -36,17 +36,18 @@ struct Read {
     claim: Option<zk::Stat>,
 }
 
-/// The tasks at `keys` that exist, each with its claim marker, after one `sync` (so that
-/// they include every write acknowledged before, whichever session made it). Read
-/// `READ_BATCH` tasks to a `multiRead`, `READ_WINDOW` tasks in flight at once (every
-/// request of a window is sent before its first answer is awaited); a task and its marker
-/// are read in the same request, so at the same point of ZooKeeper's order.
-async fn read_with_claims<'k>(
+/// The tasks at `keys` that exist, each with its claim marker and as `each` makes it of
+/// them, after one `sync` (so that they include every write acknowledged before, whichever
+/// session made it). Read `READ_BATCH` tasks to a `multiRead`, `READ_WINDOW` tasks in flight
+/// at once (every request of a window is sent before its first answer is awaited); a task
+/// and its marker are read in the same request, so at the same point of ZooKeeper's order.
+async fn read_with_claims<'k, T>(
     client: &zk::Client,
     keys: impl Iterator<Item = &'k str>,
-) -> Result<Vec<Read>, CoordError> {
+    mut each: impl FnMut(Read) -> T,
+) -> Result<Vec<T>, CoordError> {
     let mut synced = Some(timed(client.sync("/")));
-    let mut found = Vec::new();
+    let mut found = Vec::with_capacity(keys.size_hint().0);
     let mut keys = keys.peekable();
     while keys.peek().is_some() {
         let mut batches = Vec::new();
@@ -97,12 +98,12 @@ async fn read_with_claims<'k>(
                     Some(zk::MultiReadResult::Error { err }) => return Err(unavailable(err)),
                     _ => return Err(CoordError::Unavailable(unexpected_read(key))),
                 };
-                found.push(Read {
+                found.push(each(Read {
                     key: key.to_string(),
                     value,
                     stat,
                     claim,
-                });
+                }));
             }
         }
     }
@@ -118,20 +119,17 @@ async fn read_tasks<'k>(
     client: &zk::Client,
     keys: impl Iterator<Item = &'k str>,
 ) -> Result<Vec<StoredTask>, CoordError> {
-    let read = read_with_claims(client, keys).await?;
-    Ok(read
-        .into_iter()
-        .map(|read| StoredTask {
-            holder: read
-                .claim
-                .filter(|marker| marker.ephemeral_owner != 0)
-                .map(|marker| layout::lease_of(marker.ephemeral_owner)),
-            version: layout::task_version(read.stat.mzxid, read.stat.pzxid),
-            created: read.stat.czxid.max(0) as u64,
-            key: read.key,
-            value: read.value,
-        })
-        .collect())
+    read_with_claims(client, keys, |read| StoredTask {
+        holder: read
+            .claim
+            .filter(|marker| marker.ephemeral_owner != 0)
+            .map(|marker| layout::lease_of(marker.ephemeral_owner)),
+        version: layout::task_version(read.stat.mzxid, read.stat.pzxid),
+        created: read.stat.czxid.max(0) as u64,
+        key: read.key,
+        value: read.value,
+    })
+    .await
 }
 
 /// What a write's plan needs of `keys`: each one's data version, domain version and claim.
@@ -139,21 +137,18 @@ async fn read_seen(
     client: &zk::Client,
     keys: &[String],
 ) -> Result<HashMap<String, Seen>, CoordError> {
-    let read = read_with_claims(client, keys.iter().map(String::as_str)).await?;
-    Ok(read
-        .into_iter()
-        .map(|read| {
-            let seen = Seen {
-                data_version: read.stat.version,
-                version: layout::task_version(read.stat.mzxid, read.stat.pzxid),
-                claim: read.claim.map(|marker| plan::Claim {
-                    owner: marker.ephemeral_owner,
-                    data_version: marker.version,
-                }),
-            };
-            (read.key, seen)
-        })
-        .collect())
+    let read = read_with_claims(client, keys.iter().map(String::as_str), |read| {
+        let seen = Seen {
+            data_version: read.stat.version,
+            version: layout::task_version(read.stat.mzxid, read.stat.pzxid),
+            claim: read.claim.map(|marker| plan::Claim {
+                owner: marker.ephemeral_owner,
+                data_version: marker.version,
+            }),
+        };
+        (read.key, seen)
+    });
+    Ok(read.await?.into_iter().collect())
 }
 
 /// Adds `op` to `multi`.
