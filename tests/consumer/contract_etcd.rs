@@ -130,7 +130,7 @@ async fn waits_resume_from_the_last_revision_and_relist_after_compaction() {
         .list("resume/q/", Version(0), Duration::ZERO)
         .await
         .unwrap();
-    let revision = (now.0 / 2).to_string();
+    let revision = leaderq::coord::etcd::layout::revision_of(now).to_string();
     cluster.ctl(&["compact", &revision]).expect("compaction");
     let started = Instant::now();
     let (tasks, relisted) = coord.list("resume/q/", seen, long).await.unwrap();
@@ -304,4 +304,96 @@ async fn etcd_watchers(metrics: &str) -> f64 {
                 .ok()
         })
         .unwrap_or_else(|| panic!("no etcd_debugging_mvcc_watcher_total in:\n{text}"))
+}
+
+/// A rolling upgrade: while a lease's owner key is a replica's from before claim records
+/// (its bare node id), the leader claims with a claim key per task, which that replica
+/// honours, even when that replica starts between the leader's read and its claim; once
+/// its lease is gone, claims go as one claim record. A task held by a claim key stays
+/// held by it.
+#[tokio::test]
+async fn claim_records_wait_until_every_replica_knows_them() {
+    let Some(cluster) = EtcdCluster::start(1).expect("an etcd cluster") else {
+        return;
+    };
+    let client = etcd_client(cluster.endpoints());
+    let coord = EtcdCoordinator::new(
+        client.clone(),
+        EtcdCoordSettings {
+            leader_key: "upgrade/leader".into(),
+        },
+    );
+    let spec = LeaseSpec {
+        node_id: "new".into(),
+        ttl: Duration::from_secs(30),
+        takeover_delay: Duration::ZERO,
+        previous: None,
+    };
+    let lease = coord.open_lease(&spec).await.unwrap().lease;
+    let Campaign::Won(leadership) = coord
+        .campaign(&lease, &HolderRecord::default())
+        .await
+        .unwrap()
+    else {
+        panic!("a free leadership was not won");
+    };
+    for task in ["upgrade/q/t1", "upgrade/q/t2"] {
+        client.put(task.as_bytes(), b"{}").await.unwrap();
+    }
+    let (tasks, _) = coord
+        .list("upgrade/q/", Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    // An older replica starts after that read.
+    let old = client.lease_grant(30).await.unwrap().id;
+    let owner = Txn {
+        success: vec![Op::Put {
+            key: format!("upgrade/leader.owner/{old:x}").into_bytes(),
+            value: b"old-node".to_vec(),
+            lease: old,
+        }],
+        ..Txn::default()
+    };
+    client.txn(&owner).await.unwrap();
+    let claim = |task: &leaderq::coord::StoredTask| TaskOp::Claim {
+        key: task.key.clone(),
+        version: task.version,
+        value: b"{\"taken\":true}".to_vec(),
+    };
+    let written = coord.write(&leadership, &[claim(&tasks[0])]).await.unwrap();
+    assert!(matches!(written, Written::Done { .. }), "{written:?}");
+    let keys = |prefix: &'static str| {
+        let client = client.clone();
+        async move {
+            client
+                .range(&Range::prefix(prefix.as_bytes()))
+                .await
+                .unwrap()
+                .kvs
+        }
+    };
+    assert_eq!(keys("upgrade/leader.claims/").await.len(), 1);
+    assert!(keys("upgrade/leader.held/").await.is_empty());
+
+    client.lease_revoke(old).await.unwrap();
+    let (tasks, _) = coord
+        .list("upgrade/q/", Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    let written = coord.write(&leadership, &[claim(&tasks[1])]).await.unwrap();
+    assert!(matches!(written, Written::Done { .. }), "{written:?}");
+    let records = keys("upgrade/leader.held/").await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].value, br#"{"claimed":["upgrade/q/t2"]}"#);
+    assert_eq!(keys("upgrade/leader.claims/").await.len(), 1);
+    let (tasks, _) = coord
+        .list("upgrade/q/", Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(
+        tasks
+            .iter()
+            .all(|task| task.holder.as_ref() == Some(&lease)),
+        "{tasks:?}"
+    );
 }

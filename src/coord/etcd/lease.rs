@@ -7,14 +7,15 @@
 //! keep-alives were sent); this file only asks etcd.
 
 use crate::coord::etcd::client::{Kv, LeaseTimeToLive, Op, Range, Txn};
-use crate::coord::etcd::layout::{lease_id, lease_number, ttl_seconds};
+use crate::coord::etcd::layout::{lease_id, lease_number, ttl_seconds, Owner};
 use crate::coord::{CoordError, Grant, LeaseId, LeaseSpec, Leases, Renewal};
 
 use super::{not_a_lease, EtcdCoordinator};
 
 /// Whether a previous lease may be taken up: etcd still has it (a lease it does not have
 /// answers -1; one with less than a second left answers 0) and its owner key, attached to
-/// it, names this node.
+/// it, names this node and says it knows claim records (a lease a replica from before
+/// records opened is left to end: its owner key keeps this one from writing records).
 pub fn is_own_live_lease(
     lease: i64,
     alive: &LeaseTimeToLive,
@@ -24,7 +25,10 @@ pub fn is_own_live_lease(
 ) -> bool {
     alive.ttl >= 0
         && alive.keys.iter().any(|key| key == owner_key.as_bytes())
-        && owner.is_some_and(|kv| kv.lease == lease && kv.value == node_id.as_bytes())
+        && owner.is_some_and(|kv| {
+            let owner = Owner::decode(&kv.value);
+            kv.lease == lease && owner.node == node_id && owner.knows_records()
+        })
 }
 
 impl Leases for EtcdCoordinator {
@@ -69,7 +73,7 @@ impl Leases for EtcdCoordinator {
         let owner = Txn {
             success: vec![Op::Put {
                 key: self.layout.owner(granted.id).into_bytes(),
-                value: spec.node_id.as_bytes().to_vec(),
+                value: Owner::encode(&spec.node_id),
                 lease: granted.id,
             }],
             ..Txn::default()
@@ -120,7 +124,7 @@ mod tests {
     fn owner(lease: i64, node: &str) -> Kv {
         Kv {
             key: b"L.owner/a".to_vec(),
-            value: node.as_bytes().to_vec(),
+            value: Owner::encode(node),
             lease,
             version: 1,
             ..Kv::default()

@@ -9,7 +9,8 @@
 //!
 //! In the seam's words:
 //! - a lease is an etcd lease of the TTL in whole seconds (rounded up; etcd raises it to its
-//!   minimum) with `<leader_key>.owner/<lease-hex>` = node id attached; keep-alive is one
+//!   minimum) with `<leader_key>.owner/<lease-hex>` attached (the node id, and that this
+//!   replica knows claim records: `layout::Owner`); keep-alive is one
 //!   message to `/v3/lease/keepalive` (TTL 0 = gone), revoke and close are
 //!   `/v3/lease/revoke`; a previous lease is taken up if `timetolive` finds it alive with
 //!   this node's owner key (`lease.rs`);
@@ -18,13 +19,21 @@
 //!   fencing token; a loser deletes its key at once (`Held`); `observe` reads the first
 //!   campaign key and `<leader_key>` (the last leader's record) in one txn and waits with a
 //!   watch from the revision after the one last seen (`election.rs`);
-//! - the queue is the key prefix holding the producers' JSON, with a claim key
-//!   `<leader_key>.claims/<task>` under the claiming lease; `list` reads both in one txn and
-//!   waits with watches on both (a claim dying with its lease changes no task key); a
-//!   compacted revision answers at once with a fresh read (`queue.rs`). `Claim` puts the task
-//!   and its claim, `Release` puts the task and deletes the claim, `Complete` deletes both,
-//!   `Move` also puts the dead letter (`txn.rs`, pure: ops to one txn, its answer to
-//!   `Written`, costs). Key layout and numbers: `layout.rs`.
+//! - the queue is the key prefix holding the producers' JSON. The claims one write makes are
+//!   one claim record `<leader_key>.held/<lease-hex>/<id>` naming them, under the claiming
+//!   lease; a release of record-held tasks writes a release record. The latest record naming
+//!   a task says whether it is held (`layout::Holders`). While a lease's owner says its
+//!   replica knows no records (a version from before them), claims are claim keys
+//!   `<leader_key>.claims/<task>` under the claiming lease instead, and claim keys are
+//!   always honoured. `list` reads the tasks, claim keys, records and owners in one txn and
+//!   waits with watches on the first three (a claim dying with its lease changes no task
+//!   key); a compacted revision answers at once with a fresh read (`queue.rs`). `Claim`
+//!   puts the task (and its claim key, if not in a record), `Release` puts the task (and
+//!   deletes its claim key, or names it in a release record), `Complete` deletes the task
+//!   (and its claim key), `Move` also puts the dead letter (`txn.rs`, pure: ops to one txn,
+//!   its answer to `Written`, costs). Records that hold nothing any more are deleted with
+//!   the next write (`records.rs`, pure, for those this process wrote) or after a listing
+//!   (`layout::garbage`). Key layout and numbers: `layout.rs`.
 //!
 //! How it keeps each guarantee of [`crate::coord`]:
 //! - **One leader.** Campaign keys get rising revisions, so while the first exists no other
@@ -41,20 +50,26 @@
 //!   make it go back.
 //! - **Guarded writes.** `write` is one `/v3/kv/txn`: compare the campaign key's
 //!   `create_revision` with the token (a deleted key compares as 0), then per task its
-//!   `mod_revision` and its claim (present or not, as the version says; for `write_own`, the
-//!   claim's lease is the writer's), with no failure branch: only after a rollback are
+//!   `mod_revision` and its claim key (present or not, as the version says; for `write_own`,
+//!   the claim key's or claim record's lease is the writer's), and for a claim record that
+//!   no owner key moved since the owners were read, with no failure branch: only after a
+//!   rollback are
 //!   the compared keys read, and the rollback judged on them (`queue.rs` says why that is
 //!   sound): a failed guard is `NotLeader`, otherwise the tasks whose compares failed are
 //!   the `Conflict`.
-//! - **Versions.** `2 × mod_revision`, + 1 when no claim key exists: a claim dying with its
-//!   lease writes nothing to the task, so the low bit moves instead. List positions are
-//!   `2 × revision + 1`, at or above every version read with them.
-//! - **No loss.** A claim key is attached to the leader's lease; when the lease ends etcd
-//!   deletes it in the same revision as the campaign key, and the task stays, taken with no
-//!   holder, for the next leader to requeue.
+//! - **Versions.** `4 × mod_revision`, + 0 when a claim record holds the task, 1 when
+//!   nothing does, 2 when a claim key does: a claim dying with its lease writes nothing to
+//!   the task, so the low bits move instead. List positions are `4 × revision + 3`, at or
+//!   above every version read with them. A record changes only with a write of the tasks
+//!   it names (a claim or release puts them), so a task's `mod_revision` stands for its
+//!   record too.
+//! - **No loss.** A claim record or key is attached to the leader's lease; when the lease
+//!   ends etcd deletes it in the same revision as the campaign key, and the task stays,
+//!   taken with no holder, for the next leader to requeue. A record is deleted only once no
+//!   task's holder depends on it.
 //!
 //! Write limits: a task op adds at most 3 entries to each of compare, success and failure (a
-//! move), the guard 1, within etcd's default `--max-txn-ops` of 128; keys and values estimated
+//! move), the guard and the records at most 6, within etcd's default `--max-txn-ops` of 128; keys and values estimated
 //! at 1 MiB under the default `--max-request-bytes` of 1.5 MiB. Errors: gRPC `InvalidArgument`
 //! (400) and bad settings are `Refused`, everything else `Unavailable`. Persisting the lease id
 //! across restarts (for `LeaseSpec::previous`) is the caller's business.
@@ -64,15 +79,17 @@ mod election;
 pub mod layout;
 mod lease;
 mod queue;
+pub mod records;
 mod settings;
 pub mod txn;
 
 pub use settings::EtcdSettings;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::coord::etcd::client::{Client, ClientConfig};
 use crate::coord::etcd::layout::Layout;
+use crate::coord::etcd::records::RecordBook;
 use crate::coord::{CoordError, Coordinator, LeaseId};
 
 /// What the etcd coordinator needs beyond its client.
@@ -82,11 +99,13 @@ pub struct EtcdCoordSettings {
     pub leader_key: String,
 }
 
-/// The etcd backend of the coordinator seam. It keeps no state of its own: everything it
-/// needs is in etcd, under the keys `layout.rs` names.
+/// The etcd backend of the coordinator seam. Everything it needs is in etcd, under the
+/// keys `layout.rs` names; it keeps only what it learnt of the claim records it wrote
+/// (`records.rs`), so that they go as soon as nothing needs them.
 pub struct EtcdCoordinator {
     client: Arc<Client>,
     layout: Layout,
+    book: Mutex<RecordBook>,
 }
 
 /// The etcd backend from its `[etcd]` section and the leader key.
@@ -118,7 +137,14 @@ impl EtcdCoordinator {
         EtcdCoordinator {
             client,
             layout: Layout::new(&settings.leader_key),
+            book: Mutex::new(RecordBook::default()),
         }
+    }
+
+    fn book(&self) -> MutexGuard<'_, RecordBook> {
+        self.book
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

@@ -1,12 +1,16 @@
-//! [`Tasks`] on etcd's keys: list (the prefix and its claims, read at one revision, after
-//! watches of both from the revision last seen when asked to wait), keys, get, and writes
-//! as one transaction each (built and judged in `txn.rs`).
+//! [`Tasks`] on etcd's keys: list (the prefix, its claim keys, the claim records and the
+//! leases' owners, read at one revision, after watches of the first three from the
+//! revision last seen when asked to wait), keys, get, and writes as one transaction each
+//! (built and judged in `txn.rs`, their records planned in `records.rs`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use crate::coord::etcd::client::{Kv, Op, Range, Txn};
-use crate::coord::etcd::layout::{lease_id, lease_number, position, revision_of, task_version};
+use crate::coord::etcd::layout::{
+    garbage, lease_id, lease_number, position, revision_of, task_version, Holders,
+};
+use crate::coord::etcd::records::Outcome;
 use crate::coord::etcd::txn::{edit_txn, edited, write_txn, written, Guard, Writer, MAX_TXN_OPS};
 use crate::coord::{
     conflict_on_all, CoordError, Edit, Edited, FencingToken, Leadership, LeaseId, Names,
@@ -15,8 +19,12 @@ use crate::coord::{
 
 use super::{not_a_lease, txn, EtcdCoordinator};
 
-/// Keys read per transaction by `get` (a read of the task and one of its claim each).
-const GET_CHUNK: usize = MAX_TXN_OPS / 2;
+/// Keys read per transaction by `get` (a read of the task and one of its claim key each,
+/// beside the records and the owners).
+const GET_CHUNK: usize = MAX_TXN_OPS / 2 - 1;
+
+/// Records a listing deletes at most, when it finds garbage no write took along.
+const GARBAGE_PER_LISTING: usize = 64;
 
 /// Keys per page of a listing or a look: a large queue in one answer would be held whole
 /// (tens of MB of JSON with its values in base64) beside what it decodes to.
@@ -29,28 +37,18 @@ fn key_after(key: &[u8]) -> Vec<u8> {
     next
 }
 
-/// The tasks among `tasks`, each held if `claims` (keys `claims_prefix` + task key) has
-/// its claim.
-pub fn stored_tasks(claims_prefix: &str, tasks: Vec<Kv>, claims: &[Kv]) -> Vec<StoredTask> {
-    let holders: HashMap<&[u8], i64> = claims
-        .iter()
-        .filter_map(|claim| {
-            claim
-                .key
-                .strip_prefix(claims_prefix.as_bytes())
-                .map(|task| (task, claim.lease))
-        })
-        .collect();
+/// The tasks among `tasks`, each held as `holders` says.
+pub fn stored_tasks(tasks: Vec<Kv>, holders: &Holders) -> Vec<StoredTask> {
     tasks
         .into_iter()
         .map(|kv| {
-            let claim = holders.get(kv.key.as_slice()).copied();
+            let (hold, lease) = holders.hold(&kv.key, kv.create_revision);
             StoredTask {
                 key: String::from_utf8(kv.key)
                     .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
-                version: task_version(kv.mod_revision, claim.is_some()),
+                version: task_version(kv.mod_revision, hold),
                 created: kv.create_revision.max(0) as u64,
-                holder: claim.filter(|lease| *lease != 0).map(lease_id),
+                holder: (lease != 0).then(|| lease_id(lease)),
                 value: kv.value,
             }
         })
@@ -74,13 +72,15 @@ impl Tasks for EtcdCoordinator {
             let start = revision_of(after) + 1;
             let tasks = Range::prefix(prefix.as_bytes());
             let held = Range::prefix(claims.as_bytes());
+            let records = Range::prefix(self.layout.records().as_bytes());
             tokio::select! {
                 watched = self.client.watch(&tasks, start, wait) => watched?,
                 watched = self.client.watch(&held, start, wait) => watched?,
+                watched = self.client.watch(&records, start, wait) => watched?,
             };
         }
-        // The first page with every claim, then the other pages at the same revision: one
-        // picture of the queue, read a page at a time.
+        // The first page with every claim key, record and owner, then the other pages at
+        // the same revision: one picture of the queue, read a page at a time.
         let tasks = Range {
             limit: LIST_PAGE,
             ..Range::prefix(prefix.as_bytes())
@@ -89,6 +89,8 @@ impl Tasks for EtcdCoordinator {
             success: vec![
                 Op::Get(tasks.clone()),
                 Op::Get(Range::prefix(claims.as_bytes())),
+                Op::Get(Range::prefix(self.layout.records().as_bytes())),
+                Op::Get(Range::prefix(self.layout.owners().as_bytes())),
             ],
             ..Txn::default()
         };
@@ -100,8 +102,12 @@ impl Tasks for EtcdCoordinator {
             .map(|op| op.response_range.unwrap_or_default());
         let first = ranges.next().unwrap_or_default();
         let claims = ranges.next().unwrap_or_default().kvs;
+        let records = ranges.next().unwrap_or_default().kvs;
+        let owners = ranges.next().unwrap_or_default().kvs;
+        self.book().owners_seen(&owners, revision);
+        let holders = Holders::new(&self.layout.claims(), &claims, &records);
         let mut more = first.more;
-        let mut listed = stored_tasks(&self.layout.claims(), first.kvs, &claims);
+        let mut listed = stored_tasks(first.kvs, &holders);
         while more {
             let Some(last) = listed.last() else { break };
             let page = Range {
@@ -111,8 +117,11 @@ impl Tasks for EtcdCoordinator {
             };
             let page = self.client.range(&page).await?;
             more = page.more;
-            listed.extend(stored_tasks(&self.layout.claims(), page.kvs, &claims));
+            listed.extend(stored_tasks(page.kvs, &holders));
         }
+        self.learn(&listed, &holders);
+        self.collect_garbage(prefix, &listed, &records, revision)
+            .await;
         Ok((listed, position(revision)))
     }
 
@@ -148,32 +157,40 @@ impl Tasks for EtcdCoordinator {
         Ok((keys, position(revision)))
     }
 
-    /// Each key with its claim, a chunk of keys per read-only transaction.
+    /// Each key with its claim key, and the records and owners, a chunk of keys per
+    /// read-only transaction.
     async fn get(&self, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {
         let mut found = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(GET_CHUNK) {
+            let mut success = vec![
+                Op::Get(Range::prefix(self.layout.records().as_bytes())),
+                Op::Get(Range::prefix(self.layout.owners().as_bytes())),
+            ];
+            success.extend(chunk.iter().flat_map(|key| {
+                [
+                    Op::Get(Range::key(key.as_bytes())),
+                    Op::Get(Range::key(self.layout.claim(key).as_bytes())),
+                ]
+            }));
             let read = Txn {
-                success: chunk
-                    .iter()
-                    .flat_map(|key| {
-                        [
-                            Op::Get(Range::key(key.as_bytes())),
-                            Op::Get(Range::key(self.layout.claim(key).as_bytes())),
-                        ]
-                    })
-                    .collect(),
+                success,
                 ..Txn::default()
             };
             let response = self.client.txn(&read).await?;
-            let ranges = response.ranges();
+            let revision = response.header.revision;
+            let mut ranges = response.into_ranges().into_iter();
+            let records = ranges.next().unwrap_or_default();
+            let owners = ranges.next().unwrap_or_default();
+            self.book().owners_seen(&owners, revision);
             let (mut tasks, mut claims) = (Vec::new(), Vec::new());
-            for pair in ranges.chunks(2) {
-                tasks.extend(pair[0].iter().cloned());
-                if let Some(claim) = pair.get(1) {
-                    claims.extend(claim.iter().cloned());
-                }
+            while let Some(task) = ranges.next() {
+                tasks.extend(task);
+                claims.extend(ranges.next().unwrap_or_default());
             }
-            found.extend(stored_tasks(&self.layout.claims(), tasks, &claims));
+            let holders = Holders::new(&self.layout.claims(), &claims, &records);
+            let stored = stored_tasks(tasks, &holders);
+            self.learn(&stored, &holders);
+            found.extend(stored);
         }
         Ok(found)
     }
@@ -190,15 +207,18 @@ impl Tasks for EtcdCoordinator {
             lease: id,
             own: false,
         };
-        let txn = write_txn(&self.layout, Some(&guard), writer, ops);
-        let response = match self.send_judged(txn).await {
-            Ok(response) => response,
+        match self.send_write(Some(&guard), writer, ops).await {
+            Ok(Some((answer, _))) => Ok(match answer {
+                Written::Done { versions, .. } => Written::Done {
+                    versions,
+                    fencing_token: leadership.fencing_token,
+                },
+                other => other,
+            }),
             // A claim under a lease etcd no longer has: the leadership went with it.
-            Err(err) if err.is_not_found() => return Ok(Written::NotLeader),
-            Err(err) => return Err(err.into()),
-        };
-        let (txn, response) = response;
-        Ok(written(&txn, &response, ops, leadership.fencing_token))
+            Ok(None) => Ok(Written::NotLeader),
+            Err(err) => Err(err),
+        }
     }
 
     /// The same transaction without the guard, releasing, completing or moving only what
@@ -217,15 +237,11 @@ impl Tasks for EtcdCoordinator {
             lease: id,
             own: true,
         };
-        let txn = write_txn(&self.layout, None, writer, ops);
-        let response = match self.send_judged(txn).await {
-            Ok(response) => response,
+        match self.send_write(None, writer, ops).await? {
+            Some((answer, _)) => Ok(answer),
             // The lease ended: its claims are orphans now, none of them its to settle.
-            Err(err) if err.is_not_found() => return Ok(conflict_on_all(ops)),
-            Err(err) => return Err(err.into()),
-        };
-        let (txn, response) = response;
-        Ok(written(&txn, &response, ops, FencingToken(0)))
+            None => Ok(conflict_on_all(ops)),
+        }
     }
 
     /// One transaction of create-only puts and deletes at a version.
@@ -260,6 +276,115 @@ impl Tasks for EtcdCoordinator {
 }
 
 impl EtcdCoordinator {
+    /// `ops` as one transaction with the records they add (named at random), and what the
+    /// book learns of it; `None` when the writer's lease is gone. A write that used a
+    /// claim record and was rolled back while a lease's owner was created since the owners
+    /// were read (a replica started: one from before records forbids them) is planned
+    /// again on the owners as they are, once: the caller's tasks did not move for it.
+    async fn send_write(
+        &self,
+        guard: Option<&Guard>,
+        writer: Writer,
+        ops: &[TaskOp],
+    ) -> Result<Option<(Written, i64)>, CoordError> {
+        let mut replanned = false;
+        loop {
+            let ids = (fastrand::u64(..), fastrand::u64(..));
+            let records = self
+                .book()
+                .plan(&self.layout, writer.lease, writer.own, ops, ids);
+            let txn = write_txn(&self.layout, guard, writer, ops, &records);
+            let (txn, response) = match self.send_judged(txn).await {
+                Ok(sent) => sent,
+                Err(err) => {
+                    self.book().answered(&records, ops, Outcome::NotApplied);
+                    return if err.is_not_found() {
+                        Ok(None)
+                    } else {
+                        Err(err.into())
+                    };
+                }
+            };
+            let answer = written(
+                &txn,
+                &response,
+                ops,
+                &records,
+                guard.is_some(),
+                FencingToken(0),
+            );
+            let revision = response.header.revision;
+            self.book()
+                .answered(&records, ops, Outcome::of(&answer, revision));
+            if let (false, Some((_, seen)), Written::Conflict(_)) =
+                (replanned, &records.claim, &answer)
+            {
+                let owners = Range::prefix(self.layout.owners().as_bytes());
+                let owners = self.client.range(&owners).await?;
+                if owners.kvs.iter().any(|kv| kv.mod_revision > *seen) {
+                    self.book().owners_seen(&owners.kvs, owners.header.revision);
+                    replanned = true;
+                    continue;
+                }
+            }
+            return Ok(Some((answer, revision)));
+        }
+    }
+
+    /// The claim records holding the record-held tasks among `tasks`, for the book.
+    fn learn(&self, tasks: &[StoredTask], holders: &Holders) {
+        let held = tasks.iter().filter_map(|task| {
+            let record = holders.record(&task.key, task.created as i64)?;
+            Some((task.key.clone(), record.to_string()))
+        });
+        self.book().learn(held);
+    }
+
+    /// After a listing of `prefix` at `revision`: what the book learns of the records it
+    /// read (the ones that went); if this process writes records at all, the garbage among
+    /// them, and deletes some of what is waiting. A failed delete is tried again
+    /// later; a listing never fails for it.
+    async fn collect_garbage(
+        &self,
+        prefix: &str,
+        listed: &[StoredTask],
+        records: &[Kv],
+        revision: i64,
+    ) {
+        let batch = {
+            let present: HashSet<&str> = records
+                .iter()
+                .filter_map(|kv| std::str::from_utf8(&kv.key).ok())
+                .collect();
+            let mut book = self.book();
+            if !book.wrote() {
+                book.listed(&present, revision, Vec::new());
+                return;
+            }
+            let tasks: HashMap<&str, i64> = listed
+                .iter()
+                .map(|task| (task.key.as_str(), task.created as i64))
+                .collect();
+            let found = garbage(records, prefix, &tasks);
+            book.listed(&present, revision, found);
+            book.take_garbage(GARBAGE_PER_LISTING)
+        };
+        if batch.is_empty() {
+            return;
+        }
+        let delete = Txn {
+            success: batch
+                .iter()
+                .map(|name| Op::Delete(name.as_bytes().to_vec()))
+                .collect(),
+            ..Txn::default()
+        };
+        if let Err(err) = self.client.txn(&delete).await {
+            tracing::debug!(error = %err, "cannot delete claim records no task needs; later");
+            self.book().put_back(batch);
+        }
+    }
+
     /// Sends a queue write without its failure branch, and reads that branch's keys only
     /// if the write was rolled back; answers the transaction as planned (failure branch
     /// included) and a response as if that branch had run.
@@ -313,16 +438,27 @@ mod tests {
         }
     }
 
-    /// A task is held by the lease of its claim key; without one its version is odd.
+    /// A task is held by the lease of its claim key, or of the claim record naming it;
+    /// each way of holding has its own version.
     #[test]
     fn tasks_are_held_by_their_claims_lease() {
-        let tasks = vec![kv("q/a", 3, 5, 0), kv("q/b", 4, 4, 0)];
+        use crate::coord::etcd::layout::{Hold, Record};
+        let tasks = vec![kv("q/a", 3, 5, 0), kv("q/b", 4, 4, 0), kv("q/c", 2, 6, 0)];
         let claims = [kv("L.claims/q/a", 5, 5, 0x1f)];
-        let stored = stored_tasks("L.claims/", tasks, &claims);
+        let mut record = kv("L.held/2e/01", 6, 6, 0x2e);
+        record.value = Record {
+            claimed: vec!["q/c".into()],
+            ..Record::default()
+        }
+        .encode();
+        let holders = Holders::new("L.claims/", &claims, &[record]);
+        let stored = stored_tasks(tasks, &holders);
         assert_eq!(stored[0].holder, Some(LeaseId("1f".into())));
-        assert_eq!(stored[0].version, task_version(5, true));
+        assert_eq!(stored[0].version, task_version(5, Hold::Key));
         assert_eq!(stored[0].created, 3);
         assert_eq!(stored[1].holder, None);
-        assert_eq!(stored[1].version, task_version(4, false));
+        assert_eq!(stored[1].version, task_version(4, Hold::Free));
+        assert_eq!(stored[2].holder, Some(LeaseId("2e".into())));
+        assert_eq!(stored[2].version, task_version(6, Hold::Record));
     }
 }

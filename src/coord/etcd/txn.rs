@@ -1,15 +1,25 @@
 //! Queue writes as one etcd transaction each, and their answers in the seam's words.
-//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`. A guarded write compares the leader's campaign key's `create_revision` with the fencing
+//!
+//! A guarded write compares the leader's campaign key's `create_revision` with the fencing
 //! token (a key that went compares as 0), then, for each task, its `mod_revision` and its
-//! claim as the version says (held: the claim key exists; not held: it does not; without
-//! leadership, `write_own`: the claim is this lease's). The failure branch reads every key
-//! compared, so a rolled-back write is judged on what the compares saw: a failed guard is
-//! `NotLeader`, otherwise the tasks whose compares failed are the `Conflict`.
+//! claim key as the version says (held by one: it exists; else: it does not; without
+//! leadership, `write_own`: the claim key, or the claim record holding the task, is this
+//! lease's). Claims go as one claim record while every lease's owner knows records (a
+//! compare that no owner key moved since they were read), else as a claim key each; a
+//! release of record-held tasks writes a release record. The failure branch reads every
+//! key compared per task, so a rolled-back write is judged on what the compares saw: a
+//! failed guard is `NotLeader`, otherwise the tasks whose compares failed are the
+//! `Conflict` (all of them, if only the owners' or a record's compare failed).
+//!
+//! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
+//!
+//! Size: most of it is tests, one per way a write is built and judged (claim keys and
+//! claim records, a lease's own writes, rollbacks, costs), each pinned to etcd's rules.
 
 use std::collections::HashMap;
 
 use crate::coord::etcd::client::{Compare, Kv, Op, Range, Txn, TxnResponse};
-use crate::coord::etcd::layout::{read_version, task_version, Layout};
+use crate::coord::etcd::layout::{read_version, task_version, Hold, Layout, Record};
 use crate::coord::{Edit, Edited, FencingToken, TaskOp, WriteCost, WriteLimits, Written};
 
 /// etcd's default `--max-txn-ops` (each of compare, success and failure may hold as many).
@@ -40,20 +50,46 @@ pub struct Writer {
     pub own: bool,
 }
 
+/// Records a write adds beside its tasks' own operations (`layout.rs` says what they are).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Records {
+    /// Claims go as one claim record of this name, attached to the writer's lease, written
+    /// only while no lease's owner was created or written after the revision given (each
+    /// was seen to know records then): `None` writes a claim key per task instead.
+    pub claim: Option<(String, i64)>,
+    /// The name of the release record, for a release of tasks a claim record holds.
+    pub release: String,
+    /// Records to delete: nothing they say matters any more.
+    pub garbage: Vec<String>,
+    /// For a lease's own write: the claim record each task it holds by one is held by, as
+    /// far as this process knows (a task missing here is no task of its own to write).
+    pub own: HashMap<String, String>,
+}
+
+/// Records deleted with one write, at most: what a write reserves for them.
+pub const GARBAGE_PER_WRITE: usize = 4;
+
 /// The transaction for `ops`.
-pub fn write_txn(layout: &Layout, guard: Option<&Guard>, writer: Writer, ops: &[TaskOp]) -> Txn {
+pub fn write_txn(
+    layout: &Layout,
+    guard: Option<&Guard>,
+    writer: Writer,
+    ops: &[TaskOp],
+    records: &Records,
+) -> Txn {
     let mut txn = Txn::default();
     if let Some(guard) = guard {
         let key = guard.key.as_bytes().to_vec();
         txn.compare.push(Compare::Created(key.clone(), guard.token));
         txn.failure.push(Op::Get(Range::key(&key)));
     }
+    let (mut claimed, mut released) = (Vec::new(), Vec::new());
     for op in ops {
         let key = op.key().as_bytes().to_vec();
         let claim = layout.claim(op.key()).into_bytes();
         // A created key was never held: no claim may exist beside it.
-        let (revision, held) = match op {
-            TaskOp::Create { .. } => (0, false),
+        let (revision, hold) = match op {
+            TaskOp::Create { .. } => (0, Hold::Free),
             _ => read_version(op.version()),
         };
         txn.compare.push(match op {
@@ -62,7 +98,9 @@ pub fn write_txn(layout: &Layout, guard: Option<&Guard>, writer: Writer, ops: &[
             _ => Compare::Modified(key.clone(), revision),
         });
         // A lease's own write touches only its claims (so it creates nothing: a new key
-        // has no claim).
+        // has no claim): its claim key, or the claim record holding the task, is the
+        // lease's. Records change only with a write of their tasks, which the task's own
+        // compare sees, so a leader's write compares no record.
         let own_only = writer.own
             && matches!(
                 op,
@@ -72,62 +110,134 @@ pub fn write_txn(layout: &Layout, guard: Option<&Guard>, writer: Writer, ops: &[
                     | TaskOp::Finish { .. }
                     | TaskOp::Create { .. }
             );
-        txn.compare.push(if own_only {
-            Compare::Lease(claim.clone(), writer.lease)
-        } else if held {
-            Compare::Exists(claim.clone())
-        } else {
-            Compare::Created(claim.clone(), 0)
-        });
+        let second = match (own_only, hold, records.own.get(op.key())) {
+            (true, Hold::Record, Some(record)) => {
+                Compare::Lease(record.as_bytes().to_vec(), writer.lease)
+            }
+            (true, ..) => Compare::Lease(claim.clone(), writer.lease),
+            (false, Hold::Key, _) => Compare::Exists(claim.clone()),
+            (false, ..) => Compare::Created(claim.clone(), 0),
+        };
         txn.failure.push(Op::Get(Range::key(&key)));
-        txn.failure.push(Op::Get(Range::key(&claim)));
+        txn.failure.push(Op::Get(Range::key(second.key())));
+        txn.compare.push(second);
         let put = |key: &[u8], value: &[u8], lease: i64| Op::Put {
             key: key.to_vec(),
             value: value.to_vec(),
             lease,
         };
+        // The claim key goes with the task wherever one holds it.
+        let unclaim = |txn: &mut Txn| {
+            if hold == Hold::Key {
+                txn.success.push(Op::Delete(claim.clone()));
+            }
+        };
         match op {
             TaskOp::Claim { value, .. } => {
                 txn.success.push(put(&key, value, 0));
-                txn.success.push(put(
-                    &claim,
-                    format!("{:x}", writer.lease).as_bytes(),
-                    writer.lease,
-                ));
+                if records.claim.is_some() {
+                    claimed.push(op.key().to_string());
+                } else {
+                    txn.success.push(put(
+                        &claim,
+                        format!("{:x}", writer.lease).as_bytes(),
+                        writer.lease,
+                    ));
+                }
             }
             TaskOp::Complete { .. } => {
                 txn.success.push(Op::Delete(key));
-                txn.success.push(Op::Delete(claim));
+                unclaim(&mut txn);
             }
             TaskOp::Release { value, .. } => {
                 txn.success.push(put(&key, value, 0));
-                txn.success.push(Op::Delete(claim));
+                unclaim(&mut txn);
+                if hold == Hold::Record {
+                    released.push(op.key().to_string());
+                }
             }
             TaskOp::Rewrite { value, .. } | TaskOp::Create { value, .. } => {
                 txn.success.push(put(&key, value, 0))
             }
             TaskOp::Move { to, value, .. } | TaskOp::Finish { to, value, .. } => {
                 txn.success.push(Op::Delete(key));
-                txn.success.push(Op::Delete(claim));
+                unclaim(&mut txn);
                 txn.success.push(put(to.as_bytes(), value, 0));
             }
         }
     }
+    if let (Some((name, owners_seen)), false) = (&records.claim, claimed.is_empty()) {
+        // A lease opened since the owners were read may be a replica's that knows only
+        // claim keys, which would take these tasks for orphans: then nothing is written.
+        txn.compare.push(Compare::PrefixUnchangedSince(
+            layout.owners().into_bytes(),
+            *owners_seen,
+        ));
+        txn.compare
+            .push(Compare::Created(name.as_bytes().to_vec(), 0));
+        let record = Record {
+            claimed,
+            ..Record::default()
+        };
+        txn.success.push(Op::Put {
+            key: name.as_bytes().to_vec(),
+            value: record.encode(),
+            lease: writer.lease,
+        });
+    }
+    if !released.is_empty() {
+        // Attached to no lease: it stays after the claim record it answers, which the
+        // holder's lease ends with, until it is deleted as garbage.
+        let name = records.release.as_bytes().to_vec();
+        txn.compare.push(Compare::Created(name.clone(), 0));
+        let record = Record {
+            released,
+            ..Record::default()
+        };
+        txn.success.push(Op::Put {
+            key: name,
+            value: record.encode(),
+            lease: 0,
+        });
+    }
+    for name in &records.garbage {
+        txn.success.push(Op::Delete(name.as_bytes().to_vec()));
+    }
     txn
 }
 
-/// The answer to [`write_txn`]'s transaction. Committed: claimed, released and rewritten
-/// tasks have their new versions (held only after a claim) and the token is the guard's.
-/// Rolled back: judged on the keys the failure branch read.
-pub fn written(txn: &Txn, response: &TxnResponse, ops: &[TaskOp], token: FencingToken) -> Written {
+/// Whether `write_txn` puts a claim record in for `ops` under `records`.
+pub fn writes_claim_record(records: &Records, ops: &[TaskOp]) -> bool {
+    records.claim.is_some() && ops.iter().any(|op| matches!(op, TaskOp::Claim { .. }))
+}
+
+/// The answer to [`write_txn`]'s transaction (`guarded`: it compared a guard first).
+/// Committed: claimed, released and rewritten tasks have their new versions (held only
+/// after a claim, by a record or by a key as the write made it) and the token is the
+/// guard's. Rolled back: judged on the keys the failure branch read; the compares past the
+/// tasks' (the owners, the records' names) are read by none, so a rollback they alone
+/// explain is a conflict on every task.
+pub fn written(
+    txn: &Txn,
+    response: &TxnResponse,
+    ops: &[TaskOp],
+    records: &Records,
+    guarded: bool,
+    token: FencingToken,
+) -> Written {
     if response.succeeded {
         let revision = response.header.revision;
+        let claimed = if records.claim.is_some() {
+            Hold::Record
+        } else {
+            Hold::Key
+        };
         let versions = ops
             .iter()
             .filter_map(|op| match op {
-                TaskOp::Claim { key, .. } => Some((key.clone(), task_version(revision, true))),
+                TaskOp::Claim { key, .. } => Some((key.clone(), task_version(revision, claimed))),
                 TaskOp::Release { key, .. } | TaskOp::Rewrite { key, .. } => {
-                    Some((key.clone(), task_version(revision, false)))
+                    Some((key.clone(), task_version(revision, Hold::Free)))
                 }
                 _ => None,
             })
@@ -138,7 +248,6 @@ pub fn written(txn: &Txn, response: &TxnResponse, ops: &[TaskOp], token: Fencing
         };
     }
     let seen = seen(txn, response);
-    let guarded = txn.compare.len() == 1 + 2 * ops.len();
     if guarded && !holds(&txn.compare[0], &seen) {
         return Written::NotLeader;
     }
@@ -180,9 +289,9 @@ pub fn edit_txn(layout: &Layout, ops: &[Edit]) -> Txn {
                 });
             }
             Edit::Delete { version, .. } | Edit::Replace { version, .. } => {
-                let (revision, held) = read_version(*version);
+                let (revision, hold) = read_version(*version);
                 txn.compare.push(Compare::Modified(key.clone(), revision));
-                txn.compare.push(if held {
+                txn.compare.push(if hold == Hold::Key {
                     Compare::Exists(claim.clone())
                 } else {
                     Compare::Created(claim.clone(), 0)
@@ -195,7 +304,12 @@ pub fn edit_txn(layout: &Layout, ops: &[Edit]) -> Txn {
                     }),
                     _ => txn.success.push(Op::Delete(key.clone())),
                 }
-                txn.success.push(Op::Delete(claim.clone()));
+                // A claim key goes with the edit. A claim record that holds the task is
+                // left: a replace is for a task no live lease holds (its holder settling
+                // it after its lease ended), and a deleted task is past every record.
+                if hold == Hold::Key {
+                    txn.success.push(Op::Delete(claim.clone()));
+                }
             }
         }
         txn.failure.push(Op::Get(Range::key(&key)));
@@ -293,7 +407,14 @@ pub fn cost(layout: &Layout, op: &TaskOp) -> WriteCost {
         lease: i64::MAX,
         own: false,
     };
-    let txn = write_txn(layout, None, writer, std::slice::from_ref(&bare));
+    // Claim keys rather than a record: never fewer entries nor bytes for any one op.
+    let txn = write_txn(
+        layout,
+        None,
+        writer,
+        std::slice::from_ref(&bare),
+        &Records::default(),
+    );
     let branches = [txn.compare.len(), txn.success.len(), txn.failure.len()];
     WriteCost {
         ops: branches.into_iter().max().unwrap_or_default(),
@@ -301,12 +422,19 @@ pub fn cost(layout: &Layout, op: &TaskOp) -> WriteCost {
     }
 }
 
-/// What the guard costs: one compare and one read of the campaign key.
+/// What the guard costs, with what a write adds beside its tasks: one compare and one read
+/// of the campaign key; the owners' compare, and a claim and a release record (a compare
+/// and a put each; their lists of tasks cost less than the claim keys [`cost`] counts per
+/// task); and up to [`GARBAGE_PER_WRITE`] deletes of records.
 pub fn guard_cost(layout: &Layout) -> WriteCost {
     let key_len = layout.candidate(i64::MAX).len();
+    let record_len = layout.record(i64::MAX, u64::MAX).len();
+    let records = 2 * 2 * (record_len + ENTRY_OVERHEAD);
+    let owners = layout.owners().len() * 2 + ENTRY_OVERHEAD;
+    let garbage = GARBAGE_PER_WRITE * (record_len + ENTRY_OVERHEAD);
     WriteCost {
-        ops: 1,
-        bytes: 2 * (key_len + ENTRY_OVERHEAD),
+        ops: 2 + GARBAGE_PER_WRITE,
+        bytes: 2 * (key_len + ENTRY_OVERHEAD) + records + owners + garbage,
     }
 }
 
@@ -378,7 +506,8 @@ mod tests {
             &layout(),
             Some(&guard()),
             WRITER,
-            &[claim("q/a", task_version(7, false))],
+            &[claim("q/a", task_version(7, Hold::Free))],
+            &Records::default(),
         );
         assert_eq!(
             txn.compare,
@@ -415,9 +544,28 @@ mod tests {
         };
         let ops = [TaskOp::Complete {
             key: "q/a".into(),
-            version: task_version(7, true),
+            version: task_version(7, Hold::Key),
         }];
-        let txn = write_txn(&layout(), None, own, &ops);
+        let txn = write_txn(&layout(), None, own, &ops, &Records::default());
+        assert_eq!(
+            txn.compare[1],
+            Compare::Lease(b"L.claims/q/a".to_vec(), 0xa)
+        );
+        // Held by a claim record: that record is the lease's. Unknown to this process: no
+        // task of its own (the claim key's lease, which no key has, fails the write).
+        let ops = [TaskOp::Complete {
+            key: "q/a".into(),
+            version: task_version(7, Hold::Record),
+        }];
+        let records = Records {
+            own: [("q/a".to_string(), "L.held/a/01".to_string())].into(),
+            ..Records::default()
+        };
+        let txn = write_txn(&layout(), None, own, &ops, &records);
+        assert_eq!(txn.compare[1], Compare::Lease(b"L.held/a/01".to_vec(), 0xa));
+        assert_eq!(txn.failure[1], Op::Get(Range::key(b"L.held/a/01")));
+        assert_eq!(txn.success, [Op::Delete(b"q/a".to_vec())]);
+        let txn = write_txn(&layout(), None, own, &ops, &Records::default());
         assert_eq!(
             txn.compare[1],
             Compare::Lease(b"L.claims/q/a".to_vec(), 0xa)
@@ -434,16 +582,16 @@ mod tests {
                 version: TaskVersion(9),
             },
         ];
-        let txn = write_txn(&layout(), Some(&guard()), WRITER, &ops);
+        let txn = write_txn(&layout(), Some(&guard()), WRITER, &ops, &Records::default());
         let response = TxnResponse {
             header: Header { revision: 20 },
             succeeded: true,
             responses: Vec::new(),
         };
         assert_eq!(
-            written(&txn, &response, &ops, TOKEN),
+            written(&txn, &response, &ops, &Records::default(), true, TOKEN),
             Written::Done {
-                versions: vec![("q/a".into(), task_version(20, true))],
+                versions: vec![("q/a".into(), task_version(20, Hold::Key))],
                 fencing_token: TOKEN
             }
         );
@@ -454,29 +602,35 @@ mod tests {
     #[test]
     fn a_rollback_tells_lost_leadership_from_moved_tasks() {
         let ops = [
-            claim("q/a", task_version(7, false)),
-            claim("q/b", task_version(8, false)),
+            claim("q/a", task_version(7, Hold::Free)),
+            claim("q/b", task_version(8, Hold::Free)),
         ];
-        let txn = write_txn(&layout(), Some(&guard()), WRITER, &ops);
+        let txn = write_txn(&layout(), Some(&guard()), WRITER, &ops, &Records::default());
         let leader = Some(kv("L/a", 10, 10, 0xa));
         let a = Some(kv("q/a", 3, 7, 0));
         let b_moved = Some(kv("q/b", 3, 9, 0));
         let response = failed(vec![leader.clone(), a.clone(), None, b_moved.clone(), None]);
         assert_eq!(
-            written(&txn, &response, &ops, TOKEN),
+            written(&txn, &response, &ops, &Records::default(), true, TOKEN),
             Written::Conflict(vec!["q/b".into()])
         );
         let response = failed(vec![None, a.clone(), None, b_moved.clone(), None]);
-        assert_eq!(written(&txn, &response, &ops, TOKEN), Written::NotLeader);
+        assert_eq!(
+            written(&txn, &response, &ops, &Records::default(), true, TOKEN),
+            Written::NotLeader
+        );
         let again = Some(kv("L/a", 12, 12, 0xa));
         let response = failed(vec![again, a.clone(), None, b_moved, None]);
-        assert_eq!(written(&txn, &response, &ops, TOKEN), Written::NotLeader);
+        assert_eq!(
+            written(&txn, &response, &ops, &Records::default(), true, TOKEN),
+            Written::NotLeader
+        );
         // A claim taken meanwhile by another lease conflicts too.
         let claimed = Some(kv("L.claims/q/a", 8, 8, 0xb));
         let b = Some(kv("q/b", 3, 8, 0));
         let response = failed(vec![leader, a, claimed, b, None]);
         assert_eq!(
-            written(&txn, &response, &ops, TOKEN),
+            written(&txn, &response, &ops, &Records::default(), true, TOKEN),
             Written::Conflict(vec!["q/a".into()])
         );
     }
@@ -487,7 +641,7 @@ mod tests {
         let ops = [
             Edit::Delete {
                 key: "d/a".into(),
-                version: task_version(5, false),
+                version: task_version(5, Hold::Free),
             },
             Edit::Create {
                 key: "q/a".into(),
@@ -507,13 +661,13 @@ mod tests {
         );
     }
 
-    /// A batch's cost bounds its transaction: no branch has more entries, and the bytes
-    /// estimate is the sum of the ops' and the guard's.
+    /// A batch's cost bounds its transaction, with claim keys or with records: no branch
+    /// has more entries, and the bytes estimate is at least the transaction's.
     #[test]
     fn costs_bound_the_transaction_sent() {
         let layout = layout();
         let ops = vec![
-            claim("q/a", TaskVersion(14)),
+            claim("q/a", task_version(3, Hold::Free)),
             TaskOp::Move {
                 key: "q/b".into(),
                 version: TaskVersion(9),
@@ -522,7 +676,12 @@ mod tests {
             },
             TaskOp::Complete {
                 key: "q/c".into(),
-                version: TaskVersion(8),
+                version: task_version(2, Hold::Key),
+            },
+            TaskOp::Release {
+                key: "q/d".into(),
+                version: task_version(2, Hold::Record),
+                value: b"{}".to_vec(),
             },
         ];
         let writer = Writer {
@@ -533,29 +692,144 @@ mod tests {
             key: layout.candidate(i64::MAX),
             token: 1,
         };
-        let txn = write_txn(&layout, Some(&guard), writer, &ops);
+        let records = Records {
+            claim: Some((layout.record(i64::MAX, u64::MAX), 10)),
+            release: layout.record(i64::MAX, u64::MAX - 1),
+            garbage: (0..GARBAGE_PER_WRITE as u64)
+                .map(|n| layout.record(i64::MAX, n))
+                .collect(),
+            own: HashMap::new(),
+        };
         let cost: WriteCost =
             guard_cost(&layout) + ops.iter().map(|op| cost(&layout, op)).sum::<WriteCost>();
-        for branch in [txn.compare.len(), txn.success.len(), txn.failure.len()] {
-            assert!(branch <= cost.ops);
+        for records in [Records::default(), records] {
+            let txn = write_txn(&layout, Some(&guard), writer, &ops, &records);
+            for branch in [txn.compare.len(), txn.success.len(), txn.failure.len()] {
+                assert!(
+                    branch <= cost.ops,
+                    "{branch} entries over {cost:?}: {records:?}"
+                );
+            }
+            assert!(txn_bytes(&txn) <= cost.bytes, "{records:?}");
         }
-        assert_eq!(cost.bytes, txn_bytes(&txn));
     }
 
     /// A branch holds at most `MAX_TXN_OPS` entries, each on its own: a write of a full
-    /// batch of claims with a batch of completions riding along fits one transaction.
+    /// batch of claims with a batch of completions riding along fits one transaction,
+    /// beside its records.
     #[test]
     fn a_full_batch_of_claims_with_its_completions_fits_one_transaction() {
         let layout = layout();
         let mut ops: Vec<TaskOp> = (0..32)
-            .map(|n| claim(&format!("q/c{n:02}"), TaskVersion(14)))
+            .map(|n| claim(&format!("q/c{n:02}"), task_version(3, Hold::Free)))
             .collect();
-        ops.extend((0..31).map(|n| TaskOp::Complete {
+        ops.extend((0..29).map(|n| TaskOp::Complete {
             key: format!("q/d{n:02}"),
-            version: TaskVersion(8),
+            version: task_version(2, Hold::Record),
         }));
         let cost: WriteCost =
             guard_cost(&layout) + ops.iter().map(|op| cost(&layout, op)).sum::<WriteCost>();
         assert!(cost.ops <= MAX_TXN_OPS, "{} entries", cost.ops);
+    }
+
+    /// Claims under records: one claim record attached to the writer's lease, naming them,
+    /// and written only while no owner key moved past the revision they were read at; no
+    /// claim key. Completing a record-held task deletes the task alone; releasing one
+    /// writes a release record attached to no lease.
+    #[test]
+    fn records_replace_claim_keys() {
+        let records = Records {
+            claim: Some(("L.held/a/01".into(), 40)),
+            release: "L.held/a/02".into(),
+            garbage: vec!["L.held/a/00".into()],
+            own: HashMap::new(),
+        };
+        let ops = [
+            claim("q/a", task_version(7, Hold::Free)),
+            claim("q/b", task_version(8, Hold::Free)),
+            TaskOp::Complete {
+                key: "q/c".into(),
+                version: task_version(6, Hold::Record),
+            },
+            TaskOp::Release {
+                key: "q/d".into(),
+                version: task_version(6, Hold::Record),
+                value: b"{}".to_vec(),
+            },
+        ];
+        let txn = write_txn(&layout(), Some(&guard()), WRITER, &ops, &records);
+        assert_eq!(
+            txn.compare[1..9],
+            [
+                Compare::Modified(b"q/a".to_vec(), 7),
+                Compare::Created(b"L.claims/q/a".to_vec(), 0),
+                Compare::Modified(b"q/b".to_vec(), 8),
+                Compare::Created(b"L.claims/q/b".to_vec(), 0),
+                Compare::Modified(b"q/c".to_vec(), 6),
+                Compare::Created(b"L.claims/q/c".to_vec(), 0),
+                Compare::Modified(b"q/d".to_vec(), 6),
+                Compare::Created(b"L.claims/q/d".to_vec(), 0),
+            ]
+        );
+        assert_eq!(
+            txn.compare[9..],
+            [
+                Compare::PrefixUnchangedSince(b"L.owner/".to_vec(), 40),
+                Compare::Created(b"L.held/a/01".to_vec(), 0),
+                Compare::Created(b"L.held/a/02".to_vec(), 0),
+            ]
+        );
+        let put = |key: &str, value: &[u8], lease| Op::Put {
+            key: key.as_bytes().to_vec(),
+            value: value.to_vec(),
+            lease,
+        };
+        assert_eq!(
+            txn.success,
+            vec![
+                put("q/a", b"v", 0),
+                put("q/b", b"v", 0),
+                Op::Delete(b"q/c".to_vec()),
+                put("q/d", b"{}", 0),
+                put("L.held/a/01", br#"{"claimed":["q/a","q/b"]}"#, 0xa),
+                put("L.held/a/02", br#"{"released":["q/d"]}"#, 0),
+                Op::Delete(b"L.held/a/00".to_vec()),
+            ]
+        );
+        let response = TxnResponse {
+            header: Header { revision: 50 },
+            succeeded: true,
+            responses: Vec::new(),
+        };
+        assert_eq!(
+            written(&txn, &response, &ops, &records, true, TOKEN),
+            Written::Done {
+                versions: vec![
+                    ("q/a".into(), task_version(50, Hold::Record)),
+                    ("q/b".into(), task_version(50, Hold::Record)),
+                    ("q/d".into(), task_version(50, Hold::Free)),
+                ],
+                fencing_token: TOKEN
+            }
+        );
+        // A rollback no task's compare explains (a new owner, a record's name taken) is
+        // a conflict on every task, never a lost leadership.
+        let leader = Some(kv("L/a", 10, 10, 0xa));
+        let read = |key: &str, modified| Some(kv(key, 1, modified, 0));
+        let response = failed(vec![
+            leader,
+            read("q/a", 7),
+            None,
+            read("q/b", 8),
+            None,
+            read("q/c", 6),
+            None,
+            read("q/d", 6),
+            None,
+        ]);
+        assert_eq!(
+            written(&txn, &response, &ops, &records, true, TOKEN),
+            Written::Conflict(vec!["q/a".into(), "q/b".into(), "q/c".into(), "q/d".into()])
+        );
     }
 }

@@ -207,6 +207,8 @@ pub enum Compare {
     Exists(Vec<u8>),
     /// The key is attached to this lease.
     Lease(Vec<u8>, i64),
+    /// No key under this prefix was created or written after this revision.
+    PrefixUnchangedSince(Vec<u8>, i64),
 }
 
 impl Compare {
@@ -224,6 +226,13 @@ impl Compare {
             Compare::Lease(key, lease) => json!({
                 "target": "LEASE", "result": "EQUAL", "key": b64(key), "lease": lease.to_string()
             }),
+            // Over a range etcd requires every key in it to pass (and an empty range compares
+            // as one key of zeros, which passes too).
+            Compare::PrefixUnchangedSince(prefix, revision) => json!({
+                "target": "MOD", "result": "LESS", "key": b64(prefix),
+                "range_end": b64(&prefix_end(prefix)),
+                "mod_revision": (revision.saturating_add(1)).to_string()
+            }),
         }
     }
 
@@ -237,6 +246,7 @@ impl Compare {
             Compare::Modified(_, rev) => kv.mod_revision == *rev,
             Compare::Exists(_) => kv.version > 0,
             Compare::Lease(_, lease) => kv.lease == *lease,
+            Compare::PrefixUnchangedSince(_, revision) => kv.mod_revision <= *revision,
         }
     }
 
@@ -245,7 +255,8 @@ impl Compare {
             Compare::Created(key, _)
             | Compare::Modified(key, _)
             | Compare::Exists(key)
-            | Compare::Lease(key, _) => key,
+            | Compare::Lease(key, _)
+            | Compare::PrefixUnchangedSince(key, _) => key,
         }
     }
 }
