@@ -212,26 +212,7 @@ async fn a_waiting_list_wakes_when_a_claim_dies_with_its_lease() {
         return;
     };
     let client = etcd_client(cluster.endpoints());
-    let coord = EtcdCoordinator::new(
-        client.clone(),
-        EtcdCoordSettings {
-            leader_key: "orphan/leader".into(),
-        },
-    );
-    let spec = LeaseSpec {
-        node_id: "old".into(),
-        ttl: Duration::from_secs(30),
-        takeover_delay: Duration::ZERO,
-        previous: None,
-    };
-    let lease = coord.open_lease(&spec).await.unwrap().lease;
-    let Campaign::Won(leadership) = coord
-        .campaign(&lease, &HolderRecord::default())
-        .await
-        .unwrap()
-    else {
-        panic!("a free leadership was not won");
-    };
+    let (coord, lease, leadership) = leading(&client, "orphan/leader", "old").await;
     client.put(b"orphan/q/t1", b"{}").await.unwrap();
     let (tasks, _) = coord
         .list("orphan/q/", Version(0), Duration::ZERO)
@@ -317,26 +298,7 @@ async fn claim_records_wait_until_every_replica_knows_them() {
         return;
     };
     let client = etcd_client(cluster.endpoints());
-    let coord = EtcdCoordinator::new(
-        client.clone(),
-        EtcdCoordSettings {
-            leader_key: "upgrade/leader".into(),
-        },
-    );
-    let spec = LeaseSpec {
-        node_id: "new".into(),
-        ttl: Duration::from_secs(30),
-        takeover_delay: Duration::ZERO,
-        previous: None,
-    };
-    let lease = coord.open_lease(&spec).await.unwrap().lease;
-    let Campaign::Won(leadership) = coord
-        .campaign(&lease, &HolderRecord::default())
-        .await
-        .unwrap()
-    else {
-        panic!("a free leadership was not won");
-    };
+    let (coord, lease, leadership) = leading(&client, "upgrade/leader", "new").await;
     for task in ["upgrade/q/t1", "upgrade/q/t2"] {
         client.put(task.as_bytes(), b"{}").await.unwrap();
     }
@@ -396,4 +358,37 @@ async fn claim_records_wait_until_every_replica_knows_them() {
             .all(|task| task.holder.as_ref() == Some(&lease)),
         "{tasks:?}"
     );
+}
+
+/// A coordinator on `client` for `leader_key`, with a 30 s lease of `node`'s that leads.
+async fn leading(
+    client: &Arc<Client>,
+    leader_key: &str,
+    node: &str,
+) -> (
+    EtcdCoordinator,
+    leaderq::coord::LeaseId,
+    leaderq::coord::Leadership,
+) {
+    let coord = EtcdCoordinator::new(
+        client.clone(),
+        EtcdCoordSettings {
+            leader_key: leader_key.into(),
+        },
+    );
+    let spec = LeaseSpec {
+        node_id: node.into(),
+        ttl: Duration::from_secs(30),
+        takeover_delay: Duration::ZERO,
+        previous: None,
+    };
+    let lease = coord.open_lease(&spec).await.unwrap().lease;
+    let Campaign::Won(leadership) = coord
+        .campaign(&lease, &HolderRecord::default())
+        .await
+        .unwrap()
+    else {
+        panic!("a free leadership was not won");
+    };
+    (coord, lease, leadership)
 }

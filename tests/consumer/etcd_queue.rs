@@ -126,6 +126,9 @@ async fn etcdctl_tasks_run_in_order_exactly_once_on_the_leader_only() {
     bed.wait_for_line(Duration::from_secs(10), |l| l[0] == "end" && l[1] == "t20")
         .await;
     bed.wait_until_empty(PREFIX, Duration::from_secs(10)).await;
+    // The claim records went with their tasks.
+    bed.wait_until_empty("consumerLeader.held/", Duration::from_secs(10))
+        .await;
 
     let journal = bed.journal();
     let ends: Vec<&Vec<String>> = journal.iter().filter(|l| l[0] == "end").collect();

@@ -367,7 +367,7 @@ impl EtcdCoordinator {
                 .collect();
             let found = garbage(records, prefix, &tasks);
             book.listed(&present, revision, found);
-            book.take_garbage(GARBAGE_PER_LISTING)
+            book.take_garbage_if_quiet(GARBAGE_PER_LISTING)
         };
         if batch.is_empty() {
             return;

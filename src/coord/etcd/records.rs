@@ -56,6 +56,9 @@ pub struct RecordBook {
     learned: HashMap<String, String>,
     /// Whether this process wrote a record: only then does its listing look for garbage.
     wrote: bool,
+    /// Whether a write was applied since a listing last took garbage: the next write is
+    /// then likely soon, and takes it along.
+    busy: bool,
 }
 
 impl RecordBook {
@@ -120,6 +123,7 @@ impl RecordBook {
             }
             return;
         };
+        self.busy = true;
         if let Some((name, _)) = &records.claim {
             let claimed: HashSet<String> = ops
                 .iter()
@@ -237,6 +241,16 @@ impl RecordBook {
         self.garbage.drain(..take).collect()
     }
 
+    /// [`take_garbage`](Self::take_garbage) for a listing: nothing if a write was applied
+    /// since the last listing asked (writes go on, and take it along at no cost of their
+    /// own), so only after a quiet spell.
+    pub fn take_garbage_if_quiet(&mut self, limit: usize) -> Vec<String> {
+        if std::mem::take(&mut self.busy) {
+            return Vec::new();
+        }
+        self.take_garbage(limit)
+    }
+
     /// Records taken to delete that were not deleted after all.
     pub fn put_back(&mut self, garbage: Vec<String>) {
         for name in garbage.into_iter().rev() {
@@ -292,6 +306,12 @@ mod tests {
         book
     }
 
+    /// `ops` planned with record names `ids` and applied at `revision`.
+    fn apply(book: &mut RecordBook, ops: &[TaskOp], ids: (u64, u64), revision: i64) {
+        let planned = book.plan(&layout(), 0xa, false, ops, ids);
+        book.answered(&planned, ops, Outcome::Applied(revision));
+    }
+
     /// Records are written only while every owner knows them; a bare owner (a replica
     /// from before records) turns them off until it is gone.
     #[test]
@@ -321,8 +341,7 @@ mod tests {
     fn records_go_once_their_tasks_are_done() {
         let mut book = knowing();
         let claims = [claim("q/a"), claim("q/b")];
-        let planned = book.plan(&layout(), 0xa, false, &claims, (1, 2));
-        book.answered(&planned, &claims, Outcome::Applied(10));
+        apply(&mut book, &claims, (1, 2), 10);
         let first = layout().record(0xa, 1);
 
         let done = [complete("q/a")];
@@ -332,8 +351,7 @@ mod tests {
         assert!(book.take_garbage(10).is_empty());
 
         let let_go = [release("q/b")];
-        let planned = book.plan(&layout(), 0xa, false, &let_go, (5, 6));
-        book.answered(&planned, &let_go, Outcome::Applied(12));
+        apply(&mut book, &let_go, (5, 6), 12);
         assert_eq!(book.take_garbage(10), [first, layout().record(0xa, 6)]);
     }
 
@@ -342,18 +360,15 @@ mod tests {
     fn a_release_record_waits_for_the_claim_records_it_answers() {
         let mut book = knowing();
         let claims = [claim("q/a"), claim("q/b")];
-        let planned = book.plan(&layout(), 0xa, false, &claims, (1, 2));
-        book.answered(&planned, &claims, Outcome::Applied(10));
+        apply(&mut book, &claims, (1, 2), 10);
         let let_go = [release("q/a")];
-        let planned = book.plan(&layout(), 0xa, false, &let_go, (3, 4));
-        book.answered(&planned, &let_go, Outcome::Applied(11));
+        apply(&mut book, &let_go, (3, 4), 11);
         assert!(
             book.take_garbage(10).is_empty(),
             "q/b still holds its record"
         );
         let done = [complete("q/b")];
-        let planned = book.plan(&layout(), 0xa, false, &done, (5, 6));
-        book.answered(&planned, &done, Outcome::Applied(12));
+        apply(&mut book, &done, (5, 6), 12);
         assert_eq!(
             book.take_garbage(10),
             [layout().record(0xa, 1), layout().record(0xa, 4)]
@@ -373,17 +388,28 @@ mod tests {
         assert!(!book.wrote(), "nothing was written");
     }
 
+    /// A listing deletes garbage itself only when no write was applied since it last
+    /// looked: while writes go on, they take it along.
+    #[test]
+    fn a_listing_deletes_garbage_only_after_a_quiet_spell() {
+        let mut book = knowing();
+        book.listed(&HashSet::new(), 1, vec!["g1".into()]);
+        apply(&mut book, &[claim("q/a")], (1, 2), 10);
+        // That write took g1 along.
+        book.listed(&HashSet::new(), 1, vec!["g2".into()]);
+        assert!(book.take_garbage_if_quiet(10).is_empty());
+        assert_eq!(book.take_garbage_if_quiet(10), ["g2"]);
+    }
+
     /// A record this process made that a later listing does not show went with its
     /// lease (or by hand): forgotten, and the release record that waited for it goes.
     #[test]
     fn a_record_gone_from_a_listing_is_forgotten() {
         let mut book = knowing();
         let claims = [claim("q/a"), claim("q/b")];
-        let planned = book.plan(&layout(), 0xa, false, &claims, (1, 2));
-        book.answered(&planned, &claims, Outcome::Applied(10));
+        apply(&mut book, &claims, (1, 2), 10);
         let let_go = [release("q/a")];
-        let planned = book.plan(&layout(), 0xa, false, &let_go, (3, 4));
-        book.answered(&planned, &let_go, Outcome::Applied(11));
+        apply(&mut book, &let_go, (3, 4), 11);
         // A listing before the record was made says nothing of it.
         book.listed(&HashSet::new(), 9, Vec::new());
         assert!(book.take_garbage(10).is_empty());
@@ -394,8 +420,7 @@ mod tests {
         );
         // Its task is not followed any more.
         let done = [complete("q/b")];
-        let planned = book.plan(&layout(), 0xa, false, &done, (5, 6));
-        book.answered(&planned, &done, Outcome::Applied(13));
+        apply(&mut book, &done, (5, 6), 13);
         assert!(book.take_garbage(10).is_empty());
     }
 }
