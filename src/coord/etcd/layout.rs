@@ -331,8 +331,18 @@ impl Holders {
 /// record. A release record goes once each of its tasks is past it, named by a later
 /// record, or named by no earlier claim record that stays. (A release left latest with no
 /// claim before it leaves its task free, as no record does.)
-pub fn garbage(records: &[Kv], prefix: &str, tasks: &HashMap<&str, i64>) -> Vec<String> {
+///
+/// `tasks` are gone through once, and only those a record names are kept: a listing of a
+/// large queue is not copied for a few records.
+pub fn garbage<'t>(
+    records: &[Kv],
+    prefix: &str,
+    tasks: impl IntoIterator<Item = (&'t str, i64)>,
+) -> Vec<String> {
     let reads = read_records(records);
+    if reads.is_empty() {
+        return Vec::new();
+    }
     let judged = |read: &Read| read.record.keys().iter().all(|k| k.starts_with(prefix));
     let mut naming: HashMap<&str, Vec<(i64, bool, usize)>> = HashMap::new();
     for (at, read) in reads.iter().enumerate() {
@@ -343,6 +353,10 @@ pub fn garbage(records: &[Kv], prefix: &str, tasks: &HashMap<&str, i64>) -> Vec<
                 .push((read.revision, read.record.claims(), at));
         }
     }
+    let tasks: HashMap<&str, i64> = tasks
+        .into_iter()
+        .filter(|(key, _)| naming.contains_key(key))
+        .collect();
     let past =
         |task: &str, revision: i64| tasks.get(task).is_none_or(|created| *created > revision);
     let later = |task: &str, revision: i64| {
@@ -593,7 +607,7 @@ mod tests {
             [("q/u", 1), ("q/v", 1), ("q/w", 1), ("q/x", 1), ("q/y", 50)]
                 .into_iter()
                 .collect();
-        let mut found = garbage(&records, "q/", &tasks);
+        let mut found = garbage(&records, "q/", tasks.iter().map(|(k, c)| (*k, *c)));
         found.sort();
         assert_eq!(
             found,

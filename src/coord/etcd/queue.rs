@@ -3,7 +3,7 @@
 //! revision last seen when asked to wait), keys, get, and writes as one transaction each
 //! (built and judged in `txn.rs`, their records planned in `records.rs`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::Duration;
 
 use crate::coord::etcd::client::{Kv, Op, Range, Txn};
@@ -207,17 +207,11 @@ impl Tasks for EtcdCoordinator {
             lease: id,
             own: false,
         };
-        match self.send_write(Some(&guard), writer, ops).await {
-            Ok(Some((answer, _))) => Ok(match answer {
-                Written::Done { versions, .. } => Written::Done {
-                    versions,
-                    fencing_token: leadership.fencing_token,
-                },
-                other => other,
-            }),
+        let token = leadership.fencing_token;
+        match self.send_write(Some(&guard), writer, ops, token).await? {
+            Some(answer) => Ok(answer),
             // A claim under a lease etcd no longer has: the leadership went with it.
-            Ok(None) => Ok(Written::NotLeader),
-            Err(err) => Err(err),
+            None => Ok(Written::NotLeader),
         }
     }
 
@@ -237,8 +231,8 @@ impl Tasks for EtcdCoordinator {
             lease: id,
             own: true,
         };
-        match self.send_write(None, writer, ops).await? {
-            Some((answer, _)) => Ok(answer),
+        match self.send_write(None, writer, ops, FencingToken(0)).await? {
+            Some(answer) => Ok(answer),
             // The lease ended: its claims are orphans now, none of them its to settle.
             None => Ok(conflict_on_all(ops)),
         }
@@ -280,13 +274,15 @@ impl EtcdCoordinator {
     /// book learns of it; `None` when the writer's lease is gone. A write that used a
     /// claim record and was rolled back while a lease's owner was created since the owners
     /// were read (a replica started: one from before records forbids them) is planned
-    /// again on the owners as they are, once: the caller's tasks did not move for it.
+    /// again on the owners as they are, once: the caller's tasks did not move for it. (If
+    /// the owners cannot be read, the rollback is answered as it is: a conflict.)
     async fn send_write(
         &self,
         guard: Option<&Guard>,
         writer: Writer,
         ops: &[TaskOp],
-    ) -> Result<Option<(Written, i64)>, CoordError> {
+        token: FencingToken,
+    ) -> Result<Option<Written>, CoordError> {
         let mut replanned = false;
         loop {
             let ids = (fastrand::u64(..), fastrand::u64(..));
@@ -305,14 +301,7 @@ impl EtcdCoordinator {
                     };
                 }
             };
-            let answer = written(
-                &txn,
-                &response,
-                ops,
-                &records,
-                guard.is_some(),
-                FencingToken(0),
-            );
+            let answer = written(&txn, &response, ops, &records, guard.is_some(), token);
             let revision = response.header.revision;
             self.book()
                 .answered(&records, ops, Outcome::of(&answer, revision));
@@ -320,14 +309,14 @@ impl EtcdCoordinator {
                 (replanned, &records.claim, &answer)
             {
                 let owners = Range::prefix(self.layout.owners().as_bytes());
-                let owners = self.client.range(&owners).await?;
+                let owners = self.client.range(&owners).await.unwrap_or_default();
                 if owners.kvs.iter().any(|kv| kv.mod_revision > *seen) {
                     self.book().owners_seen(&owners.kvs, owners.header.revision);
                     replanned = true;
                     continue;
                 }
             }
-            return Ok(Some((answer, revision)));
+            return Ok(Some(answer));
         }
     }
 
@@ -361,11 +350,10 @@ impl EtcdCoordinator {
                 book.listed(&present, revision, Vec::new());
                 return;
             }
-            let tasks: HashMap<&str, i64> = listed
+            let tasks = listed
                 .iter()
-                .map(|task| (task.key.as_str(), task.created as i64))
-                .collect();
-            let found = garbage(records, prefix, &tasks);
+                .map(|task| (task.key.as_str(), task.created as i64));
+            let found = garbage(records, prefix, tasks);
             book.listed(&present, revision, found);
             book.take_garbage_if_quiet(GARBAGE_PER_LISTING)
         };

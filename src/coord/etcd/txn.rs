@@ -206,11 +206,6 @@ pub fn write_txn(
     txn
 }
 
-/// Whether `write_txn` puts a claim record in for `ops` under `records`.
-pub fn writes_claim_record(records: &Records, ops: &[TaskOp]) -> bool {
-    records.claim.is_some() && ops.iter().any(|op| matches!(op, TaskOp::Claim { .. }))
-}
-
 /// The answer to [`write_txn`]'s transaction (`guarded`: it compared a guard first).
 /// Committed: claimed, released and rewritten tasks have their new versions (held only
 /// after a claim, by a record or by a key as the write made it) and the token is the
