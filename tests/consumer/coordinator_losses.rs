@@ -10,6 +10,9 @@
 //! without using an attempt, and the next leader runs it; nothing is dead-lettered.
 
 use super::*;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 on_every_backend! {
     /// A deleted leader record stops the run before the next leader starts one.
@@ -88,6 +91,46 @@ fn runs_in(text: &str) -> Vec<Run> {
         }
     }
     runs
+}
+
+/// Watches the journal's runs from a thread, noting when each run's shell is first seen
+/// gone: the end of a run cut before it could journal one.
+struct Reaper {
+    gone: Arc<Mutex<HashMap<u32, u128>>>,
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Reaper {
+    fn start(journal: &Path) -> Reaper {
+        let gone = Arc::new(Mutex::new(HashMap::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (journal, noted, stopped) = (journal.to_path_buf(), gone.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                let text = std::fs::read_to_string(&journal).unwrap_or_default();
+                for run in runs_in(&text) {
+                    let mut noted = noted.lock().unwrap();
+                    if !noted.contains_key(&run.pid) && !common::process_alive(run.pid) {
+                        noted.insert(run.pid, now_ns());
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        Reaper { gone, stop, thread }
+    }
+
+    /// When the shell `pid` was seen gone, once it was.
+    fn gone(&self, pid: u32) -> Option<u128> {
+        self.gone.lock().unwrap().get(&pid).copied()
+    }
+
+    fn stop(self) -> HashMap<u32, u128> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap();
+        Arc::into_inner(self.gone).unwrap().into_inner().unwrap()
+    }
 }
 
 /// The first run the journal shows, once there is one.
@@ -169,15 +212,9 @@ async fn lose_leadership(backend: &str, loss: Loss) {
     );
     let first = first_run(&journal, replicas).await;
     assert_eq!(first.id, "l00");
-    // The cut run's end is when its shell is seen gone: watched from before the loss, as
-    // the operator's tool may take a while to return (zkCli.sh starts a JVM).
-    let pid = first.pid;
-    let watcher = std::thread::spawn(move || loop {
-        if !common::process_alive(pid) {
-            return now_ns();
-        }
-        std::thread::sleep(Duration::from_millis(2));
-    });
+    // A cut run's end is when its shell is seen gone: watched from before the loss, as the
+    // operator's tool may take a while to return (zkCli.sh starts a JVM).
+    let reaper = Reaper::start(&journal);
     let lost_at = now_ns();
     let done = match loss {
         Loss::DeleteRecord | Loss::DeleteRecordCleanEnd => {
@@ -198,22 +235,15 @@ async fn lose_leadership(backend: &str, loss: Loss) {
     // between `lost_at` and now.
     let returned_at = now_ns();
     // The old leader's run is gone (its shell seen dead) long before its 8 s are up; the
-    // watcher thread, not this poll, says when.
+    // reaper's thread, not this poll, says when.
     let left =
         Duration::from_secs(6).saturating_sub(Duration::from_nanos((now_ns() - lost_at) as u64));
-    wait_until(
+    let gone_at = wait_until(
         left,
         &format!("{loss:?}: the old leader's run gone"),
-        async || {
-            if watcher.is_finished() {
-                Ok(())
-            } else {
-                Err(replicas[0].log_text())
-            }
-        },
+        async || reaper.gone(first.pid).ok_or_else(|| replicas[0].log_text()),
     )
     .await;
-    let gone_at = watcher.join().unwrap();
     eprintln!(
         "{backend} {loss:?}: the old leader's run was gone {} ms after the loss began ({} ms after the operator's tool returned)",
         (gone_at - lost_at) / 1_000_000,
@@ -221,7 +251,8 @@ async fn lose_leadership(backend: &str, loss: Loss) {
     );
     if let Loss::StallRenewals = loss {
         // The stall lasts until the other replica leads; then the first may renew again.
-        bed.leader_other_than(&first.node, Duration::from_secs(30))
+        // Until then the first may lead again on a new lease, whose renewals stall too.
+        bed.leader_other_than(&first.node, Duration::from_secs(60))
             .await;
         std::fs::remove_file(stall_file(&dir, &first.node)).unwrap();
     }
@@ -238,9 +269,16 @@ async fn lose_leadership(backend: &str, loss: Loss) {
         "{loss:?}: a stop for the leadership or the lease was counted as a failure, {dead:?} dead-lettered: {text}"
     );
     let mut runs = runs_in(&journal_text);
+    let gone = reaper.stop();
     for run in runs.iter_mut().filter(|r| r.ended == 0) {
-        assert_eq!(run.pid, first.pid, "only the cut run has no end: {text}");
-        run.ended = gone_at;
+        // Cut runs: the first, and under stalled renewals any the same replica ran after
+        // it led again on a new lease (a campaign is not a renewal) and cut in turn.
+        let cut =
+            run.pid == first.pid || (matches!(loss, Loss::StallRenewals) && run.node == first.node);
+        assert!(cut, "only the cut runs have no end: {text}");
+        run.ended = *gone
+            .get(&run.pid)
+            .unwrap_or_else(|| panic!("{}'s cut run never ended: {text}", run.id));
     }
     for id in ["l00", "s01", "s02", "s03"] {
         assert!(
