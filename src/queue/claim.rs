@@ -519,6 +519,7 @@ impl Queue {
             })
             .collect();
         let costs: Vec<WriteCost> = ops.iter().map(|op| self.coord.cost(op)).collect();
+        let until = self.own_deadline();
         for range in chunks(None, &costs, self.coord.limits()) {
             match self
                 .coord
@@ -542,7 +543,7 @@ impl Queue {
                 };
                 let own = std::slice::from_ref(op);
                 if let Err(why) = self
-                    .write_own_or_orphan(&leadership.lease, own, put_back)
+                    .write_own_or_orphan(&leadership.lease, own, put_back, until)
                     .await
                 {
                     tracing::warn!(task_key = %key, error = %why, "cannot put back a task claimed but not started; the next leader requeues it");

@@ -26,6 +26,33 @@ use crate::leader::Lease;
 use crate::task::attempts::{self, Attempt};
 use crate::task::Task;
 
+/// The first pause before a run's outcome is asked to be written again, after the
+/// leadership was lost and the coordinator did not answer; doubled each time up to
+/// `OWN_RETRY_MAX`.
+const OWN_RETRY_FIRST: Duration = Duration::from_millis(50);
+const OWN_RETRY_MAX: Duration = Duration::from_millis(500);
+
+/// Why a run's outcome could not be settled outside the leadership.
+#[derive(Debug)]
+pub(super) enum Unsettled {
+    /// The coordinator did not answer: asking again may settle it.
+    Unanswered(String),
+    /// The task is not this lease's any more: nothing to settle.
+    Final(String),
+    /// The task is gone: settled by a try whose answer was lost, by the next leader, or
+    /// deleted by an operator.
+    Gone,
+}
+
+impl std::fmt::Display for Unsettled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unsettled::Unanswered(why) | Unsettled::Final(why) => f.write_str(why),
+            Unsettled::Gone => f.write_str("the task is gone"),
+        }
+    }
+}
+
 /// A claimed task and the value its claim wrote (what the handler gets).
 pub(super) struct Claimed {
     pub(super) task: Box<Task>,
@@ -455,19 +482,26 @@ impl Queue {
     /// (a run that ended cleanly while being stopped included): the runs are over, so each
     /// is completed under the lease's own claim, or, if the lease ended too (revoked), as
     /// the orphan it left ([`Queue::own_orphan`]). Only if neither can be written (the
-    /// coordinator cannot be reached) does the next leader run the task again; its history
-    /// record is written anyway, saying why, so that the repeat is explained.
+    /// coordinator cannot be reached for one orphan fence) does the next leader run the
+    /// task again; its history record is written anyway, saying why, so that the repeat is
+    /// explained. A task found gone is not run again, and gets no such record.
     pub(super) async fn record_own(&self, leadership: &Leadership, unrecorded: Vec<Finished>) {
+        let until = self.own_deadline();
         for done in unrecorded {
             let ops = [done.completion()];
             let orphan_edits = |version| orphan_completion(&done, version);
             match self
-                .write_own_or_orphan(&leadership.lease, &ops, orphan_edits)
+                .write_own_or_orphan(&leadership.lease, &ops, orphan_edits, until)
                 .await
             {
                 Ok(how) => {
                     tracing::info!(task_key = %done.task.key, "leadership lost: the finished run is recorded {how}");
                     self.log_completed(leadership, &done, leadership.fencing_token);
+                }
+                Err(Unsettled::Gone) => {
+                    // Deleted by a try whose answer was lost (its history went with it), by
+                    // the next leader's run, or by hand: nothing runs it again for this.
+                    tracing::info!(task_key = %done.task.key, "leadership lost: the finished run's task is gone already");
                 }
                 Err(why) => {
                     tracing::warn!(task_key = %done.task.key, error = %why, "a run finished, but leadership and lease were lost before its completion was recorded: the next leader runs the task again");
@@ -561,7 +595,7 @@ impl Queue {
                 // next leader finds the task as settled here rather than as a run cut short
                 // (which would cost it an attempt).
                 match self
-                    .write_own_or_orphan(&leadership.lease, &ops, orphan_edits)
+                    .write_own_or_orphan(&leadership.lease, &ops, orphan_edits, self.own_deadline())
                     .await
                 {
                     Ok(how) => {
@@ -581,28 +615,71 @@ impl Queue {
     /// Writes the outcome of a run that is over, on one task, after leadership was lost:
     /// `ops` under the lease's own claim while the lease holds it, or else, if the lease
     /// ended leaving the task as its orphan, the `orphan_edits` at the orphan's version.
-    /// Says how it was written, or why it could not be.
+    /// Says how it was written, or why it could not be. A coordinator that cannot answer
+    /// is asked again, with backoff, until `until` ([`Queue::own_deadline`]). Each try
+    /// writes at a version just read, so a try whose answer was lost is never applied
+    /// twice.
     pub(super) async fn write_own_or_orphan(
         &self,
         lease: &LeaseId,
         ops: &[TaskOp],
+        orphan_edits: impl Fn(TaskVersion) -> Vec<Edit>,
+        until: tokio::time::Instant,
+    ) -> Result<&'static str, Unsettled> {
+        let mut pause = OWN_RETRY_FIRST;
+        loop {
+            match self.try_own_or_orphan(lease, ops, &orphan_edits).await {
+                Ok(how) => return Ok(how),
+                Err(Unsettled::Unanswered(why)) if tokio::time::Instant::now() + pause <= until => {
+                    let key = ops.first().map(TaskOp::key).unwrap_or_default();
+                    tracing::debug!(task_key = %key, error = %why, "cannot settle a run that is over yet; asking again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(OWN_RETRY_MAX);
+                }
+                Err(unsettled) => return Err(unsettled),
+            }
+        }
+    }
+
+    /// Until when the outcomes of runs that are over are asked to be written after the
+    /// leadership was lost, from now: one orphan fence, after which the next leader
+    /// requeues what the lease left (and runs it again).
+    pub(super) fn own_deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + self.lease_rules.orphan_fence
+    }
+
+    /// One try of [`Queue::write_own_or_orphan`].
+    async fn try_own_or_orphan(
+        &self,
+        lease: &LeaseId,
+        ops: &[TaskOp],
         orphan_edits: impl FnOnce(TaskVersion) -> Vec<Edit>,
-    ) -> Result<&'static str, String> {
+    ) -> Result<&'static str, Unsettled> {
         let key = ops.first().map(TaskOp::key).unwrap_or_default();
+        let mut unanswered = None;
         match self.coord.write_own(lease, ops).await {
             Ok(Written::Done { .. }) => return Ok("under this replica's own claim"),
             Ok(_) => {}
             Err(err) => {
-                tracing::debug!(task_key = %key, error = %err, "cannot write under this replica's own claim; looking for the orphan its lease left")
+                tracing::debug!(task_key = %key, error = %err, "cannot write under this replica's own claim; looking for the orphan its lease left");
+                if !matches!(err, CoordError::Refused(_)) {
+                    unanswered = Some(err.to_string());
+                }
             }
         }
         let current = match self.coord.get(&[key.to_string()]).await {
             Ok(mut found) => found.pop().filter(|t| t.key == key),
-            Err(err) => return Err(err.to_string()),
+            Err(err) => return Err(Unsettled::Unanswered(err.to_string())),
         };
         let Some(current) = current else {
-            return Err("the task is gone".into());
+            return Err(Unsettled::Gone);
         };
+        if let (Some(why), Some(holder)) = (unanswered, &current.holder) {
+            if holder == lease {
+                // Still this lease's claim: its own write was not answered, try it again.
+                return Err(Unsettled::Unanswered(why));
+            }
+        }
         self.settle_orphan(lease, &current, orphan_edits)
             .await
             .map(|()| "on the orphan its ended lease left")
@@ -615,16 +692,18 @@ impl Queue {
         lease: &LeaseId,
         current: &StoredTask,
         edits: impl FnOnce(TaskVersion) -> Vec<Edit>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Unsettled> {
         let Some(version) = own_orphan(lease, current) else {
-            return Err("the task is no longer this lease's claim nor its orphan".into());
+            return Err(Unsettled::Final(
+                "the task is no longer this lease's claim nor its orphan".into(),
+            ));
         };
         match self.coord.edit(&edits(version)).await {
             Ok(Edited::Done) => Ok(()),
-            Ok(Edited::Conflict(_)) => Err(
+            Ok(Edited::Conflict(_)) => Err(Unsettled::Final(
                 "the orphan its ended lease left moved meanwhile (the next leader took it)".into(),
-            ),
-            Err(err) => Err(err.to_string()),
+            )),
+            Err(err) => Err(Unsettled::Unanswered(err.to_string())),
         }
     }
 

@@ -63,9 +63,14 @@ pub(crate) fn etcd_client(endpoints: Vec<String>) -> Arc<Client> {
     )
 }
 
+/// The contract suites' lease TTL on etcd (the cluster's short election timeout allows
+/// 1 s). The checks run at once, each with leases kept alive every quarter TTL; with 1 s,
+/// one run on a machine loaded by other suites saw two campaigns win and a lease end
+/// mid-check: leases ending before their renewals came.
+const CONTRACT_TTL: Duration = Duration::from_secs(2);
+
 /// Every contract check holds on a 3-member etcd cluster. Each check gets its own leader
-/// key and prefixes, so they run at once on one cluster. etcd has no lock-delay; leases
-/// have a 1 s TTL (the cluster's short election timeout allows it).
+/// key and prefixes, so they run at once on one cluster. etcd has no lock-delay.
 #[tokio::test]
 async fn the_etcd_backend_keeps_the_coordinator_contract() {
     let Some(cluster) = EtcdCluster::start(3).expect("an etcd cluster") else {
@@ -87,7 +92,7 @@ async fn the_etcd_backend_keeps_the_coordinator_contract() {
                 producer: Arc::new(PutProducer { client, leader_key }),
                 queue_prefix: format!("contract/{name}/queue/"),
                 dead_prefix: format!("contract/{name}/dead/"),
-                timing: Timing::new(Duration::from_secs(1)).without_takeover_delay(),
+                timing: Timing::new(CONTRACT_TTL).without_takeover_delay(),
             }
         }
     })
@@ -194,7 +199,7 @@ async fn user_and_password_reach_an_etcd_with_auth_on() {
                 producer: Arc::new(PutProducer { client, leader_key }),
                 queue_prefix: format!("auth/{name}/queue/"),
                 dead_prefix: format!("auth/{name}/dead/"),
-                timing: Timing::new(Duration::from_secs(1)).without_takeover_delay(),
+                timing: Timing::new(CONTRACT_TTL).without_takeover_delay(),
             }
         }
     })

@@ -31,6 +31,8 @@ pub(super) struct Counting {
     pub lose_completion_answers: AtomicUsize,
     /// How many claim writes are answered before `lose_claim_answers` starts losing.
     pub pass_claims: AtomicUsize,
+    /// How many more reads of tasks by key (`get`) answer `Unavailable`, reading nothing.
+    pub fail_gets: AtomicUsize,
 }
 
 impl Counting {
@@ -45,6 +47,7 @@ impl Counting {
             lose_claim_answers: AtomicUsize::new(0),
             lose_completion_answers: AtomicUsize::new(0),
             pass_claims: AtomicUsize::new(0),
+            fail_gets: AtomicUsize::new(0),
         }
     }
 
@@ -106,6 +109,13 @@ impl Coordinator for Counting {
     }
     fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>> {
         self.count();
+        let fail = self
+            .fail_gets
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            return Box::pin(async { Err(CoordError::Unavailable("the read failed".into())) });
+        }
         self.inner.get(keys)
     }
     fn write<'a>(

@@ -40,6 +40,13 @@ impl Leading {
         }
     }
 
+    /// Waits for the leading to end of itself, then stops the renewals.
+    pub(super) async fn ended(self) -> LeadEnd {
+        let end = self.task.await.unwrap();
+        self.renewals.cancel();
+        end
+    }
+
     /// Shuts the leading down, which ends it as a shutdown, then stops the renewals.
     pub(super) async fn shut_down(self) {
         self.shutdown.cancel();

@@ -203,3 +203,62 @@ async fn with_concurrency_lost_answers_settle_the_same_way() {
         drains_once(lose, 2, 3).await;
     }
 }
+
+/// Ends the leader's lease while it runs, and makes the next `fails` reads by key fail.
+struct EndsTheLease {
+    memory: Arc<MemoryCoordinator>,
+    counting: Arc<Counting>,
+    lease: Arc<std::sync::OnceLock<crate::coord::LeaseId>>,
+    fails: usize,
+}
+
+impl Handler for EndsTheLease {
+    fn handle<'a>(&'a self, _: &'a TaskContext) -> HandlerFuture<'a> {
+        Box::pin(async move {
+            let lease = loop {
+                match self.lease.get() {
+                    Some(lease) => break lease,
+                    None => tokio::time::sleep(Duration::from_millis(1)).await,
+                }
+            };
+            self.memory.expire_lease(lease).unwrap();
+            self.counting.fail_gets.store(self.fails, Ordering::SeqCst);
+            Ok(())
+        })
+    }
+}
+
+/// A run that ends cleanly after its lease ended is recorded on the orphan it left, by its
+/// own replica, even through a coordinator that fails the first reads of it: the next
+/// leader would otherwise run it again one fence later.
+#[tokio::test(start_paused = true)]
+async fn a_clean_end_after_the_lease_ended_is_recorded_through_failed_reads() {
+    let memory = Arc::new(MemoryCoordinator::default());
+    let counting = Arc::new(Counting::new(memory.clone()));
+    let coord: Arc<dyn Coordinator> = counting.clone();
+    let settings = default_settings();
+    let prefix = settings.queue.prefix.clone();
+    memory.put(&format!("{prefix}t0"), &task("a", 10)).unwrap();
+    let lease = Arc::new(std::sync::OnceLock::new());
+    let mut registry = Registry::default();
+    let handler = EndsTheLease {
+        memory: memory.clone(),
+        counting: counting.clone(),
+        lease: lease.clone(),
+        fails: 3,
+    };
+    registry.register("Work", handler);
+    let metrics = Arc::new(Metrics::new(["Work"]));
+    let leading = Leading::start(&coord, &settings, registry, metrics).await;
+    lease.set(leading.leadership.lease.clone()).unwrap();
+    leading.ended().await;
+    assert_eq!(counting.fail_gets.load(Ordering::SeqCst), 0, "reads failed");
+    let (left, _) = memory
+        .list(&prefix, crate::coord::Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(
+        left.is_empty(),
+        "the finished run was not recorded: {left:?}"
+    );
+}
