@@ -25,6 +25,9 @@ const CLAIM_OP: &str = r#""Verb":"lock","Key":"oracleTask/"#;
 /// (`TaskOp::Complete`, and the task's half of a `Finish` that writes its history record).
 const COMPLETION_OP: &str = r#""Verb":"delete-cas","Key":"oracleTask/"#;
 
+/// Requests whose answers are streams, not one message: relayed byte for byte.
+const STREAMS: [&str; 2] = ["POST /v3/watch ", "POST /v3/lease/keepalive "];
+
 /// An HTTP/1.1 proxy to the server that loses the answer to the first transaction sent
 /// through it that holds its marker (an op on the wire), and forwards everything else
 /// unchanged, keep-alive included.
@@ -38,8 +41,10 @@ struct LosingProxy {
 /// What the proxy's connections share.
 struct Shared {
     server: String,
+    /// How a transaction's request starts (`PUT /v1/txn `, `POST /v3/kv/txn `).
+    txn: &'static str,
     /// The op whose first transaction's answer is lost.
-    marker: &'static str,
+    marker: String,
     /// Set until the first claim is seen: the answer to that one is lost.
     armed: AtomicBool,
     /// The status codes of the answers the server gave and the replica never got.
@@ -47,11 +52,12 @@ struct Shared {
 }
 
 impl LosingProxy {
-    async fn start(server: &str, marker: &'static str) -> LosingProxy {
+    async fn start(server: &str, txn: &'static str, marker: String) -> LosingProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let shared = Arc::new(Shared {
             server: server.to_string(),
+            txn,
             marker,
             armed: AtomicBool::new(true),
             lost: Mutex::new(Vec::new()),
@@ -117,8 +123,18 @@ async fn relay(inbound: TcpStream, shared: &Shared) -> std::io::Result<()> {
         let Some(request) = read_message(&mut from_client, None).await? else {
             return Ok(());
         };
-        let marked = request.head.starts_with("PUT /v1/txn ")
-            && String::from_utf8_lossy(&request.bytes).contains(shared.marker);
+        if STREAMS.iter().any(|path| request.head.starts_with(path)) {
+            // A stream (etcd's watch, keep-alive): relayed as it comes, both ways, until
+            // either side closes; the client opens a connection for each.
+            to_server.write_all(&request.bytes).await?;
+            tokio::select! {
+                up = tokio::io::copy(&mut from_client, &mut to_server) => up?,
+                down = tokio::io::copy(&mut from_server, &mut to_client) => down?,
+            };
+            return Ok(());
+        }
+        let marked = request.head.starts_with(shared.txn)
+            && String::from_utf8_lossy(&request.bytes).contains(&shared.marker);
         let lose = marked && shared.armed.swap(false, Ordering::SeqCst);
         to_server.write_all(&request.bytes).await?;
         let head_only = request.head.starts_with("HEAD ");
@@ -261,7 +277,7 @@ async fn drain_one_losing(
     id: &str,
 ) -> (Bed, LosingProxy) {
     let mut bed = Bed::new();
-    let proxy = LosingProxy::start(&bed.cluster.addr, marker).await;
+    let proxy = LosingProxy::start(&bed.cluster.addr, "PUT /v1/txn ", marker.into()).await;
     let config = configure(bed.settings.clone()).toml("r1");
     let replica = ConsumerProcess::start(&proxy.addr, "r1", bed.dir.path(), &config);
     bed.replicas.push(replica);
@@ -340,4 +356,138 @@ async fn a_completion_whose_answer_was_lost_on_the_wire_is_recorded_once() {
     assert_eq!(of_c[0].outcome, "completed");
     let runs: Vec<String> = bed.journal().iter().map(|line| line[1].clone()).collect();
     assert_eq!(runs, ["c"], "the task runs once\n{}", bed.logs());
+}
+
+/// The same on etcd, whose claims are records: the first write of a claim record, and the
+/// first completion, each applied with its answer lost between etcd and the one replica.
+/// The task runs once, as its first attempt; its history has one record; and the records
+/// the lost answers left are collected, so none is left once the queue is drained.
+mod etcd {
+    use super::*;
+    use base64::Engine as _;
+
+    /// How a key beginning with `prefix` begins on the wire, where etcd's JSON gateway
+    /// carries keys in base64: the encoding of `prefix`'s first whole three bytes.
+    fn on_the_wire(prefix: &str) -> String {
+        let whole = prefix.len() / 3 * 3;
+        base64::engine::general_purpose::STANDARD.encode(&prefix.as_bytes()[..whole])
+    }
+
+    /// A transaction that writes a claim record: the claims of one write.
+    fn claim_record() -> String {
+        format!(
+            r#""request_put":{{"key":"{}"#,
+            on_the_wire("consumerLeader.held/")
+        )
+    }
+
+    /// A transaction that deletes a task: a completion.
+    fn completion() -> String {
+        format!(
+            r#""request_delete_range":{{"key":"{}"#,
+            on_the_wire("oracleTask/task_")
+        )
+    }
+
+    /// One replica on etcd through a proxy losing the first answer to a transaction with
+    /// `marker` drains task `id` with one attempt allowed: the queue empties, that answer
+    /// was lost, nothing was dead-lettered, the task ran once as attempt 1, and no claim
+    /// record is left.
+    async fn drain_one_losing(marker: String, what: &str, id: &str) -> Option<TestBed> {
+        let mut bed = TestBed::on("etcd")?;
+        let env = bed.cluster.env();
+        let endpoints = env
+            .iter()
+            .find(|(name, _)| name == "LEADERQ__ETCD__ENDPOINTS")
+            .map(|(_, value)| value.clone())
+            .expect("the cluster's endpoints");
+        let member = endpoints.split(',').next().unwrap();
+        let member = member.trim_start_matches("http://").to_string();
+        let proxy = LosingProxy::start(&member, "POST /v3/kv/txn ", marker).await;
+        bed.env = vec![(
+            "LEADERQ__ETCD__ENDPOINTS".into(),
+            format!("http://{}", proxy.addr),
+        )];
+        let config = bed
+            .settings
+            .clone()
+            .set("queue", "max_attempts", "1")
+            .toml("r1");
+        bed.start_replica_with("r1", &config);
+        assert_eq!(bed.leader(Duration::from_secs(30)).await, "r1");
+        let task = leaderq::coord::Edit::Create {
+            key: format!("oracleTask/task_{id}"),
+            value: json!({"taskId": id, "taskTime": 1, "taskType": "Work"})
+                .to_string()
+                .into_bytes(),
+        };
+        bed.coord.edit(&[task]).await.expect("enqueue");
+        bed.wait_until_empty("oracleTask/", Duration::from_secs(20))
+            .await;
+        assert_eq!(
+            proxy.lost(),
+            [200],
+            "{what}'s answer, a commit, is lost on the wire\n{}",
+            bed.logs()
+        );
+        let (dead, _) = bed.coord.keys("oracleTaskDead/").await.expect("keys");
+        assert!(dead.is_empty(), "dead-lettered: {dead:?}\n{}", bed.logs());
+        let runs: Vec<(String, String)> = bed
+            .journal()
+            .iter()
+            .map(|line| (line[1].clone(), line[4].clone()))
+            .collect();
+        assert_eq!(
+            runs,
+            [(id.to_string(), "1".to_string())],
+            "the task runs once, as its first attempt\n{}",
+            bed.logs()
+        );
+        let coord = bed.coord.clone();
+        wait_until(
+            Duration::from_secs(30),
+            "no claim record left",
+            async || {
+                let (left, _) = coord.keys("consumerLeader.held/").await.expect("keys");
+                if left.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!("{left:?}\n{}", bed.logs()))
+                }
+            },
+        )
+        .await;
+        Some(bed)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_record_whose_answer_was_lost_costs_its_task_no_attempt() {
+        let Some(bed) = drain_one_losing(claim_record(), "the first claim", "l").await else {
+            return;
+        };
+        let log = bed.replicas[0].log_text();
+        assert!(
+            log.contains("claim failed"),
+            "the leader saw no error: {log}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_completion_whose_answer_was_lost_is_recorded_once() {
+        use leaderq::operate::history::{history, HistoryFilter};
+        let Some(bed) = drain_one_losing(completion(), "the completion", "c").await else {
+            return;
+        };
+        let settings = leaderq::config::Settings::load(None, bed.cluster.env()).expect("settings");
+        let records = history(bed.coord.as_ref(), &settings, &HistoryFilter::default())
+            .await
+            .expect("history");
+        let of_c: Vec<_> = records.iter().filter(|r| r.task_id == "c").collect();
+        assert_eq!(
+            of_c.len(),
+            1,
+            "one record of the run: {records:#?}\n{}",
+            bed.logs()
+        );
+    }
 }
