@@ -1,5 +1,6 @@
 //! Writes whose answers are lost on the wire, end to end: an HTTP/1.1 proxy between the one
-//! replica and the `leaderq server` forwards every request and answer unchanged, except the
+//! replica and the `leaderq server` (or an etcd member, whose claims are records) forwards
+//! every request and answer unchanged, except the
 //! answer to the first transaction of one kind (a claim, or a completion), which reaches
 //! the server and is applied there, but whose answer the proxy reads and throws away,
 //! closing the replica's connection instead. A lost claim costs its task no attempt; a lost
