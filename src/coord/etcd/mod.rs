@@ -50,13 +50,13 @@
 //!   make it go back.
 //! - **Guarded writes.** `write` is one `/v3/kv/txn`: compare the campaign key's
 //!   `create_revision` with the token (a deleted key compares as 0), then per task its
-//!   `mod_revision` and its claim key (present or not, as the version says; for `write_own`,
-//!   the claim key's or claim record's lease is the writer's), and for a claim record that
-//!   no owner key moved since the owners were read, with no failure branch: only after a
-//!   rollback are
-//!   the compared keys read, and the rollback judged on them (`queue.rs` says why that is
-//!   sound): a failed guard is `NotLeader`, otherwise the tasks whose compares failed are
-//!   the `Conflict`.
+//!   `mod_revision`, and its claim key only where the version cannot say who holds the task
+//!   (held by a claim key: it still exists; for `write_own`, the claim key's or claim
+//!   record's lease is the writer's), and for a claim record that no owner key moved since
+//!   the owners were read, with no failure branch: only after a rollback are the compared
+//!   keys read, and the rollback judged on them (`queue.rs` says why that is sound): a
+//!   failed guard is `NotLeader`, otherwise the tasks whose compares failed are the
+//!   `Conflict`.
 //! - **Versions.** `4 × mod_revision`, + 0 when a claim record holds the task, 1 when
 //!   nothing does, 2 when a claim key does: a claim dying with its lease writes nothing to
 //!   the task, so the low bits move instead. List positions are `4 × revision + 3`, at or

@@ -1,10 +1,10 @@
 //! Queue writes as one etcd transaction each, and their answers in the seam's words.
 //!
 //! A guarded write compares the leader's campaign key's `create_revision` with the fencing
-//! token (a key that went compares as 0), then, for each task, its `mod_revision` and its
-//! claim key as the version says (held by one: it exists; else: it does not; without
-//! leadership, `write_own`: the claim key, or the claim record holding the task, is this
-//! lease's). Claims go as one claim record while every lease's owner knows records (a
+//! token (a key that went compares as 0), then, for each task, its `mod_revision`, and its
+//! claim key only where the version cannot say more ([`second_compared`]: held by a claim
+//! key, it still exists; a create, none exists; without leadership, `write_own`: the claim
+//! key, or the claim record holding the task, is this lease's). Claims go as one claim record while every lease's owner knows records (a
 //! compare that no owner key moved since they were read), else as a claim key each; a
 //! release of record-held tasks writes a release record. The failure branch reads every
 //! key compared per task, so a rolled-back write is judged on what the compares saw: a
@@ -120,7 +120,9 @@ pub fn write_txn(
         };
         txn.failure.push(Op::Get(Range::key(&key)));
         txn.failure.push(Op::Get(Range::key(second.key())));
-        txn.compare.push(second);
+        if second_compared(op, writer.own) {
+            txn.compare.push(second);
+        }
         let put = |key: &[u8], value: &[u8], lease: i64| Op::Put {
             key: key.to_vec(),
             value: value.to_vec(),
@@ -247,12 +249,25 @@ pub fn written(
         return Written::NotLeader;
     }
     let task_compares = &txn.compare[usize::from(guarded)..];
+    // A guarded write is the leader's; an unguarded one a lease's own (`write_own`).
+    let own = !guarded;
     Written::Conflict(failed_keys(
-        ops.iter().map(TaskOp::key),
+        ops.iter()
+            .map(|op| (op.key(), 1 + usize::from(second_compared(op, own)))),
         task_compares,
-        2,
         &seen,
     ))
+}
+
+/// Whether a write compares `op`'s claim key (or the claim record holding it) beside its
+/// `mod_revision`: where the version alone cannot say who holds the task. That is a
+/// lease's own write (the holder must be the lease), a version held by a claim key (which
+/// dies with its lease and leaves the task unwritten), and a create (a claim key left by a
+/// task deleted by hand lives until its lease ends). A version read free or held by a
+/// record needs no more: a claim key is only made by a write of its task, which moves the
+/// task's `mod_revision`, and so is a record naming it.
+pub fn second_compared(op: &TaskOp, own: bool) -> bool {
+    own || matches!(op, TaskOp::Create { .. }) || read_version(op.version()).1 == Hold::Key
 }
 
 /// The transaction for an operator's edit: create-only puts, and deletes and replaces at a
@@ -323,7 +338,11 @@ pub fn edited(txn: &Txn, response: &TxnResponse, ops: &[Edit]) -> Edited {
         .iter()
         .filter(|op| !matches!(op, Edit::Put { .. }))
         .map(Edit::key);
-    Edited::Conflict(failed_keys(compared, &txn.compare, 2, &seen))
+    Edited::Conflict(failed_keys(
+        compared.map(|key| (key, 2)),
+        &txn.compare,
+        &seen,
+    ))
 }
 
 /// What the failure branch read, by key.
@@ -341,22 +360,25 @@ fn holds(compare: &Compare, seen: &HashMap<Vec<u8>, Kv>) -> bool {
     compare.holds(seen.get(compare.key()))
 }
 
-/// The keys (one per op, `per_op` compares each) whose compares fail, each once, in the
-/// ops' order; every key if none does (a rollback nothing explains: all may have moved).
+/// The keys (one per op, each with how many compares it made, in order) whose compares
+/// fail, each once, in the ops' order; every key if none does (a rollback nothing
+/// explains: all may have moved).
 fn failed_keys<'a>(
-    keys: impl Iterator<Item = &'a str> + Clone,
+    ops: impl Iterator<Item = (&'a str, usize)> + Clone,
     compares: &[Compare],
-    per_op: usize,
     seen: &HashMap<Vec<u8>, Kv>,
 ) -> Vec<String> {
     let mut failed: Vec<String> = Vec::new();
-    for (key, compares) in keys.clone().zip(compares.chunks(per_op)) {
-        if !compares.iter().all(|c| holds(c, seen)) && !failed.iter().any(|k| k == key) {
+    let mut rest = compares;
+    for (key, count) in ops.clone() {
+        let (own, after) = rest.split_at(count.min(rest.len()));
+        rest = after;
+        if !own.iter().all(|c| holds(c, seen)) && !failed.iter().any(|k| k == key) {
             failed.push(key.to_string());
         }
     }
     if failed.is_empty() {
-        for key in keys {
+        for (key, _) in ops {
             if !failed.iter().any(|k| k == key) {
                 failed.push(key.to_string());
             }
@@ -493,10 +515,11 @@ mod tests {
         }
     }
 
-    /// A claim compares the guard, the task's revision and that no claim exists, then
-    /// writes the task and a claim key under the writer's lease.
+    /// A claim compares the guard and the task's revision (a claim key is only made with
+    /// a write of its task, so a free version says no claim exists), then writes the task
+    /// and a claim key under the writer's lease.
     #[test]
-    fn a_claim_checks_leadership_revision_and_no_claim() {
+    fn a_claim_checks_leadership_and_revision() {
         let txn = write_txn(
             &layout(),
             Some(&guard()),
@@ -509,7 +532,6 @@ mod tests {
             vec![
                 Compare::Created(b"L/a".to_vec(), 10),
                 Compare::Modified(b"q/a".to_vec(), 7),
-                Compare::Created(b"L.claims/q/a".to_vec(), 0),
             ]
         );
         assert_eq!(
@@ -620,13 +642,55 @@ mod tests {
             written(&txn, &response, &ops, &Records::default(), true, TOKEN),
             Written::NotLeader
         );
-        // A claim taken meanwhile by another lease conflicts too.
+        // A claim taken meanwhile by another lease wrote the task: a conflict too.
         let claimed = Some(kv("L.claims/q/a", 8, 8, 0xb));
+        let a_claimed = Some(kv("q/a", 3, 8, 0));
         let b = Some(kv("q/b", 3, 8, 0));
-        let response = failed(vec![leader, a, claimed, b, None]);
+        let response = failed(vec![leader, a_claimed, claimed, b, None]);
         assert_eq!(
             written(&txn, &response, &ops, &Records::default(), true, TOKEN),
             Written::Conflict(vec!["q/a".into()])
+        );
+    }
+
+    /// A version held by a claim key still compares that key, which may die with its lease
+    /// while the task stays unwritten; ops of one and two compares are judged side by side.
+    #[test]
+    fn a_claim_key_version_still_compares_its_claim_key() {
+        let ops = [
+            TaskOp::Complete {
+                key: "q/a".into(),
+                version: task_version(7, Hold::Key),
+            },
+            TaskOp::Complete {
+                key: "q/b".into(),
+                version: task_version(8, Hold::Free),
+            },
+        ];
+        let txn = write_txn(&layout(), Some(&guard()), WRITER, &ops, &Records::default());
+        assert_eq!(
+            txn.compare,
+            vec![
+                Compare::Created(b"L/a".to_vec(), 10),
+                Compare::Modified(b"q/a".to_vec(), 7),
+                Compare::Exists(b"L.claims/q/a".to_vec()),
+                Compare::Modified(b"q/b".to_vec(), 8),
+            ]
+        );
+        let leader = Some(kv("L/a", 10, 10, 0xa));
+        let (a, b) = (Some(kv("q/a", 3, 7, 0)), Some(kv("q/b", 3, 8, 0)));
+        let claim = Some(kv("L.claims/q/a", 7, 7, 0xa));
+        let judge = |seen| written(&txn, &failed(seen), &ops, &Records::default(), true, TOKEN);
+        // The claim key died with its lease.
+        assert_eq!(
+            judge(vec![leader.clone(), a.clone(), None, b.clone(), None]),
+            Written::Conflict(vec!["q/a".into()])
+        );
+        // The other task moved.
+        let b_moved = Some(kv("q/b", 3, 9, 0));
+        assert_eq!(
+            judge(vec![leader, a, claim, b_moved, None]),
+            Written::Conflict(vec!["q/b".into()])
         );
     }
 
@@ -753,21 +817,19 @@ mod tests {
             },
         ];
         let txn = write_txn(&layout(), Some(&guard()), WRITER, &ops, &records);
+        // One compare a task: neither a free version nor a record-held one needs its
+        // claim key compared.
         assert_eq!(
-            txn.compare[1..9],
+            txn.compare[1..5],
             [
                 Compare::Modified(b"q/a".to_vec(), 7),
-                Compare::Created(b"L.claims/q/a".to_vec(), 0),
                 Compare::Modified(b"q/b".to_vec(), 8),
-                Compare::Created(b"L.claims/q/b".to_vec(), 0),
                 Compare::Modified(b"q/c".to_vec(), 6),
-                Compare::Created(b"L.claims/q/c".to_vec(), 0),
                 Compare::Modified(b"q/d".to_vec(), 6),
-                Compare::Created(b"L.claims/q/d".to_vec(), 0),
             ]
         );
         assert_eq!(
-            txn.compare[9..],
+            txn.compare[5..],
             [
                 Compare::PrefixUnchangedSince(b"L.owner/".to_vec(), 40),
                 Compare::Created(b"L.held/a/01".to_vec(), 0),
