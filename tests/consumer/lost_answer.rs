@@ -301,6 +301,28 @@ async fn drain_one_losing(
     (bed, proxy)
 }
 
+/// Task `id`'s history, read with the settings `env` gives, holds one record of its run,
+/// completed; `logs` say why not.
+async fn one_completed_record(
+    coord: &dyn leaderq::coord::Coordinator,
+    env: Vec<(String, String)>,
+    id: &str,
+    logs: &str,
+) {
+    use leaderq::operate::history::{history, HistoryFilter};
+    let settings = leaderq::config::Settings::load(None, env).expect("settings");
+    let records = history(coord, &settings, &HistoryFilter::default())
+        .await
+        .expect("history");
+    let of_id: Vec<_> = records.iter().filter(|r| r.task_id == id).collect();
+    assert_eq!(
+        of_id.len(),
+        1,
+        "one record of the run: {records:#?}\n{logs}"
+    );
+    assert_eq!(of_id[0].outcome, "completed");
+}
+
 /// A claim the server applied but whose answer the leader never got (its connection closed
 /// after the server answered) costs no attempt: with one attempt allowed, the task still
 /// runs exactly once, as attempt 1, nothing is dead-lettered and the queue drains.
@@ -339,22 +361,10 @@ async fn a_claim_whose_answer_was_lost_on_the_wire_costs_its_task_no_attempt() {
 /// `src/queue/tests/lost.rs` cover those, where the pace is scripted.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_whose_answer_was_lost_on_the_wire_is_recorded_once() {
-    use leaderq::operate::history::{history, HistoryFilter};
     use leaderq::tools::harness::Cluster as _;
     let (bed, _proxy) =
         drain_one_losing(COMPLETION_OP, "the completion", |settings| settings, "c").await;
-    let settings = leaderq::config::Settings::load(None, bed.cluster.env()).expect("settings");
-    let records = history(bed.coord.as_ref(), &settings, &HistoryFilter::default())
-        .await
-        .expect("history");
-    let of_c: Vec<_> = records.iter().filter(|r| r.task_id == "c").collect();
-    assert_eq!(
-        of_c.len(),
-        1,
-        "one record of the run: {records:#?}\n{}",
-        bed.logs()
-    );
-    assert_eq!(of_c[0].outcome, "completed");
+    one_completed_record(bed.coord.as_ref(), bed.cluster.env(), "c", &bed.logs()).await;
     let runs: Vec<String> = bed.journal().iter().map(|line| line[1].clone()).collect();
     assert_eq!(runs, ["c"], "the task runs once\n{}", bed.logs());
 }
@@ -475,20 +485,9 @@ mod etcd {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_completion_whose_answer_was_lost_is_recorded_once() {
-        use leaderq::operate::history::{history, HistoryFilter};
         let Some(bed) = drain_one_losing(completion(), "the completion", "c").await else {
             return;
         };
-        let settings = leaderq::config::Settings::load(None, bed.cluster.env()).expect("settings");
-        let records = history(bed.coord.as_ref(), &settings, &HistoryFilter::default())
-            .await
-            .expect("history");
-        let of_c: Vec<_> = records.iter().filter(|r| r.task_id == "c").collect();
-        assert_eq!(
-            of_c.len(),
-            1,
-            "one record of the run: {records:#?}\n{}",
-            bed.logs()
-        );
+        one_completed_record(bed.coord.as_ref(), bed.cluster.env(), "c", &bed.logs()).await;
     }
 }
