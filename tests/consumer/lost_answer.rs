@@ -267,6 +267,35 @@ async fn read_chunked(
     }
 }
 
+/// With replica `r1` started behind `proxy`: it leads, drains task `id` (enqueued beside
+/// the proxy), that one answer (`what`, a commit) was lost on the wire, and nothing was
+/// dead-lettered.
+async fn drains_losing_one<C: ?Sized + leaderq::tools::harness::Cluster>(
+    bed: &TestBed<C>,
+    proxy: &LosingProxy,
+    what: &str,
+    id: &str,
+) {
+    assert_eq!(bed.leader(Duration::from_secs(30)).await, "r1");
+    let task = leaderq::coord::Edit::Create {
+        key: format!("oracleTask/task_{id}"),
+        value: json!({"taskId": id, "taskTime": 1, "taskType": "Work"})
+            .to_string()
+            .into_bytes(),
+    };
+    bed.coord.edit(&[task]).await.expect("enqueue");
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(20))
+        .await;
+    assert_eq!(
+        proxy.lost(),
+        [200],
+        "{what}'s answer, a commit, is lost on the wire\n{}",
+        bed.logs()
+    );
+    let (dead, _) = bed.coord.keys("oracleTaskDead/").await.expect("keys");
+    assert!(dead.is_empty(), "dead-lettered: {dead:?}\n{}", bed.logs());
+}
+
 /// One replica, `configure`d, reaching the server through a proxy that loses the first
 /// answer to a transaction holding `marker`, drains task `id`: the queue empties, that one
 /// answer (`what`, a commit) was lost on the wire, and nothing was dead-lettered. Hands
@@ -282,22 +311,7 @@ async fn drain_one_losing(
     let config = configure(bed.settings.clone()).toml("r1");
     let replica = ConsumerProcess::start(&proxy.addr, "r1", bed.dir.path(), &config);
     bed.replicas.push(replica);
-    assert_eq!(bed.leader(Duration::from_secs(30)).await, "r1");
-    bed.put_task(
-        &format!("task_{id}"),
-        json!({"taskId": id, "taskTime": 1, "taskType": "Work"}),
-    )
-    .await;
-    bed.wait_until_empty("oracleTask/", Duration::from_secs(20))
-        .await;
-    assert_eq!(
-        proxy.lost(),
-        [200],
-        "{what}'s answer, a commit, is lost on the wire\n{}",
-        bed.logs()
-    );
-    let dead = bed.dead_letters().await;
-    assert!(dead.is_empty(), "dead-lettered: {dead:#?}\n{}", bed.logs());
+    drains_losing_one(&bed, &proxy, what, id).await;
     (bed, proxy)
 }
 
@@ -425,24 +439,7 @@ mod etcd {
             .set("queue", "max_attempts", "1")
             .toml("r1");
         bed.start_replica_with("r1", &config);
-        assert_eq!(bed.leader(Duration::from_secs(30)).await, "r1");
-        let task = leaderq::coord::Edit::Create {
-            key: format!("oracleTask/task_{id}"),
-            value: json!({"taskId": id, "taskTime": 1, "taskType": "Work"})
-                .to_string()
-                .into_bytes(),
-        };
-        bed.coord.edit(&[task]).await.expect("enqueue");
-        bed.wait_until_empty("oracleTask/", Duration::from_secs(20))
-            .await;
-        assert_eq!(
-            proxy.lost(),
-            [200],
-            "{what}'s answer, a commit, is lost on the wire\n{}",
-            bed.logs()
-        );
-        let (dead, _) = bed.coord.keys("oracleTaskDead/").await.expect("keys");
-        assert!(dead.is_empty(), "dead-lettered: {dead:?}\n{}", bed.logs());
+        drains_losing_one(&bed, &proxy, what, id).await;
         let runs: Vec<(String, String)> = bed
             .journal()
             .iter()
