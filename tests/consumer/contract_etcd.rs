@@ -273,6 +273,79 @@ async fn a_waiting_list_wakes_when_a_claim_dies_with_its_lease() {
     );
 }
 
+/// A list waiting on one prefix (the schedules' definitions) sleeps through the leader's
+/// claims and completions of tasks under another (the queue): their claim records name
+/// none of its tasks. Waking on each would relist it once per write of a drain.
+#[tokio::test]
+async fn a_waiting_list_sleeps_through_records_of_other_prefixes() {
+    let Some(cluster) = EtcdCluster::start(1).expect("an etcd cluster") else {
+        return;
+    };
+    let client = etcd_client(cluster.endpoints());
+    let (coord, _lease, leadership) = leading(&client, "apart/leader", "n1").await;
+    client.put(b"apart/q/t1", b"{}").await.unwrap();
+    client.put(b"apart/defs/d1", b"{}").await.unwrap();
+    let (_, seen) = coord
+        .list("apart/defs/", Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    let wait = Duration::from_secs(3);
+    let metrics = format!("{}/metrics", cluster.endpoints()[0]);
+    let watchers_before = etcd_watchers(&metrics).await;
+    let waiter = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let coord = EtcdCoordinator::new(
+                client,
+                EtcdCoordSettings {
+                    leader_key: "apart/leader".into(),
+                },
+            );
+            let started = Instant::now();
+            coord.list("apart/defs/", seen, wait).await.unwrap();
+            started.elapsed()
+        })
+    };
+    wait_until(
+        Duration::from_secs(10),
+        "the list watching",
+        async || match etcd_watchers(&metrics).await {
+            now if now > watchers_before => Ok(()),
+            now => Err(now),
+        },
+    )
+    .await;
+    let (tasks, _) = coord
+        .list("apart/q/", Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    let claim = TaskOp::Claim {
+        key: "apart/q/t1".into(),
+        version: tasks[0].version,
+        value: b"{\"taken\":true}".to_vec(),
+    };
+    let Written::Done { versions, .. } = coord.write(&leadership, &[claim]).await.unwrap() else {
+        panic!("the claim was not applied");
+    };
+    let records = client
+        .range(&Range::prefix(b"apart/leader.held/"))
+        .await
+        .unwrap()
+        .kvs;
+    assert_eq!(records.len(), 1, "the claim wrote no claim record");
+    let complete = TaskOp::Complete {
+        key: "apart/q/t1".into(),
+        version: versions[0].1,
+    };
+    let written = coord.write(&leadership, &[complete]).await.unwrap();
+    assert!(matches!(written, Written::Done { .. }), "{written:?}");
+    let took = waiter.await.unwrap();
+    assert!(
+        took >= wait - Duration::from_millis(100),
+        "the list of apart/defs/ woke after {took:?} on records of apart/q/"
+    );
+}
+
 /// The number of watches the etcd member serving `metrics` (its `/metrics` URL) holds.
 async fn etcd_watchers(metrics: &str) -> f64 {
     let text = client()

@@ -36,7 +36,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::coord::etcd::client::Kv;
+use crate::coord::etcd::client::{Event, Kv};
 use crate::coord::{HolderRecord, LeaseId, TaskVersion, Version};
 
 /// The keys of one election and its claims.
@@ -208,6 +208,22 @@ impl Record {
     pub fn decode(value: &[u8]) -> Option<Record> {
         let record: Record = serde_json::from_slice(value).ok()?;
         (record.claimed.is_empty() != record.released.is_empty()).then_some(record)
+    }
+
+    /// Whether a change to a record (a claim, a completion's garbage, a lease's end) may
+    /// move the hold of a task under `prefix`: the record names one, before or after the
+    /// change, or a value involved is not one this can read (or was not sent).
+    pub fn change_concerns(event: &Event, prefix: &str) -> bool {
+        let names = |value: &[u8]| {
+            Record::decode(value)
+                .is_none_or(|record| record.keys().iter().any(|key| key.starts_with(prefix)))
+        };
+        let before = event.prev_kv.as_ref().map(|kv| &kv.value[..]);
+        if event.deleted() {
+            before.is_none_or(names)
+        } else {
+            names(&event.kv.value) || before.is_some_and(names)
+        }
     }
 
     fn claims(&self) -> bool {
@@ -554,6 +570,43 @@ mod tests {
         ];
         let holders = Holders::new("L.claims/", &[], &released_last);
         assert_eq!(holders.hold(b"q/t", 3), (Hold::Free, 0));
+    }
+
+    /// A record's change concerns a prefix's listing when the record names a task under
+    /// it, before or after; a value that cannot be read, or was not sent, may.
+    #[test]
+    fn a_record_change_concerns_the_prefixes_it_names() {
+        let kv = |record: &[u8]| Kv {
+            key: b"l.held/1/2".to_vec(),
+            value: record.to_vec(),
+            ..Kv::default()
+        };
+        let queue = claimed(&["q/a", "q/b"]).encode();
+        let put = |value: &[u8], before: Option<&[u8]>| Event {
+            kind: String::new(),
+            kv: kv(value),
+            prev_kv: before.map(kv),
+        };
+        let delete = |before: Option<&[u8]>| Event {
+            kind: "DELETE".into(),
+            kv: kv(b""),
+            prev_kv: before.map(kv),
+        };
+        for event in [put(&queue, None), delete(Some(&queue))] {
+            assert!(Record::change_concerns(&event, "q/"), "{event:?}");
+            assert!(!Record::change_concerns(&event, "schedules/"), "{event:?}");
+            assert!(Record::change_concerns(&event, ""), "{event:?}");
+        }
+        let release = released(&["s/x"]).encode();
+        assert!(Record::change_concerns(&put(&release, None), "s/"));
+        // An operator's rewrite of a record away from the prefix moves its task.
+        assert!(Record::change_concerns(&put(&release, Some(&queue)), "q/"));
+        assert!(Record::change_concerns(&delete(None), "schedules/"));
+        assert!(Record::change_concerns(
+            &put(b"not json", None),
+            "schedules/"
+        ));
+        assert!(Record::change_concerns(&delete(Some(b"{}")), "schedules/"));
     }
 
     /// A record is of one kind and names a task; anything else is no record.

@@ -6,9 +6,9 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
-use crate::coord::etcd::client::{Kv, Op, Range, Txn};
+use crate::coord::etcd::client::{Event, Kv, Op, Range, Txn};
 use crate::coord::etcd::layout::{
-    garbage, lease_id, lease_number, position, revision_of, task_version, Holders,
+    garbage, lease_id, lease_number, position, revision_of, task_version, Holders, Record,
 };
 use crate::coord::etcd::records::Outcome;
 use crate::coord::etcd::txn::{edit_txn, edited, write_txn, written, Guard, Writer, MAX_TXN_OPS};
@@ -83,10 +83,15 @@ impl Tasks for EtcdCoordinator {
             let tasks = Range::prefix(prefix.as_bytes());
             let held = Range::prefix(claims.as_bytes());
             let records = Range::prefix(self.layout.records().as_bytes());
+            // Of the records, only those naming a task under the prefix: the leader's
+            // claims and completions write and delete records of the queue's tasks, and a
+            // wait on another prefix (the schedules') would wake, and be read again, at
+            // every one of them.
+            let concerns = |event: &Event| Record::change_concerns(event, prefix);
             tokio::select! {
                 watched = self.client.watch(&tasks, start, wait) => watched?,
                 watched = self.client.watch(&held, start, wait) => watched?,
-                watched = self.client.watch(&records, start, wait) => watched?,
+                watched = self.client.watch_for(&records, start, wait, Some(&concerns)) => watched?,
             };
         }
         // The first page with every claim key, record and owner, then the other pages at

@@ -322,11 +322,27 @@ impl Client {
         start_revision: i64,
         wait: Duration,
     ) -> Result<Watched, Error> {
+        self.watch_for(range, start_revision, wait, None).await
+    }
+
+    /// [`Client::watch`], answering only at a change `matters` says is one (or at a
+    /// compaction, or after `wait`); each event comes with the key's previous value.
+    pub async fn watch_for(
+        &self,
+        range: &Range,
+        start_revision: i64,
+        wait: Duration,
+        matters: Option<&(dyn Fn(&Event) -> bool + Sync)>,
+    ) -> Result<Watched, Error> {
         let mut request =
             json!({ "key": b64(&range.key), "start_revision": start_revision.to_string() });
         if let Some(end) = &range.range_end {
             request["range_end"] = json!(b64(end));
         }
+        if matters.is_some() {
+            request["prev_kv"] = json!(true);
+        }
+        let matters = matters.unwrap_or(&|_| true);
         let body = json!({ "create_request": request });
         // The request's own time-out must outlast the wait; the wait is kept below.
         let deadline = tokio::time::Instant::now() + wait;
@@ -351,7 +367,7 @@ impl Client {
             pending.extend_from_slice(&chunk);
             while let Some(end) = pending.iter().position(|b| *b == b'\n') {
                 let line: Vec<u8> = pending.drain(..=end).collect();
-                if let Some(watched) = watch_line(&line)? {
+                if let Some(watched) = watch_line(&line, matters)? {
                     return Ok(watched);
                 }
             }

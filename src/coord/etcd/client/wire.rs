@@ -346,7 +346,26 @@ struct WatchResult {
     #[serde(default, deserialize_with = "int")]
     compact_revision: i64,
     #[serde(default)]
-    events: Vec<Value>,
+    events: Vec<Event>,
+}
+
+/// One change a watch saw (`mvccpb.Event`): the key as it now is (a deletion's carries its
+/// key alone) and, when asked for, as it was before.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+pub struct Event {
+    /// `DELETE` for a deletion; the gateway leaves a put's type out.
+    #[serde(default, rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub kv: Kv,
+    #[serde(default)]
+    pub prev_kv: Option<Kv>,
+}
+
+impl Event {
+    pub fn deleted(&self) -> bool {
+        self.kind == "DELETE"
+    }
 }
 
 /// How a watch ended.
@@ -369,8 +388,12 @@ pub(super) struct GatewayError {
     #[serde(default)]
     pub(super) error: String,
 }
-/// What one line of a watch stream says: `None` to read on (created, progress).
-pub(super) fn watch_line(line: &[u8]) -> Result<Option<Watched>, Error> {
+/// What one line of a watch stream says: `None` to read on (created, progress, or only
+/// changes `matters` says nothing of).
+pub(super) fn watch_line(
+    line: &[u8],
+    matters: &(dyn Fn(&Event) -> bool + Sync),
+) -> Result<Option<Watched>, Error> {
     let text = String::from_utf8_lossy(line);
     if text.trim().is_empty() {
         return Ok(None);
@@ -386,7 +409,7 @@ pub(super) fn watch_line(line: &[u8]) -> Result<Option<Watched>, Error> {
     if result.compact_revision > 0 || result.canceled {
         return Ok(Some(Watched::Compacted));
     }
-    if !result.events.is_empty() {
+    if result.events.iter().any(matters) {
         return Ok(Some(Watched::Changed));
     }
     Ok(None)
@@ -442,15 +465,26 @@ mod tests {
         assert!(!Compare::Lease(vec![], 7).holds(None));
     }
 
-    /// A watch stream's lines: `created` reads on, events or a compaction end the wait.
+    /// A watch stream's lines: `created` reads on, events or a compaction end the wait;
+    /// with a filter, only events it passes end it.
     #[test]
     fn watch_lines_say_changed_compacted_or_read_on() {
+        let any = |_: &Event| true;
         let created = br#"{"result":{"header":{"revision":"4"},"created":true}}"#;
-        assert_eq!(watch_line(created).unwrap(), None);
-        let event = br#"{"result":{"header":{"revision":"5"},"events":[{"kv":{"key":"cS9h"}}]}}"#;
-        assert_eq!(watch_line(event).unwrap(), Some(Watched::Changed));
+        assert_eq!(watch_line(created, &any).unwrap(), None);
+        let event = br#"{"result":{"header":{"revision":"5"},"events":[{"kv":{"key":"cS9h"}},{"type":"DELETE","kv":{"key":"cS9i"},"prev_kv":{"key":"cS9i","value":"e30="}}]}}"#;
+        assert_eq!(watch_line(event, &any).unwrap(), Some(Watched::Changed));
+        let none = |_: &Event| false;
+        assert_eq!(watch_line(event, &none).unwrap(), None);
+        let deleted = |event: &Event| {
+            event.deleted() && event.prev_kv.as_ref().is_some_and(|kv| kv.value == b"{}")
+        };
+        assert_eq!(watch_line(event, &deleted).unwrap(), Some(Watched::Changed));
         let compacted = br#"{"result":{"header":{},"canceled":true,"compact_revision":"5"}}"#;
-        assert_eq!(watch_line(compacted).unwrap(), Some(Watched::Compacted));
-        assert!(watch_line(br#"{"error":{"message":"x"}}"#).is_err());
+        assert_eq!(
+            watch_line(compacted, &none).unwrap(),
+            Some(Watched::Compacted)
+        );
+        assert!(watch_line(br#"{"error":{"message":"x"}}"#, &any).is_err());
     }
 }
