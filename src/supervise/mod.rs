@@ -14,6 +14,7 @@
 //! - `plan.rs`: the pure kill schedule.
 //! - `protocol.rs`: the messages between the two and the shared clock.
 //! - `lock.rs`: `handlers.lock`, so a restarted replica waits for the old handlers.
+//! - `workers.rs`: the threads a supervisor keeps for its runs' blocking chores.
 //!
 //! Which environment a handler gets and how its result becomes a task outcome is
 //! `handler.rs`'s business. Linux only (subreaper, CLOCK_BOOTTIME, /proc).
@@ -26,6 +27,7 @@ pub mod lock;
 pub mod plan;
 pub mod process;
 pub mod protocol;
+pub mod workers;
 
 /// The hidden first argument that turns this executable into a supervisor.
 pub const SUPERVISE_ARG: &str = "__supervise";

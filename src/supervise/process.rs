@@ -9,9 +9,10 @@
 //! `start` is read, so whatever it adopts as their subreaper belongs to the one run going.
 //!
 //! Plain threads, no async runtime: a control thread reads the leader's messages for the
-//! supervisor's life (EOF: the leader is gone), a reaper thread per run waits for every
-//! child (as a child subreaper, orphaned descendants become its children too), and the
-//! main thread follows `plan.rs`.
+//! supervisor's life (EOF: the leader is gone), a reaper waits for every child of a run
+//! (as a child subreaper, orphaned descendants become its children too), and the main
+//! thread follows `plan.rs`. The reaper, and the run's other blocking chores, run on
+//! threads kept between runs (`workers.rs`).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Read as _, Write};
@@ -27,6 +28,7 @@ use rustix::process::{Pid, Signal, WaitOptions};
 
 use super::plan::{Progress, Step, StopReason};
 use super::protocol::{self, boot_now, Control, Report, Start, STDERR_TAIL_BYTES};
+use super::workers::Workers;
 
 /// While only members of the handler's group that are not our children remain (no
 /// subreaper), how often to look whether they are gone.
@@ -65,12 +67,13 @@ pub fn run() -> i32 {
     let control_events = events.clone();
     std::thread::spawn(move || read_control(reader, control_events));
     let mut report = control;
+    let workers = Workers::default();
     let mut served = 0u64;
     loop {
         match inbox.recv() {
             Ok(Event::Control(Control::Start(start))) => {
                 served += 1;
-                match supervise(*start, &events, &inbox, &mut report) {
+                match supervise(*start, &events, &inbox, &mut report, &workers) {
                     Ok(Served::Ready) => {}
                     Ok(Served::LeaderGone) => return 0,
                     Err(reason) => {
@@ -104,6 +107,7 @@ fn supervise(
     events: &mpsc::Sender<Event>,
     inbox: &mpsc::Receiver<Event>,
     report: &mut UnixStream,
+    workers: &Workers,
 ) -> Result<Served, String> {
     let lock = match &start.lock_file {
         Some(path) => Some(lock_shared(path)?),
@@ -128,7 +132,7 @@ fn supervise(
         let (read, write) =
             std::io::pipe().map_err(|e| format!("cannot make a pipe for stderr: {e}"))?;
         let (sender, tail) = mpsc::channel();
-        std::thread::spawn(move || {
+        workers.run(move || {
             let _ = sender.send(read_tail(read));
         });
         (Stdio::from(write), Some(tail))
@@ -165,12 +169,12 @@ fn supervise(
     // std's Child is never waited for: the reaper thread below reaps every child, this one
     // included, so it must be the only one calling wait.
     drop(child);
-    std::thread::spawn(move || {
+    workers.run(move || {
         // A handler that does not read its stdin closes it early; that is not an error.
         let _ = stdin.write_all(&task);
     });
     let reaper_events = events.clone();
-    std::thread::spawn(move || reap(pid as i32, reaper_events));
+    workers.run(move || reap(pid as i32, reaper_events));
 
     let kill_grace = Duration::from_millis(start.kill_grace_ms);
     let mut progress = Progress {
@@ -232,7 +236,7 @@ fn supervise(
             Event::HandlerExited(status) => {
                 wait_status = Some(status);
                 // Whatever it left behind runs outside any run: stop it too.
-                if !(group_gone(group) && children().is_empty()) {
+                if !group_gone(group) || has_children() {
                     progress.stop(now, None);
                 }
             }
@@ -341,6 +345,15 @@ fn signal_all(group: Pid, signal: Signal) {
     }
 }
 
+/// Whether this process has a child, exited or not (reaped ones are no longer children).
+/// One system call: `children()` reads a file per thread.
+fn has_children() -> bool {
+    use rustix::process::{waitid, WaitId, WaitIdOptions};
+    // Without a child, even one still running, the call fails with ECHILD.
+    let options = WaitIdOptions::NOHANG | WaitIdOptions::NOWAIT | WaitIdOptions::EXITED;
+    !matches!(waitid(WaitId::All, options), Err(rustix::io::Errno::CHILD))
+}
+
 /// This process's children. Only children: their pids cannot be reused before we reap
 /// them, so signalling them never hits a stranger. Each thread's `children` file lists
 /// its own (orphans may be adopted by any thread); without those files (a kernel built
@@ -352,17 +365,27 @@ fn children() -> Vec<Pid> {
     }
 }
 
+/// `None` without the files. A thread that ends while they are read hands its children
+/// to another, maybe one already read: the files are read again, a few times, before
+/// every process's parent is.
 fn children_by_thread() -> Option<Vec<Pid>> {
-    let mut children = Vec::new();
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
-        let path = task.ok()?.path().join("children");
-        let list = std::fs::read_to_string(path).ok()?;
-        children.extend(
-            list.split_whitespace()
-                .filter_map(|pid| Pid::from_raw(pid.parse().ok()?)),
-        );
+    'again: for _ in 0..3 {
+        let mut children = Vec::new();
+        for task in std::fs::read_dir("/proc/self/task").ok()? {
+            let path = task.ok()?.path().join("children");
+            let list = match std::fs::read_to_string(path) {
+                Ok(list) => list,
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue 'again,
+                Err(_) => return None,
+            };
+            children.extend(
+                list.split_whitespace()
+                    .filter_map(|pid| Pid::from_raw(pid.parse().ok()?)),
+            );
+        }
+        return Some(children);
     }
-    Some(children)
+    None
 }
 
 fn children_by_parent() -> Vec<Pid> {
@@ -395,7 +418,8 @@ fn parent_of(stat: &str) -> Option<i32> {
 mod tests {
     use super::*;
 
-    /// Both ways of listing children find a child of this process.
+    /// Both ways of listing children find a child of this process, and it is seen to
+    /// have one.
     #[test]
     fn children_are_found() {
         let mut child = std::process::Command::new("sleep")
@@ -405,6 +429,7 @@ mod tests {
         let pid = Pid::from_raw(child.id() as i32).unwrap();
         assert!(children_by_thread().unwrap().contains(&pid));
         assert!(children_by_parent().contains(&pid));
+        assert!(has_children());
         child.kill().unwrap();
         child.wait().unwrap();
     }
