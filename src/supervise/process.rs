@@ -169,10 +169,14 @@ fn supervise(
     // std's Child is never waited for: the reaper thread below reaps every child, this one
     // included, so it must be the only one calling wait.
     drop(child);
-    workers.run(move || {
-        // A handler that does not read its stdin closes it early; that is not an error.
-        let _ = stdin.write_all(&task);
-    });
+    // What the pipe takes now is written here; the rest, which waits for the handler to
+    // read, by a worker. Dropping our end tells the handler the task is all there.
+    let written = write_now(&mut stdin, &task);
+    if written < task.len() {
+        workers.run(move || write_rest(stdin, &task[written..]));
+    } else {
+        drop(stdin);
+    }
     let reaper_events = events.clone();
     workers.run(move || reap(pid as i32, reaper_events));
 
@@ -257,6 +261,43 @@ fn supervise(
     } else {
         Served::Ready
     })
+}
+
+/// Writes what of `bytes` the pipe takes without waiting; returns how much, or all of it
+/// when the reader is gone (a handler may close its stdin unread).
+fn write_now(pipe: &mut std::process::ChildStdin, bytes: &[u8]) -> usize {
+    if rustix::io::ioctl_fionbio(&*pipe, true).is_err() {
+        return 0;
+    }
+    let mut written = 0;
+    while written < bytes.len() {
+        match pipe.write(&bytes[written..]) {
+            Ok(0) => break,
+            Ok(n) => written += n,
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(_) => return bytes.len(),
+        }
+    }
+    let _ = rustix::io::ioctl_fionbio(&*pipe, false);
+    written
+}
+
+/// Writes the rest of a task as the handler reads it, then closes the pipe; stops if the
+/// handler closes it first.
+fn write_rest(mut pipe: std::process::ChildStdin, mut bytes: &[u8]) {
+    while !bytes.is_empty() {
+        match pipe.write(bytes) {
+            Ok(0) => return,
+            Ok(n) => bytes = &bytes[n..],
+            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
+            // Still non-blocking (`write_now` could not undo it): wait a little.
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(_) => return,
+        }
+    }
 }
 
 /// Reads a run's stderr to its end; keeps the last `STDERR_TAIL_BYTES`.
@@ -432,6 +473,38 @@ mod tests {
         assert!(has_children());
         child.kill().unwrap();
         child.wait().unwrap();
+    }
+
+    /// A task larger than the pipe is written in part without waiting, and whole once the
+    /// handler reads; one whose handler closed its stdin counts as written.
+    #[test]
+    fn a_task_reaches_the_handler_whole_however_large() {
+        let task: Vec<u8> = (0..300_000u32).map(|n| (n % 251) as u8).collect();
+        let mut cat = Command::new("cat")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = cat.stdin.take().unwrap();
+        let written = write_now(&mut stdin, &task);
+        assert!(written > 0 && written < task.len(), "{written}");
+        let rest = task[written..].to_vec();
+        let writer = std::thread::spawn(move || write_rest(stdin, &rest));
+        let mut read = Vec::new();
+        cat.stdout.take().unwrap().read_to_end(&mut read).unwrap();
+        writer.join().unwrap();
+        cat.wait().unwrap();
+        assert!(
+            read == task,
+            "cat read {} of {} bytes",
+            read.len(),
+            task.len()
+        );
+
+        let mut gone = Command::new("true").stdin(Stdio::piped()).spawn().unwrap();
+        let mut stdin = gone.stdin.take().unwrap();
+        gone.wait().unwrap();
+        assert_eq!(write_now(&mut stdin, &task), task.len());
     }
 
     /// The parent pid is read after the last parenthesis, whatever the command name holds.
