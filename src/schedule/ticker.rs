@@ -21,7 +21,7 @@ use chrono::{DateTime, Utc};
 
 use super::plan;
 use super::store::{self, Definition, StoredTick, TickRecord};
-use crate::coord::{Coordinator, Leadership, TaskOp, TaskVersion, Version, Written};
+use crate::coord::{Coordinator, Leadership, StoredTask, TaskOp, TaskVersion, Version, Written};
 use crate::leader::Lease;
 
 /// Ticks created in one write at most, with their record: a catch-up of many ticks is
@@ -129,20 +129,33 @@ async fn write_step(
     }
 }
 
-/// The schedules of the queue and their tick records, as read now; the definitions'
-/// version, to wait on for a change.
+/// The schedules' records as a listing found them: each key with its version.
+type Seen = Vec<(String, TaskVersion)>;
+
+fn seen(stored: &[StoredTask]) -> Seen {
+    stored
+        .iter()
+        .map(|entry| (entry.key.clone(), entry.version))
+        .collect()
+}
+
+/// Read and decoded schedules: the definitions, their tick records by name, and what the
+/// definitions' listing saw (its version to wait on for a change, and its records).
+type Read = (Vec<Definition>, HashMap<String, StoredTick>, Version, Seen);
+
+/// The schedules of the queue and their tick records, as read now.
 async fn read(
     coord: &dyn Coordinator,
     queue_prefix: &str,
     warned: &mut HashMap<String, TaskVersion>,
-) -> Result<(Vec<Definition>, HashMap<String, StoredTick>, Version), crate::coord::CoordError> {
+) -> Result<Read, crate::coord::CoordError> {
     let definitions_prefix = store::definitions_prefix(queue_prefix);
     let ticks_prefix = store::ticks_prefix(queue_prefix);
-    let (stored, version) = coord
+    let (stored_definitions, version) = coord
         .list(&definitions_prefix, Version::default(), Duration::ZERO)
         .await?;
-    let mut definitions = Vec::with_capacity(stored.len());
-    for entry in &stored {
+    let mut definitions = Vec::with_capacity(stored_definitions.len());
+    for entry in &stored_definitions {
         match Definition::decode(&entry.value) {
             Ok(definition) => definitions.push(definition),
             Err(err) => {
@@ -169,7 +182,7 @@ async fn read(
             ))
         })
         .collect();
-    Ok((definitions, ticks, version))
+    Ok((definitions, ticks, version, seen(&stored_definitions)))
 }
 
 /// Enqueues the due ticks of every schedule of the queue under `queue_prefix` until the
@@ -188,14 +201,15 @@ pub async fn tick_while_leading(
         if !lease.is_fresh() {
             return;
         }
-        let (definitions, ticks, version) = match read(coord, queue_prefix, &mut warned).await {
-            Ok(read) => read,
-            Err(err) => {
-                tracing::warn!(error = %err, "cannot read the schedules; trying again");
-                tokio::time::sleep(RETRY).await;
-                continue;
-            }
-        };
+        let (definitions, ticks, version, records) =
+            match read(coord, queue_prefix, &mut warned).await {
+                Ok(read) => read,
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot read the schedules; trying again");
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            };
         let now = Utc::now();
         let mut next: Option<DateTime<Utc>> = None;
         let mut again = false;
@@ -249,11 +263,23 @@ pub async fn tick_while_leading(
         let until = next.map(|at| (at - Utc::now()).to_std().unwrap_or_default());
         let nap = until.map_or(wait, |until| until.min(wait));
         let definitions_prefix = store::definitions_prefix(queue_prefix);
-        tokio::select! {
-            _ = tokio::time::sleep(nap) => {}
-            changed = coord.list(&definitions_prefix, version, wait) => {
-                if changed.is_err() {
-                    tokio::time::sleep(RETRY).await;
+        let woken = tokio::time::Instant::now() + nap;
+        let mut version = version;
+        // A backend whose listings carry one version for all its keys (Redis; Consul's
+        // for a prefix without keys) answers at every write of the queue's: the leader's
+        // claims and completions. Unless the schedules' records changed, wait on.
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(woken) => break,
+                changed = coord.list(&definitions_prefix, version, wait) => match changed {
+                    Ok((stored, now)) if now > version && seen(&stored) == records => {
+                        version = now;
+                    }
+                    Ok(_) => break,
+                    Err(_) => {
+                        tokio::time::sleep(RETRY).await;
+                        break;
+                    }
                 }
             }
         }
