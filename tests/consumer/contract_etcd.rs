@@ -238,32 +238,8 @@ async fn a_waiting_list_wakes_when_a_claim_dies_with_its_lease() {
     assert_eq!(held[0].holder.as_ref(), Some(&lease));
 
     let long = Duration::from_secs(20);
-    let metrics = format!("{}/metrics", cluster.endpoints()[0]);
-    let watchers_before = etcd_watchers(&metrics).await;
-    let waiter = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            let coord = EtcdCoordinator::new(
-                client,
-                EtcdCoordSettings {
-                    leader_key: "orphan/leader".into(),
-                },
-            );
-            let started = Instant::now();
-            let (tasks, _) = coord.list("orphan/q/", seen, long).await.unwrap();
-            (started.elapsed(), tasks)
-        })
-    };
     // The list waits on a watch of its own before the lease is revoked.
-    wait_until(
-        Duration::from_secs(10),
-        "the list watching",
-        async || match etcd_watchers(&metrics).await {
-            now if now > watchers_before => Ok(()),
-            now => Err(now),
-        },
-    )
-    .await;
+    let waiter = waiting_list(&cluster, &client, "orphan/leader", "orphan/q/", seen, long).await;
     coord.revoke(&lease).await.unwrap();
     let (took, tasks) = waiter.await.unwrap();
     assert!(
@@ -290,31 +266,7 @@ async fn a_waiting_list_sleeps_through_records_of_other_prefixes() {
         .await
         .unwrap();
     let wait = Duration::from_secs(3);
-    let metrics = format!("{}/metrics", cluster.endpoints()[0]);
-    let watchers_before = etcd_watchers(&metrics).await;
-    let waiter = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            let coord = EtcdCoordinator::new(
-                client,
-                EtcdCoordSettings {
-                    leader_key: "apart/leader".into(),
-                },
-            );
-            let started = Instant::now();
-            coord.list("apart/defs/", seen, wait).await.unwrap();
-            started.elapsed()
-        })
-    };
-    wait_until(
-        Duration::from_secs(10),
-        "the list watching",
-        async || match etcd_watchers(&metrics).await {
-            now if now > watchers_before => Ok(()),
-            now => Err(now),
-        },
-    )
-    .await;
+    let waiter = waiting_list(&cluster, &client, "apart/leader", "apart/defs/", seen, wait).await;
     let (tasks, _) = coord
         .list("apart/q/", Version(0), Duration::ZERO)
         .await
@@ -339,11 +291,48 @@ async fn a_waiting_list_sleeps_through_records_of_other_prefixes() {
     };
     let written = coord.write(&leadership, &[complete]).await.unwrap();
     assert!(matches!(written, Written::Done { .. }), "{written:?}");
-    let took = waiter.await.unwrap();
+    let (took, _) = waiter.await.unwrap();
     assert!(
         took >= wait - Duration::from_millis(100),
         "the list of apart/defs/ woke after {took:?} on records of apart/q/"
     );
+}
+
+/// A list of `prefix` past `seen`, waiting up to `wait` on its own coordinator for
+/// `leader_key`, once it watches (the member holds more watches); answers how long it
+/// waited and what it listed.
+async fn waiting_list(
+    cluster: &EtcdCluster,
+    client: &Arc<Client>,
+    leader_key: &'static str,
+    prefix: &'static str,
+    seen: Version,
+    wait: Duration,
+) -> tokio::task::JoinHandle<(Duration, Vec<leaderq::coord::StoredTask>)> {
+    let metrics = format!("{}/metrics", cluster.endpoints()[0]);
+    let watchers_before = etcd_watchers(&metrics).await;
+    let client = client.clone();
+    let waiter = tokio::spawn(async move {
+        let coord = EtcdCoordinator::new(
+            client,
+            EtcdCoordSettings {
+                leader_key: leader_key.into(),
+            },
+        );
+        let started = Instant::now();
+        let (tasks, _) = coord.list(prefix, seen, wait).await.unwrap();
+        (started.elapsed(), tasks)
+    });
+    wait_until(
+        Duration::from_secs(10),
+        "the list watching",
+        async || match etcd_watchers(&metrics).await {
+            now if now > watchers_before => Ok(()),
+            now => Err(now),
+        },
+    )
+    .await;
+    waiter
 }
 
 /// The number of watches the etcd member serving `metrics` (its `/metrics` URL) holds.
