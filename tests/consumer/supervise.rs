@@ -688,6 +688,32 @@ mod exec_handler {
         );
     }
 
+    /// A task larger than the stdin pipe reaches a handler that starts reading late whole
+    /// (the supervisor writes what the pipe takes, a kept thread the rest); the same
+    /// supervisor then serves a small task, which ends at once.
+    #[tokio::test]
+    async fn a_task_larger_than_the_pipe_reaches_a_slow_reader_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let handler = sh(&format!("sleep 0.3; cat > {}", out.display()));
+        let large = TaskContext {
+            task_json: format!(r#"{{"taskId":"t1","taskPara":"{}"}}"#, "x".repeat(300_000))
+                .into_bytes(),
+            ..ctx()
+        };
+        handler.handle(&large).await.unwrap();
+        assert!(
+            std::fs::read(&out).unwrap() == large.task_json,
+            "the handler read {} of {} bytes",
+            std::fs::metadata(&out).unwrap().len(),
+            large.task_json.len()
+        );
+        let kept = handler.supervision.pool.idle_pids();
+        handler.handle(&ctx()).await.unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), ctx().task_json);
+        assert_eq!(handler.supervision.pool.idle_pids(), kept);
+    }
+
     /// A non-zero exit is a failure carrying the tail of stderr; a missing program cannot
     /// start.
     #[tokio::test]
