@@ -201,7 +201,7 @@ pub async fn tick_while_leading(
         if !lease.is_fresh() {
             return;
         }
-        let (definitions, ticks, version, records) =
+        let (definitions, ticks, mut version, records) =
             match read(coord, queue_prefix, &mut warned).await {
                 Ok(read) => read,
                 Err(err) => {
@@ -264,7 +264,6 @@ pub async fn tick_while_leading(
         let nap = until.map_or(wait, |until| until.min(wait));
         let definitions_prefix = store::definitions_prefix(queue_prefix);
         let woken = tokio::time::Instant::now() + nap;
-        let mut version = version;
         // A backend whose listings carry one version for all its keys (Redis; Consul's
         // for a prefix without keys) answers at every write of the queue's: the leader's
         // claims and completions. Unless the schedules' records changed, wait on.
