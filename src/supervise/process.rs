@@ -269,35 +269,35 @@ fn write_now(pipe: &mut std::process::ChildStdin, bytes: &[u8]) -> usize {
     if rustix::io::ioctl_fionbio(&*pipe, true).is_err() {
         return 0;
     }
-    let mut written = 0;
-    while written < bytes.len() {
-        match pipe.write(&bytes[written..]) {
-            Ok(0) => break,
-            Ok(n) => written += n,
-            Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => break,
-            Err(_) => return bytes.len(),
-        }
-    }
+    let written = feed(pipe, bytes, false);
     let _ = rustix::io::ioctl_fionbio(&*pipe, false);
     written
 }
 
 /// Writes the rest of a task as the handler reads it, then closes the pipe; stops if the
 /// handler closes it first.
-fn write_rest(mut pipe: std::process::ChildStdin, mut bytes: &[u8]) {
-    while !bytes.is_empty() {
-        match pipe.write(bytes) {
-            Ok(0) => return,
-            Ok(n) => bytes = &bytes[n..],
+fn write_rest(mut pipe: std::process::ChildStdin, bytes: &[u8]) {
+    feed(&mut pipe, bytes, true);
+}
+
+/// Writes `bytes` to a handler's stdin, waiting while the pipe is full if `wait`, else
+/// stopping there; returns how much was written, or all of it once the reader is gone.
+fn feed(pipe: &mut std::process::ChildStdin, bytes: &[u8], wait: bool) -> usize {
+    let mut written = 0;
+    while written < bytes.len() {
+        match pipe.write(&bytes[written..]) {
+            Ok(0) => break,
+            Ok(n) => written += n,
             Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
-            // Still non-blocking (`write_now` could not undo it): wait a little.
-            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
+            // Full, on a pipe left non-blocking (`write_now` could not undo it).
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock && wait => {
                 std::thread::sleep(Duration::from_millis(1));
             }
-            Err(_) => return,
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(_) => return bytes.len(),
         }
     }
+    written
 }
 
 /// Reads a run's stderr to its end; keeps the last `STDERR_TAIL_BYTES`.
