@@ -714,6 +714,51 @@ mod exec_handler {
         assert_eq!(handler.supervision.pool.idle_pids(), kept);
     }
 
+    /// A handler that exits 0 and leaves workers behind, in its group and in a session of
+    /// their own, or only the latter: the run ends (a success) once the supervisor killed
+    /// them, not when they end by themselves (in 300 s; the 20 s bound only guards against
+    /// that wait).
+    #[tokio::test]
+    async fn what_a_handler_leaves_behind_is_killed_before_its_run_ends() {
+        for (leaves, workers) in [
+            (
+                "sleep 300 & echo $! >> {0}; setsid sleep 300 & echo $! >> {0}",
+                2,
+            ),
+            ("setsid sleep 300 & echo $! >> {0}", 1),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let pids = dir.path().join("pids");
+            let script = format!(
+                "{}; exit 0",
+                leaves.replace("{0}", &pids.display().to_string())
+            );
+            let handler = sh(&script);
+            let ran = tokio::time::timeout(Duration::from_secs(20), handler.handle(&ctx())).await;
+            let left: Vec<u32> = std::fs::read_to_string(&pids)
+                .unwrap()
+                .lines()
+                .map(|pid| pid.parse().unwrap())
+                .collect();
+            if ran.is_err() {
+                for pid in &left {
+                    crate::common::signal(*pid, "KILL");
+                }
+                panic!("the run of `{script}` waited for what it left behind: {left:?}");
+            }
+            ran.unwrap().unwrap();
+            assert_eq!(left.len(), workers, "{left:?}");
+            let living: Vec<u32> = left
+                .into_iter()
+                .filter(|pid| crate::common::process_alive(*pid))
+                .collect();
+            assert!(
+                living.is_empty(),
+                "{living:?} outlived the run of `{script}`"
+            );
+        }
+    }
+
     /// A non-zero exit is a failure carrying the tail of stderr; a missing program cannot
     /// start.
     #[tokio::test]
