@@ -295,11 +295,26 @@ impl Backlog {
             .map(|(place, slot)| task_of(place, slot.version, slot.value.to_vec()))
     }
 
-    /// Takes the first `n` pending tasks to claim them.
+    /// Takes the first `n` pending tasks to claim them (the leader reads them through
+    /// [`Backlog::pending`] first, and takes them with [`Backlog::take_read`]).
+    #[cfg(test)]
     pub fn take(&mut self, n: usize) -> Vec<Task> {
         let taken: Vec<Task> = std::iter::from_fn(|| self.take_first()).take(n).collect();
         self.claimed += taken.len();
         taken
+    }
+
+    /// Takes out the first `n` pending tasks to claim them, as [`Backlog::take`] does, when
+    /// the caller holds them already (read through [`Backlog::pending`]): they are not
+    /// parsed again.
+    pub fn take_read(&mut self, n: usize) {
+        for _ in 0..n {
+            let Some((place, _)) = self.pending.pop_first() else {
+                return;
+            };
+            self.places.remove(&place.2);
+            self.claimed += 1;
+        }
     }
 
     /// Takes, to claim it, the first pending task whose group (`taskGroup`, empty when
@@ -709,6 +724,32 @@ mod tests {
             Looked::New(vec!["q/b".into()]),
             "the retry is read at the next look"
         );
+    }
+
+    /// Tasks read through `pending` and then taken with `take_read` are the ones `take`
+    /// would have taken, and count as claimed the same: the relisting comes as soon.
+    #[test]
+    fn tasks_read_then_taken_are_the_first_and_count_as_claimed() {
+        let backlog_of = || {
+            let tasks = (0..300)
+                .map(|n| task(&format!("q/{n:03}"), 300 - n, None))
+                .collect();
+            Backlog::new(tasks, vec![], Keys::default(), at(0), Duration::ZERO)
+        };
+        let (mut read, mut taken) = (backlog_of(), backlog_of());
+        let first: Vec<String> = read.pending().take(3).map(|t| t.key).collect();
+        read.take_read(3);
+        let names =
+            |tasks: Vec<crate::task::Task>| tasks.into_iter().map(|t| t.key).collect::<Vec<_>>();
+        assert_eq!(first, names(taken.take(3)));
+        assert_eq!(first, ["q/299", "q/298", "q/297"]);
+        assert_eq!(names(read.take(1)), names(taken.take(1)));
+        read.take_read(MAX_TASKS_PER_LISTING - 5);
+        assert_eq!(read.next(at(1)), Next::Claim);
+        read.take_read(1);
+        assert_eq!(read.next(at(1)), Next::Relist);
+        read.take_read(1_000);
+        assert_eq!(read.pending().count(), 0);
     }
 
     /// A listing read while the leader claims is merged, not taken whole: only new keys

@@ -123,6 +123,7 @@ impl Queue {
         // Claims are prepared one at a time and only while they fit: preparing one writes
         // the task's whole value, which is worth skipping for large values.
         let mut candidates: Vec<Candidate> = Vec::new();
+        let mut tasks: Vec<Task> = Vec::new();
         let mut claims: Vec<WriteCost> = Vec::new();
         let mut plan = ClaimPlan::Take {
             finished: 0,
@@ -133,8 +134,9 @@ impl Queue {
             claims.push(self.coord.cost(&candidate.op));
             let next = plan_claim(guard, &shares, &claims, max_tasks, limits);
             match next {
-                ClaimPlan::Take { tasks, .. } if tasks == claims.len() => {
+                ClaimPlan::Take { tasks: n, .. } if n == claims.len() => {
                     candidates.push(candidate);
+                    tasks.push(task);
                     plan = next;
                 }
                 ClaimPlan::Take { .. } => break,
@@ -145,11 +147,15 @@ impl Queue {
             }
         }
         match plan {
-            ClaimPlan::Take { finished, tasks } => Planned::Batch(Batch {
-                tasks: backlog.take(tasks),
-                candidates,
-                deletions: finished,
-            }),
+            ClaimPlan::Take { finished, .. } => {
+                // The batch is the tasks just read, first in claim order.
+                backlog.take_read(tasks.len());
+                Planned::Batch(Batch {
+                    tasks,
+                    candidates,
+                    deletions: finished,
+                })
+            }
             ClaimPlan::TooLarge { cost } => match backlog.take_first() {
                 Some(task) => Planned::TooLarge {
                     task: Box::new(task),

@@ -63,47 +63,90 @@ pub fn decode(version: u64) -> Option<(u64, bool)> {
     Some((rest / 2, rest % 2 == 1))
 }
 
-/// What a `list` or `get` script answered: the counter, and six fields per task.
+/// What a listing or a get read: the tasks, the version of the read and when a lease
+/// holding one of them would end.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TaskRows {
     pub tasks: Vec<StoredTask>,
-    /// The version of the answer: past every task's (`2 * counter + 2`, plus one while a
-    /// task listed names an ended lease, so that a lease's death moves it too).
+    /// The version of the read: the counter read before the tasks (`2 * counter + 2`, plus
+    /// one while a task read names an ended lease, so that a lease's death moves it too). A
+    /// task written after the counter was read carries a later version, and a wait from this
+    /// one returns at once: nothing written meanwhile is missed.
     pub version: Version,
-    /// The shortest time (ms) a lease holding a listed task has left: a waiter looks again
+    /// The shortest time (ms) a lease holding a task read has left: a waiter looks again
     /// then, since that lease's death changes the answer without a write.
     pub next_expiry_ms: Option<u64>,
 }
 
-/// Reads a task script's answer: `[counter, (key, value, version, created, holder,
-/// holder_pttl)*]`, where `holder_pttl` is Redis's PTTL of the holder's lease (-2: gone).
-pub fn task_rows(reply: Vec<Vec<u8>>) -> Result<TaskRows, String> {
-    let mut fields = reply.into_iter();
-    let counter = number(&fields.next().ok_or("an empty answer")?)?;
-    let rest: Vec<Vec<u8>> = fields.collect();
-    if !rest.len().is_multiple_of(6) {
-        return Err(format!("{} task fields, not a multiple of six", rest.len()));
+/// A task's fields as `HMGET value version created holder` reads them; no version: the
+/// task is gone.
+pub type TaskFields = (
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+);
+
+/// The leases that hold tasks among `fields`, each once, in the order first named: the
+/// PTTL of each is read next (a task whose lease is gone reads as unheld).
+pub fn holders(fields: &[TaskFields]) -> Vec<&[u8]> {
+    let mut holders: Vec<&[u8]> = Vec::new();
+    for (_, version, _, holder) in fields {
+        match (version, holder) {
+            (Some(_), Some(holder)) if !holder.is_empty() && !holders.contains(&&holder[..]) => {
+                holders.push(holder)
+            }
+            _ => {}
+        }
+    }
+    holders
+}
+
+/// Reads tasks: `counter` (read before them), each of `keys` with its `fields` (a task that
+/// is gone is left out), and `pttls`, the PTTL of each of [`holders`]'s leases in that
+/// order (-2: gone).
+pub fn task_rows(
+    counter: u64,
+    keys: Vec<String>,
+    fields: Vec<TaskFields>,
+    pttls: &[i64],
+) -> Result<TaskRows, String> {
+    if keys.len() != fields.len() {
+        return Err(format!(
+            "{} keys read as {} tasks",
+            keys.len(),
+            fields.len()
+        ));
+    }
+    let holders: Vec<Vec<u8>> = holders(&fields).into_iter().map(<[u8]>::to_vec).collect();
+    if holders.len() != pttls.len() {
+        return Err(format!("{} holders, {} PTTLs", holders.len(), pttls.len()));
     }
     let mut rows = TaskRows::default();
     let mut any_gone = false;
-    for row in rest.chunks(6) {
-        let [key, value, version, created, holder, pttl] = row else {
-            unreachable!("chunks of six")
-        };
-        let holder = text(holder)?;
-        let pttl = signed(pttl)?;
+    for (key, (value, version, created, holder)) in keys.into_iter().zip(fields) {
+        let Some(version) = version else { continue };
+        let holder = holder.unwrap_or_default();
+        let pttl = holders
+            .iter()
+            .position(|h| *h == holder)
+            .map_or(-2, |at| pttls[at]);
         let gone = !holder.is_empty() && pttl == -2;
         any_gone |= gone;
         if !holder.is_empty() && pttl >= 0 {
             let left = pttl.unsigned_abs();
             rows.next_expiry_ms = Some(rows.next_expiry_ms.map_or(left, |ms| ms.min(left)));
         }
+        let version = number(&version)?;
         rows.tasks.push(StoredTask {
-            key: text(key)?,
-            value: value.clone(),
-            version: TaskVersion(encode(number(version)?, gone)),
-            created: encode(number(created)?, false),
-            holder: (!holder.is_empty() && !gone).then_some(LeaseId(holder)),
+            key,
+            value: value.unwrap_or_default(),
+            version: TaskVersion(encode(version, gone)),
+            created: encode(created.as_deref().map_or(Ok(version), number)?, false),
+            holder: (!holder.is_empty() && !gone)
+                .then(|| text(&holder))
+                .transpose()?
+                .map(LeaseId),
         });
     }
     rows.version = Version(encode(counter, any_gone));
@@ -191,33 +234,29 @@ mod tests {
         assert_eq!(decode(1), None);
     }
 
+    fn fields(value: &str, version: &str, created: &str, holder: &str) -> TaskFields {
+        let some = |f: &str| Some(f.as_bytes().to_vec());
+        (some(value), some(version), some(created), some(holder))
+    }
+
     /// A task whose lease is gone reads as unheld with an odd version, and moves the
-    /// answer's version past every task's; a live holder sets when to look again.
+    /// read's version; a live holder sets when to look again; a task gone between the
+    /// listing of its key and the read of its fields is left out.
     #[test]
     fn a_task_of_an_ended_lease_reads_unheld_and_moves_the_version() {
-        let rows = task_rows(row(&[
-            "9",
-            "q/a",
-            "{}",
-            "4",
-            "3",
-            "L1",
-            "-2",
-            "q/b",
-            "{\"x\":1}",
-            "9",
-            "2",
-            "L2",
-            "1500",
-            "q/c",
-            "v",
-            "5",
-            "5",
-            "",
-            "-2",
-        ]))
-        .unwrap();
-        let [a, b, c] = rows.tasks.as_slice() else {
+        let read = vec![
+            fields("{}", "4", "3", "L1"),
+            fields("{\"x\":1}", "9", "2", "L2"),
+            (None, None, None, None),
+            fields("v", "5", "5", ""),
+            fields("w", "6", "6", "L1"),
+        ];
+        assert_eq!(holders(&read), vec![&b"L1"[..], &b"L2"[..]]);
+        let keys = ["q/a", "q/b", "q/gone", "q/c", "q/d"]
+            .map(String::from)
+            .to_vec();
+        let rows = task_rows(9, keys, read, &[-2, 1500]).unwrap();
+        let [a, b, c, d] = rows.tasks.as_slice() else {
             panic!("{rows:?}")
         };
         assert_eq!(
@@ -233,15 +272,25 @@ mod tests {
             )
         );
         assert_eq!(
-            (c.holder.clone(), c.version),
-            (None, TaskVersion(encode(5, false)))
+            (c.key.as_str(), c.holder.clone(), c.version),
+            ("q/c", None, TaskVersion(encode(5, false)))
+        );
+        assert_eq!(
+            (d.holder.clone(), d.version),
+            (None, TaskVersion(encode(6, true)))
         );
         assert_eq!(rows.version, Version(encode(9, true)));
-        assert!(rows.tasks.iter().all(|t| t.version.0 <= rows.version.0));
         assert_eq!(rows.next_expiry_ms, Some(1500));
-        let none = task_rows(row(&["3"])).unwrap();
+        let none = task_rows(3, Vec::new(), Vec::new(), &[]).unwrap();
         assert_eq!((none.version, none.next_expiry_ms), (Version(8), None));
-        assert!(task_rows(row(&["3", "q/a"])).is_err());
+        assert!(task_rows(3, vec!["q/a".into()], Vec::new(), &[]).is_err());
+        assert!(task_rows(
+            3,
+            vec!["q/a".into()],
+            vec![fields("v", "1", "1", "L1")],
+            &[]
+        )
+        .is_err());
     }
 
     /// The holder reads as free (odd version) once the leader key is gone, keeping the last

@@ -54,6 +54,7 @@
 
 mod durability;
 mod layout;
+mod read;
 mod scripts;
 mod settings;
 mod wait;
@@ -70,7 +71,7 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{IntoConnectionInfo, ProtocolVersion};
 use tokio::sync::{watch, OnceCell};
 
-use self::layout::{holder_row, number, task_rows, text, text_in, HolderRow, TaskRows, TOKEN_MAX};
+use self::layout::{holder_row, number, text, text_in, HolderRow, TOKEN_MAX};
 use self::scripts::{edit_args, op_args, Scripts};
 use self::wait::{ReadHolder, ReadTasks};
 use crate::coord::{
@@ -81,9 +82,6 @@ use crate::coord::{
 
 /// Leases shorter than this are refused: a keep-alive every third of it must get through.
 pub const TTL_MIN: Duration = Duration::from_secs(1);
-
-/// Tasks per page of a listing: 256 tasks of 20 KB are a 5 MB answer.
-const LIST_PAGE: usize = 256;
 
 /// Keys per page of a look: the reply of a page is held in full while it is packed.
 const KEYS_PAGE: usize = 4096;
@@ -259,44 +257,6 @@ impl RedisCoordinator {
         let row = holder_row(self.fields(&self.scripts.observe, &[]).await?).map_err(bad_answer)?;
         self.saw_token(row.holder.token.0);
         Ok(row)
-    }
-
-    /// The tasks under `prefix`, read `LIST_PAGE` at a time (a backlog of 20 KB tasks in
-    /// one answer would be tens of MB in one reply). The answer's version is the lowest a
-    /// page saw: a write between pages makes the next wait return at once and list again.
-    async fn read_tasks(&self, prefix: &str) -> Result<TaskRows, CoordError> {
-        let page_size = LIST_PAGE.to_string();
-        let mut rows = TaskRows::default();
-        let mut after = String::new();
-        let mut first = true;
-        loop {
-            let page = task_rows(
-                self.fields(
-                    &self.scripts.list,
-                    &[prefix.as_bytes(), after.as_bytes(), page_size.as_bytes()],
-                )
-                .await?,
-            )
-            .map_err(bad_answer)?;
-            rows.version = if first {
-                page.version
-            } else {
-                rows.version.min(page.version)
-            };
-            first = false;
-            rows.next_expiry_ms = match (rows.next_expiry_ms, page.next_expiry_ms) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            let full = page.tasks.len() >= LIST_PAGE;
-            if let Some(last) = page.tasks.last() {
-                after = last.key.clone();
-            }
-            rows.tasks.extend(page.tasks);
-            if !full {
-                return Ok(rows);
-            }
-        }
     }
 
     async fn write_ops(
@@ -533,9 +493,7 @@ impl Tasks for RedisCoordinator {
     }
 
     async fn get(&self, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {
-        let args: Vec<&[u8]> = keys.iter().map(|key| key.as_bytes()).collect();
-        let reply = self.fields(&self.scripts.get, &args).await?;
-        Ok(task_rows(reply).map_err(bad_answer)?.tasks)
+        self.read_keys(keys).await
     }
 
     async fn write(&self, leadership: &Leadership, ops: &[TaskOp]) -> Result<Written, CoordError> {

@@ -32,16 +32,6 @@ local function resign(lease)
     redis.call('HSET', P .. 'holder/' .. L, 'version', bump())
   end
 end
-local function row(out, key)
-  local f = redis.call('HMGET', P .. 'task/' .. key, 'value', 'version', 'created', 'holder')
-  if not f[2] then return end
-  local holder = f[4] or ''
-  local left = -2
-  if holder ~= '' then left = redis.call('PTTL', P .. 'lease/' .. holder) end
-  local n = #out
-  out[n + 1], out[n + 2], out[n + 3] = key, f[1] or '', f[2]
-  out[n + 4], out[n + 5], out[n + 6] = f[3] or f[2], holder, tostring(left)
-end
 "#;
 
 /// `A = [previous or '', node, ttl_ms, new_id]`: takes up `previous` if it is this node's
@@ -150,19 +140,6 @@ local h = redis.call('HMGET', P .. 'holder/' .. L, 'lease', 'token', 'record', '
 return {leader, tostring(left), h[1] or '', h[2] or '0', h[3] or '', h[4] or '0'}
 "#;
 
-/// `A = [prefix, after, limit]`: `[counter, rows…]` of at most `limit` tasks under the
-/// prefix whose keys come after `after` ("" for the first page), in key order. Paged, so
-/// that no answer holds a whole backlog of large values (the caller reads page by page).
-const LIST: &str = r#"
-local low = '[' .. A[1]
-if A[2] ~= '' then low = '(' .. A[2] end
-local out = {redis.call('GET', P .. 'version') or '0'}
-for _, key in ipairs(redis.call('ZRANGEBYLEX', P .. 'tasks', low, '(' .. A[1] .. '\255', 'LIMIT', 0, tonumber(A[3]))) do
-  row(out, key)
-end
-return out
-"#;
-
 /// `A = [prefix, after, limit]`: `[counter, keys…]`, at most `limit` keys under the
 /// prefix that come after `after` ("" for the first page), in key order.
 const KEYS: &str = r#"
@@ -172,13 +149,6 @@ local out = {redis.call('GET', P .. 'version') or '0'}
 for _, key in ipairs(redis.call('ZRANGEBYLEX', P .. 'tasks', low, '(' .. A[1] .. '\255', 'LIMIT', 0, tonumber(A[3]))) do
   out[#out + 1] = key
 end
-return out
-"#;
-
-/// `A = keys`: `[counter, rows…]` of those that exist, in the order asked.
-const GET: &str = r#"
-local out = {redis.call('GET', P .. 'version') or '0'}
-for _, key in ipairs(A) do row(out, key) end
 return out
 "#;
 
@@ -232,7 +202,7 @@ while i <= #A do
   local orphan = task and task.holder ~= '' and not held_alive
   if kind == 'create' then
     if task or mode == 'own' then fail(key) else
-      stage(key, {value = value, version = next, created = next, holder = ''})
+      stage(key, {value = value, version = next, created = next, holder = '', new = true})
     end
   elseif not task or task.version ~= version or (orphan and '1' or '0') ~= gone then
     fail(key)
@@ -243,25 +213,28 @@ while i <= #A do
       fail(key)
     elseif kind == 'claim' then
       if held and not own then fail(key) else
-        stage(key, {value = value, version = next, created = task.created, holder = lease})
+        stage(key, {value = value, version = next, created = task.created, holder = lease,
+          new = task.new})
         versions[#versions + 1] = key
       end
     elseif kind == 'complete' then
       stage(key, false)
     elseif kind == 'release' then
       if not own then fail(key) else
-        stage(key, {value = value, version = next, created = task.created, holder = ''})
+        stage(key, {value = value, version = next, created = task.created, holder = '',
+          new = task.new})
         versions[#versions + 1] = key
       end
     elseif kind == 'rewrite' then
       if held then fail(key) else
-        stage(key, {value = value, version = next, created = task.created, holder = ''})
+        stage(key, {value = value, version = next, created = task.created, holder = '',
+          new = task.new})
       end
     elseif kind == 'move' then
       stage(key, false)
       local target = load(to)
       stage(to, {value = value, version = next, created = target and target.created or next,
-        holder = target and target.holder or ''})
+        holder = target and target.holder or '', new = not target or target.new})
     else
       return redis.error_reply('leaderq: unknown op ' .. kind)
     end
@@ -279,7 +252,9 @@ if #order > 0 then
     if task then
       redis.call('HSET', P .. 'task/' .. key, 'value', task.value, 'version', task.version,
         'created', task.created, 'holder', task.holder)
-      redis.call('ZADD', P .. 'tasks', 0, key)
+      -- A task read from Redis is in the index already (every write keeps the two
+      -- together): only a new key is added.
+      if task.new then redis.call('ZADD', P .. 'tasks', 0, key) end
     else
       redis.call('DEL', P .. 'task/' .. key)
       redis.call('ZREM', P .. 'tasks', key)
@@ -366,9 +341,7 @@ pub struct Scripts {
     pub resign: redis::Script,
     pub campaign: redis::Script,
     pub observe: redis::Script,
-    pub list: redis::Script,
     pub keys: redis::Script,
-    pub get: redis::Script,
     pub write: redis::Script,
     pub edit: redis::Script,
 }
@@ -383,9 +356,7 @@ impl Scripts {
             resign: with_prelude(RESIGN),
             campaign: with_prelude(CAMPAIGN),
             observe: with_prelude(OBSERVE),
-            list: with_prelude(LIST),
             keys: with_prelude(KEYS),
-            get: with_prelude(GET),
             write: with_prelude(WRITE),
             edit: with_prelude(EDIT),
         }
