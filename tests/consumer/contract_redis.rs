@@ -200,6 +200,115 @@ async fn waits_wake_on_the_channel_and_at_the_lease_expiry() {
     );
 }
 
+/// A waiting `list` sleeps through the leader's claims and completions of tasks under
+/// another prefix (each publishes the prefix it wrote under; before, a schedules waiter
+/// read its prefix again at every write of a drain), and still wakes at once for a write of
+/// its own prefix; the leadership's waiter answers nothing meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_list_sleeps_through_writes_of_other_prefixes() {
+    use leaderq::coord::{Campaign, Coordinator, HolderRecord, LeaseSpec, TaskOp, Written};
+    use tokio::time::Instant;
+
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let coord = redis_coordinator(&server.url(), "apart/");
+    let spec = LeaseSpec {
+        node_id: "n1".into(),
+        ttl: Duration::from_secs(30),
+        takeover_delay: Duration::ZERO,
+        previous: None,
+    };
+    let lease = coord.open_lease(&spec).await.unwrap().lease;
+    let Campaign::Won(leadership) = coord
+        .campaign(&lease, &HolderRecord::default())
+        .await
+        .unwrap()
+    else {
+        panic!("a free leadership was not won");
+    };
+    for key in ["q/t1", "q/t2", "defs/d1"] {
+        coord.produce(key, b"{}").await.unwrap();
+    }
+    let (_, seen) = coord
+        .list("defs/", Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    let (_, held) = coord.observe(Version(0), Duration::ZERO).await.unwrap();
+    let waiting = |prefix: &'static str| {
+        let coord = coord.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            coord
+                .list(prefix, seen, Duration::from_secs(20))
+                .await
+                .unwrap();
+            started.elapsed()
+        })
+    };
+    let observing = {
+        let coord = coord.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            coord.observe(held, Duration::from_secs(3)).await.unwrap();
+            started.elapsed()
+        })
+    };
+    let defs = waiting("defs/");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let (tasks, _) = coord.list("q/", Version(0), Duration::ZERO).await.unwrap();
+    for task in tasks {
+        let claim = TaskOp::Claim {
+            key: task.key.clone(),
+            version: task.version,
+            value: b"{\"taken\":true}".to_vec(),
+        };
+        let Written::Done { versions, .. } = coord.write(&leadership, &[claim]).await.unwrap()
+        else {
+            panic!("the claim of {} was not applied", task.key);
+        };
+        let complete = TaskOp::Complete {
+            key: task.key,
+            version: versions[0].1,
+        };
+        let written = coord.write(&leadership, &[complete]).await.unwrap();
+        assert!(matches!(written, Written::Done { .. }), "{written:?}");
+    }
+    let wrote = started.elapsed();
+    let slept = defs.await.unwrap();
+    // The counter moved: the waiter's fallback poll (every second) reads again then.
+    assert!(
+        slept >= Duration::from_millis(800),
+        "the list of defs/ answered {slept:?} after writes of q/ that took {wrote:?}"
+    );
+    let defs = waiting("defs/");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (tasks, _) = coord
+        .list("defs/", Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    let written = Instant::now();
+    let rewrite = TaskOp::Rewrite {
+        key: tasks[0].key.clone(),
+        version: tasks[0].version,
+        value: b"{\"v\":2}".to_vec(),
+    };
+    let answer = coord.write(&leadership, &[rewrite]).await.unwrap();
+    assert!(matches!(answer, Written::Done { .. }), "{answer:?}");
+    defs.await.unwrap();
+    let woken = written.elapsed();
+    assert!(
+        woken < Duration::from_millis(500),
+        "the list of defs/ answered {woken:?} after a write of defs/"
+    );
+    let observed = observing.await.unwrap();
+    assert!(
+        observed >= Duration::from_secs(3) - Duration::from_millis(100),
+        "the leadership's waiter answered after {observed:?}, on writes of tasks"
+    );
+}
+
 /// A listing of a backlog larger than one page of the listing script (600 tasks of 20 KB,
 /// 12 MB of values) answers every task, once, in key order. Before the listing was paged,
 /// one answer held the whole backlog, and a backlog of 2,000 such tasks never drained.

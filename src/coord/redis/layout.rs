@@ -14,7 +14,10 @@
 //!   `scripts.rs`, CAMPAIGN);
 //! - `P tasks`: a sorted set of every task key, all at score 0, so a prefix is a lex range;
 //! - `P task/<key>`: a task, a hash `{value, version, created, holder}`;
-//! - channel `P changes`: every write PUBLISHes the new counter there.
+//! - channel `P changes`: every write PUBLISHes there: a claim or completion of leaderq's
+//!   `tasks:<scope>`, the longest prefix common to the keys it wrote ([`scope`]), anything
+//!   else (the new counter) when it may concern every reader (a producer's write, a lease,
+//!   the leadership, an edit).
 //!
 //! A lease ends by expiring, with no script run at that moment, so a task it claimed still
 //! names it: such a task reads as unheld, and its version must move. A version is therefore
@@ -44,6 +47,64 @@ impl Layout {
     /// The pub/sub channel every write publishes on.
     pub fn channel(&self) -> String {
         format!("{}changes", self.prefix)
+    }
+}
+
+/// What a message on the changes channel says was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// Tasks only, every key written starting with this.
+    Tasks(std::sync::Arc<str>),
+    /// Anything: every reader looks again.
+    Any,
+}
+
+/// The message a write of tasks only publishes: `tasks:` and [`scope`] of its keys.
+pub const TASKS_CHANGED: &str = "tasks:";
+
+/// The longest prefix common to `keys` (empty for none): the scope of a write of those
+/// tasks, which only readers of a prefix that starts with it, or that it starts with, read.
+pub fn scope<'a>(mut keys: impl Iterator<Item = &'a str>) -> &'a str {
+    let Some(first) = keys.next() else {
+        return "";
+    };
+    let mut common = first.len();
+    for key in keys {
+        common = first
+            .bytes()
+            .zip(key.bytes())
+            .take(common)
+            .take_while(|(a, b)| a == b)
+            .count();
+    }
+    // Keys are ASCII (checked before they are written), so any byte is a boundary; a
+    // stored key that is not stays whole up to the last boundary.
+    while !first.is_char_boundary(common) {
+        common -= 1;
+    }
+    &first[..common]
+}
+
+/// A message heard on the changes channel, read.
+pub fn change_of(message: &[u8]) -> Change {
+    match message.strip_prefix(TASKS_CHANGED.as_bytes()) {
+        Some(scope) => match std::str::from_utf8(scope) {
+            Ok(scope) => Change::Tasks(scope.into()),
+            Err(_) => Change::Any,
+        },
+        None => Change::Any,
+    }
+}
+
+/// Whether `change` may change what a reader of the tasks under `prefix` reads (`None`: a
+/// reader of the leadership, which writes of tasks never change).
+pub fn concerns(change: &Change, prefix: Option<&str>) -> bool {
+    match (change, prefix) {
+        (Change::Any, _) => true,
+        (Change::Tasks(_), None) => false,
+        (Change::Tasks(scope), Some(prefix)) => {
+            scope.starts_with(prefix) || prefix.starts_with(&**scope)
+        }
     }
 }
 
@@ -291,6 +352,35 @@ mod tests {
             &[]
         )
         .is_err());
+    }
+
+    /// A write's scope is its keys' common prefix; a reader of a prefix wakes for a write
+    /// within it or around it, a reader of the leadership for no write of tasks, and every
+    /// reader for any other message (a producer's, a lease's, an older replica's).
+    #[test]
+    fn a_write_wakes_the_readers_of_its_keys_only() {
+        let keys = ["q/task_10", "q/task_1", "q/task_2"];
+        assert_eq!(scope(keys.into_iter()), "q/task_");
+        assert_eq!(scope(["q/a", "qDead/a"].into_iter()), "q");
+        assert_eq!(scope(["q/a"].into_iter()), "q/a");
+        assert_eq!(scope(["q/a", "x/a"].into_iter()), "");
+        assert_eq!(scope(std::iter::empty()), "");
+        let change = change_of(b"tasks:q/task_");
+        assert_eq!(change, Change::Tasks("q/task_".into()));
+        assert!(concerns(&change, Some("q/")));
+        assert!(concerns(&change, Some("q/task_1")));
+        assert!(!concerns(&change, Some("leaderq/schedules/q/")));
+        assert!(!concerns(&change, Some("qDead/")));
+        assert!(!concerns(&change, None));
+        assert!(concerns(&change_of(b"tasks:"), Some("anything/")));
+        for any in [&b"1234"[..], b"", b"tasks", b"tasks:\xff"] {
+            let change = change_of(any);
+            assert!(
+                concerns(&change, None) && concerns(&change, Some("q/")),
+                "{any:?}"
+            );
+        }
+        assert_eq!(change_of(b"tasks:\xff"), Change::Any);
     }
 
     /// The holder reads as free (odd version) once the leader key is gone, keeping the last

@@ -69,9 +69,11 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{IntoConnectionInfo, ProtocolVersion};
-use tokio::sync::{watch, OnceCell};
+use tokio::sync::{broadcast, OnceCell};
 
-use self::layout::{holder_row, number, text, text_in, HolderRow, TOKEN_MAX};
+use self::layout::{
+    change_of, holder_row, number, scope, text, text_in, Change, HolderRow, TOKEN_MAX,
+};
 use self::scripts::{edit_args, op_args, Scripts};
 use self::wait::{ReadHolder, ReadTasks};
 use crate::coord::{
@@ -82,6 +84,10 @@ use crate::coord::{
 
 /// Leases shorter than this are refused: a keep-alive every third of it must get through.
 pub const TTL_MIN: Duration = Duration::from_secs(1);
+
+/// Messages of the changes channel a waiter may be behind by; further behind, it looks
+/// again (as for a message that concerns it).
+const CHANGES_HELD: usize = 256;
 
 /// Keys per page of a look: the reply of a page is held in full while it is packed.
 const KEYS_PAGE: usize = 4096;
@@ -115,8 +121,8 @@ pub struct RedisCoordinator {
     scripts: Scripts,
     /// Connected (and subscribed to the changes channel) on first use.
     manager: OnceCell<ConnectionManager>,
-    /// Raised on every message on the changes channel: waiters look again.
-    changes: Arc<watch::Sender<u64>>,
+    /// Every message on the changes channel, read: waiters it concerns look again.
+    changes: broadcast::Sender<Change>,
     /// Messages heard, for tests and logs.
     heard: Arc<AtomicU64>,
     /// The highest fencing token this coordinator has seen (won, observed, or carried by a
@@ -172,13 +178,13 @@ impl RedisCoordinator {
         let client = redis::Client::open(info).map_err(|err| {
             CoordError::Refused(format!("redis.url: {err}: fix the [redis] settings"))
         })?;
-        let (changes, _) = watch::channel(0);
+        let (changes, _) = broadcast::channel(CHANGES_HELD);
         Ok(RedisCoordinator {
             client,
             settings,
             scripts: Scripts::new(),
             manager: OnceCell::new(),
-            changes: Arc::new(changes),
+            changes,
             heard: Arc::new(AtomicU64::new(0)),
             highest_token: AtomicU64::new(0),
             warned: AtomicBool::new(false),
@@ -203,7 +209,13 @@ impl RedisCoordinator {
                     .set_push_sender(move |info: redis::PushInfo| {
                         if info.kind == redis::PushKind::Message {
                             heard.fetch_add(1, Ordering::Relaxed);
-                            changes.send_modify(|n| *n = n.wrapping_add(1));
+                            // [channel, message]
+                            let change = match info.data.last() {
+                                Some(redis::Value::BulkString(message)) => change_of(message),
+                                _ => Change::Any,
+                            };
+                            // No waiter listening is no error.
+                            let _ = changes.send(change);
                         }
                         Ok::<(), std::convert::Infallible>(())
                     });
@@ -269,7 +281,19 @@ impl RedisCoordinator {
         crate::coord::admit(self, ops, mode == "guarded")?;
         let token = token.to_string();
         let encoded = op_args(ops);
-        let mut args: Vec<&[u8]> = vec![mode.as_bytes(), lease.0.as_bytes(), token.as_bytes()];
+        let written = ops.iter().flat_map(|op| match op {
+            TaskOp::Move { key, to, .. } | TaskOp::Finish { key, to, .. } => {
+                [key.as_str(), to.as_str()]
+            }
+            op => [op.key(), op.key()],
+        });
+        let scope = scope(written);
+        let mut args: Vec<&[u8]> = vec![
+            mode.as_bytes(),
+            lease.0.as_bytes(),
+            token.as_bytes(),
+            scope.as_bytes(),
+        ];
         args.extend(encoded.iter().map(Vec::as_slice));
         let reply = self.fields(&self.scripts.write, &args).await?;
         let Some((kind, rest)) = reply.split_first() else {

@@ -152,7 +152,8 @@ end
 return out
 "#;
 
-/// `A = [guarded|own, lease, token, (kind, key, counter, gone, value, to)*]`. Guarded:
+/// `A = [guarded|own, lease, token, scope, (kind, key, counter, gone, value, to)*]`, `scope`
+/// the prefix common to every key written (published: readers of other prefixes sleep on). Guarded:
 /// the leader key and the holder's record must name `lease` and `token`. Own: every task
 /// written must be held by `lease`, alive. Each op sees the ops before it. Answers
 /// `[notleader]`, `[conflict, keys…]` or `[done, token, counter, claimed or released keys…]`.
@@ -193,7 +194,7 @@ local function lives(holder)
   if l == nil then l = alive(holder); living[holder] = l end
   return l
 end
-local i = 4
+local i = 5
 while i <= #A do
   local kind, key, version, gone, value, to = A[i], A[i + 1], A[i + 2], A[i + 3], A[i + 4], A[i + 5]
   i = i + 6
@@ -260,7 +261,7 @@ if #order > 0 then
       redis.call('ZREM', P .. 'tasks', key)
     end
   end
-  redis.call('PUBLISH', P .. 'changes', next)
+  redis.call('PUBLISH', P .. 'changes', 'tasks:' .. A[4])
 end
 local out = {'done', current, next}
 for _, key in ipairs(versions) do out[#out + 1] = key end

@@ -1,5 +1,6 @@
 //! The Redis coordinator's waits (`observe`, `list`): read, and until the answer's
-//! version passes the one asked about, look again on every message on the changes channel,
+//! version passes the one asked about, look again on every message on the changes channel
+//! that may concern the read (a write of tasks under other prefixes does not),
 //! when a lease the read saw would end (its death changes the answer without any write), and
 //! every [`POLL`] if the counter moved (a message lost to a reconnect). The holder is read
 //! again every [`HOLDER_POLL`] whatever the counter says: an operator's `DEL` of the leader
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::layout::number;
+use super::layout::{concerns, number, Change};
 use super::{bad_answer, unavailable, RedisCoordinator};
 use crate::coord::{CoordError, CoordFuture, Holder, StoredTask, Version};
 
@@ -53,7 +54,8 @@ impl RedisCoordinator {
         let end = Instant::now() + wait.min(MAX_WAIT);
         let mut changes = self.changes.subscribe();
         loop {
-            changes.borrow_and_update();
+            // What was heard before this read, the read sees.
+            changes = changes.resubscribe();
             let counter = self.counter().await?;
             let read_at = Instant::now();
             let (answer, version, expiry) = read.read(self).await?;
@@ -61,16 +63,21 @@ impl RedisCoordinator {
                 return Ok((answer, version));
             }
             let expires = expiry.map(|ms| read_at + Duration::from_millis(ms) + EXPIRY_SLACK);
+            let wake = expires.map_or(end, |at| at.min(end));
+            let mut poll = Instant::now() + read.poll();
             loop {
-                let wake = expires.map_or(end, |at| at.min(end));
-                let poll = Instant::now() + read.poll();
                 tokio::select! {
-                    _ = changes.changed() => break,
+                    change = changes.recv() => match change {
+                        Ok(change) if !read.concerns(&change) => {}
+                        // It concerns this read, or messages were missed.
+                        _ => break,
+                    },
                     _ = tokio::time::sleep_until(wake) => break,
                     _ = tokio::time::sleep_until(poll) => {
                         if read.poll_reads_again() || self.counter().await? != counter {
                             break;
                         }
+                        poll = Instant::now() + read.poll();
                     }
                 }
             }
@@ -85,6 +92,9 @@ pub(super) trait Reread<T>: Send + Sync {
         &'a self,
         coord: &'a RedisCoordinator,
     ) -> CoordFuture<'a, (T, Version, Option<u64>)>;
+
+    /// Whether a write `change` announces may change what this reads.
+    fn concerns(&self, change: &Change) -> bool;
 
     /// How often a waiter looks again without a message.
     fn poll(&self) -> Duration {
@@ -111,6 +121,10 @@ impl Reread<Holder> for ReadHolder {
         })
     }
 
+    fn concerns(&self, change: &Change) -> bool {
+        concerns(change, None)
+    }
+
     fn poll(&self) -> Duration {
         HOLDER_POLL
     }
@@ -131,5 +145,9 @@ impl Reread<Vec<StoredTask>> for ReadTasks<'_> {
             let rows = coord.read_tasks(self.0).await?;
             Ok((rows.tasks, rows.version, rows.next_expiry_ms))
         })
+    }
+
+    fn concerns(&self, change: &Change) -> bool {
+        concerns(change, Some(self.0))
     }
 }
