@@ -220,14 +220,17 @@ impl Replica {
                 Some(end) => end,
                 None => {
                     let coord = self.coord.as_ref();
-                    let term = crate::leader::timeline::start_logged(
-                        coord,
-                        &self.leader_key,
-                        &node_id,
-                        leadership.fencing_token,
-                    )
-                    .await;
-                    let (end, said) = work.lead(&leadership).await;
+                    // The term is recorded while the work starts: the timeline is for
+                    // operators, and its reads and write would hold up the first claim.
+                    let (term, (end, said)) = tokio::join!(
+                        crate::leader::timeline::start_logged(
+                            coord,
+                            &self.leader_key,
+                            &node_id,
+                            leadership.fencing_token,
+                        ),
+                        work.lead(&leadership)
+                    );
                     // Said before leadership is given up, so that the next leader reads it.
                     crate::leader::timeline::end_logged(coord, &self.leader_key, term, said).await;
                     end
