@@ -11,87 +11,96 @@
 
 use redis::aio::ConnectionManager;
 
-use super::layout::{holders, number, task_rows, text, TaskFields, TaskRows};
+use super::layout::{encode, holders, number, task_rows, text, TaskFields, TaskRows};
 use super::{bad_answer, unavailable, RedisCoordinator};
-use crate::coord::{CoordError, StoredTask};
+use crate::coord::{CoordError, StoredTask, Version};
 
-/// Tasks per page of a listing: 256 tasks of 20 KB are a 5 MB answer.
-const LIST_PAGE: usize = 256;
+/// Keys per page of a listing: a page of keys is small (tens of bytes a key), its tasks
+/// are read a part at a time.
+const KEYS_PAGE: usize = 4096;
+
+/// Tasks read by one round trip of a listing, at first: 256 tasks of 20 KB are a 5 MB
+/// answer.
+const FIRST_READ: usize = 256;
+
+/// The bytes of values one round trip of a listing reads, about: once the tasks read so
+/// far tell their size, as many are read at once as make this, from [`FIRST_READ`] up to
+/// a page of keys (a backlog of 200-byte tasks is read 4,096 at a time, one of 20 KB tasks
+/// 262 at a time).
+const READ_BYTES: usize = 5 << 20;
+
+/// How many tasks the next round trip of a listing reads, `bytes` of values having been
+/// read in `tasks` tasks.
+fn tasks_per_read(bytes: usize, tasks: usize) -> usize {
+    match bytes.checked_div(tasks) {
+        Some(each) if tasks > 0 => (READ_BYTES / each.max(1)).clamp(FIRST_READ, KEYS_PAGE),
+        _ => FIRST_READ,
+    }
+}
 
 impl RedisCoordinator {
-    /// The tasks under `prefix`, `LIST_PAGE` at a time (a backlog of 20 KB tasks in one
-    /// answer would be tens of MB). Each page's fields are read with the next page's keys,
-    /// in one round trip. The read's version is the lowest a page saw.
+    /// The tasks under `prefix`: a page of keys at a time, and the tasks of a page as many
+    /// at a time as make about [`READ_BYTES`] (a backlog of 20 KB tasks in one answer would
+    /// be tens of MB). The next page of keys is read with the last tasks of a page, in one
+    /// round trip. The read's version is the lowest of its parts' (each part's is the
+    /// counter its page of keys was read with, moved by an ended lease it names).
     pub(super) async fn read_tasks(&self, prefix: &str) -> Result<TaskRows, CoordError> {
         let mut connection = self.connection().await?;
         let mut pipe = redis::pipe();
         self.page_of_keys(&mut pipe, prefix, "");
-        let (counter, keys): (Option<Vec<u8>>, Vec<Vec<u8>>) = pipe
+        let mut answers: Vec<redis::Value> = pipe
             .query_async(&mut connection)
             .await
             .map_err(|err| unavailable(&err))?;
-        let (mut counter, mut keys) = (
-            number(&counter.unwrap_or_default()).map_err(bad_answer)?,
-            keys,
-        );
         let mut rows = TaskRows::default();
-        let mut first = true;
+        let mut version: Option<Version> = None;
+        let (mut bytes, mut read) = (0, 0);
         loop {
-            let full = keys.len() >= LIST_PAGE;
-            let keys_now: Vec<String> = keys
-                .iter()
-                .map(|key| text(key))
-                .collect::<Result<_, _>>()
-                .map_err(bad_answer)?;
-            let mut pipe = redis::pipe();
-            self.fields_of(&mut pipe, &keys_now);
-            if full {
-                self.page_of_keys(&mut pipe, prefix, &keys_now[keys_now.len() - 1]);
-            }
-            let mut answers: Vec<redis::Value> = if pipe.is_empty() {
-                Vec::new()
-            } else {
-                pipe.query_async(&mut connection)
+            let (counter, keys) = page_read(&mut answers)?;
+            let full = keys.len() >= KEYS_PAGE;
+            let mut keys = keys.into_iter().peekable();
+            while keys.peek().is_some() {
+                let part: Vec<String> = keys.by_ref().take(tasks_per_read(bytes, read)).collect();
+                let last = keys.peek().is_none();
+                let mut pipe = redis::pipe();
+                self.fields_of(&mut pipe, &part);
+                if last && full {
+                    self.page_of_keys(&mut pipe, prefix, &part[part.len() - 1]);
+                }
+                answers = pipe
+                    .query_async(&mut connection)
                     .await
-                    .map_err(|err| unavailable(&err))?
-            };
-            let next = if full {
-                let keys = answers
-                    .pop()
-                    .ok_or_else(|| bad_answer("a page answered nothing"))?;
-                let counter = answers
-                    .pop()
-                    .ok_or_else(|| bad_answer("a page answered nothing"))?;
-                Some((counter, keys))
-            } else {
-                None
-            };
-            let fields = answers
-                .into_iter()
-                .map(redis::from_redis_value::<TaskFields>)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(bad_answer)?;
-            let page = self
-                .rows(&mut connection, counter, keys_now, fields)
-                .await?;
-            rows.version = if first {
-                page.version
-            } else {
-                rows.version.min(page.version)
-            };
-            first = false;
-            rows.next_expiry_ms = match (rows.next_expiry_ms, page.next_expiry_ms) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
-            rows.tasks.extend(page.tasks);
-            let Some((next_counter, next_keys)) = next else {
+                    .map_err(|err| unavailable(&err))?;
+                let next = if last && full {
+                    answers.split_off(answers.len().saturating_sub(2))
+                } else {
+                    Vec::new()
+                };
+                let fields = answers
+                    .drain(..)
+                    .map(redis::from_redis_value::<TaskFields>)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(bad_answer)?;
+                read += part.len();
+                let part = self.rows(&mut connection, counter, part, fields).await?;
+                bytes += part
+                    .tasks
+                    .iter()
+                    .map(|task| task.value.len())
+                    .sum::<usize>();
+                version = Some(version.map_or(part.version, |v| v.min(part.version)));
+                rows.next_expiry_ms = match (rows.next_expiry_ms, part.next_expiry_ms) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                rows.tasks.extend(part.tasks);
+                answers = next;
+            }
+            if !full {
+                // A page of no keys read at `counter`, when it is the only one.
+                rows.version = version.unwrap_or(Version(encode(counter, false)));
                 return Ok(rows);
-            };
-            let next_counter: Option<Vec<u8>> =
-                redis::from_redis_value(next_counter).map_err(bad_answer)?;
-            counter = number(&next_counter.unwrap_or_default()).map_err(bad_answer)?;
-            keys = redis::from_redis_value(next_keys).map_err(bad_answer)?;
+            }
         }
     }
 
@@ -148,7 +157,7 @@ impl RedisCoordinator {
         task_rows(counter, keys, fields, &pttls).map_err(bad_answer)
     }
 
-    /// Adds to `pipe` the counter and the first `LIST_PAGE` keys under `prefix` after
+    /// Adds to `pipe` the counter and the first [`KEYS_PAGE`] keys under `prefix` after
     /// `after` (from the first when empty), in key order.
     fn page_of_keys(&self, pipe: &mut redis::Pipeline, prefix: &str, after: &str) {
         let low = if after.is_empty() {
@@ -165,7 +174,7 @@ impl RedisCoordinator {
             .arg(high)
             .arg("LIMIT")
             .arg(0)
-            .arg(LIST_PAGE);
+            .arg(KEYS_PAGE);
     }
 
     /// Adds to `pipe` one `HMGET` of each task of `keys`.
@@ -183,5 +192,42 @@ impl RedisCoordinator {
     /// `name` under the key prefix.
     fn key(&self, name: &str) -> String {
         format!("{}{name}", self.settings.layout.prefix)
+    }
+}
+
+/// The counter and the page of keys at the end of `answers`, taken out.
+fn page_read(answers: &mut Vec<redis::Value>) -> Result<(u64, Vec<String>), CoordError> {
+    let keys = answers
+        .pop()
+        .ok_or_else(|| bad_answer("a page of keys answered nothing"))?;
+    let counter = answers
+        .pop()
+        .ok_or_else(|| bad_answer("a page of keys answered nothing"))?;
+    let counter: Option<Vec<u8>> = redis::from_redis_value(counter).map_err(bad_answer)?;
+    let keys: Vec<Vec<u8>> = redis::from_redis_value(keys).map_err(bad_answer)?;
+    Ok((
+        number(&counter.unwrap_or_default()).map_err(bad_answer)?,
+        keys.iter()
+            .map(|key| text(key))
+            .collect::<Result<_, _>>()
+            .map_err(bad_answer)?,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A listing reads FIRST_READ tasks until their size is known, then as many as make
+    /// READ_BYTES, never more than a page of keys nor fewer than FIRST_READ.
+    #[test]
+    fn a_listing_reads_as_many_tasks_at_once_as_their_size_allows() {
+        assert_eq!(tasks_per_read(0, 0), FIRST_READ);
+        assert_eq!(tasks_per_read(256 * 200, 256), KEYS_PAGE);
+        assert_eq!(tasks_per_read(256 * 2_000, 256), READ_BYTES / 2_000);
+        assert_eq!(tasks_per_read(256 * 20_000, 256), READ_BYTES / 20_000);
+        assert_eq!(tasks_per_read(256 * 40_000, 256), FIRST_READ);
+        assert_eq!(tasks_per_read(10 << 20, 1), FIRST_READ);
+        assert_eq!(tasks_per_read(0, 256), KEYS_PAGE, "tasks all gone or empty");
     }
 }
