@@ -1,11 +1,12 @@
 //! The Redis coordinator: the [`Coordinator`] seam on one Redis (7.0 or later), through
 //! redis-rs's connection manager (RESP3: pub/sub messages arrive on the same connection,
 //! which reconnects and resubscribes by itself). Redis's names stay in this folder: key
-//! layout and version encoding in `layout.rs`, the scripts in `scripts.rs`, waits in
-//! `wait.rs`, the `[redis]` section's checks in `settings.rs`, the verdict on Redis's own
-//! settings in `durability.rs`.
-//! Every operation is one script, so [`Leases`], [`Elections`] and [`Tasks`] are all
-//! implemented at the end of this file, each a few lines around its script.
+//! layout and version encoding in `layout.rs`, the scripts in `scripts.rs`, the reads of
+//! tasks in `read.rs`, waits in `wait.rs`, the `[redis]` section's checks in `settings.rs`,
+//! the verdict on Redis's own settings in `durability.rs`.
+//! Every operation that writes is one script, and reads of tasks are plain commands,
+//! pipelined, so [`Leases`], [`Elections`] and [`Tasks`] are all implemented at the end of
+//! this file, each a few lines around its script or read.
 //!
 //! In the seam's words:
 //! - a lease is a random id's key, a hash `{node, ttl}` with a PX TTL, renewed (with the
@@ -14,7 +15,8 @@
 //!   checks the lease exists; the holder record keeps `{lease, token, record, version}`;
 //!   `observe` waits on the changes channel, the leader key's PTTL and a poll (`wait.rs`);
 //! - the queue is a hash per task and one sorted set of their keys; every write of it is
-//!   one script (guard, versions, then all writes, one counter bump, one `PUBLISH`);
+//!   one script (guard, versions, then all writes, one counter bump, one `PUBLISH` of the
+//!   prefix its keys share, so that waits on other prefixes sleep on);
 //! - before it opens a lease it reads Redis's persistence and eviction settings, and
 //!   refuses one that can lose acknowledged writes unless `redis.accept_data_loss` says so
 //!   (`durability.rs`), again at every lease; producers and operators (no lease) are never
