@@ -64,6 +64,28 @@ use common::{client, get_json, index_of, ConsumerProcess, ServerProcess};
 use serde_json::{json, Value};
 use toolbox::{now_ns, wait_until, TestBed, TestSettings};
 
+/// Opens a 30 s lease of `node`'s on `coord` and wins the free leadership with it.
+async fn leading_on(
+    coord: &dyn leaderq::coord::Coordinator,
+    node: &str,
+) -> (leaderq::coord::LeaseId, leaderq::coord::Leadership) {
+    let spec = leaderq::coord::LeaseSpec {
+        node_id: node.into(),
+        ttl: Duration::from_secs(30),
+        takeover_delay: Duration::ZERO,
+        previous: None,
+    };
+    let lease = coord.open_lease(&spec).await.unwrap().lease;
+    let leaderq::coord::Campaign::Won(leadership) = coord
+        .campaign(&lease, &leaderq::coord::HolderRecord::default())
+        .await
+        .unwrap()
+    else {
+        panic!("a free leadership was not won");
+    };
+    (lease, leadership)
+}
+
 /// How long the server stays down in `consumers_recover_after_the_server_restarts`: long
 /// enough that the replicas' requests fail meanwhile, as in a real restart.
 const SERVER_DOWN: Duration = Duration::from_millis(500);

@@ -7,10 +7,7 @@ use std::sync::Arc;
 use leaderq::coord::contract::{self, Producer, Subject, Timing};
 use leaderq::coord::etcd::client::{Client, ClientConfig, Op, Range, Txn};
 use leaderq::coord::etcd::{EtcdCoordSettings, EtcdCoordinator};
-use leaderq::coord::{
-    Campaign, CoordError, CoordFuture, Coordinator as _, HolderRecord, LeaseSpec, TaskOp, Version,
-    Written,
-};
+use leaderq::coord::{CoordError, CoordFuture, Coordinator as _, TaskOp, Version, Written};
 use leaderq::tools::harness::etcd::EtcdCluster;
 
 use super::*;
@@ -443,19 +440,6 @@ async fn leading(
             leader_key: leader_key.into(),
         },
     );
-    let spec = LeaseSpec {
-        node_id: node.into(),
-        ttl: Duration::from_secs(30),
-        takeover_delay: Duration::ZERO,
-        previous: None,
-    };
-    let lease = coord.open_lease(&spec).await.unwrap().lease;
-    let Campaign::Won(leadership) = coord
-        .campaign(&lease, &HolderRecord::default())
-        .await
-        .unwrap()
-    else {
-        panic!("a free leadership was not won");
-    };
+    let (lease, leadership) = leading_on(&coord, node).await;
     (coord, lease, leadership)
 }

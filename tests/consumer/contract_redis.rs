@@ -206,27 +206,14 @@ async fn waits_wake_on_the_channel_and_at_the_lease_expiry() {
 /// its own prefix; the leadership's waiter answers nothing meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_list_sleeps_through_writes_of_other_prefixes() {
-    use leaderq::coord::{Campaign, Coordinator, HolderRecord, LeaseSpec, TaskOp, Written};
+    use leaderq::coord::{Coordinator, TaskOp, Written};
     use tokio::time::Instant;
 
     let Some(server) = RedisServer::start() else {
         return;
     };
     let coord = redis_coordinator(&server.url(), "apart/");
-    let spec = LeaseSpec {
-        node_id: "n1".into(),
-        ttl: Duration::from_secs(30),
-        takeover_delay: Duration::ZERO,
-        previous: None,
-    };
-    let lease = coord.open_lease(&spec).await.unwrap().lease;
-    let Campaign::Won(leadership) = coord
-        .campaign(&lease, &HolderRecord::default())
-        .await
-        .unwrap()
-    else {
-        panic!("a free leadership was not won");
-    };
+    let (_, leadership) = leading_on(coord.as_ref(), "n1").await;
     for key in ["q/t1", "q/t2", "defs/d1"] {
         coord.produce(key, b"{}").await.unwrap();
     }
