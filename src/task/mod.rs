@@ -22,6 +22,7 @@
 pub mod attempts;
 pub mod history;
 pub mod key;
+mod known;
 mod rewrite;
 
 use std::time::Duration;
@@ -30,6 +31,7 @@ use chrono::{DateTime, SecondsFormat, TimeZone, Utc};
 use serde_json::{json, Map, Value};
 
 use crate::coord::{LeaseId, StoredTask, TaskVersion};
+use known::Read;
 use rewrite::{RawFields, Rewritten};
 
 /// The largest `attempts` read from a task: one below u32::MAX, so that the run number
@@ -167,51 +169,51 @@ impl Task {
 
     /// The task in `pair`, its value left empty.
     fn read(pair: &StoredTask) -> Result<Task, Invalid> {
-        let value: Value =
-            serde_json::from_slice(&pair.value).map_err(|e| Invalid::NotJson(e.to_string()))?;
-        let fields = match value {
-            Value::Object(fields) => fields,
-            other => return Err(Invalid::NotObject(kind(&other))),
+        let mut fields = match Read::parse(&pair.value) {
+            Ok(Read::Object(fields)) => fields,
+            Ok(Read::Not(kind)) => return Err(Invalid::NotObject(kind)),
+            Err(e) => return Err(Invalid::NotJson(e.to_string())),
         };
-        let task_type = match fields.get("taskType") {
+        let task_type = match fields.task_type.as_ref() {
             None | Some(Value::Null) => return Err(Invalid::MissingType),
             Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
             Some(_) => return Err(Invalid::BadType),
         };
-        let time = match fields.get("taskTime") {
+        let time = match fields.time.as_ref() {
             None | Some(Value::Null) => return Err(Invalid::MissingTime),
             Some(value) => parse_time(value).ok_or_else(|| Invalid::BadTime(value.to_string()))?,
         };
-        let taken = match fields.get("taskTaken") {
+        let taken = match fields.taken.as_ref() {
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,
             Some(Value::String(s)) if s.eq_ignore_ascii_case("true") => true,
             Some(Value::String(s)) if s.eq_ignore_ascii_case("false") => false,
             Some(other) => return Err(Invalid::BadTaken(other.to_string())),
         };
-        let group = match fields.get("taskGroup") {
+        let group = match fields.group.as_ref() {
             None | Some(Value::Null) => Box::from(""),
             Some(Value::String(group)) if group.len() <= MAX_GROUP_LEN => Box::from(group.as_str()),
             Some(other) => return Err(Invalid::BadGroup(shown(other))),
         };
-        let run_at = match fields.get("runAt") {
+        let run_at = match fields.run_at.as_ref() {
             None | Some(Value::Null) => None,
             Some(value) => Some(parse_time(value).ok_or_else(|| Invalid::BadRunAt(shown(value)))?),
         };
-        let id = match fields.get("taskId") {
+        let id = match fields.id.as_ref() {
             Some(Value::String(s)) if !s.is_empty() => s.clone(),
             Some(Value::Number(n)) => n.to_string(),
             _ => pair.key.rsplit('/').next().unwrap_or(&pair.key).to_string(),
         };
-        let attempts = fields.get("attempts").map_or(0, parse_attempts);
-        let not_before = fields.get("notBefore").and_then(parse_time);
+        let attempts = fields.attempts.as_ref().map_or(0, parse_attempts);
+        let not_before = fields.not_before.as_ref().and_then(parse_time);
         let taken_by = fields
-            .get("takenBy")
+            .taken_by
+            .take()
             .filter(|v| !v.is_null())
-            .cloned()
             .map(Box::new);
         let last_error = fields
-            .get("lastError")
+            .last_error
+            .as_ref()
             .and_then(Value::as_str)
             .map(str::to_string);
         Ok(Task {
@@ -531,17 +533,6 @@ fn shown(value: &Value) -> String {
         shown.push_str("...");
     }
     shown
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
-    }
 }
 
 #[cfg(test)]

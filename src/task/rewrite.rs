@@ -61,7 +61,7 @@ impl<'de> Visitor<'de> for FieldsVisitor {
 }
 
 /// A field's name, borrowed from the value unless it holds escapes.
-struct Name<'a>(Cow<'a, str>);
+pub(super) struct Name<'a>(pub(super) Cow<'a, str>);
 
 impl<'de> Deserialize<'de> for Name<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
