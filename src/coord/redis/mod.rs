@@ -91,7 +91,8 @@ pub const TTL_MIN: Duration = Duration::from_secs(1);
 /// again (as for a message that concerns it).
 const CHANGES_HELD: usize = 256;
 
-/// Keys per page of a look: the reply of a page is held in full while it is packed.
+/// Keys per page of a look, and of a listing: the reply of a page is held in full while it
+/// is packed (tens of bytes a key; a listing reads the page's tasks a part at a time).
 const KEYS_PAGE: usize = 4096;
 
 /// One write: the ops Redis runs in one script, and the bytes of keys and values it
@@ -193,6 +194,11 @@ impl RedisCoordinator {
         })
     }
 
+    /// `name` under the key prefix.
+    fn key(&self, name: &str) -> String {
+        format!("{}{name}", self.settings.layout.prefix)
+    }
+
     /// How many messages the changes channel brought so far.
     pub fn messages_heard(&self) -> u64 {
         self.heard.load(Ordering::Relaxed)
@@ -283,13 +289,10 @@ impl RedisCoordinator {
         crate::coord::admit(self, ops, mode == "guarded")?;
         let token = token.to_string();
         let encoded = op_args(ops);
-        let written = ops.iter().flat_map(|op| match op {
-            TaskOp::Move { key, to, .. } | TaskOp::Finish { key, to, .. } => {
-                [key.as_str(), to.as_str()]
-            }
-            op => [op.key(), op.key()],
-        });
-        let scope = scope(written);
+        let scope = scope(
+            ops.iter()
+                .flat_map(|op| std::iter::once(op.key()).chain(op.record_key())),
+        );
         let mut args: Vec<&[u8]> = vec![
             mode.as_bytes(),
             lease.0.as_bytes(),

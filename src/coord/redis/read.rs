@@ -12,12 +12,8 @@
 use redis::aio::ConnectionManager;
 
 use super::layout::{encode, holders, number, task_rows, text, TaskFields, TaskRows};
-use super::{bad_answer, unavailable, RedisCoordinator};
+use super::{bad_answer, unavailable, RedisCoordinator, KEYS_PAGE};
 use crate::coord::{CoordError, StoredTask, Version};
-
-/// Keys per page of a listing: a page of keys is small (tens of bytes a key), its tasks
-/// are read a part at a time.
-const KEYS_PAGE: usize = 4096;
 
 /// Tasks read by one round trip of a listing, at first: 256 tasks of 20 KB are a 5 MB
 /// answer.
@@ -76,11 +72,7 @@ impl RedisCoordinator {
                 } else {
                     Vec::new()
                 };
-                let fields = answers
-                    .drain(..)
-                    .map(redis::from_redis_value::<TaskFields>)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(bad_answer)?;
+                let fields = fields_in(std::mem::take(&mut answers))?;
                 read += part.len();
                 let part = self.rows(&mut connection, counter, part, fields).await?;
                 bytes += part
@@ -117,15 +109,8 @@ impl RedisCoordinator {
         if answers.is_empty() {
             return Err(bad_answer("a get answered nothing"));
         }
-        let fields = answers
-            .split_off(1)
-            .into_iter()
-            .map(redis::from_redis_value::<TaskFields>)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(bad_answer)?;
-        let counter: Option<Vec<u8>> =
-            redis::from_redis_value(answers.remove(0)).map_err(bad_answer)?;
-        let counter = number(&counter.unwrap_or_default()).map_err(bad_answer)?;
+        let fields = fields_in(answers.split_off(1))?;
+        let counter = counter_in(answers.remove(0))?;
         Ok(self
             .rows(&mut connection, counter, keys.to_vec(), fields)
             .await?
@@ -188,11 +173,6 @@ impl RedisCoordinator {
                 .arg("holder");
         }
     }
-
-    /// `name` under the key prefix.
-    fn key(&self, name: &str) -> String {
-        format!("{}{name}", self.settings.layout.prefix)
-    }
 }
 
 /// The counter and the page of keys at the end of `answers`, taken out.
@@ -203,15 +183,29 @@ fn page_read(answers: &mut Vec<redis::Value>) -> Result<(u64, Vec<String>), Coor
     let counter = answers
         .pop()
         .ok_or_else(|| bad_answer("a page of keys answered nothing"))?;
-    let counter: Option<Vec<u8>> = redis::from_redis_value(counter).map_err(bad_answer)?;
     let keys: Vec<Vec<u8>> = redis::from_redis_value(keys).map_err(bad_answer)?;
     Ok((
-        number(&counter.unwrap_or_default()).map_err(bad_answer)?,
+        counter_in(counter)?,
         keys.iter()
             .map(|key| text(key))
             .collect::<Result<_, _>>()
             .map_err(bad_answer)?,
     ))
+}
+
+/// The counter as a `GET` of it answered (none yet: 0).
+pub(super) fn counter_in(answer: redis::Value) -> Result<u64, CoordError> {
+    let counter: Option<Vec<u8>> = redis::from_redis_value(answer).map_err(bad_answer)?;
+    number(&counter.unwrap_or_default()).map_err(bad_answer)
+}
+
+/// Tasks' fields as their `HMGET`s answered.
+fn fields_in(answers: Vec<redis::Value>) -> Result<Vec<TaskFields>, CoordError> {
+    answers
+        .into_iter()
+        .map(redis::from_redis_value::<TaskFields>)
+        .collect::<Result<_, _>>()
+        .map_err(bad_answer)
 }
 
 #[cfg(test)]

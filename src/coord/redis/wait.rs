@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::layout::{concerns, number, Change};
-use super::{bad_answer, unavailable, RedisCoordinator};
+use super::layout::{concerns, Change};
+use super::read::counter_in;
+use super::{unavailable, RedisCoordinator};
 use crate::coord::{CoordError, CoordFuture, Holder, StoredTask, Version};
 
 /// The longest a blocking `observe` or `list` waits, whatever it asks.
@@ -34,12 +35,12 @@ impl RedisCoordinator {
     /// The counter alone: what a poll looks at before reading everything again.
     async fn counter(&self) -> Result<u64, CoordError> {
         let mut connection = self.connection().await?;
-        let value: Option<Vec<u8>> = redis::cmd("GET")
-            .arg(format!("{}version", self.settings.layout.prefix))
+        let value = redis::cmd("GET")
+            .arg(self.key("version"))
             .query_async(&mut connection)
             .await
             .map_err(|err| unavailable(&err))?;
-        number(&value.unwrap_or_default()).map_err(bad_answer)
+        counter_in(value)
     }
 
     /// `read` once its version is past `after` (at once for `Version(0)`), or when `wait`
