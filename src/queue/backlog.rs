@@ -309,12 +309,18 @@ impl Backlog {
     /// parsed again.
     pub fn take_read(&mut self, n: usize) {
         for _ in 0..n {
-            let Some((place, _)) = self.pending.pop_first() else {
+            if self.pop_first().is_none() {
                 return;
-            };
-            self.places.remove(&place.2);
+            }
             self.claimed += 1;
         }
+    }
+
+    /// The first pending task in claim order, out of `pending` and `places`, unparsed.
+    fn pop_first(&mut self) -> Option<(Place, Slot)> {
+        let (place, slot) = self.pending.pop_first()?;
+        self.places.remove(&place.2);
+        Some((place, slot))
     }
 
     /// Takes, to claim it, the first pending task whose group (`taskGroup`, empty when
@@ -354,8 +360,7 @@ impl Backlog {
 
     /// Takes the first pending task out without claiming it (it is to be moved away).
     pub fn take_first(&mut self) -> Option<Task> {
-        let (place, slot) = self.pending.pop_first()?;
-        self.places.remove(&place.2);
+        let (place, slot) = self.pop_first()?;
         Some(task_of(&place, slot.version, slot.value.into_vec()))
     }
 
