@@ -35,26 +35,34 @@ pub(super) enum Read {
 
 impl Read {
     pub(super) fn parse(value: &[u8]) -> serde_json::Result<Read> {
-        serde_json::from_slice(value)
+        // Past JSON's whitespace (space, tab, line feed, carriage return), an object opens
+        // with `{`; anything else is read through for its kind (or refused).
+        match value
+            .iter()
+            .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+        {
+            Some(b'{') => serde_json::from_slice(value).map(|known| Read::Object(Box::new(known))),
+            _ => serde_json::from_slice(value).map(|Kind(kind)| Read::Not(kind)),
+        }
     }
 }
 
-impl<'de> Deserialize<'de> for Read {
+impl<'de> Deserialize<'de> for Known {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(ReadVisitor)
+        deserializer.deserialize_map(KnownVisitor)
     }
 }
 
-struct ReadVisitor;
+struct KnownVisitor;
 
-impl<'de> Visitor<'de> for ReadVisitor {
-    type Value = Read;
+impl<'de> Visitor<'de> for KnownVisitor {
+    type Value = Known;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str("a JSON value")
+        f.write_str("a JSON object")
     }
 
-    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Read, M::Error> {
+    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Known, M::Error> {
         let mut known = Known::default();
         while let Some(Name(name)) = map.next_key()? {
             let slot = match &*name {
@@ -69,97 +77,68 @@ impl<'de> Visitor<'de> for ReadVisitor {
                 "takenBy" => &mut known.taken_by,
                 "lastError" => &mut known.last_error,
                 _ => {
-                    map.next_value::<Skipped>()?;
+                    map.next_value::<Kind>()?;
                     continue;
                 }
             };
             *slot = Some(map.next_value()?);
         }
-        Ok(Read::Object(Box::new(known)))
-    }
-
-    fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<Read, S::Error> {
-        while seq.next_element::<Skipped>()?.is_some() {}
-        Ok(Read::Not("array"))
-    }
-
-    fn visit_unit<E>(self) -> Result<Read, E> {
-        Ok(Read::Not("null"))
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Read, E> {
-        Ok(Read::Not("boolean"))
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<Read, E> {
-        Ok(Read::Not("number"))
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<Read, E> {
-        Ok(Read::Not("number"))
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<Read, E> {
-        Ok(Read::Not("number"))
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<Read, E> {
-        Ok(Read::Not("string"))
+        Ok(known)
     }
 }
 
-/// A JSON value read through and dropped: every number converted and every string
-/// unescaped as a `serde_json::Value` would be (`IgnoredAny` checks less: it takes
-/// `1e400`, which a `Value` refuses), nothing kept.
-struct Skipped;
+/// A JSON value read through and dropped, answering only its kind: every number converted
+/// and every string unescaped as a `serde_json::Value` would be (`IgnoredAny` checks less:
+/// it takes `1e400`, which a `Value` refuses), nothing kept.
+struct Kind(&'static str);
 
-impl<'de> Deserialize<'de> for Skipped {
+impl<'de> Deserialize<'de> for Kind {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(SkippedVisitor)
+        deserializer.deserialize_any(KindVisitor)
     }
 }
 
-struct SkippedVisitor;
+struct KindVisitor;
 
-impl<'de> Visitor<'de> for SkippedVisitor {
-    type Value = Skipped;
+impl<'de> Visitor<'de> for KindVisitor {
+    type Value = Kind;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a JSON value")
     }
 
-    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Skipped, M::Error> {
-        while map.next_entry::<Skipped, Skipped>()?.is_some() {}
-        Ok(Skipped)
+    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Kind, M::Error> {
+        while map.next_entry::<Kind, Kind>()?.is_some() {}
+        Ok(Kind("object"))
     }
 
-    fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<Skipped, S::Error> {
-        while seq.next_element::<Skipped>()?.is_some() {}
-        Ok(Skipped)
+    fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<Kind, S::Error> {
+        while seq.next_element::<Kind>()?.is_some() {}
+        Ok(Kind("array"))
     }
 
-    fn visit_unit<E>(self) -> Result<Skipped, E> {
-        Ok(Skipped)
+    fn visit_unit<E>(self) -> Result<Kind, E> {
+        Ok(Kind("null"))
     }
 
-    fn visit_bool<E>(self, _: bool) -> Result<Skipped, E> {
-        Ok(Skipped)
+    fn visit_bool<E>(self, _: bool) -> Result<Kind, E> {
+        Ok(Kind("boolean"))
     }
 
-    fn visit_i64<E>(self, _: i64) -> Result<Skipped, E> {
-        Ok(Skipped)
+    fn visit_i64<E>(self, _: i64) -> Result<Kind, E> {
+        Ok(Kind("number"))
     }
 
-    fn visit_u64<E>(self, _: u64) -> Result<Skipped, E> {
-        Ok(Skipped)
+    fn visit_u64<E>(self, _: u64) -> Result<Kind, E> {
+        Ok(Kind("number"))
     }
 
-    fn visit_f64<E>(self, _: f64) -> Result<Skipped, E> {
-        Ok(Skipped)
+    fn visit_f64<E>(self, _: f64) -> Result<Kind, E> {
+        Ok(Kind("number"))
     }
 
-    fn visit_str<E>(self, _: &str) -> Result<Skipped, E> {
-        Ok(Skipped)
+    fn visit_str<E>(self, _: &str) -> Result<Kind, E> {
+        Ok(Kind("string"))
     }
 }
 
@@ -191,6 +170,8 @@ mod tests {
             "a name written with an escape"
         );
         assert_eq!(read.taken_by, Some(serde_json::json!({"node": "n"})));
+        let spaced = known(" \t\r\n{\"taskType\":\"a\"} ");
+        assert_eq!(spaced.task_type, Some(Value::from("a")));
         let err = |json: &str| Read::parse(json.as_bytes()).is_err();
         assert!(
             err(r#"{"taskType":"a","taskPara":{"x":}}"#),
