@@ -139,6 +139,15 @@ fn seen(stored: &[StoredTask]) -> Seen {
         .collect()
 }
 
+/// Whether a listing found the records `seen` saw, each at the same version (compared
+/// in place: a wake of the ticker copies no key).
+fn unchanged(stored: &[StoredTask], seen: &Seen) -> bool {
+    stored
+        .iter()
+        .map(|entry| (entry.key.as_str(), entry.version))
+        .eq(seen.iter().map(|(key, version)| (key.as_str(), *version)))
+}
+
 /// Read and decoded schedules: the definitions, their tick records by name, and what the
 /// definitions' listing saw (its version to wait on for a change, and its records).
 type Read = (Vec<Definition>, HashMap<String, StoredTick>, Version, Seen);
@@ -271,7 +280,7 @@ pub async fn tick_while_leading(
             tokio::select! {
                 _ = tokio::time::sleep_until(woken) => break,
                 changed = coord.list(&definitions_prefix, version, wait) => match changed {
-                    Ok((stored, now)) if now > version && seen(&stored) == records => {
+                    Ok((stored, now)) if now > version && unchanged(&stored, &records) => {
                         version = now;
                     }
                     Ok(_) => break,
