@@ -13,6 +13,12 @@ use zookeeper_client as zk;
 
 use super::*;
 
+/// The contract suites' session timeout on ZooKeeper (the ensemble's 500 ms tick allows
+/// 1 s). The checks run at once against three members on two cores; with 1 s, a CI run saw
+/// a session end mid-check while the freshly started members competed for the CPU, as the
+/// etcd suites once did (`contract_etcd.rs`).
+const CONTRACT_TTL: Duration = Duration::from_secs(2);
+
 /// A producer's plain znode write: create (with parents), or set when it exists; an
 /// operator's `zkCli.sh delete` of the latch znodes under the election znode.
 pub(crate) struct ZnodeProducer {
@@ -158,7 +164,7 @@ async fn run_contract(connect: String, auth: &str) {
                 producer: Arc::new(ZnodeProducer { client, leader_key }),
                 queue_prefix: format!("{name}/queue/"),
                 dead_prefix: format!("{name}/dead/"),
-                timing: Timing::new(Duration::from_secs(1))
+                timing: Timing::new(CONTRACT_TTL)
                     .without_takeover_delay()
                     .without_lease_reuse(),
             }
