@@ -1,7 +1,7 @@
 //! Writes whose answers are lost on the wire, end to end: an HTTP/1.1 proxy between the one
-//! replica and the `leaderq server` (or an etcd member, whose claims are records) forwards
-//! every request and answer unchanged, except the
-//! answer to the first transaction of one kind (a claim, or a completion), which reaches
+//! replica and the `leaderq server` (or an etcd member, whose claims are records; or a
+//! Redis, with a proxy of its protocol) forwards every request and answer unchanged, except
+//! the answer to the first transaction of one kind (a claim, or a completion), which reaches
 //! the server and is applied there, but whose answer the proxy reads and throws away,
 //! closing the replica's connection instead. A lost claim costs its task no attempt; a lost
 //! completion is recorded once. The queue's own unit tests of the same cases, on the
@@ -267,12 +267,24 @@ async fn read_chunked(
     }
 }
 
+/// A proxy that loses the answer to one marked write.
+trait Losing {
+    /// Whether it lost that answer, and no other, once the server had applied the write.
+    fn lost_one(&self) -> bool;
+}
+
+impl Losing for LosingProxy {
+    fn lost_one(&self) -> bool {
+        self.lost() == [200]
+    }
+}
+
 /// With replica `r1` started behind `proxy`: it leads, drains task `id` (enqueued beside
 /// the proxy), that one answer (`what`, a commit) was lost on the wire, nothing was
 /// dead-lettered, and the task ran once, as its first attempt.
 async fn drains_losing_one<C: ?Sized + leaderq::tools::harness::Cluster>(
     bed: &TestBed<C>,
-    proxy: &LosingProxy,
+    proxy: &impl Losing,
     what: &str,
     id: &str,
 ) {
@@ -286,9 +298,8 @@ async fn drains_losing_one<C: ?Sized + leaderq::tools::harness::Cluster>(
     bed.coord.edit(&[task]).await.expect("enqueue");
     bed.wait_until_empty("oracleTask/", Duration::from_secs(20))
         .await;
-    assert_eq!(
-        proxy.lost(),
-        [200],
+    assert!(
+        proxy.lost_one(),
         "{what}'s answer, a commit, is lost on the wire\n{}",
         bed.logs()
     );
@@ -470,6 +481,204 @@ mod etcd {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_completion_whose_answer_was_lost_is_recorded_once() {
         let Some(bed) = drain_one_losing(completion(), "the completion", "c").await else {
+            return;
+        };
+        one_completed_record(bed.coord.as_ref(), bed.cluster.env(), "c", &bed.logs()).await;
+    }
+}
+
+/// The same on Redis, whose writes are scripts on one multiplexed connection: a proxy of
+/// Redis's protocol forwards every command and every reply, until the first script call
+/// that writes one kind of op on a task (a claim, or the move that completes a task and
+/// records its history). It forwards that call, waits for Redis to answer, and closes both
+/// connections with the answer unsent: every reply still on the way is lost with it, as
+/// when a connection breaks. The replica's client connects again by itself.
+mod redis {
+    use super::*;
+    use leaderq::tools::harness::redis::RedisServer;
+    use leaderq::tools::harness::Cluster as _;
+
+    /// How long the proxy waits for Redis's answer to the marked call before it cuts the
+    /// connection anyway.
+    const ANSWER_LIMIT: Duration = Duration::from_secs(5);
+
+    /// A proxy of Redis's protocol that cuts the connection once the first command with
+    /// the `marker` arguments reached Redis and Redis answered.
+    struct CuttingProxy {
+        addr: String,
+        shared: Arc<Cut>,
+        accept: tokio::task::JoinHandle<()>,
+    }
+
+    struct Cut {
+        server: String,
+        /// Two arguments that follow each other in the command: an op's kind, and how its
+        /// key begins.
+        marker: [&'static [u8]; 2],
+        armed: AtomicBool,
+        /// The calls cut, each `true` when Redis had answered before the cut.
+        cuts: Mutex<Vec<bool>>,
+    }
+
+    impl CuttingProxy {
+        async fn start(server: &str, marker: [&'static [u8]; 2]) -> CuttingProxy {
+            let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap().to_string();
+            let shared = Arc::new(Cut {
+                server: server.to_string(),
+                marker,
+                armed: AtomicBool::new(true),
+                cuts: Mutex::new(Vec::new()),
+            });
+            let cut = shared.clone();
+            let accept = tokio::spawn(async move {
+                while let Ok((inbound, _)) = listener.accept().await {
+                    let cut = cut.clone();
+                    tokio::spawn(async move {
+                        // A connection that breaks is simply closed, as Redis would close it.
+                        let _ = relay(inbound, &cut).await;
+                    });
+                }
+            });
+            CuttingProxy {
+                addr,
+                shared,
+                accept,
+            }
+        }
+    }
+
+    impl Losing for CuttingProxy {
+        fn lost_one(&self) -> bool {
+            *self.shared.cuts.lock().unwrap() == [true]
+        }
+    }
+
+    impl Drop for CuttingProxy {
+        fn drop(&mut self) {
+            self.accept.abort();
+        }
+    }
+
+    /// Relays one connection: replies as they come, commands one by one, until either side
+    /// closes or the marked command went through; then Redis's next bytes are read and
+    /// dropped with both connections.
+    async fn relay(inbound: TcpStream, cut: &Cut) -> std::io::Result<()> {
+        let outbound = TcpStream::connect(&cut.server).await?;
+        let (from_client, mut to_client) = inbound.into_split();
+        let (mut from_server, mut to_server) = outbound.into_split();
+        let mut from_client = BufReader::new(from_client);
+        let commands = async {
+            while let Some((bytes, args)) = read_command(&mut from_client).await? {
+                let marked = args
+                    .windows(2)
+                    .any(|w| w[0] == cut.marker[0] && w[1].starts_with(cut.marker[1]));
+                to_server.write_all(&bytes).await?;
+                if marked && cut.armed.swap(false, Ordering::SeqCst) {
+                    return Ok(true);
+                }
+            }
+            Ok::<_, std::io::Error>(false)
+        };
+        let cutting = tokio::select! {
+            cutting = commands => cutting?,
+            _ = tokio::io::copy(&mut from_server, &mut to_client) => false,
+        };
+        if cutting {
+            let mut answer = [0u8; 1];
+            let answered = matches!(
+                tokio::time::timeout(ANSWER_LIMIT, from_server.read(&mut answer)).await,
+                Ok(Ok(1))
+            );
+            cut.cuts.lock().unwrap().push(answered);
+        }
+        Ok(())
+    }
+
+    /// One command as a client sends it (an array of bulk strings), its bytes as they came
+    /// and its arguments; `None` at the end of the connection.
+    async fn read_command(
+        from: &mut (impl AsyncBufRead + Unpin),
+    ) -> std::io::Result<Option<(Vec<u8>, Vec<Vec<u8>>)>> {
+        let mut bytes = Vec::new();
+        if from.read_until(b'\n', &mut bytes).await? == 0 {
+            return Ok(None);
+        }
+        let count = length(&bytes, b'*')?;
+        let mut args = Vec::with_capacity(count);
+        for _ in 0..count {
+            let start = bytes.len();
+            from.read_until(b'\n', &mut bytes).await?;
+            let len = length(&bytes[start..], b'$')?;
+            let at = bytes.len();
+            bytes.resize(at + len + 2, 0);
+            from.read_exact(&mut bytes[at..]).await?;
+            args.push(bytes[at..at + len].to_vec());
+        }
+        Ok(Some((bytes, args)))
+    }
+
+    /// The length a `*N\r\n` or `$N\r\n` line gives.
+    fn length(line: &[u8], kind: u8) -> std::io::Result<usize> {
+        let bad = || std::io::Error::other(format!("not a command: {line:?}"));
+        let digits = line
+            .strip_prefix(&[kind])
+            .and_then(|rest| rest.strip_suffix(b"\r\n"))
+            .ok_or_else(bad)?;
+        std::str::from_utf8(digits)
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(bad)
+    }
+
+    /// One replica on Redis, through a proxy that cuts its connection once the first call
+    /// with `marker` went through, drains task `id` with one attempt allowed: the queue
+    /// empties, that answer was lost, nothing was dead-lettered, the task ran once as
+    /// attempt 1.
+    async fn drain_one_losing(
+        marker: [&'static [u8]; 2],
+        what: &str,
+        id: &str,
+    ) -> Option<TestBed<RedisServer>> {
+        let mut bed = TestBed::with(RedisServer::start()?);
+        let url = bed.cluster.url();
+        let server = url
+            .trim_start_matches("redis://")
+            .split('/')
+            .next()
+            .unwrap();
+        let proxy = CuttingProxy::start(server, marker).await;
+        bed.env = vec![(
+            "LEADERQ__REDIS__URL".into(),
+            format!("redis://{}", proxy.addr),
+        )];
+        let config = bed
+            .settings
+            .clone()
+            .set("queue", "max_attempts", "1")
+            .toml("r1");
+        bed.start_replica_with("r1", &config);
+        drains_losing_one(&bed, &proxy, what, id).await;
+        Some(bed)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_claim_whose_answer_was_lost_costs_its_task_no_attempt() {
+        let Some(bed) = drain_one_losing([b"claim", b"oracleTask/"], "the first claim", "l").await
+        else {
+            return;
+        };
+        let log = bed.replicas[0].log_text();
+        assert!(
+            log.contains("claim failed"),
+            "the leader saw no error: {log}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_completion_whose_answer_was_lost_is_recorded_once() {
+        let Some(bed) = drain_one_losing([b"move", b"oracleTask/"], "the completion", "c").await
+        else {
             return;
         };
         one_completed_record(bed.coord.as_ref(), bed.cluster.env(), "c", &bed.logs()).await;
