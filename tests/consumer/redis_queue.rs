@@ -370,3 +370,57 @@ async fn a_redis_kill_loses_no_acknowledged_write_with_the_aof_on() {
         }
     }
 }
+
+/// An operator's `redis-cli DEL` of the task index (`leaderq/tasks`, the sorted set of
+/// every task's key) loses no task: the next listing finds the index gone, rebuilds it from
+/// the task hashes, and the leader runs them, whether the index went before the replica
+/// started or while it led (deleted under a running task, with two more waiting).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_index_deleted_by_hand_is_rebuilt_and_no_task_is_lost() {
+    let Some(mut bed) = redis_bed("3s") else {
+        return;
+    };
+    let index = format!("{PREFIX}tasks");
+    let delete_index = |bed: &RedisBed| {
+        let deleted = bed.cluster.cli(&[b"DEL", index.as_bytes()]).unwrap();
+        assert_eq!(deleted, "1", "the index was there to delete");
+    };
+    for n in 0..3u64 {
+        bed.produce(&format!("task_{n}"), &work(n, 1_445_599_887 + n))
+            .unwrap();
+    }
+    delete_index(&bed);
+    bed.start_replica("r1");
+    bed.wait_journal(Duration::from_secs(30), "t0..t2 run", |journal| {
+        runs(journal).len() == 3
+    })
+    .await;
+
+    let slow = json!({"taskId": "slow", "taskTime": 1, "taskType": "Slow"});
+    bed.produce("slow", &slow).unwrap();
+    bed.wait_for_line(Duration::from_secs(10), |l| {
+        l[0] == "start" && l[1] == "slow"
+    })
+    .await;
+    for n in 3..5u64 {
+        bed.produce(&format!("task_{n}"), &work(n, 1_445_599_887 + n))
+            .unwrap();
+    }
+    delete_index(&bed);
+    bed.wait_journal(Duration::from_secs(30), "t3 and t4 run", |journal| {
+        runs(journal).len() == 5
+    })
+    .await;
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(10))
+        .await;
+    let left = bed
+        .cluster
+        .cli(&[b"KEYS", format!("{PREFIX}task/oracleTask/*").as_bytes()])
+        .unwrap();
+    assert_eq!(left, "", "task hashes left behind");
+    let counts = runs(&bed.journal());
+    assert!(
+        counts.values().all(|&c| c == 1),
+        "a task ran twice: {counts:?}"
+    );
+}

@@ -12,7 +12,10 @@
 //!   after it let go; `P fencing/<name>`: the last fencing token handed out (the next is
 //!   above it, Redis's clock in milliseconds and the floor the campaigner passes: see
 //!   `scripts.rs`, CAMPAIGN);
-//! - `P tasks`: a sorted set of every task key, all at score 0, so a prefix is a lex range;
+//! - `P tasks`: a sorted set of every task key, all at score 0, so a prefix is a lex range,
+//!   and the mark [`INDEXED`] once it was read whole: a set without the mark was deleted by
+//!   hand (a producer's write makes it again, without the mark) or never read, and the next
+//!   reader rebuilds it from the task hashes (`read.rs`);
 //! - `P task/<key>`: a task, a hash `{value, version, created, holder}`;
 //! - channel `P changes`: every write PUBLISHes there: a claim or completion of leaderq's
 //!   `tasks:<scope>`, the longest prefix common to the keys it wrote ([`scope`]), anything
@@ -33,6 +36,23 @@ use crate::coord::{FencingToken, Holder, HolderRecord, LeaseId, StoredTask, Task
 /// double) holds exactly, so the token reads the same in every language. Tokens start
 /// near Redis's clock in milliseconds (about 1.8e12 in 2026): far below it.
 pub const TOKEN_MAX: u64 = (1 << 53) - 1;
+
+/// The member of `P tasks` that marks it as listing every task hash: no task's key (keys
+/// are never empty), and first in key order, where a listing skips it.
+pub const INDEXED: &str = "";
+
+/// `text` with the glob characters of Redis's `SCAN … MATCH` escaped: a pattern that
+/// matches it alone (a key prefix may hold `*`, `?`, `[`, `]` or a backslash).
+pub fn glob_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
 
 /// Where the coordinator's keys live under the prefix, for one leader name.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -406,5 +426,13 @@ mod tests {
             (never.version, never.holder.token),
             (Version(3), FencingToken(0))
         );
+    }
+
+    /// A key prefix's glob characters match only themselves in a rebuild's `SCAN … MATCH`.
+    #[test]
+    fn glob_escape_leaves_a_prefix_that_matches_only_itself() {
+        assert_eq!(glob_escape("leaderq/task/"), "leaderq/task/");
+        assert_eq!(glob_escape(r"a*b?c[d]e\f"), r"a\*b\?c\[d\]e\\f");
+        assert_eq!(glob_escape("ünï-^"), "ünï-^");
     }
 }

@@ -16,7 +16,9 @@
 //!   `observe` waits on the changes channel, the leader key's PTTL and a poll (`wait.rs`);
 //! - the queue is a hash per task and one sorted set of their keys; every write of it is
 //!   one script (guard, versions, then all writes, one counter bump, one `PUBLISH` of the
-//!   prefix its keys share, so that waits on other prefixes sleep on);
+//!   prefix its keys share, so that waits on other prefixes sleep on); a set found without
+//!   its mark (deleted by hand) is rebuilt from the hashes by the read that finds it
+//!   (`read.rs`);
 //! - before it opens a lease it reads Redis's persistence and eviction settings, and
 //!   refuses one that can lose acknowledged writes unless `redis.accept_data_loss` says so
 //!   (`durability.rs`), again at every lease; producers and operators (no lease) are never
@@ -74,7 +76,7 @@ use redis::{IntoConnectionInfo, ProtocolVersion};
 use tokio::sync::{broadcast, OnceCell};
 
 use self::layout::{
-    change_of, holder_row, number, scope, text, text_in, Change, HolderRow, TOKEN_MAX,
+    change_of, holder_row, number, scope, text, text_in, Change, HolderRow, INDEXED, TOKEN_MAX,
 };
 use self::scripts::{edit_args, op_args, Scripts};
 use self::wait::{ReadHolder, ReadTasks};
@@ -500,6 +502,7 @@ impl Tasks for RedisCoordinator {
         let mut keys = Names::new();
         let mut lowest = u64::MAX;
         let mut after = String::new();
+        let mut rebuilt = false;
         loop {
             let reply = self
                 .fields(
@@ -507,11 +510,20 @@ impl Tasks for RedisCoordinator {
                     &[prefix.as_bytes(), after.as_bytes(), page_size.as_bytes()],
                 )
                 .await?;
-            let Some((counter, page)) = reply.split_first() else {
+            let [counter, marked, page @ ..] = reply.as_slice() else {
                 return Err(bad_answer("keys answered nothing"));
             };
+            if after.is_empty() && marked.as_slice() != b"1" && !rebuilt {
+                // The index lacks its mark: rebuilt, then read again (once).
+                self.rebuild_index().await;
+                rebuilt = true;
+                continue;
+            }
             lowest = lowest.min(number(counter).map_err(bad_answer)?);
-            for key in page {
+            for key in page
+                .iter()
+                .filter(|key| key.as_slice() != INDEXED.as_bytes())
+            {
                 keys.push(text_in(key).map_err(bad_answer)?);
             }
             match page.last() {

@@ -1,5 +1,6 @@
 //! The Redis coordinator's reads of tasks (a listing, page by page, and a get of named
-//! keys): plain commands, pipelined, not a script. A script reads each task with a call
+//! keys): plain commands, pipelined, not a script; and the rebuild of the index of task
+//! keys that a read finds without its mark (`layout.rs`, `INDEXED`). A script reads each task with a call
 //! from Lua, several times the server's time of the same command sent by a client, and a
 //! listing reads every task of the backlog.
 //!
@@ -11,7 +12,9 @@
 
 use redis::aio::ConnectionManager;
 
-use super::layout::{encode, holders, number, task_rows, text, TaskFields, TaskRows};
+use super::layout::{
+    encode, glob_escape, holders, number, task_rows, text, TaskFields, TaskRows, INDEXED,
+};
 use super::{bad_answer, unavailable, RedisCoordinator, KEYS_PAGE};
 use crate::coord::{CoordError, StoredTask, Version};
 
@@ -24,6 +27,10 @@ const FIRST_READ: usize = 256;
 /// a page of keys (a backlog of 200-byte tasks is read 4,096 at a time, one of 20 KB tasks
 /// 262 at a time).
 const READ_BYTES: usize = 5 << 20;
+
+/// Keys a `SCAN` step of an index rebuild looks at (Redis's `COUNT`), and so about the
+/// most keys one script of it adds.
+const SCAN_COUNT: usize = 1000;
 
 /// How many tasks the next round trip of a listing reads, `bytes` of values having been
 /// read in `tasks` tasks.
@@ -43,17 +50,29 @@ impl RedisCoordinator {
     pub(super) async fn read_tasks(&self, prefix: &str) -> Result<TaskRows, CoordError> {
         let mut connection = self.connection().await?;
         let mut pipe = redis::pipe();
+        pipe.cmd("ZSCORE").arg(self.key("tasks")).arg(INDEXED);
         self.page_of_keys(&mut pipe, prefix, "");
         let mut answers: Vec<redis::Value> = pipe
             .query_async(&mut connection)
             .await
             .map_err(|err| unavailable(&err))?;
+        let mut page = page_read(&mut answers)?;
+        if answers.pop() == Some(redis::Value::Nil) {
+            // The index lacks its mark: rebuilt, then read again.
+            self.rebuild_index().await;
+            let mut pipe = redis::pipe();
+            self.page_of_keys(&mut pipe, prefix, "");
+            answers = pipe
+                .query_async(&mut connection)
+                .await
+                .map_err(|err| unavailable(&err))?;
+            page = page_read(&mut answers)?;
+        }
         let mut rows = TaskRows::default();
         let mut version: Option<Version> = None;
         let (mut bytes, mut read) = (0, 0);
         loop {
-            let (counter, keys) = page_read(&mut answers)?;
-            let full = keys.len() >= KEYS_PAGE;
+            let (counter, keys, full) = page;
             let mut keys = keys.into_iter().peekable();
             while keys.peek().is_some() {
                 let part: Vec<String> = keys.by_ref().take(tasks_per_read(bytes, read)).collect();
@@ -93,6 +112,62 @@ impl RedisCoordinator {
                 rows.version = version.unwrap_or(Version(encode(counter, false)));
                 return Ok(rows);
             }
+            page = page_read(&mut answers)?;
+        }
+    }
+
+    /// Makes the index list every task hash again, after a read found it without its mark
+    /// ([`INDEXED`]): deleted by hand (a producer's write then makes it again, unmarked),
+    /// or never read before. The mark goes in first, so that a deletion during the rebuild
+    /// takes it away again and the next read rebuilds again; then a `SCAN` of the task
+    /// hashes, each batch added by one script that skips a hash deleted meanwhile. A
+    /// failure is logged, and the read goes on with the index as it is: the next read
+    /// tries again.
+    pub(super) async fn rebuild_index(&self) {
+        match self.reindex().await {
+            Ok(0) => tracing::debug!("the Redis task index is marked as whole"),
+            Ok(added) => tracing::warn!(
+                added,
+                "the Redis task index {}tasks was missing {added} task(s) (deleted by hand?): \
+                 rebuilt from the task hashes",
+                self.settings.layout.prefix
+            ),
+            Err(err) => tracing::warn!(
+                "cannot rebuild the Redis task index {}tasks, found without its mark: {err}; \
+                 tasks missing from it are not seen until a later read rebuilds it",
+                self.settings.layout.prefix
+            ),
+        }
+    }
+
+    /// [`Self::rebuild_index`]'s work: how many keys it added.
+    async fn reindex(&self) -> Result<u64, CoordError> {
+        let mut connection = self.connection().await?;
+        let _: u64 = self.run(&self.scripts.reindex, &[]).await?;
+        let hashes = self.key("task/");
+        let pattern = format!("{}*", glob_escape(&hashes));
+        let (mut cursor, mut added) = (0u64, 0);
+        loop {
+            let (next, found): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT)
+                .query_async(&mut connection)
+                .await
+                .map_err(|err| unavailable(&err))?;
+            let keys: Vec<&[u8]> = found
+                .iter()
+                .filter_map(|key| key.strip_prefix(hashes.as_bytes()))
+                .collect();
+            if !keys.is_empty() {
+                added += self.run::<u64>(&self.scripts.reindex, &keys).await?;
+            }
+            if next == 0 {
+                return Ok(added);
+            }
+            cursor = next;
         }
     }
 
@@ -175,8 +250,9 @@ impl RedisCoordinator {
     }
 }
 
-/// The counter and the page of keys at the end of `answers`, taken out.
-fn page_read(answers: &mut Vec<redis::Value>) -> Result<(u64, Vec<String>), CoordError> {
+/// The counter and the page of keys at the end of `answers`, taken out, and whether the
+/// page was full (more may follow). The index's mark is no key: left out.
+fn page_read(answers: &mut Vec<redis::Value>) -> Result<(u64, Vec<String>, bool), CoordError> {
     let keys = answers
         .pop()
         .ok_or_else(|| bad_answer("a page of keys answered nothing"))?;
@@ -184,12 +260,15 @@ fn page_read(answers: &mut Vec<redis::Value>) -> Result<(u64, Vec<String>), Coor
         .pop()
         .ok_or_else(|| bad_answer("a page of keys answered nothing"))?;
     let keys: Vec<Vec<u8>> = redis::from_redis_value(keys).map_err(bad_answer)?;
+    let full = keys.len() >= KEYS_PAGE;
     Ok((
         counter_in(counter)?,
         keys.iter()
+            .filter(|key| key.as_slice() != INDEXED.as_bytes())
             .map(|key| text(key))
             .collect::<Result<_, _>>()
             .map_err(bad_answer)?,
+        full,
     ))
 }
 

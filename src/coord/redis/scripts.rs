@@ -140,16 +140,32 @@ local h = redis.call('HMGET', P .. 'holder/' .. L, 'lease', 'token', 'record', '
 return {leader, tostring(left), h[1] or '', h[2] or '0', h[3] or '', h[4] or '0'}
 "#;
 
-/// `A = [prefix, after, limit]`: `[counter, keys…]`, at most `limit` keys under the
-/// prefix that come after `after` ("" for the first page), in key order.
+/// `A = [prefix, after, limit]`: `[counter, marked, keys…]`, at most `limit` keys under
+/// the prefix that come after `after` ("" for the first page), in key order (the index's
+/// mark among them under the prefix ""); `marked` is `1` when the index has its mark.
 const KEYS: &str = r#"
 local low = '[' .. A[1]
 if A[2] ~= '' then low = '(' .. A[2] end
-local out = {redis.call('GET', P .. 'version') or '0'}
+local out = {redis.call('GET', P .. 'version') or '0', '0'}
+if redis.call('ZSCORE', P .. 'tasks', '') then out[2] = '1' end
 for _, key in ipairs(redis.call('ZRANGEBYLEX', P .. 'tasks', low, '(' .. A[1] .. '\255', 'LIMIT', 0, tonumber(A[3]))) do
   out[#out + 1] = key
 end
 return out
+"#;
+
+/// `A = [key…]`, task keys whose hashes a `SCAN` found: adds each whose hash still exists
+/// to the index, and the mark; a change when any was missing. Answers how many were.
+const REINDEX: &str = r#"
+local added = 0
+for _, key in ipairs(A) do
+  if redis.call('EXISTS', P .. 'task/' .. key) == 1 then
+    added = added + redis.call('ZADD', P .. 'tasks', 'NX', 0, key)
+  end
+end
+redis.call('ZADD', P .. 'tasks', 'NX', 0, '')
+if added > 0 then bump() end
+return added
 "#;
 
 /// `A = [guarded|own, lease, token, scope, (kind, key, counter, gone, value, to)*]`, `scope`
@@ -343,6 +359,7 @@ pub struct Scripts {
     pub campaign: redis::Script,
     pub observe: redis::Script,
     pub keys: redis::Script,
+    pub reindex: redis::Script,
     pub write: redis::Script,
     pub edit: redis::Script,
 }
@@ -358,6 +375,7 @@ impl Scripts {
             campaign: with_prelude(CAMPAIGN),
             observe: with_prelude(OBSERVE),
             keys: with_prelude(KEYS),
+            reindex: with_prelude(REINDEX),
             write: with_prelude(WRITE),
             edit: with_prelude(EDIT),
         }
