@@ -424,3 +424,36 @@ async fn a_task_index_deleted_by_hand_is_rebuilt_and_no_task_is_lost() {
         "a task ran twice: {counts:?}"
     );
 }
+
+/// An operator's `redis-cli DEL` of the version counter (`leaderq/version`) starts every
+/// version over from 1: the leader, waiting for the queue to move past the version it last
+/// read, sees the next listing come back lower, and takes that as a change at once, as
+/// Consul's clients reset a blocking index that went backwards. Before, it went on waiting
+/// for the counter to climb back, up to the whole wait (60 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_counter_deleted_by_hand_delays_no_task() {
+    let Some(mut bed) = redis_bed("3s") else {
+        return;
+    };
+    bed.env.push(("LEADERQ__REDIS__WAIT".into(), "60s".into()));
+    // A deployment that has lived a while: its counter far above what a few writes reach.
+    let counter = format!("{PREFIX}version");
+    bed.cluster
+        .cli(&[b"INCRBY", counter.as_bytes(), b"1000000"])
+        .unwrap();
+    for n in 0..3u64 {
+        bed.produce(&format!("task_{n}"), &work(n, 1_445_599_887 + n))
+            .unwrap();
+    }
+    bed.start_replica("r1");
+    bed.wait_journal(Duration::from_secs(30), "t0..t2 run", |journal| {
+        runs(journal).len() == 3
+    })
+    .await;
+    assert_eq!(bed.cluster.cli(&[b"DEL", counter.as_bytes()]).unwrap(), "1");
+    bed.produce("task_3", &work(3, 1_445_599_890)).unwrap();
+    bed.wait_journal(Duration::from_secs(20), "t3 runs", |journal| {
+        runs(journal).len() == 4
+    })
+    .await;
+}

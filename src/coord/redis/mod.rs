@@ -46,7 +46,9 @@
 //!   lost its data (accepted with `redis.accept_data_loss`) starts the counter again, so
 //!   versions repeat; a leader stays safe (the loss ended its lease, and the next leader
 //!   writes only versions it read after it), and an operator's edit reads and writes within
-//!   one command.
+//!   one command. A wait from a version the counter no longer reaches (lost, or deleted by
+//!   hand) returns at once with the lower one (`wait.rs`), as Consul's clients reset an
+//!   index that went backwards.
 //! - **No loss.** A claim writes the lease id into the task; when the lease key expires the
 //!   task stays and reads as unheld, and the next leader requeues it (`Rewrite` requires no
 //!   live holder): orphans are found without any timer.

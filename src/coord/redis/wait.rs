@@ -1,5 +1,6 @@
 //! The Redis coordinator's waits (`observe`, `list`): read, and until the answer's
-//! version passes the one asked about, look again on every message on the changes channel
+//! version differs from the one asked about (passes it, or falls below it when the counter
+//! started over), look again on every message on the changes channel
 //! that may concern the read (a write of tasks under other prefixes does not),
 //! when a lease the read saw would end (its death changes the answer without any write), and
 //! every [`POLL`] if the counter moved (a message lost to a reconnect). The holder is read
@@ -43,8 +44,8 @@ impl RedisCoordinator {
         counter_in(value)
     }
 
-    /// `read` once its version is past `after` (at once for `Version(0)`), or when `wait`
-    /// is over. Looks again on every message on the channel, when a lease `read` saw would
+    /// `read` once its version is past `after`, or below it (at once for `Version(0)`), or
+    /// when `wait` is over. Looks again on every message on the channel, when a lease `read` saw would
     /// end, and every [`POLL`] if the counter moved.
     pub(super) async fn wait_for<T>(
         &self,
@@ -60,7 +61,10 @@ impl RedisCoordinator {
             let counter = self.counter().await?;
             let read_at = Instant::now();
             let (answer, version, expiry) = read.read(self).await?;
-            if after == Version(0) || version > after || Instant::now() >= end {
+            // A version below `after` is a change too: the counter started over (deleted
+            // by hand, or lost with Redis's data), and would make the wait last until it
+            // climbed back. The caller waits from the lower version next.
+            if after == Version(0) || version != after || Instant::now() >= end {
                 return Ok((answer, version));
             }
             let expires = expiry.map(|ms| read_at + Duration::from_millis(ms) + EXPIRY_SLACK);
