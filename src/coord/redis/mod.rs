@@ -138,6 +138,8 @@ pub struct RedisCoordinator {
     highest_token: AtomicU64,
     /// Whether the risk `accept_data_loss` accepts has been logged.
     warned: AtomicBool,
+    /// Held while the task index is rebuilt (`read.rs`): one rebuild at a time.
+    rebuilding: tokio::sync::Mutex<()>,
 }
 
 /// The Redis backend from its `[redis]` section and the leader key.
@@ -195,6 +197,7 @@ impl RedisCoordinator {
             heard: Arc::new(AtomicU64::new(0)),
             highest_token: AtomicU64::new(0),
             warned: AtomicBool::new(false),
+            rebuilding: tokio::sync::Mutex::new(()),
         })
     }
 

@@ -28,8 +28,8 @@ const FIRST_READ: usize = 256;
 /// 262 at a time).
 const READ_BYTES: usize = 5 << 20;
 
-/// Keys a `SCAN` step of an index rebuild looks at (Redis's `COUNT`), and so about the
-/// most keys one script of it adds.
+/// Keys a `SCAN` step of an index rebuild looks at (Redis's `COUNT`): one script each, so
+/// Redis is held for well under a millisecond at a time.
 const SCAN_COUNT: usize = 1000;
 
 /// How many tasks the next round trip of a listing reads, `bytes` of values having been
@@ -47,6 +47,8 @@ impl RedisCoordinator {
     /// be tens of MB). The next page of keys is read with the last tasks of a page, in one
     /// round trip. The read's version is the lowest of its parts' (each part's is the
     /// counter its page of keys was read with, moved by an ended lease it names).
+    /// An index found without its mark is rebuilt (`rebuild_index`) while the listing
+    /// reads on; the listing is read again only if the rebuild added keys.
     pub(super) async fn read_tasks(&self, prefix: &str) -> Result<TaskRows, CoordError> {
         let mut connection = self.connection().await?;
         let mut pipe = redis::pipe();
@@ -56,18 +58,42 @@ impl RedisCoordinator {
             .query_async(&mut connection)
             .await
             .map_err(|err| unavailable(&err))?;
-        let mut page = page_read(&mut answers)?;
-        if answers.pop() == Some(redis::Value::Nil) {
-            // The index lacks its mark: rebuilt, then read again.
-            self.rebuild_index().await;
-            let mut pipe = redis::pipe();
-            self.page_of_keys(&mut pipe, prefix, "");
-            answers = pipe
-                .query_async(&mut connection)
-                .await
-                .map_err(|err| unavailable(&err))?;
-            page = page_read(&mut answers)?;
+        let page = page_read(&mut answers)?;
+        let mark = answers
+            .pop()
+            .map(redis::from_redis_value::<Option<f64>>)
+            .transpose()
+            .map_err(bad_answer)?
+            .flatten();
+        if whole(mark) {
+            return self.read_pages(&mut connection, prefix, page).await;
         }
+        let (added, rows) = tokio::join!(
+            self.rebuild_index(),
+            self.read_pages(&mut connection, prefix, page)
+        );
+        if added == 0 {
+            return rows;
+        }
+        let mut pipe = redis::pipe();
+        self.page_of_keys(&mut pipe, prefix, "");
+        let mut answers: Vec<redis::Value> = pipe
+            .query_async(&mut connection)
+            .await
+            .map_err(|err| unavailable(&err))?;
+        let page = page_read(&mut answers)?;
+        self.read_pages(&mut connection, prefix, page).await
+    }
+
+    /// [`Self::read_tasks`] from its first `page` of keys on.
+    async fn read_pages(
+        &self,
+        connection: &mut ConnectionManager,
+        prefix: &str,
+        mut page: (u64, Vec<String>, bool),
+    ) -> Result<TaskRows, CoordError> {
+        // The answers to the next page of keys, read with the last tasks of a page.
+        let mut next_page: Vec<redis::Value> = Vec::new();
         let mut rows = TaskRows::default();
         let mut version: Option<Version> = None;
         let (mut bytes, mut read) = (0, 0);
@@ -82,18 +108,16 @@ impl RedisCoordinator {
                 if last && full {
                     self.page_of_keys(&mut pipe, prefix, &part[part.len() - 1]);
                 }
-                answers = pipe
-                    .query_async(&mut connection)
+                let mut answers: Vec<redis::Value> = pipe
+                    .query_async(connection)
                     .await
                     .map_err(|err| unavailable(&err))?;
-                let next = if last && full {
-                    answers.split_off(answers.len().saturating_sub(2))
-                } else {
-                    Vec::new()
-                };
-                let fields = fields_in(std::mem::take(&mut answers))?;
+                if last && full {
+                    next_page = answers.split_off(answers.len().saturating_sub(2));
+                }
+                let fields = fields_in(answers)?;
                 read += part.len();
-                let part = self.rows(&mut connection, counter, part, fields).await?;
+                let part = self.rows(connection, counter, part, fields).await?;
                 bytes += part
                     .tasks
                     .iter()
@@ -105,67 +129,79 @@ impl RedisCoordinator {
                     (a, b) => a.or(b),
                 };
                 rows.tasks.extend(part.tasks);
-                answers = next;
             }
             if !full {
                 // A page of no keys read at `counter`, when it is the only one.
                 rows.version = version.unwrap_or(Version(encode(counter, false)));
                 return Ok(rows);
             }
-            page = page_read(&mut answers)?;
+            page = page_read(&mut next_page)?;
         }
     }
 
     /// Makes the index list every task hash again, after a read found it without its mark
-    /// ([`INDEXED`]): deleted by hand (a producer's write then makes it again, unmarked),
-    /// or never read before. The mark goes in first, so that a deletion during the rebuild
-    /// takes it away again and the next read rebuilds again; then a `SCAN` of the task
-    /// hashes, each batch added by one script that skips a hash deleted meanwhile. A
-    /// failure is logged, and the read goes on with the index as it is: the next read
-    /// tries again.
-    pub(super) async fn rebuild_index(&self) {
+    /// at 0 ([`INDEXED`]): deleted by hand (a producer's write then makes it again,
+    /// unmarked), never read before, or a rebuild cut short. One rebuild at a time in this
+    /// process: a read that finds the mark wanting while another rebuilds waits for it, and
+    /// finds it whole then. The mark goes in at 1 first, then `SCAN` steps over the task
+    /// hashes add each key missing, each step one script, and the mark goes to 0 last only
+    /// if it is still there: an index deleted meanwhile, or a process stopped halfway,
+    /// leaves the next read to rebuild again (`scripts.rs`, REINDEX). A failure is logged,
+    /// and the read goes on with the index as it is. Answers how many keys it added.
+    pub(super) async fn rebuild_index(&self) -> u64 {
+        let _one_at_a_time = self.rebuilding.lock().await;
         match self.reindex().await {
-            Ok(0) => tracing::debug!("the Redis task index is marked as whole"),
-            Ok(added) => tracing::warn!(
-                added,
-                "the Redis task index {}tasks was missing {added} task(s) (deleted by hand?): \
-                 rebuilt from the task hashes",
-                self.settings.layout.prefix
-            ),
-            Err(err) => tracing::warn!(
-                "cannot rebuild the Redis task index {}tasks, found without its mark: {err}; \
-                 tasks missing from it are not seen until a later read rebuilds it",
-                self.settings.layout.prefix
-            ),
+            Ok(None) => 0,
+            Ok(Some(0)) => {
+                tracing::debug!("the Redis task index lists every task");
+                0
+            }
+            Ok(Some(added)) => {
+                tracing::warn!(
+                    added,
+                    "the Redis task index {}tasks was missing {added} task(s) (deleted by \
+                     hand?): rebuilt from the task hashes",
+                    self.settings.layout.prefix
+                );
+                added
+            }
+            Err(err) => {
+                tracing::warn!(
+                    "cannot rebuild the Redis task index {}tasks, found without its mark: \
+                     {err}; tasks missing from it are not seen until a later read rebuilds it",
+                    self.settings.layout.prefix
+                );
+                0
+            }
         }
     }
 
-    /// [`Self::rebuild_index`]'s work: how many keys it added.
-    async fn reindex(&self) -> Result<u64, CoordError> {
+    /// [`Self::rebuild_index`]'s work: how many keys it added; `None` when the index was
+    /// whole again (another read of this process rebuilt it meanwhile).
+    async fn reindex(&self) -> Result<Option<u64>, CoordError> {
         let mut connection = self.connection().await?;
-        let _: u64 = self.run(&self.scripts.reindex, &[]).await?;
-        let hashes = self.key("task/");
-        let pattern = format!("{}*", glob_escape(&hashes));
+        let mark: Option<f64> = redis::cmd("ZSCORE")
+            .arg(self.key("tasks"))
+            .arg(INDEXED)
+            .query_async(&mut connection)
+            .await
+            .map_err(|err| unavailable(&err))?;
+        if whole(mark) {
+            return Ok(None);
+        }
+        let reindex = &self.scripts.reindex;
+        self.run::<(u64, u64)>(reindex, &[b"start"]).await?;
+        let pattern = format!("{}*", glob_escape(&self.key("task/")));
+        let count = SCAN_COUNT.to_string();
         let (mut cursor, mut added) = (0u64, 0);
         loop {
-            let (next, found): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT)
-                .query_async(&mut connection)
-                .await
-                .map_err(|err| unavailable(&err))?;
-            let keys: Vec<&[u8]> = found
-                .iter()
-                .filter_map(|key| key.strip_prefix(hashes.as_bytes()))
-                .collect();
-            if !keys.is_empty() {
-                added += self.run::<u64>(&self.scripts.reindex, &keys).await?;
-            }
+            let at = cursor.to_string();
+            let scan: [&[u8]; 4] = [b"scan", at.as_bytes(), pattern.as_bytes(), count.as_bytes()];
+            let (next, more) = self.run::<(u64, u64)>(reindex, &scan).await?;
+            added += more;
             if next == 0 {
-                return Ok(added);
+                self.run::<(u64, u64)>(reindex, &[b"done"]).await?;
+                return Ok(Some(added));
             }
             cursor = next;
         }
@@ -270,6 +306,11 @@ fn page_read(answers: &mut Vec<redis::Value>) -> Result<(u64, Vec<String>, bool)
             .map_err(bad_answer)?,
         full,
     ))
+}
+
+/// Whether the index's mark, as `ZSCORE` read it, says the index is whole: there, at 0.
+fn whole(mark: Option<f64>) -> bool {
+    mark == Some(0.0)
 }
 
 /// The counter as a `GET` of it answered (none yet: 0).

@@ -142,30 +142,54 @@ return {leader, tostring(left), h[1] or '', h[2] or '0', h[3] or '', h[4] or '0'
 
 /// `A = [prefix, after, limit]`: `[counter, marked, keys…]`, at most `limit` keys under
 /// the prefix that come after `after` ("" for the first page), in key order (the index's
-/// mark among them under the prefix ""); `marked` is `1` when the index has its mark.
+/// mark among them under the prefix ""); `marked` is `1` when the index has its mark at 0
+/// (whole: `REINDEX`).
 const KEYS: &str = r#"
 local low = '[' .. A[1]
 if A[2] ~= '' then low = '(' .. A[2] end
 local out = {redis.call('GET', P .. 'version') or '0', '0'}
-if redis.call('ZSCORE', P .. 'tasks', '') then out[2] = '1' end
+if redis.call('ZSCORE', P .. 'tasks', '') == '0' then out[2] = '1' end
 for _, key in ipairs(redis.call('ZRANGEBYLEX', P .. 'tasks', low, '(' .. A[1] .. '\255', 'LIMIT', 0, tonumber(A[3]))) do
   out[#out + 1] = key
 end
 return out
 "#;
 
-/// `A = [key…]`, task keys whose hashes a `SCAN` found: adds each whose hash still exists
-/// to the index, and the mark; a change when any was missing. Answers how many were.
+/// One step of a rebuild of the task index (`read.rs`), by `A[1]`:
+/// - `start`: the mark in, at 1: a rebuild runs (a deletion of the index takes it away);
+/// - `scan` (`A = [scan, cursor, pattern, count]`): one `SCAN` step over the task hashes,
+///   adding to the index each key it lacks (one `ZMSCORE` for those it has), a change when
+///   any was missing; answers `[next cursor, keys added]`;
+/// - `done`: the mark to 0, the index whole, if the mark is still there (`XX`): an index
+///   deleted during the rebuild, or a rebuild cut short, leaves it missing or at 1, and the
+///   next read rebuilds again.
 const REINDEX: &str = r#"
+local index = P .. 'tasks'
+if A[1] == 'start' then
+  redis.call('ZADD', index, 1, '')
+  return {'0', 0}
+elseif A[1] == 'done' then
+  redis.call('ZADD', index, 'XX', 0, '')
+  return {'0', 0}
+end
+local found = redis.call('SCAN', A[2], 'MATCH', A[3], 'COUNT', A[4])
+local hashes = P .. 'task/'
+local keys = {}
+for _, hash in ipairs(found[2]) do
+  if string.sub(hash, 1, #hashes) == hashes then keys[#keys + 1] = string.sub(hash, #hashes + 1) end
+end
 local added = 0
-for _, key in ipairs(A) do
-  if redis.call('EXISTS', P .. 'task/' .. key) == 1 then
-    added = added + redis.call('ZADD', P .. 'tasks', 'NX', 0, key)
+if #keys > 0 then
+  local scores = redis.call('ZMSCORE', index, unpack(keys))
+  for i, key in ipairs(keys) do
+    if not scores[i] and key ~= '' then
+      redis.call('ZADD', index, 0, key)
+      added = added + 1
+    end
   end
 end
-redis.call('ZADD', P .. 'tasks', 'NX', 0, '')
 if added > 0 then bump() end
-return added
+return {found[1], added}
 "#;
 
 /// `A = [guarded|own, lease, token, scope, (kind, key, counter, gone, value, to)*]`, `scope`
