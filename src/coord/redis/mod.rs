@@ -2,7 +2,7 @@
 //! redis-rs's connection manager (RESP3: pub/sub messages arrive on the same connection,
 //! which reconnects and resubscribes by itself). Redis's names stay in this folder: key
 //! layout and version encoding in `layout.rs`, the scripts in `scripts.rs`, the reads of
-//! tasks in `read.rs`, waits in `wait.rs`, the `[redis]` section's checks in `settings.rs`,
+//! tasks in `read.rs`, the rebuild of their index in `index.rs`, waits in `wait.rs`, the `[redis]` section's checks in `settings.rs`,
 //! the verdict on Redis's own settings in `durability.rs`.
 //! Every operation that writes is one script, and reads of tasks are plain commands,
 //! pipelined, so [`Leases`], [`Elections`] and [`Tasks`] are all implemented at the end of
@@ -18,7 +18,7 @@
 //!   one script (guard, versions, then all writes, one counter bump, one `PUBLISH` of the
 //!   prefix its keys share, so that waits on other prefixes sleep on); a set found without
 //!   its mark (deleted by hand) is rebuilt from the hashes by the read that finds it
-//!   (`read.rs`);
+//!   (`index.rs`);
 //! - before it opens a lease it reads Redis's persistence and eviction settings, and
 //!   refuses one that can lose acknowledged writes unless `redis.accept_data_loss` says so
 //!   (`durability.rs`), again at every lease; producers and operators (no lease) are never
@@ -59,6 +59,7 @@
 //! Redis that can lose acknowledged writes (unless `redis.accept_data_loss`).
 
 mod durability;
+mod index;
 mod layout;
 mod read;
 mod scripts;
@@ -80,7 +81,7 @@ use tokio::sync::{broadcast, OnceCell};
 use self::layout::{
     change_of, holder_row, number, scope, text, text_in, Change, HolderRow, INDEXED, TOKEN_MAX,
 };
-use self::scripts::{edit_args, op_args, Scripts};
+use self::scripts::{edit_args, invoke, op_args, Scripts};
 use self::wait::{ReadHolder, ReadTasks};
 use crate::coord::{
     Campaign, CoordError, Coordinator, Edit, Edited, Elections, FencingToken, Grant, Holder,
@@ -138,8 +139,8 @@ pub struct RedisCoordinator {
     highest_token: AtomicU64,
     /// Whether the risk `accept_data_loss` accepts has been logged.
     warned: AtomicBool,
-    /// Held while the task index is rebuilt (`read.rs`): one rebuild at a time.
-    rebuilding: tokio::sync::Mutex<()>,
+    /// Held while the task index is rebuilt (`index.rs`): one rebuild at a time.
+    rebuilding: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// The Redis backend from its `[redis]` section and the leader key.
@@ -197,7 +198,7 @@ impl RedisCoordinator {
             heard: Arc::new(AtomicU64::new(0)),
             highest_token: AtomicU64::new(0),
             warned: AtomicBool::new(false),
-            rebuilding: tokio::sync::Mutex::new(()),
+            rebuilding: Arc::new(tokio::sync::Mutex::new(())),
         })
     }
 
@@ -251,17 +252,7 @@ impl RedisCoordinator {
         args: &[&[u8]],
     ) -> Result<T, CoordError> {
         let mut connection = self.connection().await?;
-        let mut invocation = script.prepare_invoke();
-        invocation
-            .arg(self.settings.layout.prefix.as_bytes())
-            .arg(self.settings.layout.leader.as_bytes());
-        for arg in args {
-            invocation.arg(*arg);
-        }
-        invocation
-            .invoke_async(&mut connection)
-            .await
-            .map_err(|err| unavailable(&err))
+        invoke(&mut connection, &self.settings.layout, script, args).await
     }
 
     async fn fields(
@@ -497,7 +488,9 @@ impl Tasks for RedisCoordinator {
         after: Version,
         wait: Duration,
     ) -> Result<(Vec<StoredTask>, Version), CoordError> {
-        self.wait_for(after, wait, ReadTasks(prefix)).await
+        // A watch leaves an index rebuild running behind it; a single read waits for it.
+        let behind = !wait.is_zero();
+        self.wait_for(after, wait, ReadTasks(prefix, behind)).await
     }
 
     /// The keys under `prefix`, `KEYS_PAGE` at a time, packed as they come; the version

@@ -1,6 +1,5 @@
 //! The Redis coordinator's reads of tasks (a listing, page by page, and a get of named
-//! keys): plain commands, pipelined, not a script; and the rebuild of the index of task
-//! keys that a read finds without its mark (`layout.rs`, `INDEXED`). A script reads each task with a call
+//! keys): plain commands, pipelined, not a script. A script reads each task with a call
 //! from Lua, several times the server's time of the same command sent by a client, and a
 //! listing reads every task of the backlog.
 //!
@@ -12,9 +11,8 @@
 
 use redis::aio::ConnectionManager;
 
-use super::layout::{
-    encode, glob_escape, holders, number, task_rows, text, TaskFields, TaskRows, INDEXED,
-};
+use super::index::whole;
+use super::layout::{encode, holders, number, task_rows, text, TaskFields, TaskRows, INDEXED};
 use super::{bad_answer, unavailable, RedisCoordinator, KEYS_PAGE};
 use crate::coord::{CoordError, StoredTask, Version};
 
@@ -27,10 +25,6 @@ const FIRST_READ: usize = 256;
 /// a page of keys (a backlog of 200-byte tasks is read 4,096 at a time, one of 20 KB tasks
 /// 262 at a time).
 const READ_BYTES: usize = 5 << 20;
-
-/// Keys a `SCAN` step of an index rebuild looks at (Redis's `COUNT`): one script each, so
-/// Redis is held for well under a millisecond at a time.
-const SCAN_COUNT: usize = 1000;
 
 /// How many tasks the next round trip of a listing reads, `bytes` of values having been
 /// read in `tasks` tasks.
@@ -47,9 +41,14 @@ impl RedisCoordinator {
     /// be tens of MB). The next page of keys is read with the last tasks of a page, in one
     /// round trip. The read's version is the lowest of its parts' (each part's is the
     /// counter its page of keys was read with, moved by an ended lease it names).
-    /// An index found without its mark is rebuilt (`rebuild_index`) while the listing
-    /// reads on; the listing is read again only if the rebuild added keys.
-    pub(super) async fn read_tasks(&self, prefix: &str) -> Result<TaskRows, CoordError> {
+    /// An index found wanting (`index.rs`) is rebuilt: by a watch (`behind`), on a task of
+    /// its own while the listing is answered, the rebuild waking the watch if it added
+    /// keys; by a single read, while the listing reads on, read again if keys were added.
+    pub(super) async fn read_tasks(
+        &self,
+        prefix: &str,
+        behind: bool,
+    ) -> Result<TaskRows, CoordError> {
         let mut connection = self.connection().await?;
         let mut pipe = redis::pipe();
         pipe.cmd("ZSCORE").arg(self.key("tasks")).arg(INDEXED);
@@ -66,6 +65,10 @@ impl RedisCoordinator {
             .map_err(bad_answer)?
             .flatten();
         if whole(mark) {
+            return self.read_pages(&mut connection, prefix, page).await;
+        }
+        if behind {
+            self.rebuild_index_behind();
             return self.read_pages(&mut connection, prefix, page).await;
         }
         let (added, rows) = tokio::join!(
@@ -136,74 +139,6 @@ impl RedisCoordinator {
                 return Ok(rows);
             }
             page = page_read(&mut next_page)?;
-        }
-    }
-
-    /// Makes the index list every task hash again, after a read found it without its mark
-    /// at 0 ([`INDEXED`]): deleted by hand (a producer's write then makes it again,
-    /// unmarked), never read before, or a rebuild cut short. One rebuild at a time in this
-    /// process: a read that finds the mark wanting while another rebuilds waits for it, and
-    /// finds it whole then. The mark goes in at 1 first, then `SCAN` steps over the task
-    /// hashes add each key missing, each step one script, and the mark goes to 0 last only
-    /// if it is still there: an index deleted meanwhile, or a process stopped halfway,
-    /// leaves the next read to rebuild again (`scripts.rs`, REINDEX). A failure is logged,
-    /// and the read goes on with the index as it is. Answers how many keys it added.
-    pub(super) async fn rebuild_index(&self) -> u64 {
-        let _one_at_a_time = self.rebuilding.lock().await;
-        match self.reindex().await {
-            Ok(None) => 0,
-            Ok(Some(0)) => {
-                tracing::debug!("the Redis task index lists every task");
-                0
-            }
-            Ok(Some(added)) => {
-                tracing::warn!(
-                    added,
-                    "the Redis task index {}tasks was missing {added} task(s) (deleted by \
-                     hand?): rebuilt from the task hashes",
-                    self.settings.layout.prefix
-                );
-                added
-            }
-            Err(err) => {
-                tracing::warn!(
-                    "cannot rebuild the Redis task index {}tasks, found without its mark: \
-                     {err}; tasks missing from it are not seen until a later read rebuilds it",
-                    self.settings.layout.prefix
-                );
-                0
-            }
-        }
-    }
-
-    /// [`Self::rebuild_index`]'s work: how many keys it added; `None` when the index was
-    /// whole again (another read of this process rebuilt it meanwhile).
-    async fn reindex(&self) -> Result<Option<u64>, CoordError> {
-        let mut connection = self.connection().await?;
-        let mark: Option<f64> = redis::cmd("ZSCORE")
-            .arg(self.key("tasks"))
-            .arg(INDEXED)
-            .query_async(&mut connection)
-            .await
-            .map_err(|err| unavailable(&err))?;
-        if whole(mark) {
-            return Ok(None);
-        }
-        let reindex = &self.scripts.reindex;
-        self.run::<(u64, u64)>(reindex, &[b"start"]).await?;
-        let pattern = format!("{}*", glob_escape(&self.key("task/")));
-        let count = SCAN_COUNT.to_string();
-        let (mut cursor, mut added) = (0u64, 0);
-        loop {
-            let at = cursor.to_string();
-            let scan: [&[u8]; 4] = [b"scan", at.as_bytes(), pattern.as_bytes(), count.as_bytes()];
-            let (next, more) = self.run::<(u64, u64)>(reindex, &scan).await?;
-            added += more;
-            if next == 0 {
-                self.run::<(u64, u64)>(reindex, &[b"done"]).await?;
-                return Ok(Some(added));
-            }
-            cursor = next;
         }
     }
 
@@ -306,11 +241,6 @@ fn page_read(answers: &mut Vec<redis::Value>) -> Result<(u64, Vec<String>, bool)
             .map_err(bad_answer)?,
         full,
     ))
-}
-
-/// Whether the index's mark, as `ZSCORE` read it, says the index is whole: there, at 0.
-fn whole(mark: Option<f64>) -> bool {
-    mark == Some(0.0)
 }
 
 /// The counter as a `GET` of it answered (none yet: 0).

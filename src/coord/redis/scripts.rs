@@ -1,7 +1,7 @@
-//! The Redis coordinator's Lua scripts, and the arguments they take. Each call that
-//! changes anything is one script, so Redis runs it whole with nothing in between: the
-//! check of the lease, the leader record and every task's version, then the writes, all or
-//! nothing. Renewal and release only go through scripts that check the lease is still there
+//! The Redis coordinator's Lua scripts, the arguments they take, and how they are called.
+//! Each call that changes anything is one script, so Redis runs it whole with nothing in
+//! between: the check of the lease, the leader record and every task's version, then the
+//! writes, all or nothing. Renewal and release only go through scripts that check the lease is still there
 //! (never a bare PEXPIRE or DEL). The key layout is `layout.rs`'s.
 //!
 //! Every script (but [`PRODUCE`]) starts with [`PRELUDE`]: `ARGV[1]` is the key prefix,
@@ -9,9 +9,12 @@
 //! in `ARGV` rather than `KEYS` (task keys are only known inside the script), so they need
 //! one Redis (with replicas if wanted), not Redis Cluster.
 
-use crate::coord::{Edit, TaskOp, TaskVersion};
+use redis::aio::ConnectionManager;
 
-use super::layout::decode;
+use crate::coord::{CoordError, Edit, TaskOp, TaskVersion};
+
+use super::layout::{decode, Layout};
+use super::unavailable;
 
 const PRELUDE: &str = r#"
 local P, L = ARGV[1], ARGV[2]
@@ -404,6 +407,26 @@ impl Scripts {
             edit: with_prelude(EDIT),
         }
     }
+}
+
+/// Runs `script` on `connection` with `layout`'s prefix and leader name, then `args`.
+pub async fn invoke<T: redis::FromRedisValue>(
+    connection: &mut ConnectionManager,
+    layout: &Layout,
+    script: &redis::Script,
+    args: &[&[u8]],
+) -> Result<T, CoordError> {
+    let mut invocation = script.prepare_invoke();
+    invocation
+        .arg(layout.prefix.as_bytes())
+        .arg(layout.leader.as_bytes());
+    for arg in args {
+        invocation.arg(*arg);
+    }
+    invocation
+        .invoke_async(connection)
+        .await
+        .map_err(|err| unavailable(&err))
 }
 
 /// A version as the scripts compare it: the counter as text and the `gone` flag. A

@@ -139,7 +139,9 @@ impl Reread<Holder> for ReadHolder {
     }
 }
 
-pub(super) struct ReadTasks<'p>(pub(super) &'p str);
+/// The tasks under a prefix; `true`: a watch's read, which leaves an index rebuild running
+/// behind it (`index.rs`).
+pub(super) struct ReadTasks<'p>(pub(super) &'p str, pub(super) bool);
 
 impl Reread<Vec<StoredTask>> for ReadTasks<'_> {
     fn read<'a>(
@@ -147,7 +149,7 @@ impl Reread<Vec<StoredTask>> for ReadTasks<'_> {
         coord: &'a RedisCoordinator,
     ) -> CoordFuture<'a, (Vec<StoredTask>, Version, Option<u64>)> {
         Box::pin(async move {
-            let rows = coord.read_tasks(self.0).await?;
+            let rows = coord.read_tasks(self.0, self.1).await?;
             Ok((rows.tasks, rows.version, rows.next_expiry_ms))
         })
     }
