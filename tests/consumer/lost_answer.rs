@@ -298,11 +298,20 @@ async fn drains_losing_one<C: ?Sized + leaderq::tools::harness::Cluster>(
     bed.coord.edit(&[task]).await.expect("enqueue");
     bed.wait_until_empty("oracleTask/", Duration::from_secs(20))
         .await;
-    assert!(
-        proxy.lost_one(),
-        "{what}'s answer, a commit, is lost on the wire\n{}",
-        bed.logs()
-    );
+    // The proxy counts a lost answer once it has read it, which may be after the write's
+    // effect is seen here.
+    wait_until(
+        Duration::from_secs(10),
+        &format!("{what}'s answer, a commit, lost on the wire"),
+        async || {
+            if proxy.lost_one() {
+                Ok(())
+            } else {
+                Err(bed.logs())
+            }
+        },
+    )
+    .await;
     let (dead, _) = bed.coord.keys("oracleTaskDead/").await.expect("keys");
     assert!(dead.is_empty(), "dead-lettered: {dead:?}\n{}", bed.logs());
     let runs: Vec<(String, String)> = bed
@@ -359,6 +368,35 @@ async fn one_completed_record(
     assert_eq!(of_id[0].outcome, "completed");
 }
 
+/// Starts replica `r1` of `bed`, one attempt allowed, with `var` (its coordinator's
+/// address) set to `address`, a proxy's; then as [`drains_losing_one`].
+async fn drain_through<C: ?Sized + leaderq::tools::harness::Cluster>(
+    bed: &mut TestBed<C>,
+    var: &str,
+    address: String,
+    proxy: &impl Losing,
+    what: &str,
+    id: &str,
+) {
+    bed.env = vec![(var.into(), address)];
+    let config = bed
+        .settings
+        .clone()
+        .set("queue", "max_attempts", "1")
+        .toml("r1");
+    bed.start_replica_with("r1", &config);
+    drains_losing_one(bed, proxy, what, id).await;
+}
+
+/// The leader logged the claim whose answer was lost as failed.
+fn saw_the_claim_fail(replica: &ConsumerProcess) {
+    let log = replica.log_text();
+    assert!(
+        log.contains("claim failed"),
+        "the leader saw no error: {log}"
+    );
+}
+
 /// A claim the server applied but whose answer the leader never got (its connection closed
 /// after the server answered) costs no attempt: with one attempt allowed, the task still
 /// runs exactly once, as attempt 1, nothing is dead-lettered and the queue drains.
@@ -371,11 +409,7 @@ async fn a_claim_whose_answer_was_lost_on_the_wire_costs_its_task_no_attempt() {
         "l",
     )
     .await;
-    let log = bed.replicas[0].log_text();
-    assert!(
-        log.contains("claim failed"),
-        "the leader saw no error: {log}"
-    );
+    saw_the_claim_fail(&bed.replicas[0]);
 }
 
 /// A completion the server applied but whose answer the leader never got is recorded once:
@@ -438,17 +472,16 @@ mod etcd {
         let member = endpoints.split(',').next().unwrap();
         let member = member.trim_start_matches("http://").to_string();
         let proxy = LosingProxy::start(&member, "POST /v3/kv/txn ", marker).await;
-        bed.env = vec![(
-            "LEADERQ__ETCD__ENDPOINTS".into(),
-            format!("http://{}", proxy.addr),
-        )];
-        let config = bed
-            .settings
-            .clone()
-            .set("queue", "max_attempts", "1")
-            .toml("r1");
-        bed.start_replica_with("r1", &config);
-        drains_losing_one(&bed, &proxy, what, id).await;
+        let address = format!("http://{}", proxy.addr);
+        drain_through(
+            &mut bed,
+            "LEADERQ__ETCD__ENDPOINTS",
+            address,
+            &proxy,
+            what,
+            id,
+        )
+        .await;
         let coord = bed.coord.clone();
         wait_until(
             Duration::from_secs(30),
@@ -471,11 +504,7 @@ mod etcd {
         let Some(bed) = drain_one_losing(claim_record(), "the first claim", "l").await else {
             return;
         };
-        let log = bed.replicas[0].log_text();
-        assert!(
-            log.contains("claim failed"),
-            "the leader saw no error: {log}"
-        );
+        saw_the_claim_fail(&bed.replicas[0]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -648,17 +677,8 @@ mod redis {
             .next()
             .unwrap();
         let proxy = CuttingProxy::start(server, marker).await;
-        bed.env = vec![(
-            "LEADERQ__REDIS__URL".into(),
-            format!("redis://{}", proxy.addr),
-        )];
-        let config = bed
-            .settings
-            .clone()
-            .set("queue", "max_attempts", "1")
-            .toml("r1");
-        bed.start_replica_with("r1", &config);
-        drains_losing_one(&bed, &proxy, what, id).await;
+        let address = format!("redis://{}", proxy.addr);
+        drain_through(&mut bed, "LEADERQ__REDIS__URL", address, &proxy, what, id).await;
         Some(bed)
     }
 
@@ -668,11 +688,7 @@ mod redis {
         else {
             return;
         };
-        let log = bed.replicas[0].log_text();
-        assert!(
-            log.contains("claim failed"),
-            "the leader saw no error: {log}"
-        );
+        saw_the_claim_fail(&bed.replicas[0]);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

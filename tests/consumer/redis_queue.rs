@@ -61,6 +61,16 @@ fn work(n: u64, seconds: u64) -> Value {
     json!({"taskId": format!("t{n}"), "taskTime": seconds, "taskTaken": false, "taskType": "Work", "taskPara": {"n": n}})
 }
 
+/// Writes the task `slow` (a second of work) and waits until its run has started.
+async fn slow_task_started(bed: &RedisBed) {
+    let slow = json!({"taskId": "slow", "taskTime": 1, "taskType": "Slow"});
+    bed.produce("slow", &slow).unwrap();
+    bed.wait_for_line(Duration::from_secs(10), |l| {
+        l[0] == "start" && l[1] == "slow"
+    })
+    .await;
+}
+
 /// The ids of `run` lines in the journal, with how often each ran.
 fn runs(journal: &[Vec<String>]) -> HashMap<String, usize> {
     let mut counts = HashMap::new();
@@ -113,12 +123,7 @@ async fn redis_replicas_run_tasks_once_in_order_and_survive_a_leader_kill() {
     let (first, before) = bed
         .leadership_other_than(None, Duration::from_secs(10))
         .await;
-    let slow = json!({"taskId": "slow", "taskTime": 1, "taskType": "Slow"});
-    bed.produce("slow", &slow).unwrap();
-    bed.wait_for_line(Duration::from_secs(10), |l| {
-        l[0] == "start" && l[1] == "slow"
-    })
-    .await;
+    slow_task_started(&bed).await;
     bed.replica(&first).kill();
     for n in 100..120u64 {
         bed.produce(&format!("task_{n}"), &work(n, 1_445_599_887 + n))
@@ -396,12 +401,7 @@ async fn a_task_index_deleted_by_hand_is_rebuilt_and_no_task_is_lost() {
     })
     .await;
 
-    let slow = json!({"taskId": "slow", "taskTime": 1, "taskType": "Slow"});
-    bed.produce("slow", &slow).unwrap();
-    bed.wait_for_line(Duration::from_secs(10), |l| {
-        l[0] == "start" && l[1] == "slow"
-    })
-    .await;
+    slow_task_started(&bed).await;
     for n in 3..5u64 {
         bed.produce(&format!("task_{n}"), &work(n, 1_445_599_887 + n))
             .unwrap();

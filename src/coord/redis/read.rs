@@ -50,20 +50,7 @@ impl RedisCoordinator {
         behind: bool,
     ) -> Result<TaskRows, CoordError> {
         let mut connection = self.connection().await?;
-        let mut pipe = redis::pipe();
-        pipe.cmd("ZSCORE").arg(self.key("tasks")).arg(INDEXED);
-        self.page_of_keys(&mut pipe, prefix, "");
-        let mut answers: Vec<redis::Value> = pipe
-            .query_async(&mut connection)
-            .await
-            .map_err(|err| unavailable(&err))?;
-        let page = page_read(&mut answers)?;
-        let mark = answers
-            .pop()
-            .map(redis::from_redis_value::<Option<f64>>)
-            .transpose()
-            .map_err(bad_answer)?
-            .flatten();
+        let (page, mark) = self.first_page(&mut connection, prefix, true).await?;
         if whole(mark) {
             return self.read_pages(&mut connection, prefix, page).await;
         }
@@ -78,14 +65,35 @@ impl RedisCoordinator {
         if added == 0 {
             return rows;
         }
+        let (page, _) = self.first_page(&mut connection, prefix, false).await?;
+        self.read_pages(&mut connection, prefix, page).await
+    }
+
+    /// The first page of keys under `prefix`, and (`with_mark`) the index's mark as
+    /// `ZSCORE` reads it.
+    async fn first_page(
+        &self,
+        connection: &mut ConnectionManager,
+        prefix: &str,
+        with_mark: bool,
+    ) -> Result<(Page, Option<f64>), CoordError> {
         let mut pipe = redis::pipe();
+        if with_mark {
+            pipe.cmd("ZSCORE").arg(self.key("tasks")).arg(INDEXED);
+        }
         self.page_of_keys(&mut pipe, prefix, "");
         let mut answers: Vec<redis::Value> = pipe
-            .query_async(&mut connection)
+            .query_async(connection)
             .await
             .map_err(|err| unavailable(&err))?;
         let page = page_read(&mut answers)?;
-        self.read_pages(&mut connection, prefix, page).await
+        let mark = answers
+            .pop()
+            .map(redis::from_redis_value::<Option<f64>>)
+            .transpose()
+            .map_err(bad_answer)?
+            .flatten();
+        Ok((page, mark))
     }
 
     /// [`Self::read_tasks`] from its first `page` of keys on.
@@ -93,7 +101,7 @@ impl RedisCoordinator {
         &self,
         connection: &mut ConnectionManager,
         prefix: &str,
-        mut page: (u64, Vec<String>, bool),
+        mut page: Page,
     ) -> Result<TaskRows, CoordError> {
         // The answers to the next page of keys, read with the last tasks of a page.
         let mut next_page: Vec<redis::Value> = Vec::new();
@@ -221,9 +229,13 @@ impl RedisCoordinator {
     }
 }
 
-/// The counter and the page of keys at the end of `answers`, taken out, and whether the
-/// page was full (more may follow). The index's mark is no key: left out.
-fn page_read(answers: &mut Vec<redis::Value>) -> Result<(u64, Vec<String>, bool), CoordError> {
+/// A page of keys as read: the counter read with it, the keys, and whether the page was
+/// full (more may follow).
+type Page = (u64, Vec<String>, bool);
+
+/// The page of keys at the end of `answers`, taken out. The index's mark is no key: left
+/// out.
+fn page_read(answers: &mut Vec<redis::Value>) -> Result<Page, CoordError> {
     let keys = answers
         .pop()
         .ok_or_else(|| bad_answer("a page of keys answered nothing"))?;
