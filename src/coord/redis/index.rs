@@ -41,36 +41,30 @@ impl RedisCoordinator {
     /// as it is, and a later read tries again.
     pub(super) async fn rebuild_index(&self) -> u64 {
         let one_at_a_time = self.rebuilding.clone().lock_owned().await;
-        match self.rebuild().await {
-            Ok(rebuild) => rebuild.run(one_at_a_time).await,
+        match self.connection().await {
+            Ok(connection) => self.rebuild(connection).run(one_at_a_time).await,
             Err(err) => failed(&self.settings.layout, &err),
         }
     }
 
     /// Starts a rebuild on a task of its own, unless one of this process runs: a watch
     /// answers at once with the index as it is, and the rebuild's write wakes it if it
-    /// added keys.
+    /// added keys. A rebuild cut short by the process's end leaves the mark at 1.
     pub(super) fn rebuild_index_behind(&self) {
         let Ok(one_at_a_time) = self.rebuilding.clone().try_lock_owned() else {
             return;
         };
-        let Some(connection) = self.manager.get().cloned() else {
-            return;
-        };
-        let rebuild = Rebuild {
+        if let Some(connection) = self.manager.get() {
+            tokio::spawn(self.rebuild(connection.clone()).run(one_at_a_time));
+        }
+    }
+
+    fn rebuild(&self, connection: ConnectionManager) -> Rebuild {
+        Rebuild {
             connection,
             layout: self.settings.layout.clone(),
             script: self.scripts.reindex.clone(),
-        };
-        tokio::spawn(rebuild.run(one_at_a_time));
-    }
-
-    async fn rebuild(&self) -> Result<Rebuild, CoordError> {
-        Ok(Rebuild {
-            connection: self.connection().await?,
-            layout: self.settings.layout.clone(),
-            script: self.scripts.reindex.clone(),
-        })
+        }
     }
 }
 

@@ -13,9 +13,9 @@
 //!   above it, Redis's clock in milliseconds and the floor the campaigner passes: see
 //!   `scripts.rs`, CAMPAIGN);
 //! - `P tasks`: a sorted set of every task key, all at score 0, so a prefix is a lex range,
-//!   and the mark [`INDEXED`] once it was read whole: a set without the mark was deleted by
-//!   hand (a producer's write makes it again, without the mark) or never read, and the next
-//!   reader rebuilds it from the task hashes (`read.rs`);
+//!   and the mark [`INDEXED`], at 0 once a rebuild made the set whole: a set without the
+//!   mark at 0 was deleted by hand (a producer's write makes it again, unmarked), never
+//!   rebuilt, or is being rebuilt, and the next reader rebuilds it (`index.rs`);
 //! - `P task/<key>`: a task, a hash `{value, version, created, holder}`;
 //! - channel `P changes`: every write PUBLISHes there: a claim or completion of leaderq's
 //!   `tasks:<scope>`, the longest prefix common to the keys it wrote ([`scope`]), anything
@@ -37,8 +37,8 @@ use crate::coord::{FencingToken, Holder, HolderRecord, LeaseId, StoredTask, Task
 /// near Redis's clock in milliseconds (about 1.8e12 in 2026): far below it.
 pub const TOKEN_MAX: u64 = (1 << 53) - 1;
 
-/// The member of `P tasks` that marks it as listing every task hash: no task's key (keys
-/// are never empty), and first in key order, where a listing skips it.
+/// The member of `P tasks` that marks it, at score 0, as listing every task hash: no
+/// task's key (keys are never empty), and first in key order, where a listing skips it.
 pub const INDEXED: &str = "";
 
 /// `text` with the glob characters of Redis's `SCAN … MATCH` escaped: a pattern that

@@ -2,8 +2,9 @@
 //! redis-rs's connection manager (RESP3: pub/sub messages arrive on the same connection,
 //! which reconnects and resubscribes by itself). Redis's names stay in this folder: key
 //! layout and version encoding in `layout.rs`, the scripts in `scripts.rs`, the reads of
-//! tasks in `read.rs`, the rebuild of their index in `index.rs`, waits in `wait.rs`, the `[redis]` section's checks in `settings.rs`,
-//! the verdict on Redis's own settings in `durability.rs`.
+//! tasks in `read.rs`, the rebuild of their index in `index.rs`, waits in `wait.rs`, the
+//! `[redis]` section's checks in `settings.rs`, the verdict on Redis's own settings in
+//! `durability.rs`.
 //! Every operation that writes is one script, and reads of tasks are plain commands,
 //! pipelined, so [`Leases`], [`Elections`] and [`Tasks`] are all implemented at the end of
 //! this file, each a few lines around its script or read.

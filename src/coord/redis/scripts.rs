@@ -1,8 +1,8 @@
 //! The Redis coordinator's Lua scripts, the arguments they take, and how they are called.
 //! Each call that changes anything is one script, so Redis runs it whole with nothing in
 //! between: the check of the lease, the leader record and every task's version, then the
-//! writes, all or nothing. Renewal and release only go through scripts that check the lease is still there
-//! (never a bare PEXPIRE or DEL). The key layout is `layout.rs`'s.
+//! writes, all or nothing. Renewal and release only go through scripts that check the lease
+//! is still there (never a bare PEXPIRE or DEL). The key layout is `layout.rs`'s.
 //!
 //! Every script (but [`PRODUCE`]) starts with [`PRELUDE`]: `ARGV[1]` is the key prefix,
 //! `ARGV[2]` the leader name, the rest (`A`) the script's own. The scripts name their keys

@@ -1,7 +1,7 @@
 //! The Redis coordinator's waits (`observe`, `list`): read, and until the answer's
 //! version differs from the one asked about (passes it, or falls below it when the counter
-//! started over), look again on every message on the changes channel
-//! that may concern the read (a write of tasks under other prefixes does not),
+//! started over), look again on every message on the changes channel that may concern the
+//! read (a write of tasks under other prefixes does not),
 //! when a lease the read saw would end (its death changes the answer without any write), and
 //! every [`POLL`] if the counter moved (a message lost to a reconnect). The holder is read
 //! again every [`HOLDER_POLL`] whatever the counter says: an operator's `DEL` of the leader
@@ -45,8 +45,8 @@ impl RedisCoordinator {
     }
 
     /// `read` once its version is past `after`, or below it (at once for `Version(0)`), or
-    /// when `wait` is over. Looks again on every message on the channel, when a lease `read` saw would
-    /// end, and every [`POLL`] if the counter moved.
+    /// when `wait` is over. Looks again on every message on the channel, when a lease `read`
+    /// saw would end, and every [`POLL`] if the counter moved.
     pub(super) async fn wait_for<T>(
         &self,
         after: Version,
