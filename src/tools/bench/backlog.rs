@@ -242,6 +242,15 @@ struct Pair {
 
 async fn pair(backend: &str, backlog: usize, floor_first: bool) -> anyhow::Result<Pair> {
     let server = Target::start(backend)?;
+    // A deployment's replicas have read its queue before a backlog builds up. On Redis that
+    // first read marks the index of task keys whole (coord/redis/index.rs); without it, the
+    // first read would walk the whole backlog during the drain, once per fresh server
+    // (docs/performance.md measures that walk apart).
+    server
+        .coord
+        .keys("oracleTask/")
+        .await
+        .context("the first read of the queue")?;
     let mut leaderq = None;
     let mut minimal = None;
     for floor_turn in [floor_first, !floor_first] {
