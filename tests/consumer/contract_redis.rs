@@ -140,7 +140,7 @@ async fn keys_and_listings_page_through_a_queue_larger_than_a_page() {
     every.push("queue0".into());
     for how in ["keys", "list", "cut short"] {
         if how == "cut short" {
-            // A rebuild stopped halfway (its process killed) leaves the mark at 1, and
+            // A rebuild stopped halfway (its process killed) leaves the mark above 0, and
             // the index wanting: the next read rebuilds again.
             server.cli(&[b"ZADD", b"paging/tasks", b"1", b""]).unwrap();
             server

@@ -2,14 +2,16 @@
 //! when a read finds it wanting. The hashes are the truth; the index is what listings
 //! read, and it carries a mark ([`INDEXED`]) at 0 once a rebuild has made it whole. An
 //! index without the mark was deleted by hand (a producer's next write makes it again,
-//! unmarked) or never rebuilt; one with the mark at 1 is being rebuilt, or a rebuild was cut
-//! short. Either way the next read rebuilds it.
+//! unmarked) or never rebuilt; one with the mark above 0 is being rebuilt, or a rebuild was
+//! cut short. Either way the next read rebuilds it.
 //!
-//! A rebuild puts the mark in at 1, walks the task hashes with `SCAN` steps, each one
-//! script that adds the keys the index lacks and wakes the waiters if it added any, and
-//! sets the mark to 0 last, only if it is still there (`scripts.rs`, REINDEX). An index
-//! deleted during the rebuild, or a process stopped halfway, leaves the mark missing or at
-//! 1: nothing is marked whole that was not walked whole. One rebuild at a time per process.
+//! A rebuild puts the mark in at a number of its own, walks the task hashes with `SCAN`
+//! steps, each one script that adds the keys the index lacks and wakes the waiters if it
+//! added any, and sets the mark to 0 last, only if it still holds that number (`scripts.rs`,
+//! REINDEX). An index deleted during the rebuild (whether or not another rebuild has begun
+//! since), or a process stopped halfway, leaves the mark missing or above 0: nothing is
+//! marked whole that was not walked whole since its last deletion. One rebuild at a time
+//! per process.
 
 use redis::aio::ConnectionManager;
 use tokio::sync::OwnedMutexGuard;
@@ -49,7 +51,7 @@ impl RedisCoordinator {
 
     /// Starts a rebuild on a task of its own, unless one of this process runs: a watch
     /// answers at once with the index as it is, and the rebuild's write wakes it if it
-    /// added keys. A rebuild cut short by the process's end leaves the mark at 1.
+    /// added keys. A rebuild cut short by the process's end leaves the mark above 0.
     pub(super) fn rebuild_index_behind(&self) {
         let Ok(one_at_a_time) = self.rebuilding.clone().try_lock_owned() else {
             return;
@@ -102,7 +104,10 @@ impl Rebuild {
         if whole(mark) {
             return Ok(None);
         }
-        self.step(&[b"start"]).await?;
+        // This rebuild's own mark: one begun after a deletion during this one is not
+        // taken for it.
+        let run = (u64::from(uuid::Uuid::new_v4().as_u128() as u32) + 1).to_string();
+        self.step(&[b"start", run.as_bytes()]).await?;
         let pattern = format!("{}*", glob_escape(&format!("{}task/", self.layout.prefix)));
         let count = SCAN_COUNT.to_string();
         let (mut cursor, mut added) = (0u64, 0);
@@ -113,7 +118,7 @@ impl Rebuild {
                 .await?;
             added += more;
             if next == 0 {
-                self.step(&[b"done"]).await?;
+                self.step(&[b"done", run.as_bytes()]).await?;
                 return Ok(Some(added));
             }
             cursor = next;

@@ -158,21 +158,22 @@ end
 return out
 "#;
 
-/// One step of a rebuild of the task index (`read.rs`), by `A[1]`:
-/// - `start`: the mark in, at 1: a rebuild runs (a deletion of the index takes it away);
+/// One step of a rebuild of the task index (`index.rs`), by `A[1]`:
+/// - `start` (`A = [start, run]`): the mark in, at `run` (a number above 0 of this rebuild
+///   alone): a rebuild runs (a deletion of the index takes it away);
 /// - `scan` (`A = [scan, cursor, pattern, count]`): one `SCAN` step over the task hashes,
 ///   adding to the index each key it lacks (one `ZMSCORE` for those it has), a change when
 ///   any was missing; answers `[next cursor, keys added]`;
-/// - `done`: the mark to 0, the index whole, if the mark is still there (`XX`): an index
-///   deleted during the rebuild, or a rebuild cut short, leaves it missing or at 1, and the
-///   next read rebuilds again.
+/// - `done` (`A = [done, run]`): the mark to 0, the index whole, only if it is still at
+///   `run`: an index deleted during the rebuild (even if another rebuild has begun since),
+///   or a rebuild cut short, leaves it missing or above 0, and the next read rebuilds again.
 const REINDEX: &str = r#"
 local index = P .. 'tasks'
 if A[1] == 'start' then
-  redis.call('ZADD', index, 1, '')
+  redis.call('ZADD', index, A[2], '')
   return {'0', 0}
 elseif A[1] == 'done' then
-  redis.call('ZADD', index, 'XX', 0, '')
+  if redis.call('ZSCORE', index, '') == A[2] then redis.call('ZADD', index, 0, '') end
   return {'0', 0}
 end
 local found = redis.call('SCAN', A[2], 'MATCH', A[3], 'COUNT', A[4])
