@@ -248,7 +248,7 @@ impl Queue {
                 }
                 let run = logged(attempts::INTERRUPTED, &error);
                 let value = task.retried_after(attempts, &error, now, &run);
-                self.settle(leadership, &task, claimed_version, value, "put back")
+                self.settle(leadership, lease, &task, claimed_version, value, "put back")
                     .await;
             }
             Settlement::Retry {
@@ -260,6 +260,7 @@ impl Queue {
                 let value = task.retried_after(attempts, &error, not_before, &run);
                 self.settle(
                     leadership,
+                    lease,
                     &task,
                     claimed_version,
                     value,
@@ -547,10 +548,17 @@ impl Queue {
     }
 
     /// Writes `value` and releases the task, if it is still the version this run claimed.
-    /// A value too large to write back sends the task to dead-letter instead.
+    /// A value too large to write back sends the task to dead-letter instead. A write the
+    /// coordinator did not answer (an error, a time-out) is tried again while the lease is
+    /// fresh: it is guarded and conditioned on the claim's version, so a try whose answer
+    /// was lost is never applied twice (the next one conflicts and finds the task
+    /// released). Left held by this lease, the task would be requeued by the next listing
+    /// as a run cut short, using an attempt the handler never failed; once the lease is
+    /// stale the term ends and the lease with it, and the next leader requeues the orphan.
     pub(super) async fn settle(
         &self,
         leadership: &Leadership,
+        lease: &Lease,
         task: &Task,
         claimed_version: TaskVersion,
         value: Vec<u8>,
@@ -568,7 +576,18 @@ impl Queue {
                 value: value.clone(),
             }]
         };
-        match self.write(leadership, &ops).await {
+        let mut pause = OWN_RETRY_FIRST;
+        let written = loop {
+            match self.write(leadership, &ops).await {
+                Err(err) if !matches!(err, CoordError::Refused(_)) && lease.is_fresh() => {
+                    tracing::debug!(task_key = %task.key, error = %err, "cannot {what} yet; asking again while the lease lives");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(OWN_RETRY_MAX);
+                }
+                written => break written,
+            }
+        };
+        match written {
             Ok(Written::Done { .. }) => {}
             Ok(Written::Conflict(_) | Written::Deferred(_)) => {
                 // A producer rewrote the task while it ran; or the lease ended and left it
@@ -607,7 +626,7 @@ impl Queue {
                 }
             }
             Err(err) => {
-                tracing::warn!(task_key = %task.key, error = %err, "cannot {what}; the task is requeued when this lease ends")
+                tracing::warn!(task_key = %task.key, error = %err, "cannot {what} while the lease is fresh; the task is requeued when this lease ends")
             }
         }
     }

@@ -22,6 +22,7 @@ mod groups;
 mod leading;
 mod lost;
 mod scheduled;
+mod stopped;
 mod ticker;
 
 use self::leading::Leading;
