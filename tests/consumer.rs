@@ -411,6 +411,104 @@ async fn consumers_recover_after_the_server_restarts() {
     drop(temp);
 }
 
+/// `leaderq server` restarted on an empty data directory under a working leader (a
+/// coordinator that lost everything, its raft index included): the old leader's run stops
+/// before the next leader starts one, a leader is back within TTL + lock-delay + 1 s (with
+/// slack for a loaded machine), and every token it hands out is above every token handed
+/// out before the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_lost_its_data_never_hands_out_a_lower_token() {
+    let mut bed = Bed::new();
+    let j = bed.journal.display().to_string();
+    bed.settings = bed
+        .settings
+        .clone()
+        .handler(
+            "Long",
+            &format!("echo $$ > {j}.long; echo \"start $TASK_ID $LEADERQ_FENCING_TOKEN $NODE\" >> {j}; sleep 60"),
+        )
+        .handler(
+            "Check",
+            &format!("kill -0 $(cat {j}.long) 2>/dev/null && echo \"overlap $TASK_ID\" >> {j}; echo \"run $TASK_ID $LEADERQ_FENCING_TOKEN $NODE 1\" >> {j}"),
+        );
+    bed.start_replica("r1");
+    bed.start_replica("r2");
+    bed.leader(Duration::from_secs(30)).await;
+    // Enough writes that the raft index is well above where a new data dir starts.
+    for n in 0..20 {
+        bed.put_task(
+            &format!("before_{n}"),
+            json!({"taskId": format!("b{n}"), "taskTime": n, "taskType": "Work"}),
+        )
+        .await;
+    }
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(30))
+        .await;
+    bed.put_task(
+        "long",
+        json!({"taskId": "long", "taskTime": 100, "taskType": "Long"}),
+    )
+    .await;
+    wait_until(Duration::from_secs(10), "the long run", async || {
+        let journal = bed.journal();
+        if journal.iter().any(|l| l[0] == "start") {
+            Ok(())
+        } else {
+            Err(journal)
+        }
+    })
+    .await;
+    let before: Vec<u64> = bed
+        .journal()
+        .iter()
+        .filter(|l| l[0] == "run" || l[0] == "start")
+        .map(|l| l[2].parse().unwrap())
+        .collect();
+    let highest = *before.iter().max().unwrap();
+    let addr = bed.cluster.addr.clone();
+    let wiped = tempfile::tempdir().unwrap();
+    let temp = bed.cluster.take_temp();
+    bed.cluster.kill();
+    tokio::time::sleep(SERVER_DOWN).await;
+    let restarted = Instant::now();
+    *bed.cluster =
+        ServerProcess::start_at(&addr, wiped.path(), &[]).expect("restart on the same port");
+    bed.leader(Duration::from_secs(30)).await;
+    let back_in = restarted.elapsed();
+    eprintln!("a leader was back {back_in:?} after the server restarted empty");
+    // TTL 3 s + lock-delay 200 ms + 1 s, and 2 s for a loaded machine.
+    assert!(
+        back_in < Duration::from_millis(6200),
+        "no leader for {back_in:?}\n{}",
+        bed.logs()
+    );
+    for n in 0..3 {
+        bed.put_task(
+            &format!("after_{n}"),
+            json!({"taskId": format!("a{n}"), "taskTime": n, "taskType": "Check"}),
+        )
+        .await;
+    }
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(30))
+        .await;
+    let journal = bed.journal();
+    assert!(
+        !journal.iter().any(|l| l[0] == "overlap"),
+        "a run started while the old leader's still went on: {journal:?}"
+    );
+    let after: Vec<u64> = journal
+        .iter()
+        .filter(|l| l[0] == "run" && l[1].starts_with('a'))
+        .map(|l| l[2].parse().unwrap())
+        .collect();
+    assert_eq!(after.len(), 3, "{journal:?}");
+    assert!(
+        after.iter().all(|token| *token > highest),
+        "a token at or below {highest} after the loss: {after:?}\n{journal:?}"
+    );
+    drop(temp);
+}
+
 /// A producer that re-PUTs a task while it runs never loses its new value: the run's
 /// completion leaves the new version queued, and it runs next.
 #[tokio::test]

@@ -166,6 +166,12 @@ pub struct HolderRecord {
     pub session: String,
     #[serde(default)]
     pub since: String,
+    /// The lowest fencing token this holder's win may be handed: above every token its
+    /// replica has seen. A backend whose own counter a coordinator's loss of data can set
+    /// back (Consul's raft index) hands out the higher of the two, so that a token never
+    /// falls while some replica remembers a higher one. Absent in records of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor: Option<u64>,
 }
 
 impl HolderRecord {

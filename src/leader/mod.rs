@@ -35,8 +35,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::ElectionSettings;
 use crate::coord::{
-    Campaign, CoordError, Coordinator, HolderRecord, Leadership, LeaseId, LeaseSpec, Renewal,
-    Version,
+    Campaign, CoordError, Coordinator, FencingToken, HolderRecord, Leadership, LeaseId, LeaseSpec,
+    Renewal, Version,
 };
 use crate::observe::Metrics;
 use crate::task::rfc3339;
@@ -48,6 +48,9 @@ pub use lease::Lease;
 /// coordinator restart) is made up before the handlers' kill schedule, which starts
 /// kill_grace plus a tenth of the TTL before the lease's deadline, gives up on the lease.
 const RENEW_RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// The file in the data dir that keeps the highest fencing token this replica has seen.
+const TOKEN_FILE: &str = "fencing-token";
 
 fn renew_retry(ttl: Duration) -> Duration {
     (ttl / 10).min(RENEW_RETRY_MAX)
@@ -72,6 +75,12 @@ pub struct Election {
     /// The lease kept in the data dir, once the coordinator let this process take it up,
     /// until [`Election::take_reused`] hands it on.
     reused: Option<LeaseId>,
+    /// The highest fencing token this replica has seen (held, or observed on another
+    /// leader), kept in the data dir (`fencing-token`): every campaign asks for a token
+    /// above it ([`HolderRecord::floor`]), so that a coordinator that lost its data cannot
+    /// hand out a lower one while this replica remembers.
+    seen_token: u64,
+    token_file: PathBuf,
 }
 
 impl Election {
@@ -81,10 +90,17 @@ impl Election {
         node_id: String,
         data_dir: PathBuf,
     ) -> Election {
+        let token_file = data_dir.join(TOKEN_FILE);
+        let seen_token = std::fs::read_to_string(&token_file)
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(0);
         Election {
             coord,
             lease: Arc::new(Lease::new(settings.lease_ttl)),
             lease_file: data_dir.join("session"),
+            seen_token,
+            token_file,
             node_id,
             settings,
             tried_previous: false,
@@ -201,6 +217,18 @@ impl Election {
             pid: std::process::id(),
             session: lease.0.clone(),
             since: rfc3339(Utc::now()),
+            floor: Some(self.seen_token.saturating_add(1)),
+        }
+    }
+
+    /// Remembers `token` if it is the highest seen yet, in memory and in the data dir.
+    fn saw(&mut self, token: FencingToken) {
+        if token.0 <= self.seen_token {
+            return;
+        }
+        self.seen_token = token.0;
+        if let Err(err) = std::fs::write(&self.token_file, token.0.to_string()) {
+            tracing::warn!(file = %self.token_file.display(), error = %err, "cannot keep the highest fencing token seen; after a restart, only the coordinator's own record keeps tokens rising");
         }
     }
 
@@ -224,6 +252,7 @@ impl Election {
                 observed = self.coord.observe(after, wait) => observed?,
             };
             after = version;
+            self.saw(holder.token);
             if seen.as_ref() != Some(&holder.lease) {
                 match (&holder.lease, &holder.record) {
                     (Some(other), record) if *other != lease => tracing::info!(
@@ -253,7 +282,10 @@ impl Election {
             }
             let record = self.record(&lease);
             match self.coord.campaign(&lease, &record).await? {
-                Campaign::Won(leadership) => return Ok(Some(leadership)),
+                Campaign::Won(leadership) => {
+                    self.saw(leadership.fencing_token);
+                    return Ok(Some(leadership));
+                }
                 // Another replica won the race: watch it from a fresh look.
                 Campaign::Held => after = Version::default(),
                 Campaign::Delayed => {

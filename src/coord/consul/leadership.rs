@@ -1,11 +1,19 @@
-//! [`Elections`] on Consul's leader key: observe it with blocking GETs, campaign with
-//! `?acquire=<session>` (or, when a restart took up the session that still holds it, an
-//! unlock and lock in one transaction, a new write), resign with `?release=<session>`.
-//! The fencing token is the key's `ModifyIndex` as the winning acquire wrote it: the raft
-//! index of that write, from the one global index that only rises, so a later win (a key
-//! deleted and created anew included) has a higher one. Not `LockIndex`: Consul starts it
-//! again at 1 on a key created anew, and a plain PUT sets it to 0. The key's value is the
-//! [`HolderRecord`].
+//! [`Elections`] on Consul's leader key: observe it with blocking GETs, campaign with a
+//! transaction that locks it for `<session>` at the index it was read (or, when a restart
+//! took up the session that still holds it, an unlock and lock in one transaction, a new
+//! write), resign with `?release=<session>`. The key's value is the [`HolderRecord`].
+//!
+//! The fencing token is the higher of the key's `ModifyIndex` as the winning write left it
+//! (the raft index of that write, from the one global index that only rises, so a later
+//! win, a key deleted and created anew included, has a higher one) and the record's
+//! `floor`. Not `LockIndex`: Consul starts it again at 1 on a key created anew, and a plain
+//! PUT sets it to 0. The floor is what keeps tokens rising when Consul's index does not: a
+//! cluster (or a `leaderq server` data dir) that lost its data counts its index from 1
+//! again. The win's write carries `floor` = the higher of the campaigning replica's (the
+//! highest token it has seen, plus one) and the last record's token plus one, and it is
+//! conditioned on the key's index as read, so that no win slips in between the read and the
+//! write: each token is above the one before it, whatever the index did. While the key is
+//! held nothing but its holder's win writes it, so everyone reads the same token from it.
 //!
 //! One call is one attempt: waiting between attempts (lock-delay, deferring to the
 //! previous leader) is the caller's business.
@@ -15,7 +23,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::coord::consul::client::{
-    self as consul, KvPair, PutMode, QueryOptions, TxnOp, TxnOutcome, MIN_REQUERY,
+    KvPair, QueryOptions, TxnError, TxnOp, TxnOutcome, MIN_REQUERY,
 };
 use crate::coord::{
     Campaign, CoordError, Elections, FencingToken, Holder, HolderRecord, Leadership, LeaseId,
@@ -44,18 +52,25 @@ pub async fn settle(sent: Instant, wait: Duration, after: Version, next: Version
     }
 }
 
-/// The leadership as the leader key shows it. While the key is held, its `ModifyIndex` is
-/// the holder's token: nothing writes a held key but its holder's acquire, unless an
-/// operator rewrites it, which also ends that leadership (the guard checks the index). A
-/// free key's `ModifyIndex` is its release's (or its session's end), no token at all, so
-/// a free leadership reports 0: Consul keeps no record of the last token.
+/// The token a held leader key stands for: the higher of its `ModifyIndex` (what the
+/// win's write left) and its record's floor.
+pub fn token_of(entry: &KvPair) -> FencingToken {
+    let floor = HolderRecord::decode(&entry.value).and_then(|record| record.floor);
+    FencingToken(entry.modify_index.max(floor.unwrap_or(0)))
+}
+
+/// The leadership as the leader key shows it. While the key is held, its token is
+/// [`token_of`] it: nothing writes a held key but its holder's win, unless an operator
+/// rewrites it, which also ends that leadership (the guard checks the index). A free key's
+/// `ModifyIndex` is its release's (or its session's end), no token at all, so a free
+/// leadership reports 0 (the next win reads the last record's floor all the same).
 pub fn holder_of(entry: Option<KvPair>) -> Holder {
     match entry {
         None => Holder::default(),
         Some(entry) => Holder {
             record: HolderRecord::decode(&entry.value),
             token: if entry.session.is_some() {
-                FencingToken(entry.modify_index)
+                token_of(&entry)
             } else {
                 FencingToken(0)
             },
@@ -64,18 +79,24 @@ pub fn holder_of(entry: Option<KvPair>) -> Holder {
     }
 }
 
-/// What one acquire attempt came to, given whether Consul said it took the key and the key
-/// as read right after.
-fn after_acquire(lease: &LeaseId, entry: Option<&KvPair>) -> Campaign {
-    match entry.and_then(|entry| entry.session.as_deref().map(|s| (s, entry.modify_index))) {
-        Some((session, modify_index)) if session == lease.0 => Campaign::Won(Leadership {
-            lease: lease.clone(),
-            fencing_token: FencingToken(modify_index),
-        }),
-        Some(_) => Campaign::Held,
-        // Free: refused under lock-delay, or won and lost again at once (the session was
-        // invalidated meanwhile; the next attempt finds that out).
-        None => Campaign::Delayed,
+/// The floor a win over `entry` (the leader key as read, if any) must write: above the
+/// `asked` floor (the campaigning replica's) and above every token the key stood for. A
+/// free key's index is its release's, above its holder's win's, so it counts too.
+pub fn floor_over(entry: Option<&KvPair>, asked: Option<u64>) -> u64 {
+    let last = entry.map_or(0, |entry| token_of(entry).0);
+    last.saturating_add(1).max(asked.unwrap_or(0))
+}
+
+/// What a rolled back campaign transaction means: the session is gone (`LeaseGone`), the
+/// key is under lock-delay (`Delayed`), or someone else wrote it first (`Held`: the caller
+/// watches it from a fresh look).
+fn after_refusal(errors: &[TxnError]) -> Campaign {
+    if errors.iter().any(|e| e.what.contains("invalid session")) {
+        Campaign::LeaseGone
+    } else if errors.iter().any(|e| e.what.contains("lock delay")) {
+        Campaign::Delayed
+    } else {
+        Campaign::Held
     }
 }
 
@@ -97,115 +118,115 @@ impl Elections for ConsulCoordinator {
             .await?;
         let next = next_version(after, returned);
         settle(sent, wait, after, next).await;
-        Ok((holder_of(entry), next))
+        // A key this replica won, written since by someone else (an operator's PUT keeps the
+        // lock's session): its token may read the same, but the win is no more.
+        let rewritten = entry.as_ref().is_some_and(|entry| {
+            entry.session.as_ref().is_some_and(|session| {
+                let at = self.won_at(&LeaseId(session.clone()));
+                at != 0 && at != entry.modify_index
+            })
+        });
+        let mut holder = holder_of(entry);
+        if rewritten {
+            holder.token = FencingToken(0);
+        }
+        Ok((holder, next))
     }
 
-    /// One attempt at the leader key with `lease`.
+    /// One attempt at the leader key with `lease`: one transaction that locks the key as
+    /// read (its index checked, or its absence) with the record and its floor.
     async fn campaign(
         &self,
         lease: &LeaseId,
         record: &HolderRecord,
     ) -> Result<Campaign, CoordError> {
         let key = &self.settings.leader_key;
-        let value = record.encode();
         let (entry, _) = self.client.kv_get(key, QueryOptions::default()).await?;
-        match entry {
+        let floor = floor_over(entry.as_ref(), record.floor);
+        let value = HolderRecord {
+            floor: Some(floor),
+            ..record.clone()
+        }
+        .encode();
+        let lock = TxnOp::Lock {
+            key: key.clone(),
+            value: value.clone(),
+            session: lease.0.clone(),
+        };
+        let ops = match &entry {
             Some(entry) if entry.session.as_deref() == Some(lease.0.as_str()) => {
                 // Held by this very lease: a restart took it up, or an earlier attempt won
-                // and could not read the key back. An earlier run may have handed out this
-                // ModifyIndex, so take the key again for a higher one.
-                match self.reacquire(lease, &value).await? {
-                    Some(token) if token > entry.modify_index => {
-                        return Ok(self.won(lease, value, FencingToken(token)));
-                    }
-                    // A server whose transaction did not write the key anew: release it and
-                    // acquire it like any free key (a release sets no lock-delay).
-                    Some(_) => {
-                        self.client
-                            .kv_put(key, &value, PutMode::Release(lease.0.clone()))
-                            .await?;
-                    }
-                    None => {}
-                }
+                // and its answer was lost. An earlier run may have handed out its token, so
+                // take the key again, a new write with a higher floor.
+                vec![
+                    TxnOp::CheckIndex {
+                        key: key.clone(),
+                        index: entry.modify_index,
+                    },
+                    TxnOp::Unlock {
+                        key: key.clone(),
+                        value: value.clone(),
+                        session: lease.0.clone(),
+                    },
+                    lock,
+                ]
             }
             Some(entry) if entry.session.is_some() => return Ok(Campaign::Held),
-            _ => {}
-        }
-        let acquired = match self
-            .client
-            .kv_put(key, &value, PutMode::Acquire(lease.0.clone()))
-            .await
-        {
-            Ok(acquired) => acquired,
-            Err(consul::Error::Status { code: 500, body }) if body.contains("invalid session") => {
-                return Ok(Campaign::LeaseGone);
-            }
-            Err(err) => return Err(err.into()),
+            Some(entry) => vec![
+                TxnOp::CheckIndex {
+                    key: key.clone(),
+                    index: entry.modify_index,
+                },
+                lock,
+            ],
+            None => vec![TxnOp::CheckNotExists { key: key.clone() }, lock],
         };
-        // Won or refused, the key as it is now says which: held by this lease (its
-        // ModifyIndex, the acquire's write, is the token), by another (it won the race), or
-        // free (lock-delay). Should an operator rewrite the key in between, its index is
-        // still one no other leadership had, and above every earlier one.
-        let (entry, _) = self.client.kv_get(key, QueryOptions::default()).await?;
-        let campaign = after_acquire(lease, entry.as_ref());
-        if let Campaign::Won(leadership) = &campaign {
-            if !acquired {
-                tracing::debug!(session = %lease, "the acquire was refused, yet the key is held by this lease");
+        match self.client.txn(&ops).await? {
+            TxnOutcome::Committed(entries) => {
+                let won = entries.iter().rev().find(|entry| entry.key == *key);
+                match won {
+                    Some(won) if won.session.as_deref() == Some(lease.0.as_str()) => {
+                        let at = won.modify_index;
+                        let token = FencingToken(at.max(floor));
+                        Ok(self.won(lease, value, at, token))
+                    }
+                    // A server whose transaction answered without the key: look again.
+                    _ => Ok(Campaign::Held),
+                }
             }
-            return Ok(self.won(lease, value, leadership.fencing_token));
+            TxnOutcome::RolledBack(errors) => {
+                tracing::debug!(?errors, "campaign refused");
+                Ok(after_refusal(&errors))
+            }
         }
-        Ok(campaign)
     }
 
     /// Releases the key if the leadership's lease holds it (no lock-delay).
     async fn resign(&self, lease: &LeaseId) -> Result<(), CoordError> {
         self.release_leader_key(lease).await?;
-        self.tied().records.remove(lease);
+        let mut tied = self.tied();
+        tied.records.remove(lease);
+        tied.won_at.remove(lease);
         Ok(())
     }
 }
 
 impl ConsulCoordinator {
-    fn won(&self, lease: &LeaseId, value: Vec<u8>, fencing_token: FencingToken) -> Campaign {
-        self.tied().records.insert(lease.clone(), value);
+    /// Records a win by `lease` that wrote `value` at index `at`, handing out `token`.
+    fn won(&self, lease: &LeaseId, value: Vec<u8>, at: u64, token: FencingToken) -> Campaign {
+        let mut tied = self.tied();
+        tied.records.insert(lease.clone(), value);
+        tied.won_at.insert(lease.clone(), at);
         Campaign::Won(Leadership {
             lease: lease.clone(),
-            fencing_token,
+            fencing_token: token,
         })
     }
 
-    /// Releases and acquires again the leader key this lease holds, in one transaction: a
-    /// new write of the key (its ModifyIndex rises to the transaction's index), a release
-    /// sets no lock-delay, and no other replica can take the key in between. The new
-    /// ModifyIndex, or `None` if the lease no longer holds the key.
-    async fn reacquire(&self, lease: &LeaseId, value: &[u8]) -> Result<Option<u64>, CoordError> {
-        let key = self.settings.leader_key.clone();
-        let ops = [
-            TxnOp::Unlock {
-                key: key.clone(),
-                value: value.to_vec(),
-                session: lease.0.clone(),
-            },
-            TxnOp::Lock {
-                key: key.clone(),
-                value: value.to_vec(),
-                session: lease.0.clone(),
-            },
-        ];
-        match self.client.txn(&ops).await? {
-            TxnOutcome::Committed(entries) => Ok(entries
-                .iter()
-                .rev()
-                .find(|entry| entry.key == key)
-                .map(|entry| entry.modify_index)),
-            TxnOutcome::RolledBack(errors) => {
-                tracing::info!(
-                    ?errors,
-                    "the reused session lost the leader key before taking it again"
-                );
-                Ok(None)
-            }
-        }
+    /// The leader key's index as `lease`'s win wrote it (0, which no key has, if it never
+    /// won): what its guarded writes check.
+    pub(super) fn won_at(&self, lease: &LeaseId) -> u64 {
+        self.tied().won_at.get(lease).copied().unwrap_or(0)
     }
 }
 
@@ -277,26 +298,56 @@ mod tests {
         assert_eq!(holder_of(None), Holder::default());
     }
 
-    /// After an acquire, the key says the outcome: ours (with its ModifyIndex as the
-    /// token), another's, or free under lock-delay.
+    /// A win's floor is above the token the key stood for (its index, or its record's
+    /// floor if higher, held or free) and never below the floor the replica asked for: a
+    /// key whose index started over (a coordinator that lost its data) still yields a
+    /// higher token than the record it holds.
     #[test]
-    fn an_acquire_is_judged_by_the_key_read_after_it() {
-        let lease = LeaseId("s1".into());
+    fn a_win_writes_a_floor_above_every_token_the_key_stood_for() {
+        let record = |floor: Option<u64>| {
+            HolderRecord {
+                node: "web-1".into(),
+                floor,
+                ..HolderRecord::default()
+            }
+            .encode()
+        };
+        assert_eq!(floor_over(None, None), 1);
+        assert_eq!(floor_over(None, Some(157)), 157);
+        let old = entry(None, 40, &record(None));
+        assert_eq!(floor_over(Some(&old), None), 41);
+        assert_eq!(floor_over(Some(&old), Some(90)), 90);
+        let wiped = entry(Some("s2"), 7, &record(Some(157)));
+        assert_eq!(token_of(&wiped), FencingToken(157));
+        assert_eq!(holder_of(Some(wiped.clone())).token, FencingToken(157));
+        assert_eq!(floor_over(Some(&wiped), Some(100)), 158);
+        let caught_up = entry(Some("s2"), 400, &record(Some(157)));
+        assert_eq!(token_of(&caught_up), FencingToken(400));
+    }
+
+    /// A refused campaign: a session gone is `LeaseGone`, lock-delay `Delayed`, anything
+    /// else (the key written since it was read, or held) `Held`, to be looked at again.
+    #[test]
+    fn a_refused_campaign_is_judged_by_its_errors() {
+        let error = |what: &str| TxnError {
+            op_index: 1,
+            what: what.into(),
+        };
         assert_eq!(
-            after_acquire(&lease, Some(&entry(Some("s1"), 7, b""))),
-            Campaign::Won(Leadership {
-                lease: lease.clone(),
-                fencing_token: FencingToken(7)
-            })
+            after_refusal(&[error(r#"invalid session "s1""#)]),
+            Campaign::LeaseGone
         );
         assert_eq!(
-            after_acquire(&lease, Some(&entry(Some("s2"), 7, b""))),
+            after_refusal(&[error(r#"failed to lock key "k" due to lock delay"#)]),
+            Campaign::Delayed
+        );
+        assert_eq!(
+            after_refusal(&[error(r#"failed to lock key "k", lock is already held"#)]),
             Campaign::Held
         );
         assert_eq!(
-            after_acquire(&lease, Some(&entry(None, 7, b""))),
-            Campaign::Delayed
+            after_refusal(&[error(r#"failed to check index: key "k" has index 9"#)]),
+            Campaign::Held
         );
-        assert_eq!(after_acquire(&lease, None), Campaign::Delayed);
     }
 }

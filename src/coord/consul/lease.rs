@@ -277,6 +277,7 @@ impl ConsulCoordinator {
         let mut tied = self.tied();
         tied.leases.remove(lease);
         tied.records.remove(lease);
+        tied.won_at.remove(lease);
     }
 
     /// Releases the leader key if `lease` holds it, writing back the holder record (the one

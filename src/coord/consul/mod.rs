@@ -8,7 +8,7 @@
 //!   passing at open and passed at every keep-alive (`lease.rs`); keep-alive is renew + pass,
 //!   revoke is destroy, close also releases the leader key and deregisters the checks no open
 //!   lease uses; `leftovers.rs` decides whether a previous session is taken up;
-//! - leadership is the leader key acquired with `?acquire=<session>`, its value the
+//! - leadership is the leader key locked for the session in a transaction, its value the
 //!   [`HolderRecord`]; `observe` is a blocking GET on it (the index reset when it goes back,
 //!   early unchanged answers paced to `MIN_REQUERY`) (`leadership.rs`);
 //! - the queue is the KV prefix: a task's version is its `ModifyIndex` (`CreateIndex` orders
@@ -28,23 +28,25 @@
 //!   once. The key then stays under lock-delay (capped at 60 s): an acquire answers `Delayed`
 //!   until a holder that had not noticed is past its own deadline. `resign` is `?release`,
 //!   which sets no lock-delay, so a clean handover is immediate.
-//! - **Fencing.** The token is the leader key's `ModifyIndex` as the winning acquire wrote it:
-//!   the raft index of that write, one global counter that only rises and is kept in the
-//!   raft log and snapshots (`leaderq server` persists it with every commit). A key deleted
-//!   and created anew is acquired by a new write at a higher index; its `LockIndex` would
-//!   start again at 1 (and a plain PUT sets it to 0), so it is never the token. While held,
-//!   only a write of the key moves its `ModifyIndex` (a renew writes nothing); an operator's
-//!   PUT moves it, and the guard then ends that leadership. A lease that finds the key
-//!   already its own (a restart took its session up) unlocks and locks it in one
-//!   transaction, a new write at a higher index; if a server skipped that write, the key is
-//!   released and acquired as a free one. Only a cluster (or a `leaderq server` data dir)
-//!   rebuilt from nothing can make the token go back.
+//! - **Fencing.** The token is the higher of the leader key's `ModifyIndex` as the winning
+//!   write left it (the raft index of that write, one global counter that only rises and is
+//!   kept in the raft log and snapshots; `leaderq server` persists it with every commit) and
+//!   the floor that write put in the holder record (`leadership.rs`): one above the last
+//!   record's token and above the highest token the replica has seen. A key deleted and
+//!   created anew is won by a new write at a higher index; its `LockIndex` would start
+//!   again at 1 (and a plain PUT sets it to 0), so it is never the token. The floor keeps
+//!   tokens rising past a cluster (or a `leaderq server` data dir) that lost its data and
+//!   counts its index from 1 again. While held, only a write of the key moves its
+//!   `ModifyIndex` (a renew writes nothing); an operator's PUT moves it, and the guard then
+//!   ends that leadership. A lease that finds the key already its own (a restart took its
+//!   session up) unlocks and locks it in one transaction, a new write with a higher floor.
 //! - **Guarded writes.** `write` is one `/v1/txn` that opens with `check-session` (the
-//!   leadership's session) and `check-index` (its token) on the leader key; a session check
-//!   alone would let an operator's PUT through, since a PUT keeps the lock's session. Consul
-//!   applies all ops or none: a failed check answers `NotLeader`, any other failed op
-//!   `Conflict` with its task's key. The checks return the leader key as the commit saw it;
-//!   its `ModifyIndex` is `Written::Done`'s token. `write_own` is the same without the checks.
+//!   leadership's session) and `check-index` (the index its win wrote) on the leader key; a
+//!   session check alone would let an operator's PUT through, since a PUT keeps the lock's
+//!   session. Consul applies all ops or none: a failed check answers `NotLeader`, any other
+//!   failed op `Conflict` with its task's key. The checks return the leader key as the
+//!   commit saw it; the token it stands for is `Written::Done`'s. `write_own` is the same
+//!   without the checks.
 //! - **Versions.** Every write moves a key's `ModifyIndex`, and each op is conditioned on it.
 //!   A `delete-cas` of a key already gone succeeds, so `Complete` and `Move` of a task
 //!   someone deleted answer `Done`.
@@ -80,7 +82,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::coord::consul::client::{self as consul, Client};
-use crate::coord::{CoordError, Coordinator, FencingToken, Leadership, LeaseId, WriteCost};
+use crate::coord::{CoordError, Coordinator, LeaseId, WriteCost};
 
 /// What the Consul coordinator needs beyond its client; from `[election]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -116,6 +118,9 @@ struct Tied {
     /// The holder record each lease wrote when it won, written back when it releases the
     /// key, so that the last holder's record stays for standbys.
     records: HashMap<LeaseId, Vec<u8>>,
+    /// The leader key's `ModifyIndex` as each lease's win wrote it: what the guard of its
+    /// writes checks (the token may be above it, `leadership.rs`).
+    won_at: HashMap<LeaseId, u64>,
 }
 
 /// The Consul backend from its `[consul]` section, the leader key and whether leases are
@@ -197,11 +202,13 @@ const SESSION_SHAPE: &str = "00000000-0000-0000-0000-000000000000";
 /// counted with a session id's shape and the longest token (20 digits), so the cost never
 /// falls short of the guard that is sent.
 fn guard_cost_on(leader_key: &str) -> WriteCost {
-    let widest = Leadership {
-        lease: LeaseId(SESSION_SHAPE.into()),
-        fencing_token: FencingToken(u64::MAX),
+    let session = LeaseId(SESSION_SHAPE.into());
+    let widest = txn::Guard {
+        leader_key,
+        lease: &session,
+        index: u64::MAX,
     };
-    txn::guard(leader_key, &widest)
+    txn::guard(widest)
         .iter()
         .map(|op| WriteCost {
             ops: 1,
@@ -281,13 +288,13 @@ mod tests {
         let guard = guard_cost_on("consumerLeader");
         assert_eq!(guard.ops, 2);
         let cost = guard + ops.iter().map(|op| txn::cost(&lease, op)).sum();
-        let sent_under = |fencing_token: u64| {
-            let fencing_token = FencingToken(fencing_token);
-            let leadership = Leadership {
-                lease: lease.clone(),
-                fencing_token,
+        let sent_under = |index: u64| {
+            let guard = txn::Guard {
+                leader_key: "consumerLeader",
+                lease: &lease,
+                index,
             };
-            txn::txn_ops(Some(("consumerLeader", &leadership)), &lease, &ops).0
+            txn::txn_ops(Some(guard), &lease, &ops).0
         };
         // Under the longest token the body is the cost exactly; under a shorter one, less.
         let sent = sent_under(u64::MAX);

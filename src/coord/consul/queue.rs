@@ -15,7 +15,7 @@ use crate::coord::{
 };
 
 use super::leadership::{next_version, settle};
-use super::txn::{self, txn_ops, written};
+use super::txn::{self, txn_ops, written, Guard};
 use super::{guard_cost_on, ConsulCoordinator, MAX_BYTES, SESSION_SHAPE};
 
 /// A KV entry as the queue sees it.
@@ -83,7 +83,12 @@ impl Tasks for ConsulCoordinator {
     async fn write(&self, leadership: &Leadership, ops: &[TaskOp]) -> Result<Written, CoordError> {
         crate::coord::admit(self, ops, true)?;
         let leader_key = self.settings.leader_key.as_str();
-        let (txn, owners) = txn_ops(Some((leader_key, leadership)), &leadership.lease, ops);
+        let guard = Guard {
+            leader_key,
+            lease: &leadership.lease,
+            index: self.won_at(&leadership.lease),
+        };
+        let (txn, owners) = txn_ops(Some(guard), &leadership.lease, ops);
         let outcome = self.client.txn(&txn).await?;
         Ok(written(
             outcome,

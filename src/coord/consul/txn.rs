@@ -5,39 +5,49 @@
 //!
 //! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
+use super::leadership::token_of;
 use crate::coord::consul::client::{TxnOp, TxnOutcome};
-use crate::coord::{FencingToken, Leadership, LeaseId, TaskOp, TaskVersion, Written};
+use crate::coord::{FencingToken, LeaseId, TaskOp, TaskVersion, Written};
 
-/// The leadership guard, the first ops of every guarded transaction: the leader key is
-/// still locked by the leadership's session, and still at the ModifyIndex its acquire
-/// wrote (the token). The session alone would not do: an operator's PUT over the key keeps
-/// the lock's session, yet the key no longer says who leads under which token, and a key
-/// deleted and acquired again by the same session would pass with an old token.
-pub fn guard(leader_key: &str, leadership: &Leadership) -> [TxnOp; 2] {
+/// What a guarded transaction checks first: the leader key is still locked by the
+/// leadership's session, and still at the ModifyIndex its win wrote (`index`: what the
+/// win's transaction answered, which the token may be above, `leadership.rs`).
+#[derive(Clone, Copy, Debug)]
+pub struct Guard<'a> {
+    pub leader_key: &'a str,
+    pub lease: &'a LeaseId,
+    pub index: u64,
+}
+
+/// The leadership guard, the first ops of every guarded transaction. The session alone
+/// would not do: an operator's PUT over the key keeps the lock's session, yet the key no
+/// longer says who leads under which token, and a key deleted and acquired again by the
+/// same session would pass with an old token.
+pub fn guard(guard: Guard) -> [TxnOp; 2] {
     [
         TxnOp::CheckSession {
-            key: leader_key.to_string(),
-            session: leadership.lease.0.clone(),
+            key: guard.leader_key.to_string(),
+            session: guard.lease.0.clone(),
         },
         TxnOp::CheckIndex {
-            key: leader_key.to_string(),
-            index: leadership.fencing_token.0,
+            key: guard.leader_key.to_string(),
+            index: guard.index,
         },
     ]
 }
 
-/// The transaction for `ops`, written by `lease`: first the [`guard`] of `guard`'s
-/// leadership on the leader key if any, then each op's verbs. Also returns, for each
-/// transaction op, the index in `ops` it came from (`None` for the guard).
+/// The transaction for `ops`, written by `lease`: first the [`guard`] if any, then each
+/// op's verbs. Also returns, for each transaction op, the index in `ops` it came from
+/// (`None` for the guard).
 pub fn txn_ops(
-    guard: Option<(&str, &Leadership)>,
+    guard: Option<Guard>,
     lease: &LeaseId,
     ops: &[TaskOp],
 ) -> (Vec<TxnOp>, Vec<Option<usize>>) {
     let mut txn = Vec::with_capacity(2 + 2 * ops.len());
     let mut owners = Vec::with_capacity(txn.capacity());
-    if let Some((leader_key, leadership)) = guard {
-        for op in self::guard(leader_key, leadership) {
+    if let Some(checked) = guard {
+        for op in self::guard(checked) {
             txn.push(op);
             owners.push(None);
         }
@@ -163,11 +173,12 @@ fn own_check(key: &str, lease: &LeaseId) -> TxnOp {
 /// of every claim, and copying values of tens of KB to measure them would dominate.
 pub fn cost(lease: &LeaseId, op: &TaskOp) -> crate::coord::WriteCost {
     let (bare, value_len) = (op.bare(), op.value_len());
-    let leadership = Leadership {
-        lease: lease.clone(),
-        fencing_token: FencingToken(0),
+    let guard = Guard {
+        leader_key: "",
+        lease,
+        index: 0,
     };
-    let (txn, owners) = txn_ops(Some(("", &leadership)), lease, std::slice::from_ref(&bare));
+    let (txn, owners) = txn_ops(Some(guard), lease, std::slice::from_ref(&bare));
     let verbs = &txn[owners.iter().take_while(|owner| owner.is_none()).count()..];
     crate::coord::WriteCost {
         ops: verbs.len(),
@@ -182,8 +193,9 @@ pub fn cost(lease: &LeaseId, op: &TaskOp) -> crate::coord::WriteCost {
 /// The answer to a transaction built by [`txn_ops`] for `ops`. Committed: each claimed,
 /// released or rewritten task's version is the ModifyIndex of the last result for its key
 /// (a check-index result, which comes first, carries the old one), and the fencing token
-/// the ModifyIndex of the guard's result, the leader key as the commit saw it
-/// (`fallback_token` if there is none). Rolled back: a failed guard op is `NotLeader`,
+/// the one the guard's result stands for ([`token_of`] the leader key as the commit saw
+/// it), never below `fallback_token` (the leadership's: a server that answers a check
+/// without the value shows the index alone). Rolled back: a failed guard op is `NotLeader`,
 /// whatever else failed; otherwise the failed ops' keys.
 pub fn written(
     outcome: TxnOutcome,
@@ -197,7 +209,7 @@ pub fn written(
             let fencing_token = entries
                 .first()
                 .filter(|entry| owners.first() == Some(&None) && entry.key == leader_key)
-                .map_or(fallback_token, |entry| FencingToken(entry.modify_index));
+                .map_or(fallback_token, |entry| token_of(entry).max(fallback_token));
             let versions = ops
                 .iter()
                 .filter(|op| {
@@ -276,12 +288,13 @@ mod tests {
         LeaseId("s1".into())
     }
 
-    /// Won by `lease()` with the acquire written at index 12.
-    fn leadership() -> Leadership {
-        Leadership {
-            lease: lease(),
-            fencing_token: FencingToken(12),
-        }
+    /// The guard of a leadership won by `lease()` with the acquire written at index 12.
+    fn guarded(lease: &LeaseId) -> Option<Guard<'_>> {
+        Some(Guard {
+            leader_key: LEADER,
+            lease,
+            index: 12,
+        })
     }
 
     fn pair(key: &str, modify_index: u64, lock_index: u64) -> KvPair {
@@ -342,6 +355,7 @@ mod tests {
                 TxnOp::DeleteCas { key, index } => format!("delete-cas {key} {index}"),
                 TxnOp::CheckIndex { key, index } => format!("check-index {key} {index}"),
                 TxnOp::CheckSession { key, session } => format!("check-session {key} {session}"),
+                TxnOp::CheckNotExists { key } => format!("check-not-exists {key}"),
                 TxnOp::Get { key } => format!("get {key}"),
             })
             .collect()
@@ -352,7 +366,7 @@ mod tests {
     /// it was read at, and every verb knows which op it came from.
     #[test]
     fn task_ops_become_consul_verbs_after_the_leader_check() {
-        let (txn, owners) = txn_ops(Some((LEADER, &leadership())), &lease(), &batch());
+        let (txn, owners) = txn_ops(guarded(&lease()), &lease(), &batch());
         assert_eq!(
             verbs(&txn),
             [
@@ -411,7 +425,7 @@ mod tests {
     #[test]
     fn a_commit_answers_new_versions_and_the_token_it_saw() {
         let ops = batch();
-        let (_, owners) = txn_ops(Some((LEADER, &leadership())), &lease(), &ops);
+        let (_, owners) = txn_ops(guarded(&lease()), &lease(), &ops);
         // Deletes add no result; check-index results carry the old index.
         let entries = vec![
             pair(LEADER, 12, 1),
@@ -464,7 +478,7 @@ mod tests {
     #[test]
     fn a_rollback_is_not_leader_or_a_conflict_on_the_failed_keys() {
         let ops = batch();
-        let (_, owners) = txn_ops(Some((LEADER, &leadership())), &lease(), &ops);
+        let (_, owners) = txn_ops(guarded(&lease()), &lease(), &ops);
         let error = |op_index: usize| TxnError {
             op_index,
             what: "failed".into(),

@@ -63,6 +63,7 @@ pub(super) fn record(node: &str) -> HolderRecord {
         pid: std::process::id(),
         session: String::new(),
         since: String::new(),
+        floor: None,
     }
 }
 

@@ -52,6 +52,10 @@ pub enum TxnOp {
         key: String,
         session: String,
     },
+    /// Fails the transaction when the key exists.
+    CheckNotExists {
+        key: String,
+    },
     /// Reads a key (with its value); fails the transaction when the key does not exist.
     Get {
         key: String,
@@ -90,6 +94,7 @@ impl TxnOp {
             TxnOp::DeleteCas { key, .. } => ("delete-cas", key),
             TxnOp::CheckIndex { key, .. } => ("check-index", key),
             TxnOp::CheckSession { key, .. } => ("check-session", key),
+            TxnOp::CheckNotExists { key } => ("check-not-exists", key),
             TxnOp::Get { key } => ("get", key),
         };
         out.put(b"{\"KV\":{\"Verb\":\"");
@@ -114,7 +119,7 @@ impl TxnOp {
                 out.put(b",\"Session\":");
                 out.string(session);
             }
-            TxnOp::Set { .. } | TxnOp::Get { .. } => {}
+            TxnOp::Set { .. } | TxnOp::Get { .. } | TxnOp::CheckNotExists { .. } => {}
         }
         out.put(b"}}");
     }
@@ -316,6 +321,7 @@ mod tests {
             TxnOp::CheckSession { key, session } => {
                 json!({"Verb": "check-session", "Key": key, "Session": session})
             }
+            TxnOp::CheckNotExists { key } => json!({"Verb": "check-not-exists", "Key": key}),
             TxnOp::Get { key } => json!({"Verb": "get", "Key": key}),
         };
         json!({ "KV": kv })
