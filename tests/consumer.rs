@@ -7,6 +7,8 @@
 #[path = "consumer/toolbox.rs"]
 mod toolbox;
 
+#[path = "consumer/blips.rs"]
+mod blips;
 #[path = "consumer/catalog.rs"]
 mod catalog;
 mod common;

@@ -76,6 +76,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+
+/// The longest pause between two attempts to connect again after the connection broke.
+/// redis-rs doubles it from 100 ms with no ceiling (3.2 s by its sixth try), so a link
+/// that came back after a burst of resets would stay unused for seconds, long enough for
+/// the lease to end at Redis while nothing else was wrong.
+const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
 use redis::{IntoConnectionInfo, ProtocolVersion};
 use tokio::sync::{broadcast, OnceCell};
 
@@ -213,6 +219,8 @@ impl RedisCoordinator {
         self.heard.load(Ordering::Relaxed)
     }
 
+    /// The connection manager, connected (and subscribed to the changes channel) on
+    /// first use.
     async fn connection(&self) -> Result<ConnectionManager, CoordError> {
         let manager = self
             .manager
@@ -220,6 +228,7 @@ impl RedisCoordinator {
                 let changes = self.changes.clone();
                 let heard = self.heard.clone();
                 let config = ConnectionManagerConfig::new()
+                    .set_max_delay(RECONNECT_MAX_DELAY)
                     .set_connection_timeout(Some(self.settings.request_timeout))
                     .set_response_timeout(Some(self.settings.request_timeout))
                     .set_automatic_resubscription()

@@ -9,6 +9,7 @@
 //! - missing where [`REQUIRE_ENV`] is set (CI): [`external`] panics, so the test fails.
 
 pub mod consul;
+pub mod link;
 pub mod redis;
 pub mod zookeeper;
 
