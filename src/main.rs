@@ -355,7 +355,8 @@ struct RunArgs {
     #[arg(long, value_name = "TZ", requires = "cron")]
     timezone: Option<String>,
     /// With --every or --cron: ticks that fell while no leader ran or while the command
-    /// ran: "latest" runs the latest once, at once; "none" runs none late; "all" runs each.
+    /// ran: "latest" runs the latest once, at once; "none" runs the latest only if at most
+    /// 10s late; "all" runs each, up to 100. Each tick not run is named in the log.
     #[arg(long, value_name = "POLICY", default_value = "latest")]
     catch_up: String,
     /// When leadership is lost while the command runs (it is stopped first): exit with

@@ -2,7 +2,9 @@
 //! shared harness; a backend whose server is not installed is skipped, or fails the test
 //! under LEADERQ_REQUIRE_SERVERS): one command alive at a time across three replicas, a
 //! SIGKILLed leader's command dies with it and another replica's starts under a higher
-//! fencing token, `--restart`, the exit status, and a graceful stop on SIGTERM.
+//! fencing token, `--restart`, the exit status, a graceful stop on SIGTERM, and `--every`
+//! ticks run once each and caught up under each `--catch-up` through a frozen and a killed
+//! leader.
 
 use std::process::{Child, Command, Stdio};
 
@@ -26,6 +28,15 @@ on_every_backend! {
     /// `--every` runs each tick once through a killed leader.
     #[tokio::test]
     fn every_runs_each_tick_once_through_a_killed_leader => every_tick_once();
+    /// `--catch-up all` runs every tick missed through a freeze and a kill, once each.
+    #[tokio::test]
+    fn every_catches_up_all_missed_ticks_through_a_freeze_and_a_kill => every_catches_up("all");
+    /// `--catch-up latest` runs the latest missed tick late and names each one it skipped.
+    #[tokio::test]
+    fn every_catches_up_the_latest_missed_tick_and_names_the_skipped_ones => every_catches_up("latest");
+    /// `--catch-up none` names each missed tick it skipped.
+    #[tokio::test]
+    fn every_with_no_catch_up_names_each_skipped_tick => every_catches_up("none");
 }
 
 /// A child that journals `start <token> <pid> <ns>`, then `beat <token> <ns>` every 20 ms
@@ -257,14 +268,8 @@ async fn every_tick_once(backend: &str) {
     })
     .await;
     let first = ticks(&runs)[0].1.clone();
-    let node_of = |n: usize| {
-        std::fs::read_to_string(runs.bed.dir.path().join(format!("r{n}")).join("node-id"))
-            .unwrap_or_default()
-            .trim()
-            .to_string()
-    };
     let index = (1..=2)
-        .position(|n| node_of(n) == first)
+        .position(|n| runs.node(n) == first)
         .expect("the leader's replica");
     let _ = children[index].kill();
     let _ = children[index].wait();
@@ -292,4 +297,203 @@ async fn every_tick_once(backend: &str) {
     );
     seen.dedup();
     assert_eq!(seen.len(), all.len(), "a tick ran twice: {all:?}");
+}
+
+/// A command for `--every`: journals `start <tick> <node> <ns>`, then a `beat <tick> <ns>`
+/// every 100 ms for 300 ms, then `end <tick> <ns>`; a run cut short has no `end`.
+const TICK_RUN: &str = r#"j="$JOURNAL"; echo "start $LEADERQ_TICK $LEADERQ_LEADER_ID $(date +%s%N)" >> "$j"; for i in 1 2 3; do sleep 0.1; echo "beat $LEADERQ_TICK $(date +%s%N)" >> "$j"; done; echo "end $LEADERQ_TICK $(date +%s%N)" >> "$j""#;
+
+/// How long no replica leads in [`every_catches_up`]: the leader SIGKILLed while the
+/// other is frozen; three ticks fall meanwhile, so `latest` and `none` skip at least two.
+const OUTAGE: Duration = Duration::from_secs(3);
+
+/// What a replica logs for each tick it skips (the test reads its `tick=` field).
+const SKIPPED_LINE: &str = "a tick was skipped";
+
+/// One run of [`TICK_RUN`]: its tick (epoch seconds), its node, when it started and when
+/// it was last seen alive (its last line), in ns.
+#[derive(Debug)]
+struct TickRun {
+    tick: i64,
+    node: String,
+    started: u128,
+    last_seen: u128,
+}
+
+/// Epoch seconds of a tick as `LEADERQ_TICK` or a log's `tick=` field writes it; ticks of
+/// `--every 1s` are whole seconds.
+fn tick_seconds(text: &str) -> i64 {
+    let at =
+        chrono::DateTime::parse_from_rfc3339(text).unwrap_or_else(|e| panic!("tick {text:?}: {e}"));
+    assert_eq!(
+        at.timestamp_subsec_millis(),
+        0,
+        "tick {text} is not a whole second"
+    );
+    at.timestamp()
+}
+
+impl Runs {
+    /// The runs of [`TICK_RUN`] journaled so far, in the order they started.
+    fn tick_runs(&self) -> Vec<TickRun> {
+        let lines = self.lines();
+        let mut runs: Vec<TickRun> = lines
+            .iter()
+            .filter(|l| l.len() == 4 && l[0] == "start")
+            .map(|l| TickRun {
+                tick: tick_seconds(&l[1]),
+                node: l[2].clone(),
+                started: l[3].parse().unwrap(),
+                last_seen: l[3].parse().unwrap(),
+            })
+            .collect();
+        for line in lines
+            .iter()
+            .filter(|l| l.len() == 3 && (l[0] == "beat" || l[0] == "end"))
+        {
+            let (tick, at): (i64, u128) = (tick_seconds(&line[1]), line[2].parse().unwrap());
+            for run in runs.iter_mut().filter(|r| r.tick == tick) {
+                run.last_seen = run.last_seen.max(at);
+            }
+        }
+        runs.sort_by_key(|r| r.started);
+        runs
+    }
+
+    /// The node id replica `n` keeps in its data dir.
+    fn node(&self, n: usize) -> String {
+        std::fs::read_to_string(self.bed.dir.path().join(format!("r{n}")).join("node-id"))
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+
+    /// Replica `n`'s log.
+    fn log(&self, n: usize) -> String {
+        std::fs::read_to_string(self.bed.dir.path().join(format!("r{n}.log"))).unwrap_or_default()
+    }
+
+    /// The ticks replica `n`'s log names as skipped.
+    fn skipped(&self, n: usize) -> Vec<i64> {
+        self.log(n)
+            .lines()
+            .filter(|line| line.contains(SKIPPED_LINE))
+            .filter_map(|line| {
+                line.split_whitespace()
+                    .find_map(|f| f.strip_prefix("tick="))
+            })
+            .map(tick_seconds)
+            .collect()
+    }
+
+    /// Waits until `node` has started a run of a tick after `after` (any tick: `None`), and
+    /// `count` such runs in all; the latest of them.
+    async fn wait_for_runs_of(&self, node: &str, after: Option<i64>, count: usize) -> TickRun {
+        wait_until(
+            Duration::from_secs(30),
+            &format!("{count} runs of {node} after tick {after:?}"),
+            async || {
+                let mut mine: Vec<TickRun> = self
+                    .tick_runs()
+                    .into_iter()
+                    .filter(|r| r.node == node && after.is_none_or(|a| r.tick > a))
+                    .collect();
+                if mine.len() >= count {
+                    Ok(mine.pop().unwrap())
+                } else {
+                    Err((self.lines(), self.log(0), self.log(1)))
+                }
+            },
+        )
+        .await
+    }
+}
+
+/// `--every 1s --catch-up <catch_up>` on two replicas through two failovers: the leader
+/// frozen (SIGSTOP) mid-run past its lease, so the other takes over; that one SIGKILLed
+/// mid-run while the first is still frozen, so no replica leads for [`OUTAGE`]; then the
+/// first woken (SIGCONT) into the outage leads again. Every tick from the first run to the
+/// last either ran once or (not with `all`) was skipped and named in the log of the
+/// replica that skipped it, never both; no tick ran twice, ticks ran in order, and no run
+/// started before the one before it was last seen alive.
+async fn every_catches_up(backend: &str, catch_up: &str) {
+    let Some(runs) = Runs::new(backend) else {
+        return;
+    };
+    let flags = [
+        "--every",
+        "1s",
+        "--catch-up",
+        catch_up,
+        "--on-loss",
+        "rerun",
+    ];
+    let mut children: Vec<Child> = (0..2).map(|n| runs.start(n, &flags, TICK_RUN)).collect();
+    let leading = wait_until(Duration::from_secs(30), "a first run", async || {
+        runs.tick_runs()
+            .first()
+            .map(|r| r.node.clone())
+            .ok_or(runs.lines())
+    })
+    .await;
+    let a = (0..2)
+        .find(|n| runs.node(*n) == leading)
+        .expect("the leader's replica");
+    let b = 1 - a;
+    let (node_a, node_b) = (runs.node(a), runs.node(b));
+    // Frozen while its command runs: the tick is recorded and its run started, and it is
+    // not run again.
+    let frozen = runs.wait_for_runs_of(&node_a, None, 2).await;
+    common::signal(children[a].id(), "STOP");
+    let taken_over = runs.wait_for_runs_of(&node_b, Some(frozen.tick), 3).await;
+    // Killed while its command runs, with the first replica still frozen: no leader.
+    let killed = runs
+        .wait_for_runs_of(&node_b, Some(taken_over.tick), 1)
+        .await;
+    children[b].kill().unwrap();
+    let _ = children[b].wait();
+    // The outage itself, which the ticks that fall in it measure: nothing to wait for.
+    tokio::time::sleep(OUTAGE).await;
+    common::signal(children[a].id(), "CONT");
+    runs.wait_for_runs_of(&node_a, Some(killed.tick), 3).await;
+    common::signal(children[a].id(), "TERM");
+    wait_exit(&mut children[a], Duration::from_secs(10)).await;
+
+    let all = runs.tick_runs();
+    let ran: Vec<i64> = all.iter().map(|r| r.tick).collect();
+    let context = format!(
+        "runs {all:?}\n---- r0\n{}\n---- r1\n{}",
+        runs.log(0),
+        runs.log(1)
+    );
+    assert!(
+        ran.windows(2).all(|w| w[0] < w[1]),
+        "a tick ran twice or out of order: {context}"
+    );
+    for pair in all.windows(2) {
+        assert!(
+            pair[0].last_seen < pair[1].started,
+            "tick {} started while tick {} ran: {context}",
+            pair[1].tick,
+            pair[0].tick
+        );
+    }
+    let skipped: Vec<i64> = [runs.skipped(0), runs.skipped(1)].concat();
+    let (first, last) = (ran[0], ran[ran.len() - 1]);
+    for tick in first..=last {
+        let (did_run, was_skipped) = (ran.contains(&tick), skipped.contains(&tick));
+        match catch_up {
+            "all" => assert!(did_run, "tick {tick} never ran: {context}"),
+            _ => assert!(
+                did_run != was_skipped,
+                "tick {tick} ran: {did_run}, named skipped: {was_skipped}: {context}"
+            ),
+        }
+    }
+    if catch_up == "all" {
+        assert_eq!(skipped, Vec::<i64>::new(), "{context}");
+    } else {
+        // The outage alone missed three ticks; only the latest of them runs.
+        assert!(skipped.len() >= 2, "skipped only {skipped:?}: {context}");
+    }
 }
