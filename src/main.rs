@@ -116,9 +116,17 @@ struct ChaosArgs {
     /// SIGSTOPs of the leader's PID past its lease, then SIGCONT (default 2; 1).
     #[arg(long)]
     pauses: Option<usize>,
-    /// Partitions of the leader from the server through its proxy (default 2; 1).
+    /// Partitions of the leader from the coordinator through its links (default 2; 1).
     #[arg(long)]
     partitions: Option<usize>,
+    /// Bursts of errors on the leader's links, every connection reset for 1-2 s
+    /// (default 2; 1).
+    #[arg(long)]
+    bursts: Option<usize>,
+    /// The coordinator's answers to the leader held late (0.8 of the bound within which
+    /// no run stops) for three TTLs (default 2; 1).
+    #[arg(long)]
+    latencies: Option<usize>,
     /// SIGKILL-and-restarts of the server, or of one member of a cluster (default 2; 1).
     #[arg(long)]
     server_restarts: Option<usize>,
@@ -138,7 +146,7 @@ struct ChaosArgs {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// The coordinator to run on, started on loopback by the run itself (its server must
-    /// be installed). Partitions run on consul only.
+    /// be installed).
     #[arg(long, default_value = "consul", value_parser = clap::builder::PossibleValuesParser::new(leaderq::tools::harness::BACKENDS))]
     backend: String,
     /// Print the audit as one JSON object.
@@ -961,6 +969,8 @@ async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
         (args.restarts, &mut options.restarts),
         (args.pauses, &mut options.pauses),
         (args.partitions, &mut options.partitions),
+        (args.bursts, &mut options.bursts),
+        (args.latencies, &mut options.latencies),
         (args.server_restarts, &mut options.server_restarts),
         (args.record_deletions, &mut options.record_deletions),
         (args.revocations, &mut options.revocations),

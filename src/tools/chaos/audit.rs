@@ -39,6 +39,9 @@ pub struct Audit {
     /// Tasks whose handler completed more than once, with the reason.
     pub repeats: BTreeMap<String, String>,
     pub unexplained_repeats: Vec<String>,
+    /// A run under a higher attempt than the run before it, that neither a planned
+    /// failure nor a death of that run's replica explains (must be empty).
+    pub unexplained_attempts: Vec<String>,
     /// Pairs of runs of one task that were alive at the same time (must be 0).
     pub overlaps: usize,
     pub overlap_details: Vec<String>,
@@ -61,6 +64,7 @@ impl Audit {
     pub fn passed(&self) -> bool {
         self.lost.is_empty()
             && self.unexplained_repeats.is_empty()
+            && self.unexplained_attempts.is_empty()
             && self.overlaps == 0
             && self.leader_overlaps.is_empty()
             && self.shared_tokens.is_empty()
@@ -69,6 +73,14 @@ impl Audit {
             && self.dead_letters == 0
     }
 }
+
+/// How long before a run's first record a hit of its replica may explain a repeat: more
+/// than a handler's start (supervisor, shell, worker) takes on a loaded machine.
+const CLAIM_TO_START_NS: u128 = 1_000_000_000;
+
+/// The chaos handler's time-out (`procs.rs`): a run stopped this long after its start was
+/// stopped for it, a failed attempt.
+const TIMEOUT_NS: u128 = 2_000_000_000;
 
 /// One handler run, as its worker recorded it.
 #[derive(Clone, Debug)]
@@ -82,6 +94,10 @@ struct Run {
     completed: bool,
     /// The worker got SIGTERM: leaderq stopped its handler (time-out, lease not confirmed).
     terminated: bool,
+    /// `LEADERQ_ATTEMPT`.
+    attempt: u32,
+    /// A planned failure (`F`).
+    failed: bool,
 }
 
 impl Run {
@@ -117,6 +133,8 @@ fn runs(journal: &str) -> HashMap<String, Vec<Run>> {
                 last_seen: at,
                 completed: false,
                 terminated: false,
+                attempt: f[5].parse().unwrap_or(0),
+                failed: false,
             });
             continue;
         }
@@ -126,6 +144,7 @@ fn runs(journal: &str) -> HashMap<String, Vec<Run>> {
         run.last_seen = run.last_seen.max(at);
         run.completed |= kind == "E";
         run.terminated |= kind == "T";
+        run.failed |= kind == "F";
     }
     runs
 }
@@ -137,9 +156,6 @@ pub(crate) fn audit(
     events: &[Event],
 ) -> anyhow::Result<Audit> {
     let runs = runs(&std::fs::read_to_string(journal)?);
-    /// How long before a run's first record a hit of its replica may explain a repeat:
-    /// more than a handler's start (supervisor, shell, worker) takes on a loaded machine.
-    const CLAIM_TO_START_NS: u128 = 1_000_000_000;
     let mut audit = Audit {
         tasks: ids.len(),
         runs: runs.values().map(Vec::len).sum(),
@@ -183,6 +199,7 @@ pub(crate) fn audit(
                 audit.unexplained_repeats.push(id.clone());
             }
         }
+        attempts(id, list, events, &mut audit);
         for (i, a) in list.iter().enumerate() {
             for b in list[i + 1..].iter().filter(|b| a.overlaps(b)) {
                 audit.overlaps += 1;
@@ -199,6 +216,43 @@ pub(crate) fn audit(
     leaders(&runs, &mut audit);
     completions(dir, &mut audit)?;
     Ok(audit)
+}
+
+/// The events that end a replica's lease, so that its run's orphan is requeued as a
+/// failed attempt: its death, or a pause or partition past its lease.
+const DEATHS: [&str; 5] = ["kill", "kill-pid", "restart", "pause", "partition"];
+
+/// Checks that each run of `id` under a higher attempt than the run before it is
+/// explained: that run failed as planned (`…f`), hung as planned until its time-out (`…h`,
+/// first attempt) or was stopped at its time-out (a slow run on a loaded machine), or its
+/// replica process died or lost its lease between its claim and the next run.
+fn attempts(id: &str, list: &[Run], events: &[Event], audit: &mut Audit) {
+    let mut by_start: Vec<&Run> = list.iter().collect();
+    by_start.sort_by_key(|run| run.start);
+    for pair in by_start.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        if b.attempt <= a.attempt {
+            continue;
+        }
+        let timed_out = a.terminated && a.last_seen.saturating_sub(a.start) >= TIMEOUT_NS;
+        let planned = a.failed || timed_out || (id.ends_with('h') && a.attempt == 1);
+        let died = events.iter().any(|e| {
+            DEATHS.contains(&e.kind)
+                && e.replica == a.replica
+                && e.incarnation == a.incarnation
+                && e.at_ns + CLAIM_TO_START_NS >= a.start
+                && e.at_ns <= b.start
+        });
+        if !planned && !died {
+            audit.unexplained_attempts.push(format!(
+                "{id}: attempt {} after attempt {} on {} (token {})",
+                b.attempt,
+                a.attempt,
+                a.process(),
+                a.token
+            ));
+        }
+    }
 }
 
 /// Per fencing token: who used it and when its runs began and ended. Every run under a
@@ -364,12 +418,44 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let journal = write(
             dir.path(),
-            "S a 1 r1 10 1 100 0\nE a 1 r1 20 1 100 0\nT a 1 r1 21 1 100 0\nS a 1 r1 40 2 200 0\nE a 1 r1 50 2 200 0\n",
+            "S a 1 r1 10 1 100 0\nE a 1 r1 20 1 100 0\nT a 1 r1 21 1 100 0\nS a 1 r1 40 1 200 0\nE a 1 r1 50 1 200 0\n",
             "",
         );
         let found = audit(dir.path(), &journal, &ids(&["a"]), &[]).unwrap();
         assert!(found.passed(), "{found:?}");
         assert_eq!(found.repeats.len(), 1);
+    }
+
+    /// A run under a higher attempt is explained by a planned failure, a time-out, or a
+    /// death of the run before it; a stop that was none of those (the lease not confirmed
+    /// in a burst of errors) must have cost no attempt.
+    #[test]
+    fn audit_fails_on_an_attempt_used_without_a_failure_or_a_death() {
+        let dir = tempfile::tempdir().unwrap();
+        let second = 2 * TIMEOUT_NS;
+        let stopped = format!(
+            "S a 1 r1 10 1 100 0\nT a 1 r1 30 1 100 0\nS a 1 r1 {second} 2 200 0\nE a 1 r1 {} 2 200 0\n",
+            second + 10
+        );
+        let journal = write(dir.path(), &stopped, "");
+        let found = audit(dir.path(), &journal, &ids(&["a"]), &[]).unwrap();
+        assert_eq!(found.unexplained_attempts.len(), 1, "{found:?}");
+        assert!(!found.passed());
+        let killed = audit(dir.path(), &journal, &ids(&["a"]), &[kill("r1", 0, 20)]).unwrap();
+        assert!(killed.passed(), "{killed:?}");
+        let timed_out = format!(
+            "S a 1 r1 10 1 100 0\nT a 1 r1 {} 1 100 0\nS a 1 r1 {second} 2 200 0\nE a 1 r1 {} 2 200 0\n",
+            TIMEOUT_NS + 10,
+            second + 10
+        );
+        let journal = write(dir.path(), &timed_out, "");
+        let found = audit(dir.path(), &journal, &ids(&["a"]), &[]).unwrap();
+        assert!(found.passed(), "{found:?}");
+        let failed =
+            "S b 1 r1 10 1 100 0\nF b 1 r1 20 1 100 0\nS b 1 r1 40 2 200 0\nE b 1 r1 50 2 200 0\n";
+        let journal = write(dir.path(), failed, "");
+        let found = audit(dir.path(), &journal, &ids(&["b"]), &[]).unwrap();
+        assert!(found.passed(), "{found:?}");
     }
 
     /// Two runs of one task alive at once fail the audit even when a kill explains why the

@@ -1,11 +1,14 @@
 //! `leaderq chaos`: a cluster of real processes (a coordinator started by the shared
 //! harness: one `leaderq server`, or a ZooKeeper, Redis or etcd cluster; three `leaderq
-//! consume` replicas, on Consul each behind a proxy that can cut it off) runs thousands of
-//! tasks while leaders are SIGKILLed (process group, or PID only, or PID only and restarted
-//! at once), paused past their lease, partitioned away (Consul), coordinator members are
-//! killed and restarted, and leadership is lost at the coordinator by an operator's hand
-//! (the leader record deleted, the lease revoked) or by renewals that stall while claims
-//! still go through; then the run is audited (`audit.rs`). Everything the driver
+//! consume` replicas, each reaching the coordinator through links of its own,
+//! `harness::link`) runs thousands of tasks while leaders are SIGKILLed (process group, or
+//! PID only, or PID only and restarted at once), paused past their lease, partitioned
+//! away, hit by bursts of errors (every connection reset for one to two seconds) and by
+//! answers that come late (0.4 × TTL, for three TTLs), coordinator members are killed and
+//! restarted, and leadership is lost at the coordinator by an operator's hand (the leader
+//! record deleted, the lease revoked) or by renewals that stall while claims still go
+//! through; then the run is audited (`audit.rs`). Bursts and late answers are faults a
+//! leader rides out: they move no leadership and use no attempt. Everything the driver
 //! reads of the coordinator (the leader, what is left of the queue) it reads through the
 //! coordinator seam, so the run is the same on every backend.
 //!
@@ -16,7 +19,6 @@
 
 mod audit;
 mod procs;
-mod proxy;
 mod report;
 
 use std::collections::HashMap;
@@ -29,6 +31,7 @@ use anyhow::{bail, Context};
 use serde_json::json;
 
 use crate::coord::{Coordinator, Edit, Version};
+use crate::tools::harness::link::{Fault, Links};
 use crate::tools::harness::{self, Cluster as CoordCluster};
 
 pub use audit::Audit;
@@ -38,8 +41,20 @@ pub(crate) use procs::{
     now_ns, signal_group, start_replica_with, Replica, ReplicaSetup, CHAOS_SETUP, LOCK_DELAY,
     SESSION_TTL,
 };
-use proxy::Proxy;
 pub use report::print;
+
+/// How late the coordinator's answers to the leader come in a "latency" event, as a share
+/// of the bound within which no run is stopped and no leadership moves (2/3 TTL − kill
+/// grace − TTL/10: 0.63 s with the chaos settings, about 0.3 × TTL).
+const LATE_SHARE: f64 = 0.8;
+
+/// The "latency" event's delay on every answer, and how long it lasts (three TTLs).
+fn late_answers() -> anyhow::Result<(Duration, Duration)> {
+    let parse = |text| crate::util::duration::parse(text).map_err(|why| anyhow::anyhow!(why));
+    let (ttl, kill_grace) = (parse(SESSION_TTL)?, parse(procs::KILL_GRACE)?);
+    let bound = (ttl * 2 / 3).saturating_sub(kill_grace + crate::supervise::lease_margin(ttl));
+    Ok((bound.mul_f64(LATE_SHARE), ttl * 3))
+}
 
 /// A replica or server killed by the chaos is started again after this long.
 const RESTART_AFTER: Duration = Duration::from_millis(500);
@@ -58,8 +73,13 @@ pub struct ChaosOptions {
     pub restarts: usize,
     /// SIGSTOPs of the leader's process past its lease, then SIGCONT.
     pub pauses: usize,
-    /// The leader cut off the server (its proxy blackholes) until another replica leads.
+    /// The leader cut off the coordinator (its links blackhole) until another replica leads.
     pub partitions: usize,
+    /// Bursts of errors on the leader's links: every connection reset for one to two
+    /// seconds, then healed.
+    pub bursts: usize,
+    /// The coordinator's answers to the leader held 0.4 × TTL, for three TTLs.
+    pub latencies: usize,
     /// Coordinator member SIGKILL-and-restarts (the server, on `leaderq server`).
     pub server_restarts: usize,
     /// The leader record deleted by hand while the leader works.
@@ -86,6 +106,8 @@ impl ChaosOptions {
             restarts: 2,
             pauses: 2,
             partitions: 2,
+            bursts: 2,
+            latencies: 2,
             server_restarts: 2,
             record_deletions: 2,
             revocations: 2,
@@ -105,6 +127,8 @@ impl ChaosOptions {
             restarts: 1,
             pauses: 1,
             partitions: 1,
+            bursts: 1,
+            latencies: 1,
             server_restarts: 1,
             record_deletions: 1,
             revocations: 1,
@@ -268,27 +292,24 @@ fn stall_file(dir: &Path, replica: &str) -> std::path::PathBuf {
 }
 
 /// The replicas by name, each with the environment that points it at the coordinator
-/// (on Consul through a proxy of its own) and how often it started.
+/// through its own links, and how often it started.
 struct Cluster<'a> {
     exe: &'a Path,
     dir: &'a Path,
     journal: &'a Path,
     replicas: Vec<Replica>,
-    proxies: HashMap<String, Proxy>,
-    env: Vec<(String, String)>,
+    /// Each replica's links and the environment that goes through them.
+    links: HashMap<String, (Links, Vec<(String, String)>)>,
 }
 
 impl Cluster<'_> {
     fn start(&mut self, name: &str, incarnation: u32) -> anyhow::Result<()> {
-        let mut env = self.env.clone();
+        let (_, env) = self.links.get(name).context("a replica without links")?;
+        let mut env = env.clone();
         env.push((
             crate::leader::faults::STALL_RENEWALS_ENV.into(),
             stall_file(self.dir, name).display().to_string(),
         ));
-        if let Some(proxy) = self.proxies.get(name) {
-            env.retain(|(key, _)| key != "CONSUL_HTTP_ADDR");
-            env.push(("CONSUL_HTTP_ADDR".into(), proxy.addr.clone()));
-        }
         let replica = start_replica_with(
             self.exe,
             self.dir,
@@ -311,6 +332,13 @@ impl Cluster<'_> {
         Ok(self.replicas.remove(index))
     }
 
+    /// Switches `name`'s links to `fault`.
+    fn fault(&self, name: &str, fault: Fault) -> anyhow::Result<()> {
+        let (links, _) = self.links.get(name).context("unknown leader")?;
+        links.set(fault);
+        Ok(())
+    }
+
     fn get(&self, name: &str) -> anyhow::Result<&Replica> {
         self.replicas
             .iter()
@@ -323,7 +351,7 @@ async fn run_in(
     exe: &Path,
     dir: &Path,
     mut coordinator: Box<dyn CoordCluster>,
-    mut options: ChaosOptions,
+    options: ChaosOptions,
 ) -> anyhow::Result<Audit> {
     let started = Instant::now();
     let journal = dir.join("journal");
@@ -341,27 +369,11 @@ async fn run_in(
         dir,
         journal: &journal,
         replicas: Vec::new(),
-        proxies: HashMap::new(),
-        env: coordinator.env(),
+        links: HashMap::new(),
     };
-    // The proxy that partitions a replica is a TCP proxy of the one Consul address.
-    let consul_addr = coordinator
-        .env()
-        .into_iter()
-        .find(|(key, _)| key == "CONSUL_HTTP_ADDR")
-        .map(|(_, addr)| addr);
-    if consul_addr.is_none() && options.partitions > 0 {
-        eprintln!(
-            "chaos: no partitions on {} (they cut a replica off through a proxy of Consul's one address)",
-            coordinator.backend()
-        );
-        options.partitions = 0;
-    }
     for name in ["chaos-1", "chaos-2", "chaos-3"] {
-        if let Some(addr) = &consul_addr {
-            let proxy = Proxy::start(addr.clone()).await?;
-            cluster.proxies.insert(name.to_string(), proxy);
-        }
+        let links = Links::start(&coordinator.env()).await?;
+        cluster.links.insert(name.to_string(), links);
         cluster.start(name, 0)?;
     }
     let mut member_hits = 0usize;
@@ -374,6 +386,8 @@ async fn run_in(
     plan.extend(std::iter::repeat_n("restart", options.restarts));
     plan.extend(std::iter::repeat_n("pause", options.pauses));
     plan.extend(std::iter::repeat_n("partition", options.partitions));
+    plan.extend(std::iter::repeat_n("burst", options.bursts));
+    plan.extend(std::iter::repeat_n("latency", options.latencies));
     plan.extend(std::iter::repeat_n("server", options.server_restarts));
     plan.extend(std::iter::repeat_n(
         "delete-record",
@@ -454,15 +468,29 @@ async fn run_in(
                 eprintln!("chaos: {kind} leader {leader} past its lease");
                 match kind {
                     "pause" => signal_pid(pid, "STOP"),
-                    _ => cluster.proxies[&leader].partition(true),
+                    _ => cluster.fault(&leader, Fault::Blackhole)?,
                 }
                 wait_for_leader(coord.as_ref(), &[&leader], Duration::from_secs(60)).await?;
                 max_without_leader = max_without_leader.max(hit.elapsed());
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 match kind {
                     "pause" => signal_pid(pid, "CONT"),
-                    _ => cluster.proxies[&leader].partition(false),
+                    _ => cluster.fault(&leader, Fault::Clear)?,
                 }
+            }
+            "burst" => {
+                let burst = Duration::from_millis(rng.u64(1000..2000));
+                eprintln!("chaos: burst of errors on leader {leader}'s link for {burst:?}");
+                cluster.fault(&leader, Fault::Cut)?;
+                tokio::time::sleep(burst).await;
+                cluster.fault(&leader, Fault::Clear)?;
+            }
+            "latency" => {
+                let (late, lasting) = late_answers()?;
+                eprintln!("chaos: leader {leader}'s answers {late:?} late for {lasting:?}");
+                cluster.fault(&leader, Fault::Delay(late))?;
+                tokio::time::sleep(lasting).await;
+                cluster.fault(&leader, Fault::Clear)?;
             }
             _ => {
                 let member = member_hits % coordinator.members();

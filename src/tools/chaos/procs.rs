@@ -12,6 +12,8 @@ use anyhow::Context;
 /// handler time-out that turns hangs into retries.
 pub(crate) const SESSION_TTL: &str = "2s";
 pub(crate) const LOCK_DELAY: &str = "1s";
+/// The replicas' `queue.kill_grace`.
+pub(crate) const KILL_GRACE: &str = "500ms";
 
 pub(crate) fn now_ns() -> u128 {
     std::time::SystemTime::now()
@@ -102,7 +104,7 @@ pub(crate) fn start_replica_with(
         format!(
             "[election]\nlease_ttl = \"{ttl}\"\nlock_delay = \"{lock_delay}\"\nretry_interval = \"200ms\"\n\
              [consul]\nwait = \"5s\"\nrequest_timeout = \"3s\"\n\
-             [queue]\nmax_attempts = 5\nbackoff_base = \"50ms\"\nbackoff_max = \"500ms\"\nshutdown_grace = \"5s\"\nkill_grace = \"500ms\"\n\
+             [queue]\nmax_attempts = 5\nbackoff_base = \"50ms\"\nbackoff_max = \"500ms\"\nshutdown_grace = \"5s\"\nkill_grace = \"{KILL_GRACE}\"\n\
              [observe]\nenabled = false\n\
              [handlers.Chaos]\nkind = \"exec\"\ncommand = {command}\ntimeout = \"2s\"\n"
         ),

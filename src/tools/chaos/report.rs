@@ -32,6 +32,14 @@ pub fn print(audit: &Audit) {
         println!("    {id}: {why}");
     }
     println!(
+        "  attempts used with no failure or death:   {:>6}  {}",
+        audit.unexplained_attempts.len(),
+        verdict(audit.unexplained_attempts.is_empty())
+    );
+    for attempt in audit.unexplained_attempts.iter().take(10) {
+        println!("    {attempt}");
+    }
+    println!(
         "  handler runs (recorded by the workers):   {:>6}",
         audit.runs
     );

@@ -1,18 +1,30 @@
 //! A replica's link to its coordinator, with faults the tests and chaos switch on and off:
 //! a TCP proxy on loopback for each coordinator address the replica is given, forwarding
-//! bytes both ways unchanged until told otherwise. [`Fault::Cut`] is a burst of errors as
-//! the replica sees it: every open connection is reset (an RST, not a clean close) and new
-//! ones are accepted and reset at once, so each request fails fast, as it does when a
-//! Consul answers 500 during an election or a load balancer drops connections. Healed,
-//! the replica reconnects as it would after the real thing.
+//! bytes both ways unchanged until told otherwise:
+//!
+//! - [`Fault::Cut`] is a burst of errors as the replica sees it: every open connection is
+//!   reset (an RST, not a clean close) and new ones are accepted and reset at once, so each
+//!   request fails fast, as it does when a Consul answers 500 during an election or a load
+//!   balancer drops connections. Healed, the replica reconnects as after the real thing.
+//! - [`Fault::Blackhole`] is a partition: open connections stop carrying bytes (requests
+//!   hang until the replica's own time-outs), new ones are accepted and never forwarded;
+//!   healing drops the held connections, so the replica reconnects.
+//! - [`Fault::Delay`] holds every byte from the coordinator to the replica for a while,
+//!   in order, as a slow coordinator or a long link does; requests reach the coordinator at
+//!   once, so it acts on them on time and only the answers are late. Connections carry on
+//!   through a change of delay.
 //!
 //! Every backend's addresses are rewritten the same way ([`Links::start`]): each
 //! `127.0.0.1:<port>` in the environment that points `leaderq` at the coordinator becomes a
 //! proxy's, so a replica of an ensemble or cluster reaches every member through its link.
 
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
+use tokio::time::Instant;
 
 /// What the link does to the bytes it carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,6 +33,20 @@ pub enum Fault {
     Clear,
     /// Resets every connection, open or new, until cleared.
     Cut,
+    /// Carries nothing, resets nothing: a partition, until cleared.
+    Blackhole,
+    /// Holds every byte from the coordinator this long before the replica gets it.
+    Delay(Duration),
+}
+
+impl Fault {
+    /// How long answers are held under this fault.
+    fn delay(self) -> Duration {
+        match self {
+            Fault::Delay(delay) => delay,
+            _ => Duration::ZERO,
+        }
+    }
 }
 
 /// The environment variables that carry coordinator addresses (`Cluster::env`).
@@ -103,24 +129,76 @@ impl Drop for Links {
 
 const LOOPBACK: &str = "127.0.0.1:";
 
-/// Carries one connection until it ends or the link is cut, which resets both sides.
-async fn forward(mut inbound: TcpStream, upstream: String, mut fault: watch::Receiver<Fault>) {
-    if *fault.borrow_and_update() == Fault::Cut {
-        reset(inbound);
-        return;
+/// Carries one connection until it ends or the link is cut (which resets both sides) or
+/// blackholed (which holds it, carrying nothing, until healed, then drops it).
+async fn forward(inbound: TcpStream, upstream: String, mut fault: watch::Receiver<Fault>) {
+    let now = *fault.borrow_and_update();
+    match now {
+        Fault::Cut => return reset(inbound),
+        Fault::Blackhole => {
+            let _ = fault.wait_for(|f| *f != Fault::Blackhole).await;
+            return;
+        }
+        Fault::Clear | Fault::Delay(_) => {}
     }
-    let Ok(mut outbound) = TcpStream::connect(&upstream).await else {
-        reset(inbound);
-        return;
+    let Ok(outbound) = TcpStream::connect(&upstream).await else {
+        return reset(inbound);
     };
     let _ = inbound.set_nodelay(true);
     let _ = outbound.set_nodelay(true);
-    tokio::select! {
-        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-        _ = fault.wait_for(|f| *f == Fault::Cut) => {}
+    let (mut from_replica, mut to_replica) = inbound.into_split();
+    let (mut from_coordinator, mut to_coordinator) = outbound.into_split();
+    // Answers go through a queue, each chunk due at its arrival plus the delay then in
+    // force, and are written in order when due.
+    let (answers, mut due) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    let requests = tokio::io::copy(&mut from_replica, &mut to_coordinator);
+    let read_answers = async {
+        // Moved in, so that the end of the coordinator's bytes ends the queue too.
+        let answers = answers;
+        let mut buf = vec![0u8; 64 * 1024];
+        while let Ok(n @ 1..) = from_coordinator.read(&mut buf).await {
+            let at = Instant::now() + fault.borrow().delay();
+            if answers.send((at, buf[..n].to_vec())).is_err() {
+                return;
+            }
+        }
+    };
+    let write_answers = async {
+        while let Some((at, bytes)) = due.recv().await {
+            tokio::time::sleep_until(at).await;
+            if to_replica.write_all(&bytes).await.is_err() {
+                return;
+            }
+        }
+    };
+    let mut watch_fault = fault.clone();
+    let faulted = async {
+        watch_fault
+            .wait_for(|f| matches!(f, Fault::Cut | Fault::Blackhole))
+            .await
+            .map_or(Fault::Cut, |f| *f)
+    };
+    // A side that ends closes the connection as it would have; a fault resets it, or holds
+    // it until healed.
+    let faulted = tokio::select! {
+        _ = requests => None,
+        _ = async { tokio::join!(read_answers, write_answers) } => None,
+        faulted = faulted => Some(faulted),
+    };
+    match faulted {
+        None => {}
+        Some(Fault::Blackhole) => {
+            let _ = fault.wait_for(|f| *f != Fault::Blackhole).await;
+        }
+        Some(_) => {
+            if let Ok(stream) = to_replica.reunite(from_replica) {
+                reset(stream);
+            }
+            if let Ok(stream) = to_coordinator.reunite(from_coordinator) {
+                reset(stream);
+            }
+        }
     }
-    reset(inbound);
-    reset(outbound);
 }
 
 /// Closes `stream` with an RST: the peer's next read or write fails at once.
@@ -135,8 +213,9 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// Bytes go through a clear link both ways; a cut resets open connections and refuses
-    /// new ones; cleared, new connections go through again. Addresses outside the
-    /// coordinator's variables are left alone.
+    /// new ones; cleared, new connections go through again; a delay holds answers; a
+    /// blackhole carries nothing until healed. Addresses outside the coordinator's
+    /// variables are left alone.
     #[tokio::test]
     async fn a_cut_link_resets_connections_until_cleared() {
         let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -188,6 +267,24 @@ mod tests {
         again.write_all(b"pong").await.unwrap();
         again.read_exact(&mut buf).await.unwrap();
         assert_eq!(&buf, b"pong");
+        // Delayed: the answer comes, whole and in order, no sooner than the delay.
+        links.set(Fault::Delay(Duration::from_millis(300)));
+        let sent = Instant::now();
+        again.write_all(b"slow").await.unwrap();
+        again.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"slow");
+        assert!(sent.elapsed() >= Duration::from_millis(300));
+        // Blackholed: nothing comes back; healed, the held connection is dropped and a
+        // new one goes through.
+        links.set(Fault::Blackhole);
+        again.write_all(b"lost").await.unwrap();
+        let held = tokio::time::timeout(Duration::from_millis(300), again.read(&mut buf)).await;
+        assert!(held.is_err(), "a blackholed link carried an answer");
+        links.set(Fault::Clear);
+        let mut healed = TcpStream::connect(proxied).await.unwrap();
+        healed.write_all(b"back").await.unwrap();
+        healed.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"back");
         server.abort();
     }
 }
