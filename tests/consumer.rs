@@ -26,6 +26,8 @@ mod coord_consul;
 mod coordinator_losses;
 #[path = "consumer/dashboard.rs"]
 mod dashboard;
+#[path = "consumer/data_loss.rs"]
+mod data_loss;
 #[path = "consumer/etcd_queue.rs"]
 mod etcd_queue;
 #[path = "consumer/groups.rs"]

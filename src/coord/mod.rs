@@ -167,9 +167,11 @@ pub struct HolderRecord {
     #[serde(default)]
     pub since: String,
     /// The lowest fencing token this holder's win may be handed: above every token its
-    /// replica has seen. A backend whose own counter a coordinator's loss of data can set
-    /// back (Consul's raft index) hands out the higher of the two, so that a token never
-    /// falls while some replica remembers a higher one. Absent in records of older versions.
+    /// replica has seen. Every backend hands out the higher of the two, and keeps the floor
+    /// in its record for the next win: its own counter (Consul's raft index, etcd's
+    /// revision, ZooKeeper's zxid, Redis's stored token) starts over when the coordinator
+    /// loses its data, and a token then never falls while some replica remembers a higher
+    /// one. Absent in records of older versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub floor: Option<u64>,
 }

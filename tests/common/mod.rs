@@ -121,6 +121,9 @@ impl Cluster for ServerProcess {
     fn restart_member(&mut self, i: usize) -> Result<(), String> {
         self.server.restart_member(i)
     }
+    fn restart_empty(&mut self) -> Result<(), String> {
+        self.server.restart_empty()
+    }
     fn produce(&self, key: &str, value: &[u8]) -> Result<(), String> {
         self.server.produce(key, value)
     }

@@ -1,6 +1,6 @@
 //! The contract's checks of leases and leadership: one leader, rising tokens (also past an
-//! operator's deletion of the leader record), lock-delay, taking up a previous lease,
-//! keep-alives of ended leases.
+//! operator's deletion of the leader record, and up to the floor a win's record asks for),
+//! lock-delay, taking up a previous lease, keep-alives of ended leases.
 
 use std::time::Duration;
 
@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::support::*;
 use super::Subject;
-use crate::coord::{Campaign, Renewal, Version, Written};
+use crate::coord::{Campaign, HolderRecord, Renewal, Version, Written};
 
 /// Of several leases campaigning at once, exactly one wins; the others hear `Held`, and
 /// the holder observed is the winner, with its record and token.
@@ -211,6 +211,76 @@ pub async fn the_token_rises_after_an_operator_deletes_the_leader_record(
         })?;
     }
     Ok(())
+}
+
+/// A win whose record asks for a floor (a replica remembers a token above any the
+/// coordinator shows, as after the coordinator lost its data) is handed a token at or above
+/// it; observers read that same token, the leader's writes pass the guard under it (the
+/// guard checks what the coordinator holds, not the token), and the next win, whose record
+/// asks for no floor, is above it all the same: the coordinator keeps it with the record.
+pub async fn a_win_is_handed_at_least_the_floor_its_record_asks(s: Subject) -> Result<(), String> {
+    /// Far above any token the coordinator hands out by itself during the check.
+    const AHEAD: u64 = 1_000_000;
+    let a = open(&s, "node-a", Duration::ZERO).await?;
+    let b = open(&s, "node-b", Duration::ZERO).await?;
+    let _renew_a = Renewer::start(&s, &a);
+    let _renew_b = Renewer::start(&s, &b);
+    let first = lead(&s, &a, "node-a").await?;
+    s.coord.resign(&a).await.ctx("resign")?;
+    let floor = first.fencing_token.0 + AHEAD;
+    let asked = HolderRecord {
+        floor: Some(floor),
+        ..record("node-a")
+    };
+    let floored = match s.coord.campaign(&a, &asked).await.ctx("campaign")? {
+        Campaign::Won(leadership) => leadership,
+        other => return Err(format!("a campaign with a floor heard {other:?}")),
+    };
+    ensure(floored.fencing_token.0 >= floor, || {
+        format!(
+            "a win asked for a floor of {floor} and was handed {}",
+            floored.fencing_token
+        )
+    })?;
+    let (holder, _) = s
+        .coord
+        .observe(Version(0), Duration::ZERO)
+        .await
+        .ctx("observe")?;
+    ensure(
+        holder.lease.as_ref() == Some(&a) && holder.token == floored.fencing_token,
+        || format!("the holder observed is {holder:?}, the leader {floored:?}"),
+    )?;
+    let key = put(&s, "t1", b"{}").await?;
+    let task = get_one(&s, &key).await?;
+    let written = s
+        .coord
+        .write(&floored, &[claim(&key, task.version, b"{\"by\":\"a\"}")])
+        .await
+        .ctx("write")?;
+    ensure(
+        matches!(&written, Written::Done { fencing_token, .. } if *fencing_token == floored.fencing_token),
+        || format!("a claim under a floored token answered {written:?}, under {floored:?}"),
+    )?;
+    s.coord.resign(&a).await.ctx("resign")?;
+
+    let next = lead(&s, &b, "node-b").await?;
+    ensure(next.fencing_token > floored.fencing_token, || {
+        format!(
+            "the win after a floored one was handed {}, not above {}",
+            next.fencing_token, floored.fencing_token
+        )
+    })?;
+    let key = put(&s, "t2", b"{}").await?;
+    let task = get_one(&s, &key).await?;
+    let written = s
+        .coord
+        .write(&next, &[claim(&key, task.version, b"{\"by\":\"b\"}")])
+        .await
+        .ctx("write")?;
+    ensure(matches!(written, Written::Done { .. }), || {
+        format!("a claim under the next leadership answered {written:?}, under {next:?}")
+    })
 }
 
 /// A lease that dies holding leadership keeps it from being taken for its lock-delay

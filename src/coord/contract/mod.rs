@@ -139,6 +139,7 @@ macro_rules! with_checks {
             one_leader_among_concurrent_campaigners,
             fencing_rises_across_leaders,
             the_token_rises_after_an_operator_deletes_the_leader_record,
+            a_win_is_handed_at_least_the_floor_its_record_asks,
             takeover_delay_follows_a_death_not_a_resignation,
             previous_lease_is_taken_up_only_if_alive_and_own,
             deposed_leader_writes_nothing,

@@ -106,6 +106,7 @@ impl Leases for EtcdCoordinator {
         let Some(id) = lease_number(lease) else {
             return Ok(());
         };
+        self.won().remove(lease);
         self.client.lease_revoke(id).await.map_err(CoordError::from)
     }
 }

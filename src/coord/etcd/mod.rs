@@ -15,10 +15,11 @@
 //!   `/v3/lease/revoke`; a previous lease is taken up if `timetolive` finds it alive with
 //!   this node's owner key (`lease.rs`);
 //! - leadership is a campaign key `<leader_key>/<lease-hex>` created (compare
-//!   `create_revision = 0`) under the lease; the lowest `create_revision` leads and is the
-//!   fencing token; a loser deletes its key at once (`Held`); `observe` reads the first
-//!   campaign key and `<leader_key>` (the last leader's record) in one txn and waits with a
-//!   watch from the revision after the one last seen (`election.rs`);
+//!   `create_revision = 0`) under the lease; the lowest `create_revision` leads; a loser
+//!   deletes its key at once (`Held`), a winner writes its record with its floor on the key
+//!   and as `<leader_key>` (the last leader's record) in one txn; `observe` reads the first
+//!   campaign key and the last leader's record in one txn and waits with a watch from the
+//!   revision after the one last seen (`election.rs`);
 //! - the queue is the key prefix holding the producers' JSON. The claims one write makes are
 //!   one claim record `<leader_key>.held/<lease-hex>/<id>` naming them, under the claiming
 //!   lease; a release of record-held tasks writes a release record. The latest record naming
@@ -42,14 +43,20 @@
 //!   the holder's gate stops a TTL after the last keep-alive it *sent*, so it stops first. An
 //!   etcd leader change extends every lease by an election timeout: longer, never shorter.
 //!   No lock-delay (`Timing::without_takeover_delay`).
-//! - **Fencing.** etcd's revision only rises (across restarts and compaction, which drops
-//!   history, not the revision), so each new campaign key's `create_revision` is above every
-//!   earlier token. A holder that campaigns again (a restart that took its lease up) deletes
+//! - **Fencing.** The token is max(the campaign key's `create_revision`, the floor in its
+//!   record). etcd's revision only rises (across restarts and compaction, which drops
+//!   history, not the revision), so each new campaign key's `create_revision` is above the
+//!   one before. A holder that campaigns again (a restart that took its lease up) deletes
 //!   its key and creates it anew. A campaign key deleted by an operator ends that leadership
-//!   (the guard) and the next one is created higher. Only a cluster rebuilt from nothing can
+//!   (the guard) and the next one is created higher. A cluster restored from nothing starts
+//!   revisions again: the floor, above the last leader's token and the highest token the
+//!   winning replica has seen, keeps each token above the one before (the argument is in
+//!   `election.rs`); only a cluster that lost its data while every replica lost its own can
 //!   make it go back.
 //! - **Guarded writes.** `write` is one `/v3/kv/txn`: compare the campaign key's
-//!   `create_revision` with the token (a deleted key compares as 0), then per task its
+//!   `create_revision` with the one its win created (kept by lease in this process, not the
+//!   token; a deleted key compares as 0, and a leadership its lease's later win superseded
+//!   is `NotLeader` unsent), then per task its
 //!   `mod_revision`, and its claim key only where the version cannot say who holds the task
 //!   (held by a claim key: it still exists; for `write_own`, the claim key's or claim
 //!   record's lease is the writer's), and for a claim record that no owner key moved since
@@ -85,12 +92,13 @@ pub mod txn;
 
 pub use settings::EtcdSettings;
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::coord::etcd::client::{Client, ClientConfig};
 use crate::coord::etcd::layout::Layout;
 use crate::coord::etcd::records::RecordBook;
-use crate::coord::{CoordError, Coordinator, LeaseId};
+use crate::coord::{CoordError, Coordinator, FencingToken, Leadership, LeaseId};
 
 /// What the etcd coordinator needs beyond its client.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -106,6 +114,16 @@ pub struct EtcdCoordinator {
     client: Arc<Client>,
     layout: Layout,
     book: Mutex<RecordBook>,
+    /// Each lease's latest win here: what its guarded writes check (`election.rs`).
+    won: Mutex<HashMap<LeaseId, Won>>,
+}
+
+/// A win as the campaign left it: the token handed out, and the `create_revision` of the
+/// campaign key, which the guard compares (the token may be above it: `election.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Won {
+    token: FencingToken,
+    created: i64,
 }
 
 /// The etcd backend from its `[etcd]` section and the leader key.
@@ -138,6 +156,7 @@ impl EtcdCoordinator {
             client,
             layout: Layout::new(&settings.leader_key),
             book: Mutex::new(RecordBook::default()),
+            won: Mutex::new(HashMap::new()),
         }
     }
 
@@ -145,6 +164,22 @@ impl EtcdCoordinator {
         self.book
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn won(&self) -> MutexGuard<'_, HashMap<LeaseId, Won>> {
+        self.won
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The `create_revision` the guard of `leadership`'s writes compares: its campaign key's
+    /// as its win created it, if it is its lease's latest win here. `None` for one a later
+    /// win of its lease superseded, or that its lease gave up: it leads no more.
+    fn guarded_revision(&self, leadership: &Leadership) -> Option<i64> {
+        self.won()
+            .get(&leadership.lease)
+            .filter(|won| won.token == leadership.fencing_token)
+            .map(|won| won.created)
     }
 }
 

@@ -210,13 +210,16 @@ impl Tasks for EtcdCoordinator {
         Ok(found)
     }
 
-    /// One transaction, guarded by the campaign key's creation revision.
+    /// One transaction, guarded by the campaign key's creation revision as the win left it.
     async fn write(&self, leadership: &Leadership, ops: &[TaskOp]) -> Result<Written, CoordError> {
         crate::coord::admit(self, ops, true)?;
         let id = lease_number(&leadership.lease).ok_or_else(|| not_a_lease(&leadership.lease))?;
+        let Some(created) = self.guarded_revision(leadership) else {
+            return Ok(Written::NotLeader);
+        };
         let guard = Guard {
             key: self.layout.candidate(id),
-            token: leadership.fencing_token.0 as i64,
+            created,
         };
         let writer = Writer {
             lease: id,

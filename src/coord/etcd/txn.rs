@@ -1,15 +1,16 @@
 //! Queue writes as one etcd transaction each, and their answers in the seam's words.
 //!
-//! A guarded write compares the leader's campaign key's `create_revision` with the fencing
-//! token (a key that went compares as 0), then, for each task, its `mod_revision`, and its
-//! claim key only where the version cannot say more ([`second_compared`]: held by a claim
-//! key, it still exists; a create, none exists; without leadership, `write_own`: the claim
-//! key, or the claim record holding the task, is this lease's). Claims go as one claim record while every lease's owner knows records (a
+//! A guarded write compares the leader's campaign key's `create_revision` with the revision
+//! its win created it at (a key that went compares as 0), then, for each task, its
+//! `mod_revision`, and its claim key only where the version cannot say more
+//! ([`second_compared`]: held by a claim key, it still exists; a create, none exists;
+//! without leadership, `write_own`: the claim key, or the claim record holding the task, is
+//! this lease's). Claims go as one claim record while every lease's owner knows records (a
 //! compare that no owner key moved since they were read), else as a claim key each; a
-//! release of record-held tasks writes a release record. The failure branch reads every
-//! key compared per task, so a rolled-back write is judged on what the compares saw: a
-//! failed guard is `NotLeader`, otherwise the tasks whose compares failed are the
-//! `Conflict` (all of them, if only the owners' or a record's compare failed).
+//! release of record-held tasks writes a release record. The failure branch reads every key
+//! compared per task, so a rolled-back write is judged on what the compares saw: a failed
+//! guard is `NotLeader`, otherwise the tasks whose compares failed are the `Conflict` (all
+//! of them, if only the owners' or a record's compare failed).
 //!
 //! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 //!
@@ -35,11 +36,12 @@ pub const LIMITS: WriteLimits = WriteLimits {
     max_bytes: MAX_TXN_BYTES,
 };
 
-/// The leadership a guarded write is conditioned on: the campaign key and its token.
+/// The leadership a guarded write is conditioned on: the campaign key and its
+/// `create_revision` as the win created it (which the token may be above).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Guard {
     pub key: String,
-    pub token: i64,
+    pub created: i64,
 }
 
 /// Who writes: the lease claims are attached to, and whether the write is a lease's own
@@ -80,7 +82,8 @@ pub fn write_txn(
     let mut txn = Txn::default();
     if let Some(guard) = guard {
         let key = guard.key.as_bytes().to_vec();
-        txn.compare.push(Compare::Created(key.clone(), guard.token));
+        txn.compare
+            .push(Compare::Created(key.clone(), guard.created));
         txn.failure.push(Op::Get(Range::key(&key)));
     }
     let (mut claimed, mut released) = (Vec::new(), Vec::new());
@@ -497,7 +500,7 @@ mod tests {
     fn guard() -> Guard {
         Guard {
             key: "L/a".into(),
-            token: 10,
+            created: 10,
         }
     }
 
@@ -749,7 +752,7 @@ mod tests {
         };
         let guard = Guard {
             key: layout.candidate(i64::MAX),
-            token: 1,
+            created: 1,
         };
         let records = Records {
             claim: Some((layout.record(i64::MAX, u64::MAX), 10)),

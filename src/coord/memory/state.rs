@@ -9,8 +9,8 @@
 //! copy Consul's as the embedded server implements them (`shared/consul-semantics.md`),
 //! said in the coordinator's words: a lease is a session, leadership is a lock on one key,
 //! the fencing token is the `ModifyIndex` of the acquire that won it (here a counter of
-//! its own: what matters is that it only rises, also past a record an operator deleted),
-//! a version is a `ModifyIndex`.
+//! its own: what matters is that it only rises, also past a record an operator deleted,
+//! and is never below the floor the win's record asks for), a version is a `ModifyIndex`.
 //!
 //! Size: one state machine with every rule of the seam (leases, leadership, tasks, their
 //! versions and delays), read as one; its tests are in `tests/`.
@@ -425,7 +425,10 @@ impl State {
             None => {}
         }
         self.index += 1;
-        self.leader.token.0 += 1;
+        // Never below the floor the record asks for: the counter after it goes on from the
+        // token handed out, as Consul's raft index would from a floor in its record.
+        let floor = record.floor.unwrap_or(0);
+        self.leader.token.0 = (self.leader.token.0 + 1).max(floor);
         self.leader.holder = Some(lease.clone());
         self.leader.record = Some(record);
         self.leader.version = self.index;

@@ -33,9 +33,11 @@
 //!   own view (a TTL after it *sent* it). No lock-delay (`Timing::without_takeover_delay`): a
 //!   frozen leader is stopped by its own gate and handler supervisor, its writes by the guard.
 //! - **Fencing.** The campaign script takes the highest of the stored token + 1, Redis's
-//!   `TIME` in milliseconds and the highest token this coordinator has seen + 1, so it rises
-//!   even when Redis lost the last one (why each, and its limits: `scripts.rs`, CAMPAIGN).
-//!   The last lives in this process, so a replica started after a loss has only the clock.
+//!   `TIME` in milliseconds and the highest token seen + 1, so it rises even when Redis lost
+//!   the last one (why each, and its limits: `scripts.rs`, CAMPAIGN). The highest seen is
+//!   this coordinator's, or the one the record's floor follows (`HolderRecord::floor`: the
+//!   replica's, kept in its data dir), whichever is higher, so it counts after a restart of
+//!   the replica too; only a replica that lost its data dir has the clock alone.
 //!   Tokens stay at or below `TOKEN_MAX` = 2^53 − 1; a campaign that would pass it is
 //!   `Refused`.
 //! - **Guarded writes.** A script runs whole with nothing in between: the write script
@@ -447,8 +449,9 @@ impl Elections for RedisCoordinator {
         lease: &LeaseId,
         record: &HolderRecord,
     ) -> Result<Campaign, CoordError> {
+        let floor = scripts::campaign_floor(self.highest_token.load(Ordering::Relaxed), record);
+        let floor = floor.to_string();
         let record = record.encode();
-        let floor = self.highest_token.load(Ordering::Relaxed).to_string();
         let max = TOKEN_MAX.to_string();
         let reply = self
             .fields(

@@ -11,9 +11,9 @@
 
 use redis::aio::ConnectionManager;
 
-use crate::coord::{CoordError, Edit, TaskOp, TaskVersion};
+use crate::coord::{CoordError, Edit, HolderRecord, TaskOp, TaskVersion};
 
-use super::layout::{decode, Layout};
+use super::layout::{decode, Layout, TOKEN_MAX};
 use super::unavailable;
 
 const PRELUDE: &str = r#"
@@ -97,7 +97,8 @@ return 'ok'
 /// was lost, by a restart without persistence, an eviction or an operator's `DEL` or
 /// `FLUSHALL`, are above every earlier one unless Redis's clock went back by more than the
 /// time between the two wins); and `floor` plus one, the highest token the campaigner has
-/// seen (covers a clock that went back, for replicas that saw the earlier token). Redis 7
+/// seen (covers a clock that went back, for replicas that saw the earlier token, before
+/// their own restart too: [`campaign_floor`]). Redis 7
 /// replicates a script by its effects, so `TIME` may precede writes and a replica of Redis
 /// stores the token computed here. Milliseconds keep tokens under 10^14 (until the year
 /// 5138), which Lua's `tostring` still writes exactly: the previous release's script
@@ -440,6 +441,19 @@ fn version_args(version: TaskVersion) -> [Vec<u8>; 2] {
     ]
 }
 
+/// The `floor` argument of [`CAMPAIGN`], the highest token seen before the win: what this
+/// coordinator has seen (`highest`), or one below the floor the campaign's `record` asks
+/// for (its replica's, above the highest token it has seen, kept in its data dir across
+/// its own restarts), whichever is higher. A floor past [`TOKEN_MAX`] + 1 follows no token
+/// leaderq handed out, and is left out as such tokens are.
+pub fn campaign_floor(highest: u64, record: &HolderRecord) -> u64 {
+    let asked = record
+        .floor
+        .filter(|floor| *floor <= TOKEN_MAX + 1)
+        .map_or(0, |floor| floor.saturating_sub(1));
+    highest.max(asked)
+}
+
 /// The six arguments of each op of [`WRITE`].
 pub fn op_args(ops: &[TaskOp]) -> Vec<Vec<u8>> {
     let mut args = Vec::with_capacity(ops.len() * 6);
@@ -493,6 +507,25 @@ pub fn edit_args(ops: &[Edit]) -> Vec<Vec<u8>> {
 mod tests {
     use super::*;
     use crate::coord::redis::layout::encode;
+
+    /// A campaign passes as seen the higher of what its coordinator saw and one below its
+    /// record's floor, so a replica restarted with an empty memory still asks for a token
+    /// above the highest it saw before; a floor no token of leaderq's could be under counts
+    /// for nothing.
+    #[test]
+    fn a_campaign_passes_the_higher_of_the_tokens_seen_and_the_records_floor() {
+        let record = |floor: Option<u64>| HolderRecord {
+            floor,
+            ..HolderRecord::default()
+        };
+        assert_eq!(campaign_floor(0, &record(None)), 0);
+        assert_eq!(campaign_floor(40, &record(None)), 40);
+        assert_eq!(campaign_floor(0, &record(Some(1))), 0);
+        assert_eq!(campaign_floor(0, &record(Some(158))), 157);
+        assert_eq!(campaign_floor(400, &record(Some(158))), 400);
+        assert_eq!(campaign_floor(0, &record(Some(TOKEN_MAX + 1))), TOKEN_MAX);
+        assert_eq!(campaign_floor(7, &record(Some(TOKEN_MAX + 2))), 7);
+    }
 
     /// Each op travels as six arguments with its version split into counter and flag; a
     /// version no read handed out can match no task.

@@ -5,11 +5,20 @@
 //! A lease joins the line at its first campaign and stays in it (a later campaign finds its
 //! znode) until it resigns or its session ends. The latch's name carries its session, as
 //! Curator's protected mode does: a create whose answer was lost is found again, not made
-//! twice. The lowest latch wins by rewriting the
-//! marker znode in a `multi` that checks its own latch still exists: nothing lower can
-//! appear (sequences only grow), so while that latch exists no one else can win. The
-//! marker write's `mzxid` is the fencing token: zxids only grow, across sessions, leaders
-//! and restarts of the ensemble, and a re-campaign by the holder writes it anew.
+//! twice. The lowest latch wins by rewriting the marker znode in a `multi` that checks its
+//! own latch still exists: nothing lower can appear (sequences only grow), so while that
+//! latch exists no one else can win.
+//!
+//! The fencing token is the higher of the marker's `mzxid` as the win's write left it and
+//! the `floor` in the record that write put in the marker ([`token_of`]). zxids only grow,
+//! across sessions, leaders and restarts of the ensemble, and a re-campaign by the holder
+//! writes the marker anew; the floor is what keeps tokens rising when zxids start over, in
+//! an ensemble whose data was lost (epoch 1 again). The win's write carries `floor` = the
+//! higher of the campaigning replica's (the highest token it has seen, plus one) and the
+//! marker's token as read plus one ([`floor_over`]), and it is conditioned on the marker's
+//! version as read, so no win slips in between: each token is above the one before it,
+//! whatever the zxids did. Only wins write the marker, so observers read the same token
+//! from it; the guard of the queue's writes checks the marker's version, not the token.
 
 use std::time::Duration;
 
@@ -31,6 +40,20 @@ struct Snapshot {
     line: Vec<layout::Latch>,
     holder: Holder,
     version: Version,
+}
+
+/// The token the marker stands for, from its data and its `mzxid`: the higher of that zxid
+/// (the last win's write) and the floor of the record the win wrote.
+pub(super) fn token_of(data: &[u8], mzxid: i64) -> FencingToken {
+    let floor = HolderRecord::decode(data).and_then(|record| record.floor);
+    FencingToken((mzxid.max(0) as u64).max(floor.unwrap_or(0)))
+}
+
+/// The floor a win over the marker as read (its data and `mzxid`) must write: above the
+/// token it stands for and at least the `asked` floor (the campaigning replica's).
+pub(super) fn floor_over(data: &[u8], mzxid: i64, asked: Option<u64>) -> u64 {
+    let last = token_of(data, mzxid).0;
+    last.saturating_add(1).max(asked.unwrap_or(0))
 }
 
 /// The guard of every leader's write: its latch znode still exists (so it still leads)
@@ -156,13 +179,13 @@ impl Elections for ZkCoordinator {
                 None if client.state().is_terminated() => return Ok(Campaign::LeaseGone),
                 None => return Ok(Campaign::Held),
             }
-            let (latch_stat, marker_stat) = {
+            let (latch_stat, (marker_data, marker_stat)) = {
                 let latch = client.check_stat(&format!("{dir}/{mine}"));
-                let marker = client.check_stat(&self.marker_path());
+                let marker = client.get_data(&self.marker_path());
                 match (timed(latch).await, timed(marker).await) {
-                    (Ok(Some(latch)), Ok(Some(marker))) => (latch, marker),
+                    (Ok(Some(latch)), Ok(marker)) => (latch, marker),
                     (Ok(None), _) => continue,
-                    (Ok(_), Ok(None)) => {
+                    (Ok(_), Err(zk::Error::NoNode)) => {
                         self.made().remove(&self.marker_path());
                         self.make_election(&main).await?;
                         continue;
@@ -170,11 +193,18 @@ impl Elections for ZkCoordinator {
                     (Err(err), _) | (_, Err(err)) => return gone(err),
                 }
             };
+            let floor = floor_over(&marker_data, marker_stat.mzxid, record.floor);
+            let won = HolderRecord {
+                session: lease.0.clone(),
+                floor: Some(floor),
+                ..record.clone()
+            }
+            .encode();
             let mut multi = client.new_multi_writer();
             multi
                 .add_check_version(&format!("{dir}/{mine}"), latch_stat.version)
                 .and_then(|()| {
-                    multi.add_set_data(&self.marker_path(), &value, Some(marker_stat.version))
+                    multi.add_set_data(&self.marker_path(), &won, Some(marker_stat.version))
                 })
                 .map_err(unavailable)?;
             match commit(&mut multi).await {
@@ -190,7 +220,7 @@ impl Elections for ZkCoordinator {
                     };
                     let leadership = Leadership {
                         lease: lease.clone(),
-                        fencing_token: FencingToken(marker.mzxid.max(0) as u64),
+                        fencing_token: FencingToken((marker.mzxid.max(0) as u64).max(floor)),
                     };
                     // The guard of this leadership's writes, known now: they need not
                     // read it again (`queue.rs`).
@@ -283,9 +313,13 @@ impl ZkCoordinator {
             Err(zk::Error::NoNode) => (Vec::new(), 0),
             Err(err) => return Err(unavailable(err)),
         };
-        let (marker, token) = match marker.await {
-            Ok((data, stat)) => (HolderRecord::decode(&data), stat.mzxid.max(0) as u64),
-            Err(zk::Error::NoNode) => (None, 0),
+        let (marker, token, marker_zxid) = match marker.await {
+            Ok((data, stat)) => (
+                HolderRecord::decode(&data),
+                token_of(&data, stat.mzxid),
+                stat.mzxid.max(0) as u64,
+            ),
+            Err(zk::Error::NoNode) => (None, FencingToken(0), 0),
             Err(err) => return Err(unavailable(err)),
         };
         let line = layout::latches(&children);
@@ -305,9 +339,50 @@ impl ZkCoordinator {
             holder: Holder {
                 lease,
                 record,
-                token: FencingToken(token),
+                token,
             },
-            version: Version((dir_pzxid.max(0) as u64).max(token)),
+            version: Version((dir_pzxid.max(0) as u64).max(marker_zxid)),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(floor: Option<u64>) -> Vec<u8> {
+        HolderRecord {
+            node: "n1".into(),
+            floor,
+            ..HolderRecord::default()
+        }
+        .encode()
+    }
+
+    /// The marker stands for the higher of its `mzxid` and its record's floor: written in an
+    /// ensemble whose zxids started over, it still stands for the floor its win wrote; a
+    /// marker made empty, or by another program, for its zxid alone.
+    #[test]
+    fn the_marker_stands_for_its_zxid_or_its_floor_if_higher() {
+        let epoch = 1_i64 << 32;
+        assert_eq!(
+            token_of(&record(None), epoch + 80),
+            FencingToken((1 << 32) + 80)
+        );
+        let restored = token_of(&record(Some((1 << 32) + 81)), epoch + 5);
+        assert_eq!(restored, FencingToken((1 << 32) + 81));
+        assert_eq!(token_of(b"", epoch + 3), FencingToken((1 << 32) + 3));
+        assert_eq!(token_of(b"", -1), FencingToken(0));
+    }
+
+    /// A win's floor is above the token the marker stood for and never below the floor the
+    /// replica asked for; over a marker lost with the ensemble's data (made again empty),
+    /// the replica's floor alone carries the token.
+    #[test]
+    fn a_win_writes_a_floor_above_the_markers_token() {
+        assert_eq!(floor_over(&record(None), 40, None), 41);
+        assert_eq!(floor_over(&record(None), 40, Some(90)), 90);
+        assert_eq!(floor_over(&record(Some(157)), 7, Some(100)), 158);
+        assert_eq!(floor_over(b"", 3, Some(157)), 157);
     }
 }

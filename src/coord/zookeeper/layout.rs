@@ -7,8 +7,9 @@
 //!   so it goes when that session ends and the task is then held by no one;
 //! - the election is the znode of `election.leader_key`: each campaigning lease's ephemeral
 //!   sequential child `latch-<session>-<sequence>` (Curator's LeaderLatch: the lowest
-//!   sequence leads) and the persistent child [`MARKER`], rewritten by every winner, whose
-//!   `mzxid` after that write is the fencing token.
+//!   sequence leads) and the persistent child [`MARKER`], rewritten by every winner with its
+//!   record, whose `mzxid` after that write, or the record's floor if higher, is the fencing
+//!   token.
 //!
 //! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 

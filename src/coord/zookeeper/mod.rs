@@ -15,7 +15,8 @@
 //!   keep-alive while disconnected is an error, Curator's SUSPENDED;
 //! - leadership is the lowest ephemeral-sequential latch under the election znode; a
 //!   campaign creates the lease's latch once and, if it is lowest, rewrites the marker znode
-//!   in a `multi` that checks the latch; that write's `mzxid` is the fencing token. `observe`
+//!   with its record in a `multi` that checks the latch and the marker's version as read;
+//!   the fencing token is that write's `mzxid`, or the record's floor if higher. `observe`
 //!   syncs, reads the line and the marker, and waits on one watch: a replica in line on its
 //!   predecessor, the leader on its own latch, one not in line on the leader's (`election.rs`);
 //! - the queue is a znode's children, each task's claim its ephemeral child marker owned by
@@ -40,13 +41,17 @@
 //!   latch if its record names this node). ZooKeeper counts a session's timeout from the last
 //!   request or ping it received, so never before the holder's own view ends. No lock-delay:
 //!   the margin is the holder's own TTL (`Timing::without_takeover_delay`).
-//! - **Fencing.** zxids only rise, across sessions, ensemble leaders (the epoch is in the high
-//!   bits) and restarts; each win, a re-campaign by the holder too, is a new marker write, so
-//!   its `mzxid` is above every token before. leaderq never deletes the marker; one deleted by
-//!   an operator is made again by the next win, at a higher zxid. Its version then starts
-//!   again, so across such a deletion a holder's earlier leadership could pass the marker
-//!   check after its own re-campaign (the token still rises, and a replica uses one
-//!   leadership at a time). Only an ensemble rebuilt from nothing can make it go back.
+//! - **Fencing.** The token is max(the marker's `mzxid` after the win's write, the floor in
+//!   the record that write put there). zxids only rise, across sessions, ensemble leaders
+//!   (the epoch is in the high bits) and restarts; each win, a re-campaign by the holder too,
+//!   is a new marker write, so its `mzxid` is above the one before. leaderq never deletes the
+//!   marker; one deleted by an operator is made again by the next win, at a higher zxid. Its
+//!   version then starts again, so across such a deletion a holder's earlier leadership
+//!   could pass the marker check after its own re-campaign (the token still rises, and a
+//!   replica uses one leadership at a time). An ensemble whose data was lost starts zxids
+//!   again at epoch 1: the floor, above the marker's last token and the highest token the
+//!   winning replica has seen, keeps each token above the one before (`election.rs`); only
+//!   an ensemble that lost its data while every replica lost its own can make it go back.
 //! - **Guarded writes.** `write` is one `multi` whose first two ops check the leader's latch
 //!   (exists, version 0) and the marker (at this win's version), sent on the lease's own
 //!   session: a session that ended fails it whole, and nothing is sent while its connection

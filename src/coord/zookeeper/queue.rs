@@ -350,7 +350,7 @@ impl Tasks for ZkCoordinator {
                 let marker_path = format!("{dir}/{}", layout::MARKER);
                 let synced = timed(client.sync("/"));
                 let children = timed(client.list_children(&dir));
-                let marker = timed(client.check_stat(&marker_path));
+                let marker = timed(client.get_data(&marker_path));
                 let lost = |err: zk::Error| match err {
                     zk::Error::SessionExpired | zk::Error::ClientClosed | zk::Error::NoNode => {
                         Ok(Written::NotLeader)
@@ -364,9 +364,8 @@ impl Tasks for ZkCoordinator {
                     Ok(children) => children,
                     Err(err) => return lost(err),
                 };
-                let marker = match marker.await {
-                    Ok(Some(marker)) => marker,
-                    Ok(None) => return Ok(Written::NotLeader),
+                let (marker_data, marker) = match marker.await {
+                    Ok(marker) => marker,
                     Err(err) => return lost(err),
                 };
                 seen.extend(read.await?);
@@ -376,7 +375,7 @@ impl Tasks for ZkCoordinator {
                 else {
                     return Ok(Written::NotLeader);
                 };
-                if FencingToken(marker.mzxid.max(0) as u64) != leadership.fencing_token {
+                if election::token_of(&marker_data, marker.mzxid) != leadership.fencing_token {
                     return Ok(Written::NotLeader);
                 }
                 // The latch's data is written once, at creation.

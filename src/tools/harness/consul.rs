@@ -137,6 +137,13 @@ impl Cluster for LeaderqServer {
         Ok(())
     }
 
+    fn restart_empty(&mut self) -> Result<(), String> {
+        self.kill();
+        std::fs::remove_dir_all(&self.data_dir)
+            .map_err(|e| format!("cannot remove {}: {e}", self.data_dir.display()))?;
+        self.restart_member(0)
+    }
+
     fn delete_leader_record(&self, leader_key: &str) -> Result<(), String> {
         self.curl("DELETE", &format!("/v1/kv/{leader_key}"))
             .map(drop)

@@ -300,6 +300,26 @@ impl Cluster for EtcdCluster {
         self.wait_serving(i)
     }
 
+    /// Every member started anew as the same initial cluster (`--initial-cluster-state
+    /// new`, the same token), which a cluster of any size forms again from empty data dirs.
+    fn restart_empty(&mut self) -> Result<(), String> {
+        for i in 0..self.members.len() {
+            self.kill_member(i)?;
+            let data = self.dir.join(&self.members[i].name);
+            if data.exists() {
+                std::fs::remove_dir_all(&data)
+                    .map_err(|e| format!("cannot remove {}: {e}", data.display()))?;
+            }
+        }
+        for i in 0..self.members.len() {
+            self.spawn(i)?;
+        }
+        for i in 0..self.members.len() {
+            self.wait_serving(i)?;
+        }
+        Ok(())
+    }
+
     fn produce(&self, key: &str, value: &[u8]) -> Result<(), String> {
         // Only live members: etcdctl 3.4's balancer may keep trying a dead endpoint until
         // its deadline. A put during an etcd leader election may time out: try again.

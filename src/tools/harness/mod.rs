@@ -158,6 +158,10 @@ pub trait Cluster: Send {
     fn kill_member(&mut self, i: usize) -> Result<(), String>;
     /// Starts member `i` again on its own data, and waits until it serves.
     fn restart_member(&mut self, i: usize) -> Result<(), String>;
+    /// SIGKILLs every member, removes all their data and starts them again, empty, on the
+    /// same addresses, and waits until they serve: a coordinator that lost all its data
+    /// (its counters start over), as its clients find it where they left it.
+    fn restart_empty(&mut self) -> Result<(), String>;
     /// Writes a task as a producer does, with the backend's plain write (a KV PUT, a
     /// znode create, `etcdctl put`, the documented Redis command): creates or replaces.
     fn produce(&self, key: &str, value: &[u8]) -> Result<(), String>;

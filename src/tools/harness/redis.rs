@@ -175,6 +175,15 @@ impl Cluster for RedisServer {
         self.spawn()
     }
 
+    /// Its directory (AOF and all) emptied before it starts again, whatever its persistence.
+    fn restart_empty(&mut self) -> Result<(), String> {
+        self.kill_member(0)?;
+        std::fs::remove_dir_all(&self.dir)
+            .and_then(|()| std::fs::create_dir_all(&self.dir))
+            .map_err(|e| format!("cannot empty {}: {e}", self.dir.display()))?;
+        self.spawn()
+    }
+
     fn produce(&self, key: &str, value: &[u8]) -> Result<(), String> {
         self.cli(&[
             b"EVAL",

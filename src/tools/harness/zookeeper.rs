@@ -316,6 +316,27 @@ impl Cluster for Ensemble {
         self.wait_serving(i)
     }
 
+    /// Every member's data dir emptied but for its `myid`; the members elect a leader anew,
+    /// and zxids start again from the first epoch.
+    fn restart_empty(&mut self) -> Result<(), String> {
+        for i in 0..self.members.len() {
+            self.kill_member(i)?;
+            let member = &self.members[i];
+            let data = member.dir.join("data");
+            std::fs::remove_dir_all(&data)
+                .and_then(|()| std::fs::create_dir_all(&data))
+                .and_then(|()| std::fs::write(data.join("myid"), format!("{}\n", member.id)))
+                .map_err(|e| format!("cannot empty {}: {e}", data.display()))?;
+        }
+        for i in 0..self.members.len() {
+            self.spawn(i)?;
+        }
+        for i in 0..self.members.len() {
+            self.wait_serving(i)?;
+        }
+        Ok(())
+    }
+
     /// `zkCli.sh create` (the parent must exist, as for any ZooKeeper producer), or `set`
     /// when the task is there already.
     fn produce(&self, key: &str, value: &[u8]) -> Result<(), String> {
