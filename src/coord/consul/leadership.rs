@@ -122,7 +122,7 @@ impl Elections for ConsulCoordinator {
         // lock's session): its token may read the same, but the win is no more.
         let rewritten = entry.as_ref().is_some_and(|entry| {
             entry.session.as_ref().is_some_and(|session| {
-                let at = self.won_at(&LeaseId(session.clone()));
+                let at = self.won_at(&LeaseId(session.clone()), None);
                 at != 0 && at != entry.modify_index
             })
         });
@@ -216,17 +216,22 @@ impl ConsulCoordinator {
     fn won(&self, lease: &LeaseId, value: Vec<u8>, at: u64, token: FencingToken) -> Campaign {
         let mut tied = self.tied();
         tied.records.insert(lease.clone(), value);
-        tied.won_at.insert(lease.clone(), at);
+        tied.won_at.insert(lease.clone(), (at, token));
         Campaign::Won(Leadership {
             lease: lease.clone(),
             fencing_token: token,
         })
     }
 
-    /// The leader key's index as `lease`'s win wrote it (0, which no key has, if it never
-    /// won): what its guarded writes check.
-    pub(super) fn won_at(&self, lease: &LeaseId) -> u64 {
-        self.tied().won_at.get(lease).copied().unwrap_or(0)
+    /// The leader key's index as `lease`'s latest win wrote it, if that win handed out
+    /// `token` (any token for `None`): what its guarded writes check. 0, which no key has,
+    /// if it never won, or if `token` is an earlier win's: a leadership this lease won
+    /// again since is over, and its guard fails.
+    pub(super) fn won_at(&self, lease: &LeaseId, token: Option<FencingToken>) -> u64 {
+        match self.tied().won_at.get(lease) {
+            Some((at, won)) if token.is_none_or(|token| token == *won) => *at,
+            _ => 0,
+        }
     }
 }
 

@@ -82,7 +82,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::coord::consul::client::{self as consul, Client};
-use crate::coord::{CoordError, Coordinator, LeaseId, WriteCost};
+use crate::coord::{CoordError, Coordinator, FencingToken, LeaseId, WriteCost};
 
 /// What the Consul coordinator needs beyond its client; from `[election]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,9 +118,10 @@ struct Tied {
     /// The holder record each lease wrote when it won, written back when it releases the
     /// key, so that the last holder's record stays for standbys.
     records: HashMap<LeaseId, Vec<u8>>,
-    /// The leader key's `ModifyIndex` as each lease's win wrote it: what the guard of its
-    /// writes checks (the token may be above it, `leadership.rs`).
-    won_at: HashMap<LeaseId, u64>,
+    /// The leader key's `ModifyIndex` as each lease's latest win wrote it, with the token
+    /// that win handed out: what the guard of its writes checks (the token may be above
+    /// the index, `leadership.rs`).
+    won_at: HashMap<LeaseId, (u64, FencingToken)>,
 }
 
 /// The Consul backend from its `[consul]` section, the leader key and whether leases are

@@ -86,7 +86,7 @@ impl Tasks for ConsulCoordinator {
         let guard = Guard {
             leader_key,
             lease: &leadership.lease,
-            index: self.won_at(&leadership.lease),
+            index: self.won_at(&leadership.lease, Some(leadership.fencing_token)),
         };
         let (txn, owners) = txn_ops(Some(guard), &leadership.lease, ops);
         let outcome = self.client.txn(&txn).await?;
