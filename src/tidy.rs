@@ -7,8 +7,10 @@
 //! ARCHITECTURE.md name only source files that exist, so a moved file leaves no stale map.
 //! The documentation's rules (links, anchors, line width) are in `docs.rs` below.
 
+mod code;
 mod docs;
 
+use code::non_test_code;
 use std::path::{Path, PathBuf};
 
 /// Past this many lines a file must say why it is that long.
@@ -61,14 +63,6 @@ fn every_module_has_a_header_and_long_files_say_why() {
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
-}
-
-/// The code of `text` before its first `#[cfg(test)]`, unless the whole file is tests.
-fn non_test_code<'a>(name: &str, text: &'a str) -> &'a str {
-    if name.ends_with("tests.rs") || name.contains("/tests/") || name == "tidy.rs" {
-        return "";
-    }
-    text.find("#[cfg(test)]").map_or(text, |at| &text[..at])
 }
 
 /// No `.unwrap()` outside tests: errors are handled or refused with a message, and an
@@ -170,7 +164,7 @@ fn module_edges() -> Vec<(String, String, String)> {
         if matches!(from, "main" | "lib" | "tidy") {
             continue;
         }
-        for (line, to) in crate_imports(non_test_code(&name, &text)) {
+        for (line, to) in crate_imports(&non_test_code(&name, &text)) {
             if to != from && to != "self" && to != "super" {
                 edges.push((from.to_string(), to, format!("{name}:{line}")));
             }

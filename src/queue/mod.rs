@@ -13,7 +13,7 @@
 //! hands the backlog to the driver (`one_at_a_time.rs`: `drive`, which claims through
 //! `claim.rs`, runs and settles; with `queue.concurrency` > 1 its groups form in
 //! `groups.rs`). The decisions
-//! that matter are pure functions beside them, fed `now` from the one [`Clock`]:
+//! that matter are pure functions beside them, fed `now` from the one `Clock` (`clock.rs`):
 //! `entry.rs` (what a listed entry is), `backlog.rs` (what the leader knows and does next
 //! between claims), `plan.rs` (what one write takes), `answer.rs` (what a claim's answer
 //! means for each task), `settlement.rs` (what becomes of a task after its run). The rest
@@ -88,7 +88,7 @@ pub enum LeadEnd {
 }
 
 /// The current term's clock, for rotation: when it began and how many runs it started;
-/// and the queue's one [`Clock`], anchored when first read.
+/// and the queue's one `Clock` (`clock.rs`), anchored when first read.
 #[derive(Debug, Default)]
 pub struct Term {
     /// On tokio's clock, so that rotation is tested on a paused one.

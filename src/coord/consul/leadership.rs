@@ -101,7 +101,7 @@ fn after_refusal(errors: &[TxnError]) -> Campaign {
 }
 
 impl Elections for ConsulCoordinator {
-    /// A blocking GET on the leader key at `after`, paced by [`settle`].
+    /// A blocking GET on the leader key at `after`, paced by `settle` (above).
     async fn observe(
         &self,
         after: Version,

@@ -9,8 +9,9 @@
 //!   revoke is destroy, close also releases the leader key and deregisters the checks no open
 //!   lease uses; `leftovers.rs` decides whether a previous session is taken up;
 //! - leadership is the leader key locked for the session in a transaction, its value the
-//!   [`HolderRecord`]; `observe` is a blocking GET on it (the index reset when it goes back,
-//!   early unchanged answers paced to `MIN_REQUERY`) (`leadership.rs`);
+//!   [`HolderRecord`](crate::coord::HolderRecord); `observe` is a blocking GET on it (the
+//!   index reset when it goes back, early unchanged answers paced to `MIN_REQUERY`)
+//!   (`leadership.rs`);
 //! - the queue is the KV prefix: a task's version is its `ModifyIndex` (`CreateIndex` orders
 //!   ties), its holder the lock's `Session`; `Claim`/`Release` are `check-index` + `lock` /
 //!   `unlock` with the writer's session, `Complete` is `delete-cas`, `Rewrite` `cas`, `Move`
