@@ -36,6 +36,8 @@ mod groups;
 mod hostile_input;
 #[path = "consumer/identity.rs"]
 mod identity;
+#[path = "consumer/late_answers.rs"]
+mod late_answers;
 #[path = "consumer/lost_answer.rs"]
 mod lost_answer;
 #[path = "consumer/ops.rs"]

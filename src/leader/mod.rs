@@ -9,6 +9,8 @@
 //! - `replicas.rs`: every replica's record of itself (standbys with their heartbeat).
 //! - `timeline.rs`: the leadership timeline (who led when, why each term ended).
 //! - `watch.rs`: the leader's watch on its own leadership record during a term.
+//! - `renewal.rs`: when keep-alives go out (every TTL/3, answered or not), and why that
+//!   keeps the lease under latency.
 //! - `faults.rs`: a stall of the renewals only, injected by tests and chaos.
 //!
 //! The lease id is kept in the data dir (`session`), so a restarted replica asks the
@@ -20,8 +22,11 @@ pub mod gate;
 pub mod identity;
 pub mod lease;
 pub mod lifecycle;
+pub mod renewal;
 pub mod replicas;
 pub mod rotation;
+#[cfg(test)]
+mod tests;
 pub mod timeline;
 pub mod watch;
 
@@ -30,8 +35,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::config::ElectionSettings;
 use crate::coord::{
@@ -42,18 +49,45 @@ use crate::observe::Metrics;
 use crate::task::rfc3339;
 use crate::util::duration;
 pub use lease::Lease;
+use renewal::Schedule;
 
-/// After a failed keep-alive, try again this soon rather than a full TTL/3 later: at most
-/// a second, and a tenth of the TTL for short ones, so that one failed keep-alive (a
-/// coordinator restart) is made up before the handlers' kill schedule, which starts
-/// kill_grace plus a tenth of the TTL before the lease's deadline, gives up on the lease.
-const RENEW_RETRY_MAX: Duration = Duration::from_secs(1);
+/// One keep-alive's end: which lease it renewed, when it was sent, what came back.
+struct Flight {
+    id: LeaseId,
+    sent_at: Instant,
+    answer: Result<Renewal, CoordError>,
+}
 
 /// The file in the data dir that keeps the highest fencing token this replica has seen.
 const TOKEN_FILE: &str = "fencing-token";
 
-fn renew_retry(ttl: Duration) -> Duration {
-    (ttl / 10).min(RENEW_RETRY_MAX)
+/// Sleeps until `at`; for ever when there is none.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// One keep-alive of `lease`, failed if no answer comes within `patience`, or after
+/// `stall` while a test stalls the renewals (`faults.rs`).
+async fn keep_alive(
+    coord: &dyn Coordinator,
+    lease: &LeaseId,
+    stall: Duration,
+    patience: Duration,
+) -> Result<Renewal, CoordError> {
+    if let Some(stalled) = faults::stalled_renewal(stall).await {
+        return Err(stalled);
+    }
+    tokio::time::timeout(patience, coord.keep_alive(lease))
+        .await
+        .unwrap_or_else(|_| {
+            Err(CoordError::Unavailable(format!(
+                "no answer to the lease's keep-alive within {}",
+                duration::format(patience)
+            )))
+        })
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -162,9 +196,12 @@ impl Election {
         Ok(grant.lease)
     }
 
-    /// Keeps the lease alive every TTL/3 until `stop`; a failed keep-alive is retried after
-    /// a second. A lease the coordinator no longer honours is marked lost, so the loops
-    /// that depend on it notice at once.
+    /// Keeps the lease alive every TTL/3 until `stop`, on schedule whatever the latency
+    /// (`renewal.rs`): each keep-alive on a task of its own, waited for at most a TTL, the
+    /// lease renewed from the send of each one acknowledged, a failed one followed by
+    /// another soon. A lease the coordinator no longer honours is marked lost at once, so
+    /// the loops that depend on it notice. The keep-alives still on their way when `stop`
+    /// fires are abandoned, and their tasks ended before this returns.
     pub async fn renew_until(
         coord: Arc<dyn Coordinator>,
         lease: Arc<Lease>,
@@ -172,42 +209,58 @@ impl Election {
         metrics: Arc<Metrics>,
         stop: CancellationToken,
     ) {
-        let period = ttl / 3;
-        let retry = renew_retry(ttl);
-        let mut next = Instant::now() + period;
+        let mut schedule = Schedule::new(ttl, Instant::now());
+        let mut flights: JoinSet<Flight> = JoinSet::new();
         loop {
+            let due = schedule.due(flights.len());
             tokio::select! {
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep_until(next) => {}
-            }
-            let Some(id) = lease.id() else {
-                // Between leases: the loop that opens the next one adopts it; look again soon.
-                next = Instant::now() + retry;
-                continue;
-            };
-            let sent_at = Instant::now();
-            let answer = match faults::stalled_renewal(retry).await {
-                Some(stalled) => Err(stalled),
-                None => coord.keep_alive(&id).await,
-            };
-            match answer {
-                Ok(Renewal::Alive) => {
-                    metrics.renewed(sent_at.elapsed());
-                    lease.renewed(&id, sent_at);
-                    next = sent_at + period;
+                _ = stop.cancelled() => break,
+                _ = sleep_until_some(due) => {
+                    let now = Instant::now();
+                    let Some(id) = lease.id() else {
+                        // Between leases: the loop that opens the next one adopts it.
+                        schedule.no_lease(now);
+                        continue;
+                    };
+                    schedule.sent(now);
+                    let (coord, retry, patience) =
+                        (coord.clone(), schedule.retry(), schedule.patience());
+                    flights.spawn(
+                        async move {
+                            let answer = keep_alive(coord.as_ref(), &id, retry, patience).await;
+                            Flight { id, sent_at: now, answer }
+                        }
+                        .in_current_span(),
+                    );
                 }
-                Ok(Renewal::Gone) => {
-                    tracing::warn!(lease = %id, "lease expired or was revoked");
-                    lease.mark_lost(&id);
-                    next = Instant::now() + period;
-                }
-                Err(err) => {
-                    metrics.coordinator_error(&err);
-                    tracing::warn!(error = %err, "lease renewal failed; retrying");
-                    next = Instant::now() + retry;
+                Some(landed) = flights.join_next() => {
+                    let flight = match landed {
+                        Ok(flight) => flight,
+                        Err(err) => {
+                            tracing::warn!(error = %err, "a lease renewal ended abnormally; retrying");
+                            schedule.failed(Instant::now());
+                            continue;
+                        }
+                    };
+                    match flight.answer {
+                        Ok(Renewal::Alive) => {
+                            metrics.renewed(flight.sent_at.elapsed());
+                            lease.renewed(&flight.id, flight.sent_at);
+                        }
+                        Ok(Renewal::Gone) => {
+                            tracing::warn!(lease = %flight.id, "lease expired or was revoked");
+                            lease.mark_lost(&flight.id);
+                        }
+                        Err(err) => {
+                            metrics.coordinator_error(&err);
+                            tracing::warn!(error = %err, "lease renewal failed; retrying");
+                            schedule.failed(Instant::now());
+                        }
+                    }
                 }
             }
         }
+        flights.shutdown().await;
     }
 
     fn record(&self, lease: &LeaseId) -> HolderRecord {

@@ -109,8 +109,11 @@ impl Cluster for ServerProcess {
     fn backend(&self) -> &'static str {
         self.server.backend()
     }
-    fn env(&self) -> Vec<(String, String)> {
-        self.server.env()
+    fn client_addrs(&self) -> Vec<String> {
+        self.server.client_addrs()
+    }
+    fn env_at(&self, addrs: &[String]) -> Vec<(String, String)> {
+        self.server.env_at(addrs)
     }
     fn members(&self) -> usize {
         self.server.members()

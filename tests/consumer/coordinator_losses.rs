@@ -10,9 +10,7 @@
 //! without using an attempt, and the next leader runs it; nothing is dead-lettered.
 
 use super::*;
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use toolbox::{first_run, runs_in, Reaper};
 
 on_every_backend! {
     /// A deleted leader record stops the run before the next leader starts one.
@@ -51,98 +49,9 @@ impl Loss {
     }
 }
 
-/// One run as its handler journaled it.
-#[derive(Debug)]
-struct Run {
-    id: String,
-    node: String,
-    started: u128,
-    /// 0 until its end is journaled or its shell is seen gone.
-    ended: u128,
-    pid: u32,
-    token: u64,
-}
-
 /// The file whose existence stalls `node`'s renewals.
 fn stall_file(dir: &Path, node: &str) -> PathBuf {
     dir.join(format!("{node}.stall-renewals"))
-}
-
-fn runs_in(text: &str) -> Vec<Run> {
-    let mut runs: Vec<Run> = Vec::new();
-    for line in text.lines() {
-        let words: Vec<&str> = line.split_whitespace().collect();
-        let at: u128 = words[2].parse().unwrap();
-        if words[0] == "start" {
-            runs.push(Run {
-                id: words[1].into(),
-                node: words[3].into(),
-                started: at,
-                ended: 0,
-                pid: words[4].parse().unwrap(),
-                token: words[5].parse().unwrap(),
-            });
-        } else if let Some(run) = runs.iter_mut().find(|r| {
-            // An end names its shell's pid where it can: one node may run a task twice.
-            let pid = words.get(4).and_then(|p| p.parse::<u32>().ok());
-            r.id == words[1] && r.node == words[3] && r.ended == 0 && pid.is_none_or(|p| p == r.pid)
-        }) {
-            run.ended = at;
-        }
-    }
-    runs
-}
-
-/// Watches the journal's runs from a thread, noting when each run's shell is first seen
-/// gone: the end of a run cut before it could journal one.
-struct Reaper {
-    gone: Arc<Mutex<HashMap<u32, u128>>>,
-    stop: Arc<AtomicBool>,
-    thread: std::thread::JoinHandle<()>,
-}
-
-impl Reaper {
-    fn start(journal: &Path) -> Reaper {
-        let gone = Arc::new(Mutex::new(HashMap::new()));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (journal, noted, stopped) = (journal.to_path_buf(), gone.clone(), stop.clone());
-        let thread = std::thread::spawn(move || {
-            while !stopped.load(Ordering::Relaxed) {
-                let text = std::fs::read_to_string(&journal).unwrap_or_default();
-                for run in runs_in(&text) {
-                    let mut noted = noted.lock().unwrap();
-                    if !noted.contains_key(&run.pid) && !common::process_alive(run.pid) {
-                        noted.insert(run.pid, now_ns());
-                    }
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-        });
-        Reaper { gone, stop, thread }
-    }
-
-    /// When the shell `pid` was seen gone, once it was.
-    fn gone(&self, pid: u32) -> Option<u128> {
-        self.gone.lock().unwrap().get(&pid).copied()
-    }
-
-    fn stop(self) -> HashMap<u32, u128> {
-        self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().unwrap();
-        Arc::into_inner(self.gone).unwrap().into_inner().unwrap()
-    }
-}
-
-/// The first run the journal shows, once there is one.
-async fn first_run(journal: &Path, replicas: &[ConsumerProcess]) -> Run {
-    wait_until(Duration::from_secs(30), "a first run", async || {
-        let text = std::fs::read_to_string(journal).unwrap();
-        runs_in(&text)
-            .into_iter()
-            .next()
-            .ok_or_else(|| toolbox::logs_of(replicas))
-    })
-    .await
 }
 
 /// Two replicas, one run at a time, one attempt per task (a stop counted as a failure

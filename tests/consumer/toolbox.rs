@@ -1,15 +1,18 @@
 //! The consumer tests' toolbox: [`on_every_backend!`] (one module of tests per backend),
 //! [`wait_until`] (the one bounded poll, shared with the server tests from `tests/common`),
-//! [`TestSettings`] (the replicas' settings) and [`TestBed`] (a coordinator from the shared
-//! harness, a directory, a journal and the replicas). Processes, the HTTP client, the
+//! [`TestSettings`] (the replicas' settings), [`TestBed`] (a coordinator from the shared
+//! harness, a directory, a journal and the replicas), and the runs a journal shows with
+//! [`Reaper`], which notes when each run's shell is gone. Processes, the HTTP client, the
 //! server's metrics and the harness's `Cluster`s live in `tests/common` and
 //! `leaderq::tools::harness`; what a test checks stays in the test.
 //!
 //! A backend whose server is not installed skips the test, and says so where it is seen
 //! (see `leaderq::tools::harness::external`); under `LEADERQ_REQUIRE_SERVERS` it fails it.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leaderq::coord::{Coordinator, Leadership, Version};
@@ -363,4 +366,96 @@ pub fn connect(env: &[(String, String)]) -> Arc<dyn Coordinator> {
     let settings =
         leaderq::config::Settings::load(None, env.to_vec()).expect("settings from the env");
     leaderq::service::connect::connect(&settings).expect("a coordinator")
+}
+
+/// One run as its handler journaled it: `start <task id> <ns> <node> <shell pid> <fencing
+/// token>`, then `end <task id> <ns> <node> [<shell pid>]` if it ran to its end.
+#[derive(Debug)]
+pub struct Run {
+    pub id: String,
+    pub node: String,
+    pub started: u128,
+    /// 0 until its end is journaled or its shell is seen gone.
+    pub ended: u128,
+    pub pid: u32,
+    pub token: u64,
+}
+
+/// The runs a journal of such lines shows, in the order they started.
+pub fn runs_in(text: &str) -> Vec<Run> {
+    let mut runs: Vec<Run> = Vec::new();
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let at: u128 = words[2].parse().unwrap();
+        if words[0] == "start" {
+            runs.push(Run {
+                id: words[1].into(),
+                node: words[3].into(),
+                started: at,
+                ended: 0,
+                pid: words[4].parse().unwrap(),
+                token: words[5].parse().unwrap(),
+            });
+        } else if let Some(run) = runs.iter_mut().find(|r| {
+            // An end names its shell's pid where it can: one node may run a task twice.
+            let pid = words.get(4).and_then(|p| p.parse::<u32>().ok());
+            r.id == words[1] && r.node == words[3] && r.ended == 0 && pid.is_none_or(|p| p == r.pid)
+        }) {
+            run.ended = at;
+        }
+    }
+    runs
+}
+
+/// Watches the journal's runs from a thread, noting when each run's shell is first seen
+/// gone: the end of a run cut before it could journal one.
+pub struct Reaper {
+    gone: Arc<Mutex<HashMap<u32, u128>>>,
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Reaper {
+    pub fn start(journal: &Path) -> Reaper {
+        let gone = Arc::new(Mutex::new(HashMap::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (journal, noted, stopped) = (journal.to_path_buf(), gone.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                let text = std::fs::read_to_string(&journal).unwrap_or_default();
+                for run in runs_in(&text) {
+                    let mut noted = noted.lock().unwrap();
+                    if !noted.contains_key(&run.pid) && !common::process_alive(run.pid) {
+                        noted.insert(run.pid, now_ns());
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        Reaper { gone, stop, thread }
+    }
+
+    /// When the shell `pid` was seen gone, once it was.
+    pub fn gone(&self, pid: u32) -> Option<u128> {
+        self.gone.lock().unwrap().get(&pid).copied()
+    }
+
+    /// Stops watching; when each shell seen gone was.
+    pub fn stop(self) -> HashMap<u32, u128> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.join().unwrap();
+        Arc::into_inner(self.gone).unwrap().into_inner().unwrap()
+    }
+}
+
+/// The first run the journal shows, once there is one.
+pub async fn first_run(journal: &Path, replicas: &[ConsumerProcess]) -> Run {
+    wait_until(Duration::from_secs(30), "a first run", async || {
+        let text = std::fs::read_to_string(journal).unwrap();
+        runs_in(&text)
+            .into_iter()
+            .next()
+            .ok_or_else(|| logs_of(replicas))
+    })
+    .await
 }

@@ -1,8 +1,8 @@
 //! [`Leases`] as Consul sessions: open (remove what older versions left, take up the
 //! previous session only if it is still this node's own, else create one bound to the
-//! node's TTL check), keep alive (renew, pass the check), revoke (destroy), close (release
-//! the leader key, destroy, deregister), and announce the replica in Consul's catalog
-//! (`registration.rs`).
+//! node's TTL check), keep alive (renew and pass the check, side by side), revoke
+//! (destroy), close (release the leader key, destroy, deregister), and announce the
+//! replica in Consul's catalog (`registration.rs`).
 //!
 //! Session and check are named after the node id (`leaderq:<node-id>`), so a restarted
 //! replica finds both again; what to do with what earlier runs left is judged in
@@ -104,17 +104,21 @@ impl Leases for ConsulCoordinator {
         })
     }
 
-    /// Renews the session and passes its check. A check that cannot be passed is logged,
-    /// not fatal: the session lives while the renewals do, and the check's own TTL ends it
-    /// if the passes keep failing.
+    /// Renews the session and passes its check, side by side: one after the other, each
+    /// answer late by `L` would delay the keep-alive's own answer, and the check's next
+    /// pass, by twice that. A check that cannot be passed is logged, not fatal: the session
+    /// lives while the renewals do, and the check's own TTL ends it if the passes keep
+    /// failing.
     async fn keep_alive(&self, lease: &LeaseId) -> Result<Renewal, CoordError> {
-        let renewed = self.client.session_renew(&lease.0).await;
         let check = self.tied().leases.get(lease).cloned().flatten();
-        if let Some(check) = check {
-            if let Err(err) = self.client.check_pass(&check).await {
-                tracing::warn!(error = %err, "cannot pass the health check");
+        let pass = async {
+            if let Some(check) = check {
+                if let Err(err) = self.client.check_pass(&check).await {
+                    tracing::warn!(error = %err, "cannot pass the health check");
+                }
             }
-        }
+        };
+        let (renewed, ()) = tokio::join!(self.client.session_renew(&lease.0), pass);
         match renewed? {
             Some(_) => Ok(Renewal::Alive),
             None => {

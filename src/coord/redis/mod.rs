@@ -415,10 +415,16 @@ impl Leases for RedisCoordinator {
         }
     }
 
+    /// One script, sent whole: one round trip, also on a Redis that lost its script cache.
     async fn keep_alive(&self, lease: &LeaseId) -> Result<Renewal, CoordError> {
-        let answer: String = self
-            .run(&self.scripts.keep_alive, &[lease.0.as_bytes()])
-            .await?;
+        let mut connection = self.connection().await?;
+        let answer: String = scripts::eval(
+            &mut connection,
+            &self.settings.layout,
+            &self.scripts.keep_alive,
+            &[lease.0.as_bytes()],
+        )
+        .await?;
         Ok(if answer == "alive" {
             Renewal::Alive
         } else {

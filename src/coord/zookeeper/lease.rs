@@ -5,7 +5,9 @@
 //! replica still calls `keep_alive`. So that a lease still ends a TTL after its last
 //! keep-alive, as the seam says (a replica whose loop hangs loses it), each lease has a
 //! watchdog that closes its session then. ZooKeeper itself ends it when the replica is dead
-//! or frozen (no ping within the session timeout).
+//! or frozen (no ping within the session timeout). The watchdog also keeps the lease's
+//! connection busy enough that answers coming late do not make the client take it for lost
+//! (`beat`).
 //!
 //! A lease cannot be taken up by a new process: `zookeeper-client` gives no way to hand a
 //! session's id and password to a new connection (`SessionInfo` has no public
@@ -85,7 +87,9 @@ impl Leases for ZkCoordinator {
 
     /// Alive only if the session answers now: a request on it is what ZooKeeper counts as
     /// contact. Disconnected (Curator's SUSPENDED) is an error, so the leader steps down
-    /// once no keep-alive succeeded for a TTL; expired (LOST) or closed is `Gone`.
+    /// once no keep-alive succeeded for a TTL; expired (LOST) or closed is `Gone`. Several
+    /// may be on their way at once (the renewer sends on schedule, answered or not); the
+    /// watchdog counts from the latest send answered.
     async fn keep_alive(&self, lease: &LeaseId) -> Result<Renewal, CoordError> {
         let Some((client, ttl, renewed)) = self
             .leases()
@@ -105,10 +109,13 @@ impl Leases for ZkCoordinator {
             ));
         }
         let sent = Instant::now();
-        // Half a TTL: an answer later than that leaves too little of the lease to count.
-        match tokio::time::timeout(ttl / 2, client.check_stat("/")).await {
+        // A TTL: an answer later than that acknowledges a send whose lease has ended. Any
+        // shorter and answers late by less than the latency a lease is promised to bear
+        // (up to 2/3 of a TTL) would fail keep-alives that keep it.
+        match tokio::time::timeout(ttl, client.check_stat("/")).await {
             Ok(Ok(_)) => {
-                *renewed.lock().unwrap_or_else(|p| p.into_inner()) = sent;
+                let mut renewed = renewed.lock().unwrap_or_else(|p| p.into_inner());
+                *renewed = (*renewed).max(sent);
                 Ok(Renewal::Alive)
             }
             Ok(Err(zk::Error::SessionExpired | zk::Error::ClientClosed)) => {
@@ -117,8 +124,7 @@ impl Leases for ZkCoordinator {
             }
             Ok(Err(err)) => Err(unavailable(err)),
             Err(_) => Err(CoordError::Unavailable(format!(
-                "the lease's ZooKeeper session did not answer within {:?}",
-                ttl / 2
+                "the lease's ZooKeeper session did not answer within {ttl:?}"
             ))),
         }
     }
@@ -210,17 +216,22 @@ impl ZkCoordinator {
     }
 }
 
-/// Closes `lease`'s session once a TTL passed since its last keep-alive, and says in the
-/// log when its connection is lost (Curator's SUSPENDED), back (RECONNECTED) or its session
-/// expired (LOST).
+/// The leases a coordinator holds, as its watchdogs reach them.
+type HeldBy = std::sync::Weak<Mutex<std::collections::HashMap<LeaseId, Held>>>;
+
+/// Closes `lease`'s session once a TTL passed since its last keep-alive, keeps its
+/// connection from falling silent ([`beat`]), and says in the log when its connection is
+/// lost (Curator's SUSPENDED), back (RECONNECTED) or its session expired (LOST).
 async fn watchdog(
-    leases: std::sync::Weak<Mutex<std::collections::HashMap<LeaseId, Held>>>,
+    leases: HeldBy,
     lease: LeaseId,
     renewed: Arc<Mutex<Instant>>,
     ttl: Duration,
     mut state: zk::StateWatcher,
 ) {
     let mut terminated = false;
+    let mut beats = tokio::time::interval(super::silence_limit(ttl) / BEATS_PER_SILENCE);
+    beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let deadline = *renewed.lock().unwrap_or_else(|p| p.into_inner()) + ttl;
         if Instant::now() >= deadline {
@@ -228,6 +239,7 @@ async fn watchdog(
         }
         tokio::select! {
             _ = tokio::time::sleep_until(deadline) => {}
+            _ = beats.tick() => beat(&leases, &lease),
             now = state.changed(), if !terminated => match now {
                 zk::SessionState::Disconnected => tracing::warn!(session = %lease, "the lease's ZooKeeper connection is lost (suspended): no keep-alive until it is back"),
                 zk::SessionState::SyncConnected => tracing::info!(session = %lease, "the lease's ZooKeeper connection is back"),
@@ -251,5 +263,39 @@ async fn watchdog(
         // The entry's drop aborts its watchdog: not this one, which is about to end anyway.
         held.watchdog = tokio::spawn(async {});
         drop(held);
+    }
+}
+
+/// Beats per silence limit: as often as the client looks for a silent connection, so that
+/// a lease's connection is never idle for more than an eighth of its limit.
+const BEATS_PER_SILENCE: u32 = 8;
+
+/// One request of the watchdog's own on `lease`'s session, while it is connected, its
+/// answer left unread (the request is sent when it is made). `zookeeper-client` takes a
+/// connection silent for its limit (`silence_limit`, 3/5 of the TTL) for lost and connects
+/// again, and left to itself sends a ping only once the connection has been idle for 3/8
+/// of that limit. When answers start coming late by `L`, the silence lasts from the last
+/// answer on time to the answer of the next request, up to 3/8 + 1/8 of the limit plus `L`:
+/// latency rising by more than 0.3 × TTL at once would break the lease's connection, its
+/// keep-alives failing until it is back. With a beat every eighth of the limit, it takes a
+/// rise of 7/8 of it (0.525 × TTL), above the latency a lease's runs are promised to bear
+/// (2/3 × TTL − kill_grace − TTL/10) for any `kill_grace` of a 24th of the TTL or more. A
+/// beat is no keep-alive: the lease still ends a TTL after the last one.
+fn beat(leases: &HeldBy, lease: &LeaseId) {
+    let Some(leases) = leases.upgrade() else {
+        return;
+    };
+    let client = leases
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .get(lease)
+        .map(|held| held.client.clone());
+    if let Some(client) = client {
+        if matches!(
+            client.state(),
+            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly
+        ) {
+            drop(client.check_stat("/"));
+        }
     }
 }

@@ -139,6 +139,20 @@ pub fn connect(
 /// How long one request may take before the ensemble counts as unreachable for it.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a session's connection may stay silent (or take to answer a handshake) before
+/// `zookeeper-client` takes it for lost and connects again: 3/5 of the session's timeout,
+/// the most the client honours (without one it takes 2/5). Answers `L` late leave a
+/// connection silent for `L` plus however long it was idle before. A lease's watchdog keeps
+/// its connection from being idle for more than an eighth of this (`lease.rs`, `beat`), so
+/// it takes a latency of 0.525 × TTL to break it, above the latency a lease's runs are
+/// promised to bear. The coordinator's own connection has only the client's pings (sent
+/// once it was idle for 3/8 of this): latency rising by more than 0.3 × its session timeout
+/// at once breaks it for a moment, and the reads and watches on it fail and are asked
+/// again; no run depends on them.
+fn silence_limit(session_timeout: Duration) -> Duration {
+    session_timeout * 3 / 5
+}
+
 /// One `multi`, at most: operations (ZooKeeper has no count limit; this keeps one request's
 /// work on the leader bounded, yet holds a full batch: 32 claims of 2 ops each, plus the
 /// 32 completions riding along, 3 ops each with history on, plus the 2 guard checks, is
@@ -190,7 +204,9 @@ impl ZkCoordinator {
     /// (created first if missing, as Curator does with a namespace).
     async fn open_session(&self, timeout: Duration) -> Result<zk::Client, CoordError> {
         let (servers, root) = split_connect(&self.settings.connect);
-        let mut connector = zk::Client::connector().with_session_timeout(timeout);
+        let mut connector = zk::Client::connector()
+            .with_session_timeout(timeout)
+            .with_connection_timeout(silence_limit(timeout));
         if !self.settings.auth.is_empty() {
             connector = connector.with_auth("digest", self.settings.auth.as_bytes());
         }

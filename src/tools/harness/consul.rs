@@ -114,10 +114,15 @@ impl Cluster for LeaderqServer {
         "consul"
     }
 
-    fn env(&self) -> Vec<(String, String)> {
+    fn client_addrs(&self) -> Vec<String> {
+        vec![self.addr.clone()]
+    }
+
+    fn env_at(&self, addrs: &[String]) -> Vec<(String, String)> {
+        let addr = addrs.first().cloned().unwrap_or_default();
         vec![
             ("LEADERQ__COORDINATOR__BACKEND".into(), "consul".into()),
-            ("CONSUL_HTTP_ADDR".into(), self.addr.clone()),
+            ("CONSUL_HTTP_ADDR".into(), addr),
         ]
     }
 

@@ -265,13 +265,18 @@ impl Cluster for EtcdCluster {
         Ok(true)
     }
 
-    fn env(&self) -> Vec<(String, String)> {
+    fn client_addrs(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .collect()
+    }
+
+    fn env_at(&self, addrs: &[String]) -> Vec<(String, String)> {
+        let endpoints: Vec<String> = addrs.iter().map(|addr| format!("http://{addr}")).collect();
         vec![
             ("LEADERQ__COORDINATOR__BACKEND".into(), "etcd".into()),
-            (
-                "LEADERQ__ETCD__ENDPOINTS".into(),
-                self.endpoints().join(","),
-            ),
+            ("LEADERQ__ETCD__ENDPOINTS".into(), endpoints.join(",")),
         ]
     }
 

@@ -7,8 +7,12 @@
 //! - missing on a developer's machine: [`external`] prints one line naming the test and
 //!   what to install, past the test harness's capture, and the test skips;
 //! - missing where [`REQUIRE_ENV`] is set (CI): [`external`] panics, so the test fails.
+//!
+//! `latency.rs` puts a proxy that answers late in front of a cluster's members, which
+//! [`Cluster::env_at`] points a replica at.
 
 pub mod consul;
+pub mod latency;
 pub mod link;
 pub mod redis;
 pub mod zookeeper;
@@ -151,7 +155,14 @@ pub trait Cluster: Send {
     fn backend(&self) -> &'static str;
     /// The environment that points `leaderq` (consume, enqueue, tasks, status) at it:
     /// `LEADERQ__COORDINATOR__BACKEND` and the backend's own section.
-    fn env(&self) -> Vec<(String, String)>;
+    fn env(&self) -> Vec<(String, String)> {
+        self.env_at(&self.client_addrs())
+    }
+    /// Where each member serves its clients (`host:port`), in order.
+    fn client_addrs(&self) -> Vec<String>;
+    /// The environment of [`Cluster::env`] with `addrs` in place of the members' own
+    /// client addresses, in their order: what points `leaderq` at proxies of them.
+    fn env_at(&self, addrs: &[String]) -> Vec<(String, String)>;
     /// How many members it has.
     fn members(&self) -> usize;
     /// SIGKILLs member `i` (no-op if it is down).

@@ -151,10 +151,15 @@ impl Cluster for RedisServer {
         Ok(true)
     }
 
-    fn env(&self) -> Vec<(String, String)> {
+    fn client_addrs(&self) -> Vec<String> {
+        vec![format!("127.0.0.1:{}", self.port)]
+    }
+
+    fn env_at(&self, addrs: &[String]) -> Vec<(String, String)> {
+        let addr = addrs.first().map_or("", String::as_str);
         vec![
             ("LEADERQ__COORDINATOR__BACKEND".into(), "redis".into()),
-            ("LEADERQ__REDIS__URL".into(), self.url()),
+            ("LEADERQ__REDIS__URL".into(), format!("redis://{addr}/0")),
             ("LEADERQ__REDIS__KEY_PREFIX".into(), PREFIX.into()),
         ]
     }

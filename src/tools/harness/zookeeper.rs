@@ -178,12 +178,7 @@ impl Ensemble {
 
     /// The connect string of every member (with the chroot, if one was set).
     pub fn connect(&self) -> String {
-        let hosts: Vec<String> = self
-            .members
-            .iter()
-            .map(|m| format!("127.0.0.1:{}", m.client_port))
-            .collect();
-        format!("{}{}", hosts.join(","), self.chroot)
+        format!("{}{}", self.client_addrs().join(","), self.chroot)
     }
 
     /// The connect string with `chroot` instead of the ensemble's own.
@@ -292,10 +287,20 @@ impl Cluster for Ensemble {
         Ok(false)
     }
 
-    fn env(&self) -> Vec<(String, String)> {
+    fn client_addrs(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .collect()
+    }
+
+    fn env_at(&self, addrs: &[String]) -> Vec<(String, String)> {
         vec![
             ("LEADERQ__COORDINATOR__BACKEND".into(), "zookeeper".into()),
-            ("LEADERQ__ZOOKEEPER__CONNECT".into(), self.connect()),
+            (
+                "LEADERQ__ZOOKEEPER__CONNECT".into(),
+                format!("{}{}", addrs.join(","), self.chroot),
+            ),
         ]
     }
 
