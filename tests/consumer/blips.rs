@@ -54,7 +54,7 @@ async fn bursts_on_the_leaders_link(backend: &str) {
         .handler("Long", &script);
     let mut links = Vec::new();
     for node in ["la", "lb"] {
-        let (link, env) = Links::start(&bed.cluster.env()).await.unwrap();
+        let (link, env) = Links::start(bed.cluster.as_ref()).await.unwrap();
         bed.env = env;
         bed.start_replica(node);
         links.push((node, link));

@@ -1,5 +1,5 @@
 //! Answers from the coordinator that come back late, on every backend's real servers: a
-//! proxy in front of each member (`leaderq::tools::harness::latency`) delays every byte on
+//! proxy in front of each member (`leaderq::tools::harness::link`) delays every byte on
 //! its way back to the leader, while the leader's requests arrive on time. Below the bound
 //! the settings promise (`docs/handlers.md`: 2/3 × TTL − kill_grace − TTL/10), no run is
 //! stopped and leadership stays where it is, however long the latency lasts; past it, the
@@ -7,7 +7,7 @@
 //! another replica starts the task again.
 
 use super::*;
-use leaderq::tools::harness::latency::LatencyProxy;
+use leaderq::tools::harness::link::{Fault, Links};
 use toolbox::{first_run, runs_in, Reaper};
 
 on_every_backend! {
@@ -47,7 +47,7 @@ async fn late_answers(backend: &str) {
     let Some(mut bed) = TestBed::on(backend) else {
         return;
     };
-    let proxy = LatencyProxy::start(&bed.cluster.client_addrs())
+    let (link, env) = Links::start(bed.cluster.as_ref())
         .await
         .expect("a proxy in front of every member");
     let journal = bed.journal.clone();
@@ -65,7 +65,7 @@ async fn late_answers(backend: &str) {
         );
     // r1 reaches the coordinator through the proxy and leads; r2 stands by, reaching it
     // directly.
-    bed.env = bed.cluster.env_at(proxy.addrs());
+    bed.env = env;
     bed.start_replica_with("r1", &settings.toml("r1"));
     assert_eq!(bed.leader(Duration::from_secs(30)).await, "r1");
     bed.env.clear();
@@ -91,7 +91,7 @@ async fn late_answers(backend: &str) {
         )
     };
 
-    proxy.set_latency(WITHIN);
+    link.set(Fault::Delay(WITHIN));
     let began = std::time::Instant::now();
     while began.elapsed() < WITHIN_FOR {
         tokio::time::sleep(LOOK_EVERY).await;
@@ -117,7 +117,7 @@ async fn late_answers(backend: &str) {
         );
     }
 
-    proxy.set_latency(PAST);
+    link.set(Fault::Delay(PAST));
     let past_at = now_ns();
     let next = wait_until(
         Duration::from_secs(30),
@@ -153,5 +153,5 @@ async fn late_answers(backend: &str) {
         state(&bed)
     );
     drop(bed);
-    proxy.stop().await;
+    drop(link);
 }

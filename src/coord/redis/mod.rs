@@ -78,12 +78,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-
-/// The longest pause between two attempts to connect again after the connection broke.
-/// redis-rs doubles it from 100 ms with no ceiling (3.2 s by its sixth try), so a link
-/// that came back after a burst of resets would stay unused for seconds, long enough for
-/// the lease to end at Redis while nothing else was wrong.
-const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
 use redis::{IntoConnectionInfo, ProtocolVersion};
 use tokio::sync::{broadcast, OnceCell};
 
@@ -97,6 +91,10 @@ use crate::coord::{
     HolderRecord, Leadership, LeaseId, LeaseSpec, Leases, Names, Renewal, StoredTask, TaskOp,
     TaskVersion, Tasks, Version, WriteCost, WriteLimits, Written,
 };
+
+/// The longest pause between attempts to connect again: redis-rs doubles it without a
+/// ceiling, and a link back from a burst of resets stayed unused until the lease ended.
+const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
 
 /// Leases shorter than this are refused: a keep-alive every third of it must get through.
 pub const TTL_MIN: Duration = Duration::from_secs(1);
@@ -221,8 +219,6 @@ impl RedisCoordinator {
         self.heard.load(Ordering::Relaxed)
     }
 
-    /// The connection manager, connected (and subscribed to the changes channel) on
-    /// first use.
     async fn connection(&self) -> Result<ConnectionManager, CoordError> {
         let manager = self
             .manager

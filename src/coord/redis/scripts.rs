@@ -8,6 +8,9 @@
 //! `ARGV[2]` the leader name, the rest (`A`) the script's own. The scripts name their keys
 //! in `ARGV` rather than `KEYS` (task keys are only known inside the script), so they need
 //! one Redis (with replicas if wanted), not Redis Cluster.
+//!
+//! Size: the scripts are one file with the Rust that builds their arguments and reads
+//! their answers, so that a script and its caller change together; a fifth is tests.
 
 use redis::aio::ConnectionManager;
 

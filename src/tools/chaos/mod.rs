@@ -372,7 +372,7 @@ async fn run_in(
         links: HashMap::new(),
     };
     for name in ["chaos-1", "chaos-2", "chaos-3"] {
-        let links = Links::start(&coordinator.env()).await?;
+        let links = Links::start(coordinator.as_ref()).await?;
         cluster.links.insert(name.to_string(), links);
         cluster.start(name, 0)?;
     }

@@ -14,9 +14,9 @@
 //!   once, so it acts on them on time and only the answers are late. Connections carry on
 //!   through a change of delay.
 //!
-//! Every backend's addresses are rewritten the same way ([`Links::start`]): each
-//! `127.0.0.1:<port>` in the environment that points `leaderq` at the coordinator becomes a
-//! proxy's, so a replica of an ensemble or cluster reaches every member through its link.
+//! [`Links::start`] puts a proxy in front of every member of a cluster and answers the
+//! environment that points a replica at them (`Cluster::env_at`), so a replica of an
+//! ensemble or cluster reaches every member through its link.
 
 use std::time::Duration;
 
@@ -25,6 +25,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
+
+use super::Cluster;
 
 /// What the link does to the bytes it carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,14 +51,6 @@ impl Fault {
     }
 }
 
-/// The environment variables that carry coordinator addresses (`Cluster::env`).
-const ADDRESS_VARS: [&str; 4] = [
-    "CONSUL_HTTP_ADDR",
-    "LEADERQ__ETCD__ENDPOINTS",
-    "LEADERQ__REDIS__URL",
-    "LEADERQ__ZOOKEEPER__CONNECT",
-];
-
 /// One replica's links: a proxy for each coordinator address, all under one fault switch.
 pub struct Links {
     fault: watch::Sender<Fault>,
@@ -64,37 +58,26 @@ pub struct Links {
 }
 
 impl Links {
-    /// Starts a proxy for each loopback address in `env` (a cluster's environment) and
-    /// answers the same environment with those addresses replaced by the proxies'.
-    pub async fn start(
-        env: &[(String, String)],
-    ) -> std::io::Result<(Links, Vec<(String, String)>)> {
+    /// Starts a proxy in front of each member of `cluster`; answers the links and the
+    /// environment that points a replica at the proxies.
+    pub async fn start(cluster: &dyn Cluster) -> std::io::Result<(Links, Vec<(String, String)>)> {
+        let (links, proxied) = Links::in_front_of(&cluster.client_addrs()).await?;
+        Ok((links, cluster.env_at(&proxied)))
+    }
+
+    /// A proxy in front of `upstreams`, one each, for a test that does not start a whole
+    /// cluster; their addresses in the same order.
+    pub async fn in_front_of(upstreams: &[String]) -> std::io::Result<(Links, Vec<String>)> {
         let (fault, _) = watch::channel(Fault::Clear);
         let mut links = Links {
             fault,
             accepts: Vec::new(),
         };
-        let mut rewritten = Vec::with_capacity(env.len());
-        for (name, value) in env {
-            if !ADDRESS_VARS.contains(&name.as_str()) {
-                rewritten.push((name.clone(), value.clone()));
-                continue;
-            }
-            let mut out = String::new();
-            let mut rest = value.as_str();
-            while let Some(at) = rest.find(LOOPBACK) {
-                let port_len = rest[at + LOOPBACK.len()..]
-                    .find(|c: char| !c.is_ascii_digit())
-                    .unwrap_or(rest.len() - at - LOOPBACK.len());
-                let end = at + LOOPBACK.len() + port_len;
-                out.push_str(&rest[..at]);
-                out.push_str(&links.proxy(&rest[at..end]).await?);
-                rest = &rest[end..];
-            }
-            out.push_str(rest);
-            rewritten.push((name.clone(), out));
+        let mut proxied = Vec::new();
+        for upstream in upstreams {
+            proxied.push(links.proxy(upstream).await?);
         }
-        Ok((links, rewritten))
+        Ok((links, proxied))
     }
 
     /// Switches every proxy of these links to `fault`.
@@ -126,8 +109,6 @@ impl Drop for Links {
         }
     }
 }
-
-const LOOPBACK: &str = "127.0.0.1:";
 
 /// Carries one connection until it ends or the link is cut (which resets both sides) or
 /// blackholed (which holds it, carrying nothing, until healed, then drops it).
@@ -214,8 +195,7 @@ mod tests {
 
     /// Bytes go through a clear link both ways; a cut resets open connections and refuses
     /// new ones; cleared, new connections go through again; a delay holds answers; a
-    /// blackhole carries nothing until healed. Addresses outside the coordinator's
-    /// variables are left alone.
+    /// blackhole carries nothing until healed.
     #[tokio::test]
     async fn a_cut_link_resets_connections_until_cleared() {
         let echo = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -233,19 +213,10 @@ mod tests {
                 });
             }
         });
-        let env = vec![
-            (
-                "LEADERQ__REDIS__URL".to_string(),
-                format!("redis://{upstream}/0"),
-            ),
-            ("OTHER".to_string(), upstream.clone()),
-        ];
-        let (links, env) = Links::start(&env).await.unwrap();
-        assert_eq!(env[1].1, upstream);
-        let proxied = env[0]
-            .1
-            .trim_start_matches("redis://")
-            .trim_end_matches("/0");
+        let (links, proxied) = Links::in_front_of(std::slice::from_ref(&upstream))
+            .await
+            .unwrap();
+        let proxied = proxied[0].as_str();
         assert_ne!(proxied, upstream);
         let mut client = TcpStream::connect(proxied).await.unwrap();
         client.write_all(b"ping").await.unwrap();

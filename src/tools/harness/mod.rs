@@ -8,11 +8,10 @@
 //!   what to install, past the test harness's capture, and the test skips;
 //! - missing where [`REQUIRE_ENV`] is set (CI): [`external`] panics, so the test fails.
 //!
-//! `latency.rs` puts a proxy that answers late in front of a cluster's members, which
-//! [`Cluster::env_at`] points a replica at.
+//! `link.rs` puts proxies that cut, blackhole or delay in front of a cluster's members,
+//! which [`Cluster::env_at`] points a replica at.
 
 pub mod consul;
-pub mod latency;
 pub mod link;
 pub mod redis;
 pub mod zookeeper;
