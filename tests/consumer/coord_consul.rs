@@ -551,46 +551,10 @@ async fn consul_token_rises_after_an_operator_deletes_the_leader_key() {
     assert_eq!(fencing_token, second.fencing_token);
 }
 
-/// A lease that wins again while it holds the key (a restart took it up) writes the key
-/// anew under a higher token: a write under its earlier leadership answers NotLeader,
-/// though the same session still holds the key, and the new one's writes commit.
-#[tokio::test]
-async fn consul_a_lease_that_won_again_writes_nothing_under_its_earlier_leadership() {
-    let server = ServerProcess::start();
-    let coord = coordinator(&server, false);
-    put_raw(&server, &format!("{PREFIX}t1"), &task_json("t1")).await;
-    let (tasks, _) = coord
-        .list(PREFIX, Version(0), Duration::from_secs(1))
-        .await
-        .unwrap();
-    let a = coord.open_lease(&spec("a")).await.unwrap().lease;
-    let first = won(&coord, &a, "a").await;
-    let again = won(&coord, &a, "a").await;
-    assert!(
-        again.fencing_token > first.fencing_token,
-        "{again:?} {first:?}"
-    );
-    let claim = TaskOp::Claim {
-        key: tasks[0].key.clone(),
-        version: tasks[0].version,
-        value: b"{\"taskTaken\":true}".to_vec(),
-    };
-    assert_eq!(
-        coord
-            .write(&first, std::slice::from_ref(&claim))
-            .await
-            .unwrap(),
-        Written::NotLeader
-    );
-    let Written::Done { fencing_token, .. } = coord.write(&again, &[claim]).await.unwrap() else {
-        panic!("the claim under the leadership won again was not applied");
-    };
-    assert_eq!(fencing_token, again.fencing_token);
-}
-
 /// An operator PUTs over the leader key's value (a rewrite without an acquire, which keeps
 /// the lock's session): the holder's guarded write answers NotLeader and claims nothing.
-/// Its next campaign takes the key again under a higher token, and writes under that.
+/// Its next campaign takes the key again under a higher token, and writes under that; the
+/// earlier leadership of the same session writes nothing, then or ever.
 #[tokio::test]
 async fn consul_rewriting_the_leader_key_deposes_its_holder() {
     let server = ServerProcess::start();
@@ -624,6 +588,15 @@ async fn consul_rewriting_the_leader_key_deposes_its_holder() {
 
     let again = won(&coord, &a, "a").await;
     assert!(again.fencing_token > first.fencing_token);
+    // The same session holds the key again, under the new win's index: the earlier
+    // leadership's guard still fails.
+    assert_eq!(
+        coord
+            .write(&first, std::slice::from_ref(&claim))
+            .await
+            .unwrap(),
+        Written::NotLeader
+    );
     let Written::Done { fencing_token, .. } = coord.write(&again, &[claim]).await.unwrap() else {
         panic!("the claim under the new leadership was not applied");
     };
