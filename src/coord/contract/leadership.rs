@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::support::*;
 use super::Subject;
-use crate::coord::{Campaign, HolderRecord, Renewal, Version, Written};
+use crate::coord::{Campaign, HolderRecord, Leadership, Renewal, TaskOp, Version, Written};
 
 /// Of several leases campaigning at once, exactly one wins; the others hear `Held`, and
 /// the holder observed is the winner, with its record and token.
@@ -175,24 +175,8 @@ pub async fn the_token_rises_after_an_operator_deletes_the_leader_record(
         .await
         .map_err(|why| format!("after the leader record was deleted: {why}"))?;
     tokens.push(("after the record was deleted", by_b.fencing_token));
-    let (holder, _) = s
-        .coord
-        .observe(Version(0), Duration::ZERO)
-        .await
-        .ctx("observe")?;
-    ensure(
-        holder.lease.as_ref() == Some(&b) && holder.token == by_b.fencing_token,
-        || format!("the holder observed is {holder:?}, the leader {by_b:?}"),
-    )?;
-    let written = s
-        .coord
-        .write(&by_b, &[claim(&key, task.version, b"{\"by\":\"b\"}")])
-        .await
-        .ctx("write")?;
-    ensure(
-        matches!(&written, Written::Done { fencing_token, .. } if *fencing_token == by_b.fencing_token),
-        || format!("the new leader's claim answered {written:?}, under {by_b:?}"),
-    )?;
+    let claim_by_b = claim(&key, task.version, b"{\"by\":\"b\"}");
+    holds_and_writes_under(&s, &by_b, claim_by_b, "the new leader").await?;
 
     s.coord.resign(&b).await.ctx("resign")?;
     s.producer
@@ -211,6 +195,31 @@ pub async fn the_token_rises_after_an_operator_deletes_the_leader_record(
         })?;
     }
     Ok(())
+}
+
+/// Observers see `leadership` hold leadership under its token, and `op` written under it
+/// commits under that same token (`who` names the leader in a failure).
+async fn holds_and_writes_under(
+    s: &Subject,
+    leadership: &Leadership,
+    op: TaskOp,
+    who: &str,
+) -> Result<(), String> {
+    let (holder, _) = s
+        .coord
+        .observe(Version(0), Duration::ZERO)
+        .await
+        .ctx("observe")?;
+    ensure(
+        holder.lease.as_ref() == Some(&leadership.lease)
+            && holder.token == leadership.fencing_token,
+        || format!("the holder observed is {holder:?}, the leader {leadership:?}"),
+    )?;
+    let written = s.coord.write(leadership, &[op]).await.ctx("write")?;
+    ensure(
+        matches!(&written, Written::Done { fencing_token, .. } if *fencing_token == leadership.fencing_token),
+        || format!("{who}'s claim answered {written:?}, under {leadership:?}"),
+    )
 }
 
 /// A win whose record asks for a floor (a replica remembers a token above any the
@@ -242,26 +251,10 @@ pub async fn a_win_is_handed_at_least_the_floor_its_record_asks(s: Subject) -> R
             floored.fencing_token
         )
     })?;
-    let (holder, _) = s
-        .coord
-        .observe(Version(0), Duration::ZERO)
-        .await
-        .ctx("observe")?;
-    ensure(
-        holder.lease.as_ref() == Some(&a) && holder.token == floored.fencing_token,
-        || format!("the holder observed is {holder:?}, the leader {floored:?}"),
-    )?;
     let key = put(&s, "t1", b"{}").await?;
     let task = get_one(&s, &key).await?;
-    let written = s
-        .coord
-        .write(&floored, &[claim(&key, task.version, b"{\"by\":\"a\"}")])
-        .await
-        .ctx("write")?;
-    ensure(
-        matches!(&written, Written::Done { fencing_token, .. } if *fencing_token == floored.fencing_token),
-        || format!("a claim under a floored token answered {written:?}, under {floored:?}"),
-    )?;
+    let claim_by_a = claim(&key, task.version, b"{\"by\":\"a\"}");
+    holds_and_writes_under(&s, &floored, claim_by_a, "a leader with a floored token").await?;
     s.coord.resign(&a).await.ctx("resign")?;
 
     let next = lead(&s, &b, "node-b").await?;
