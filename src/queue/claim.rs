@@ -13,7 +13,7 @@ use super::entry::{pair_of, UnansweredClaim};
 use super::finished::{completions, mark_unanswered, ride_able, riders, Finished};
 use super::plan::{chunks, plan_claim, ClaimPlan};
 use super::run::Claimed;
-use super::sort::Memory;
+use super::work::Work;
 use super::{Applied, LeadEnd, Queue};
 use crate::coord::{
     CoordError, Edit, FencingToken, Leadership, LeaseId, StoredTask, TaskOp, TaskVersion, Version,
@@ -171,42 +171,32 @@ impl Queue {
     }
 
     /// Claims `batch` in one write (completing its riders) and applies the answer to the
-    /// backlog: forgets the completed keys; on a conflict on the batch's own tasks puts
-    /// each back, defers it (refused for a while) or takes it as read again; after a refusal as too
-    /// large goes one task at a time (`alone`: it already does) or dead-letters the task
-    /// that was alone in its write. Answers the runs to start.
-    #[allow(clippy::too_many_arguments)]
+    /// work: forgets the completed keys; on a conflict on the batch's own tasks puts each
+    /// back, defers it (refused for a while) or takes it as read again; after a refusal as
+    /// too large goes one task at a time (`alone`: it already does) or dead-letters the
+    /// task that was alone in its write. Answers the runs to start.
     pub(super) async fn claim_and_apply(
         &self,
         leadership: &Leadership,
-        backlog: &mut Backlog,
-        memory: &mut Memory,
+        work: &mut Work<'_>,
         batch: Batch,
-        finished: &mut Vec<Finished>,
-        single: &mut bool,
         alone: bool,
     ) -> Started {
-        let riders: Vec<Finished> = finished.drain(..batch.deletions).collect();
+        let riders: Vec<Finished> = work.finished.drain(..batch.deletions).collect();
         let claim = self.claim_batch(leadership, batch, &riders).await;
-        self.apply_claim(
-            leadership, backlog, memory, claim, riders, finished, single, alone,
-        )
-        .await
+        self.apply_claim(leadership, work, claim, riders, alone)
+            .await
     }
 
-    /// Applies a claim write's answer to the backlog: on success its `riders` are completed
-    /// and forgotten; if nothing was applied they go back in front of `finished`; then as
-    /// [`Queue::claim_and_apply`] says.
-    #[allow(clippy::too_many_arguments)]
+    /// Applies a claim write's answer to the work: on success its `riders` are completed
+    /// and forgotten; if nothing was applied they go back in front of the finished; then
+    /// as [`Queue::claim_and_apply`] says.
     pub(super) async fn apply_claim(
         &self,
         leadership: &Leadership,
-        backlog: &mut Backlog,
-        memory: &mut Memory,
+        work: &mut Work<'_>,
         claim: Claim,
         mut riders: Vec<Finished>,
-        finished: &mut Vec<Finished>,
-        single: &mut bool,
         alone: bool,
     ) -> Started {
         let deletions = riders.len();
@@ -217,7 +207,7 @@ impl Queue {
         if !matches!(claim, Claim::Claimed { .. }) {
             // Nothing was applied (or, unanswered, perhaps all was): the riders are
             // completed later, first of the finished.
-            finished.splice(0..0, std::mem::take(&mut riders));
+            work.finished.splice(0..0, std::mem::take(&mut riders));
         }
         match claim {
             Claim::Claimed {
@@ -226,7 +216,7 @@ impl Queue {
             } => {
                 for done in riders {
                     self.log_completed(leadership, &done, fencing_token);
-                    backlog.forget(&done.task.key);
+                    work.backlog.forget(&done.task.key);
                 }
                 Started::Runs(runs)
             }
@@ -234,7 +224,7 @@ impl Queue {
             Claim::Unanswered { batch, values } => {
                 for (task, claimed) in batch.into_iter().zip(values) {
                     let before = task.with(&[]);
-                    memory
+                    work.memory
                         .unanswered
                         .insert(task.key, UnansweredClaim { claimed, before });
                 }
@@ -247,68 +237,97 @@ impl Queue {
                 current,
                 fates,
             } => {
-                let until = self.clock().now()
-                    + chrono::Duration::from_std(DEFERRED_RETRY).unwrap_or_default();
-                let deferred = fates.contains(&Fate::Defer);
-                for (task, fate) in batch.into_iter().zip(fates) {
-                    match fate {
-                        Fate::PutBack => backlog.put_back_one(task),
-                        // The coordinator refuses this key for a while (a dead lease's
-                        // takeover delay): it steps aside, the tasks after it go first.
-                        Fate::Defer => {
-                            tracing::info!(task_key = %task.key, retry_in = %crate::util::duration::format(DEFERRED_RETRY), "task refused for a while by the coordinator; claiming the next ones meanwhile");
-                            memory.deferred.insert(task.key.clone(), until);
-                            backlog.defer(vec![task], until);
-                        }
-                        Fate::ReadAgain => {}
-                    }
-                }
-                if deferred {
-                    return Started::Runs(Vec::new());
-                }
-                // Only tasks of this batch moved since they were read: they take their new
-                // places (or go, if deleted) without listing the whole queue.
-                tracing::debug!(
-                    ?keys,
-                    "claim conflict; taking the moved tasks as read again"
-                );
-                for key in &keys {
-                    backlog.forget(key);
-                }
-                let now = self.clock().now();
-                match self.sort_out(leadership, current, memory, now).await {
-                    Ok(sorted) => {
-                        backlog.learn(sorted.keys, sorted.pending, sorted.delayed);
-                        Started::Runs(Vec::new())
-                    }
-                    Err(stop) => Started::End(stop),
-                }
+                self.apply_conflict(leadership, work, batch, &keys, current, fates)
+                    .await
             }
-            Claim::TooLarge(mut batch, why) => match after_refusal(batch.len(), deletions, alone) {
+            Claim::TooLarge(batch, why) => match after_refusal(batch.len(), deletions, alone) {
                 Refusal::OneAtATime => {
                     tracing::warn!(error = %why, "the coordinator refused a claim as too large; claiming one task at a time");
-                    *single = true;
-                    let done = std::mem::take(finished);
-                    *finished = self.complete_known(leadership, backlog, done).await;
-                    backlog.put_back(batch);
+                    work.single = true;
+                    let done = std::mem::take(&mut work.finished);
+                    work.finished = self
+                        .complete_known(leadership, &mut work.backlog, done)
+                        .await;
+                    work.backlog.put_back(batch);
                     Started::Runs(Vec::new())
                 }
                 Refusal::DeadLetter => {
-                    let Some(task) = batch.pop() else {
-                        return Started::Runs(Vec::new());
-                    };
-                    let reason =
-                        format!("too large to claim: the coordinator refused its claim: {why}");
-                    let pair = pair_of(&task, task.with(&[]), task.version);
-                    match self.dead_letter(leadership, &pair, &reason).await {
-                        Ok(_) => {
-                            backlog.forget(&task.key);
-                            Started::Runs(Vec::new())
-                        }
-                        Err(stop) => Started::End(stop),
-                    }
+                    self.dead_letter_refused(leadership, work, batch, &why)
+                        .await
                 }
             },
+        }
+    }
+
+    /// Applies a conflict on the batch's own claims (`Claim::Conflicted`): each task is put
+    /// back, steps aside for a while, or is taken as read again (`current`).
+    async fn apply_conflict(
+        &self,
+        leadership: &Leadership,
+        work: &mut Work<'_>,
+        batch: Vec<Task>,
+        keys: &[String],
+        current: Vec<StoredTask>,
+        fates: Vec<Fate>,
+    ) -> Started {
+        let until =
+            self.clock().now() + chrono::Duration::from_std(DEFERRED_RETRY).unwrap_or_default();
+        let deferred = fates.contains(&Fate::Defer);
+        for (task, fate) in batch.into_iter().zip(fates) {
+            match fate {
+                Fate::PutBack => work.backlog.put_back_one(task),
+                // The coordinator refuses this key for a while (a dead lease's takeover
+                // delay): it steps aside, the tasks after it go first.
+                Fate::Defer => {
+                    tracing::info!(task_key = %task.key, retry_in = %crate::util::duration::format(DEFERRED_RETRY), "task refused for a while by the coordinator; claiming the next ones meanwhile");
+                    work.memory.deferred.insert(task.key.clone(), until);
+                    work.backlog.defer(vec![task], until);
+                }
+                Fate::ReadAgain => {}
+            }
+        }
+        if deferred {
+            return Started::Runs(Vec::new());
+        }
+        // Only tasks of this batch moved since they were read: they take their new places
+        // (or go, if deleted) without listing the whole queue.
+        tracing::debug!(
+            ?keys,
+            "claim conflict; taking the moved tasks as read again"
+        );
+        for key in keys {
+            work.backlog.forget(key);
+        }
+        let now = self.clock().now();
+        match self.sort_out(leadership, current, work.memory, now).await {
+            Ok(sorted) => {
+                work.backlog
+                    .learn(sorted.keys, sorted.pending, sorted.delayed);
+                Started::Runs(Vec::new())
+            }
+            Err(stop) => Started::End(stop),
+        }
+    }
+
+    /// Dead-letters the task that was alone in a write the coordinator refused as too large.
+    async fn dead_letter_refused(
+        &self,
+        leadership: &Leadership,
+        work: &mut Work<'_>,
+        mut batch: Vec<Task>,
+        why: &str,
+    ) -> Started {
+        let Some(task) = batch.pop() else {
+            return Started::Runs(Vec::new());
+        };
+        let reason = format!("too large to claim: the coordinator refused its claim: {why}");
+        let pair = pair_of(&task, task.with(&[]), task.version);
+        match self.dead_letter(leadership, &pair, &reason).await {
+            Ok(_) => {
+                work.backlog.forget(&task.key);
+                Started::Runs(Vec::new())
+            }
+            Err(stop) => Started::End(stop),
         }
     }
 
@@ -407,6 +426,21 @@ impl Queue {
                 };
             }
         };
+        Claim::Claimed {
+            runs: self.log_claimed(leadership, batch, values, versions),
+            fencing_token,
+        }
+    }
+
+    /// The tasks of a claim that held, each with the value its claim wrote and its claim's
+    /// version, counted and logged.
+    fn log_claimed(
+        &self,
+        leadership: &Leadership,
+        batch: Vec<Task>,
+        values: Vec<Vec<u8>>,
+        versions: Vec<TaskVersion>,
+    ) -> Vec<(Claimed, TaskVersion)> {
         let mut claimed = Vec::with_capacity(batch.len());
         for ((task, value), claimed_version) in batch.into_iter().zip(values).zip(versions) {
             let attempt = task.run_number();
@@ -427,10 +461,7 @@ impl Queue {
                 claimed_version,
             ));
         }
-        Claim::Claimed {
-            runs: claimed,
-            fencing_token,
-        }
+        claimed
     }
 
     /// After a restart that took this replica's lease up again (before it leads, if it

@@ -15,21 +15,20 @@
 
 use std::collections::HashSet;
 use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
-use tokio_util::sync::CancellationToken;
 
-use super::backlog::{Backlog, Next, LOOK_INTERVAL};
+use super::backlog::{Next, LOOK_INTERVAL};
 use super::claim::{Batch, Candidate, Started};
 use super::finished::{ride_able, riders, Finished};
 use super::plan::{plan_claim, ClaimPlan};
-use super::run::Claimed;
-use super::run::RunOutcome;
-use super::sort::{Look, Memory};
+use super::run::{Claimed, RunOutcome};
+use super::sort::Look;
+use super::work::{Leading, Work};
 use super::{LeadEnd, Queue};
 use crate::coord::{Leadership, TaskVersion, WriteCost};
-use crate::leader::Lease;
 use crate::task::Task;
 
 /// How often the leader lists again while every claimable task belongs to a group whose
@@ -76,207 +75,248 @@ where
     }
 }
 
+/// The runs in progress, each a future polled in place (they borrow the leader's state).
+type Runs<'a> = FuturesUnordered<Pin<Box<dyn Future<Output = GroupRun> + Send + 'a>>>;
+
+/// The driver's state with several runs at once: the work, the runs going on and those
+/// that ended and are not yet taken in, the groups running, why the leading ends (if it
+/// does), whether this listing is over, and whether a look comes before the next claim.
+struct Slots<'a, 'm> {
+    work: Work<'m>,
+    runs: Runs<'a>,
+    ended: Vec<GroupRun>,
+    busy: HashSet<String>,
+    end: Option<LeadEnd>,
+    over: bool,
+    /// After a failed run, its retry (written back under a new version) is read before
+    /// its group's next task may start, so the group keeps its order.
+    look_first: bool,
+}
+
+impl Slots<'_, '_> {
+    /// Takes in the runs that ended: they free their slots and groups before anything is
+    /// claimed; a run that did not succeed (retried, dead-lettered, put back) has its key
+    /// read again before its group goes on.
+    fn take_in_ended(&mut self) {
+        for ran in self.ended.drain(..) {
+            self.busy.remove(&ran.group);
+            if ran.finished.is_empty() {
+                self.work.backlog.forget(&ran.key);
+                self.look_first = true;
+            }
+            self.work.finished.extend(ran.finished);
+            if let Some(stop) = ran.outcome.end {
+                self.end.get_or_insert(stop);
+            }
+        }
+    }
+}
+
+/// What the backlog says before a claim, for the slots.
+enum Ready {
+    Claim,
+    /// A look was made, or the listing is over: decide again.
+    Again,
+    Stall(Stall),
+}
+
 impl Queue {
     /// Works through a listing's backlog with up to `concurrency` runs at once. Returns
     /// once no more can be claimed from this listing and every run has ended, with the
     /// completions it could not record.
-    pub(super) async fn drive_groups(
-        &self,
-        leadership: &Leadership,
-        lease: &Lease,
-        shutdown: &CancellationToken,
-        mut backlog: Backlog,
-        memory: &mut Memory,
+    pub(super) async fn drive_groups<'a>(
+        &'a self,
+        lead: Leading<'a>,
+        work: Work<'_>,
     ) -> (Option<LeadEnd>, Vec<Finished>) {
-        let limit = self.settings.concurrency;
-        let mut runs = FuturesUnordered::new();
-        let mut ended: Vec<GroupRun> = Vec::new();
-        let mut busy: HashSet<String> = HashSet::new();
-        let mut finished: Vec<Finished> = Vec::new();
-        let mut end: Option<LeadEnd> = None;
-        let mut over = false;
-        // After the coordinator refused a claim as too large, one task per write.
-        let mut single = false;
-        // After a failed run, its retry (written back under a new version) is read before
-        // its group's next task may start, so the group keeps its order.
-        let mut look_first = false;
+        let mut slots = Slots {
+            work,
+            runs: FuturesUnordered::new(),
+            ended: Vec::new(),
+            busy: HashSet::new(),
+            end: None,
+            over: false,
+            look_first: false,
+        };
         loop {
-            // Runs that ended free their slots and groups before anything is claimed.
-            for ran in ended.drain(..) {
-                busy.remove(&ran.group);
-                if ran.finished.is_empty() {
-                    // Retried, dead-lettered or put back: read the key again before its
-                    // group goes on.
-                    backlog.forget(&ran.key);
-                    look_first = true;
-                }
-                finished.extend(ran.finished);
-                if let Some(stop) = ran.outcome.end {
-                    end.get_or_insert(stop);
-                }
-            }
-            let stall = 'fill: loop {
-                if end.is_some() || over {
-                    break Stall::Over;
-                }
-                if runs.len() >= limit {
-                    break Stall::Full;
-                }
-                if let Some(stop) = self.must_stop(lease, shutdown) {
-                    end = Some(stop);
-                    continue;
-                }
-                if !lease.outlasts(self.lease_rules.claim_headroom) {
-                    // Renewals are late: a run claimed now could be cut by its supervisor's
-                    // kill window. Nothing starts until a renewal comes or the lease runs
-                    // out; the runs going on are polled meanwhile.
-                    break Stall::NothingFree;
-                }
-                let next = if look_first {
-                    Next::Look
-                } else {
-                    backlog.next(self.clock().now())
-                };
-                match next {
-                    Next::Claim => {}
-                    Next::Look => {
-                        look_first = false;
-                        let looked = polling(&mut runs, &mut ended, async {
-                            match self.look(leadership, &mut backlog, memory).await {
-                                Ok(Look::Continue) if self.paused().await => Ok(Look::Relist),
-                                other => other,
-                            }
-                        })
-                        .await;
-                        match looked {
-                            Ok(Look::Continue) => {}
-                            Ok(Look::Relist) => over = true,
-                            Err(stop) => end = Some(stop),
-                        }
-                        continue;
-                    }
-                    Next::Relist => {
-                        over = true;
-                        continue;
-                    }
-                    Next::Done if runs.is_empty() => {
-                        over = true;
-                        continue;
-                    }
-                    Next::Done => break Stall::Empty,
-                }
-                // The earliest task of each group with nothing running, up to the free slots.
-                let slots = if single { 1 } else { limit - runs.len() };
-                let mut batch = Vec::new();
-                let mut chosen: HashSet<String> = HashSet::new();
-                while batch.len() < slots {
-                    let Some(task) = backlog.take_first_free(|group| {
-                        !busy.contains(group)
-                            && !chosen.contains(group)
-                            && !memory.held_groups.contains(group)
-                    }) else {
-                        break;
-                    };
-                    chosen.insert(task.group().to_string());
-                    batch.push(task);
-                }
-                if batch.is_empty() {
-                    break Stall::NothingFree;
-                }
-                let claimed = polling(
-                    &mut runs,
-                    &mut ended,
-                    self.claim_free(
-                        leadership,
-                        &mut backlog,
-                        memory,
-                        batch,
-                        &mut finished,
-                        &mut single,
-                    ),
-                )
-                .await;
-                match claimed {
-                    Started::Runs(started) => {
-                        for (claimed, claimed_version) in started {
-                            busy.insert(claimed.task.group().to_string());
-                            runs.push(self.run_in_group(
-                                leadership,
-                                lease,
-                                shutdown,
-                                claimed,
-                                claimed_version,
-                            ));
-                        }
-                    }
-                    Started::Relist => over = true,
-                    Started::End(stop) => end = Some(stop),
-                }
-                if !ended.is_empty() {
-                    break 'fill Stall::Full;
-                }
-            };
-            if stall == Stall::Over && runs.is_empty() && ended.is_empty() {
+            slots.take_in_ended();
+            let stall = self.fill(lead, &mut slots).await;
+            if stall == Stall::Over && slots.runs.is_empty() && slots.ended.is_empty() {
                 break;
             }
-            if let (Some(LeadEnd::StepDown(_)), false) = (&end, runs.is_empty()) {
+            if let (Some(LeadEnd::StepDown(_)), false) = (&slots.end, slots.runs.is_empty()) {
                 // Leadership is gone while runs go on: stop their handlers now, as when the
                 // lease runs out, instead of letting them finish under a lost leadership.
-                lease.mark_lost(&leadership.lease);
+                lead.lease.mark_lost(&lead.leadership.lease);
             }
-            if stall == Stall::NothingFree && runs.is_empty() && !memory.held_groups.is_empty() {
+            let held = !slots.work.memory.held_groups.is_empty();
+            if stall == Stall::NothingFree && slots.runs.is_empty() && held {
                 // What is left waits for runs another lease holds (a previous leader's):
                 // list again after a while to see them end.
                 tokio::select! {
-                    _ = shutdown.cancelled() => {}
-                    _ = lease.expired() => {}
+                    _ = lead.shutdown.cancelled() => {}
+                    _ = lead.lease.expired() => {}
                     _ = tokio::time::sleep(HELD_GROUP_RELIST) => {}
                 }
-                over = true;
+                slots.over = true;
                 continue;
             }
-            if !ended.is_empty() {
+            if !slots.ended.is_empty() || !self.record_finished(lead, &mut slots).await {
                 continue;
             }
-            // Nothing more starts now: record what finished at once rather than at the
-            // next claim, which keeps the window in which a crash makes a finished task
-            // run again short.
-            if !finished.is_empty() && end.is_none() {
-                let done = std::mem::take(&mut finished);
-                finished = polling(
-                    &mut runs,
-                    &mut ended,
-                    self.complete_known(leadership, &mut backlog, done),
-                )
-                .await;
-                if !ended.is_empty() {
-                    continue;
-                }
-            }
-            let ran = if stall == Stall::Full || stall == Stall::Over {
-                runs.next().await
-            } else {
-                // Something may arrive or fall due meanwhile: look again after a while.
-                tokio::select! {
-                    ran = runs.next(), if !runs.is_empty() => ran,
-                    _ = tokio::time::sleep(LOOK_INTERVAL) => {
-                        look_first = stall == Stall::Empty;
-                        None
-                    }
-                }
-            };
-            ended.extend(ran);
+            self.wait_for_runs(&mut slots, stall).await;
         }
-        let unrecorded = self.complete_all(leadership, finished).await;
-        (end, unrecorded)
+        let finished = std::mem::take(&mut slots.work.finished);
+        let unrecorded = self.complete_all(lead.leadership, finished).await;
+        (slots.end, unrecorded)
+    }
+
+    /// Claims into the free slots until no further task starts for now, and says why.
+    async fn fill<'a>(&'a self, lead: Leading<'a>, slots: &mut Slots<'a, '_>) -> Stall {
+        loop {
+            if slots.end.is_some() || slots.over {
+                return Stall::Over;
+            }
+            if slots.runs.len() >= self.settings.concurrency {
+                return Stall::Full;
+            }
+            if let Some(stop) = self.must_stop(lead.lease, lead.shutdown) {
+                slots.end = Some(stop);
+                continue;
+            }
+            if !lead.lease.outlasts(self.lease_rules.claim_headroom) {
+                // Renewals are late: a run claimed now could be cut by its supervisor's
+                // kill window. Nothing starts until a renewal comes or the lease runs
+                // out; the runs going on are polled meanwhile.
+                return Stall::NothingFree;
+            }
+            match self.ready(lead.leadership, slots).await {
+                Ready::Claim => {}
+                Ready::Again => continue,
+                Ready::Stall(stall) => return stall,
+            }
+            if let Some(stall) = self.claim_slots(lead, slots).await {
+                return stall;
+            }
+        }
+    }
+
+    /// What the backlog asks for before a claim: a look (made here, the runs polled
+    /// meanwhile), a listing, or nothing more for now.
+    async fn ready(&self, leadership: &Leadership, slots: &mut Slots<'_, '_>) -> Ready {
+        let next = if slots.look_first {
+            Next::Look
+        } else {
+            slots.work.backlog.next(self.clock().now())
+        };
+        match next {
+            Next::Claim => Ready::Claim,
+            Next::Look => {
+                slots.look_first = false;
+                let work = &mut slots.work;
+                let looked = polling(&mut slots.runs, &mut slots.ended, async move {
+                    match self.look(leadership, &mut work.backlog, work.memory).await {
+                        Ok(Look::Continue) if self.paused().await => Ok(Look::Relist),
+                        other => other,
+                    }
+                })
+                .await;
+                match looked {
+                    Ok(Look::Continue) => {}
+                    Ok(Look::Relist) => slots.over = true,
+                    Err(stop) => slots.end = Some(stop),
+                }
+                Ready::Again
+            }
+            Next::Relist => {
+                slots.over = true;
+                Ready::Again
+            }
+            Next::Done if slots.runs.is_empty() => {
+                slots.over = true;
+                Ready::Again
+            }
+            Next::Done => Ready::Stall(Stall::Empty),
+        }
+    }
+
+    /// Claims, in one write, the earliest task of each group with nothing running, up to
+    /// the free slots, and starts their runs. `Some`: nothing more starts for now.
+    async fn claim_slots<'a>(
+        &'a self,
+        lead: Leading<'a>,
+        slots: &mut Slots<'a, '_>,
+    ) -> Option<Stall> {
+        let free = if slots.work.single {
+            1
+        } else {
+            self.settings.concurrency - slots.runs.len()
+        };
+        let mut batch = Vec::new();
+        let mut chosen: HashSet<String> = HashSet::new();
+        let held = &slots.work.memory.held_groups;
+        while batch.len() < free {
+            let Some(task) = slots.work.backlog.take_first_free(|group| {
+                !slots.busy.contains(group) && !chosen.contains(group) && !held.contains(group)
+            }) else {
+                break;
+            };
+            chosen.insert(task.group().to_string());
+            batch.push(task);
+        }
+        if batch.is_empty() {
+            return Some(Stall::NothingFree);
+        }
+        let claim = self.claim_free(lead.leadership, &mut slots.work, batch);
+        match polling(&mut slots.runs, &mut slots.ended, claim).await {
+            Started::Runs(started) => {
+                for (claimed, claimed_version) in started {
+                    slots.busy.insert(claimed.task.group().to_string());
+                    let run = self.run_in_group(lead, claimed, claimed_version);
+                    slots.runs.push(Box::pin(run));
+                }
+            }
+            Started::Relist => slots.over = true,
+            Started::End(stop) => slots.end = Some(stop),
+        }
+        (!slots.ended.is_empty()).then_some(Stall::Full)
+    }
+
+    /// Nothing more starts now: records what finished at once rather than at the next
+    /// claim, which keeps the window in which a crash makes a finished task run again
+    /// short. `false`: runs ended meanwhile, to be taken in first.
+    async fn record_finished(&self, lead: Leading<'_>, slots: &mut Slots<'_, '_>) -> bool {
+        if slots.work.finished.is_empty() || slots.end.is_some() {
+            return true;
+        }
+        let done = std::mem::take(&mut slots.work.finished);
+        let work = &mut slots.work;
+        let recording = self.complete_known(lead.leadership, &mut work.backlog, done);
+        work.finished = polling(&mut slots.runs, &mut slots.ended, recording).await;
+        slots.ended.is_empty()
+    }
+
+    /// Waits for a run to end; when something may arrive or fall due meanwhile (a slot or
+    /// a group is free), for at most a look's interval.
+    async fn wait_for_runs(&self, slots: &mut Slots<'_, '_>, stall: Stall) {
+        let ran = if stall == Stall::Full || stall == Stall::Over {
+            slots.runs.next().await
+        } else {
+            tokio::select! {
+                ran = slots.runs.next(), if !slots.runs.is_empty() => ran,
+                _ = tokio::time::sleep(LOOK_INTERVAL) => {
+                    slots.look_first = stall == Stall::Empty;
+                    None
+                }
+            }
+        };
+        slots.ended.extend(ran);
     }
 
     /// Runs one claimed task, as a future of its own among the group's runs.
     async fn run_in_group(
         &self,
-        leadership: &Leadership,
-        lease: &Lease,
-        shutdown: &CancellationToken,
+        lead: Leading<'_>,
         claimed: Claimed,
         claimed_version: TaskVersion,
     ) -> GroupRun {
@@ -284,14 +324,7 @@ impl Queue {
         let key = claimed.task.key.clone();
         let mut finished = Vec::new();
         let outcome = self
-            .run_claimed(
-                leadership,
-                lease,
-                shutdown,
-                claimed,
-                claimed_version,
-                &mut finished,
-            )
+            .run_claimed(lead, claimed, claimed_version, &mut finished)
             .await;
         GroupRun {
             group,
@@ -307,24 +340,22 @@ impl Queue {
     async fn claim_free(
         &self,
         leadership: &Leadership,
-        backlog: &mut Backlog,
-        memory: &mut Memory,
+        work: &mut Work<'_>,
         mut batch: Vec<Task>,
-        finished: &mut Vec<Finished>,
-        single: &mut bool,
     ) -> Started {
+        let backlog = &mut work.backlog;
         let now = self.clock().now();
         let candidates: Vec<Candidate> = batch
             .iter()
             .map(|task| Candidate::new(task, leadership, &self.node_id, now))
             .collect();
-        let (guard, shares) = riders(self.coord.guard_cost(), ride_able(finished));
+        let (guard, shares) = riders(self.coord.guard_cost(), ride_able(&work.finished));
         let claims: Vec<WriteCost> = candidates
             .iter()
             .map(|candidate| self.coord.cost(candidate.op()))
             .collect();
         let limits = self.coord.limits();
-        let riding = if *single { &[][..] } else { &shares[..] };
+        let riding = if work.single { &[][..] } else { &shares[..] };
         let (deletions, fit) = match plan_claim(guard, riding, &claims, batch.len(), limits) {
             ClaimPlan::Take { finished, tasks } => (finished, tasks.max(1)),
             ClaimPlan::TooLarge { cost } => {
@@ -351,7 +382,6 @@ impl Queue {
             deletions,
         };
         // A write of one task with no completions riding along is already alone.
-        self.claim_and_apply(leadership, backlog, memory, batch, finished, single, true)
-            .await
+        self.claim_and_apply(leadership, work, batch, true).await
     }
 }

@@ -24,6 +24,7 @@
 
 mod answer;
 mod backlog;
+mod batches;
 mod cancel;
 mod claim;
 mod clock;
@@ -41,6 +42,7 @@ mod settlement;
 mod sort;
 #[cfg(test)]
 mod tests;
+mod work;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,7 +50,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::QueueSettings;
-use crate::coord::{CoordError, Coordinator, Leadership, TaskOp, Version, Written};
+use crate::coord::{CoordError, Coordinator, Leadership, StoredTask, TaskOp, Version, Written};
 use crate::handler::Registry;
 use crate::leader::rotation::Rotation;
 use crate::leader::Lease;
@@ -57,6 +59,7 @@ use crate::observe::Metrics;
 use clock::Clock;
 use finished::Finished;
 use sort::{Memory, Pick};
+use work::Leading;
 
 pub use cancel::{cancel_key, CancelMarker};
 
@@ -75,6 +78,17 @@ pub fn pause_key(queue_prefix: &str) -> String {
         crate::config::OWN_NAMESPACE,
         queue_prefix.trim_end_matches('/')
     )
+}
+
+/// Where the leading stands between listings: the version the next listing waits for a
+/// change after, when an idle leader wakes by itself (the earliest waiting task falls
+/// due), what it remembers across listings, and finished tasks whose completion could not
+/// be recorded (coordinator unreachable).
+struct Between {
+    after: Version,
+    wake: Option<chrono::DateTime<chrono::Utc>>,
+    memory: Memory,
+    unrecorded: Vec<Finished>,
 }
 
 /// Why the leader stopped leading.
@@ -176,133 +190,181 @@ impl Queue {
         lease: &Lease,
         shutdown: &CancellationToken,
     ) -> LeadEnd {
-        let mut after = Version::default();
-        // When the idle leader wakes by itself: the earliest waiting task falls due.
-        let mut wake: Option<chrono::DateTime<chrono::Utc>> = None;
-        let mut memory = Memory::default();
-        // Finished tasks whose completion could not be recorded (coordinator unreachable).
-        // They are still held by this lease, so until they are recorded the leader neither
-        // lists nor claims: a listing would take them for runs cut short and run them again.
-        let mut unrecorded: Vec<Finished> = Vec::new();
+        let lead = Leading {
+            leadership,
+            lease,
+            shutdown,
+        };
+        let mut between = Between {
+            after: Version::default(),
+            wake: None,
+            memory: Memory::default(),
+            unrecorded: Vec::new(),
+        };
         self.term.begin();
-        let clock = self.clock();
         // Pruned beside the claims for as long as this term lasts.
         let _history = self.keep_history();
         loop {
-            if shutdown.is_cancelled() {
-                return LeadEnd::Shutdown;
-            }
-            // A term ends only with nothing left unrecorded, so the lease holds no claim.
-            if unrecorded.is_empty() && self.rotation_due() {
-                return LeadEnd::Rotate;
-            }
-
-            // "Renew between tasks": no claim unless the lease is known to be fresh.
-            if !lease.is_fresh() {
-                self.record_own(leadership, std::mem::take(&mut unrecorded))
-                    .await;
-                return LeadEnd::StepDown(lease.why_not_fresh());
-            }
-            if !unrecorded.is_empty() {
-                unrecorded = self.complete_all(leadership, unrecorded).await;
-                if !unrecorded.is_empty() {
-                    if self.pause(shutdown, ERROR_BACKOFF).await {
-                        return LeadEnd::Shutdown;
-                    }
-                    continue;
-                }
-                after = Version::default();
-            }
-            let asked = after;
-            let list_started = clock.instant();
-            // The backend paces listings that come back at once (Consul's blocking query).
-            // A task falling due changes nothing in the queue: the leader's own timer ends
-            // the wait then, to the millisecond, with no request made meanwhile (a wait
-            // the coordinator times would be late by its jitter: up to wait/16 on Consul).
-            let listed = tokio::select! {
-                _ = shutdown.cancelled() => return LeadEnd::Shutdown,
-                _ = lease.expired() => return LeadEnd::StepDown(lease.why_not_fresh()),
-                _ = self.term_over() => continue,
-                _ = clock.until(wake) => {
-                    wake = None;
-                    after = Version::default();
-                    continue;
-                }
-                listed = self.coord.list(&self.settings.prefix, asked, self.wait) => listed,
-            };
-            wake = None;
-            let (entries, version) = match listed {
-                Ok(listed) => listed,
-                Err(err) => {
-                    self.metrics.coordinator_error(&err);
-                    self.metrics.blocking_restarts.inc();
-                    tracing::warn!(error = %err, "cannot list the queue; retrying");
-                    after = Version::default();
-                    if self.pause(shutdown, ERROR_BACKOFF).await {
-                        return LeadEnd::Shutdown;
-                    }
-                    continue;
-                }
-            };
-            if version < asked {
-                self.metrics.blocking_restarts.inc();
-            }
-            after = version;
-            // What listing cost, for spacing listings out: a listing that may have waited
-            // for a change counts from its answer.
-            let listed_from = if asked == Version::default() {
-                list_started
-            } else {
-                clock.instant()
-            };
-            match self
-                .pick(leadership, entries, &mut memory, listed_from)
-                .await
-            {
-                Ok(Pick::Run(backlog)) => {
-                    // Looked at after the listing, which may have waited for a new task,
-                    // and only when there is something to claim: a pause set meanwhile
-                    // still stops the claim.
-                    if self.paused().await {
-                        if let Some(end) = self.wait_while_paused(leadership, lease, shutdown).await
-                        {
-                            return end;
-                        }
-                        after = Version::default();
-                        continue;
-                    }
-                    // Claims, runs and settles until this listing is worked through
-                    // (one_at_a_time.rs); the decisions on the way are pure (backlog.rs, plan.rs,
-                    // answer.rs, settlement.rs).
-                    let (end, left) = self
-                        .drive(leadership, lease, shutdown, *backlog, &mut memory)
-                        .await;
-                    unrecorded = left;
-                    match end {
-                        // Recorded first, at the top of the loop.
-                        Some(LeadEnd::Rotate) => continue,
-                        Some(end) => {
-                            // A clean end is an end: what finished is recorded under the
-                            // lease's own claims if the leadership could not record it.
-                            self.record_own(leadership, std::mem::take(&mut unrecorded))
-                                .await;
-                            return end;
-                        }
-                        None => {}
-                    }
-                    // The leader's own writes moved the queue: list again without waiting.
-                    after = Version::default();
-                }
-                Ok(Pick::WaitUntil(at)) => {
-                    self.count_dead().await;
-                    // Nothing runnable before `at`: wait for a change, but not past `at`.
-                    wake = Some(at);
-                }
-                Ok(Pick::Nothing) => self.count_dead().await,
-                Ok(Pick::Again) => after = Version::default(),
-                Err(end) => return end,
+            match self.turn(lead, &mut between).await {
+                Ok(()) | Err(None) => continue,
+                Err(Some(end)) => return end,
             }
         }
+    }
+
+    /// One turn of the leading: what is left unrecorded first, then a listing (or a wait
+    /// for the queue to change, or for its earliest task to fall due), sorted out and
+    /// worked through. `Err(None)`: start the next turn at once; `Err(Some)`: the leading
+    /// ends.
+    async fn turn(&self, lead: Leading<'_>, between: &mut Between) -> Result<(), Option<LeadEnd>> {
+        self.before_listing(lead, between).await?;
+        let (entries, listed_from) = self.list(lead, between).await?;
+        let memory = &mut between.memory;
+        let pick = self.pick(lead.leadership, entries, memory, listed_from);
+        match pick.await.map_err(Some)? {
+            Pick::Run(backlog) => self.work_through(lead, between, *backlog).await,
+            Pick::WaitUntil(at) => {
+                self.count_dead().await;
+                // Nothing runnable before `at`: wait for a change, but not past `at`.
+                between.wake = Some(at);
+                Ok(())
+            }
+            Pick::Nothing => {
+                self.count_dead().await;
+                Ok(())
+            }
+            Pick::Again => {
+                between.after = Version::default();
+                Ok(())
+            }
+        }
+    }
+
+    /// Before a listing: the leading ends on shutdown, when the term is over (with nothing
+    /// left unrecorded, so the lease holds no claim), or when the lease is not known to be
+    /// fresh ("renew between tasks"); completions left unrecorded are written first, and
+    /// while they cannot be, nothing is listed or claimed: a listing would take them for
+    /// runs cut short and run them again.
+    async fn before_listing(
+        &self,
+        lead: Leading<'_>,
+        between: &mut Between,
+    ) -> Result<(), Option<LeadEnd>> {
+        if lead.shutdown.is_cancelled() {
+            return Err(Some(LeadEnd::Shutdown));
+        }
+        if between.unrecorded.is_empty() && self.rotation_due() {
+            return Err(Some(LeadEnd::Rotate));
+        }
+        let unrecorded = std::mem::take(&mut between.unrecorded);
+        if !lead.lease.is_fresh() {
+            self.record_own(lead.leadership, unrecorded).await;
+            return Err(Some(LeadEnd::StepDown(lead.lease.why_not_fresh())));
+        }
+        if unrecorded.is_empty() {
+            return Ok(());
+        }
+        between.unrecorded = self.complete_all(lead.leadership, unrecorded).await;
+        if !between.unrecorded.is_empty() {
+            if self.pause(lead.shutdown, ERROR_BACKOFF).await {
+                return Err(Some(LeadEnd::Shutdown));
+            }
+            return Err(None);
+        }
+        between.after = Version::default();
+        Ok(())
+    }
+
+    /// Lists the queue, waiting for a change after the last listing's version. The backend
+    /// paces listings that come back at once (Consul's blocking query). A task falling due
+    /// changes nothing in the queue: the leader's own timer ends the wait then, to the
+    /// millisecond, with no request made meanwhile (a wait the coordinator times would be
+    /// late by its jitter: up to wait/16 on Consul). Answers the entries and when the
+    /// listing began costing time.
+    async fn list(
+        &self,
+        lead: Leading<'_>,
+        between: &mut Between,
+    ) -> Result<(Vec<StoredTask>, tokio::time::Instant), Option<LeadEnd>> {
+        let asked = between.after;
+        let clock = self.clock();
+        let list_started = clock.instant();
+        let listed = tokio::select! {
+            _ = lead.shutdown.cancelled() => return Err(Some(LeadEnd::Shutdown)),
+            _ = lead.lease.expired() => {
+                return Err(Some(LeadEnd::StepDown(lead.lease.why_not_fresh())))
+            }
+            _ = self.term_over() => return Err(None),
+            _ = clock.until(between.wake) => {
+                between.wake = None;
+                between.after = Version::default();
+                return Err(None);
+            }
+            listed = self.coord.list(&self.settings.prefix, asked, self.wait) => listed,
+        };
+        between.wake = None;
+        let (entries, version) = match listed {
+            Ok(listed) => listed,
+            Err(err) => {
+                self.metrics.coordinator_error(&err);
+                self.metrics.blocking_restarts.inc();
+                tracing::warn!(error = %err, "cannot list the queue; retrying");
+                between.after = Version::default();
+                if self.pause(lead.shutdown, ERROR_BACKOFF).await {
+                    return Err(Some(LeadEnd::Shutdown));
+                }
+                return Err(None);
+            }
+        };
+        if version < asked {
+            self.metrics.blocking_restarts.inc();
+        }
+        between.after = version;
+        // What listing cost, for spacing listings out: a listing that may have waited for
+        // a change counts from its answer.
+        let listed_from = if asked == Version::default() {
+            list_started
+        } else {
+            clock.instant()
+        };
+        Ok((entries, listed_from))
+    }
+
+    /// Works through a listing's pending tasks, unless the queue is paused (looked at
+    /// after the listing, which may have waited for a new task, and only when there is
+    /// something to claim: a pause set meanwhile still stops the claim). Claims, runs and
+    /// settles until this listing is worked through (`one_at_a_time.rs`, `groups.rs`).
+    async fn work_through(
+        &self,
+        lead: Leading<'_>,
+        between: &mut Between,
+        backlog: backlog::Backlog,
+    ) -> Result<(), Option<LeadEnd>> {
+        if self.paused().await {
+            let (leadership, lease, shutdown) = (lead.leadership, lead.lease, lead.shutdown);
+            if let Some(end) = self.wait_while_paused(leadership, lease, shutdown).await {
+                return Err(Some(end));
+            }
+            between.after = Version::default();
+            return Err(None);
+        }
+        let (end, left) = self.drive(lead, backlog, &mut between.memory).await;
+        between.unrecorded = left;
+        match end {
+            // Recorded first, at the top of the next turn.
+            Some(LeadEnd::Rotate) => return Err(None),
+            Some(end) => {
+                // A clean end is an end: what finished is recorded under the lease's own
+                // claims if the leadership could not record it.
+                let unrecorded = std::mem::take(&mut between.unrecorded);
+                self.record_own(lead.leadership, unrecorded).await;
+                return Err(Some(end));
+            }
+            None => {}
+        }
+        // The leader's own writes moved the queue: list again without waiting.
+        between.after = Version::default();
+        Ok(())
     }
 
     /// Whether the queue's pause flag is set. A flag that cannot be read is taken as not

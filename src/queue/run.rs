@@ -15,14 +15,14 @@ use super::backlog::Backlog;
 use super::entry::pair_of;
 use super::finished::{completions, mark_unanswered, riders, Finished};
 use super::plan::chunks;
-use super::settlement::{self, after_run, RunEnd, Settlement};
+use super::settlement::{self, after_run, after_write, AfterWrite, RunEnd, Settlement, Settling};
+use super::work::Leading;
 use super::{LeadEnd, Queue};
 use crate::coord::{
     CoordError, Edit, Edited, FencingToken, Leadership, LeaseId, StoredTask, TaskOp, TaskVersion,
     Written,
 };
-use crate::handler::TaskContext;
-use crate::leader::Lease;
+use crate::handler::{HandlerError, TaskContext};
 use crate::task::attempts::{self, Attempt};
 use crate::task::Task;
 
@@ -95,6 +95,18 @@ impl Pace {
 /// How many times a completion re-reads a task that a producer keeps rewriting.
 pub(super) const RELEASE_ATTEMPTS: usize = 5;
 
+/// A handler's run that is over, before it is settled: its result, why the leading ends
+/// (if it does), whether an operator cancelled it and whether it was stopped, when it
+/// started and how long it took.
+struct Handled {
+    result: Result<(), HandlerError>,
+    ending: Option<LeadEnd>,
+    cancelled: bool,
+    stopped: bool,
+    started_at: chrono::DateTime<chrono::Utc>,
+    elapsed: Duration,
+}
+
 /// How one handler run went: how long it took, and whether leadership ends.
 pub(super) struct RunOutcome {
     pub(super) elapsed: Duration,
@@ -105,19 +117,15 @@ impl Queue {
     /// Runs one claimed task's handler and settles a failure; a success joins `finished`.
     pub(super) async fn run_claimed(
         &self,
-        leadership: &Leadership,
-        lease: &Lease,
-        shutdown: &CancellationToken,
+        lead: Leading<'_>,
         claimed: Claimed,
         claimed_version: TaskVersion,
         finished: &mut Vec<Finished>,
     ) -> RunOutcome {
         let Claimed { task, value } = claimed;
         self.term.ran_one();
-        let attempt = task.attempts + 1;
         let clock = self.clock();
         let started = clock.instant();
-        let started_at = clock.wall_at(started);
         let Some(handler) = self.registry.get(&task.task_type) else {
             // Checked before the claim; the task is requeued as ours at the next listing.
             return RunOutcome {
@@ -125,26 +133,55 @@ impl Queue {
                 end: None,
             };
         };
-        let cancel = CancellationToken::new();
         let ctx = TaskContext {
             key: task.key.clone(),
             task_id: task.id.clone(),
             task_type: task.task_type.clone(),
             task_json: value,
-            attempt,
-            fencing_token: leadership.fencing_token,
-            cancel: cancel.clone(),
-            lease_deadline: lease.deadline_watch(),
+            attempt: task.attempts + 1,
+            fencing_token: lead.leadership.fencing_token,
+            cancel: CancellationToken::new(),
+            lease_deadline: lead.lease.deadline_watch(),
         };
-        let mut run = handler.handle(&ctx);
+        let (result, ending, cancelled) = self
+            .handle(lead, handler.as_ref(), &ctx, claimed_version)
+            .await;
+        let handled = Handled {
+            result,
+            ending,
+            cancelled,
+            stopped: ctx.cancel.is_cancelled(),
+            started_at: clock.wall_at(started),
+            elapsed: clock.since(started),
+        };
+        let elapsed = handled.elapsed;
+        let end = self
+            .settle_run(lead, task, claimed_version, handled, finished)
+            .await;
+        RunOutcome { elapsed, end }
+    }
+
+    /// Runs the handler until it ends: stopped (through `ctx.cancel`) when an operator
+    /// cancels the run, or at once when the lease expires; given the shutdown grace when
+    /// the replica shuts down. Answers its result, why the leading ends if it does, and
+    /// whether an operator cancelled it.
+    async fn handle(
+        &self,
+        lead: Leading<'_>,
+        handler: &dyn crate::handler::Handler,
+        ctx: &TaskContext,
+        claimed_version: TaskVersion,
+    ) -> (Result<(), HandlerError>, Option<LeadEnd>, bool) {
+        let (lease, cancel, key) = (lead.lease, &ctx.cancel, &ctx.key);
+        let mut run = handler.handle(ctx);
         let mut ending: Option<LeadEnd> = None;
         // `leaderq tasks cancel` of this run: its handler is stopped, the task dead-lettered.
         let mut cancelled = false;
         let result = loop {
             tokio::select! {
                 result = &mut run => break result,
-                _ = self.cancel_requested(&task.key, claimed_version), if ending.is_none() && !cancelled => {
-                    tracing::warn!(task_key = %task.key, fencing_token = leadership.fencing_token.0, "cancel requested by an operator: stopping the handler");
+                _ = self.cancel_requested(key, claimed_version), if ending.is_none() && !cancelled => {
+                    tracing::warn!(task_key = %key, fencing_token = ctx.fencing_token.0, "cancel requested by an operator: stopping the handler");
                     cancelled = true;
                     cancel.cancel();
                 }
@@ -153,10 +190,10 @@ impl Queue {
                     cancel.cancel();
                     ending = Some(LeadEnd::StepDown(lease.why_not_fresh()));
                 }
-                _ = shutdown.cancelled(), if ending.is_none() => {
+                _ = lead.shutdown.cancelled(), if ending.is_none() => {
                     ending = Some(LeadEnd::Shutdown);
                     let grace = self.settings.shutdown_grace;
-                    tracing::info!(task_key = %task.key, grace = %crate::util::duration::format(grace), "shutting down: waiting for the running handler");
+                    tracing::info!(task_key = %key, grace = %crate::util::duration::format(grace), "shutting down: waiting for the running handler");
                     match tokio::time::timeout(grace, &mut run).await {
                         Ok(result) => break result,
                         Err(_) => cancel.cancel(),
@@ -164,34 +201,49 @@ impl Queue {
                 }
             }
         };
-        drop(run);
-        let elapsed = clock.since(started);
-        let elapsed_ms = elapsed.as_millis() as u64;
-        let now = clock.now();
+        (result, ending, cancelled)
+    }
+
+    /// Settles a run that is over as `settlement.rs` decides: a success joins `finished`
+    /// (completed in the next write), a failure is retried or dead-lettered, a run stopped
+    /// for the lease is put back. Answers why the leading ends, if it does.
+    async fn settle_run(
+        &self,
+        lead: Leading<'_>,
+        task: Box<Task>,
+        claimed_version: TaskVersion,
+        handled: Handled,
+        finished: &mut Vec<Finished>,
+    ) -> Option<LeadEnd> {
+        let leadership = lead.leadership;
+        let attempt = task.attempts + 1;
+        let now = self.clock().now();
         let ended = RunEnd {
-            result: &result,
-            ending: ending.as_ref(),
-            cancelled,
-            stopped: cancel.is_cancelled(),
+            result: &handled.result,
+            ending: handled.ending.as_ref(),
+            cancelled: handled.cancelled,
+            stopped: handled.stopped,
             attempts_before: task.attempts,
         };
         let backoff = self.backoff(attempt);
         let settlement = after_run(ended, self.settings.max_attempts, backoff, now);
         if let (Err(err), Settlement::Retry { .. } | Settlement::DeadLetter { failed: true, .. }) =
-            (&result, &settlement)
+            (&handled.result, &settlement)
         {
-            self.metrics.failed(&task.task_type, elapsed);
+            self.metrics.failed(&task.task_type, handled.elapsed);
+            let elapsed_ms = handled.elapsed.as_millis() as u64;
             tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt, fencing_token = leadership.fencing_token.0, error = %err, elapsed_ms, "task failed");
         }
         // This run, for the task's attempt log (written with the retry or the dead letter).
         let logged = |outcome: &str, error: &str| {
+            let (started, node) = (handled.started_at, &self.node_id);
             Attempt::new(
                 attempt,
-                started_at,
+                started,
                 now,
                 outcome,
                 error,
-                &self.node_id,
+                node,
                 leadership.fencing_token,
             )
         };
@@ -200,9 +252,11 @@ impl Queue {
                 if clear_cancel {
                     self.clear_cancel(&task.key).await;
                 }
-                let history = self.history_of(&task, leadership, started_at);
+                let history = self.history_of(&task, leadership, handled.started_at);
+                let elapsed_ms = handled.elapsed.as_millis() as u64;
+                let coord = self.coord.as_ref();
                 finished.push(Finished::new(
-                    self.coord.as_ref(),
+                    coord,
                     task,
                     claimed_version,
                     elapsed_ms,
@@ -232,10 +286,7 @@ impl Queue {
                     self.clear_cancel(&task.key).await;
                 }
                 if let Err(end) = moved {
-                    return RunOutcome {
-                        elapsed,
-                        end: Some(ending.unwrap_or(end)),
-                    };
+                    return Some(handled.ending.unwrap_or(end));
                 }
             }
             Settlement::PutBack {
@@ -248,7 +299,7 @@ impl Queue {
                 }
                 let run = logged(attempts::INTERRUPTED, &error);
                 let value = task.retried_after(attempts, &error, now, &run);
-                self.settle(leadership, lease, &task, claimed_version, value, "put back")
+                self.settle(lead, &task, claimed_version, value, "put back")
                     .await;
             }
             Settlement::Retry {
@@ -258,21 +309,11 @@ impl Queue {
             } => {
                 let run = logged(attempts::FAILED, &error);
                 let value = task.retried_after(attempts, &error, not_before, &run);
-                self.settle(
-                    leadership,
-                    lease,
-                    &task,
-                    claimed_version,
-                    value,
-                    "schedule a retry",
-                )
-                .await;
+                self.settle(lead, &task, claimed_version, value, "schedule a retry")
+                    .await;
             }
         }
-        RunOutcome {
-            elapsed,
-            end: ending,
-        }
+        handled.ending
     }
 
     /// The history record of a task that finished now, and its key; `None` with history
@@ -337,18 +378,23 @@ impl Queue {
     pub(super) async fn complete(
         &self,
         leadership: &Leadership,
-        done: Finished,
+        mut done: Finished,
     ) -> Option<Finished> {
-        let task = &done.task;
-        match self.write(leadership, &[done.completion()]).await {
-            Ok(Written::Done { fencing_token, .. }) => {
+        let written = self.write(leadership, &[done.completion()]).await;
+        let key = &done.task.key;
+        match after_write(&written, Settling::Completion) {
+            AfterWrite::Settled => {
+                let fencing_token = match written {
+                    Ok(Written::Done { fencing_token, .. }) => fencing_token,
+                    _ => leadership.fencing_token,
+                };
                 self.log_completed(leadership, &done, fencing_token)
             }
-            Ok(Written::Conflict(_) | Written::Deferred(_)) => {
+            AfterWrite::ReadAgain => {
                 // The lease ended and left the task an orphan, where that moves its version
                 // (Redis); or a producer rewrote it while it ran.
                 let edits = |version| orphan_completion(&done, version);
-                let orphan = match self.release_current(leadership, &task.key).await {
+                let orphan = match self.release_current(leadership, key).await {
                     Some(current) => self
                         .settle_orphan(&leadership.lease, &current, edits)
                         .await
@@ -356,25 +402,20 @@ impl Queue {
                     None => false,
                 };
                 if orphan {
-                    tracing::info!(task_key = %task.key, "lease lost: the finished run is recorded on the orphan it left");
+                    tracing::info!(task_key = %key, "lease lost: the finished run is recorded on the orphan it left");
                     self.log_completed(leadership, &done, leadership.fencing_token);
                 } else {
-                    tracing::info!(task_key = %task.key, "task completed, but a producer rewrote it meanwhile; the new version stays queued");
+                    tracing::info!(task_key = %key, "task completed, but a producer rewrote it meanwhile; the new version stays queued");
                 }
             }
-            Ok(Written::NotLeader) => {
-                // The run is over and done: recorded under this lease's own claim, or on the
-                // orphan its ended lease left, so the next leader does not run it again.
-                self.record_own(leadership, vec![done]).await;
+            // The run is over and done: recorded under this lease's own claim, or on the
+            // orphan its ended lease left, so the next leader does not run it again.
+            AfterWrite::OwnOrOrphan => self.record_own(leadership, vec![done]).await,
+            AfterWrite::LeftAsIs(why) | AfterWrite::DeadLetter(why) => {
+                tracing::error!(task_key = %key, error = %why, "cannot record the completed task: the coordinator refused it as too large");
             }
-            Err(CoordError::Refused(why)) => {
-                // One completion cannot be too large for any coordinator; should one refuse
-                // it, the task stays held by this lease and the next listing runs it again.
-                tracing::error!(task_key = %task.key, error = %why, "cannot record the completed task: the coordinator refused it as too large");
-            }
-            Err(err) => {
-                tracing::warn!(task_key = %task.key, error = %err, "cannot record the completed task yet; retrying");
-                let mut done = done;
+            AfterWrite::Keep | AfterWrite::AskAgain => {
+                tracing::warn!(task_key = %key, error = ?written, "cannot record the completed task yet; retrying");
                 mark_unanswered(&self.settings.done_prefix, std::slice::from_mut(&mut done));
                 return Some(done);
             }
@@ -557,13 +598,13 @@ impl Queue {
     /// stale the term ends and the lease with it, and the next leader requeues the orphan.
     pub(super) async fn settle(
         &self,
-        leadership: &Leadership,
-        lease: &Lease,
+        lead: Leading<'_>,
         task: &Task,
         claimed_version: TaskVersion,
         value: Vec<u8>,
         what: &str,
     ) {
+        let leadership = lead.leadership;
         let ops = [TaskOp::Release {
             key: task.key.clone(),
             version: claimed_version,
@@ -577,57 +618,62 @@ impl Queue {
             }]
         };
         let mut pause = OWN_RETRY_FIRST;
-        let written = loop {
-            match self.write(leadership, &ops).await {
-                Err(err) if !matches!(err, CoordError::Refused(_)) && lease.is_fresh() => {
-                    tracing::debug!(task_key = %task.key, error = %err, "cannot {what} yet; asking again while the lease lives");
+        loop {
+            let written = self.write(leadership, &ops).await;
+            let lease_fresh = lead.lease.is_fresh();
+            match after_write(&written, Settling::WriteBack { lease_fresh }) {
+                AfterWrite::AskAgain => {
+                    tracing::debug!(task_key = %task.key, error = ?written, "cannot {what} yet; asking again while the lease lives");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(OWN_RETRY_MAX);
+                    continue;
                 }
-                written => break written,
-            }
-        };
-        match written {
-            Ok(Written::Done { .. }) => {}
-            Ok(Written::Conflict(_) | Written::Deferred(_)) => {
-                // A producer rewrote the task while it ran; or the lease ended and left it
-                // an orphan, where that moves the task's version (Redis).
-                if let Some(current) = self.release_current(leadership, &task.key).await {
-                    if self
-                        .settle_orphan(&leadership.lease, &current, orphan_edits)
+                AfterWrite::Settled => {}
+                AfterWrite::ReadAgain => {
+                    if let Some(current) = self.release_current(leadership, &task.key).await {
+                        if self
+                            .settle_orphan(&leadership.lease, &current, orphan_edits)
+                            .await
+                            .is_ok()
+                        {
+                            tracing::info!(task_key = %task.key, "lease lost: {what} on the orphan it left");
+                        }
+                    }
+                }
+                AfterWrite::DeadLetter(why) => {
+                    let pair = pair_of(task, value.clone(), claimed_version);
+                    let reason =
+                        format!("cannot {what}: the task is too large to write back: {why}");
+                    if let Err(end) = self.dead_letter(leadership, &pair, &reason).await {
+                        tracing::warn!(task_key = %task.key, ?end, "cannot dead-letter a task too large to {what}; the task is requeued when this lease ends");
+                    }
+                }
+                AfterWrite::OwnOrOrphan => {
+                    // The run is over: write it back without the leadership guard, so that
+                    // the next leader finds the task as settled here rather than as a run
+                    // cut short (which would cost it an attempt).
+                    let until = self.own_deadline();
+                    match self
+                        .write_own_or_orphan(&leadership.lease, &ops, orphan_edits, until)
                         .await
-                        .is_ok()
                     {
-                        tracing::info!(task_key = %task.key, "lease lost: {what} on the orphan it left");
+                        Ok(how) => {
+                            tracing::info!(task_key = %task.key, "leadership lost: {what} {how}")
+                        }
+                        Err(why) => {
+                            tracing::warn!(task_key = %task.key, error = %why, "cannot {what}: leadership and claim lost; the next leader requeues the task")
+                        }
                     }
                 }
-            }
-            Err(CoordError::Refused(why)) => {
-                let pair = pair_of(task, value, claimed_version);
-                let reason = format!("cannot {what}: the task is too large to write back: {why}");
-                if let Err(end) = self.dead_letter(leadership, &pair, &reason).await {
-                    tracing::warn!(task_key = %task.key, ?end, "cannot dead-letter a task too large to {what}; the task is requeued when this lease ends");
+                AfterWrite::LeftAsIs(why) => {
+                    tracing::warn!(task_key = %task.key, error = %why, "cannot {what} while the lease is fresh; the task is requeued when this lease ends")
+                }
+                // A completion's answer only; a write back is asked again or left as is.
+                AfterWrite::Keep => {
+                    tracing::warn!(task_key = %task.key, error = ?written, "cannot {what}; the task is requeued when this lease ends")
                 }
             }
-            Ok(Written::NotLeader) => {
-                // The run is over: write it back without the leadership guard, so that the
-                // next leader finds the task as settled here rather than as a run cut short
-                // (which would cost it an attempt).
-                match self
-                    .write_own_or_orphan(&leadership.lease, &ops, orphan_edits, self.own_deadline())
-                    .await
-                {
-                    Ok(how) => {
-                        tracing::info!(task_key = %task.key, "leadership lost: {what} {how}")
-                    }
-                    Err(why) => {
-                        tracing::warn!(task_key = %task.key, error = %why, "cannot {what}: leadership and claim lost; the next leader requeues the task")
-                    }
-                }
-            }
-            Err(err) => {
-                tracing::warn!(task_key = %task.key, error = %err, "cannot {what} while the lease is fresh; the task is requeued when this lease ends")
-            }
+            return;
         }
     }
 

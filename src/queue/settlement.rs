@@ -2,7 +2,9 @@
 //! spawn; the run's result, how it was stopped, the attempts, the drawn backoff and `now`
 //! come in): complete it, retry it at a time, put it back without using an attempt, or
 //! dead-letter it with a reason. `run.rs` runs the handler and writes what
-//! [`after_run`] answers.
+//! [`after_run`] answers; what follows that write's answer (settled, asked again, read
+//! again, written outside the leadership, dead-lettered, left to the next leader) is
+//! [`after_write`]'s to say.
 //!
 //! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
@@ -10,6 +12,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use crate::coord::{CoordError, Written};
 use crate::handler::HandlerError;
 use crate::queue::LeadEnd;
 
@@ -141,11 +144,70 @@ pub fn backoff(base: Duration, max: Duration, attempt: u32, jitter: f64) -> Dura
     capped + capped.mul_f64(jitter * 0.2)
 }
 
+/// What a settlement write writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Settling {
+    /// A run's outcome written back on the task (put back, or a retry), guarded and
+    /// conditioned on the claim's version; `lease_fresh`: the lease is known to be fresh.
+    WriteBack { lease_fresh: bool },
+    /// A finished run's completion.
+    Completion,
+}
+
+/// What follows a settlement write's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AfterWrite {
+    /// Applied: the task is settled.
+    Settled,
+    /// Not answered while the lease is fresh: ask again after a pause. The write is
+    /// conditioned on the claim's version, so a try whose answer was lost is never applied
+    /// twice (the next one conflicts and finds the task released).
+    AskAgain,
+    /// A completion not answered: kept, to be written again (perhaps applied: its record
+    /// tells, before it is).
+    Keep,
+    /// The task moved: a producer rewrote it while it ran (its version is released to the
+    /// queue), or the lease ended and left it an orphan, where that moves its version (the
+    /// outcome is written on the orphan). Read it again to tell.
+    ReadAgain,
+    /// The leadership is lost and the run is over: written under the lease's own claim, or
+    /// on the orphan its ended lease left, so that the next leader does not take it for a
+    /// run cut short.
+    OwnOrOrphan,
+    /// Refused as too large to write back: the task goes to the dead letters with the
+    /// coordinator's words.
+    DeadLetter(String),
+    /// Nothing more can be done now: the task stays held by this lease and is requeued
+    /// when it ends (or, for a completion the coordinator refused, run again).
+    LeftAsIs(String),
+}
+
+/// What follows `answer`, the coordinator's answer to a settlement write.
+pub fn after_write(answer: &Result<Written, CoordError>, settling: Settling) -> AfterWrite {
+    match (answer, settling) {
+        (Ok(Written::Done { .. }), _) => AfterWrite::Settled,
+        (Ok(Written::Conflict(_) | Written::Deferred(_)), _) => AfterWrite::ReadAgain,
+        (Ok(Written::NotLeader), _) => AfterWrite::OwnOrOrphan,
+        (Err(CoordError::Refused(why)), Settling::WriteBack { .. }) => {
+            AfterWrite::DeadLetter(why.clone())
+        }
+        // One completion cannot be too large for any coordinator; should one refuse it,
+        // the task stays held by this lease and the next listing runs it again.
+        (Err(CoordError::Refused(why)), Settling::Completion) => AfterWrite::LeftAsIs(why.clone()),
+        (Err(_), Settling::WriteBack { lease_fresh: true }) => AfterWrite::AskAgain,
+        (Err(err), Settling::WriteBack { lease_fresh: false }) => {
+            AfterWrite::LeftAsIs(err.to_string())
+        }
+        (Err(_), Settling::Completion) => AfterWrite::Keep,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use super::{after_run, backoff, RunEnd, Settlement};
+    use super::{after_run, after_write, backoff, AfterWrite, RunEnd, Settlement, Settling};
+    use crate::coord::{CoordError, FencingToken, Written};
     use crate::handler::HandlerError;
     use crate::queue::scripted::at;
     use crate::queue::LeadEnd;
@@ -307,5 +369,73 @@ mod tests {
         assert_eq!(backoff(base, max, 3, 0.0), Duration::from_secs(4));
         assert_eq!(backoff(base, max, 40, 0.0), Duration::from_secs(60));
         assert_eq!(backoff(base, max, 1, 1.0), Duration::from_millis(1_200));
+    }
+
+    fn written(fencing_token: u64) -> Result<Written, CoordError> {
+        Ok(Written::Done {
+            versions: Vec::new(),
+            fencing_token: FencingToken(fencing_token),
+        })
+    }
+
+    /// A write back (put back or retry) answered each way, as a transcript: the answer in,
+    /// what the settling does next out.
+    #[test]
+    fn a_write_back_is_settled_asked_again_read_again_or_moved_away() {
+        let fresh = Settling::WriteBack { lease_fresh: true };
+        let stale = Settling::WriteBack { lease_fresh: false };
+        let lost = || Err(CoordError::Unavailable("connection reset".into()));
+        let transcript = [
+            (written(7), fresh, AfterWrite::Settled),
+            (lost(), fresh, AfterWrite::AskAgain),
+            (
+                lost(),
+                stale,
+                AfterWrite::LeftAsIs("connection reset".into()),
+            ),
+            (
+                Ok(Written::Conflict(vec!["t".into()])),
+                fresh,
+                AfterWrite::ReadAgain,
+            ),
+            (
+                Ok(Written::Deferred(vec!["t".into()])),
+                fresh,
+                AfterWrite::ReadAgain,
+            ),
+            (Ok(Written::NotLeader), fresh, AfterWrite::OwnOrOrphan),
+            (Ok(Written::NotLeader), stale, AfterWrite::OwnOrOrphan),
+            (
+                Err(CoordError::Refused("value too large".into())),
+                fresh,
+                AfterWrite::DeadLetter("value too large".into()),
+            ),
+        ];
+        for (answer, settling, next) in transcript {
+            assert_eq!(
+                after_write(&answer, settling),
+                next,
+                "{answer:?} {settling:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_completion_unanswered_is_kept_and_one_refused_is_left_to_run_again() {
+        let lost = Err(CoordError::Unavailable("time-out".into()));
+        assert_eq!(after_write(&lost, Settling::Completion), AfterWrite::Keep);
+        let refused = Err(CoordError::Refused("too large".into()));
+        assert_eq!(
+            after_write(&refused, Settling::Completion),
+            AfterWrite::LeftAsIs("too large".into())
+        );
+        assert_eq!(
+            after_write(&written(3), Settling::Completion),
+            AfterWrite::Settled
+        );
+        assert_eq!(
+            after_write(&Ok(Written::NotLeader), Settling::Completion),
+            AfterWrite::OwnOrOrphan
+        );
     }
 }
