@@ -10,11 +10,15 @@
 mod code;
 mod docs;
 
-use code::non_test_code;
+use code::{function_lengths, non_test_code};
 use std::path::{Path, PathBuf};
 
 /// Past this many lines a file must say why it is that long.
 const LONG_FILE: usize = 600;
+
+/// Past this many lines a function of the engine room (`src/queue/`, where the leader
+/// decides what to claim, run and settle) is cut into steps that each say what they do.
+const LONG_FUNCTION: usize = 80;
 
 fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     for entry in std::fs::read_dir(dir).expect("read src") {
@@ -44,6 +48,27 @@ fn source_texts() -> Vec<(String, String)> {
             (name, text)
         })
         .collect()
+}
+
+/// No function of the engine room is longer than `LONG_FUNCTION` lines: its loops are
+/// cut into named steps, and its decisions are pure functions beside them.
+#[test]
+fn no_long_functions_in_the_engine_room() {
+    let mut problems = Vec::new();
+    for (name, text) in source_texts() {
+        if !name.starts_with("queue/") {
+            continue;
+        }
+        let code = non_test_code(&name, &text);
+        for (line, function, lines) in function_lengths(&code) {
+            if lines > LONG_FUNCTION {
+                problems.push(format!(
+                    "src/{name}:{line}: fn {function} is {lines} lines, over {LONG_FUNCTION}: cut it in named steps"
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
 /// Every module opens with a doc comment, and every long file gives its reason.

@@ -108,31 +108,9 @@ pub fn classify(
     has_handler: impl Fn(&str) -> bool,
     now: DateTime<Utc>,
 ) -> Entry {
-    // A key that breaks the key rule could not be addressed safely (a `..` segment
-    // resolves elsewhere in a URL): such a task is not run but dead-lettered.
-    if let Err(invalid) = Key::within(&entry.key, &[rules.prefix]) {
-        if entry.holder.is_some() {
-            return Entry::HeldUnaddressable;
-        }
-        return Entry::DeadLetter {
-            reason: format!("the key is not a valid task key: {invalid}"),
-            entry,
-            known_if_kept: false,
-        };
-    }
-    let task = match Task::parse_owned(entry) {
+    let task = match read(entry, rules) {
         Ok(task) => task,
-        // A locked entry is someone's run in progress: left alone until it ends.
-        Err((_, entry)) if entry.holder.is_some() => {
-            return Entry::HeldUnreadable { key: entry.key }
-        }
-        Err((invalid, entry)) => {
-            return Entry::DeadLetter {
-                reason: invalid.to_string(),
-                entry,
-                known_if_kept: true,
-            }
-        }
+        Err(entry) => return *entry,
     };
     let deferred = remembered.deferred.get(&task.key).copied();
     let status = eligibility(&task, now, rules.horizon, deferred);
@@ -164,40 +142,77 @@ pub fn classify(
             }
         }
         Status::Delayed(at) | Status::Scheduled(at) => Entry::Waiting { at, task },
-        // The claim's value names the time it was written, so only that very write
-        // leaves it: its answer was lost, and this term ran nothing of it.
         Status::InFlight if task.holder.as_ref() == Some(rules.own) => {
-            match remembered.unanswered {
-                Some(lost) if lost.claimed == task.value() => Entry::Unanswered {
-                    value: lost.before.clone(),
-                    task,
-                },
-                _ => Entry::Requeue {
-                    task,
-                    reason: "the replica restarted while running the task",
-                },
-            }
+            own_in_flight(task, remembered.unanswered)
         }
         Status::InFlight => Entry::Held { task },
-        Status::Orphan => {
-            // Its lease may have been revoked while its run went on: that run is provably
-            // over only once the earlier holder's own view of its lease has run out.
-            let seen = remembered
-                .orphans_seen
-                .get(&task.key)
-                .copied()
-                .unwrap_or(now);
-            let until = seen + chrono::Duration::from_std(rules.orphan_fence).unwrap_or_default();
-            if now < until {
-                Entry::Fenced { task, seen, until }
-            } else {
-                Entry::Requeue {
-                    task,
-                    reason: "the replica running the task died",
-                }
-            }
-        }
+        Status::Orphan => orphan(task, rules, remembered.orphans_seen, now),
         Status::Foreign => Entry::Foreign { task },
+    }
+}
+
+/// The task an entry holds; or, when it cannot be read or addressed, what the entry is.
+fn read(entry: StoredTask, rules: &EntryRules) -> Result<Task, Box<Entry>> {
+    // A key that breaks the key rule could not be addressed safely (a `..` segment
+    // resolves elsewhere in a URL): such a task is not run but dead-lettered.
+    if let Err(invalid) = Key::within(&entry.key, &[rules.prefix]) {
+        if entry.holder.is_some() {
+            return Err(Box::new(Entry::HeldUnaddressable));
+        }
+        return Err(Box::new(Entry::DeadLetter {
+            reason: format!("the key is not a valid task key: {invalid}"),
+            entry,
+            known_if_kept: false,
+        }));
+    }
+    match Task::parse_owned(entry) {
+        Ok(task) => Ok(task),
+        // A locked entry is someone's run in progress: left alone until it ends.
+        Err((_, entry)) if entry.holder.is_some() => {
+            Err(Box::new(Entry::HeldUnreadable { key: entry.key }))
+        }
+        Err((invalid, entry)) => Err(Box::new(Entry::DeadLetter {
+            reason: invalid.to_string(),
+            entry,
+            known_if_kept: true,
+        })),
+    }
+}
+
+/// A task held by this leader's own lease. The claim's value names the time it was
+/// written, so only that very write leaves it: its answer was lost, and this term ran
+/// nothing of it. Anything else is a run of an earlier process on this lease.
+fn own_in_flight(task: Task, unanswered: Option<&UnansweredClaim>) -> Entry {
+    match unanswered {
+        Some(lost) if lost.claimed == task.value() => Entry::Unanswered {
+            value: lost.before.clone(),
+            task,
+        },
+        _ => Entry::Requeue {
+            task,
+            reason: "the replica restarted while running the task",
+        },
+    }
+}
+
+/// An orphan: its lease may have been revoked while its run went on, so that run is
+/// provably over only once the earlier holder's own view of its lease has run out, one
+/// orphan fence after this leader first saw it.
+fn orphan(
+    task: Task,
+    rules: &EntryRules,
+    orphans_seen: &HashMap<String, DateTime<Utc>>,
+    now: DateTime<Utc>,
+) -> Entry {
+    let seen = orphans_seen.get(&task.key).copied().unwrap_or(now);
+    let until = seen + chrono::Duration::from_std(rules.orphan_fence).unwrap_or_default();
+    if now < until {
+        Entry::Fenced { task, seen, until }
+    } else {
+        Entry::Requeue {
+            task,
+            reason: "the replica running the task died",
+        }
     }
 }
 

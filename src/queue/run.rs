@@ -218,50 +218,19 @@ impl Queue {
         let leadership = lead.leadership;
         let attempt = task.attempts + 1;
         let now = self.clock().now();
-        let ended = RunEnd {
-            result: &handled.result,
-            ending: handled.ending.as_ref(),
-            cancelled: handled.cancelled,
-            stopped: handled.stopped,
-            attempts_before: task.attempts,
-        };
-        let backoff = self.backoff(attempt);
-        let settlement = after_run(ended, self.settings.max_attempts, backoff, now);
-        if let (Err(err), Settlement::Retry { .. } | Settlement::DeadLetter { failed: true, .. }) =
-            (&handled.result, &settlement)
-        {
-            self.metrics.failed(&task.task_type, handled.elapsed);
-            let elapsed_ms = handled.elapsed.as_millis() as u64;
-            tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt, fencing_token = leadership.fencing_token.0, error = %err, elapsed_ms, "task failed");
-        }
+        let settlement = self.settlement_of(leadership, &task, &handled, now);
         // This run, for the task's attempt log (written with the retry or the dead letter).
         let logged = |outcome: &str, error: &str| {
-            let (started, node) = (handled.started_at, &self.node_id);
-            Attempt::new(
-                attempt,
-                started,
-                now,
-                outcome,
-                error,
-                node,
-                leadership.fencing_token,
-            )
+            let (started, node, token) =
+                (handled.started_at, &self.node_id, leadership.fencing_token);
+            Attempt::new(attempt, started, now, outcome, error, node, token)
         };
         match settlement {
             Settlement::Complete { clear_cancel } => {
-                if clear_cancel {
-                    self.clear_cancel(&task.key).await;
-                }
-                let history = self.history_of(&task, leadership, handled.started_at);
-                let elapsed_ms = handled.elapsed.as_millis() as u64;
-                let coord = self.coord.as_ref();
-                finished.push(Finished::new(
-                    coord,
-                    task,
-                    claimed_version,
-                    elapsed_ms,
-                    history,
-                ))
+                let done = self
+                    .finished_run(leadership, task, claimed_version, &handled, clear_cancel)
+                    .await;
+                finished.push(done)
             }
             Settlement::DeadLetter {
                 attempts,
@@ -279,12 +248,9 @@ impl Queue {
                     task.logged(&logged(outcome, &last_error)),
                     ("lastError", serde_json::Value::String(last_error)),
                 ]);
-                let pair = pair_of(&task, value, claimed_version);
-                let moved = self.dead_letter(leadership, &pair, &reason).await;
-                if !failed {
-                    // An operator's cancel, acted on: its marker goes.
-                    self.clear_cancel(&task.key).await;
-                }
+                let moved = self
+                    .dead_letter_run(leadership, &task, value, claimed_version, &reason, failed)
+                    .await;
                 if let Err(end) = moved {
                     return Some(handled.ending.unwrap_or(end));
                 }
@@ -314,6 +280,73 @@ impl Queue {
             }
         }
         handled.ending
+    }
+
+    /// A run that succeeded, to be completed: its history record made, and an operator's
+    /// cancel that came too late cleared.
+    async fn finished_run(
+        &self,
+        leadership: &Leadership,
+        task: Box<Task>,
+        claimed_version: TaskVersion,
+        handled: &Handled,
+        clear_cancel: bool,
+    ) -> Finished {
+        if clear_cancel {
+            self.clear_cancel(&task.key).await;
+        }
+        let history = self.history_of(&task, leadership, handled.started_at);
+        let elapsed_ms = handled.elapsed.as_millis() as u64;
+        let coord = self.coord.as_ref();
+        Finished::new(coord, task, claimed_version, elapsed_ms, history)
+    }
+
+    /// What becomes of a run that is over (`settlement::after_run`); a failure is counted
+    /// and logged.
+    fn settlement_of(
+        &self,
+        leadership: &Leadership,
+        task: &Task,
+        handled: &Handled,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Settlement {
+        let attempt = task.attempts + 1;
+        let ended = RunEnd {
+            result: &handled.result,
+            ending: handled.ending.as_ref(),
+            cancelled: handled.cancelled,
+            stopped: handled.stopped,
+            attempts_before: task.attempts,
+        };
+        let backoff = self.backoff(attempt);
+        let settlement = after_run(ended, self.settings.max_attempts, backoff, now);
+        if let (Err(err), Settlement::Retry { .. } | Settlement::DeadLetter { failed: true, .. }) =
+            (&handled.result, &settlement)
+        {
+            self.metrics.failed(&task.task_type, handled.elapsed);
+            let elapsed_ms = handled.elapsed.as_millis() as u64;
+            tracing::warn!(task_key = %task.key, task_type = %task.task_type, attempt, fencing_token = leadership.fencing_token.0, error = %err, elapsed_ms, "task failed");
+        }
+        settlement
+    }
+
+    /// Moves a run's task to the dead letters with `value` (its attempt log and last
+    /// error); an operator's cancel (`failed` false), acted on, has its marker cleared.
+    async fn dead_letter_run(
+        &self,
+        leadership: &Leadership,
+        task: &Task,
+        value: Vec<u8>,
+        claimed_version: TaskVersion,
+        reason: &str,
+        failed: bool,
+    ) -> Result<(), LeadEnd> {
+        let pair = pair_of(task, value, claimed_version);
+        let moved = self.dead_letter(leadership, &pair, reason).await;
+        if !failed {
+            self.clear_cancel(&task.key).await;
+        }
+        moved.map(|_| ())
     }
 
     /// The history record of a task that finished now, and its key; `None` with history

@@ -60,6 +60,60 @@ pub(super) struct Sorted {
     put_back: bool,
 }
 
+impl Sorted {
+    /// Places an entry that needs no write: pending, waiting, held (and the groups it
+    /// keeps busy), fenced, foreign or unreadable. Answers the entries that need a write
+    /// (`Queue::act_on`).
+    fn place(&mut self, entry: Entry, memory: &mut Memory, now: DateTime<Utc>) -> Option<Entry> {
+        match entry {
+            Entry::Pending {
+                task,
+                ignored_not_before,
+            } => {
+                if let Some(at) = ignored_not_before {
+                    if memory.warned.insert(format!("notBefore {}", task.key)) {
+                        tracing::warn!(task_key = %task.key, not_before = %crate::task::rfc3339(at), "notBefore is further ahead than any backoff leaderq writes (a clock that jumped, or a crafted value); ignoring it");
+                    }
+                }
+                let task = Pending::from(task);
+                self.keys.insert(task.key().clone());
+                self.pending.push(task);
+            }
+            Entry::Waiting { at, task } => {
+                self.keys.insert(task.key.as_str().into());
+                self.delayed.push((at, task));
+            }
+            Entry::Held { task } => {
+                memory.held_groups.insert(task.group().to_string());
+                self.in_flight += 1;
+                self.keys.insert(task.key.as_str().into());
+            }
+            Entry::Fenced { task, seen, until } => {
+                memory.orphans_seen.entry(task.key.clone()).or_insert(seen);
+                if memory.warned.insert(format!("fenced {}", task.key)) {
+                    let left = (until - now).to_std().unwrap_or_default();
+                    tracing::info!(task_key = %task.key, requeue_in = %crate::util::duration::format(left), "the lease that claimed this task ended; requeueing it once that lease's runs are provably over");
+                }
+                memory.held_groups.insert(task.group().to_string());
+                self.fenced_until = Some(self.fenced_until.map_or(until, |at| at.min(until)));
+                self.keys.insert(task.key.as_str().into());
+            }
+            Entry::Foreign { task } => {
+                if memory.warned.insert(format!("foreign {}", task.key)) {
+                    tracing::warn!(task_key = %task.key, "task is marked taken by a program other than leaderq; leaving it alone");
+                }
+                self.keys.insert(task.key.as_str().into());
+            }
+            Entry::HeldUnreadable { key } => {
+                self.keys.insert(key.into());
+            }
+            Entry::HeldUnaddressable => {}
+            needs_a_write => return Some(needs_a_write),
+        }
+        None
+    }
+}
+
 /// What to do with a listing.
 pub(super) enum Pick {
     /// Pending tasks to work through.
@@ -161,74 +215,46 @@ impl Queue {
                 unanswered: unanswered.as_ref(),
             };
             let has_handler = |task_type: &str| self.registry.get(task_type).is_some();
-            match classify(entry, &rules, remembered, has_handler, now) {
-                Entry::Pending {
-                    task,
-                    ignored_not_before,
-                } => {
-                    if let Some(at) = ignored_not_before {
-                        if memory.warned.insert(format!("notBefore {}", task.key)) {
-                            tracing::warn!(task_key = %task.key, not_before = %crate::task::rfc3339(at), "notBefore is further ahead than any backoff leaderq writes (a clock that jumped, or a crafted value); ignoring it");
-                        }
-                    }
-                    let task = Pending::from(task);
-                    sorted.keys.insert(task.key().clone());
-                    sorted.pending.push(task);
-                }
-                Entry::Waiting { at, task } => {
-                    sorted.keys.insert(task.key.as_str().into());
-                    sorted.delayed.push((at, task));
-                }
-                Entry::DeadLetter {
-                    entry,
-                    reason,
-                    known_if_kept,
-                } => {
-                    sorted.changed = true;
-                    let moved = self.dead_letter(leadership, &entry, &reason).await?;
-                    if known_if_kept && !moved {
-                        sorted.keys.insert(entry.key.into());
-                    }
-                }
-                Entry::Requeue { task, reason } => {
-                    memory.orphans_seen.remove(&task.key);
-                    self.requeue(leadership, &task, reason).await?;
-                    sorted.changed = true;
-                }
-                Entry::Unanswered { task, value } => {
-                    self.put_back_unanswered(leadership, &task, value).await?;
-                    sorted.changed = true;
-                    sorted.put_back = true;
-                }
-                Entry::Held { task } => {
-                    memory.held_groups.insert(task.group().to_string());
-                    sorted.in_flight += 1;
-                    sorted.keys.insert(task.key.as_str().into());
-                }
-                Entry::Fenced { task, seen, until } => {
-                    memory.orphans_seen.entry(task.key.clone()).or_insert(seen);
-                    if memory.warned.insert(format!("fenced {}", task.key)) {
-                        let left = (until - now).to_std().unwrap_or_default();
-                        tracing::info!(task_key = %task.key, requeue_in = %crate::util::duration::format(left), "the lease that claimed this task ended; requeueing it once that lease's runs are provably over");
-                    }
-                    memory.held_groups.insert(task.group().to_string());
-                    sorted.fenced_until =
-                        Some(sorted.fenced_until.map_or(until, |at| at.min(until)));
-                    sorted.keys.insert(task.key.as_str().into());
-                }
-                Entry::Foreign { task } => {
-                    if memory.warned.insert(format!("foreign {}", task.key)) {
-                        tracing::warn!(task_key = %task.key, "task is marked taken by a program other than leaderq; leaving it alone");
-                    }
-                    sorted.keys.insert(task.key.as_str().into());
-                }
-                Entry::HeldUnreadable { key } => {
-                    sorted.keys.insert(key.into());
-                }
-                Entry::HeldUnaddressable => {}
+            let entry = classify(entry, &rules, remembered, has_handler, now);
+            if let Some(entry) = sorted.place(entry, memory, now) {
+                self.act_on(leadership, entry, memory, &mut sorted).await?;
             }
         }
         Ok(sorted)
+    }
+
+    /// Performs what an entry needs written (`Sorted::place` leaves these): a dead letter,
+    /// a requeue, or a claim whose answer was lost put back.
+    async fn act_on(
+        &self,
+        leadership: &Leadership,
+        entry: Entry,
+        memory: &mut Memory,
+        sorted: &mut Sorted,
+    ) -> Result<(), LeadEnd> {
+        sorted.changed = true;
+        match entry {
+            Entry::DeadLetter {
+                entry,
+                reason,
+                known_if_kept,
+            } => {
+                let moved = self.dead_letter(leadership, &entry, &reason).await?;
+                if known_if_kept && !moved {
+                    sorted.keys.insert(entry.key.into());
+                }
+            }
+            Entry::Requeue { task, reason } => {
+                memory.orphans_seen.remove(&task.key);
+                self.requeue(leadership, &task, reason).await?;
+            }
+            Entry::Unanswered { task, value } => {
+                self.put_back_unanswered(leadership, &task, value).await?;
+                sorted.put_back = true;
+            }
+            _ => {}
+        }
+        Ok(())
     }
 
     /// How far ahead a notBefore is believed: the longest backoff leaderq writes

@@ -41,6 +41,41 @@ pub(super) fn non_test_code(name: &str, text: &str) -> String {
     String::from_utf8(code).expect("blanking whole characters keeps UTF-8")
 }
 
+/// The functions in `code` (as `non_test_code` gives it): for each, the line its `fn` is
+/// on, its name, and how many lines it spans, from that line to its closing brace (or
+/// its `;`, for a declaration without a body).
+pub(super) fn function_lengths(code: &str) -> Vec<(usize, String, usize)> {
+    const QUALIFIERS: &[&str] = &[
+        "pub(super) ",
+        "pub(crate) ",
+        "pub ",
+        "async ",
+        "const ",
+        "unsafe ",
+    ];
+    let mut found = Vec::new();
+    let mut offset = 0;
+    for (n, line) in code.split_inclusive('\n').enumerate() {
+        let start = offset + (line.len() - line.trim_start().len());
+        offset += line.len();
+        let mut rest = line.trim_start();
+        while let Some(after) = QUALIFIERS.iter().find_map(|q| rest.strip_prefix(q)) {
+            rest = after;
+        }
+        let Some(after) = rest.strip_prefix("fn ") else {
+            continue;
+        };
+        let name: String = after
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let end = item_end(code, start);
+        let lines = code[start..end].matches('\n').count() + 1;
+        found.push((n + 1, name, lines));
+    }
+    found
+}
+
 /// Where the item that starts at `from` ends: past its `;` or its body's closing brace at
 /// the item's own depth, or, for a field, a variant or a match arm (no item keyword), past
 /// its `,` or just before the bracket that closes its list. Comments, strings and
@@ -191,4 +226,34 @@ use crate::task::Task;
         .map(|(n, _)| n + 1)
         .collect();
     assert_eq!(unwraps, [10]);
+}
+
+/// A function is measured from its `fn` line to its own closing brace: braces in strings,
+/// characters and comments, and the blocks inside it, do not end it early.
+#[test]
+fn function_lengths_are_measured_to_the_closing_brace() {
+    let text = r#"//! A module.
+pub(super) async fn long(x: u8) -> u8 {
+    let brace = '}';
+    // a comment with a } in it
+    let text = "}}";
+    if x > 1 {
+        return 2;
+    }
+    x
+}
+fn short() {}
+trait T {
+    fn declared(&self);
+}
+"#;
+    let lengths: Vec<(usize, String, usize)> = function_lengths(text);
+    assert_eq!(
+        lengths,
+        [
+            (2, "long".to_string(), 9),
+            (11, "short".to_string(), 1),
+            (13, "declared".to_string(), 1)
+        ]
+    );
 }
