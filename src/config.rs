@@ -206,6 +206,16 @@ pub struct HandlerSettings {
     /// dead letters at once. Default: 65 (EX_DATAERR, "the input data was incorrect").
     #[serde(default = "default_permanent_exit_codes")]
     pub permanent_exit_codes: Vec<i32>,
+    /// Runs a task of this type gets before it is dead-lettered; `queue.max_attempts` by
+    /// default. A task's own `maxAttempts` overrides it.
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+    /// The first retry's backoff for this type; `queue.backoff_base` by default.
+    #[serde(default, deserialize_with = "duration::deserialize_optional")]
+    pub backoff_base: Option<Duration>,
+    /// The longest backoff for this type; `queue.backoff_max` by default.
+    #[serde(default, deserialize_with = "duration::deserialize_optional")]
+    pub backoff_max: Option<Duration>,
 }
 
 /// The exit code that marks a permanent failure unless a handler says otherwise.
@@ -457,6 +467,21 @@ impl Settings {
                     "handlers.{task_type}.command is empty: an exec handler needs an argv array such as [\"/usr/bin/my-task\"]"
                 ));
             }
+            if handler.max_attempts == Some(0) {
+                return invalid(format!(
+                    "handlers.{task_type}.max_attempts must be at least 1 (1: never retried)"
+                ));
+            }
+            let base = handler.backoff_base.unwrap_or(self.queue.backoff_base);
+            let max = handler.backoff_max.unwrap_or(self.queue.backoff_max);
+            let own = handler.backoff_base.is_some() || handler.backoff_max.is_some();
+            if own && base > max {
+                return invalid(format!(
+                    "handlers.{task_type}: backoff_base ({}) is longer than backoff_max ({}); set handlers.{task_type}.backoff_max at least as long",
+                    crate::util::duration::format(base),
+                    crate::util::duration::format(max)
+                ));
+            }
         }
         self.validate_supervision()
     }
@@ -673,6 +698,31 @@ mod supervision_tests {
     }
 
     /// A handler's env names must be usable, and its cwd must exist.
+    #[test]
+    fn a_types_retry_policy_is_read_and_checked_naming_the_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("h.toml");
+        let write = |handler: &str| {
+            std::fs::write(&file, format!("[handlers.T]\nkind = \"log\"\n{handler}")).unwrap();
+            Settings::load(Some(&file), Env::new()).map_err(|e| e.to_string())
+        };
+        let ok = write("max_attempts = 1\nbackoff_base = \"30s\"\nbackoff_max = \"1h\"\n").unwrap();
+        let t = &ok.handlers["T"];
+        assert_eq!(t.max_attempts, Some(1));
+        assert_eq!(t.backoff_base, Some(Duration::from_secs(30)));
+        assert_eq!(t.backoff_max, Some(Duration::from_secs(3600)));
+        let err = write("max_attempts = 0\n").unwrap_err();
+        assert!(err.contains("handlers.T.max_attempts"), "{err}");
+        // Over the queue's backoff_max (5m by default).
+        let err = write("backoff_base = \"10m\"\n").unwrap_err();
+        assert!(
+            err.contains("handlers.T") && err.contains("backoff_max"),
+            "{err}"
+        );
+        let err = write("max_atempts = 2\n").unwrap_err();
+        assert!(err.contains("max_atempts"), "{err}");
+    }
+
     #[test]
     fn handler_env_and_cwd_are_checked() {
         let dir = tempfile::tempdir().unwrap();

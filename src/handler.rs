@@ -151,10 +151,20 @@ pub trait Handler: Send + Sync {
     fn handle<'a>(&'a self, ctx: &'a TaskContext) -> HandlerFuture<'a>;
 }
 
-/// Handlers by `taskType`.
+/// Handlers by `taskType`, and each type's retry policy.
 #[derive(Clone, Default)]
 pub struct Registry {
     handlers: HashMap<String, Arc<dyn Handler>>,
+    policies: HashMap<String, TypePolicy>,
+}
+
+/// A task type's own retry policy (its `[handlers.T]` section); each `None` is the
+/// queue's (`[queue]`). A task's own `maxAttempts` overrides `max_attempts`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TypePolicy {
+    pub max_attempts: Option<u32>,
+    pub backoff_base: Option<Duration>,
+    pub backoff_max: Option<Duration>,
 }
 
 impl Registry {
@@ -173,6 +183,14 @@ impl Registry {
         let parent: Vec<(String, String)> = std::env::vars().collect();
         let mut registry = Registry::default();
         for (task_type, handler) in &settings.handlers {
+            registry.set_policy(
+                task_type,
+                TypePolicy {
+                    max_attempts: handler.max_attempts,
+                    backoff_base: handler.backoff_base,
+                    backoff_max: handler.backoff_max,
+                },
+            );
             match handler.kind {
                 HandlerKind::Log => registry.register(task_type, LogHandler),
                 HandlerKind::Exec => registry.register(
@@ -198,6 +216,16 @@ impl Registry {
 
     pub fn get(&self, task_type: &str) -> Option<Arc<dyn Handler>> {
         self.handlers.get(task_type).cloned()
+    }
+
+    /// Sets `task_type`'s own retry policy.
+    pub fn set_policy(&mut self, task_type: &str, policy: TypePolicy) {
+        self.policies.insert(task_type.to_string(), policy);
+    }
+
+    /// `task_type`'s own retry policy: all the queue's when it has none.
+    pub fn policy(&self, task_type: &str) -> TypePolicy {
+        self.policies.get(task_type).copied().unwrap_or_default()
     }
 
     pub fn task_types(&self) -> impl Iterator<Item = &str> {
@@ -483,6 +511,9 @@ mod tests {
             pass_env: Vec::new(),
             cwd: None,
             permanent_exit_codes: vec![65],
+            max_attempts: None,
+            backoff_base: None,
+            backoff_max: None,
         }
     }
 

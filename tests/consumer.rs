@@ -48,6 +48,8 @@ mod queue_edges;
 mod redis_durability;
 #[path = "consumer/redis_queue.rs"]
 mod redis_queue;
+#[path = "consumer/retries.rs"]
+mod retries;
 #[path = "consumer/rotation.rs"]
 mod rotation;
 #[path = "consumer/run_cmd.rs"]

@@ -130,7 +130,7 @@ impl Queue {
         reason: &str,
     ) -> Result<(), LeadEnd> {
         let attempts = task.run_number();
-        if attempts >= self.settings.max_attempts {
+        if attempts >= self.retry_of(task).max_attempts {
             return self
                 .exhausted(
                     leadership,

@@ -15,7 +15,9 @@ use super::backlog::Backlog;
 use super::entry::pair_of;
 use super::finished::{completions, mark_unanswered, riders, Finished};
 use super::plan::chunks;
-use super::settlement::{self, after_run, after_write, AfterWrite, RunEnd, Settlement, Settling};
+use super::settlement::{
+    self, after_run, after_write, retry_policy, AfterWrite, Retry, RunEnd, Settlement, Settling,
+};
 use super::work::Leading;
 use super::{LeadEnd, Queue};
 use crate::coord::{
@@ -318,8 +320,9 @@ impl Queue {
             stopped: handled.stopped,
             attempts_before: task.attempts,
         };
-        let backoff = self.backoff(attempt);
-        let settlement = after_run(ended, self.settings.max_attempts, backoff, now);
+        let retry = self.retry_of(task);
+        let backoff = self.backoff(&retry, attempt);
+        let settlement = after_run(ended, retry.max_attempts, backoff, now);
         if let (Err(err), Settlement::Retry { .. } | Settlement::DeadLetter { failed: true, .. }) =
             (&handled.result, &settlement)
         {
@@ -838,14 +841,24 @@ impl Queue {
         None
     }
 
-    /// The backoff before retry `attempt`, its jitter drawn now (`settlement::backoff`).
-    fn backoff(&self, attempt: u32) -> Duration {
-        let settings = &self.settings;
-        settlement::backoff(
-            settings.backoff_base,
-            settings.backoff_max,
-            attempt,
-            fastrand::f64(),
+    /// The backoff before retry `attempt` under `retry`, its jitter drawn now
+    /// (`settlement::backoff`).
+    fn backoff(&self, retry: &Retry, attempt: u32) -> Duration {
+        let (base, max) = (retry.backoff_base, retry.backoff_max);
+        settlement::backoff(base, max, attempt, fastrand::f64())
+    }
+
+    /// `task`'s retry policy: its own `maxAttempts`, over its type's, over the queue's.
+    pub(super) fn retry_of(&self, task: &Task) -> Retry {
+        let queue = Retry {
+            max_attempts: self.settings.max_attempts,
+            backoff_base: self.settings.backoff_base,
+            backoff_max: self.settings.backoff_max,
+        };
+        retry_policy(
+            task.max_attempts,
+            self.registry.policy(&task.task_type),
+            queue,
         )
     }
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::coord::{CoordError, Written};
-use crate::handler::HandlerError;
+use crate::handler::{HandlerError, TypePolicy};
 use crate::queue::LeadEnd;
 
 /// How a handler's run ended, as the leader saw it.
@@ -136,6 +136,24 @@ pub fn after_run(
     }
 }
 
+/// What a task's failures get: the runs before it is dead-lettered, and its backoff.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retry {
+    pub max_attempts: u32,
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+}
+
+/// A task's retry policy: its own `maxAttempts` (`asked`) over its type's policy over the
+/// queue's (`queue`, all set).
+pub fn retry_policy(asked: Option<u32>, of_type: TypePolicy, queue: Retry) -> Retry {
+    Retry {
+        max_attempts: asked.or(of_type.max_attempts).unwrap_or(queue.max_attempts),
+        backoff_base: of_type.backoff_base.unwrap_or(queue.backoff_base),
+        backoff_max: of_type.backoff_max.unwrap_or(queue.backoff_max),
+    }
+}
+
 /// The backoff before retry `attempt`: base × 2^(attempt-1), capped at `max`, plus up to
 /// 20% jitter (`jitter` in 0..1, drawn by the caller) so that retries do not bunch up.
 pub fn backoff(base: Duration, max: Duration, attempt: u32, jitter: f64) -> Duration {
@@ -206,9 +224,13 @@ pub fn after_write(answer: &Result<Written, CoordError>, settling: Settling) -> 
 mod tests {
     use std::time::Duration;
 
-    use super::{after_run, after_write, backoff, AfterWrite, RunEnd, Settlement, Settling};
+    use super::{
+        after_run, after_write, backoff, retry_policy, AfterWrite, Retry, RunEnd, Settlement,
+        Settling,
+    };
     use crate::coord::{CoordError, FencingToken, Written};
     use crate::handler::HandlerError;
+    use crate::handler::TypePolicy;
     use crate::queue::scripted::at;
     use crate::queue::LeadEnd;
 
@@ -436,6 +458,31 @@ mod tests {
         assert_eq!(
             after_write(&Ok(Written::NotLeader), Settling::Completion),
             AfterWrite::OwnOrOrphan
+        );
+    }
+
+    #[test]
+    fn a_tasks_max_attempts_beats_its_types_which_beats_the_queues() {
+        let queue = Retry {
+            max_attempts: 5,
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+        };
+        assert_eq!(retry_policy(None, TypePolicy::default(), queue), queue);
+        let of_type = TypePolicy {
+            max_attempts: Some(1),
+            backoff_base: Some(Duration::from_secs(10)),
+            backoff_max: None,
+        };
+        let typed = retry_policy(None, of_type, queue);
+        assert_eq!(
+            (typed.max_attempts, typed.backoff_base, typed.backoff_max),
+            (1, Duration::from_secs(10), Duration::from_secs(300))
+        );
+        assert_eq!(retry_policy(Some(3), of_type, queue).max_attempts, 3);
+        assert_eq!(
+            retry_policy(Some(3), TypePolicy::default(), queue).max_attempts,
+            3
         );
     }
 }

@@ -24,6 +24,7 @@ pub(super) struct Known {
     pub not_before: Option<Value>,
     pub taken_by: Option<Value>,
     pub last_error: Option<Value>,
+    pub max_attempts: Option<Value>,
 }
 
 /// A value read for its known fields: an object, or the kind of JSON value it is instead.
@@ -76,6 +77,7 @@ impl<'de> Visitor<'de> for KnownVisitor {
                 "notBefore" => &mut known.not_before,
                 "takenBy" => &mut known.taken_by,
                 "lastError" => &mut known.last_error,
+                "maxAttempts" => &mut known.max_attempts,
                 _ => {
                     map.next_value::<Kind>()?;
                     continue;

@@ -64,6 +64,9 @@ pub struct Task {
     /// Boxed: rarely there, and a `Value` is 72 bytes in every pending task.
     pub taken_by: Option<Box<Value>>,
     pub last_error: Option<String>,
+    /// The producer's `maxAttempts`: the runs this task gets, over its type's and the
+    /// queue's.
+    pub max_attempts: Option<u32>,
     /// The whole JSON object, as the producer (and leaderq) wrote it: kept as read and
     /// parsed again only to write the task back (`with`), since a backlog holds every
     /// pending task and a parsed object takes several times its bytes.
@@ -99,6 +102,8 @@ pub enum Invalid {
     BadGroup(String),
     #[error("runAt {0} is neither epoch seconds (a number or a numeric string) nor an RFC 3339 time such as \"2030-01-31T08:00:00Z\"")]
     BadRunAt(String),
+    #[error("maxAttempts {0} is not a whole number from 1 to {MAX_ATTEMPTS_ASKED}")]
+    BadMaxAttempts(String),
     #[error("runAt {} is more than {} ahead (queue.run_at_max_ahead): schedule it nearer, or raise the setting", rfc3339(*.run_at), crate::util::duration::format(*.max_ahead))]
     RunAtTooFar {
         run_at: DateTime<Utc>,
@@ -205,6 +210,12 @@ impl Task {
             _ => pair.key.rsplit('/').next().unwrap_or(&pair.key).to_string(),
         };
         let attempts = fields.attempts.as_ref().map_or(0, parse_attempts);
+        let max_attempts = match fields.max_attempts.as_ref() {
+            None | Some(Value::Null) => None,
+            Some(value) => Some(
+                parse_max_attempts(value).ok_or_else(|| Invalid::BadMaxAttempts(shown(value)))?,
+            ),
+        };
         let not_before = fields.not_before.as_ref().and_then(parse_time);
         let taken_by = fields
             .taken_by
@@ -227,6 +238,7 @@ impl Task {
             run_at,
             taken_by,
             last_error,
+            max_attempts,
             value: Box::default(),
             group,
             holder: pair.holder.clone(),
@@ -479,6 +491,22 @@ fn parse_attempts(value: &Value) -> u32 {
         Some(n) if n > 0.0 => (n as u32).min(MAX_ATTEMPTS_READ),
         _ => 0,
     }
+}
+
+/// The most runs a task's own `maxAttempts` may ask for.
+pub const MAX_ATTEMPTS_ASKED: u32 = 1000;
+
+/// A producer's `maxAttempts`: a whole number from 1 to `MAX_ATTEMPTS_ASKED`, written as a
+/// number or a string of digits.
+fn parse_max_attempts(value: &Value) -> Option<u32> {
+    let asked = match value {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.trim().parse::<u64>().ok(),
+        _ => None,
+    }?;
+    u32::try_from(asked)
+        .ok()
+        .filter(|n| (1..=MAX_ATTEMPTS_ASKED).contains(n))
 }
 
 /// `pair` with `fields` set in its value, when that is a JSON object; as it is otherwise.
@@ -930,5 +958,23 @@ mod tests {
         assert!(value.len() <= 300, "{}", value.len());
         let letter: Value = serde_json::from_slice(&value).unwrap();
         assert_eq!(letter["originalKey"], "q/h");
+    }
+
+    #[test]
+    fn max_attempts_is_a_whole_number_from_1_written_either_way() {
+        let parse = |raw: &str| {
+            let json = format!(r#"{{"taskType":"x","taskTime":1,"maxAttempts":{raw}}}"#);
+            Task::parse(&pair("q/t", &json, 1)).map(|task| task.max_attempts)
+        };
+        assert_eq!(parse("2"), Ok(Some(2)));
+        assert_eq!(parse("\" 5 \""), Ok(Some(5)));
+        assert_eq!(parse("null"), Ok(None));
+        for bad in ["0", "-1", "1.5", "\"x\"", "1001", "true"] {
+            assert!(
+                matches!(parse(bad), Err(Invalid::BadMaxAttempts(_))),
+                "{bad}: {:?}",
+                parse(bad)
+            );
+        }
     }
 }

@@ -21,6 +21,7 @@ mod counting;
 mod groups;
 mod leading;
 mod lost;
+mod retries;
 mod scheduled;
 mod stopped;
 mod ticker;

@@ -171,6 +171,9 @@ async fn lead_command(
             pass_env: options.pass_env.clone(),
             cwd: None,
             permanent_exit_codes: Vec::new(),
+            max_attempts: None,
+            backoff_base: None,
+            backoff_max: None,
         },
     );
     let mut replica = Replica::new(
