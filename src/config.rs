@@ -216,6 +216,10 @@ pub struct HandlerSettings {
     /// The longest backoff for this type; `queue.backoff_max` by default.
     #[serde(default, deserialize_with = "duration::deserialize_optional")]
     pub backoff_max: Option<Duration>,
+    /// The `taskPriority` of this type's tasks that give none (higher runs first); 0 by
+    /// default.
+    #[serde(default)]
+    pub priority: Option<i32>,
 }
 
 /// The exit code that marks a permanent failure unless a handler says otherwise.

@@ -6,6 +6,9 @@
 //! everything it started before the lease could end; this module decides what the command
 //! gets (argv, a clean environment, a working directory) and turns its end into a result.
 //! A handler only runs a task; claiming, retrying and deleting are `queue`'s business.
+//!
+//! Size: the trait, the registry (with each type's policy from its section) and the two
+//! built-in handlers are what a handler's author reads, top to bottom, in one place.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -158,13 +161,16 @@ pub struct Registry {
     policies: HashMap<String, TypePolicy>,
 }
 
-/// A task type's own retry policy (its `[handlers.T]` section); each `None` is the
-/// queue's (`[queue]`). A task's own `maxAttempts` overrides `max_attempts`.
+/// A task type's own policy (its `[handlers.T]` section): retries, each `None` the
+/// queue's (`[queue]`), with a task's own `maxAttempts` over `max_attempts`; and the
+/// priority of its tasks that give none.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TypePolicy {
     pub max_attempts: Option<u32>,
     pub backoff_base: Option<Duration>,
     pub backoff_max: Option<Duration>,
+    /// The `taskPriority` of the type's tasks that give none.
+    pub priority: Option<i32>,
 }
 
 impl Registry {
@@ -189,6 +195,7 @@ impl Registry {
                     max_attempts: handler.max_attempts,
                     backoff_base: handler.backoff_base,
                     backoff_max: handler.backoff_max,
+                    priority: handler.priority,
                 },
             );
             match handler.kind {
@@ -226,6 +233,14 @@ impl Registry {
     /// `task_type`'s own retry policy: all the queue's when it has none.
     pub fn policy(&self, task_type: &str) -> TypePolicy {
         self.policies.get(task_type).copied().unwrap_or_default()
+    }
+
+    /// Whether any type has a default priority of its own (when none does, a task's
+    /// priority is its own `taskPriority` or 0, with no lookup).
+    pub fn has_priorities(&self) -> bool {
+        self.policies
+            .values()
+            .any(|policy| policy.priority.is_some())
     }
 
     pub fn task_types(&self) -> impl Iterator<Item = &str> {
@@ -514,6 +529,7 @@ mod tests {
             max_attempts: None,
             backoff_base: None,
             backoff_max: None,
+            priority: None,
         }
     }
 

@@ -42,6 +42,8 @@ mod late_answers;
 mod lost_answer;
 #[path = "consumer/ops.rs"]
 mod ops;
+#[path = "consumer/priority.rs"]
+mod priority;
 #[path = "consumer/queue_edges.rs"]
 mod queue_edges;
 #[path = "consumer/redis_durability.rs"]

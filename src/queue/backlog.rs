@@ -10,6 +10,7 @@
 //!
 //! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -101,8 +102,12 @@ pub type KeyHash = foldhash::fast::RandomState;
 /// A set of task keys. A key is held once, shared by the sets and the pending tasks.
 pub type Keys = HashSet<Arc<str>, KeyHash>;
 
-/// A pending task's place in claim order: `Task::order_key`, owned.
-type Place = (DateTime<Utc>, u64, Arc<str>);
+/// A pending task's place in claim order: `Task::order_key`, owned (its priority as
+/// resolved when it was sorted out: its own `taskPriority`, else its type's).
+type Place = (Reverse<i32>, DateTime<Utc>, u64, Arc<str>);
+
+/// Where a pending task is in `pending` (its place without the key) and its version.
+type Where = (Reverse<i32>, DateTime<Utc>, u64, TaskVersion);
 
 /// A pending task as the backlog holds it: its place in claim order and what a claim
 /// needs besides (the version, the value as read, the group). The backlog holds every
@@ -112,6 +117,7 @@ type Place = (DateTime<Utc>, u64, Arc<str>);
 #[derive(Debug)]
 pub struct Pending {
     key: Arc<str>,
+    priority: i32,
     time: DateTime<Utc>,
     created: u64,
     version: TaskVersion,
@@ -130,9 +136,11 @@ impl From<Task> for Pending {
     fn from(task: Task) -> Pending {
         let key = Arc::from(task.key.as_str());
         let (time, created, version) = (task.time, task.created, task.version);
+        let priority = task.priority.unwrap_or(0);
         let (value, group) = task.into_value_and_group();
         Pending {
             key,
+            priority,
             time,
             created,
             version,
@@ -153,14 +161,17 @@ struct Slot {
 /// The task at `place` with `value`, parsed again as it was when listed.
 fn task_of(place: &Place, version: TaskVersion, value: Vec<u8>) -> Task {
     let pair = StoredTask {
-        key: place.2.to_string(),
+        key: place.3.to_string(),
         value,
         version,
-        created: place.1,
+        created: place.2,
         holder: None,
     };
     match Task::parse_owned(pair) {
-        Ok(task) => task,
+        Ok(mut task) => {
+            task.priority = Some(place.0 .0);
+            task
+        }
         Err((invalid, _)) => unreachable!("a pending task's value parsed when listed: {invalid}"),
     }
 }
@@ -173,7 +184,7 @@ fn task_of(place: &Place, version: TaskVersion, value: Vec<u8>) -> Task {
 pub struct Backlog {
     pending: BTreeMap<Place, Slot>,
     /// Where each pending task is in `pending` (its time and creation), and its version, by key.
-    places: HashMap<Arc<str>, (DateTime<Utc>, u64, TaskVersion), KeyHash>,
+    places: HashMap<Arc<str>, Where, KeyHash>,
     /// Tasks not eligible before a time: a retry's notBefore, a producer's runAt, or a key
     /// refused for a while by the coordinator.
     delayed: Vec<(DateTime<Utc>, Task)>,
@@ -209,7 +220,7 @@ impl Backlog {
             .map(|task| {
                 let task: Pending = task.into();
                 (
-                    (task.time, task.created, task.key),
+                    (Reverse(task.priority), task.time, task.created, task.key),
                     Slot {
                         version: task.version,
                         value: task.value,
@@ -220,8 +231,8 @@ impl Backlog {
             .collect();
         let mut places = HashMap::with_capacity_and_hasher(listed, KeyHash::default());
         let mut known = known;
-        for ((time, created, key), slot) in &pending {
-            places.insert(key.clone(), (*time, *created, slot.version));
+        for ((priority, time, created, key), slot) in &pending {
+            places.insert(key.clone(), (*priority, *time, *created, slot.version));
             if !known.contains(&**key) {
                 known.insert(key.clone());
             }
@@ -319,7 +330,7 @@ impl Backlog {
     /// The first pending task in claim order, out of `pending` and `places`, unparsed.
     fn pop_first(&mut self) -> Option<(Place, Slot)> {
         let (place, slot) = self.pending.pop_first()?;
-        self.places.remove(&place.2);
+        self.places.remove(&place.3);
         Some((place, slot))
     }
 
@@ -336,7 +347,7 @@ impl Backlog {
             .find(|(place, slot)| free(&slot.group) && !self.waits_in_group(&slot.group, place))
             .map(|(place, _)| place.clone())?;
         let slot = self.pending.remove(&place)?;
-        self.places.remove(&place.2);
+        self.places.remove(&place.3);
         self.claimed += 1;
         Some(task_of(&place, slot.version, slot.value.into_vec()))
     }
@@ -344,7 +355,7 @@ impl Backlog {
     /// Whether a delayed task of `group` (not one scheduled for later) comes before
     /// `place` in claim order.
     fn waits_in_group(&self, group: &str, place: &Place) -> bool {
-        let order = (place.0, place.1, &*place.2);
+        let order = (place.0, place.1, place.2, &*place.3);
         self.delayed.iter().any(|(at, delayed)| {
             delayed.group() == group
                 && delayed.order_key() < order
@@ -380,25 +391,31 @@ impl Backlog {
         if let Some(known) = self.known.get(&*task.key) {
             task.key = known.clone();
         }
-        if let Some((time, created, _)) = self
-            .places
-            .insert(task.key.clone(), (task.time, task.created, task.version))
-        {
-            self.pending.remove(&(time, created, task.key.clone()));
+        let place = (
+            Reverse(task.priority),
+            task.time,
+            task.created,
+            task.version,
+        );
+        if let Some((priority, time, created, _)) = self.places.insert(task.key.clone(), place) {
+            self.pending
+                .remove(&(priority, time, created, task.key.clone()));
         }
         let slot = Slot {
             version: task.version,
             value: task.value,
             group: task.group,
         };
-        self.pending
-            .insert((task.time, task.created, task.key), slot);
+        self.pending.insert(
+            (Reverse(task.priority), task.time, task.created, task.key),
+            slot,
+        );
     }
 
     /// Drops the pending task under `key`, if there is one.
     fn remove(&mut self, key: &str) {
-        if let Some((key, (time, created, _))) = self.places.remove_entry(key) {
-            self.pending.remove(&(time, created, key));
+        if let Some((key, (priority, time, created, _))) = self.places.remove_entry(key) {
+            self.pending.remove(&(priority, time, created, key));
         }
     }
 
@@ -502,7 +519,7 @@ impl Backlog {
                 && self
                     .places
                     .get(entry.key.as_str())
-                    .is_some_and(|(_, _, version)| *version != entry.version)
+                    .is_some_and(|(_, _, _, version)| *version != entry.version)
             {
                 take[n] = true;
                 rewritten.push(n);
@@ -602,6 +619,39 @@ mod tests {
     use crate::coord::StoredTask;
     use crate::coord::{LeaseId, Names, TaskVersion};
     use crate::queue::scripted::{at, grouped, scheduled, task};
+
+    /// A task with a priority (its own `taskPriority`, or its type's once sorted out).
+    fn urgent(key: &str, time: i64, priority: i32) -> crate::task::Task {
+        let mut task = task(key, time, None);
+        task.priority = Some(priority);
+        task
+    }
+
+    /// Higher priority goes first, whatever its `taskTime`; within one priority the
+    /// order is `taskTime`'s. A task taken and put back keeps its place, priority
+    /// included (the priority it was sorted out with, which its value may not say).
+    #[test]
+    fn higher_priority_goes_first_and_keeps_its_place_when_put_back() {
+        let mut backlog = Backlog::new(
+            vec![
+                task("q/a", 1, None),
+                task("q/b", 2, None),
+                urgent("q/late", 999, 10),
+                urgent("q/low", 0, -1),
+            ],
+            vec![],
+            known(&["q/a", "q/b", "q/late", "q/low"]),
+            at(0),
+            Duration::ZERO,
+        );
+        assert_eq!(keys(&backlog), ["q/late", "q/a", "q/b", "q/low"]);
+        let taken = backlog.take(2);
+        assert_eq!(taken[0].priority, Some(10));
+        backlog.put_back(taken);
+        assert_eq!(keys(&backlog), ["q/late", "q/a", "q/b", "q/low"]);
+        backlog.put_back_one(urgent("q/new", 5, 3));
+        assert_eq!(keys(&backlog), ["q/late", "q/new", "q/a", "q/b", "q/low"]);
+    }
 
     /// With groups, the next claim is the earliest task of a group with nothing running,
     /// and a group whose earlier task waits for a retry waits with it.

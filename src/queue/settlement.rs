@@ -473,6 +473,7 @@ mod tests {
             max_attempts: Some(1),
             backoff_base: Some(Duration::from_secs(10)),
             backoff_max: None,
+            priority: None,
         };
         let typed = retry_policy(None, of_type, queue);
         assert_eq!(

@@ -197,6 +197,8 @@ impl Queue {
             orphan_fence: self.lease_rules.orphan_fence,
             own: &leadership.lease,
         };
+        // A task giving no `taskPriority` takes its type's, if types have their own.
+        let by_type = self.registry.has_priorities();
         let mut sorted = Sorted::default();
         // Sized once: grown by doubling, a 100k listing's tasks would be copied at their
         // largest, and both copies held at once.
@@ -215,7 +217,12 @@ impl Queue {
                 unanswered: unanswered.as_ref(),
             };
             let has_handler = |task_type: &str| self.registry.get(task_type).is_some();
-            let entry = classify(entry, &rules, remembered, has_handler, now);
+            let mut entry = classify(entry, &rules, remembered, has_handler, now);
+            if let Entry::Pending { task, .. } | Entry::Waiting { task, .. } = &mut entry {
+                if task.priority.is_none() && by_type {
+                    task.priority = self.registry.policy(&task.task_type).priority;
+                }
+            }
             if let Some(entry) = sorted.place(entry, memory, now) {
                 self.act_on(leadership, entry, memory, &mut sorted).await?;
             }

@@ -25,6 +25,7 @@ pub(super) struct Known {
     pub taken_by: Option<Value>,
     pub last_error: Option<Value>,
     pub max_attempts: Option<Value>,
+    pub priority: Option<Value>,
 }
 
 /// A value read for its known fields: an object, or the kind of JSON value it is instead.
@@ -78,6 +79,7 @@ impl<'de> Visitor<'de> for KnownVisitor {
                 "takenBy" => &mut known.taken_by,
                 "lastError" => &mut known.last_error,
                 "maxAttempts" => &mut known.max_attempts,
+                "taskPriority" => &mut known.priority,
                 _ => {
                     map.next_value::<Kind>()?;
                     continue;

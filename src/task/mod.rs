@@ -67,6 +67,9 @@ pub struct Task {
     /// The producer's `maxAttempts`: the runs this task gets, over its type's and the
     /// queue's.
     pub max_attempts: Option<u32>,
+    /// `taskPriority`: higher first, before `taskTime`. The producer's, or (once the leader
+    /// sorted the task out) its type's when the producer gave none; absent, 0.
+    pub priority: Option<i32>,
     /// The whole JSON object, as the producer (and leaderq) wrote it: kept as read and
     /// parsed again only to write the task back (`with`), since a backlog holds every
     /// pending task and a parsed object takes several times its bytes.
@@ -104,6 +107,10 @@ pub enum Invalid {
     BadRunAt(String),
     #[error("maxAttempts {0} is not a whole number from 1 to {MAX_ATTEMPTS_ASKED}")]
     BadMaxAttempts(String),
+    #[error(
+        "taskPriority {0} is not a whole number from -2147483648 to 2147483647 (higher runs first)"
+    )]
+    BadPriority(String),
     #[error("runAt {} is more than {} ahead (queue.run_at_max_ahead): schedule it nearer, or raise the setting", rfc3339(*.run_at), crate::util::duration::format(*.max_ahead))]
     RunAtTooFar {
         run_at: DateTime<Utc>,
@@ -216,6 +223,12 @@ impl Task {
                 parse_max_attempts(value).ok_or_else(|| Invalid::BadMaxAttempts(shown(value)))?,
             ),
         };
+        let priority = match fields.priority.as_ref() {
+            None | Some(Value::Null) => None,
+            Some(value) => {
+                Some(parse_priority(value).ok_or_else(|| Invalid::BadPriority(shown(value)))?)
+            }
+        };
         let not_before = fields.not_before.as_ref().and_then(parse_time);
         let taken_by = fields
             .taken_by
@@ -239,6 +252,7 @@ impl Task {
             taken_by,
             last_error,
             max_attempts,
+            priority,
             value: Box::default(),
             group,
             holder: pair.holder.clone(),
@@ -274,9 +288,10 @@ impl Task {
         serde_json::from_slice(&self.value).expect("the value parsed as an object when read")
     }
 
-    /// Claim order: `taskTime`, then creation, then key.
-    pub fn order_key(&self) -> (DateTime<Utc>, u64, &str) {
-        (self.time, self.created, &self.key)
+    /// Claim order: `taskPriority` (higher first), then `taskTime`, then creation, then key.
+    pub fn order_key(&self) -> (std::cmp::Reverse<i32>, DateTime<Utc>, u64, &str) {
+        let priority = std::cmp::Reverse(self.priority.unwrap_or(0));
+        (priority, self.time, self.created, &self.key)
     }
 
     pub fn status(&self, now: DateTime<Utc>) -> Status {
@@ -507,6 +522,17 @@ fn parse_max_attempts(value: &Value) -> Option<u32> {
     u32::try_from(asked)
         .ok()
         .filter(|n| (1..=MAX_ATTEMPTS_ASKED).contains(n))
+}
+
+/// A producer's `taskPriority`: a whole number that fits an `i32`, written as a number or
+/// a string of digits (with a sign).
+fn parse_priority(value: &Value) -> Option<i32> {
+    let asked = match value {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.trim().parse::<i64>().ok(),
+        _ => None,
+    }?;
+    i32::try_from(asked).ok()
 }
 
 /// `pair` with `fields` set in its value, when that is a JSON object; as it is otherwise.
@@ -976,5 +1002,31 @@ mod tests {
                 parse(bad)
             );
         }
+    }
+
+    #[test]
+    fn task_priority_is_a_whole_number_written_either_way_and_orders_first() {
+        let parse = |raw: &str| {
+            let json = format!(r#"{{"taskType":"x","taskTime":1,"taskPriority":{raw}}}"#);
+            Task::parse(&pair("q/t", &json, 1)).map(|task| task.priority)
+        };
+        assert_eq!(parse("10"), Ok(Some(10)));
+        assert_eq!(parse("\"-5\""), Ok(Some(-5)));
+        assert_eq!(parse("null"), Ok(None));
+        for bad in ["1.5", "\"high\"", "4294967296", "true", "[1]"] {
+            assert!(
+                matches!(parse(bad), Err(Invalid::BadPriority(_))),
+                "{bad}: {:?}",
+                parse(bad)
+            );
+        }
+        let early = Task::parse(&pair("q/a", r#"{"taskType":"x","taskTime":1}"#, 1)).unwrap();
+        let urgent = Task::parse(&pair(
+            "q/b",
+            r#"{"taskType":"x","taskTime":99,"taskPriority":1}"#,
+            2,
+        ))
+        .unwrap();
+        assert!(urgent.order_key() < early.order_key());
     }
 }

@@ -174,6 +174,7 @@ async fn lead_command(
             max_attempts: None,
             backoff_base: None,
             backoff_max: None,
+            priority: None,
         },
     );
     let mut replica = Replica::new(
