@@ -62,6 +62,7 @@ mod tests {
     use super::*;
     use crate::config::{Env, Settings};
     use crate::coord::memory::MemoryCoordinator;
+    use crate::ui::UiSettings;
     use axum::body::Body;
     use axum::http::header;
     use tokio_util::sync::CancellationToken;
@@ -72,7 +73,7 @@ mod tests {
         settings.observe.admin_token = token.to_string();
         Ui::new(
             Arc::new(MemoryCoordinator::default()),
-            settings,
+            UiSettings::from(&settings),
             CancellationToken::new(),
             TaskTracker::new(),
         )

@@ -46,7 +46,7 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::Settings;
+use crate::config::{ElectionSettings, ObserveSettings, QueueSettings, Settings};
 use crate::coord::{CoordError, Coordinator};
 use crate::operate::schedules::SchedulesError;
 use crate::operate::{dead, status, OperateError};
@@ -79,11 +79,37 @@ pub enum UiError {
     Serve(std::io::Error),
 }
 
-/// A serving process's dashboard: the coordinator, the settings, the tokens and the
+/// What the dashboard reads of the settings: the queue's prefixes, the election's leader
+/// key (the replicas, the timeline), how long one blocking read waits, and its token.
+#[derive(Clone, Debug)]
+pub struct UiSettings {
+    pub queue: QueueSettings,
+    pub election: ElectionSettings,
+    /// How long one watch of the coordinator may wait (`Settings::watch_wait`).
+    pub watch_wait: Duration,
+    /// `observe.admin_token`, if set.
+    pub token: Option<String>,
+}
+
+impl From<&Settings> for UiSettings {
+    fn from(settings: &Settings) -> UiSettings {
+        UiSettings {
+            queue: settings.queue.clone(),
+            election: settings.election.clone(),
+            watch_wait: settings.watch_wait(),
+            token: settings.observe.admin_token().map(str::to_string),
+        }
+    }
+}
+
+/// A serving process's dashboard: the coordinator, its settings, the tokens and the
 /// watcher's latest reading.
 pub struct Ui {
     coord: Arc<dyn Coordinator>,
-    settings: Settings,
+    queue: QueueSettings,
+    election: ElectionSettings,
+    /// How long one watch of the coordinator may wait.
+    watch_wait: Duration,
     /// `observe.admin_token`, if set.
     token: Option<String>,
     /// This process's CSRF token.
@@ -101,15 +127,16 @@ impl Ui {
     /// `tracker` and ends, with every live feed, when `stop` is cancelled.
     pub fn new(
         coord: Arc<dyn Coordinator>,
-        settings: Settings,
+        settings: UiSettings,
         stop: CancellationToken,
         tracker: TaskTracker,
     ) -> Arc<Ui> {
-        let token = settings.observe.admin_token().map(str::to_string);
         Arc::new(Ui {
             coord,
-            settings,
-            token,
+            queue: settings.queue,
+            election: settings.election,
+            watch_wait: settings.watch_wait,
+            token: settings.token,
             csrf: format!(
                 "{}{}",
                 uuid::Uuid::new_v4().simple(),
@@ -386,7 +413,7 @@ async fn chart(State(ui): State<Arc<Ui>>, _: Reader, RawQuery(query): RawQuery) 
     let panes = ui.panes().await;
     let records = panes.done.iter().chain(&panes.dead_records);
     let now = chrono::Utc::now();
-    match data::chart(ui.coord.as_ref(), &ui.settings, records, window, now).await {
+    match data::chart(ui.coord.as_ref(), &ui.election, records, window, now).await {
         Ok(chart) => answer(StatusCode::OK, json!(chart)),
         Err(err) => operate_failure(err),
     }
@@ -400,34 +427,26 @@ async fn task(State(ui): State<Arc<Ui>>, _: Reader, RawQuery(query): RawQuery) -
     };
     let panes = ui.panes().await;
     let token = panes.overview.leader.as_ref().map(|l| l.fencing_token);
-    match data::task(
-        ui.coord.as_ref(),
-        &ui.settings,
-        key,
-        token,
-        chrono::Utc::now(),
-    )
-    .await
-    {
+    match data::task(ui.coord.as_ref(), &ui.queue, key, token, chrono::Utc::now()).await {
         Ok(page) => answer(StatusCode::OK, json!(page)),
         Err(err) => operate_failure(err),
     }
 }
 
 async fn timeline(State(ui): State<Arc<Ui>>, _: Reader) -> Response {
-    let rows = data::timeline(ui.coord.as_ref(), &ui.settings).await;
+    let rows = data::timeline(ui.coord.as_ref(), &ui.election).await;
     answer(StatusCode::OK, json!(rows))
 }
 
 async fn standbys(State(ui): State<Arc<Ui>>, _: Reader) -> Response {
-    let rows = data::standbys(ui.coord.as_ref(), &ui.settings).await;
+    let rows = data::standbys(ui.coord.as_ref(), &ui.election).await;
     answer(StatusCode::OK, json!(rows))
 }
 
 /// The schedules pane: every schedule with its ticks, read when asked (a tick enqueues a
 /// task, which the live feed announces, so the page asks again then).
 async fn schedules(State(ui): State<Arc<Ui>>, _: Reader) -> Response {
-    let rows = data::schedules(ui.coord.as_ref(), &ui.settings, chrono::Utc::now()).await;
+    let rows = data::schedules(ui.coord.as_ref(), &ui.queue, chrono::Utc::now()).await;
     answer(StatusCode::OK, json!(rows))
 }
 
@@ -517,11 +536,11 @@ async fn login(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Re
 }
 
 async fn retry(State(ui): State<Arc<Ui>>, Admin(action): Admin) -> Response {
-    let key = match key_under(&action, &ui.settings.queue.dead_prefix) {
+    let key = match key_under(&action, &ui.queue.dead_prefix) {
         Ok(key) => key,
         Err(refused) => return refused.into_response(),
     };
-    match dead::retry(ui.coord.as_ref(), &ui.settings, &key).await {
+    match dead::retry(ui.coord.as_ref(), &ui.queue, &key).await {
         Ok(requeued) => done(&ui, json!({ "requeued": requeued })),
         Err(err) => operate_failure(err),
     }
@@ -536,43 +555,43 @@ async fn retry_all(State(ui): State<Arc<Ui>>, Admin(action): Admin) -> Response 
             );
         }
     }
-    match data::retry_all(ui.coord.as_ref(), &ui.settings, action.task_type.as_deref()).await {
+    match data::retry_all(ui.coord.as_ref(), &ui.queue, action.task_type.as_deref()).await {
         Ok((requeued, errors)) => done(&ui, json!({ "requeued": requeued, "errors": errors })),
         Err(err) => operate_failure(err),
     }
 }
 
 async fn delete(State(ui): State<Arc<Ui>>, Admin(action): Admin) -> Response {
-    let key = match key_under(&action, &ui.settings.queue.dead_prefix) {
+    let key = match key_under(&action, &ui.queue.dead_prefix) {
         Ok(key) => key,
         Err(refused) => return refused.into_response(),
     };
-    match data::delete(ui.coord.as_ref(), &ui.settings, &key).await {
+    match data::delete(ui.coord.as_ref(), &ui.queue, &key).await {
         Ok(()) => done(&ui, json!({ "deleted": key })),
         Err(err) => operate_failure(err),
     }
 }
 
 async fn cancel(State(ui): State<Arc<Ui>>, Admin(action): Admin) -> Response {
-    let key = match key_under(&action, &ui.settings.queue.prefix) {
+    let key = match key_under(&action, &ui.queue.prefix) {
         Ok(key) => key,
         Err(refused) => return refused.into_response(),
     };
-    match data::cancel(ui.coord.as_ref(), &ui.settings, &key).await {
+    match data::cancel(ui.coord.as_ref(), &ui.queue, &key).await {
         Ok(what) => done(&ui, json!({ "cancelled": key, "what": what })),
         Err(reason) => refused(StatusCode::CONFLICT, &reason),
     }
 }
 
 async fn pause(State(ui): State<Arc<Ui>>, _: Admin) -> Response {
-    match status::pause(ui.coord.as_ref(), &ui.settings).await {
+    match status::pause(ui.coord.as_ref(), &ui.queue).await {
         Ok(was) => done(&ui, json!({ "paused": true, "already": was })),
         Err(err) => operate_failure(err),
     }
 }
 
 async fn resume(State(ui): State<Arc<Ui>>, _: Admin) -> Response {
-    match status::resume(ui.coord.as_ref(), &ui.settings).await {
+    match status::resume(ui.coord.as_ref(), &ui.queue).await {
         Ok(was) => done(&ui, json!({ "paused": false, "was_paused": was })),
         Err(err) => operate_failure(err),
     }
@@ -597,7 +616,7 @@ async fn set_schedule_paused(ui: &Ui, action: Action, paused: bool) -> Response 
             &format!("{name:?} is not a schedule name: {reason}"),
         );
     }
-    match data::set_schedule_paused(ui.coord.as_ref(), &ui.settings, &name, paused).await {
+    match data::set_schedule_paused(ui.coord.as_ref(), &ui.queue, &name, paused).await {
         Ok(changed) => done(
             ui,
             json!({ "name": name, "paused": paused, "changed": changed }),
@@ -609,9 +628,9 @@ async fn set_schedule_paused(ui: &Ui, action: Action, paused: bool) -> Response 
 /// Binds `listen` for a dashboard, after checking that it may serve there.
 pub async fn bind(
     listen: SocketAddr,
-    settings: &Settings,
+    observe: &ObserveSettings,
 ) -> Result<tokio::net::TcpListener, UiError> {
-    auth::check_listen(listen, settings.observe.admin_token()).map_err(UiError::Settings)?;
+    auth::check_listen(listen, observe.admin_token()).map_err(UiError::Settings)?;
     tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| UiError::Bind {
@@ -624,7 +643,7 @@ pub async fn bind(
 /// the configured coordinator, until `shutdown`.
 pub async fn serve(
     coord: Arc<dyn Coordinator>,
-    settings: Settings,
+    settings: UiSettings,
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), UiError> {
