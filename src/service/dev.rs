@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::server;
 
@@ -128,9 +129,11 @@ pub async fn run(
         .await
         .context("cannot start the embedded server")?;
     let stop_server = tokio_util::sync::CancellationToken::new();
+    // Owned here: awaited at the end, aborted if a step between fails and returns early.
     let server_task = {
         let stop = stop_server.clone();
-        tokio::spawn(server.serve(listener, async move { stop.cancelled().await }))
+        let serve = server.serve(listener, async move { stop.cancelled().await });
+        AbortOnDropHandle::new(tokio::spawn(serve))
     };
 
     let config_path = match &options.config {
@@ -184,12 +187,12 @@ pub async fn run(
     let stop_ui = tokio_util::sync::CancellationToken::new();
     let schedules = example_schedule(&ui_settings).await;
     let ui_coord = crate::service::connect::connect(&ui_settings)?;
-    let ui_task = tokio::spawn(crate::ui::serve(
+    let ui_task = AbortOnDropHandle::new(tokio::spawn(crate::ui::serve(
         ui_coord,
         crate::ui::UiSettings::from(&ui_settings),
         ui_listener,
         stop_ui.clone(),
-    ));
+    )));
     println!(
         "leaderq dev: server on http://{address}, {} replicas, settings {}",
         options.replicas,
