@@ -362,7 +362,7 @@ async fn run_status(args: StatusArgs, config: &ConfigArgs) -> anyhow::Result<()>
     let from = || coord.describe();
     if args.timeline {
         let keep = leaderq::leader::timeline::KEEP;
-        let entries = leadership::timeline(coord, &settings, keep)
+        let entries = leadership::timeline(coord, &settings.election, keep)
             .await
             .with_context(|| format!("cannot read the leadership timeline from {}", from()))?;
         return json_or_text(args.json, &entries, |e| leadership::render_timeline(e));
@@ -373,7 +373,7 @@ async fn run_status(args: StatusArgs, config: &ConfigArgs) -> anyhow::Result<()>
             .with_context(|| format!("cannot read the leadership from {}", from()))?;
         return json_or_text(args.json, &run, leadership::render_run);
     }
-    let report = status::status(coord, &settings)
+    let report = status::status(coord, &settings.queue, &settings.election)
         .await
         .with_context(|| format!("cannot read the queue from {}", from()))?;
     json_or_text(args.json, &report, |r| {
@@ -387,9 +387,9 @@ async fn run_pause(pause: bool, config: &ConfigArgs) -> anyhow::Result<()> {
     let coord = leaderq::service::connect::connect(&settings)?;
     let (coord, prefix) = (coord.as_ref(), &settings.queue.prefix);
     let text = if pause {
-        status::render_paused(prefix, status::pause(coord, &settings).await?)
+        status::render_paused(prefix, status::pause(coord, &settings.queue).await?)
     } else {
-        status::render_resumed(prefix, status::resume(coord, &settings).await?)
+        status::render_resumed(prefix, status::resume(coord, &settings.queue).await?)
     };
     outln!("{text}")
 }
@@ -406,15 +406,15 @@ async fn run_schedules(args: SchedulesArgs, config: &ConfigArgs) -> anyhow::Resu
     let now = chrono::Utc::now();
     match args.command {
         SchedulesCmd::List { json: true } => {
-            let views = schedules::list(coord, &settings, now).await?;
+            let views = schedules::list(coord, &settings.queue, now).await?;
             outln!("{}", serde_json::to_string_pretty(&views)?)
         }
         SchedulesCmd::List { json: false } => {
-            let views = schedules::list(coord, &settings, now).await?;
+            let views = schedules::list(coord, &settings.queue, now).await?;
             outln!("{}", schedules::render(&views).trim_end())
         }
         SchedulesCmd::Show { name } => {
-            let views = schedules::list(coord, &settings, now).await?;
+            let views = schedules::list(coord, &settings.queue, now).await?;
             let view = schedules::find_view(views, &name)?;
             outln!("{}", serde_json::to_string_pretty(&view)?)
         }
@@ -423,15 +423,15 @@ async fn run_schedules(args: SchedulesArgs, config: &ConfigArgs) -> anyhow::Resu
             outln!("{}", schedules::render_changes(&changes))
         }
         SchedulesCmd::Delete { name } => {
-            schedules::delete(coord, &settings, &name).await?;
+            schedules::delete(coord, &settings.queue, &name).await?;
             outln!("deleted schedule {name}")
         }
         SchedulesCmd::Pause { name } => {
-            let changed = schedules::set_paused(coord, &settings, &name, true).await?;
+            let changed = schedules::set_paused(coord, &settings.queue, &name, true).await?;
             outln!("{}", schedules::render_paused(&name, true, changed))
         }
         SchedulesCmd::Resume { name } => {
-            let changed = schedules::set_paused(coord, &settings, &name, false).await?;
+            let changed = schedules::set_paused(coord, &settings.queue, &name, false).await?;
             outln!("{}", schedules::render_paused(&name, false, changed))
         }
     }
@@ -443,17 +443,17 @@ async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
     let coord = coord.as_ref();
     match args.command {
         TasksCmd::List { json } => {
-            let rows = tasks::list(coord, &settings).await?;
+            let rows = tasks::list(coord, &settings.queue).await?;
             json_or_text(json, &rows, |rows| {
                 tasks::render_list(rows, chrono::Utc::now())
             })
         }
         TasksCmd::Show { key } => {
-            let pair = tasks::find(coord, &settings, &key).await?;
+            let pair = tasks::find(coord, &settings.queue, &key).await?;
             outln!("{}", tasks::render_show(&pair))
         }
         TasksCmd::Retry { key: Some(key), .. } => {
-            let target = dead::retry(coord, &settings, &key).await?;
+            let target = dead::retry(coord, &settings.queue, &key).await?;
             outln!("requeued as {target}")
         }
         TasksCmd::Retry {
@@ -463,7 +463,8 @@ async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
         } => {
             let mut progress = dead::Progress::new("retrying");
             let show = &mut |done, total| progress.show(done, total);
-            let report = dead::retry_all(coord, &settings, task_type.as_deref(), show).await?;
+            let report =
+                dead::retry_all(coord, &settings.queue, task_type.as_deref(), show).await?;
             progress.finish();
             dead::render_retried_all(&report)
                 .into_iter()
@@ -473,9 +474,11 @@ async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
                 false => Err(ExitWith(1).into()),
             }
         }
-        TasksCmd::Cancel { key } => tasks::cancel_and_wait(coord, &settings, &key, say).await,
+        TasksCmd::Cancel { key } => {
+            tasks::cancel_and_wait(coord, &settings.queue, &settings.election, &key, say).await
+        }
         TasksCmd::Delete { key } => {
-            let deleted = tasks::delete(coord, &settings, &key).await?;
+            let deleted = tasks::delete(coord, &settings.queue, &key).await?;
             outln!("{}", tasks::render_deleted(&deleted))
         }
         TasksCmd::History {
@@ -490,16 +493,17 @@ async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
                 failed,
                 limit,
             };
-            let records = history::history(coord, &settings, &filter).await?;
+            let records = history::history(coord, &settings.queue, &filter).await?;
             json_or_text(json, &records, |records| history::render(records))
         }
         TasksCmd::PurgeDead { older_than, yes } => {
             if !yes {
-                dead::confirm_purge(coord, &settings, older_than).await?;
+                dead::confirm_purge(coord, &settings.queue, older_than).await?;
             }
             let mut progress = dead::Progress::new("purging");
             let show = &mut |done, total| progress.show(done, total);
-            let purged = dead::purge_dead_with_progress(coord, &settings, older_than, show).await?;
+            let purged =
+                dead::purge_dead_with_progress(coord, &settings.queue, older_than, show).await?;
             progress.finish();
             outln!("purged {purged} dead letter(s)")
         }
@@ -547,12 +551,12 @@ async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
 
 async fn run_ui(args: UiArgs, config: &ConfigArgs) -> anyhow::Result<()> {
     let settings = load_settings(config)?;
-    let listener = leaderq::ui::bind(args.listen, &settings).await?;
+    let listener = leaderq::ui::bind(args.listen, &settings.observe).await?;
     let address = listener.local_addr()?;
     outln!("dashboard: http://{address}/ui/")?;
     let shutdown = leaderq::service::cancel_on_signal();
     let coord = leaderq::service::connect::connect(&settings)?;
-    leaderq::ui::serve(coord, settings, listener, shutdown).await?;
+    leaderq::ui::serve(coord, (&settings).into(), listener, shutdown).await?;
     Ok(())
 }
 

@@ -110,6 +110,68 @@ fn no_unwrap_outside_tests() {
     );
 }
 
+/// The files whose non-test code may call `tokio::spawn`, each with what it spawns and who
+/// owns it. Everywhere else a task goes on a `TaskTracker` or a `JoinSet` that its owner
+/// closes and waits for on shutdown: nothing runs detached (ARCHITECTURE.md, Layers). A
+/// folder (ending in `/`) allows its whole tree.
+#[rustfmt::skip]
+const OWN_THEIR_SPAWNS: &[(&str, &str)] = &[
+    ("coord/redis/index.rs", "a rebuild behind a watch: its handle aborts on drop, kept by the coordinator"),
+    ("coord/zookeeper/lease.rs", "a lease's watchdog: its handle, kept in the lease's entry, aborts it on drop"),
+    ("coord/contract/", "the contract suite's concurrent checks and renewers: each handle awaited or aborted by its check"),
+    ("queue/history.rs", "the history pruning: an AbortOnDropHandle the queue keeps"),
+    ("queue/sort.rs", "a read ahead of the sort: an AbortOnDropHandle the queue keeps"),
+    ("queue/one_at_a_time.rs", "a claim's write: its handle awaited by `answer`; one dropped unread ends at the coordinator's request timeout"),
+    ("service/dev.rs", "the embedded server and the dashboard: AbortOnDropHandles awaited at the end"),
+    ("service/mod.rs", "the signal listener: it ends at the first signal or when its token is cancelled"),
+    ("tools/", "the bench, chaos and harness: proxies, waiters and drivers, each handle kept by its owner"),
+];
+
+/// No bare `tokio::spawn(` outside the files that own their tasks (`OWN_THEIR_SPAWNS`).
+#[test]
+fn nothing_is_spawned_detached() {
+    let owns = |name: &str| {
+        OWN_THEIR_SPAWNS
+            .iter()
+            .any(|(owner, _)| match owner.strip_suffix('/') {
+                Some(folder) => name.starts_with(&format!("{folder}/")),
+                None => name == *owner,
+            })
+    };
+    let spawns =
+        |code: &str| code.contains("tokio::spawn(") || code.contains("tokio::task::spawn(");
+    let texts = source_texts();
+    let mut problems = Vec::new();
+    for (name, text) in &texts {
+        let code = non_test_code(name, text);
+        let lines = code
+            .lines()
+            .map(|line| line.split("//").next().unwrap_or(""));
+        if owns(name) {
+            continue;
+        }
+        for (n, line) in lines.enumerate().filter(|(_, line)| spawns(line)) {
+            problems.push(format!("{name}:{}: {}", n + 1, line.trim()));
+        }
+    }
+    // A file listed that spawns nothing (or is gone) is a stale entry.
+    for (owner, _) in OWN_THEIR_SPAWNS
+        .iter()
+        .filter(|(owner, _)| !owner.ends_with('/'))
+    {
+        let listed = texts.iter().find(|(name, _)| name == owner);
+        if !listed.is_some_and(|(name, text)| non_test_code(name, text).lines().any(spawns)) {
+            problems.push(format!("{owner}: in OWN_THEIR_SPAWNS, but spawns nothing"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "a task spawned detached (spawn it on the owner's TaskTracker or JoinSet, or keep \
+         its handle and add the file to OWN_THEIR_SPAWNS with who owns it):\n{}",
+        problems.join("\n")
+    );
+}
+
 /// The walls: which top-level modules each folder of `src/` may not import (`crate::x`
 /// in its non-test code). The layers, from the bottom: `util`; the seam and its backends
 /// (`coord`) and the embedded server (`server`), which know nothing of settings files;

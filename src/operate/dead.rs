@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::{list_now, Line, OperateError};
-use crate::config::Settings;
+use crate::config::QueueSettings;
 use crate::coord::{Coordinator, Edit, Edited, StoredTask};
 use crate::task::key::Key;
 use crate::util::escape::escape;
@@ -21,11 +21,11 @@ use crate::util::escape::escape;
 /// crafted one must not make this write anywhere else. Returns the queue key.
 pub async fn retry(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     key: &str,
 ) -> Result<String, OperateError> {
-    let pair = super::tasks::find(coord, settings, key).await?;
-    if !pair.key.starts_with(&settings.queue.dead_prefix) {
+    let pair = super::tasks::find(coord, queue, key).await?;
+    if !pair.key.starts_with(&queue.dead_prefix) {
         return Err(OperateError::NotDead { key: pair.key });
     }
     let Ok(Value::Object(mut fields)) = serde_json::from_slice::<Value>(&pair.value) else {
@@ -34,7 +34,7 @@ pub async fn retry(
     if fields.contains_key("rawValue") || !fields.contains_key("taskType") {
         return Err(OperateError::NotRetryable { key: pair.key });
     }
-    let prefix = settings.queue.prefix.as_str();
+    let prefix = queue.prefix.as_str();
     let refuse = |original: &str, reason: String| OperateError::BadOriginalKey {
         key: pair.key.clone(),
         original: original.to_string(),
@@ -47,7 +47,7 @@ pub async fn retry(
             return Err(refuse(&other.to_string(), "it is not a string".into()));
         }
         None => {
-            let name = &pair.key[settings.queue.dead_prefix.len()..];
+            let name = &pair.key[queue.dead_prefix.len()..];
             Key::under(prefix, name).map_err(|reason| OperateError::InvalidKey {
                 key: name.to_string(),
                 prefixes: prefix.to_string(),
@@ -116,11 +116,11 @@ pub struct RetriedAll {
 /// that are not tasks (malformed values) are skipped.
 pub async fn retry_all(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     task_type: Option<&str>,
     progress: &mut (dyn FnMut(usize, usize) + Send),
 ) -> Result<RetriedAll, OperateError> {
-    let dead = list_now(coord, &settings.queue.dead_prefix).await?;
+    let dead = list_now(coord, &queue.dead_prefix).await?;
     let chosen: Vec<&StoredTask> = dead
         .iter()
         .filter(|stored| {
@@ -133,7 +133,7 @@ pub async fn retry_all(
         .collect();
     let mut report = RetriedAll::default();
     for (n, stored) in chosen.iter().enumerate() {
-        match retry(coord, settings, &stored.key).await {
+        match retry(coord, queue, &stored.key).await {
             Ok(target) => report.retried.push(target),
             Err(OperateError::Coordinator(err)) => return Err(err.into()),
             Err(err) => report.failed.push((stored.key.clone(), err.to_string())),
@@ -167,28 +167,28 @@ pub fn render_retried_all(report: &RetriedAll) -> Vec<Line> {
 /// how many were deleted.
 pub async fn purge_dead(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     older_than: Option<std::time::Duration>,
 ) -> Result<usize, OperateError> {
-    purge_dead_with_progress(coord, settings, older_than, &mut |_, _| {}).await
+    purge_dead_with_progress(coord, queue, older_than, &mut |_, _| {}).await
 }
 
 /// [`purge_dead`], calling `progress(looked at, total)` after each dead letter.
 pub async fn purge_dead_with_progress(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     older_than: Option<std::time::Duration>,
     progress: &mut (dyn FnMut(usize, usize) + Send),
 ) -> Result<usize, OperateError> {
     let now = Utc::now();
-    let dead = list_now(coord, &settings.queue.dead_prefix).await?;
+    let dead = list_now(coord, &queue.dead_prefix).await?;
     let total = dead.len();
     let mut purged = 0;
     for (n, pair) in dead.into_iter().enumerate() {
         progress(n, total);
         // A listing is by byte prefix, so this always holds; checked so that not even a
         // misbehaving server can make purge delete anything else.
-        if !pair.key.starts_with(&settings.queue.dead_prefix) {
+        if !pair.key.starts_with(&queue.dead_prefix) {
             continue;
         }
         if let Some(limit) = older_than {
@@ -219,7 +219,7 @@ pub async fn purge_dead_with_progress(
 /// prefix); refuses when stdin is not a terminal to ask on, or the answer is not yes.
 pub async fn confirm_purge(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     older_than: Option<std::time::Duration>,
 ) -> Result<(), OperateError> {
     if !std::io::stdin().is_terminal() {
@@ -227,13 +227,14 @@ pub async fn confirm_purge(
             "tasks purge-dead deletes dead letters for good: pass --yes to confirm (stdin is not a terminal to ask on)".into(),
         ));
     }
-    let (dead, _) = coord
-        .keys(&settings.queue.dead_prefix)
-        .await
-        .map_err(|source| OperateError::ReadDead {
-            from: coord.describe(),
-            source,
-        })?;
+    let (dead, _) =
+        coord
+            .keys(&queue.dead_prefix)
+            .await
+            .map_err(|source| OperateError::ReadDead {
+                from: coord.describe(),
+                source,
+            })?;
     let which = match older_than {
         Some(age) => format!(
             "the dead letters older than {} (of {})",
@@ -244,7 +245,7 @@ pub async fn confirm_purge(
     };
     eprint!(
         "delete {which} under {}? [y/N] ",
-        escape(&settings.queue.dead_prefix)
+        escape(&queue.dead_prefix)
     );
     let mut answer = String::new();
     std::io::stdin()

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::{list_now, OperateError};
-use crate::config::Settings;
+use crate::config::QueueSettings;
 use crate::coord::Coordinator;
 use crate::task::history::HistoryRecord;
 use crate::util::escape::escape;
@@ -29,9 +29,9 @@ pub struct HistoryFilter {
 /// of leaderq's is skipped.
 pub async fn completed(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
 ) -> Result<Vec<HistoryRecord>, OperateError> {
-    Ok(list_now(coord, &settings.queue.done_prefix)
+    Ok(list_now(coord, &queue.done_prefix)
         .await?
         .iter()
         .flat_map(|stored| HistoryRecord::decode_all(&stored.key, &stored.value))
@@ -43,14 +43,14 @@ pub async fn completed(
 /// that is not one of leaderq's is skipped.
 pub async fn history(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     filter: &HistoryFilter,
 ) -> Result<Vec<HistoryRecord>, OperateError> {
     let mut records: Vec<HistoryRecord> = Vec::new();
     if !filter.failed {
-        records = completed(coord, settings).await?;
+        records = completed(coord, queue).await?;
     }
-    for stored in list_now(coord, &settings.queue.dead_prefix).await? {
+    for stored in list_now(coord, &queue.dead_prefix).await? {
         records.extend(HistoryRecord::from_dead_letter(&stored.key, &stored.value));
     }
     if let Some(task_type) = &filter.task_type {

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::OperateError;
-use crate::config::Settings;
+use crate::config::ElectionSettings;
 use crate::coord::{Coordinator, FencingToken, HolderRecord, Version};
 use crate::leader::timeline::TimelineEntry;
 use crate::util::escape::escape;
@@ -18,10 +18,10 @@ use crate::util::escape::escape;
 /// fencing token, and why the term before ended.
 pub async fn timeline(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    election: &ElectionSettings,
     limit: usize,
 ) -> Result<Vec<TimelineEntry>, OperateError> {
-    Ok(crate::leader::timeline::read(coord, &settings.election.leader_key, limit).await?)
+    Ok(crate::leader::timeline::read(coord, &election.leader_key, limit).await?)
 }
 
 /// The table `leaderq status --timeline` prints, newest term first.

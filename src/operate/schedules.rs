@@ -11,7 +11,7 @@ use std::path::Path;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::config::Settings;
+use crate::config::{QueueSettings, Settings};
 use crate::coord::{CoordError, Coordinator, Edit, Edited, StoredTask, Version};
 use crate::schedule::store::{self, Definition, TickRecord};
 use crate::schedule::{plan, Schedule, ScheduleError};
@@ -79,39 +79,36 @@ pub fn read_file(path: &Path) -> Result<Vec<Schedule>, SchedulesError> {
 
 async fn stored_definitions(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
 ) -> Result<Vec<StoredTask>, CoordError> {
-    let prefix = store::definitions_prefix(&settings.queue.prefix);
+    let prefix = store::definitions_prefix(&queue.prefix);
     Ok(coord
         .list(&prefix, Version::default(), std::time::Duration::ZERO)
         .await?
         .0)
 }
 
-fn definition_key(settings: &Settings, name: &str) -> String {
-    format!(
-        "{}{name}",
-        store::definitions_prefix(&settings.queue.prefix)
-    )
+fn definition_key(queue: &QueueSettings, name: &str) -> String {
+    format!("{}{name}", store::definitions_prefix(&queue.prefix))
 }
 
-fn tick_key(settings: &Settings, name: &str) -> String {
-    format!("{}{name}", store::ticks_prefix(&settings.queue.prefix))
+fn tick_key(queue: &QueueSettings, name: &str) -> String {
+    format!("{}{name}", store::ticks_prefix(&queue.prefix))
 }
 
 /// `leaderq schedules list` (and `show`, one of them): every schedule of the queue with
 /// its last tick, where that tick's task is now, and its next tick after `now`.
 pub async fn list(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     now: DateTime<Utc>,
 ) -> Result<Vec<ScheduleView>, SchedulesError> {
-    let definitions = stored_definitions(coord, settings).await?;
-    let ticks_prefix = store::ticks_prefix(&settings.queue.prefix);
+    let definitions = stored_definitions(coord, queue).await?;
+    let ticks_prefix = store::ticks_prefix(&queue.prefix);
     let (ticks, _) = coord
         .list(&ticks_prefix, Version::default(), std::time::Duration::ZERO)
         .await?;
-    let definitions_prefix = store::definitions_prefix(&settings.queue.prefix);
+    let definitions_prefix = store::definitions_prefix(&queue.prefix);
     let mut views = Vec::with_capacity(definitions.len());
     for stored in &definitions {
         let name = store::name_of(&definitions_prefix, stored).unwrap_or_default();
@@ -153,7 +150,7 @@ pub async fn list(
         };
         let last_task = tick.as_ref().and_then(|t| t.last_task.clone());
         let last_outcome = match &last_task {
-            Some(key) => Some(outcome(coord, settings, key).await?),
+            Some(key) => Some(outcome(coord, queue, key).await?),
             None => None,
         };
         views.push(ScheduleView {
@@ -178,12 +175,12 @@ pub async fn list(
 /// Where a tick's task is now: still in the queue, dead-lettered, or gone (completed).
 async fn outcome(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     key: &str,
 ) -> Result<String, CoordError> {
     let dead = key
-        .strip_prefix(settings.queue.prefix.as_str())
-        .map(|name| format!("{}{name}", settings.queue.dead_prefix));
+        .strip_prefix(queue.prefix.as_str())
+        .map(|name| format!("{}{name}", queue.dead_prefix));
     let mut keys = vec![key.to_string()];
     keys.extend(dead.clone());
     let found = coord.get(&keys).await?;
@@ -218,11 +215,12 @@ pub async fn apply(
     schedules: Vec<Schedule>,
     now: DateTime<Utc>,
 ) -> Result<Vec<(String, Change)>, SchedulesError> {
-    let stored = stored_definitions(coord, settings).await?;
-    let prefix = store::definitions_prefix(&settings.queue.prefix);
+    let queue = &settings.queue;
+    let stored = stored_definitions(coord, queue).await?;
+    let prefix = store::definitions_prefix(&queue.prefix);
     let mut changes = Vec::new();
     for schedule in schedules {
-        let key = definition_key(settings, &schedule.name);
+        let key = definition_key(queue, &schedule.name);
         let current = stored.iter().find(|s| s.key == key);
         let (edit, change) = match current {
             None => {
@@ -264,7 +262,7 @@ pub async fn apply(
         if changes.iter().any(|(n, _)| n == name) {
             continue;
         }
-        delete_stored(coord, settings, name, current).await?;
+        delete_stored(coord, queue, name, current).await?;
         changes.push((name.to_string(), Change::Deleted));
     }
     Ok(changes)
@@ -272,7 +270,7 @@ pub async fn apply(
 
 async fn delete_stored(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     name: &str,
     current: &StoredTask,
 ) -> Result<(), SchedulesError> {
@@ -280,7 +278,7 @@ async fn delete_stored(
         key: current.key.clone(),
         version: current.version,
     }];
-    if let Some(tick) = coord.get(&[tick_key(settings, name)]).await?.pop() {
+    if let Some(tick) = coord.get(&[tick_key(queue, name)]).await?.pop() {
         edits.push(Edit::Delete {
             key: tick.key,
             version: tick.version,
@@ -294,13 +292,13 @@ async fn delete_stored(
 
 async fn find(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     name: &str,
 ) -> Result<StoredTask, SchedulesError> {
     crate::task::key::check_id(name)
         .map_err(|_| SchedulesError::NoSuchSchedule(name.to_string()))?;
     coord
-        .get(&[definition_key(settings, name)])
+        .get(&[definition_key(queue, name)])
         .await?
         .pop()
         .ok_or_else(|| SchedulesError::NoSuchSchedule(name.to_string()))
@@ -310,22 +308,22 @@ async fn find(
 /// already enqueued stay in the queue.
 pub async fn delete(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     name: &str,
 ) -> Result<(), SchedulesError> {
-    let current = find(coord, settings, name).await?;
-    delete_stored(coord, settings, name, &current).await
+    let current = find(coord, queue, name).await?;
+    delete_stored(coord, queue, name, &current).await
 }
 
 /// `leaderq schedules pause|resume NAME`: answers whether it changed anything. A paused
 /// schedule enqueues nothing; resumed, its missed ticks follow its catch-up policy.
 pub async fn set_paused(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     name: &str,
     paused: bool,
 ) -> Result<bool, SchedulesError> {
-    let current = find(coord, settings, name).await?;
+    let current = find(coord, queue, name).await?;
     let mut definition = Definition::decode(&current.value)?;
     if definition.schedule.paused == paused {
         return Ok(false);

@@ -9,7 +9,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::{list_now, OperateError};
-use crate::config::Settings;
+use crate::config::{ElectionSettings, QueueSettings};
 use crate::coord::{Coordinator, Edit, Edited, FencingToken, Holder, StoredTask, Version};
 use crate::leader::replicas::ReplicaView;
 use crate::task::{Status, Task};
@@ -43,10 +43,10 @@ pub struct StatusReport {
 /// (no heartbeat for `replicas::GONE_AFTER` periods).
 pub async fn replicas(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    election: &ElectionSettings,
 ) -> Result<Vec<ReplicaView>, OperateError> {
     use crate::leader::replicas;
-    let stored = list_now(coord, &replicas::prefix(&settings.election.leader_key)).await?;
+    let stored = list_now(coord, &replicas::prefix(&election.leader_key)).await?;
     Ok(replicas::view(&stored, Utc::now()))
 }
 
@@ -54,17 +54,18 @@ pub async fn replicas(
 /// replicas, read now.
 pub async fn status(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
+    election: &ElectionSettings,
 ) -> Result<StatusReport, OperateError> {
     let (holder, _) = coord.observe(Version(0), std::time::Duration::ZERO).await?;
-    let tasks = list_now(coord, &settings.queue.prefix).await?;
-    let dead = list_now(coord, &settings.queue.dead_prefix).await?.len();
+    let tasks = list_now(coord, &queue.prefix).await?;
+    let dead = list_now(coord, &queue.dead_prefix).await?.len();
     let paused = !coord
-        .get(&[crate::queue::pause_key(&settings.queue.prefix)])
+        .get(&[crate::queue::pause_key(&queue.prefix)])
         .await?
         .is_empty();
     let mut report = status_of(&holder, &tasks, dead, paused, Utc::now());
-    report.replicas = replicas(coord, settings).await?;
+    report.replicas = replicas(coord, election).await?;
     Ok(report)
 }
 
@@ -170,8 +171,8 @@ pub fn render(report: &StatusReport, now: DateTime<Utc>) -> String {
 /// `leaderq pause`: sets the queue's pause flag (a key of its own in the coordinator, so it
 /// outlives a failover). The leader finishes the run in progress and claims nothing more
 /// until `resume`. Answers whether it was already paused.
-pub async fn pause(coord: &dyn Coordinator, settings: &Settings) -> Result<bool, OperateError> {
-    let key = crate::queue::pause_key(&settings.queue.prefix);
+pub async fn pause(coord: &dyn Coordinator, queue: &QueueSettings) -> Result<bool, OperateError> {
+    let key = crate::queue::pause_key(&queue.prefix);
     let value = serde_json::to_vec(&json!({
         "pausedAt": crate::task::rfc3339(Utc::now()),
         "by": crate::util::hostname(),
@@ -184,8 +185,8 @@ pub async fn pause(coord: &dyn Coordinator, settings: &Settings) -> Result<bool,
 }
 
 /// `leaderq resume`: clears the pause flag. Answers whether the queue was paused.
-pub async fn resume(coord: &dyn Coordinator, settings: &Settings) -> Result<bool, OperateError> {
-    let key = crate::queue::pause_key(&settings.queue.prefix);
+pub async fn resume(coord: &dyn Coordinator, queue: &QueueSettings) -> Result<bool, OperateError> {
+    let key = crate::queue::pause_key(&queue.prefix);
     for _ in 0..5 {
         let Some(flag) = coord.get(std::slice::from_ref(&key)).await?.pop() else {
             return Ok(false);

@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::{list_now, Line, OperateError};
-use crate::config::Settings;
+use crate::config::{ElectionSettings, QueueSettings};
 use crate::coord::{Coordinator, Edit, Edited, StoredTask};
 use crate::task::key::{self, Key};
 use crate::task::Task;
@@ -211,10 +211,10 @@ pub struct TaskRow {
 /// Every task under the queue prefix and every dead letter, queue first, in claim order.
 pub async fn list(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
 ) -> Result<Vec<TaskRow>, OperateError> {
-    let queued = list_now(coord, &settings.queue.prefix).await?;
-    let dead = list_now(coord, &settings.queue.dead_prefix).await?;
+    let queued = list_now(coord, &queue.prefix).await?;
+    let dead = list_now(coord, &queue.dead_prefix).await?;
     Ok(task_rows(queued, dead, Utc::now()))
 }
 
@@ -322,13 +322,10 @@ pub fn render_list(rows: &[TaskRow], now: DateTime<Utc>) -> String {
 /// there is refused.
 pub async fn find(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     key: &str,
 ) -> Result<StoredTask, OperateError> {
-    let prefixes = [
-        settings.queue.prefix.as_str(),
-        settings.queue.dead_prefix.as_str(),
-    ];
+    let prefixes = [queue.prefix.as_str(), queue.dead_prefix.as_str()];
     let candidates = match Key::within(key, &prefixes) {
         Ok(full) => vec![full],
         Err(_) => {
@@ -395,11 +392,11 @@ pub enum Cancelled {
 /// cancelled.
 pub async fn cancel(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     key: &str,
 ) -> Result<Cancelled, OperateError> {
-    let stored = find(coord, settings, key).await?;
-    if !stored.key.starts_with(&settings.queue.prefix) {
+    let stored = find(coord, queue, key).await?;
+    if !stored.key.starts_with(&queue.prefix) {
         return Err(OperateError::NotQueued { key: stored.key });
     }
     if stored.holder.is_some() {
@@ -417,12 +414,8 @@ pub async fn cancel(
             .await?;
         return Ok(Cancelled::Requested { marker });
     }
-    let dead_key: String = crate::task::key::dead_letter_key(
-        &settings.queue.prefix,
-        &settings.queue.dead_prefix,
-        &stored.key,
-    )
-    .into();
+    let dead_key: String =
+        crate::task::key::dead_letter_key(&queue.prefix, &queue.dead_prefix, &stored.key).into();
     let value = crate::task::dead_letter(
         &stored,
         "cancelled (leaderq tasks cancel) before it ran",
@@ -450,11 +443,12 @@ pub async fn cancel(
 /// step to `say`.
 pub async fn cancel_and_wait<E: From<OperateError>>(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
+    election: &ElectionSettings,
     key: &str,
     mut say: impl FnMut(Line) -> Result<(), E>,
 ) -> Result<(), E> {
-    match cancel(coord, settings, key).await? {
+    match cancel(coord, queue, key).await? {
         Cancelled::DeadLettered { dead_key } => say(Line::Out(format!(
             "cancelled: moved to {}",
             escape(&dead_key)
@@ -464,7 +458,7 @@ pub async fn cancel_and_wait<E: From<OperateError>>(
                 "{} is running: the leader stops its handler and dead-letters it",
                 escape(key)
             )))?;
-            let line = wait_cancelled(coord, settings, key).await?;
+            let line = wait_cancelled(coord, queue, election, key).await?;
             say(line)
         }
     }
@@ -474,15 +468,16 @@ pub async fn cancel_and_wait<E: From<OperateError>>(
 /// answers the line that says where it went.
 async fn wait_cancelled(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
+    election: &ElectionSettings,
     key: &str,
 ) -> Result<Line, OperateError> {
     // The leader looks every second, then stops the handler (kill_grace at most).
-    let limit = settings.queue.kill_grace + settings.election.lease_ttl + CANCEL_SLACK;
+    let limit = queue.kill_grace + election.lease_ttl + CANCEL_SLACK;
     let started = std::time::Instant::now();
     loop {
-        match find(coord, settings, key).await {
-            Ok(found) if found.key.starts_with(&settings.queue.dead_prefix) => {
+        match find(coord, queue, key).await {
+            Ok(found) if found.key.starts_with(&queue.dead_prefix) => {
                 return Ok(Line::Out(format!(
                     "cancelled: moved to {}",
                     escape(&found.key)
@@ -521,10 +516,10 @@ pub fn render_deleted(key: &str) -> String {
 /// running task is refused (cancel it instead).
 pub async fn delete(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     key: &str,
 ) -> Result<String, OperateError> {
-    let stored = find(coord, settings, key).await?;
+    let stored = find(coord, queue, key).await?;
     if stored.holder.is_some() {
         return Err(OperateError::Running { key: stored.key });
     }

@@ -246,7 +246,7 @@ pub async fn run(
             if settings.observe.dashboard {
                 let ui = crate::ui::Ui::new(
                     coord.clone(),
-                    settings.clone(),
+                    crate::ui::UiSettings::from(&settings),
                     stop_renewer.clone(),
                     tracker.clone(),
                 );

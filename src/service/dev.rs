@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio::net::TcpListener;
 use tokio::process::{Child, Command};
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::server;
 
@@ -91,7 +92,8 @@ async fn example_schedule(settings: &crate::config::Settings) -> String {
     let applied = async {
         let coord = crate::service::connect::connect(settings)?;
         let now = chrono::Utc::now();
-        let existing = crate::operate::schedules::list(coord.as_ref(), settings, now).await?;
+        let existing =
+            crate::operate::schedules::list(coord.as_ref(), &settings.queue, now).await?;
         if existing.is_empty() {
             let example = crate::schedule::parse_file(EXAMPLE_SCHEDULE)?;
             crate::operate::schedules::apply(coord.as_ref(), settings, example, now).await?;
@@ -127,9 +129,11 @@ pub async fn run(
         .await
         .context("cannot start the embedded server")?;
     let stop_server = tokio_util::sync::CancellationToken::new();
+    // Owned here: awaited at the end, aborted if a step between fails and returns early.
     let server_task = {
         let stop = stop_server.clone();
-        tokio::spawn(server.serve(listener, async move { stop.cancelled().await }))
+        let serve = server.serve(listener, async move { stop.cancelled().await });
+        AbortOnDropHandle::new(tokio::spawn(serve))
     };
 
     let config_path = match &options.config {
@@ -178,17 +182,17 @@ pub async fn run(
     let ui_listen: std::net::SocketAddr = observe_address(address, 0)
         .parse()
         .context("dashboard address")?;
-    let ui_listener = crate::ui::bind(ui_listen, &ui_settings).await?;
+    let ui_listener = crate::ui::bind(ui_listen, &ui_settings.observe).await?;
     let ui_address = ui_listener.local_addr()?;
     let stop_ui = tokio_util::sync::CancellationToken::new();
     let schedules = example_schedule(&ui_settings).await;
     let ui_coord = crate::service::connect::connect(&ui_settings)?;
-    let ui_task = tokio::spawn(crate::ui::serve(
+    let ui_task = AbortOnDropHandle::new(tokio::spawn(crate::ui::serve(
         ui_coord,
-        ui_settings,
+        crate::ui::UiSettings::from(&ui_settings),
         ui_listener,
         stop_ui.clone(),
-    ));
+    )));
     println!(
         "leaderq dev: server on http://{address}, {} replicas, settings {}",
         options.replicas,

@@ -32,13 +32,20 @@ pub async fn shutdown_signal() {
     tracing::info!("shutdown requested");
 }
 
-/// A token cancelled on SIGTERM or Ctrl-C, by a task that waits for either.
+/// A token cancelled on SIGTERM or Ctrl-C, by a task that waits for either. That task is
+/// the one not kept by its caller: it ends at the first signal or when the token is
+/// cancelled otherwise (the command is over), and holds nothing but the token.
 pub fn cancel_on_signal() -> tokio_util::sync::CancellationToken {
     let shutdown = tokio_util::sync::CancellationToken::new();
     let trigger = shutdown.clone();
     tokio::spawn(async move {
-        shutdown_signal().await;
-        trigger.cancel();
+        if trigger
+            .run_until_cancelled(shutdown_signal())
+            .await
+            .is_some()
+        {
+            trigger.cancel();
+        }
     });
     shutdown
 }

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::pages::{self, Chart, TaskPage, Window};
-use crate::config::Settings;
+use crate::config::{ElectionSettings, QueueSettings};
 use crate::coord::{Coordinator, FencingToken};
 use crate::operate::history::{self, HistoryFilter};
 use crate::operate::schedules::{self, SchedulesError};
@@ -47,12 +47,12 @@ fn rows_or_why<T>(read: Result<Vec<T>, OperateError>, row: impl Fn(T) -> Value) 
 /// the history), with the leadership terms read now.
 pub async fn chart(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    election: &ElectionSettings,
     records: impl IntoIterator<Item = &HistoryRecord>,
     window: Window,
     now: DateTime<Utc>,
 ) -> Result<Chart, OperateError> {
-    let terms = leadership::timeline(coord, settings, TIMELINE_ROWS).await?;
+    let terms = leadership::timeline(coord, election, TIMELINE_ROWS).await?;
     Ok(pages::chart(records, &terms, window, now))
 }
 
@@ -61,12 +61,11 @@ pub async fn chart(
 /// record's. `leader_token` is the current leadership's, shown for a task it runs.
 pub async fn task(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     key: &str,
     leader_token: Option<FencingToken>,
     now: DateTime<Utc>,
 ) -> Result<TaskPage, OperateError> {
-    let queue = &settings.queue;
     let prefixes = [
         queue.prefix.as_str(),
         queue.dead_prefix.as_str(),
@@ -96,7 +95,7 @@ pub async fn task(
         return Ok(pages::queued_page(&stored, leader_token, now));
     }
     // Gone from the queue: finished. Its newest record says how.
-    let records = history::history(coord, settings, &HistoryFilter::default()).await?;
+    let records = history::history(coord, queue, &HistoryFilter::default()).await?;
     let Some(record) = records.into_iter().find(|record| record.key == key) else {
         return Err(missing());
     };
@@ -110,9 +109,9 @@ pub async fn task(
 }
 
 /// Who led when, and why each term began and ended.
-pub async fn timeline(coord: &dyn Coordinator, settings: &Settings) -> Recorded {
+pub async fn timeline(coord: &dyn Coordinator, election: &ElectionSettings) -> Recorded {
     rows_or_why(
-        leadership::timeline(coord, settings, TIMELINE_ROWS).await,
+        leadership::timeline(coord, election, TIMELINE_ROWS).await,
         |entry| {
             json!({
                 "node": entry.node,
@@ -131,8 +130,8 @@ pub async fn timeline(coord: &dyn Coordinator, settings: &Settings) -> Recorded 
 
 /// The replicas that do not lead: the standbys with their last heartbeat, then the gone
 /// (the leader is the overview's own card).
-pub async fn standbys(coord: &dyn Coordinator, settings: &Settings) -> Recorded {
-    let others = status::replicas(coord, settings)
+pub async fn standbys(coord: &dyn Coordinator, election: &ElectionSettings) -> Recorded {
+    let others = status::replicas(coord, election)
         .await
         .map(|views| views.into_iter().filter(|v| v.status != "leader").collect());
     rows_or_why(others, |view: crate::leader::replicas::ReplicaView| {
@@ -149,10 +148,10 @@ pub async fn standbys(coord: &dyn Coordinator, settings: &Settings) -> Recorded 
 /// (`ui::view::schedule_rows`); an unreadable record is a row with its error.
 pub async fn schedules(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     now: DateTime<Utc>,
 ) -> Recorded {
-    match schedules::list(coord, settings, now).await {
+    match schedules::list(coord, queue, now).await {
         Ok(views) => Recorded::Yes {
             rows: crate::ui::view::schedule_rows(views)
                 .into_iter()
@@ -168,31 +167,31 @@ pub async fn schedules(
 /// Pauses or resumes the schedule `name`; answers whether that changed anything.
 pub async fn set_schedule_paused(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     name: &str,
     paused: bool,
 ) -> Result<bool, SchedulesError> {
-    schedules::set_paused(coord, settings, name, paused).await
+    schedules::set_paused(coord, queue, name, paused).await
 }
 
 /// Deletes a dead letter (or a pending task) at the version read; a running task is
 /// refused.
 pub async fn delete(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     key: &str,
 ) -> Result<(), OperateError> {
-    tasks::delete(coord, settings, key).await.map(drop)
+    tasks::delete(coord, queue, key).await.map(drop)
 }
 
 /// Moves every dead letter (of `task_type`, if given) back to the queue. Answers how many
 /// moved and why the others did not.
 pub async fn retry_all(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     task_type: Option<&str>,
 ) -> Result<(usize, Vec<String>), OperateError> {
-    let done = dead::retry_all(coord, settings, task_type, &mut |_, _| {}).await?;
+    let done = dead::retry_all(coord, queue, task_type, &mut |_, _| {}).await?;
     let errors = done
         .failed
         .into_iter()
@@ -205,10 +204,10 @@ pub async fn retry_all(
 /// its handler and dead-letters it). Answers what happened, for the page.
 pub async fn cancel(
     coord: &dyn Coordinator,
-    settings: &Settings,
+    queue: &QueueSettings,
     key: &str,
 ) -> Result<String, String> {
-    match tasks::cancel(coord, settings, key).await {
+    match tasks::cancel(coord, queue, key).await {
         Ok(Cancelled::DeadLettered { dead_key }) => Ok(format!(
             "cancelled: moved to the dead letters as {dead_key}"
         )),
@@ -248,14 +247,18 @@ mod tests {
             .put(&key, &batch_value(records.iter().map(Vec::as_slice)))
             .unwrap();
         let now = Utc::now();
-        let second = task(&coord, &settings, &format!("{key}/1"), None, now)
+        let second = task(&coord, &settings.queue, &format!("{key}/1"), None, now)
             .await
             .unwrap();
         assert_eq!(second.task_id, "t2");
-        let first = task(&coord, &settings, &key, None, now).await.unwrap();
-        assert_eq!(first.task_id, "t1");
-        assert!(task(&coord, &settings, &format!("{key}/2"), None, now)
+        let first = task(&coord, &settings.queue, &key, None, now)
             .await
-            .is_err());
+            .unwrap();
+        assert_eq!(first.task_id, "t1");
+        assert!(
+            task(&coord, &settings.queue, &format!("{key}/2"), None, now)
+                .await
+                .is_err()
+        );
     }
 }

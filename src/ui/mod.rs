@@ -12,13 +12,15 @@
 //! and count the watcher's records too. What is read per request is small: a task page's
 //! key (and, once it left the queue, the history to find its record), the leadership
 //! terms for the chart. The panes are computed by `view.rs`
-//! (pure); who may call what is `auth.rs` (pure); records kept by other parts (history,
+//! (pure); who may call what is `auth.rs` (pure), checked by the extractor each handler
+//! takes (`access.rs`: `Reader`, `Admin`); records kept by other parts (history,
 //! timeline, standbys) and the actions they own are behind `data.rs`. The queue's own
 //! reads and writes are `operate`'s.
 //!
 //! Size: one short handler per endpoint (reads, actions, the live feed) beside the route
-//! table they fill; each is a check, one call and an answer.
+//! table they fill; each is its access extractor, one call and an answer.
 
+mod access;
 pub mod auth;
 pub mod data;
 pub mod pages;
@@ -44,11 +46,12 @@ use tokio::sync::{watch, Notify};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::config::Settings;
+use crate::config::{ElectionSettings, ObserveSettings, QueueSettings, Settings};
 use crate::coord::{CoordError, Coordinator};
 use crate::operate::schedules::SchedulesError;
 use crate::operate::{dead, status, OperateError};
 use crate::task::key::Key;
+use access::{Admin, Reader};
 use view::Panes;
 
 const INDEX_HTML: &str = include_str!("assets/index.html");
@@ -76,11 +79,37 @@ pub enum UiError {
     Serve(std::io::Error),
 }
 
-/// A serving process's dashboard: the coordinator, the settings, the tokens and the
+/// What the dashboard reads of the settings: the queue's prefixes, the election's leader
+/// key (the replicas, the timeline), how long one blocking read waits, and its token.
+#[derive(Clone, Debug)]
+pub struct UiSettings {
+    pub queue: QueueSettings,
+    pub election: ElectionSettings,
+    /// How long one watch of the coordinator may wait (`Settings::watch_wait`).
+    pub watch_wait: Duration,
+    /// `observe.admin_token`, if set.
+    pub token: Option<String>,
+}
+
+impl From<&Settings> for UiSettings {
+    fn from(settings: &Settings) -> UiSettings {
+        UiSettings {
+            queue: settings.queue.clone(),
+            election: settings.election.clone(),
+            watch_wait: settings.watch_wait(),
+            token: settings.observe.admin_token().map(str::to_string),
+        }
+    }
+}
+
+/// A serving process's dashboard: the coordinator, its settings, the tokens and the
 /// watcher's latest reading.
 pub struct Ui {
     coord: Arc<dyn Coordinator>,
-    settings: Settings,
+    queue: QueueSettings,
+    election: ElectionSettings,
+    /// How long one watch of the coordinator may wait.
+    watch_wait: Duration,
     /// `observe.admin_token`, if set.
     token: Option<String>,
     /// This process's CSRF token.
@@ -98,15 +127,16 @@ impl Ui {
     /// `tracker` and ends, with every live feed, when `stop` is cancelled.
     pub fn new(
         coord: Arc<dyn Coordinator>,
-        settings: Settings,
+        settings: UiSettings,
         stop: CancellationToken,
         tracker: TaskTracker,
     ) -> Arc<Ui> {
-        let token = settings.observe.admin_token().map(str::to_string);
         Arc::new(Ui {
             coord,
-            settings,
-            token,
+            queue: settings.queue,
+            election: settings.election,
+            watch_wait: settings.watch_wait,
+            token: settings.token,
             csrf: format!(
                 "{}{}",
                 uuid::Uuid::new_v4().simple(),
@@ -268,10 +298,7 @@ async fn app_css() -> Response {
     ([(header::CONTENT_TYPE, "text/css; charset=utf-8")], APP_CSS).into_response()
 }
 
-async fn overview(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
-    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
-        return refusal(why);
-    }
+async fn overview(State(ui): State<Arc<Ui>>, _: Reader) -> Response {
     let panes = ui.panes().await;
     answer(StatusCode::OK, json!(panes.overview))
 }
@@ -296,14 +323,7 @@ fn parameters(query: Option<&str>) -> Vec<(String, String)> {
 
 /// The queue pane: the queue in claim order, filtered by taskType (`type`) and by a part
 /// of the key or id (`q`), a page (`page`, from 0) of `per` rows.
-async fn queue(
-    State(ui): State<Arc<Ui>>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Response {
-    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
-        return refusal(why);
-    }
+async fn queue(State(ui): State<Arc<Ui>>, _: Reader, RawQuery(query): RawQuery) -> Response {
     let parameters = parameters(query.as_deref());
     let parameter = |name: &str| {
         parameters
@@ -349,14 +369,7 @@ async fn queue(
 
 /// The dead letters, newest first, filtered (`type`, `from`, `to`, `q`) and paged
 /// (`offset`, `limit`) here, so the page gets one page however many there are.
-async fn dead(
-    State(ui): State<Arc<Ui>>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Response {
-    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
-        return refusal(why);
-    }
+async fn dead(State(ui): State<Arc<Ui>>, _: Reader, RawQuery(query): RawQuery) -> Response {
     let filter = match pages::Filter::parse(&parameters(query.as_deref())) {
         Ok(filter) => filter,
         Err(why) => return refused(StatusCode::BAD_REQUEST, &why),
@@ -371,14 +384,7 @@ async fn dead(
 /// Finished tasks (completed and dead), newest first, filtered (`type`, `outcome`, `from`,
 /// `to`, `q`) and paged (`offset`, `limit`) here, from the watcher's last reading of the
 /// records (a second or so behind a completion, five at most behind a direct write).
-async fn history(
-    State(ui): State<Arc<Ui>>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Response {
-    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
-        return refusal(why);
-    }
+async fn history(State(ui): State<Arc<Ui>>, _: Reader, RawQuery(query): RawQuery) -> Response {
     let filter = match pages::Filter::parse(&parameters(query.as_deref())) {
         Ok(filter) => filter,
         Err(why) => return refused(StatusCode::BAD_REQUEST, &why),
@@ -392,14 +398,7 @@ async fn history(
 
 /// The chart of a window (`window`: 1h, 24h or 7d): completions and dead letters by bar,
 /// and the leaderships that began in it.
-async fn chart(
-    State(ui): State<Arc<Ui>>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Response {
-    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
-        return refusal(why);
-    }
+async fn chart(State(ui): State<Arc<Ui>>, _: Reader, RawQuery(query): RawQuery) -> Response {
     let parameters = parameters(query.as_deref());
     let asked = parameters
         .iter()
@@ -414,73 +413,46 @@ async fn chart(
     let panes = ui.panes().await;
     let records = panes.done.iter().chain(&panes.dead_records);
     let now = chrono::Utc::now();
-    match data::chart(ui.coord.as_ref(), &ui.settings, records, window, now).await {
+    match data::chart(ui.coord.as_ref(), &ui.election, records, window, now).await {
         Ok(chart) => answer(StatusCode::OK, json!(chart)),
         Err(err) => operate_failure(err),
     }
 }
 
 /// One task's page (`key`): its value, state, attempts, history record and actions.
-async fn task(
-    State(ui): State<Arc<Ui>>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Response {
-    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
-        return refusal(why);
-    }
+async fn task(State(ui): State<Arc<Ui>>, _: Reader, RawQuery(query): RawQuery) -> Response {
     let parameters = parameters(query.as_deref());
     let Some((_, key)) = parameters.iter().find(|(name, _)| name == "key") else {
         return refused(StatusCode::BAD_REQUEST, "no key given");
     };
     let panes = ui.panes().await;
     let token = panes.overview.leader.as_ref().map(|l| l.fencing_token);
-    match data::task(
-        ui.coord.as_ref(),
-        &ui.settings,
-        key,
-        token,
-        chrono::Utc::now(),
-    )
-    .await
-    {
+    match data::task(ui.coord.as_ref(), &ui.queue, key, token, chrono::Utc::now()).await {
         Ok(page) => answer(StatusCode::OK, json!(page)),
         Err(err) => operate_failure(err),
     }
 }
 
-async fn timeline(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
-    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
-        return refusal(why);
-    }
-    let rows = data::timeline(ui.coord.as_ref(), &ui.settings).await;
+async fn timeline(State(ui): State<Arc<Ui>>, _: Reader) -> Response {
+    let rows = data::timeline(ui.coord.as_ref(), &ui.election).await;
     answer(StatusCode::OK, json!(rows))
 }
 
-async fn standbys(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
-    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
-        return refusal(why);
-    }
-    let rows = data::standbys(ui.coord.as_ref(), &ui.settings).await;
+async fn standbys(State(ui): State<Arc<Ui>>, _: Reader) -> Response {
+    let rows = data::standbys(ui.coord.as_ref(), &ui.election).await;
     answer(StatusCode::OK, json!(rows))
 }
 
 /// The schedules pane: every schedule with its ticks, read when asked (a tick enqueues a
 /// task, which the live feed announces, so the page asks again then).
-async fn schedules(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
-    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
-        return refusal(why);
-    }
-    let rows = data::schedules(ui.coord.as_ref(), &ui.settings, chrono::Utc::now()).await;
+async fn schedules(State(ui): State<Arc<Ui>>, _: Reader) -> Response {
+    let rows = data::schedules(ui.coord.as_ref(), &ui.queue, chrono::Utc::now()).await;
     answer(StatusCode::OK, json!(rows))
 }
 
 /// The live feed: the overview at once, then on every new reading, until the page goes
 /// or the process stops.
-async fn events(State(ui): State<Arc<Ui>>, headers: HeaderMap) -> Response {
-    if let Err(why) = auth::check_read(&headers, ui.token.as_deref()) {
-        return refusal(why);
-    }
+async fn events(State(ui): State<Arc<Ui>>, _: Reader) -> Response {
     ui.ensure_watching();
     let mut receiver = ui.panes.subscribe();
     if receiver.borrow().overview.seq > 0 {
@@ -513,20 +485,6 @@ struct Action {
     #[serde(rename = "taskType")]
     task_type: Option<String>,
     token: Option<String>,
-}
-
-/// Checks an action's headers and decodes its body.
-fn action(ui: &Ui, headers: &HeaderMap, body: &[u8]) -> Result<Action, Refused> {
-    auth::check_action(headers, ui.token.as_deref(), &ui.csrf).map_err(why)?;
-    if body.is_empty() {
-        return Ok(Action::default());
-    }
-    serde_json::from_slice(body).map_err(|e| {
-        Refused(
-            StatusCode::BAD_REQUEST,
-            format!("the request is not an action: {e}"),
-        )
-    })
 }
 
 /// The key an action names, which must be a valid key under `prefix`.
@@ -577,24 +535,18 @@ async fn login(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Re
     response
 }
 
-async fn retry(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Response {
-    let key = match action(&ui, &headers, &body)
-        .and_then(|action| key_under(&action, &ui.settings.queue.dead_prefix))
-    {
+async fn retry(State(ui): State<Arc<Ui>>, Admin(action): Admin) -> Response {
+    let key = match key_under(&action, &ui.queue.dead_prefix) {
         Ok(key) => key,
         Err(refused) => return refused.into_response(),
     };
-    match dead::retry(ui.coord.as_ref(), &ui.settings, &key).await {
+    match dead::retry(ui.coord.as_ref(), &ui.queue, &key).await {
         Ok(requeued) => done(&ui, json!({ "requeued": requeued })),
         Err(err) => operate_failure(err),
     }
 }
 
-async fn retry_all(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Response {
-    let action = match action(&ui, &headers, &body) {
-        Ok(action) => action,
-        Err(refused) => return refused.into_response(),
-    };
+async fn retry_all(State(ui): State<Arc<Ui>>, Admin(action): Admin) -> Response {
     if let Some(task_type) = &action.task_type {
         if let Err(reason) = crate::task::key::check_id(task_type) {
             return refused(
@@ -603,71 +555,57 @@ async fn retry_all(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -
             );
         }
     }
-    match data::retry_all(ui.coord.as_ref(), &ui.settings, action.task_type.as_deref()).await {
+    match data::retry_all(ui.coord.as_ref(), &ui.queue, action.task_type.as_deref()).await {
         Ok((requeued, errors)) => done(&ui, json!({ "requeued": requeued, "errors": errors })),
         Err(err) => operate_failure(err),
     }
 }
 
-async fn delete(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Response {
-    let key = match action(&ui, &headers, &body)
-        .and_then(|action| key_under(&action, &ui.settings.queue.dead_prefix))
-    {
+async fn delete(State(ui): State<Arc<Ui>>, Admin(action): Admin) -> Response {
+    let key = match key_under(&action, &ui.queue.dead_prefix) {
         Ok(key) => key,
         Err(refused) => return refused.into_response(),
     };
-    match data::delete(ui.coord.as_ref(), &ui.settings, &key).await {
+    match data::delete(ui.coord.as_ref(), &ui.queue, &key).await {
         Ok(()) => done(&ui, json!({ "deleted": key })),
         Err(err) => operate_failure(err),
     }
 }
 
-async fn cancel(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Response {
-    let key = match action(&ui, &headers, &body)
-        .and_then(|action| key_under(&action, &ui.settings.queue.prefix))
-    {
+async fn cancel(State(ui): State<Arc<Ui>>, Admin(action): Admin) -> Response {
+    let key = match key_under(&action, &ui.queue.prefix) {
         Ok(key) => key,
         Err(refused) => return refused.into_response(),
     };
-    match data::cancel(ui.coord.as_ref(), &ui.settings, &key).await {
+    match data::cancel(ui.coord.as_ref(), &ui.queue, &key).await {
         Ok(what) => done(&ui, json!({ "cancelled": key, "what": what })),
         Err(reason) => refused(StatusCode::CONFLICT, &reason),
     }
 }
 
-async fn pause(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(refused) = action(&ui, &headers, &body) {
-        return refused.into_response();
-    }
-    match status::pause(ui.coord.as_ref(), &ui.settings).await {
+async fn pause(State(ui): State<Arc<Ui>>, _: Admin) -> Response {
+    match status::pause(ui.coord.as_ref(), &ui.queue).await {
         Ok(was) => done(&ui, json!({ "paused": true, "already": was })),
         Err(err) => operate_failure(err),
     }
 }
 
-async fn resume(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(refused) = action(&ui, &headers, &body) {
-        return refused.into_response();
-    }
-    match status::resume(ui.coord.as_ref(), &ui.settings).await {
+async fn resume(State(ui): State<Arc<Ui>>, _: Admin) -> Response {
+    match status::resume(ui.coord.as_ref(), &ui.queue).await {
         Ok(was) => done(&ui, json!({ "paused": false, "was_paused": was })),
         Err(err) => operate_failure(err),
     }
 }
 
-async fn schedule_pause(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Response {
-    set_schedule_paused(&ui, &headers, &body, true).await
+async fn schedule_pause(State(ui): State<Arc<Ui>>, Admin(action): Admin) -> Response {
+    set_schedule_paused(&ui, action, true).await
 }
 
-async fn schedule_resume(State(ui): State<Arc<Ui>>, headers: HeaderMap, body: Bytes) -> Response {
-    set_schedule_paused(&ui, &headers, &body, false).await
+async fn schedule_resume(State(ui): State<Arc<Ui>>, Admin(action): Admin) -> Response {
+    set_schedule_paused(&ui, action, false).await
 }
 
-async fn set_schedule_paused(ui: &Ui, headers: &HeaderMap, body: &[u8], paused: bool) -> Response {
-    let action = match action(ui, headers, body) {
-        Ok(action) => action,
-        Err(refused) => return refused.into_response(),
-    };
+async fn set_schedule_paused(ui: &Ui, action: Action, paused: bool) -> Response {
     let Some(name) = action.name else {
         return refused(StatusCode::BAD_REQUEST, "no schedule name given");
     };
@@ -678,7 +616,7 @@ async fn set_schedule_paused(ui: &Ui, headers: &HeaderMap, body: &[u8], paused: 
             &format!("{name:?} is not a schedule name: {reason}"),
         );
     }
-    match data::set_schedule_paused(ui.coord.as_ref(), &ui.settings, &name, paused).await {
+    match data::set_schedule_paused(ui.coord.as_ref(), &ui.queue, &name, paused).await {
         Ok(changed) => done(
             ui,
             json!({ "name": name, "paused": paused, "changed": changed }),
@@ -690,9 +628,9 @@ async fn set_schedule_paused(ui: &Ui, headers: &HeaderMap, body: &[u8], paused: 
 /// Binds `listen` for a dashboard, after checking that it may serve there.
 pub async fn bind(
     listen: SocketAddr,
-    settings: &Settings,
+    observe: &ObserveSettings,
 ) -> Result<tokio::net::TcpListener, UiError> {
-    auth::check_listen(listen, settings.observe.admin_token()).map_err(UiError::Settings)?;
+    auth::check_listen(listen, observe.admin_token()).map_err(UiError::Settings)?;
     tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| UiError::Bind {
@@ -705,7 +643,7 @@ pub async fn bind(
 /// the configured coordinator, until `shutdown`.
 pub async fn serve(
     coord: Arc<dyn Coordinator>,
-    settings: Settings,
+    settings: UiSettings,
     listener: tokio::net::TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), UiError> {

@@ -46,7 +46,7 @@ struct Reading {
 }
 
 async fn read(ui: &Ui) -> Result<Reading, CoordError> {
-    let queue = &ui.settings.queue;
+    let queue = &ui.queue;
     let (holder, holder_version) = ui.coord.observe(Version(0), Duration::ZERO).await?;
     let (queued, queue_version) = ui
         .coord
@@ -69,7 +69,7 @@ async fn read(ui: &Ui) -> Result<Reading, CoordError> {
 }
 
 async fn paused(ui: &Ui) -> Result<bool, CoordError> {
-    let key = [crate::queue::pause_key(&ui.settings.queue.prefix)];
+    let key = [crate::queue::pause_key(&ui.queue.prefix)];
     Ok(!ui.coord.get(&key).await?.is_empty())
 }
 
@@ -81,7 +81,7 @@ pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
     // with every reading).
     let mut done_records: Option<(tokio::time::Instant, Arc<Vec<HistoryRecord>>)> = None;
     let mut seq = 0;
-    let wait = ui.settings.watch_wait();
+    let wait = ui.watch_wait;
     loop {
         seq += 1;
         let read_at = tokio::time::Instant::now();
@@ -92,7 +92,7 @@ pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
                 let (completed, failed) = seen.as_ref().map_or((0, 0), |seen| seen.changes(&next));
                 throughput.record(now, completed, failed);
                 seen = Some(next);
-                let history_on = ui.settings.queue.history_keep > 0;
+                let history_on = ui.queue.history_keep > 0;
                 let mut refreshed = false;
                 let dead: Vec<HistoryRecord> = reading
                     .dead
@@ -117,8 +117,7 @@ pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
                     if stale {
                         refreshed = true;
                         if let Ok(records) =
-                            crate::operate::history::completed(ui.coord.as_ref(), &ui.settings)
-                                .await
+                            crate::operate::history::completed(ui.coord.as_ref(), &ui.queue).await
                         {
                             done_records = Some((tokio::time::Instant::now(), Arc::new(records)));
                         }
@@ -147,7 +146,7 @@ pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
                     panes.overview.chart.iter().map(|m| m.failed).sum();
                 ui.panes.send_replace(Arc::new(panes));
                 let coord = ui.coord.as_ref();
-                let queue = &ui.settings.queue;
+                let queue = &ui.queue;
                 tokio::select! {
                     _ = ui.stop.cancelled() => return,
                     _ = ui.refresh.notified() => {}

@@ -356,7 +356,7 @@ async fn one_completed_record(
 ) {
     use leaderq::operate::history::{history, HistoryFilter};
     let settings = leaderq::config::Settings::load(None, env).expect("settings");
-    let records = history(coord, &settings, &HistoryFilter::default())
+    let records = history(coord, &settings.queue, &HistoryFilter::default())
         .await
         .expect("history");
     let of_id: Vec<_> = records.iter().filter(|r| r.task_id == id).collect();

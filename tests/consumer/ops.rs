@@ -405,7 +405,7 @@ async fn history_replicas_and_timeline_are_kept(backend: &str) {
     let filter = ops_history::HistoryFilter::default();
     let history = until_it(
         limit,
-        || ops_history::history(coord, &settings, &filter),
+        || ops_history::history(coord, &settings.queue, &filter),
         |h| h.as_ref().is_ok_and(|h| h.len() == 3),
     )
     .await
@@ -416,7 +416,7 @@ async fn history_replicas_and_timeline_are_kept(backend: &str) {
     assert_eq!(history[2].task_id, "h0", "newest first: {history:?}");
     let seen = until_it(
         limit,
-        || status::replicas(coord, &settings),
+        || status::replicas(coord, &settings.election),
         |r| {
             r.as_ref()
                 .is_ok_and(|r| r.len() == 2 && r[0].status == "leader" && r[1].status == "standby")
@@ -425,7 +425,9 @@ async fn history_replicas_and_timeline_are_kept(backend: &str) {
     .await
     .unwrap();
     let first = seen[0].record.node.clone();
-    let timeline = leadership::timeline(coord, &settings, 10).await.unwrap();
+    let timeline = leadership::timeline(coord, &settings.election, 10)
+        .await
+        .unwrap();
     assert_eq!(timeline.len(), 1, "{timeline:?}");
     assert_eq!(
         (timeline[0].node.as_str(), timeline[0].previous_end.as_str()),
@@ -434,7 +436,7 @@ async fn history_replicas_and_timeline_are_kept(backend: &str) {
     assert!(bed.replica(&first).terminate().success());
     let timeline = until_it(
         limit,
-        || leadership::timeline(coord, &settings, 10),
+        || leadership::timeline(coord, &settings.election, 10),
         |t| t.as_ref().is_ok_and(|t| t.len() == 2),
     )
     .await
@@ -442,7 +444,7 @@ async fn history_replicas_and_timeline_are_kept(backend: &str) {
     assert_ne!(timeline[0].node, first);
     assert_eq!(timeline[0].previous_end, "resigned (shut down)");
     assert!(timeline[0].fencing_token > timeline[1].fencing_token);
-    let seen = status::replicas(coord, &settings).await.unwrap();
+    let seen = status::replicas(coord, &settings.election).await.unwrap();
     assert_eq!(
         seen.len(),
         1,

@@ -27,19 +27,34 @@ async fn pause_flag_is_set_read_and_cleared(backend: &str) {
     // The operator's settings, for the flag's key.
     let settings = leaderq::config::Settings::load(None, bed.cluster.env()).expect("settings");
     let coord = bed.coord.as_ref();
-    assert!(!status::status(coord, &settings).await.unwrap().paused);
     assert!(
-        !status::pause(coord, &settings).await.unwrap(),
+        !status::status(coord, &settings.queue, &settings.election)
+            .await
+            .unwrap()
+            .paused
+    );
+    assert!(
+        !status::pause(coord, &settings.queue).await.unwrap(),
         "not paused before"
     );
     assert!(
-        status::pause(coord, &settings).await.unwrap(),
+        status::pause(coord, &settings.queue).await.unwrap(),
         "paused already"
     );
-    assert!(status::status(coord, &settings).await.unwrap().paused);
-    assert!(status::resume(coord, &settings).await.unwrap());
-    assert!(!status::status(coord, &settings).await.unwrap().paused);
-    assert!(!status::resume(coord, &settings).await.unwrap());
+    assert!(
+        status::status(coord, &settings.queue, &settings.election)
+            .await
+            .unwrap()
+            .paused
+    );
+    assert!(status::resume(coord, &settings.queue).await.unwrap());
+    assert!(
+        !status::status(coord, &settings.queue, &settings.election)
+            .await
+            .unwrap()
+            .paused
+    );
+    assert!(!status::resume(coord, &settings.queue).await.unwrap());
 }
 
 async fn rotate_mode_passes_leadership_around(backend: &str) {

@@ -318,7 +318,7 @@ async fn scheduled_tasks_are_listed_with_their_due_time_and_bad_ones_dead_letter
         "{far}"
     );
 
-    let rows = leaderq::operate::tasks::list(coord.as_ref(), &settings)
+    let rows = leaderq::operate::tasks::list(coord.as_ref(), &settings.queue)
         .await
         .unwrap();
     let row = rows
@@ -330,9 +330,10 @@ async fn scheduled_tasks_are_listed_with_their_due_time_and_bad_ones_dead_letter
         row.due_at.as_deref(),
         Some(leaderq::task::rfc3339(later).as_str())
     );
-    let status = leaderq::operate::status::status(coord.as_ref(), &settings)
-        .await
-        .unwrap();
+    let status =
+        leaderq::operate::status::status(coord.as_ref(), &settings.queue, &settings.election)
+            .await
+            .unwrap();
     assert_eq!((status.scheduled, status.pending), (1, 0), "{status:?}");
     assert_eq!(
         status.next_due.as_deref(),

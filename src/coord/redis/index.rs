@@ -11,10 +11,15 @@
 //! REINDEX). An index deleted during the rebuild (whether or not another rebuild has begun
 //! since), or a process stopped halfway, leaves the mark missing or above 0: nothing is
 //! marked whole that was not walked whole since its last deletion. One rebuild at a time
-//! per process.
+//! per process; one started behind a watch runs on a task the coordinator owns
+//! ([`Rebuilding`]), aborted when the coordinator is dropped, which leaves the mark as a
+//! process's end does.
+
+use std::sync::Arc;
 
 use redis::aio::ConnectionManager;
-use tokio::sync::OwnedMutexGuard;
+use tokio::sync::{Mutex, OwnedMutexGuard};
+use tokio_util::task::AbortOnDropHandle;
 
 use super::layout::{glob_escape, Layout, INDEXED};
 use super::scripts::invoke;
@@ -30,6 +35,16 @@ pub(super) fn whole(mark: Option<f64>) -> bool {
     mark == Some(0.0)
 }
 
+/// The coordinator's rebuilds: one at a time, and the one started behind a watch, whose
+/// task is aborted with this (nothing of the coordinator runs detached).
+#[derive(Default)]
+pub(super) struct Rebuilding {
+    /// Held while the index is rebuilt.
+    one_at_a_time: Arc<Mutex<()>>,
+    /// The last rebuild started behind a watch (finished, unless it holds the lock).
+    behind: std::sync::Mutex<Option<AbortOnDropHandle<u64>>>,
+}
+
 /// What a rebuild needs, owned, so that it can run on a task of its own.
 struct Rebuild {
     connection: ConnectionManager,
@@ -42,7 +57,7 @@ impl RedisCoordinator {
     /// runs; how many keys it added. A failure is logged: the read goes on with the index
     /// as it is, and a later read tries again.
     pub(super) async fn rebuild_index(&self) -> u64 {
-        let one_at_a_time = self.rebuilding.clone().lock_owned().await;
+        let one_at_a_time = self.rebuilding.one_at_a_time.clone().lock_owned().await;
         match self.connection().await {
             Ok(connection) => self.rebuild(connection).run(one_at_a_time).await,
             Err(err) => failed(&self.settings.layout, &err),
@@ -53,11 +68,15 @@ impl RedisCoordinator {
     /// answers at once with the index as it is, and the rebuild's write wakes it if it
     /// added keys. A rebuild cut short by the process's end leaves the mark above 0.
     pub(super) fn rebuild_index_behind(&self) {
-        let Ok(one_at_a_time) = self.rebuilding.clone().try_lock_owned() else {
+        let Ok(one_at_a_time) = self.rebuilding.one_at_a_time.clone().try_lock_owned() else {
             return;
         };
         if let Some(connection) = self.manager.get() {
-            tokio::spawn(self.rebuild(connection.clone()).run(one_at_a_time));
+            let rebuild = self.rebuild(connection.clone()).run(one_at_a_time);
+            let task = AbortOnDropHandle::new(tokio::spawn(rebuild));
+            // The one it replaces is done: it let go of the lock just taken.
+            let behind = self.rebuilding.behind.lock();
+            *behind.unwrap_or_else(std::sync::PoisonError::into_inner) = Some(task);
         }
     }
 

@@ -146,8 +146,8 @@ pub struct RedisCoordinator {
     highest_token: AtomicU64,
     /// Whether the risk `accept_data_loss` accepts has been logged.
     warned: AtomicBool,
-    /// Held while the task index is rebuilt (`index.rs`): one rebuild at a time.
-    rebuilding: Arc<tokio::sync::Mutex<()>>,
+    /// The task index's rebuilds (`index.rs`): one at a time, each owned.
+    rebuilding: index::Rebuilding,
 }
 
 /// The Redis backend from its `[redis]` section and the leader key.
@@ -205,7 +205,7 @@ impl RedisCoordinator {
             heard: Arc::new(AtomicU64::new(0)),
             highest_token: AtomicU64::new(0),
             warned: AtomicBool::new(false),
-            rebuilding: Arc::new(tokio::sync::Mutex::new(())),
+            rebuilding: index::Rebuilding::default(),
         })
     }
 
