@@ -8,9 +8,11 @@ mod bench;
 mod chaos;
 mod exe;
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -166,8 +168,8 @@ fn backlog_size(s: &str) -> Result<usize, String> {
 }
 
 fn main() -> ExitCode {
-    // The bench's in-process replicas are this executable too: a supervisor it starts
-    // would be this one with the hidden first argument.
+    // A replica the bench runs in this process starts an exec handler's supervisor from
+    // its own executable (`/proc/self/exe`), which is this one with the hidden argument.
     leaderq::supervise::run_if_supervisor();
     let cli = Cli::parse();
     if let Some(path) = &cli.leaderq {
@@ -252,7 +254,8 @@ async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
     options.backend = args.backend;
     let audit = chaos::run(options).await?;
     if args.json {
-        println!("{}", serde_json::to_string(&audit)?);
+        let line = serde_json::to_string(&audit)?;
+        writeln!(std::io::stdout().lock(), "{line}").context("cannot write the audit")?;
     } else {
         chaos::print(&audit);
     }
