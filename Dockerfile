@@ -3,6 +3,9 @@ FROM rust:1-slim-bookworm AS build
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src ./src
+# The workspace's other members (the test kit, the lab): their manifests must be there for
+# Cargo to read the workspace, though only leaderq is built.
+COPY crates ./crates
 COPY config ./config
 COPY examples ./examples
 RUN cargo build --release --locked --bin leaderq
@@ -29,7 +32,7 @@ ENV LEADERQ__OBSERVE__DASHBOARD=false
 # glibc gives threads that allocate malloc arenas of their own (up to 8 per core), and the
 # leader reads a large backlog on other threads than its own: at a 100k backlog its peak
 # RSS was about 160 MiB with the default, 143 MiB with 2 arenas, 124 MiB with 1
-# (`leaderq bench --only backlog`).
+# (`leaderq-lab bench --only backlog`).
 ENV MALLOC_ARENA_MAX=2
 # Healthy while the replica's session is renewed within its TTL (/ready); bash's /dev/tcp,
 # since the image has no curl. Override or disable it for `leaderq server`.

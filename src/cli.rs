@@ -66,126 +66,12 @@ pub enum Cmd {
     Ui(UiArgs),
     /// Run the embedded single-node, durable, Consul-compatible KV/session/txn server.
     Server(ServerArgs),
-    /// Measure the server (durable PUTs/s, blocking-query wake, ?recurse, RSS) and the
-    /// consumer (dispatch latency, drain rate, handover, RSS). Starts its own servers on free
-    /// ports with temp dirs; takes a few minutes.
-    Bench(BenchArgs),
-    /// Run thousands of tasks on a server and three replicas (real processes) while leaders
-    /// are SIGKILLed (process group, PID only, PID only with an immediate restart), paused
-    /// past their lease and partitioned away, and the server is restarted; the handler
-    /// forks a worker that journals its own runs. Then audit the invariants: nothing lost,
-    /// no two runs of a task at once, no work under two fencing tokens at once, no token
-    /// reused by a restarted replica, no unexplained repeat, no completion by a stale
-    /// leader. Exits 1 if one breaks.
-    Chaos(ChaosArgs),
     /// Print a completion script for SHELL: `leaderq completions bash > /etc/bash_completion.d/leaderq`,
     /// `leaderq completions zsh > "${fpath[1]}/_leaderq"`, `leaderq completions fish > ~/.config/fish/completions/leaderq.fish`.
     Completions {
         #[arg(value_enum)]
         shell: clap_complete::Shell,
     },
-}
-
-#[derive(clap::Args)]
-pub struct ChaosArgs {
-    /// Tasks to run (default 10,000; 400 with --short).
-    #[arg(long)]
-    pub tasks: Option<usize>,
-    /// The short run: a few hundred tasks and one event of each kind.
-    #[arg(long)]
-    pub short: bool,
-    /// SIGKILLs of the leader's process group (default 2; 1 with --short).
-    #[arg(long)]
-    pub kills: Option<usize>,
-    /// SIGKILLs of the leader's PID only, its handlers left to leaderq (default 2; 1).
-    #[arg(long)]
-    pub pid_kills: Option<usize>,
-    /// SIGKILLs of the leader's PID followed by an immediate restart (default 2; 1).
-    #[arg(long)]
-    pub restarts: Option<usize>,
-    /// SIGSTOPs of the leader's PID past its lease, then SIGCONT (default 2; 1).
-    #[arg(long)]
-    pub pauses: Option<usize>,
-    /// Partitions of the leader from the coordinator through its links (default 2; 1).
-    #[arg(long)]
-    pub partitions: Option<usize>,
-    /// Bursts of errors on the leader's links, every connection reset for 1-2 s
-    /// (default 2; 1).
-    #[arg(long)]
-    pub bursts: Option<usize>,
-    /// The coordinator's answers to the leader held late (0.8 of the bound within which
-    /// no run stops) for three TTLs (default 2; 1).
-    #[arg(long)]
-    pub latencies: Option<usize>,
-    /// SIGKILL-and-restarts of the server, or of one member of a cluster (default 2; 1).
-    #[arg(long)]
-    pub server_restarts: Option<usize>,
-    /// The leader record deleted by hand, as an operator would (curl -X DELETE, etcdctl
-    /// del, redis-cli DEL, zkCli.sh delete) while the leader works (default 2; 1).
-    #[arg(long)]
-    pub record_deletions: Option<usize>,
-    /// The leader's lease ended by hand while it works: Consul session destroyed, etcd
-    /// lease revoked, Redis lease key deleted; ZooKeeper has no such tool (default 2; 1).
-    #[arg(long)]
-    pub revocations: Option<usize>,
-    /// The leader's renewals alone stalled (its claims still go through) until another
-    /// replica leads (default 2; 1).
-    #[arg(long)]
-    pub renewal_stalls: Option<usize>,
-    /// Seed of the event schedule.
-    #[arg(long, default_value_t = 1)]
-    pub seed: u64,
-    /// The coordinator to run on, started on loopback by the run itself (its server must
-    /// be installed).
-    #[arg(long, default_value = "consul", value_parser = clap::builder::PossibleValuesParser::new(leaderq::tools::harness::BACKENDS))]
-    pub backend: String,
-    /// Print the audit as one JSON object.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(clap::Args)]
-pub struct BenchArgs {
-    /// Print one JSON object instead of a table.
-    #[arg(long)]
-    pub json: bool,
-    /// Seconds each throughput phase runs.
-    #[arg(long, default_value_t = 3.0)]
-    pub seconds: f64,
-    /// Keys held by the server when its RSS is read.
-    #[arg(long, default_value_t = 100_000)]
-    pub memory_keys: usize,
-    /// Run one section only.
-    #[arg(long, value_parser = ["server", "contention", "consumer", "backlog", "exec", "failover", "run", "groups", "schedules"])]
-    pub only: Option<String>,
-    /// Blocked queries (one per key) parked while their keys are written.
-    #[arg(long, default_value_t = 10_000)]
-    pub watchers: usize,
-    /// Another leaderq binary (an older build) whose server also runs the contention
-    /// measurements (reads under writes, wakes among many watchers), and whose consumer
-    /// also drains the exec section's backlogs, printed beside these.
-    #[arg(long)]
-    pub baseline_exe: Option<PathBuf>,
-    /// The coordinator the consumer, failover, run, groups and schedules sections run on,
-    /// started on loopback by the bench itself (its server must be installed); server and
-    /// contention always measure `leaderq server`, and the schedules section counts requests
-    /// on it only.
-    #[arg(long, default_value = "consul", value_parser = clap::builder::PossibleValuesParser::new(leaderq::tools::harness::BACKENDS))]
-    pub backend: String,
-    /// Backlogs the backlog section enqueues and drains, comma-separated (1 to 10,000,000).
-    #[arg(long, value_delimiter = ',', default_values_t = leaderq::tools::bench::DEFAULT_BACKLOGS, value_parser = backlog_size)]
-    pub backlogs: Vec<usize>,
-    /// How many times the backlog section drains each backlog (each way, leaderq and the
-    /// minimal native client); the median is reported. Default: 15 up to 20,000 tasks,
-    /// fewer above, 3 at 100,000 and more.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100))]
-    pub backlog_runs: Option<u32>,
-    /// Where the backlog section writes its SVG chart (rate and RSS against backlog).
-    #[arg(long, default_value = leaderq::tools::bench::DEFAULT_CHART)]
-    pub chart: PathBuf,
-    /// Backlogs of `/bin/true` exec tasks the exec section drains, comma-separated.
-    #[arg(long, value_delimiter = ',', default_values_t = leaderq::tools::bench::DEFAULT_EXEC_BACKLOGS, value_parser = backlog_size)]
-    pub exec_backlogs: Vec<usize>,
 }
 
 #[derive(clap::Args)]
@@ -333,7 +219,7 @@ pub struct RunArgs {
     #[arg(long, default_value = "default")]
     pub name: String,
     /// The coordinator ([coordinator] backend), if not the settings' one.
-    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(leaderq::tools::harness::BACKENDS))]
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(leaderq::config::BACKENDS))]
     pub backend: Option<String>,
     /// After the command exits: start it again (contesting for leadership anew, with
     /// backoff after quick failures), or exit with its status.
@@ -459,15 +345,5 @@ pub fn parse_timeout(text: &str) -> Result<Duration, String> {
     match parse_duration(text)? {
         duration if duration.is_zero() => Err("must be more than 0s".into()),
         duration => Ok(duration),
-    }
-}
-
-/// A backlog for the bench: at least one task (the last one tells the drain is over).
-pub fn backlog_size(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(n @ 1..=10_000_000) => Ok(n),
-        _ => Err(format!(
-            "{s:?} is not a backlog: give a count from 1 to 10000000"
-        )),
     }
 }

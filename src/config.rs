@@ -73,6 +73,9 @@ pub enum Backend {
     Redis,
 }
 
+/// Every [`Backend`] by the name settings and `--backend` flags give it.
+pub const BACKENDS: &[&str] = &["consul", "etcd", "redis", "zookeeper"];
+
 /// How a leader holds leadership (`leader/rotation.rs`).
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]

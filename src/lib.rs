@@ -6,8 +6,7 @@
 //!   and the history record a completion leaves ([`task::history`]).
 //! - [`coord`]: the coordinator seam (lease, leadership with a fencing token, guarded queue
 //!   writes, in the domain's words), one folder per backend (`consul`, with its typed HTTP
-//!   client [`coord::consul::client`]; `zookeeper`; `redis`; `etcd`; `memory` for tests),
-//!   and the contract suite every backend passes.
+//!   client [`coord::consul::client`]; `zookeeper`; `redis`; `etcd`; `memory` for tests).
 //! - [`leader`]: the lease and the campaign, written once against the seam; the pure gate;
 //!   the leader's watch on its own record; the replica's data dir and node id
 //!   ([`leader::identity`]); the replicas' records and the leadership timeline.
@@ -27,8 +26,6 @@
 //!   `leaderq ui`): panes, live feed, actions behind CSRF and token checks.
 //! - [`server`]: the embedded, durable, single-node Consul-compatible server.
 //! - [`config`]: settings, layered from defaults, a file and the environment.
-//! - [`tools`]: `leaderq bench` and `leaderq chaos`, and the process harness they share
-//!   with the integration tests.
 //! - [`util`]: Go's duration syntax, used everywhere.
 
 pub mod config;
@@ -44,7 +41,6 @@ pub mod server;
 pub mod service;
 pub mod supervise;
 pub mod task;
-pub mod tools;
 pub mod ui;
 pub mod util;
 

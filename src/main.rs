@@ -15,8 +15,8 @@ use anyhow::Context;
 use clap::Parser;
 
 use cli::{
-    ChaosArgs, Cli, Cmd, ConfigArgs, ConsumeArgs, DevArgs, EnqueueArgs, LogFormat, RunArgs,
-    SchedulesArgs, SchedulesCmd, ServerArgs, StatusArgs, TasksArgs, TasksCmd, UiArgs,
+    Cli, Cmd, ConfigArgs, ConsumeArgs, DevArgs, EnqueueArgs, LogFormat, RunArgs, SchedulesArgs,
+    SchedulesCmd, ServerArgs, StatusArgs, TasksArgs, TasksCmd, UiArgs,
 };
 use leaderq::operate::{dead, history, leadership, schedules, status, tasks, Line, OperateError};
 use leaderq::server;
@@ -89,17 +89,11 @@ fn main() -> ExitCode {
     leaderq::supervise::run_if_supervisor();
     exit_quietly_on_broken_pipe_panics();
     let cli = Cli::parse();
-    // The benchmark runs replicas in-process; their per-task events would drown its table.
-    let level = if matches!(cli.command, Cmd::Bench(_)) {
-        "warn"
-    } else {
-        "info"
-    };
     let format = match cli.log_format {
         LogFormat::Pretty => leaderq::observe::logging::Format::Pretty,
         LogFormat::Json => leaderq::observe::logging::Format::Json,
     };
-    leaderq::observe::logging::init(level, format);
+    leaderq::observe::logging::init("info", format);
     let runtime = match runtime_for(&cli.command) {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -120,29 +114,12 @@ fn main() -> ExitCode {
             Cmd::Resume => run_pause(false, &cli.config).await,
             Cmd::Ui(args) => run_ui(args, &cli.config).await,
             Cmd::Server(args) => run_server(args).await,
-            Cmd::Chaos(args) => run_chaos(args).await,
             Cmd::Completions { shell } => {
                 use clap::CommandFactory as _;
                 let mut out = Vec::new();
                 clap_complete::generate(shell, &mut Cli::command(), "leaderq", &mut out);
                 std::io::Write::write_all(&mut std::io::stdout().lock(), &out)
                     .map_err(|_| anyhow::Error::new(StdoutClosed))
-            }
-            Cmd::Bench(args) => {
-                let options = leaderq::tools::bench::Options {
-                    seconds: args.seconds,
-                    memory_keys: args.memory_keys,
-                    only: args.only,
-                    watchers: args.watchers,
-                    baseline_exe: args.baseline_exe,
-                    backend: args.backend,
-                    backlogs: args.backlogs,
-                    backlog_runs: args.backlog_runs.map(|runs| runs as usize),
-                    chart: Some(args.chart),
-                    exec_backlogs: args.exec_backlogs,
-                    ..Default::default()
-                };
-                leaderq::tools::bench::run(options, args.json).await
             }
         }
     });
@@ -508,45 +485,6 @@ async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
             outln!("purged {purged} dead letter(s)")
         }
     }
-}
-
-async fn run_chaos(args: ChaosArgs) -> anyhow::Result<()> {
-    let mut options = if args.short {
-        leaderq::tools::chaos::ChaosOptions::short()
-    } else {
-        leaderq::tools::chaos::ChaosOptions::full()
-    };
-    let counts = [
-        (args.tasks, &mut options.tasks),
-        (args.kills, &mut options.kills),
-        (args.pid_kills, &mut options.pid_kills),
-        (args.restarts, &mut options.restarts),
-        (args.pauses, &mut options.pauses),
-        (args.partitions, &mut options.partitions),
-        (args.bursts, &mut options.bursts),
-        (args.latencies, &mut options.latencies),
-        (args.server_restarts, &mut options.server_restarts),
-        (args.record_deletions, &mut options.record_deletions),
-        (args.revocations, &mut options.revocations),
-        (args.renewal_stalls, &mut options.renewal_stalls),
-    ];
-    for (given, option) in counts {
-        if let Some(given) = given {
-            *option = given;
-        }
-    }
-    options.seed = args.seed;
-    options.backend = args.backend;
-    let audit = leaderq::tools::chaos::run(options).await?;
-    if args.json {
-        outln!("{}", serde_json::to_string(&audit)?)?;
-    } else {
-        leaderq::tools::chaos::print(&audit);
-    }
-    if !audit.passed() {
-        anyhow::bail!("chaos run broke an invariant");
-    }
-    Ok(())
 }
 
 async fn run_ui(args: UiArgs, config: &ConfigArgs) -> anyhow::Result<()> {

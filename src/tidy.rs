@@ -1,11 +1,17 @@
-//! House rules checked on every test run: every source file opens with a `//!` header
-//! saying what it owns, and a file over `LONG_FILE` lines says why at its top (a header
+//! House rules checked on every test run, over every source file of the workspace (the
+//! product's src/ and each tooling crate's under crates/): every file opens with a `//!`
+//! header saying what it owns, and a file over `LONG_FILE` lines says why at its top (a header
 //! line starting `//! Size:`), so size is a decision, not an accident; and no `.unwrap()`
 //! outside tests, so that nothing a user, a producer or a server sends can panic a
 //! process (an `.expect("...")` is allowed where the message states the invariant that
 //! makes it safe, such as "a JSON object serializes"); and module headers and
-//! ARCHITECTURE.md name only source files that exist, so a moved file leaves no stale map.
+//! ARCHITECTURE.md name only source files that exist, so a moved file leaves no stale map;
+//! and no module cycle within a crate (the walls between the product's folders are here,
+//! those between crates are Cargo's).
 //! The documentation's rules (links, anchors, line width) are in `docs.rs` below.
+//!
+//! Size: one test per house rule, side by side, so that the rules read as one list; how a
+//! file is read (its code without tests, its functions) is in `code.rs`.
 
 mod code;
 mod docs;
@@ -31,23 +37,100 @@ fn sources(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-/// Every source file under src/ as (its path below src/, its text).
-fn source_texts() -> Vec<(String, String)> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    sources(&root, &mut files);
-    files
-        .into_iter()
-        .map(|file| {
+/// The workspace root, which is this crate's root: the product sits at the top.
+fn workspace_root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The crates whose sources the rules read, as (name, root folder): the product at the
+/// top, then each crate of the workspace under `crates/` (the test kit, the lab).
+fn crate_roots() -> Vec<(String, PathBuf)> {
+    let root = workspace_root();
+    let mut others: Vec<PathBuf> = std::fs::read_dir(root.join("crates"))
+        .expect("read crates/")
+        .map(|entry| entry.expect("dir entry").path())
+        .filter(|dir| dir.join("src").is_dir())
+        .collect();
+    others.sort();
+    let mut roots = vec![("leaderq".to_string(), root.to_path_buf())];
+    for dir in others {
+        let name = dir
+            .file_name()
+            .map_or(String::new(), |n| n.to_string_lossy().into_owned());
+        roots.push((name, dir));
+    }
+    roots
+}
+
+/// One source file of the workspace.
+struct Source {
+    /// Its crate's name (`leaderq`, `testkit`, `lab`).
+    krate: String,
+    /// Its crate's root folder.
+    root: PathBuf,
+    /// Its path below its crate's `src/` (`coord/etcd/txn.rs`).
+    name: String,
+    text: String,
+}
+
+impl Source {
+    /// Its path from the workspace root, for a report (`crates/lab/src/chaos/mod.rs`).
+    fn path(&self) -> String {
+        let file = self.root.join("src").join(&self.name);
+        file.strip_prefix(workspace_root())
+            .unwrap_or(&file)
+            .display()
+            .to_string()
+    }
+
+    /// Its node in the module graph: the top-level module, named within its crate
+    /// (`coord`, `lab::bench`), so that the crates' graphs stay apart.
+    fn module(&self) -> String {
+        let top = top_module(&self.name);
+        if self.krate == "leaderq" {
+            top.to_string()
+        } else {
+            format!("{}::{top}", self.krate)
+        }
+    }
+}
+
+/// Every source file under the product's src/ and each crate's under crates/.
+fn source_texts() -> Vec<Source> {
+    let mut out = Vec::new();
+    for (krate, root) in crate_roots() {
+        let src = root.join("src");
+        let mut files = Vec::new();
+        sources(&src, &mut files);
+        files.sort();
+        for file in files {
             let text = std::fs::read_to_string(&file).expect("read source");
             let name = file
-                .strip_prefix(&root)
+                .strip_prefix(&src)
                 .unwrap_or(&file)
                 .display()
                 .to_string();
-            (name, text)
-        })
-        .collect()
+            out.push(Source {
+                krate: krate.clone(),
+                root: root.clone(),
+                name,
+                text,
+            });
+        }
+    }
+    out
+}
+
+/// The rules read the tooling crates too, not only the product's src/.
+#[test]
+fn the_rules_read_every_crate_of_the_workspace() {
+    let krates: Vec<String> = source_texts().into_iter().map(|s| s.krate).collect();
+    for krate in ["leaderq", "testkit", "lab"] {
+        assert!(
+            krates.iter().any(|k| k == krate),
+            "no source of {krate} read"
+        );
+    }
 }
 
 /// No function of the engine room is longer than `LONG_FUNCTION` lines: its loops are
@@ -55,8 +138,11 @@ fn source_texts() -> Vec<(String, String)> {
 #[test]
 fn no_long_functions_in_the_engine_room() {
     let mut problems = Vec::new();
-    for (name, text) in source_texts() {
-        if !name.starts_with("queue/") {
+    for Source {
+        krate, name, text, ..
+    } in source_texts()
+    {
+        if krate != "leaderq" || !name.starts_with("queue/") {
             continue;
         }
         let code = non_test_code(&name, &text);
@@ -75,7 +161,8 @@ fn no_long_functions_in_the_engine_room() {
 #[test]
 fn every_module_has_a_header_and_long_files_say_why() {
     let mut problems = Vec::new();
-    for (name, text) in source_texts() {
+    for source in source_texts() {
+        let (name, text) = (source.path(), &source.text);
         if !text.starts_with("//!") {
             problems.push(format!("{name}: no //! header saying what it owns"));
         }
@@ -95,11 +182,14 @@ fn every_module_has_a_header_and_long_files_say_why() {
 #[test]
 fn no_unwrap_outside_tests() {
     let mut problems = Vec::new();
-    for (name, text) in source_texts() {
-        for (n, line) in non_test_code(&name, &text).lines().enumerate() {
+    for source in source_texts() {
+        for (n, line) in non_test_code(&source.name, &source.text)
+            .lines()
+            .enumerate()
+        {
             let code = line.split("//").next().unwrap_or("");
             if code.contains(".unwrap()") {
-                problems.push(format!("{name}:{}: {}", n + 1, line.trim()));
+                problems.push(format!("{}:{}: {}", source.path(), n + 1, line.trim()));
             }
         }
     }
@@ -118,13 +208,11 @@ fn no_unwrap_outside_tests() {
 const OWN_THEIR_SPAWNS: &[(&str, &str)] = &[
     ("coord/redis/index.rs", "a rebuild behind a watch: its handle aborts on drop, kept by the coordinator"),
     ("coord/zookeeper/lease.rs", "a lease's watchdog: its handle, kept in the lease's entry, aborts it on drop"),
-    ("coord/contract/", "the contract suite's concurrent checks and renewers: each handle awaited or aborted by its check"),
     ("queue/history.rs", "the history pruning: an AbortOnDropHandle the queue keeps"),
     ("queue/sort.rs", "a read ahead of the sort: an AbortOnDropHandle the queue keeps"),
     ("queue/one_at_a_time.rs", "a claim's write: its handle awaited by `answer`; one dropped unread ends at the coordinator's request timeout"),
     ("service/dev.rs", "the embedded server and the dashboard: AbortOnDropHandles awaited at the end"),
     ("service/mod.rs", "the signal listener: it ends at the first signal or when its token is cancelled"),
-    ("tools/", "the bench, chaos and harness: proxies, waiters and drivers, each handle kept by its owner"),
 ];
 
 /// No bare `tokio::spawn(` outside the files that own their tasks (`OWN_THEIR_SPAWNS`).
@@ -140,7 +228,12 @@ fn nothing_is_spawned_detached() {
     };
     let spawns =
         |code: &str| code.contains("tokio::spawn(") || code.contains("tokio::task::spawn(");
-    let texts = source_texts();
+    // The product's: the tooling crates (bench, chaos, the harness) keep their own handles.
+    let texts: Vec<(String, String)> = source_texts()
+        .into_iter()
+        .filter(|source| source.krate == "leaderq")
+        .map(|source| (source.name, source.text))
+        .collect();
     let mut problems = Vec::new();
     for (name, text) in &texts {
         let code = non_test_code(name, text);
@@ -172,29 +265,51 @@ fn nothing_is_spawned_detached() {
     );
 }
 
+/// The product names no tooling crate, not even in a unit test: testkit is a
+/// dev-dependency, and a unit test's `crate::` types are not those of the leaderq that
+/// testkit links (its tests that need testkit are integration tests under `tests/`).
+#[test]
+fn the_product_names_no_tooling_crate() {
+    let mut problems = Vec::new();
+    for source in source_texts() {
+        if source.krate != "leaderq" || top_module(&source.name) == "tidy" {
+            continue;
+        }
+        for (n, line) in source.text.lines().enumerate() {
+            if ["testkit::", "lab::"]
+                .iter()
+                .any(|name| line.contains(name))
+            {
+                problems.push(format!("{}:{}: {}", source.path(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 /// The walls: which top-level modules each folder of `src/` may not import (`crate::x`
 /// in its non-test code). The layers, from the bottom: `util`; the seam and its backends
 /// (`coord`) and the embedded server (`server`), which know nothing of settings files;
 /// the task format (`task`), process supervision (`supervise`) and metrics (`observe`);
 /// `config`, which composes the backends' own sections; the replica's life (`leader`),
 /// handlers, schedules and the queue; the operator's verbs (`operate`); the dashboard
-/// (`ui`); the commands' wiring (`service`); `tools` over real processes on top.
+/// (`ui`); the commands' wiring (`service`) on top. The tooling (harness, contract, bench,
+/// chaos) is in crates of its own, which the product names nowhere.
 #[rustfmt::skip]
 const FORBIDDEN: &[(&str, &[&str])] = &[
-    ("util", &["coord", "server", "task", "supervise", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "service", "tools"]),
-    ("coord", &["server", "task", "supervise", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "service", "tools"]),
-    ("server", &["coord", "task", "supervise", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "service", "tools"]),
-    ("task", &["server", "supervise", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "service", "tools"]),
-    ("supervise", &["coord", "server", "task", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "service", "tools"]),
-    ("observe", &["server", "task", "supervise", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "service", "tools"]),
-    ("config", &["server", "observe", "leader", "handler", "schedule", "queue", "operate", "ui", "service", "tools"]),
-    ("leader", &["server", "handler", "schedule", "queue", "operate", "ui", "service", "tools"]),
-    ("handler", &["server", "leader", "schedule", "queue", "operate", "ui", "service", "tools"]),
-    ("schedule", &["server", "handler", "queue", "operate", "ui", "service", "tools"]),
-    ("queue", &["server", "schedule", "operate", "ui", "service", "tools"]),
-    ("operate", &["server", "ui", "service", "tools"]),
-    ("ui", &["server", "service", "tools"]),
-    ("service", &["tools"]),
+    ("util", &["coord", "server", "task", "supervise", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "service"]),
+    ("coord", &["server", "task", "supervise", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "service"]),
+    ("server", &["coord", "task", "supervise", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "service"]),
+    ("task", &["server", "supervise", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "service"]),
+    ("supervise", &["coord", "server", "task", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "service"]),
+    ("observe", &["server", "task", "supervise", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "service"]),
+    ("config", &["server", "observe", "leader", "handler", "schedule", "queue", "operate", "ui", "service"]),
+    ("leader", &["server", "handler", "schedule", "queue", "operate", "ui", "service"]),
+    ("handler", &["server", "leader", "schedule", "queue", "operate", "ui", "service"]),
+    ("schedule", &["server", "handler", "queue", "operate", "ui", "service"]),
+    ("queue", &["server", "schedule", "operate", "ui", "service"]),
+    ("operate", &["server", "ui", "service"]),
+    ("ui", &["server", "service"]),
 ];
 
 /// The top-level modules a piece of code names as `crate::x` (paths and `use crate::{..}`
@@ -243,17 +358,20 @@ fn top_module(name: &str) -> &str {
     first.strip_suffix(".rs").unwrap_or(first)
 }
 
-/// Every `crate::` import across top-level modules, as (from, to, where).
+/// Every `crate::` import across top-level modules within a crate, as (from, to, where);
+/// the tooling crates' modules are named with their crate (`lab::bench`).
 fn module_edges() -> Vec<(String, String, String)> {
     let mut edges = Vec::new();
-    for (name, text) in source_texts() {
-        let from = top_module(&name);
-        if matches!(from, "main" | "lib" | "tidy") {
+    for source in source_texts() {
+        if matches!(top_module(&source.name), "main" | "lib" | "tidy") {
             continue;
         }
-        for (line, to) in crate_imports(&non_test_code(&name, &text)) {
-            if to != from && to != "self" && to != "super" {
-                edges.push((from.to_string(), to, format!("{name}:{line}")));
+        let from = source.module();
+        let prefix = from.strip_suffix(top_module(&source.name)).unwrap_or("");
+        for (line, to) in crate_imports(&non_test_code(&source.name, &source.text)) {
+            if to != top_module(&source.name) && to != "self" && to != "super" {
+                let at = format!("{}:{line}", source.path());
+                edges.push((from.clone(), format!("{prefix}{to}"), at));
             }
         }
     }
@@ -387,7 +505,8 @@ fn pure_files_do_no_io_and_read_no_clock() {
         "std::env::var",
     ];
     let mut problems = Vec::new();
-    for (name, text) in source_texts() {
+    for source in source_texts() {
+        let (name, text) = (source.path(), &source.text);
         let pure = text
             .lines()
             .take_while(|l| l.starts_with("//!"))
@@ -395,7 +514,7 @@ fn pure_files_do_no_io_and_read_no_clock() {
         if !pure {
             continue;
         }
-        for (n, line) in non_test_code(&name, &text).lines().enumerate() {
+        for (n, line) in non_test_code(&source.name, text).lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
             if let Some(word) = IMPURE.iter().find(|w| code.contains(*w)) {
                 problems.push(format!(
@@ -446,16 +565,18 @@ fn named_paths(text: &str) -> Vec<&str> {
     found
 }
 
-/// Whether `path`, named in a file in `folder`, exists: below that folder or one of its
-/// parents up to src/, or below the crate root when it starts there (`src/`, `tests/`,
-/// `examples/`). A file `x.rs` also names its own folder `x/` for paths of its children.
-fn path_exists(root: &Path, folder: &Path, own_dir: Option<&Path>, path: &str) -> bool {
-    let src = root.join("src");
-    if ["src/", "tests/", "examples/", "benches/"]
+/// Whether `path`, named in a file in `folder` of the crate rooted at `krate`, exists:
+/// below that folder or one of its parents up to the crate's src/; below the crate's root
+/// or the workspace's when it starts there (`src/`, `tests/`, `examples/`, `crates/`); or
+/// below any crate's src/ (the map names the tooling's files as `harness/link.rs`). A file
+/// `x.rs` also names its own folder `x/` for paths of its children.
+fn path_exists(krate: &Path, folder: &Path, own_dir: Option<&Path>, path: &str) -> bool {
+    let src = krate.join("src");
+    if ["src/", "tests/", "examples/", "benches/", "crates/"]
         .iter()
         .any(|top| path.starts_with(top))
     {
-        return root.join(path).is_file();
+        return krate.join(path).is_file() || workspace_root().join(path).is_file();
     }
     if own_dir.is_some_and(|dir| dir.join(path).is_file()) {
         return true;
@@ -470,12 +591,14 @@ fn path_exists(root: &Path, folder: &Path, own_dir: Option<&Path>, path: &str) -
         }
         dir = d.parent();
     }
-    src.join(path).is_file()
+    crate_roots()
+        .iter()
+        .any(|(_, root)| root.join("src").join(path).is_file())
 }
 
 /// The stale names in `text` (a file in `folder`), as `line: name` for a report.
 fn stale_names(
-    root: &Path,
+    krate: &Path,
     folder: &Path,
     own_dir: Option<&Path>,
     lines: impl Iterator<Item = (usize, String)>,
@@ -483,7 +606,7 @@ fn stale_names(
     let mut stale = Vec::new();
     for (n, line) in lines {
         for path in named_paths(&line) {
-            if !path_exists(root, folder, own_dir, path) {
+            if !path_exists(krate, folder, own_dir, path) {
                 stale.push(format!("{n}: `{path}`"));
             }
         }
@@ -495,21 +618,22 @@ fn stale_names(
 /// or renamed cannot leave a map pointing at nothing.
 #[test]
 fn headers_and_the_architecture_name_only_files_that_exist() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let src = root.join("src");
+    let root = workspace_root();
     let mut problems = Vec::new();
-    for (name, text) in source_texts() {
-        let file = src.join(&name);
+    for source in source_texts() {
+        let (name, src) = (&source.name, source.root.join("src"));
+        let file = src.join(name);
         let folder = file.parent().unwrap_or(&src);
         let own_dir = (!name.ends_with("mod.rs") && name != "lib.rs" && name != "main.rs")
             .then(|| file.with_extension(""));
-        let headers = text
+        let headers = source
+            .text
             .lines()
             .enumerate()
             .filter(|(_, l)| l.trim_start().starts_with("//!"))
             .map(|(n, l)| (n + 1, l.to_string()));
-        for stale in stale_names(root, folder, own_dir.as_deref(), headers) {
-            problems.push(format!("src/{name}:{stale}"));
+        for stale in stale_names(&source.root, folder, own_dir.as_deref(), headers) {
+            problems.push(format!("{}:{stale}", source.path()));
         }
     }
     let map = std::fs::read_to_string(root.join("ARCHITECTURE.md")).expect("read ARCHITECTURE.md");
@@ -519,7 +643,7 @@ fn headers_and_the_architecture_name_only_files_that_exist() {
     }
     assert!(
         problems.is_empty(),
-        "named files that do not exist under src/ (fix the name, or name the folder):\n{}",
+        "named files that do not exist in any crate (fix the name, or name the folder):\n{}",
         problems.join("\n")
     );
 }

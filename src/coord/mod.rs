@@ -24,7 +24,8 @@
 //!   by a lease that no longer exists, so the next leader can requeue it.
 //!
 //! How each backend provides them is written in its own module header (`consul`,
-//! `zookeeper`, `redis`, `etcd`, `memory`); the suite in `contract` checks them on each.
+//! `zookeeper`, `redis`, `etcd`, `memory`); the contract suite (testkit's `contract`, beside
+//! this crate) checks them on each.
 //!
 //! The seam is cut in three, in the domain's words, each trait with the guarantees it
 //! carries: [`Leases`] (open, keep alive, revoke, close), [`Elections`] (observe,
@@ -40,7 +41,6 @@
 //! contract, read together; the backends are the folders below.
 
 pub mod consul;
-pub mod contract;
 pub mod etcd;
 pub mod memory;
 mod names;

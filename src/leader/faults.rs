@@ -1,4 +1,4 @@
-//! Fault injection for the integration tests and `leaderq chaos`: one replica's renewal
+//! Fault injection for the integration tests and `leaderq-lab chaos`: one replica's renewal
 //! path stalls while everything else it sends still goes through, as a slow or overloaded
 //! path to the coordinator does (the case a lease's deadline exists for). Off unless
 //! [`STALL_RENEWALS_ENV`] names a file: while that file exists, each keep-alive this

@@ -18,8 +18,8 @@
 //! anything is sent. Reads go through `list`/`get`/`observe`, writes through
 //! `Coordinator::edit` at the versions read.
 //!
-//! This module stands below the dashboard, the services, the tools and the server: it
-//! imports none of `ui`, `service`, `tools` or `server`, and they call it.
+//! This module stands below the dashboard, the services, the lab and the server: it
+//! imports none of `ui`, `service` or `server`, and they call it.
 
 pub mod dead;
 pub mod history;

@@ -1,5 +1,5 @@
 //! Helpers shared by the integration tests, over the shared process harness
-//! (`leaderq::tools::harness`): real `leaderq server` processes on free ports with
+//! (`testkit::harness`): real `leaderq server` processes on free ports with
 //! temporary data dirs, replicas, a small HTTP client, the server's metrics and
 //! [`wait_until`], the one bounded poll of both test binaries.
 
@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-pub use leaderq::tools::harness::consul::LeaderqServer;
-use leaderq::tools::harness::{Cluster, Proc};
+pub use testkit::harness::consul::LeaderqServer;
+use testkit::harness::{Cluster, Proc};
 
 /// A running `leaderq server` (the shared harness's, with this test binary's leaderq);
 /// killed when dropped.
@@ -30,11 +30,8 @@ pub fn exe() -> &'static Path {
 /// `backend`'s servers for one test, under `dir`/coord, from the shared harness; `None`
 /// when they are not installed (the harness said so, or failed the test under
 /// LEADERQ_REQUIRE_SERVERS).
-pub fn start_cluster(
-    backend: &str,
-    dir: &Path,
-) -> Option<Box<dyn leaderq::tools::harness::Cluster>> {
-    leaderq::tools::harness::start_cluster(backend, exe(), &dir.join("coord"))
+pub fn start_cluster(backend: &str, dir: &Path) -> Option<Box<dyn testkit::harness::Cluster>> {
+    testkit::harness::start_cluster(backend, exe(), &dir.join("coord"))
         .unwrap_or_else(|why| panic!("cannot start the {backend} cluster: {why}"))
 }
 

@@ -8,7 +8,7 @@
 //! dead-lettered, every task runs to its end, and no two runs overlap.
 
 use super::*;
-use leaderq::tools::harness::link::{Fault, Links};
+use testkit::harness::link::{Fault, Links};
 
 on_every_backend! {
     /// A stop for the lease in a burst of errors, and bursts after it, use no attempt.

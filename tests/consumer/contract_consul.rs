@@ -1,4 +1,4 @@
-//! The coordinator contract suite (`coord::contract`), every check, against the Consul
+//! The coordinator contract suite (`testkit::contract`), every check, against the Consul
 //! backend over a real `leaderq server`: the same checks the in-memory coordinator passes
 //! in the unit tests.
 
@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use leaderq::coord::consul::client::{Client, ClientConfig, PutMode};
 use leaderq::coord::consul::{ConsulCoordSettings, ConsulCoordinator};
-use leaderq::coord::contract::{self, Producer, Subject, Timing};
 use leaderq::coord::{CoordError, CoordFuture};
+use testkit::contract::{self, Producer, Subject, Timing};
 
 use super::*;
 

@@ -1,14 +1,14 @@
-//! The coordinator contract suite (`coord::contract`), every check, against the etcd
+//! The coordinator contract suite (`testkit::contract`), every check, against the etcd
 //! backend on a real 3-member etcd cluster on loopback: the same checks the in-memory
 //! and Consul coordinators pass.
 
 use std::sync::Arc;
 
-use leaderq::coord::contract::{self, Producer, Subject, Timing};
 use leaderq::coord::etcd::client::{Client, ClientConfig, Op, Range, Txn};
 use leaderq::coord::etcd::{EtcdCoordSettings, EtcdCoordinator};
 use leaderq::coord::{CoordError, CoordFuture, Coordinator as _, TaskOp, Version, Written};
-use leaderq::tools::harness::etcd::EtcdCluster;
+use testkit::contract::{self, Producer, Subject, Timing};
+use testkit::harness::etcd::EtcdCluster;
 
 use super::*;
 

@@ -1,13 +1,13 @@
-//! The coordinator contract suite (`coord::contract`), every check, against the Redis
+//! The coordinator contract suite (`testkit::contract`), every check, against the Redis
 //! backend on a real `redis-server` (AOF on, `appendfsync always`): the same checks the
 //! in-memory and Consul coordinators pass.
 
 use std::sync::Arc;
 
-use leaderq::coord::contract::{self, Producer, Subject, Timing};
 use leaderq::coord::redis::{Layout, RedisCoordSettings, RedisCoordinator};
 use leaderq::coord::{CoordError, CoordFuture, Coordinator, Edit, Edited, Version};
-use leaderq::tools::harness::redis::RedisServer;
+use testkit::contract::{self, Producer, Subject, Timing};
+use testkit::harness::redis::RedisServer;
 
 use super::*;
 

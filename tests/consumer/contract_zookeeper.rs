@@ -1,14 +1,14 @@
-//! The coordinator contract suite (`coord::contract`), every check, against the ZooKeeper
+//! The coordinator contract suite (`testkit::contract`), every check, against the ZooKeeper
 //! backend over a real 3-member ensemble, under a chroot: the same checks the in-memory and
 //! Consul coordinators pass, with ZooKeeper's two declared differences (no lock-delay, no
 //! lease taken up by a new process).
 
 use std::sync::Arc;
 
-use leaderq::coord::contract::{self, Producer, Subject, Timing};
 use leaderq::coord::zookeeper::{ZkCoordSettings, ZkCoordinator};
 use leaderq::coord::{CoordError, CoordFuture};
-use leaderq::tools::harness::zookeeper::Ensemble;
+use testkit::contract::{self, Producer, Subject, Timing};
+use testkit::harness::zookeeper::Ensemble;
 use zookeeper_client as zk;
 
 use super::*;

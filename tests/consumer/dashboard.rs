@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use leaderq::tools::harness::{self, Proc};
+use testkit::harness::{self, Proc};
 
 use super::*;
 

@@ -10,8 +10,8 @@
 //! restarted with it: what keeps the next token above them is then only the highest token
 //! each replica saw, kept in its data dir.
 
-use leaderq::tools::harness::redis::{RedisServer, PREFIX};
-use leaderq::tools::harness::Cluster;
+use testkit::harness::redis::{RedisServer, PREFIX};
+use testkit::harness::Cluster;
 
 use super::*;
 

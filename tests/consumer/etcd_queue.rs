@@ -13,8 +13,8 @@
 use std::sync::Arc;
 
 use leaderq::coord::etcd::{EtcdCoordSettings, EtcdCoordinator};
-use leaderq::tools::harness::etcd::EtcdCluster;
-use leaderq::tools::harness::Cluster;
+use testkit::harness::etcd::EtcdCluster;
+use testkit::harness::Cluster;
 
 use super::contract_etcd::etcd_client;
 use super::*;

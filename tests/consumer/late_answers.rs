@@ -1,5 +1,5 @@
 //! Answers from the coordinator that come back late, on every backend's real servers: a
-//! proxy in front of each member (`leaderq::tools::harness::link`) delays every byte on
+//! proxy in front of each member (`testkit::harness::link`) delays every byte on
 //! its way back to the leader, while the leader's requests arrive on time. Below the bound
 //! the settings promise (`docs/handlers.md`: 2/3 × TTL − kill_grace − TTL/10), no run is
 //! stopped and leadership stays where it is, however long the latency lasts; past it, the
@@ -7,7 +7,7 @@
 //! another replica starts the task again.
 
 use super::*;
-use leaderq::tools::harness::link::{Fault, Links};
+use testkit::harness::link::{Fault, Links};
 use toolbox::{first_run, runs_in, Reaper};
 
 on_every_backend! {

@@ -282,7 +282,7 @@ impl Losing for LosingProxy {
 /// With replica `r1` started behind `proxy`: it leads, drains task `id` (enqueued beside
 /// the proxy), that one answer (`what`, a commit) was lost on the wire, nothing was
 /// dead-lettered, and the task ran once, as its first attempt.
-async fn drains_losing_one<C: ?Sized + leaderq::tools::harness::Cluster>(
+async fn drains_losing_one<C: ?Sized + testkit::harness::Cluster>(
     bed: &TestBed<C>,
     proxy: &impl Losing,
     what: &str,
@@ -370,7 +370,7 @@ async fn one_completed_record(
 
 /// Starts replica `r1` of `bed`, one attempt allowed, with `var` (its coordinator's
 /// address) set to `address`, a proxy's; then as [`drains_losing_one`].
-async fn drain_through<C: ?Sized + leaderq::tools::harness::Cluster>(
+async fn drain_through<C: ?Sized + testkit::harness::Cluster>(
     bed: &mut TestBed<C>,
     var: &str,
     address: String,
@@ -420,7 +420,7 @@ async fn a_claim_whose_answer_was_lost_on_the_wire_costs_its_task_no_attempt() {
 /// `src/queue/tests/lost.rs` cover those, where the pace is scripted.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_completion_whose_answer_was_lost_on_the_wire_is_recorded_once() {
-    use leaderq::tools::harness::Cluster as _;
+    use testkit::harness::Cluster as _;
     let (bed, _proxy) =
         drain_one_losing(COMPLETION_OP, "the completion", |settings| settings, "c").await;
     one_completed_record(bed.coord.as_ref(), bed.cluster.env(), "c", &bed.logs()).await;
@@ -524,8 +524,8 @@ mod etcd {
 /// when a connection breaks. The replica's client connects again by itself.
 mod redis {
     use super::*;
-    use leaderq::tools::harness::redis::RedisServer;
-    use leaderq::tools::harness::Cluster as _;
+    use testkit::harness::redis::RedisServer;
+    use testkit::harness::Cluster as _;
 
     /// How long the proxy waits for Redis's answer to the marked call before it cuts the
     /// connection anyway.

@@ -11,8 +11,8 @@ use std::sync::Arc;
 
 use leaderq::coord::redis::RedisCoordinator;
 use leaderq::coord::{Campaign, Coordinator, FencingToken, HolderRecord, LeaseSpec};
-use leaderq::tools::harness::redis::{RedisServer, PREFIX};
-use leaderq::tools::harness::Cluster;
+use testkit::harness::redis::{RedisServer, PREFIX};
+use testkit::harness::Cluster;
 
 use super::contract_redis::redis_coordinator;
 use super::redis_queue::{redis_bed_on, RedisBed};

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::process::Command;
 
 use leaderq::coord::{Coordinator, TaskOp, Version, Written};
-use leaderq::tools::harness::redis::{RedisServer, PREFIX};
-use leaderq::tools::harness::{signal_pid, Cluster};
+use testkit::harness::redis::{RedisServer, PREFIX};
+use testkit::harness::{signal_pid, Cluster};
 
 use super::contract_redis::redis_coordinator;
 use super::*;

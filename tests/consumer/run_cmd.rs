@@ -8,7 +8,7 @@
 
 use std::process::{Child, Command, Stdio};
 
-use leaderq::tools::harness;
+use testkit::harness;
 
 use super::*;
 

@@ -16,7 +16,7 @@ on_every_backend! {
 /// How far ahead the task is scheduled, and how late its handler may start: late enough
 /// that a loaded machine does not fail the test, early enough that a leader which only
 /// noticed the task when its watch ended (tens of seconds here) does. How late it starts on an
-/// idle machine is a figure of `leaderq bench --only schedules`, not of a test.
+/// idle machine is a figure of `leaderq-lab bench --only schedules`, not of a test.
 const AHEAD_MS: u128 = 2_000;
 const LATE_MAX_MS: i128 = 1_500;
 /// The window in which the server's requests are counted: it starts once the leader has

@@ -41,7 +41,7 @@ fn tick_settings(journal: &Path, node: &str, handlers: bool) -> String {
 }
 
 /// Runs `leaderq schedules ARGS` against the cluster; its stdout.
-fn schedules(cluster: &dyn leaderq::tools::harness::Cluster, dir: &Path, args: &[&str]) -> String {
+fn schedules(cluster: &dyn testkit::harness::Cluster, dir: &Path, args: &[&str]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_leaderq"))
         .arg("schedules")
         .args(args)

@@ -154,7 +154,7 @@ async fn a_kept_supervisor_runs_the_next_task_and_dies_with_its_leader() {
     )
     .await;
     let start = wait_for_start(&bed, "f", "1", Duration::from_secs(10)).await;
-    let supervisor = leaderq::tools::harness::parent_of(start[3].parse().unwrap()).unwrap();
+    let supervisor = testkit::harness::parent_of(start[3].parse().unwrap()).unwrap();
     assert_eq!(
         first[2],
         supervisor.to_string(),

@@ -4,10 +4,10 @@
 //! harness, a directory, a journal and the replicas), and the runs a journal shows with
 //! [`Reaper`], which notes when each run's shell is gone. Processes, the HTTP client, the
 //! server's metrics and the harness's `Cluster`s live in `tests/common` and
-//! `leaderq::tools::harness`; what a test checks stays in the test.
+//! `testkit::harness`; what a test checks stays in the test.
 //!
 //! A backend whose server is not installed skips the test, and says so where it is seen
-//! (see `leaderq::tools::harness::external`); under `LEADERQ_REQUIRE_SERVERS` it fails it.
+//! (see `testkit::harness::external`); under `LEADERQ_REQUIRE_SERVERS` it fails it.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use leaderq::coord::{Coordinator, Leadership, Version};
-use leaderq::tools::harness::Cluster;
+use testkit::harness::Cluster;
 
 use super::common::{self, ConsumerProcess, ServerProcess};
 pub use super::common::{now_ns, wait_until};

@@ -3,8 +3,8 @@
 //! the faults of ZooKeeper's world: a replica SIGKILLed, an ensemble member SIGKILLed, a
 //! leader frozen (SIGSTOP) past its session timeout.
 
-use leaderq::tools::harness::zookeeper::Ensemble;
-use leaderq::tools::harness::Cluster;
+use testkit::harness::zookeeper::Ensemble;
+use testkit::harness::Cluster;
 
 use super::contract_zookeeper::{producer_client, ZnodeProducer};
 use super::*;
@@ -164,7 +164,7 @@ async fn a_member_kill_stops_nothing_and_a_frozen_leader_never_overlaps() {
         client: producer_client(&bed.cluster.connect()).await,
         leader_key: "consumerLeader".into(),
     };
-    use leaderq::coord::contract::Producer as _;
+    use testkit::contract::Producer as _;
     producer
         .put("oracleTask/task_1", &task(1, "Work", 1))
         .await
@@ -276,7 +276,7 @@ async fn a_restarted_leader_does_not_wait_for_its_old_session() {
         client: producer_client(&bed.cluster.connect()).await,
         leader_key: "consumerLeader".into(),
     };
-    use leaderq::coord::contract::Producer as _;
+    use testkit::contract::Producer as _;
     producer
         .put("oracleTask/task_1", &task(1, "Work", 1))
         .await

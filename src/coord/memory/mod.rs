@@ -34,7 +34,7 @@
 //!   sets it on every key a dying session held) but can be requeued.
 //!
 //! Test hooks stand in for producers, operators and faults: `put` (a producer's write, also
-//! the contract's `Producer`), `delete_leader_record` (an operator's `DELETE`: the holder
+//! the contract suite's `Producer`), `delete_leader_record` (an operator's `DELETE`: the holder
 //! loses leadership at once, no lock-delay, the counter stays), `expire_lease` (a hung
 //! replica: its lease ends now, lock-delay applies), `set_unavailable` (every call, a blocked
 //! waiter too, answers `Unavailable`).
@@ -52,11 +52,10 @@ use tokio::time::Instant;
 
 pub use self::state::{MemoryConfig, DEFAULT_MAX_BYTES, DEFAULT_MAX_OPS, DEFAULT_TTL_MIN};
 use self::state::{Op, Outcome, State};
-use super::contract::Producer;
 use super::{
-    Campaign, CoordError, CoordFuture, Edit, Edited, Elections, Grant, Holder, HolderRecord,
-    Leadership, LeaseId, LeaseSpec, Leases, Names, Renewal, StoredTask, TaskOp, Tasks, Version,
-    WriteCost, WriteLimits, Written,
+    Campaign, CoordError, Edit, Edited, Elections, Grant, Holder, HolderRecord, Leadership,
+    LeaseId, LeaseSpec, Leases, Names, Renewal, StoredTask, TaskOp, Tasks, Version, WriteCost,
+    WriteLimits, Written,
 };
 
 /// The longest a blocking `observe` or `list` waits, whatever it asks (Consul's cap); it
@@ -323,15 +322,5 @@ impl Tasks for MemoryCoordinator {
 
     fn limits(&self) -> WriteLimits {
         self.lock().limits()
-    }
-}
-
-impl Producer for MemoryCoordinator {
-    fn put<'a>(&'a self, key: &'a str, value: &'a [u8]) -> CoordFuture<'a, ()> {
-        Box::pin(async move { MemoryCoordinator::put(self, key, value) })
-    }
-
-    fn delete_leader_record(&self) -> CoordFuture<'_, ()> {
-        Box::pin(async move { MemoryCoordinator::delete_leader_record(self) })
     }
 }

@@ -609,7 +609,7 @@ mod tests {
     }
 
     /// The Redis guide's producer command (docs/redis.md) is this script, word for word:
-    /// what the tests write with (`harness::redis`) is what users paste.
+    /// what the tests write with (testkit's `harness::redis`) is what users paste.
     #[test]
     fn the_redis_guide_shows_the_producers_script() {
         let guide = include_str!("../../../docs/redis.md");

@@ -1,8 +1,7 @@
-//! Tests of the in-memory coordinator: the pure state driven with scripted instants (here),
-//! the shell's waits on tokio's paused clock (`shell.rs`), and the contract suite, one test
-//! per check, with broken coordinators it must catch (`contract.rs`).
+//! Tests of the in-memory coordinator: the pure state driven with scripted instants (here)
+//! and the shell's waits on tokio's paused clock (`shell.rs`). The contract suite runs on it
+//! in `tests/contract_memory.rs`, through testkit, which links leaderq as a crate of its own.
 
-mod contract;
 mod shell;
 
 use std::time::Duration;

@@ -25,8 +25,8 @@ use serde_json::json;
 use super::consumer::{task_body, task_body_at, Target, BACKLOG_TASK_TIME, TASK_TYPE};
 use super::floor::{self, Counters};
 use super::{mib, progress, rss_of, Options, Report, TempDir};
-use crate::coord::{Coordinator, Edit, Edited};
-use crate::tools::chaos::leader_node;
+use crate::chaos::leader_node;
+use leaderq::coord::{Coordinator, Edit, Edited};
 
 /// Backlogs measured when none are given.
 pub const DEFAULT_BACKLOGS: [usize; 3] = [1_000, 10_000, 100_000];
@@ -308,7 +308,7 @@ async fn drain(
         "backlog: draining {backlog} tasks with one replica"
     ));
     let before = counters(server, backend).await;
-    let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
+    let exe = crate::exe::leaderq()?;
     let mut child = start_replica(&exe, server, &config, &dir)?;
     let measured = measure(server, &child, backlog).await;
     let after = counters(server, backend).await;

@@ -25,9 +25,9 @@ use tokio_util::sync::CancellationToken;
 use super::backlog::{enqueue, measure, start_replica, Drain};
 use super::consumer::{Target, TASK_TYPE};
 use super::{progress, Options, Report, TempDir};
-use crate::handler::TaskContext;
-use crate::supervise::leader::{Job, Pool};
-use crate::supervise::Supervision;
+use leaderq::handler::TaskContext;
+use leaderq::supervise::leader::{Job, Pool};
+use leaderq::supervise::Supervision;
 
 /// Backlogs drained when none are given.
 pub const DEFAULT_EXEC_BACKLOGS: [usize; 3] = [250, 2_000, 10_000];
@@ -76,10 +76,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         "",
     );
     let exes: Vec<(&str, PathBuf)> = {
-        let mut exes = vec![(
-            "leaderq",
-            std::env::current_exe().context("cannot find the leaderq binary")?,
-        )];
+        let mut exes = vec![("leaderq", crate::exe::leaderq()?)];
         if let Some(baseline) = &options.baseline_exe {
             exes.push(("baseline", baseline.clone()));
         }
@@ -155,8 +152,10 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
 
 /// The three ways of running `PROGRAM`, alternating in rounds.
 async fn per_run() -> anyhow::Result<PerRun> {
+    // leaderq's own supervisor (`leaderq __supervise`), as a replica starts it.
+    let program = crate::exe::leaderq()?;
     let supervision = |pool: Pool| Supervision {
-        program: crate::supervise::leader::this_program(),
+        program: program.clone(),
         kill_grace: Duration::from_secs(1),
         margin: Duration::from_millis(100),
         lock_file: None,
@@ -205,7 +204,7 @@ fn bare() -> anyhow::Result<()> {
 async fn supervised(supervision: &Supervision) -> anyhow::Result<()> {
     let command = [PROGRAM.to_string()];
     let cancel = CancellationToken::new();
-    let ended = crate::supervise::leader::run(
+    let ended = leaderq::supervise::leader::run(
         supervision,
         Job {
             command: &command,

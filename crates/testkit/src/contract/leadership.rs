@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::support::*;
 use super::Subject;
-use crate::coord::{Campaign, HolderRecord, Leadership, Renewal, TaskOp, Version, Written};
+use leaderq::coord::{Campaign, HolderRecord, Leadership, Renewal, TaskOp, Version, Written};
 
 /// Of several leases campaigning at once, exactly one wins; the others hear `Held`, and
 /// the holder observed is the winner, with its record and token.

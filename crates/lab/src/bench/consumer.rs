@@ -23,11 +23,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::{mib, progress, rss_of, summarize, Options, Report, TempDir};
-use crate::config::Settings;
-use crate::coord::{Coordinator, Edit, Edited};
-use crate::handler::{Handler, HandlerFuture, Registry, TaskContext};
-use crate::tools::chaos::wait_for_leader;
-use crate::tools::harness::{self, Cluster};
+use crate::chaos::wait_for_leader;
+use leaderq::config::Settings;
+use leaderq::coord::{Coordinator, Edit, Edited};
+use leaderq::handler::{Handler, HandlerFuture, Registry, TaskContext};
+use testkit::harness::{self, Cluster};
 
 pub(super) const TASK_TYPE: &str = "Bench";
 /// Clients that enqueue the drain backlog concurrently.
@@ -74,13 +74,13 @@ pub(super) struct Target {
 
 impl Target {
     pub(super) fn start(backend: &str) -> anyhow::Result<Target> {
-        let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
+        let exe = crate::exe::leaderq()?;
         let dir = TempDir::new()?;
         let cluster = harness::start_cluster(backend, &exe, &dir.0.join("coordinator"))
             .map_err(|why| anyhow::anyhow!("cannot start the {backend} cluster: {why}"))?
             .with_context(|| format!("the {backend} server is not installed"))?;
         Ok(Target {
-            coord: crate::tools::chaos::coordinator_of(cluster.as_ref())?,
+            coord: crate::chaos::coordinator_of(cluster.as_ref())?,
             env: cluster.env(),
             _cluster: cluster,
             _dir: dir,
@@ -158,7 +158,7 @@ pub(super) fn start_replica(
     let stop = CancellationToken::new();
     let token = stop.clone();
     let task = tokio::spawn(async move {
-        if let Err(err) = crate::service::consume::run(settings, registry, token).await {
+        if let Err(err) = leaderq::service::consume::run(settings, registry, token).await {
             tracing::error!(error = %err, "bench replica failed");
         }
     });
@@ -423,7 +423,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
     // RSS of an idle `leaderq consume` process (leading an empty queue).
     let server = Target::start(backend)?;
     let dir = TempDir::new()?;
-    let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
+    let exe = crate::exe::leaderq()?;
     let mut child = Command::new(exe)
         .arg("consume")
         .envs(server.env.iter().map(|(k, v)| (k, v)))

@@ -325,7 +325,7 @@ async fn blocked_queries(http: &reqwest::Client, base: &Arc<String>) -> anyhow::
         .context("the server reports no leaderq_server_blocked_queries")
 }
 
-/// User plus system CPU time of a process so far, in clock ticks (/proc/<pid>/stat).
+/// User plus system CPU time of a process so far, in clock ticks (`/proc/<pid>/stat`).
 fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // The command name may hold spaces; the fields after its closing parenthesis do not.

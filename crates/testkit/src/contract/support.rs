@@ -7,7 +7,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::Subject;
-use crate::coord::{
+use leaderq::coord::{
     Campaign, CoordError, HolderRecord, Leadership, LeaseId, LeaseSpec, Renewal, StoredTask,
     TaskOp, TaskVersion, Version,
 };

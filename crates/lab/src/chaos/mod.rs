@@ -1,4 +1,4 @@
-//! `leaderq chaos`: a cluster of real processes (a coordinator started by the shared
+//! `leaderq-lab chaos`: a cluster of real processes (a coordinator started by the shared
 //! harness: one `leaderq server`, or a ZooKeeper, Redis or etcd cluster; three `leaderq
 //! consume` replicas, each reaching the coordinator through links of its own,
 //! `harness::link`) runs thousands of tasks while leaders are SIGKILLed (process group, or
@@ -30,9 +30,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::json;
 
-use crate::coord::{Coordinator, Edit, Version};
-use crate::tools::harness::link::{Fault, Links};
-use crate::tools::harness::{self, Cluster as CoordCluster};
+use leaderq::coord::{Coordinator, Edit, Version};
+use testkit::harness::link::{Fault, Links};
+use testkit::harness::{self, Cluster as CoordCluster};
 
 pub use audit::Audit;
 use audit::Event;
@@ -50,9 +50,9 @@ const LATE_SHARE: f64 = 0.8;
 
 /// The "latency" event's delay on every answer, and how long it lasts (three TTLs).
 fn late_answers() -> anyhow::Result<(Duration, Duration)> {
-    let parse = |text| crate::util::duration::parse(text).map_err(|why| anyhow::anyhow!(why));
+    let parse = |text| leaderq::util::duration::parse(text).map_err(|why| anyhow::anyhow!(why));
     let (ttl, kill_grace) = (parse(SESSION_TTL)?, parse(procs::KILL_GRACE)?);
-    let bound = (ttl * 2 / 3).saturating_sub(kill_grace + crate::supervise::lease_margin(ttl));
+    let bound = (ttl * 2 / 3).saturating_sub(kill_grace + leaderq::supervise::lease_margin(ttl));
     Ok((bound.mul_f64(LATE_SHARE), ttl * 3))
 }
 
@@ -143,7 +143,7 @@ impl ChaosOptions {
 
 /// The leader's holder record, read through the coordinator seam; `None` when nobody
 /// leads or the coordinator does not answer within 2 s.
-pub(crate) async fn leader_record(coord: &dyn Coordinator) -> Option<crate::coord::HolderRecord> {
+pub(crate) async fn leader_record(coord: &dyn Coordinator) -> Option<leaderq::coord::HolderRecord> {
     let observed = tokio::time::timeout(
         Duration::from_secs(2),
         coord.observe(Version(0), Duration::ZERO),
@@ -180,8 +180,8 @@ pub(crate) async fn wait_for_leader(
 /// The coordinator a cluster's replicas use, as `leaderq` itself builds it from the
 /// cluster's environment.
 pub(crate) fn coordinator_of(cluster: &dyn CoordCluster) -> anyhow::Result<Arc<dyn Coordinator>> {
-    let settings = crate::config::Settings::load(None, cluster.env())?;
-    Ok(crate::service::connect::connect(&settings)?)
+    let settings = leaderq::config::Settings::load(None, cluster.env())?;
+    Ok(leaderq::service::connect::connect(&settings)?)
 }
 
 /// Creates the run's tasks (create-only writes through the seam, a batch at a time).
@@ -220,8 +220,8 @@ async fn enqueue(
                     })
                     .collect();
                 match coord.edit(&edits).await? {
-                    crate::coord::Edited::Done => {}
-                    crate::coord::Edited::Conflict(keys) => bail!("enqueue: {keys:?} exist"),
+                    leaderq::coord::Edited::Done => {}
+                    leaderq::coord::Edited::Conflict(keys) => bail!("enqueue: {keys:?} exist"),
                 }
             }
             anyhow::Ok(())
@@ -244,7 +244,7 @@ async fn queue_is_empty(coord: &dyn Coordinator) -> bool {
 }
 
 pub async fn run(options: ChaosOptions) -> anyhow::Result<Audit> {
-    let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
+    let exe = crate::exe::leaderq()?;
     let dir = std::env::temp_dir().join(format!("leaderq-chaos-{}", uuid::Uuid::new_v4()));
     std::fs::create_dir_all(&dir)?;
     let cluster = harness::start_cluster(&options.backend, &exe, &dir.join("coordinator"))
@@ -307,7 +307,7 @@ impl Cluster<'_> {
         let (_, env) = self.links.get(name).context("a replica without links")?;
         let mut env = env.clone();
         env.push((
-            crate::leader::faults::STALL_RENEWALS_ENV.into(),
+            leaderq::leader::faults::STALL_RENEWALS_ENV.into(),
             stall_file(self.dir, name).display().to_string(),
         ));
         let replica = start_replica_with(

@@ -1,4 +1,4 @@
-//! The one process harness: what the integration tests, `leaderq bench` and `leaderq
+//! The one process harness: what the integration tests, `leaderq-lab bench` and `leaderq-lab
 //! chaos` use to run real servers and replicas. Child processes that die with their owner,
 //! signals to a process or its group, free loopback ports, bounded waits for readiness,
 //! and the rule for external coordinators (ZooKeeper, Redis, etcd):
@@ -186,8 +186,9 @@ pub trait Cluster: Send {
     fn revoke_leader_lease(&self, leader_key: &str) -> Result<bool, String>;
 }
 
-/// The backends a [`Cluster`] can be started for, by `[coordinator] backend` name.
-pub const BACKENDS: &[&str] = &["consul", "etcd", "redis", "zookeeper"];
+/// The backends a [`Cluster`] can be started for, by `[coordinator] backend` name: every
+/// backend leaderq has.
+pub use leaderq::config::BACKENDS;
 
 /// Starts a cluster of `backend` under `dir` (members' data and logs), with `exe` as the
 /// leaderq binary where the backend is `leaderq server`. `Ok(None)` when the backend's

@@ -1,7 +1,7 @@
 //! The replicas a chaos run (and the failover bench) drives: `leaderq consume` processes
 //! in their own process groups, pointed at the coordinator by its environment, and the
 //! handler they run, a wrapper that forks a worker which journals its own life. (The
-//! coordinator itself comes from the shared harness, `tools::harness`.)
+//! coordinator itself comes from the shared harness, `testkit::harness`.)
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -22,7 +22,7 @@ pub(crate) fn now_ns() -> u128 {
         .as_nanos()
 }
 
-pub(crate) use crate::tools::harness::{signal_group, signal_pid};
+pub(crate) use testkit::harness::{signal_group, signal_pid};
 
 pub(crate) struct Replica {
     pub(crate) name: String,

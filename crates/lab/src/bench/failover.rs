@@ -17,12 +17,10 @@ use anyhow::{bail, Context};
 use serde_json::json;
 
 use super::{progress, summarize, Latency, TempDir};
-use crate::coord::{Coordinator, Edit};
-use crate::tools::chaos::{
-    self, now_ns, signal_group, start_replica_with, wait_for_leader, ReplicaSetup,
-};
-use crate::tools::harness;
-use crate::util::duration;
+use crate::chaos::{self, now_ns, signal_group, start_replica_with, wait_for_leader, ReplicaSetup};
+use leaderq::coord::{Coordinator, Edit};
+use leaderq::util::duration;
+use testkit::harness;
 
 /// One task every this often while the leader is hit.
 const FLOW_INTERVAL: Duration = Duration::from_millis(10);
@@ -269,7 +267,7 @@ async fn measure(
 }
 
 pub async fn section(runs: usize, backend: &str, report: &mut super::Report) -> anyhow::Result<()> {
-    let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
+    let exe = crate::exe::leaderq()?;
     let ttl = duration::parse(chaos::SESSION_TTL).unwrap_or_default();
     let lock_delay = duration::parse(chaos::LOCK_DELAY).unwrap_or_default();
     progress(&format!(
@@ -382,7 +380,7 @@ mod tests {
     #[test]
     fn the_defaults_setup_is_the_defaults() {
         let settings =
-            crate::config::Settings::load(None, crate::config::Env::new()).expect("defaults");
+            leaderq::config::Settings::load(None, leaderq::config::Env::new()).expect("defaults");
         assert_eq!(
             duration::parse(DEFAULTS_SETUP.session_ttl),
             Ok(settings.election.lease_ttl)

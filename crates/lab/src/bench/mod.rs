@@ -1,4 +1,4 @@
-//! `leaderq bench`: measures leaderq as its users see it. It starts its own coordinators
+//! `leaderq-lab bench`: measures leaderq as its users see it. It starts its own coordinators
 //! (`leaderq server` processes, or with `--backend` another backend's cluster, from the
 //! shared harness) on free ports with temporary data dirs, drives them and prints a table
 //! (or one JSON object), each number next to its target.
@@ -105,21 +105,21 @@ impl Default for Options {
 /// A `leaderq server` child process for the benchmark with its temp data dir; the process
 /// is killed on drop.
 struct ServerChild {
-    server: crate::tools::harness::consul::LeaderqServer,
+    server: testkit::harness::consul::LeaderqServer,
     base: String,
     _dir: TempDir,
 }
 
 impl ServerChild {
     fn start() -> anyhow::Result<ServerChild> {
-        let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
+        let exe = crate::exe::leaderq()?;
         ServerChild::start_exe(&exe, &[])
     }
 
     /// A server of the binary `exe`, with extra `leaderq server` flags.
     fn start_exe(exe: &std::path::Path, extra: &[&str]) -> anyhow::Result<ServerChild> {
         let dir = TempDir::new()?;
-        let server = crate::tools::harness::consul::LeaderqServer::start(
+        let server = testkit::harness::consul::LeaderqServer::start(
             exe,
             "127.0.0.1:0",
             &dir.0.join("data"),
@@ -408,7 +408,7 @@ async fn contention(
         server::read_under_writes(&http, &base, CONTENTION_WRITERS, options.seconds).await?;
     drop(server);
 
-    crate::server::serve::raise_open_files_limit();
+    leaderq::server::serve::raise_open_files_limit();
     let server = ServerChild::start_exe(exe, &["--http-max-conns-per-client", "0"])?;
     let base = Arc::new(server.base.clone());
     progress(&format!(
@@ -432,7 +432,7 @@ async fn contention(
 }
 
 async fn contention_section(options: &Options, report: &mut Report) -> anyhow::Result<()> {
-    let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
+    let exe = crate::exe::leaderq()?;
     let baseline = match &options.baseline_exe {
         Some(path) => Some(contention(path, options, " (baseline)").await?),
         None => None,

@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::consumer::{settings, Target};
 use super::{progress, Options, Report, TempDir};
-use crate::coord::{Edit, Edited};
-use crate::handler::{Handler, HandlerFuture, Registry, TaskContext};
+use leaderq::coord::{Edit, Edited};
+use leaderq::handler::{Handler, HandlerFuture, Registry, TaskContext};
 
 const TASK_TYPE: &str = "BenchGroup";
 /// What each run takes.
@@ -66,7 +66,7 @@ async fn drain(backend: &str, concurrency: usize) -> anyhow::Result<(usize, f64)
     let stop = CancellationToken::new();
     let token = stop.clone();
     let replica = tokio::spawn(async move {
-        if let Err(err) = crate::service::consume::run(settings, registry, token).await {
+        if let Err(err) = leaderq::service::consume::run(settings, registry, token).await {
             tracing::error!(error = %err, "bench replica failed");
         }
     });

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::support::*;
 use super::Subject;
-use crate::coord::{batch_cost, CoordError, Edit, Edited, TaskOp, TaskVersion, Written};
+use leaderq::coord::{batch_cost, CoordError, Edit, Edited, TaskOp, TaskVersion, Written};
 
 /// A leader that resigned, or whose lease was revoked, writes nothing: every write answers
 /// `NotLeader` and the task stays as it was.

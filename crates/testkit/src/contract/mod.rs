@@ -1,4 +1,4 @@
-//! The contract every coordinator passes: the module header of [`crate::coord`] as checks
+//! The contract every coordinator passes: the module header of [`leaderq::coord`] as checks
 //! that run against any [`Coordinator`]: the in-memory one in unit tests, real servers in
 //! the integration tests (`leaderq server` through the Consul backend, a ZooKeeper ensemble,
 //! an etcd cluster, a Redis).
@@ -25,7 +25,8 @@ pub use self::finish::*;
 pub use self::leadership::*;
 pub use self::queue::*;
 pub use self::writes::*;
-use super::{CoordFuture, Coordinator};
+use leaderq::coord::memory::MemoryCoordinator;
+use leaderq::coord::{CoordFuture, Coordinator};
 
 /// How the checks write as producers and operators do, outside the coordinator trait (a KV
 /// PUT on Consul, a `curl -X DELETE` of the leader key).
@@ -36,6 +37,18 @@ pub trait Producer: Send + Sync {
     /// key, etcd's campaign keys, ZooKeeper's latch znodes, Redis's leader key (the record
     /// that says who holds leadership now, not the fencing counter behind it).
     fn delete_leader_record(&self) -> CoordFuture<'_, ()>;
+}
+
+/// The in-memory coordinator writes as a producer and deletes its leader record as an
+/// operator through its test hooks.
+impl Producer for MemoryCoordinator {
+    fn put<'a>(&'a self, key: &'a str, value: &'a [u8]) -> CoordFuture<'a, ()> {
+        Box::pin(async move { MemoryCoordinator::put(self, key, value) })
+    }
+
+    fn delete_leader_record(&self) -> CoordFuture<'_, ()> {
+        Box::pin(async move { MemoryCoordinator::delete_leader_record(self) })
+    }
 }
 
 /// The times a run uses: the backend's shortest TTL keeps the suite fast.
@@ -133,6 +146,7 @@ macro_rules! checks {
 /// Calls the macro `$then` with the name of every check of the contract, in order: the
 /// one list of them, from which [`CHECKS`] and the in-memory coordinator's one test per
 /// check are both made.
+#[macro_export]
 macro_rules! with_checks {
     ($then:ident) => {
         $then!(
@@ -163,8 +177,7 @@ macro_rules! with_checks {
         );
     };
 }
-#[cfg(test)]
-pub(crate) use with_checks;
+pub use crate::with_checks;
 
 with_checks!(checks);
 

@@ -3,7 +3,7 @@
 //! [`RedisServer::start_with`]`("off")` starts one without persistence, which loses
 //! everything on a restart: for the tests of what leaderq refuses, and accepts.
 //! `produce` writes with the producers' documented command (`redis-cli EVAL` of
-//! [`crate::coord::redis::PRODUCE`]). Missing binaries skip or fail by [`super::external`].
+//! [`leaderq::coord::redis::PRODUCE`]). Missing binaries skip or fail by [`super::external`].
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
@@ -192,7 +192,7 @@ impl Cluster for RedisServer {
     fn produce(&self, key: &str, value: &[u8]) -> Result<(), String> {
         self.cli(&[
             b"EVAL",
-            crate::coord::redis::PRODUCE.as_bytes(),
+            leaderq::coord::redis::PRODUCE.as_bytes(),
             b"0",
             PREFIX.as_bytes(),
             key.as_bytes(),

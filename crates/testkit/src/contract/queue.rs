@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use super::support::*;
 use super::Subject;
-use crate::coord::{Edit, Edited, TaskOp, Version, Written};
+use leaderq::coord::{Edit, Edited, TaskOp, Version, Written};
 
 /// `list` gives the tasks under the prefix in key order with their values, versions and
 /// creation order (kept across rewrites); `keys` and `get` agree with it.

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::support::*;
 use super::Subject;
-use crate::coord::{Edit, Edited, TaskOp, Written};
+use leaderq::coord::{Edit, Edited, TaskOp, Written};
 
 /// A finish deletes the claimed task and writes its record in one write; at a version that
 /// moved it conflicts and writes nothing; a task an operator deleted under the claim is

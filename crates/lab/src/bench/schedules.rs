@@ -19,9 +19,9 @@ use tokio::sync::mpsc;
 
 use super::consumer::{self, Target, LEADER_LIMIT, TASK_TYPE};
 use super::{progress, Options, Report, TempDir};
-use crate::coord::{Coordinator, Version};
-use crate::schedule::store::{self, TickRecord};
-use crate::tools::chaos::wait_for_leader;
+use crate::chaos::wait_for_leader;
+use leaderq::coord::{Coordinator, Version};
+use leaderq::schedule::store::{self, TickRecord};
 
 /// Ticks of the 1 s schedule measured (the first one seen is not: it may predate the watch).
 const TICKS: usize = 15;
@@ -77,7 +77,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         IDLE_WINDOW.as_secs()
     ));
     let empty = requests_per_minute(&target).await;
-    let run_at = crate::task::rfc3339(Utc::now() + RUN_AT_AHEAD);
+    let run_at = leaderq::task::rfc3339(Utc::now() + RUN_AT_AHEAD);
     let body = json!({"taskId": "later", "taskTime": 1, "taskTaken": false, "taskType": TASK_TYPE, "taskPara": {}, "runAt": run_at});
     consumer::put_body(target.coord.as_ref(), "later", body.to_string()).await?;
     tokio::time::sleep(SETTLE).await;
@@ -91,8 +91,8 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         "schedules: {TICKS} ticks of an every = \"1s\" schedule"
     ));
     let settings = consumer::settings(&target, "bench-apply", &dir)?;
-    let schedules = crate::schedule::parse_file(SCHEDULE)?;
-    crate::operate::schedules::apply(target.coord.as_ref(), &settings, schedules, Utc::now())
+    let schedules = leaderq::schedule::parse_file(SCHEDULE)?;
+    leaderq::operate::schedules::apply(target.coord.as_ref(), &settings, schedules, Utc::now())
         .await
         .context("cannot apply the bench schedule")?;
     let late = watch_ticks(

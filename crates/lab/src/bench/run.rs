@@ -11,11 +11,11 @@ use anyhow::{bail, Context};
 use serde_json::json;
 
 use super::{progress, summarize, Latency, Report, TempDir};
-use crate::tools::harness::{self, parent_of, signal_pid};
+use testkit::harness::{self, parent_of, signal_pid};
 
 /// The replicas' TTL and lock-delay: the chaos settings, so the figures compare.
-const SESSION_TTL: &str = crate::tools::chaos::SESSION_TTL;
-const LOCK_DELAY: &str = crate::tools::chaos::LOCK_DELAY;
+const SESSION_TTL: &str = crate::chaos::SESSION_TTL;
+const LOCK_DELAY: &str = crate::chaos::LOCK_DELAY;
 
 const SCRIPT: &str =
     r#"echo "$(date +%s%N) $LEADERQ_FENCING_TOKEN $PPID" >> "$JOURNAL"; exec sleep 1000"#;
@@ -64,7 +64,7 @@ async fn wait_for_starts(dir: &Path, count: usize) -> anyhow::Result<Vec<(u128, 
 
 /// `runs` takeovers after `signal` to the leading `leaderq run`.
 async fn measure(backend: &str, signal: &str, runs: usize) -> anyhow::Result<Latency> {
-    let exe = std::env::current_exe().context("cannot find the leaderq binary")?;
+    let exe = crate::exe::leaderq()?;
     let dir = TempDir::new()?;
     let cluster = harness::start_cluster(backend, &exe, &dir.0.join("coordinator"))
         .map_err(|why| anyhow::anyhow!("cannot start the {backend} cluster: {why}"))?

@@ -1,22 +1,26 @@
-//! The contract suite on the in-memory coordinator, one test per check, and coordinators
-//! with one fault each that the suite must catch.
+//! The contract suite (testkit's) on the in-memory coordinator, one test per check on
+//! tokio's paused clock, and coordinators with one fault each that the suite must catch.
+//! An integration test, not a unit test of `coord::memory`: testkit links leaderq as a
+//! crate of its own, whose types a unit test's `crate::` ones are not.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::secs;
-use super::shell::shared;
-use crate::coord::contract::{self, Subject, Timing};
-use crate::coord::memory::MemoryCoordinator;
-use crate::coord::{
+use leaderq::coord::memory::MemoryCoordinator;
+use leaderq::coord::{
     Campaign, CoordFuture, Coordinator, Edit, Edited, FencingToken, Grant, Holder, HolderRecord,
     Leadership, LeaseId, LeaseSpec, Names, Renewal, StoredTask, TaskOp, Version, WriteCost,
     WriteLimits, Written,
 };
+use testkit::contract::{self, Subject, Timing};
+
+fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
 
 fn subject() -> Subject {
-    let coord = shared();
+    let coord = Arc::new(MemoryCoordinator::default());
     Subject {
         coord: coord.clone(),
         producer: coord,
@@ -53,7 +57,7 @@ macro_rules! contract_tests {
     };
 }
 
-contract::with_checks!(contract_tests);
+testkit::with_checks!(contract_tests);
 
 /// `run_all` runs every check and passes on a coordinator that keeps the contract.
 #[tokio::test(start_paused = true)]
