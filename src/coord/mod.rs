@@ -44,6 +44,7 @@ pub mod contract;
 pub mod etcd;
 pub mod memory;
 mod names;
+mod op;
 pub mod redis;
 pub mod zookeeper;
 
@@ -54,6 +55,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use names::Names;
+pub use op::{Effect, Expected, HeldBy, Holding, Record, Requirement, TaskOp};
 
 /// The future every coordinator call returns: boxed, so the seam can be a trait object
 /// chosen at start from the settings.
@@ -231,150 +233,6 @@ pub struct StoredTask {
     pub created: u64,
     /// The lease holding the task's claim, if one still does.
     pub holder: Option<LeaseId>,
-}
-
-/// One write to the queue. Each is conditioned on the version the leader last read; the
-/// whole batch is also conditioned on the leadership it is written under.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TaskOp {
-    /// Mark the task taken by this leadership's lease, writing `value`.
-    Claim {
-        key: String,
-        version: TaskVersion,
-        value: Vec<u8>,
-    },
-    /// Delete the task: its run finished.
-    Complete { key: String, version: TaskVersion },
-    /// Write `value` and give up this lease's claim (a retry, a run put back).
-    Release {
-        key: String,
-        version: TaskVersion,
-        value: Vec<u8>,
-    },
-    /// Write `value` to a task no live lease holds (an orphan put back in the queue).
-    Rewrite {
-        key: String,
-        version: TaskVersion,
-        value: Vec<u8>,
-    },
-    /// Delete the task and write `value` under `to` (the dead-letter prefix).
-    Move {
-        key: String,
-        version: TaskVersion,
-        to: String,
-        value: Vec<u8>,
-    },
-    /// Delete the task, its run finished, and write its history record `value` under
-    /// `to`, in the same write. Unlike [`TaskOp::Move`], a task that is gone already (under
-    /// the leadership guard only an operator can delete a claimed task) may be finished all
-    /// the same: `Done` with the record written, or `Conflict` with nothing written, are
-    /// both right (the run did finish, so its record is true either way). A backend on
-    /// which that saves an operation (Consul: no `check-index` before the `delete-cas`)
-    /// writes it in fewer.
-    Finish {
-        key: String,
-        version: TaskVersion,
-        to: String,
-        value: Vec<u8>,
-    },
-    /// Create `key` holding `value`, unheld; conflicts if it exists: a schedule's tick,
-    /// enqueued by the leader in the same write that records the tick, so that it is
-    /// enqueued at most once whoever leads.
-    Create { key: String, value: Vec<u8> },
-}
-
-impl TaskOp {
-    /// The version the op is conditioned on (0 for a key that must not exist yet).
-    pub fn version(&self) -> TaskVersion {
-        match self {
-            TaskOp::Create { .. } => TaskVersion(0),
-            TaskOp::Claim { version, .. }
-            | TaskOp::Complete { version, .. }
-            | TaskOp::Release { version, .. }
-            | TaskOp::Rewrite { version, .. }
-            | TaskOp::Move { version, .. }
-            | TaskOp::Finish { version, .. } => *version,
-        }
-    }
-
-    /// Where a move or a finish writes its record (the dead letter, the history record).
-    pub fn record_key(&self) -> Option<&str> {
-        match self {
-            TaskOp::Move { to, .. } | TaskOp::Finish { to, .. } => Some(to),
-            _ => None,
-        }
-    }
-
-    /// The length of the value the op writes (0 for a completion).
-    pub fn value_len(&self) -> usize {
-        match self {
-            TaskOp::Claim { value, .. }
-            | TaskOp::Release { value, .. }
-            | TaskOp::Rewrite { value, .. }
-            | TaskOp::Move { value, .. }
-            | TaskOp::Finish { value, .. }
-            | TaskOp::Create { value, .. } => value.len(),
-            TaskOp::Complete { .. } => 0,
-        }
-    }
-
-    /// The op with an empty value: what a backend measures to cost an op, adding the
-    /// value's length, so that costing every candidate of a claim copies nothing big.
-    pub fn bare(&self) -> TaskOp {
-        match self {
-            TaskOp::Complete { key, version } => TaskOp::Complete {
-                key: key.clone(),
-                version: *version,
-            },
-            TaskOp::Claim { key, version, .. } => TaskOp::Claim {
-                key: key.clone(),
-                version: *version,
-                value: Vec::new(),
-            },
-            TaskOp::Release { key, version, .. } => TaskOp::Release {
-                key: key.clone(),
-                version: *version,
-                value: Vec::new(),
-            },
-            TaskOp::Rewrite { key, version, .. } => TaskOp::Rewrite {
-                key: key.clone(),
-                version: *version,
-                value: Vec::new(),
-            },
-            TaskOp::Move {
-                key, version, to, ..
-            } => TaskOp::Move {
-                key: key.clone(),
-                version: *version,
-                to: to.clone(),
-                value: Vec::new(),
-            },
-            TaskOp::Finish {
-                key, version, to, ..
-            } => TaskOp::Finish {
-                key: key.clone(),
-                version: *version,
-                to: to.clone(),
-                value: Vec::new(),
-            },
-            TaskOp::Create { key, .. } => TaskOp::Create {
-                key: key.clone(),
-                value: Vec::new(),
-            },
-        }
-    }
-
-    pub fn key(&self) -> &str {
-        match self {
-            TaskOp::Claim { key, .. }
-            | TaskOp::Complete { key, .. }
-            | TaskOp::Release { key, .. }
-            | TaskOp::Rewrite { key, .. }
-            | TaskOp::Move { key, .. }
-            | TaskOp::Finish { key, .. }
-            | TaskOp::Create { key, .. } => key,
-        }
-    }
 }
 
 /// The answer to a guarded write.

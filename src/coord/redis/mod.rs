@@ -580,16 +580,7 @@ impl Tasks for RedisCoordinator {
     }
 
     fn cost(&self, op: &TaskOp) -> WriteCost {
-        let bytes = match op {
-            TaskOp::Claim { key, value, .. }
-            | TaskOp::Release { key, value, .. }
-            | TaskOp::Rewrite { key, value, .. }
-            | TaskOp::Create { key, value } => key.len() + value.len(),
-            TaskOp::Complete { key, .. } => key.len(),
-            TaskOp::Move { key, to, value, .. } | TaskOp::Finish { key, to, value, .. } => {
-                key.len() + to.len() + value.len()
-            }
-        };
+        let bytes = op.key().len() + op.record_key().map_or(0, str::len) + op.value_len();
         WriteCost { ops: 1, bytes }
     }
 
