@@ -2,8 +2,8 @@
 //! of its task before it applies ([`Requirement`]: a version, or no task at all, and who
 //! may hold it) and what it does ([`Effect`]: a put, holding the task for the writer or for
 //! nobody or leaving its claim as it is, or a delete, with a record written beside it).
-//! Backends map these to their native writes (each backend's `plan.rs`) and never tell the
-//! variants apart themselves; a new op is one row here and one in the table test below.
+//! Backends map these to their native writes (each backend's plan, such as
+//! `coord/zookeeper/plan.rs`) and never tell the variants apart themselves; a new op is one row here and one in the table test below.
 //!
 //! Two rules hold for every op and are not repeated per row: a guarded write
 //! ([`crate::coord::Tasks::write`]) applies only while its leadership holds; a lease's own
