@@ -1,5 +1,6 @@
 //! A batch of queue writes as one ZooKeeper `multi`, decided from what a read just before
-//! it saw of each task. Pure: the tasks seen in, the znode operations (or the answer without
+//! it saw of each task and from what each op requires and does ([`TaskOp::requires`],
+//! [`TaskOp::effect`]). Pure: the tasks seen in, the znode operations (or the answer without
 //! sending any) out.
 //!
 //! Every operation is conditioned on the task's data version (`Stat.version`) as read, and
@@ -12,7 +13,7 @@
 
 use std::collections::HashMap;
 
-use crate::coord::{TaskOp, TaskVersion, WriteCost};
+use crate::coord::{Effect, Expected, Holding, TaskOp, TaskVersion, WriteCost};
 
 use super::layout;
 
@@ -138,17 +139,21 @@ pub fn plan(
     let mut conflicts = Vec::new();
     for op in ops {
         let key = op.key();
-        if let TaskOp::Create { value, .. } = op {
+        let effect = op.effect();
+        if op.requires().task == Expected::Absent {
+            // Only a leadership creates, and only a key that does not exist.
             if seen.contains_key(key) || matches!(writer, Writer::Own { .. }) {
                 conflicts.push(key.to_string());
                 continue;
             }
-            let create = ZkOp::Create {
-                path: layout::path_of(key),
-                data: value.clone(),
-                ephemeral: false,
-            };
-            planned.push(create, Some(key));
+            if let Effect::Put { value, .. } = effect {
+                let create = ZkOp::Create {
+                    path: layout::path_of(key),
+                    data: value.to_vec(),
+                    ephemeral: false,
+                };
+                planned.push(create, Some(key));
+            }
             continue;
         }
         let Some(task) = seen.get(key).filter(|task| task.version == op.version()) else {
@@ -157,7 +162,7 @@ pub fn plan(
         };
         let own = task.claim.is_some_and(|claim| claim.owner == session);
         if let Writer::Own { .. } = writer {
-            if !own || matches!(op, TaskOp::Claim { .. }) {
+            if !own || op.needs_leadership() {
                 return Err(Unsent::NotOwn);
             }
         }
@@ -174,54 +179,48 @@ pub fn plan(
                 );
             }
         };
-        match op {
-            TaskOp::Claim { value, .. } => {
-                if task.claim.is_some() && !own {
+        match effect {
+            Effect::Put { value, holding } => {
+                if holding == Holding::Writer && task.claim.is_some() && !own {
                     conflicts.push(key.to_string());
                     continue;
                 }
                 planned.push(set(&path, value, task.data_version), Some(key));
-                if task.claim.is_none() {
-                    planned.push(
+                match holding {
+                    // A claim's marker: ephemeral, so it ends with the session.
+                    Holding::Writer if task.claim.is_none() => planned.push(
                         ZkOp::Create {
                             path: claim_path.clone(),
                             data: Vec::new(),
                             ephemeral: true,
                         },
                         Some(key),
-                    );
+                    ),
+                    Holding::Writer | Holding::Unchanged => {}
+                    Holding::Nobody => drop_claim(&mut planned),
                 }
             }
-            TaskOp::Complete { .. } => {
+            Effect::Delete { record } => {
                 drop_claim(&mut planned);
                 planned.push(delete(&path, task.data_version), Some(key));
-            }
-            TaskOp::Release { value, .. } => {
-                planned.push(set(&path, value, task.data_version), Some(key));
-                drop_claim(&mut planned);
-            }
-            TaskOp::Rewrite { value, .. } => {
-                planned.push(set(&path, value, task.data_version), Some(key));
-            }
-            TaskOp::Create { .. } => {}
-            TaskOp::Move { to, value, .. } | TaskOp::Finish { to, value, .. } => {
-                drop_claim(&mut planned);
-                planned.push(delete(&path, task.data_version), Some(key));
-                let to_path = layout::path_of(to);
-                let write = if seen.contains_key(to) {
-                    ZkOp::SetData {
-                        path: to_path,
-                        data: value.clone(),
-                        version: None,
-                    }
-                } else {
-                    ZkOp::Create {
-                        path: to_path,
-                        data: value.clone(),
-                        ephemeral: false,
-                    }
-                };
-                planned.push(write, Some(key));
+                if let Some(record) = record {
+                    let to_path = layout::path_of(record.key);
+                    let data = record.value.to_vec();
+                    let write = if seen.contains_key(record.key) {
+                        ZkOp::SetData {
+                            path: to_path,
+                            data,
+                            version: None,
+                        }
+                    } else {
+                        ZkOp::Create {
+                            path: to_path,
+                            data,
+                            ephemeral: false,
+                        }
+                    };
+                    planned.push(write, Some(key));
+                }
             }
         }
     }
@@ -263,15 +262,19 @@ pub fn cost(op: &TaskOp, root_len: usize) -> WriteCost {
         ..worst.clone()
     };
     // A claim creates its marker (no claim yet); every other op deletes one.
-    let task = if matches!(op, TaskOp::Claim { .. }) {
-        unclaimed
-    } else {
-        worst
-    };
+    let claims = matches!(
+        op.effect(),
+        Effect::Put {
+            holding: Holding::Writer,
+            ..
+        }
+    );
+    let task = if claims { unclaimed } else { worst };
     // A create is planned only for a key that does not exist.
-    let seen = match op {
-        TaskOp::Create { .. } => HashMap::new(),
-        _ => HashMap::from([(op.key().to_string(), task)]),
+    let seen = if op.requires().task == Expected::Absent {
+        HashMap::new()
+    } else {
+        HashMap::from([(op.key().to_string(), task)])
     };
     let writer = Writer::Leader { session: 1 };
     match plan(Vec::new(), std::slice::from_ref(op), &seen, writer) {

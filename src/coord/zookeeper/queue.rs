@@ -11,11 +11,13 @@ use std::time::Duration;
 
 use zookeeper_client as zk;
 
+use super::client::{commit, timed, unavailable};
 use super::plan::{self, Seen, Unsent, Writer, ZkOp};
-use super::{commit, election, layout, timed, unavailable, ZkCoordinator, LIMITS, LONGEST_LATCH};
+use super::{election, layout, ZkCoordinator, LIMITS, LONGEST_LATCH};
 use crate::coord::{
-    admit, conflict_on_all, CoordError, Edit, Edited, FencingToken, Leadership, LeaseId, Names,
-    StoredTask, TaskOp, Tasks, Version, WriteCost, WriteLimits, Written,
+    admit, conflict_on_all, CoordError, Edit, Edited, Effect, Expected, FencingToken, Holding,
+    Leadership, LeaseId, Names, StoredTask, TaskOp, Tasks, Version, WriteCost, WriteLimits,
+    Written,
 };
 
 /// Reads of tasks in flight at once: enough to keep the server busy, while the requests and
@@ -316,18 +318,28 @@ impl Tasks for ZkCoordinator {
         {
             let claimed = self.claimed();
             for op in ops {
-                let own = matches!(
-                    op,
-                    TaskOp::Complete { .. } | TaskOp::Move { .. } | TaskOp::Release { .. }
-                );
+                // An op that ends this lease's claim on a task at its version: a delete
+                // (not a finish, which may find its task gone, so it is read) or a release.
+                let at_version = matches!(op.requires().task, Expected::Version(_));
+                let own = at_version
+                    && matches!(
+                        op.effect(),
+                        Effect::Delete { .. }
+                            | Effect::Put {
+                                holding: Holding::Nobody,
+                                ..
+                            }
+                    );
                 match claimed.get(op.key()) {
                     Some(task) if own && task.version == op.version() => {
                         seen.insert(op.key().to_string(), task.clone());
                     }
                     _ => {
                         to_read.push(op.key().to_string());
-                        if let TaskOp::Move { to, .. } = op {
-                            to_read.push(to.clone());
+                        // A dead letter's key is read, to overwrite one that is there; a
+                        // history record is created, and a finish that finds one conflicts.
+                        if let (Some(to), true) = (op.record_key(), at_version) {
+                            to_read.push(to.to_string());
                         }
                     }
                 }
@@ -395,8 +407,8 @@ impl Tasks for ZkCoordinator {
         // Dead letters and created keys may be the first under their parents.
         let new_keys: Vec<&str> = ops
             .iter()
-            .filter_map(|op| match op {
-                TaskOp::Create { key, .. } => Some(key.as_str()),
+            .filter_map(|op| match op.requires().task {
+                Expected::Absent => Some(op.key()),
                 _ => op.record_key(),
             })
             .collect();
