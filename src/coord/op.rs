@@ -3,12 +3,16 @@
 //! may hold it) and what it does ([`Effect`]: a put, holding the task for the writer or for
 //! nobody or leaving its claim as it is, or a delete, with a record written beside it).
 //! Backends map these to their native writes (each backend's plan, such as
-//! `coord/zookeeper/plan.rs`) and never tell the variants apart themselves; a new op is one row here and one in the table test below.
+//! `coord/zookeeper/plan.rs`) and never tell the variants apart themselves; a new op is
+//! one row here and one in the table test below.
 //!
 //! Two rules hold for every op and are not repeated per row: a guarded write
 //! ([`crate::coord::Tasks::write`]) applies only while its leadership holds; a lease's own
 //! write ([`crate::coord::Tasks::write_own`]) touches only tasks that lease holds, so it
-//! may carry no op that [`TaskOp::needs_leadership`].
+//! may carry no op that [`TaskOp::needs_leadership`]. A requirement is what the seam
+//! promises; a backend need not check again what its native write already ensures (under
+//! the leadership guard only the leader writes), and where its delete of a missing key
+//! succeeds a completion of a task already gone may answer `Done` (Consul's `delete-cas`).
 //!
 //! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 

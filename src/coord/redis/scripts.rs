@@ -10,9 +10,6 @@
 //! one Redis (with replicas if wanted), not Redis Cluster.
 //!
 //! The arguments of the queue's scripts and the reading of their answers are `plan.rs`'s.
-//!
-//! Size: the scripts are one file with the Rust that calls them, so that a script and its
-//! caller change together.
 
 use redis::aio::ConnectionManager;
 
