@@ -419,43 +419,15 @@ impl Tasks for ZkCoordinator {
         }
         match committed? {
             Committed::Done(stats) => {
-                let written: HashMap<&String, zk::Stat> = planned
-                    .ops
-                    .iter()
-                    .zip(&planned.keys)
-                    .zip(stats)
-                    .filter_map(|((op, key), stat)| match (op, key, stat) {
-                        // A task's own write (a dead letter's is unconditioned).
-                        (
-                            ZkOp::SetData {
-                                version: Some(_), ..
-                            },
-                            Some(key),
-                            Some(stat),
-                        ) => Some((key, stat)),
-                        _ => None,
-                    })
-                    .collect();
+                let (written, answer) = plan::committed(&planned, stats, leadership.fencing_token);
                 self.remember_claimed(session, ops, &seen, &written);
-                let versions = written
-                    .iter()
-                    .map(|(key, stat)| {
-                        ((*key).clone(), layout::task_version(stat.mzxid, stat.pzxid))
-                    })
-                    .collect();
-                Ok(Written::Done {
-                    versions,
-                    fencing_token: leadership.fencing_token,
-                })
+                Ok(answer)
             }
             Committed::Failed(index) => {
                 if index < guard_len {
                     self.forget_guard(leadership);
                 }
-                Ok(match self.forget_made(planned.keys.get(index)) {
-                    Some(Some(key)) => Written::Conflict(vec![key.clone()]),
-                    _ => Written::NotLeader,
-                })
+                Ok(self.forget_made(plan::failed(&planned, index)))
             }
             Committed::SessionGone => Ok(Written::NotLeader),
         }
