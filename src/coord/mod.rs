@@ -30,10 +30,12 @@
 //! carries: [`Leases`] (open, keep alive, revoke, close), [`Elections`] (observe,
 //! campaign, resign) and [`Tasks`] (list, keys, get, write, write_own, edit and what a
 //! write may carry). A backend implements each as native `async fn`s, in the file that owns
-//! that part (its lease, election or leadership, and queue files, where it has them). Callers hold an `Arc<dyn Coordinator>`: [`Coordinator`] is the one
-//! dyn-compatible trait, and one blanket impl below gives it to every type that implements
-//! the three, boxing each future ([`CoordFuture`]) so no backend does. A test double that
-//! wraps another coordinator may implement [`Coordinator`] directly instead.
+//! that part: every backend folder has the same files (`<backend>/lease.rs`, `election`,
+//! `queue`, the pure `plan` and `layout`, `settings` and `client/`). Callers hold an
+//! `Arc<dyn Coordinator>`: [`Coordinator`] is the one dyn-compatible trait, and one blanket
+//! impl below gives it to every type that implements the three, boxing each future
+//! ([`CoordFuture`]) so no backend does. A test double that wraps another coordinator may
+//! implement [`Coordinator`] directly instead.
 //!
 //! Read top-down: the three traits, the dyn-compatible one and the blanket impl first, then
 //! the seam's vocabulary they speak (leases, leadership, tasks and their answers). What each
