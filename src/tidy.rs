@@ -352,7 +352,7 @@ fn crate_imports(code: &str) -> Vec<(usize, String)> {
     found
 }
 
-/// The top-level module a file under `src/` belongs to (`coord/etcd/txn.rs` → `coord`).
+/// The top-level module a file under `src/` belongs to (`coord/etcd/plan.rs` → `coord`).
 fn top_module(name: &str) -> &str {
     let first = name.split('/').next().unwrap_or(name);
     first.strip_suffix(".rs").unwrap_or(first)
@@ -529,7 +529,7 @@ fn pure_files_do_no_io_and_read_no_clock() {
 }
 
 /// The source-file paths a text names: every word ending in `.rs` made of path characters
-/// (`queue/plan.rs`, `src/coord/etcd/txn.rs`, `state.rs`), leaving out templates and globs
+/// (`queue/plan.rs`, `src/coord/etcd/plan.rs`, `state.rs`), leaving out templates and globs
 /// (`coord/<backend>/settings.rs`, `src/**/*.rs`) and words that are not files (`docs.rs/`).
 fn named_paths(text: &str) -> Vec<&str> {
     let is_path_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '/');
@@ -652,14 +652,14 @@ fn headers_and_the_architecture_name_only_files_that_exist() {
 /// globs and URLs.
 #[test]
 fn named_paths_finds_file_names_and_skips_templates() {
-    let text = "see `queue/plan.rs`, src/coord/etcd/txn.rs and state.rs. Not \
+    let text = "see `queue/plan.rs`, src/coord/etcd/plan.rs and state.rs. Not \
                 coord/<backend>/settings.rs, src/**/*.rs, `.rs` files, docs.rs/x or \
                 https://example.com/a.rs; but ./x/y.rs and mod.rs's header.";
     assert_eq!(
         named_paths(text),
         [
             "queue/plan.rs",
-            "src/coord/etcd/txn.rs",
+            "src/coord/etcd/plan.rs",
             "state.rs",
             "x/y.rs",
             "mod.rs"

@@ -31,10 +31,16 @@
 //! carries: [`Leases`] (open, keep alive, revoke, close), [`Elections`] (observe,
 //! campaign, resign) and [`Tasks`] (list, keys, get, write, write_own, edit and what a
 //! write may carry). A backend implements each as native `async fn`s, in the file that owns
-//! that part (its lease, election or leadership, and queue files, where it has them). Callers hold an `Arc<dyn Coordinator>`: [`Coordinator`] is the one
-//! dyn-compatible trait, and one blanket impl below gives it to every type that implements
-//! the three, boxing each future ([`CoordFuture`]) so no backend does. A test double that
-//! wraps another coordinator may implement [`Coordinator`] directly instead.
+//! that part: every backend folder has the same files (`<backend>/lease.rs`, `election`,
+//! `queue`, the pure `plan` and `layout`, `settings` and `client/`). Callers hold an
+//! `Arc<dyn Coordinator>`: [`Coordinator`] is the one dyn-compatible trait, and one blanket
+//! impl below gives it to every type that implements the three, boxing each future
+//! ([`CoordFuture`]) so no backend does. A test double that wraps another coordinator may
+//! implement [`Coordinator`] directly instead.
+//!
+//! Read top-down: the three traits, the dyn-compatible one and the blanket impl first, then
+//! the seam's vocabulary they speak (leases, leadership, tasks and their answers). What each
+//! queue write ([`TaskOp`]) requires and does is stated once, in `op.rs`.
 //!
 //! Size: the seam's vocabulary (leases, leadership, tasks and their answers), its three
 //! traits, the dyn-compatible one callers hold and the blanket impl between them are one
@@ -44,6 +50,7 @@ pub mod consul;
 pub mod etcd;
 pub mod memory;
 mod names;
+mod op;
 pub mod redis;
 pub mod zookeeper;
 
@@ -54,461 +61,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 pub use names::Names;
-
-/// The future every coordinator call returns: boxed, so the seam can be a trait object
-/// chosen at start from the settings.
-pub type CoordFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, CoordError>> + Send + 'a>>;
-
-/// Why a coordinator call did not answer.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum CoordError {
-    /// Unreachable, or an error that may pass (overload, leader election, restart):
-    /// try again after a pause.
-    #[error("{0}")]
-    Unavailable(String),
-    /// A request the coordinator will never accept as configured (a TTL below its minimum,
-    /// a batch over its limits): retrying cannot help; the message says what to change.
-    #[error("{0}")]
-    Refused(String),
-}
-
-/// A position in the coordinator's history of changes, for waiting on the next one
-/// (Consul's index, etcd's revision, ZooKeeper's zxid). 0 means "now, without waiting".
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Version(pub u64);
-
-/// A leadership's fencing token: strictly greater than every token handed out before,
-/// across leases, restarts, coordinator restarts and an operator's deletion of the leader
-/// record, so never reused (the **fencing** guarantee). Whoever receives work under a
-/// token can refuse a lower one. It prints as the bare number, as logs, records and
-/// `LEADERQ_FENCING_TOKEN` carry it; only a backend reads the number inside.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
-#[serde(transparent)]
-pub struct FencingToken(pub u64);
-
-impl std::fmt::Display for FencingToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(&self.0, f)
-    }
-}
-
-/// A task's version: it changes on every write to the task, and a write conditioned on a
-/// version that moved answers a conflict (the **versions** guarantee). Only equality means
-/// anything to a caller: the order and arithmetic of the numbers are the backend's own
-/// (Consul's `ModifyIndex`, etcd's revisions, ZooKeeper's and Redis's counters), kept
-/// inside it. `TaskVersion(0)` conditions a write on a key that must not exist yet. It
-/// prints as the bare number, as logs and records carry it.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
-#[serde(transparent)]
-pub struct TaskVersion(pub u64);
-
-impl std::fmt::Display for TaskVersion {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Display::fmt(&self.0, f)
-    }
-}
-
-/// A lease's id as the coordinator knows it (Consul session, etcd lease, ZooKeeper
-/// session, Redis token).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LeaseId(pub String);
-
-impl std::fmt::Display for LeaseId {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// What a replica asks for when it opens a lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LeaseSpec {
-    /// The replica's stable node id: names the lease and whatever the backend ties to it.
-    pub node_id: String,
-    /// How long the lease lives without a keep-alive.
-    pub ttl: Duration,
-    /// How long leadership, and every task this lease held, stay untaken after it dies (0:
-    /// none; `election.lock_delay`, Consul's lock-delay, the one backend that has one).
-    pub takeover_delay: Duration,
-    /// The lease this replica held before a restart, to take up again if the coordinator
-    /// still honours it and it is still this replica's own.
-    pub previous: Option<LeaseId>,
-}
-
-/// An open lease.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Grant {
-    pub lease: LeaseId,
-    /// Whether this is `LeaseSpec::previous`, taken up again.
-    pub reused: bool,
-}
-
-/// The answer to a keep-alive.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Renewal {
-    Alive,
-    /// The coordinator ended the lease (expired, revoked): whatever it held is gone.
-    Gone,
-}
-
-/// Who the leader says it is, stored with the leadership for operators and standbys.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct HolderRecord {
-    pub node: String,
-    #[serde(default)]
-    pub host: String,
-    #[serde(default)]
-    pub pid: u32,
-    #[serde(default)]
-    pub session: String,
-    #[serde(default)]
-    pub since: String,
-    /// The lowest fencing token this holder's win may be handed: above every token its
-    /// replica has seen. Every backend hands out the higher of the two, and keeps the floor
-    /// in its record for the next win: its own counter (Consul's raft index, etcd's
-    /// revision, ZooKeeper's zxid, Redis's stored token) starts over when the coordinator
-    /// loses its data, and a token then never falls while some replica remembers a higher
-    /// one. Absent in records of older versions.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub floor: Option<u64>,
-}
-
-impl HolderRecord {
-    /// The record in a stored value; `None` for a value that is not one (another program's).
-    pub fn decode(value: &[u8]) -> Option<HolderRecord> {
-        serde_json::from_slice(value).ok()
-    }
-
-    pub fn encode(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
-    }
-}
-
-/// The leadership as observed: who holds it (if anyone) and the last record written.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Holder {
-    /// The lease holding leadership now; `None` when it is free.
-    pub lease: Option<LeaseId>,
-    /// The last holder's record, kept after it let go (for `prefer_previous_leader`).
-    pub record: Option<HolderRecord>,
-    /// The current leadership's fencing token. While leadership is free: the last one
-    /// where the backend keeps it, 0 where it does not (Consul: a free key's index is its
-    /// release's, not a token).
-    pub token: FencingToken,
-}
-
-/// A won election: what the leader needs to act and to prove it still leads.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Leadership {
-    pub lease: LeaseId,
-    /// Strictly greater than every token handed out before.
-    pub fencing_token: FencingToken,
-}
-
-/// The answer to one attempt at leadership.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Campaign {
-    Won(Leadership),
-    /// Another lease holds it: watch the holder and try when it is free.
-    Held,
-    /// It is free but may not be taken yet (Consul's lock-delay): try again after a pause.
-    Delayed,
-    /// The lease asked with is gone: open a new one.
-    LeaseGone,
-}
-
-/// A task as the coordinator stores it; parsing it is `task`'s business.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct StoredTask {
-    pub key: String,
-    pub value: Vec<u8>,
-    /// Changes on every write of the task (Consul `ModifyIndex`, etcd `mod_revision`).
-    pub version: TaskVersion,
-    /// When the task was first written, for ordering ties (Consul `CreateIndex`).
-    pub created: u64,
-    /// The lease holding the task's claim, if one still does.
-    pub holder: Option<LeaseId>,
-}
-
-/// One write to the queue. Each is conditioned on the version the leader last read; the
-/// whole batch is also conditioned on the leadership it is written under.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TaskOp {
-    /// Mark the task taken by this leadership's lease, writing `value`.
-    Claim {
-        key: String,
-        version: TaskVersion,
-        value: Vec<u8>,
-    },
-    /// Delete the task: its run finished.
-    Complete { key: String, version: TaskVersion },
-    /// Write `value` and give up this lease's claim (a retry, a run put back).
-    Release {
-        key: String,
-        version: TaskVersion,
-        value: Vec<u8>,
-    },
-    /// Write `value` to a task no live lease holds (an orphan put back in the queue).
-    Rewrite {
-        key: String,
-        version: TaskVersion,
-        value: Vec<u8>,
-    },
-    /// Delete the task and write `value` under `to` (the dead-letter prefix).
-    Move {
-        key: String,
-        version: TaskVersion,
-        to: String,
-        value: Vec<u8>,
-    },
-    /// Delete the task, its run finished, and write its history record `value` under
-    /// `to`, in the same write. Unlike [`TaskOp::Move`], a task that is gone already (under
-    /// the leadership guard only an operator can delete a claimed task) may be finished all
-    /// the same: `Done` with the record written, or `Conflict` with nothing written, are
-    /// both right (the run did finish, so its record is true either way). A backend on
-    /// which that saves an operation (Consul: no `check-index` before the `delete-cas`)
-    /// writes it in fewer.
-    Finish {
-        key: String,
-        version: TaskVersion,
-        to: String,
-        value: Vec<u8>,
-    },
-    /// Create `key` holding `value`, unheld; conflicts if it exists: a schedule's tick,
-    /// enqueued by the leader in the same write that records the tick, so that it is
-    /// enqueued at most once whoever leads.
-    Create { key: String, value: Vec<u8> },
-}
-
-impl TaskOp {
-    /// The version the op is conditioned on (0 for a key that must not exist yet).
-    pub fn version(&self) -> TaskVersion {
-        match self {
-            TaskOp::Create { .. } => TaskVersion(0),
-            TaskOp::Claim { version, .. }
-            | TaskOp::Complete { version, .. }
-            | TaskOp::Release { version, .. }
-            | TaskOp::Rewrite { version, .. }
-            | TaskOp::Move { version, .. }
-            | TaskOp::Finish { version, .. } => *version,
-        }
-    }
-
-    /// Where a move or a finish writes its record (the dead letter, the history record).
-    pub fn record_key(&self) -> Option<&str> {
-        match self {
-            TaskOp::Move { to, .. } | TaskOp::Finish { to, .. } => Some(to),
-            _ => None,
-        }
-    }
-
-    /// The length of the value the op writes (0 for a completion).
-    pub fn value_len(&self) -> usize {
-        match self {
-            TaskOp::Claim { value, .. }
-            | TaskOp::Release { value, .. }
-            | TaskOp::Rewrite { value, .. }
-            | TaskOp::Move { value, .. }
-            | TaskOp::Finish { value, .. }
-            | TaskOp::Create { value, .. } => value.len(),
-            TaskOp::Complete { .. } => 0,
-        }
-    }
-
-    /// The op with an empty value: what a backend measures to cost an op, adding the
-    /// value's length, so that costing every candidate of a claim copies nothing big.
-    pub fn bare(&self) -> TaskOp {
-        match self {
-            TaskOp::Complete { key, version } => TaskOp::Complete {
-                key: key.clone(),
-                version: *version,
-            },
-            TaskOp::Claim { key, version, .. } => TaskOp::Claim {
-                key: key.clone(),
-                version: *version,
-                value: Vec::new(),
-            },
-            TaskOp::Release { key, version, .. } => TaskOp::Release {
-                key: key.clone(),
-                version: *version,
-                value: Vec::new(),
-            },
-            TaskOp::Rewrite { key, version, .. } => TaskOp::Rewrite {
-                key: key.clone(),
-                version: *version,
-                value: Vec::new(),
-            },
-            TaskOp::Move {
-                key, version, to, ..
-            } => TaskOp::Move {
-                key: key.clone(),
-                version: *version,
-                to: to.clone(),
-                value: Vec::new(),
-            },
-            TaskOp::Finish {
-                key, version, to, ..
-            } => TaskOp::Finish {
-                key: key.clone(),
-                version: *version,
-                to: to.clone(),
-                value: Vec::new(),
-            },
-            TaskOp::Create { key, .. } => TaskOp::Create {
-                key: key.clone(),
-                value: Vec::new(),
-            },
-        }
-    }
-
-    pub fn key(&self) -> &str {
-        match self {
-            TaskOp::Claim { key, .. }
-            | TaskOp::Complete { key, .. }
-            | TaskOp::Release { key, .. }
-            | TaskOp::Rewrite { key, .. }
-            | TaskOp::Move { key, .. }
-            | TaskOp::Finish { key, .. }
-            | TaskOp::Create { key, .. } => key,
-        }
-    }
-}
-
-/// The answer to a guarded write.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Written {
-    /// Applied. `versions` holds each claimed or released task's new version, in the order
-    /// of the ops; `fencing_token` is the leadership's token as the commit saw it.
-    Done {
-        versions: Vec<(String, TaskVersion)>,
-        fencing_token: FencingToken,
-    },
-    /// This leadership no longer holds: nothing was applied.
-    NotLeader,
-    /// A task's version moved (or it went): nothing was applied. The keys that failed.
-    Conflict(Vec<String>),
-    /// The coordinator refuses to let these tasks be claimed for a while, though nothing
-    /// moved them (a lease that died holding them leaves them untakeable for its
-    /// takeover delay, as Consul's lock-delay does): nothing was applied. The caller tries
-    /// them again later and the rest of the batch now, without reading them again.
-    Deferred(Vec<String>),
-}
-
-/// `Conflict` on every task of `ops`: the answer to a lease's own write once the lease is
-/// gone, when none of its claims is its to settle any more.
-pub(crate) fn conflict_on_all(ops: &[TaskOp]) -> Written {
-    Written::Conflict(ops.iter().map(|op| op.key().to_string()).collect())
-}
-
-/// A producer's or an operator's write, outside any leadership: `leaderq enqueue`, `tasks
-/// retry` and `tasks purge-dead`, and a replica's own records (heartbeat, timeline). A batch of them applies all or nothing.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Edit {
-    /// Creates `key` holding `value`; conflicts if the key exists (a task is never
-    /// overwritten by accident).
-    Create { key: String, value: Vec<u8> },
-    /// Deletes `key` if it is still at `version`.
-    Delete { key: String, version: TaskVersion },
-    /// Writes `key` holding `value` whatever is there (creates or replaces it): for
-    /// records that only their writer updates, such as a replica's heartbeat, never for
-    /// tasks. Never conflicts on its own; a batch with a failing op applies none.
-    Put { key: String, value: Vec<u8> },
-    /// Writes `value` to the task at `key` if it is still at `version`, with no claim on
-    /// it; conflicts if it moved or went. For the one writer that may settle a task outside
-    /// any leadership: the replica whose claim it was, after its lease ended (revoked,
-    /// expired) and its run is over, putting back what the run left, as read at `version`.
-    Replace {
-        key: String,
-        version: TaskVersion,
-        value: Vec<u8>,
-    },
-}
-
-impl Edit {
-    pub fn key(&self) -> &str {
-        match self {
-            Edit::Create { key, .. }
-            | Edit::Delete { key, .. }
-            | Edit::Put { key, .. }
-            | Edit::Replace { key, .. } => key,
-        }
-    }
-}
-
-/// The answer to [`Coordinator::edit`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Edited {
-    Done,
-    /// A key to create exists, or one to delete moved or went: nothing was applied. The
-    /// keys that failed.
-    Conflict(Vec<String>),
-}
-
-/// What a write, or one op of it, costs against [`WriteLimits`], in the backend's own
-/// units (Consul: transaction operations and encoded body bytes).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WriteCost {
-    pub ops: usize,
-    pub bytes: usize,
-}
-
-impl std::ops::Add for WriteCost {
-    type Output = WriteCost;
-    fn add(self, other: WriteCost) -> WriteCost {
-        WriteCost {
-            ops: self.ops + other.ops,
-            bytes: self.bytes + other.bytes,
-        }
-    }
-}
-
-impl std::iter::Sum for WriteCost {
-    fn sum<I: Iterator<Item = WriteCost>>(costs: I) -> WriteCost {
-        costs.fold(WriteCost::default(), |a, b| a + b)
-    }
-}
-
-/// How much one [`Coordinator::write`] may carry, in the units of [`WriteCost`]: the
-/// planner keeps batches within it, and a backend refuses a batch over it whole.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct WriteLimits {
-    pub max_ops: usize,
-    pub max_bytes: usize,
-}
-
-impl WriteLimits {
-    pub fn admits(&self, cost: WriteCost) -> bool {
-        cost.ops <= self.max_ops && cost.bytes <= self.max_bytes
-    }
-}
-
-/// What `ops` cost written by `coord`, with the leadership guard (`write`) or without it
-/// (`write_own`).
-pub fn batch_cost(coord: &dyn Coordinator, ops: &[TaskOp], guarded: bool) -> WriteCost {
-    let guard = if guarded {
-        coord.guard_cost()
-    } else {
-        WriteCost::default()
-    };
-    guard + ops.iter().map(|op| coord.cost(op)).sum()
-}
-
-/// Refuses, whole, a batch over `coord`'s limits: what every backend does before it
-/// sends one.
-pub fn admit(coord: &dyn Coordinator, ops: &[TaskOp], guarded: bool) -> Result<(), CoordError> {
-    let cost = batch_cost(coord, ops, guarded);
-    let limits = coord.limits();
-    if limits.admits(cost) {
-        return Ok(());
-    }
-    Err(CoordError::Refused(format!(
-        "a write of {} operations and {} bytes is over the coordinator's limits of {} and {}: write fewer or smaller tasks at once",
-        cost.ops, cost.bytes, limits.max_ops, limits.max_bytes
-    )))
-}
+pub use op::{Effect, Expected, HeldBy, Holding, Record, Requirement, TaskOp};
 
 /// The lease half of a backend: a replica's proof of life, which its leadership and its
 /// claims are tied to.
@@ -823,6 +376,317 @@ impl<C: Leases + Elections + Tasks> Coordinator for C {
     ) -> Option<Pin<Box<dyn Future<Output = ()> + Send + 'static>>> {
         Leases::announce(self, replica, roles, stop)
     }
+}
+
+/// The future every coordinator call returns: boxed, so the seam can be a trait object
+/// chosen at start from the settings.
+pub type CoordFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, CoordError>> + Send + 'a>>;
+
+/// Why a coordinator call did not answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum CoordError {
+    /// Unreachable, or an error that may pass (overload, leader election, restart):
+    /// try again after a pause.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A request the coordinator will never accept as configured (a TTL below its minimum,
+    /// a batch over its limits): retrying cannot help; the message says what to change.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// A position in the coordinator's history of changes, for waiting on the next one
+/// (Consul's index, etcd's revision, ZooKeeper's zxid). 0 means "now, without waiting".
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Version(pub u64);
+
+/// A leadership's fencing token: strictly greater than every token handed out before,
+/// across leases, restarts, coordinator restarts and an operator's deletion of the leader
+/// record, so never reused (the **fencing** guarantee). Whoever receives work under a
+/// token can refuse a lower one. It prints as the bare number, as logs, records and
+/// `LEADERQ_FENCING_TOKEN` carry it; only a backend reads the number inside.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct FencingToken(pub u64);
+
+impl std::fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// A task's version: it changes on every write to the task, and a write conditioned on a
+/// version that moved answers a conflict (the **versions** guarantee). Only equality means
+/// anything to a caller: the order and arithmetic of the numbers are the backend's own
+/// (Consul's `ModifyIndex`, etcd's revisions, ZooKeeper's and Redis's counters), kept
+/// inside it. `TaskVersion(0)` conditions a write on a key that must not exist yet. It
+/// prints as the bare number, as logs and records carry it.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(transparent)]
+pub struct TaskVersion(pub u64);
+
+impl std::fmt::Display for TaskVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// A lease's id as the coordinator knows it (Consul session, etcd lease, ZooKeeper
+/// session, Redis token).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LeaseId(pub String);
+
+impl std::fmt::Display for LeaseId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// What a replica asks for when it opens a lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LeaseSpec {
+    /// The replica's stable node id: names the lease and whatever the backend ties to it.
+    pub node_id: String,
+    /// How long the lease lives without a keep-alive.
+    pub ttl: Duration,
+    /// How long leadership, and every task this lease held, stay untaken after it dies (0:
+    /// none; `election.lock_delay`, Consul's lock-delay, the one backend that has one).
+    pub takeover_delay: Duration,
+    /// The lease this replica held before a restart, to take up again if the coordinator
+    /// still honours it and it is still this replica's own.
+    pub previous: Option<LeaseId>,
+}
+
+/// An open lease.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub lease: LeaseId,
+    /// Whether this is `LeaseSpec::previous`, taken up again.
+    pub reused: bool,
+}
+
+/// The answer to a keep-alive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    Alive,
+    /// The coordinator ended the lease (expired, revoked): whatever it held is gone.
+    Gone,
+}
+
+/// Who the leader says it is, stored with the leadership for operators and standbys.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HolderRecord {
+    pub node: String,
+    #[serde(default)]
+    pub host: String,
+    #[serde(default)]
+    pub pid: u32,
+    #[serde(default)]
+    pub session: String,
+    #[serde(default)]
+    pub since: String,
+    /// The lowest fencing token this holder's win may be handed: above every token its
+    /// replica has seen. Every backend hands out the higher of the two, and keeps the floor
+    /// in its record for the next win: its own counter (Consul's raft index, etcd's
+    /// revision, ZooKeeper's zxid, Redis's stored token) starts over when the coordinator
+    /// loses its data, and a token then never falls while some replica remembers a higher
+    /// one. Absent in records of older versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub floor: Option<u64>,
+}
+
+impl HolderRecord {
+    /// The record in a stored value; `None` for a value that is not one (another program's).
+    pub fn decode(value: &[u8]) -> Option<HolderRecord> {
+        serde_json::from_slice(value).ok()
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// The leadership as observed: who holds it (if anyone) and the last record written.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Holder {
+    /// The lease holding leadership now; `None` when it is free.
+    pub lease: Option<LeaseId>,
+    /// The last holder's record, kept after it let go (for `prefer_previous_leader`).
+    pub record: Option<HolderRecord>,
+    /// The current leadership's fencing token. While leadership is free: the last one
+    /// where the backend keeps it, 0 where it does not (Consul: a free key's index is its
+    /// release's, not a token).
+    pub token: FencingToken,
+}
+
+/// A won election: what the leader needs to act and to prove it still leads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leadership {
+    pub lease: LeaseId,
+    /// Strictly greater than every token handed out before.
+    pub fencing_token: FencingToken,
+}
+
+/// The answer to one attempt at leadership.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Campaign {
+    Won(Leadership),
+    /// Another lease holds it: watch the holder and try when it is free.
+    Held,
+    /// It is free but may not be taken yet (Consul's lock-delay): try again after a pause.
+    Delayed,
+    /// The lease asked with is gone: open a new one.
+    LeaseGone,
+}
+
+/// A task as the coordinator stores it; parsing it is `task`'s business.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StoredTask {
+    pub key: String,
+    pub value: Vec<u8>,
+    /// Changes on every write of the task (Consul `ModifyIndex`, etcd `mod_revision`).
+    pub version: TaskVersion,
+    /// When the task was first written, for ordering ties (Consul `CreateIndex`).
+    pub created: u64,
+    /// The lease holding the task's claim, if one still does.
+    pub holder: Option<LeaseId>,
+}
+
+/// The answer to a guarded write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Written {
+    /// Applied. `versions` holds each claimed or released task's new version, in the order
+    /// of the ops; `fencing_token` is the leadership's token as the commit saw it.
+    Done {
+        versions: Vec<(String, TaskVersion)>,
+        fencing_token: FencingToken,
+    },
+    /// This leadership no longer holds: nothing was applied.
+    NotLeader,
+    /// A task's version moved (or it went): nothing was applied. The keys that failed.
+    Conflict(Vec<String>),
+    /// The coordinator refuses to let these tasks be claimed for a while, though nothing
+    /// moved them (a lease that died holding them leaves them untakeable for its
+    /// takeover delay, as Consul's lock-delay does): nothing was applied. The caller tries
+    /// them again later and the rest of the batch now, without reading them again.
+    Deferred(Vec<String>),
+}
+
+/// `Conflict` on every task of `ops`: the answer to a lease's own write once the lease is
+/// gone, when none of its claims is its to settle any more.
+pub(crate) fn conflict_on_all(ops: &[TaskOp]) -> Written {
+    Written::Conflict(ops.iter().map(|op| op.key().to_string()).collect())
+}
+
+/// A producer's or an operator's write, outside any leadership: `leaderq enqueue`, `tasks
+/// retry` and `tasks purge-dead`, and a replica's own records (heartbeat, timeline). A batch of them applies all or nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Edit {
+    /// Creates `key` holding `value`; conflicts if the key exists (a task is never
+    /// overwritten by accident).
+    Create { key: String, value: Vec<u8> },
+    /// Deletes `key` if it is still at `version`.
+    Delete { key: String, version: TaskVersion },
+    /// Writes `key` holding `value` whatever is there (creates or replaces it): for
+    /// records that only their writer updates, such as a replica's heartbeat, never for
+    /// tasks. Never conflicts on its own; a batch with a failing op applies none.
+    Put { key: String, value: Vec<u8> },
+    /// Writes `value` to the task at `key` if it is still at `version`, with no claim on
+    /// it; conflicts if it moved or went. For the one writer that may settle a task outside
+    /// any leadership: the replica whose claim it was, after its lease ended (revoked,
+    /// expired) and its run is over, putting back what the run left, as read at `version`.
+    Replace {
+        key: String,
+        version: TaskVersion,
+        value: Vec<u8>,
+    },
+}
+
+impl Edit {
+    pub fn key(&self) -> &str {
+        match self {
+            Edit::Create { key, .. }
+            | Edit::Delete { key, .. }
+            | Edit::Put { key, .. }
+            | Edit::Replace { key, .. } => key,
+        }
+    }
+}
+
+/// The answer to [`Coordinator::edit`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Edited {
+    Done,
+    /// A key to create exists, or one to delete moved or went: nothing was applied. The
+    /// keys that failed.
+    Conflict(Vec<String>),
+}
+
+/// What a write, or one op of it, costs against [`WriteLimits`], in the backend's own
+/// units (Consul: transaction operations and encoded body bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteCost {
+    pub ops: usize,
+    pub bytes: usize,
+}
+
+impl std::ops::Add for WriteCost {
+    type Output = WriteCost;
+    fn add(self, other: WriteCost) -> WriteCost {
+        WriteCost {
+            ops: self.ops + other.ops,
+            bytes: self.bytes + other.bytes,
+        }
+    }
+}
+
+impl std::iter::Sum for WriteCost {
+    fn sum<I: Iterator<Item = WriteCost>>(costs: I) -> WriteCost {
+        costs.fold(WriteCost::default(), |a, b| a + b)
+    }
+}
+
+/// How much one [`Coordinator::write`] may carry, in the units of [`WriteCost`]: the
+/// planner keeps batches within it, and a backend refuses a batch over it whole.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteLimits {
+    pub max_ops: usize,
+    pub max_bytes: usize,
+}
+
+impl WriteLimits {
+    pub fn admits(&self, cost: WriteCost) -> bool {
+        cost.ops <= self.max_ops && cost.bytes <= self.max_bytes
+    }
+}
+
+/// What `ops` cost written by `coord`, with the leadership guard (`write`) or without it
+/// (`write_own`).
+pub fn batch_cost(coord: &dyn Coordinator, ops: &[TaskOp], guarded: bool) -> WriteCost {
+    let guard = if guarded {
+        coord.guard_cost()
+    } else {
+        WriteCost::default()
+    };
+    guard + ops.iter().map(|op| coord.cost(op)).sum()
+}
+
+/// Refuses, whole, a batch over `coord`'s limits: what every backend does before it
+/// sends one.
+pub fn admit(coord: &dyn Coordinator, ops: &[TaskOp], guarded: bool) -> Result<(), CoordError> {
+    let cost = batch_cost(coord, ops, guarded);
+    let limits = coord.limits();
+    if limits.admits(cost) {
+        return Ok(());
+    }
+    Err(CoordError::Refused(format!(
+        "a write of {} operations and {} bytes is over the coordinator's limits of {} and {}: write fewer or smaller tasks at once",
+        cost.ops, cost.bytes, limits.max_ops, limits.max_bytes
+    )))
 }
 
 /// A replica as [`Coordinator::announce`] tells a service catalog of it.

@@ -17,6 +17,7 @@ use crate::coord::consul::client::{self as consul, PutMode, QueryOptions, Sessio
 use crate::coord::{Announcement, CoordError, Grant, LeaseId, LeaseSpec, Leases, Renewal, Role};
 use crate::util::duration;
 
+use super::layout::check_id;
 use super::leftovers::{
     judge_previous_session, judge_stale_check, old_style_check_pid, process_alive, PreviousSession,
     StaleCheck,
@@ -25,11 +26,6 @@ use super::{registration, ConsulCoordinator};
 
 const CHECK_NOTES: &str =
     "passed by a leaderq replica while its loop is alive; its session dies with it";
-
-/// The id (and name suffix) of a node's check and session: `leaderq:<node-id>`.
-pub fn check_id(node_id: &str) -> String {
-    format!("leaderq:{node_id}")
-}
 
 /// The session a replica creates: named after its node, released (not deleted) when it
 /// dies, bound to `serfHealth` and, with `health_check`, to the node's TTL check.

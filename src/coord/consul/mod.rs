@@ -11,16 +11,19 @@
 //! - leadership is the leader key locked for the session in a transaction, its value the
 //!   [`HolderRecord`](crate::coord::HolderRecord); `observe` is a blocking GET on it (the
 //!   index reset when it goes back, early unchanged answers paced to `MIN_REQUERY`)
-//!   (`leadership.rs`);
+//!   (`election.rs`);
 //! - the queue is the KV prefix: a task's version is its `ModifyIndex` (`CreateIndex` orders
-//!   ties), its holder the lock's `Session`; `Claim`/`Release` are `check-index` + `lock` /
-//!   `unlock` with the writer's session, `Complete` is `delete-cas`, `Rewrite` `cas`, `Move`
-//!   `delete-cas` + `set` of the dead letter (`queue.rs`, and `txn.rs`, pure: ops to Consul
-//!   verbs after the guard, a transaction's answer to `Written`).
+//!   ties), its holder the lock's `Session` (`layout.rs`); a put that takes or gives up a
+//!   claim is `check-index` + `lock` / `unlock` with the writer's session, one that leaves
+//!   it `cas`, a create `cas` at index 0, a delete `delete-cas` (+ `set` of its record)
+//!   (`queue.rs`, and `plan.rs`, pure: ops to Consul verbs after the guard, from what each
+//!   op requires and does, and a transaction's answer to `Written`).
 //!
 //! Each part of the seam is implemented in its own file: [`Leases`](crate::coord::Leases)
-//! in `lease.rs`, [`Elections`](crate::coord::Elections) in `leadership.rs`,
-//! [`Tasks`](crate::coord::Tasks) in `queue.rs`.
+//! in `lease.rs`, [`Elections`](crate::coord::Elections) in `election.rs`,
+//! [`Tasks`](crate::coord::Tasks) in `queue.rs`; the typed HTTP client is `client/`, the
+//! settings `settings.rs`. This file holds the type, its constructor and the one mapping of
+//! Consul's errors.
 //!
 //! How it keeps each guarantee of [`crate::coord`]:
 //! - **One leader.** One session holds a lock. A session not renewed is invalidated at the
@@ -32,7 +35,7 @@
 //! - **Fencing.** The token is the higher of the leader key's `ModifyIndex` as the winning
 //!   write left it (the raft index of that write, one global counter that only rises and is
 //!   kept in the raft log and snapshots; `leaderq server` persists it with every commit) and
-//!   the floor that write put in the holder record (`leadership.rs`): one above the last
+//!   the floor that write put in the holder record (`election.rs`): one above the last
 //!   record's token and above the highest token the replica has seen. A key deleted and
 //!   created anew is won by a new write at a higher index; its `LockIndex` would start
 //!   again at 1 (and a plain PUT sets it to 0), so it is never the token. The floor keeps
@@ -66,16 +69,16 @@
 //! restarts (for `LeaseSpec::previous`) is the caller's business.
 
 pub mod client;
-mod leadership;
+mod election;
+mod layout;
 mod lease;
 mod leftovers;
+mod plan;
 mod queue;
 pub mod registration;
 mod settings;
-mod txn;
 
-pub use lease::check_id;
-pub use queue::stored_task;
+pub use layout::{check_id, stored_task};
 pub use settings::ConsulSettings;
 
 use std::collections::{BTreeSet, HashMap};
@@ -83,7 +86,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::coord::consul::client::{self as consul, Client};
-use crate::coord::{CoordError, Coordinator, FencingToken, LeaseId, WriteCost};
+use crate::coord::{CoordError, Coordinator, FencingToken, LeaseId};
 
 /// What the Consul coordinator needs beyond its client; from `[election]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -121,7 +124,7 @@ struct Tied {
     records: HashMap<LeaseId, Vec<u8>>,
     /// The leader key's `ModifyIndex` as each lease's latest win wrote it, with the token
     /// that win handed out: what the guard of its writes checks (the token may be above
-    /// the index, `leadership.rs`).
+    /// the index, `election.rs`).
     won_at: HashMap<LeaseId, (u64, FencingToken)>,
 }
 
@@ -197,37 +200,9 @@ impl From<consul::Error> for CoordError {
     }
 }
 
-/// The shape of every Consul session id (a UUID): what a cost is counted with.
-const SESSION_SHAPE: &str = "00000000-0000-0000-0000-000000000000";
-
-/// What the guard on `leader_key` costs: two operations (check-session, check-index),
-/// counted with a session id's shape and the longest token (20 digits), so the cost never
-/// falls short of the guard that is sent.
-fn guard_cost_on(leader_key: &str) -> WriteCost {
-    let session = LeaseId(SESSION_SHAPE.into());
-    let widest = txn::Guard {
-        leader_key,
-        lease: &session,
-        index: u64::MAX,
-    };
-    txn::guard(widest)
-        .iter()
-        .map(|op| WriteCost {
-            ops: 1,
-            bytes: op.encoded_len() + 1,
-        })
-        .sum()
-}
-
-/// One transaction's body budget (see `consul::txn`), less the array's brackets.
-const MAX_BYTES: usize = consul::TXN_MAX_BODY - 2;
-// Every Consul version accepts a body under 512 KiB.
-const _: () = assert!(MAX_BYTES < 512 * 1024);
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coord::{TaskOp, TaskVersion};
 
     /// Transient trouble is Unavailable; only a write over the limits, a key that cannot be
     /// addressed or a client that cannot be set up is Refused.
@@ -256,55 +231,5 @@ mod tests {
         ] {
             assert!(matches!(CoordError::from(err), CoordError::Refused(_)));
         }
-    }
-
-    /// A batch's cost is its transaction exactly (the guard's two operations included): as
-    /// many Consul operations, and the encoded body within a byte under the longest token,
-    /// less under any other, so a batch the limits admit is one Consul accepts.
-    #[test]
-    fn costs_count_the_transaction_that_is_sent() {
-        let lease = LeaseId(SESSION_SHAPE.into());
-        let ops = vec![
-            TaskOp::Complete {
-                key: "q/done".into(),
-                version: TaskVersion(5),
-            },
-            TaskOp::Claim {
-                key: "q/a".into(),
-                version: TaskVersion(6),
-                value: vec![b'x'; 1000],
-            },
-            TaskOp::Move {
-                key: "q/d".into(),
-                version: TaskVersion(9),
-                to: "dead/d".into(),
-                value: b"{\"reason\":\"<bad>\"}".to_vec(),
-            },
-            TaskOp::Finish {
-                key: "q/e".into(),
-                version: TaskVersion(10),
-                to: "done/e".into(),
-                value: b"{\"outcome\":\"completed\"}".to_vec(),
-            },
-        ];
-        let guard = guard_cost_on("consumerLeader");
-        assert_eq!(guard.ops, 2);
-        let cost = guard + ops.iter().map(|op| txn::cost(&lease, op)).sum();
-        let sent_under = |index: u64| {
-            let guard = txn::Guard {
-                leader_key: "consumerLeader",
-                lease: &lease,
-                index,
-            };
-            txn::txn_ops(Some(guard), &lease, &ops).0
-        };
-        // Under the longest token the body is the cost exactly; under a shorter one, less.
-        let sent = sent_under(u64::MAX);
-        assert_eq!(cost.ops, sent.len());
-        let body = consul::body_len(sent.iter().map(consul::TxnOp::encoded_len));
-        assert_eq!(cost.bytes + 1, body);
-        let sent = sent_under(7);
-        let body = consul::body_len(sent.iter().map(consul::TxnOp::encoded_len));
-        assert!(body < cost.bytes + 1);
     }
 }

@@ -1,5 +1,5 @@
 //! [`Tasks`] on Consul's KV store: list (a blocking `?recurse`), keys (`?keys`), get, and
-//! writes as one transaction each (built and read in `txn.rs`). A guarded write's first
+//! writes as one transaction each (built and read in `plan.rs`). A guarded write's first
 //! operations are `check-session` and `check-index` on the leader key, so it applies only
 //! while the leadership's session holds the key and nobody rewrote it since the acquire
 //! whose ModifyIndex is the token; their result carries that index as the commit saw it.
@@ -8,26 +8,17 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::coord::consul::client::{self as consul, KvPair, QueryOptions, TxnOp, TxnOutcome};
+use crate::coord::consul::client::{self as consul, QueryOptions, TxnOp, TxnOutcome};
 use crate::coord::{
-    CoordError, Edit, Edited, FencingToken, Leadership, LeaseId, Names, StoredTask, TaskOp,
-    TaskVersion, Tasks, Version, WriteCost, WriteLimits, Written,
+    CoordError, Edit, Edited, FencingToken, Leadership, LeaseId, Names, StoredTask, TaskOp, Tasks,
+    Version, WriteCost, WriteLimits, Written,
 };
 
-use super::leadership::{next_version, settle};
-use super::txn::{self, txn_ops, written, Guard};
-use super::{guard_cost_on, ConsulCoordinator, MAX_BYTES, SESSION_SHAPE};
-
-/// A KV entry as the queue sees it.
-pub fn stored_task(pair: KvPair) -> StoredTask {
-    StoredTask {
-        key: pair.key,
-        value: pair.value,
-        version: TaskVersion(pair.modify_index),
-        created: pair.create_index,
-        holder: pair.session.map(LeaseId),
-    }
-}
+use super::election::{next_version, settle};
+use super::layout::stored_task;
+use super::plan::{self, txn_ops, written, Guard};
+use super::plan::{guard_cost_on, MAX_BYTES, SESSION_SHAPE};
+use super::ConsulCoordinator;
 
 impl Tasks for ConsulCoordinator {
     /// A blocking `?recurse` on `prefix` at `after`, paced as `observe` is.
@@ -183,51 +174,10 @@ impl Tasks for ConsulCoordinator {
 
     fn cost(&self, op: &TaskOp) -> WriteCost {
         // A session id is 36 characters whoever writes; costs do not depend on whose.
-        txn::cost(&LeaseId(SESSION_SHAPE.into()), op)
+        plan::cost(&LeaseId(SESSION_SHAPE.into()), op)
     }
 
     fn guard_cost(&self) -> WriteCost {
         guard_cost_on(&self.settings.leader_key)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn lease() -> LeaseId {
-        LeaseId("s1".into())
-    }
-
-    fn pair(key: &str, modify_index: u64, lock_index: u64) -> KvPair {
-        KvPair {
-            key: key.into(),
-            value: Vec::new(),
-            flags: 0,
-            session: None,
-            lock_index,
-            create_index: 1,
-            modify_index,
-        }
-    }
-
-    /// A KV entry's ModifyIndex is the task's version, CreateIndex its creation, its lock
-    /// session the lease holding its claim.
-    #[test]
-    fn kv_entries_become_stored_tasks() {
-        let mut entry = pair("q/a", 9, 2);
-        entry.create_index = 4;
-        entry.value = b"{}".to_vec();
-        entry.session = Some("s1".into());
-        assert_eq!(
-            stored_task(entry),
-            StoredTask {
-                key: "q/a".into(),
-                value: b"{}".to_vec(),
-                version: TaskVersion(9),
-                created: 4,
-                holder: Some(lease()),
-            }
-        );
     }
 }

@@ -31,10 +31,11 @@
 //!   key); a compacted revision answers at once with a fresh read (`queue.rs`). `Claim`
 //!   puts the task (and its claim key, if not in a record), `Release` puts the task (and
 //!   deletes its claim key, or names it in a release record), `Complete` deletes the task
-//!   (and its claim key), `Move` also puts the dead letter (`txn.rs`, pure: ops to one txn,
-//!   its answer to `Written`, costs). Records that hold nothing any more are deleted with
-//!   the next write (`records.rs`, pure, for those this process wrote) or after a listing
-//!   (`layout::garbage`). Key layout and numbers: `layout.rs`.
+//!   (and its claim key), `Move` also puts the dead letter (`plan.rs`, pure: ops to one
+//!   txn from what each op requires and does, its answer to `Written`, costs). Records
+//!   that hold nothing any more are deleted with the next write (`records.rs`, pure, for
+//!   those this process wrote) or after a listing (`layout::garbage`). Key layout and
+//!   numbers: `layout.rs`.
 //!
 //! How it keeps each guarantee of [`crate::coord`]:
 //! - **One leader.** Campaign keys get rising revisions, so while the first exists no other
@@ -85,10 +86,10 @@ pub mod client;
 mod election;
 pub mod layout;
 mod lease;
+pub mod plan;
 mod queue;
 pub mod records;
 mod settings;
-pub mod txn;
 
 pub use settings::EtcdSettings;
 

@@ -1,7 +1,7 @@
 //! [`Tasks`] on etcd's keys: list (the prefix, its claim keys, the claim records and the
 //! leases' owners, read at one revision, after watches of the first three from the
 //! revision last seen when asked to wait), keys, get, and writes as one transaction each
-//! (built and judged in `txn.rs`, their records planned in `records.rs`).
+//! (built and judged in `plan.rs`, their records planned in `records.rs`).
 
 use std::collections::HashSet;
 use std::time::Duration;
@@ -10,14 +10,14 @@ use crate::coord::etcd::client::{Event, Kv, Op, Range, Txn};
 use crate::coord::etcd::layout::{
     garbage, lease_id, lease_number, position, revision_of, task_version, Holders, Record,
 };
+use crate::coord::etcd::plan::{edit_txn, edited, write_txn, written, Guard, Writer, MAX_TXN_OPS};
 use crate::coord::etcd::records::Outcome;
-use crate::coord::etcd::txn::{edit_txn, edited, write_txn, written, Guard, Writer, MAX_TXN_OPS};
 use crate::coord::{
     conflict_on_all, CoordError, Edit, Edited, FencingToken, Leadership, LeaseId, Names,
     StoredTask, TaskOp, Tasks, Version, WriteCost, WriteLimits, Written,
 };
 
-use super::{not_a_lease, txn, EtcdCoordinator};
+use super::{not_a_lease, plan, EtcdCoordinator};
 
 /// Keys read per transaction by `get` (a read of the task and one of its claim key each,
 /// beside the records and the owners).
@@ -275,15 +275,15 @@ impl Tasks for EtcdCoordinator {
     }
 
     fn limits(&self) -> WriteLimits {
-        txn::LIMITS
+        plan::LIMITS
     }
 
     fn cost(&self, op: &TaskOp) -> WriteCost {
-        txn::cost(&self.layout, op)
+        plan::cost(&self.layout, op)
     }
 
     fn guard_cost(&self) -> WriteCost {
-        txn::guard_cost(&self.layout)
+        plan::guard_cost(&self.layout)
     }
 }
 

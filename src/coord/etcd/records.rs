@@ -16,8 +16,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 use crate::coord::etcd::client::Kv;
 use crate::coord::etcd::layout::{read_version, Hold, Layout, Owner};
-use crate::coord::etcd::txn::{Records, GARBAGE_PER_WRITE};
-use crate::coord::{TaskOp, Written};
+use crate::coord::etcd::plan::{Records, GARBAGE_PER_WRITE};
+use crate::coord::{Effect, Expected, Holding, TaskOp, Written};
 
 /// How a write went, as far as its records are concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,7 +86,7 @@ impl RecordBook {
         ops: &[TaskOp],
         ids: (u64, u64),
     ) -> Records {
-        let claims = ops.iter().any(|op| matches!(op, TaskOp::Claim { .. }));
+        let claims = ops.iter().any(takes_claim);
         let claim = (claims && self.all_know_since > 0)
             .then(|| (layout.record(lease, ids.0), self.all_know_since));
         let take = self.garbage.len().min(GARBAGE_PER_WRITE);
@@ -127,7 +127,7 @@ impl RecordBook {
         if let Some((name, _)) = &records.claim {
             let claimed: HashSet<String> = ops
                 .iter()
-                .filter(|op| matches!(op, TaskOp::Claim { .. }))
+                .filter(|op| takes_claim(op))
                 .map(|op| op.key().to_string())
                 .collect();
             if !claimed.is_empty() {
@@ -145,17 +145,20 @@ impl RecordBook {
         let mut emptied = Vec::new();
         for op in ops {
             let (_, hold) = read_version(op.version());
-            let ends = matches!(
-                op,
-                TaskOp::Complete { .. }
-                    | TaskOp::Release { .. }
-                    | TaskOp::Move { .. }
-                    | TaskOp::Finish { .. }
-            );
+            // A delete ends the claim, and so does a put of an existing task that gives
+            // it up (a release).
+            let release = op.requires().task != Expected::Absent
+                && matches!(
+                    op.effect(),
+                    Effect::Put {
+                        holding: Holding::Nobody,
+                        ..
+                    }
+                );
+            let ends = release || matches!(op.effect(), Effect::Delete { .. });
             if !ends || hold != Hold::Record {
                 continue;
             }
-            let release = matches!(op, TaskOp::Release { .. });
             releases |= release;
             self.learned.remove(op.key());
             let Some(name) = self.record_of.remove(op.key()) else {
@@ -257,6 +260,17 @@ impl RecordBook {
             self.garbage.push_front(name);
         }
     }
+}
+
+/// Whether `op` claims its task for the writer's lease.
+fn takes_claim(op: &TaskOp) -> bool {
+    matches!(
+        op.effect(),
+        Effect::Put {
+            holding: Holding::Writer,
+            ..
+        }
+    )
 }
 
 #[cfg(test)]

@@ -25,9 +25,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::coord::{
-    Campaign, CoordError, Edit, Edited, FencingToken, Grant, Holder, HolderRecord, Leadership,
-    LeaseId, LeaseSpec, Names, Renewal, StoredTask, TaskOp, TaskVersion, Version, WriteLimits,
-    Written,
+    Campaign, CoordError, Edit, Edited, Effect, Expected, FencingToken, Grant, HeldBy, Holder,
+    HolderRecord, Holding, Leadership, LeaseId, LeaseSpec, Names, Renewal, StoredTask, TaskOp,
+    TaskVersion, Version, WriteLimits, Written,
 };
 
 /// Lock-delay is capped at this whatever a lease asks for (Consul's `MaxLockDelay`).
@@ -475,26 +475,32 @@ impl State {
                 Some(task) => task.clone(),
                 None => self.tasks.get(key).cloned(),
             };
-            if let TaskOp::Create { value, .. } = op {
-                // Only a lease's leadership creates, never its own claims.
-                if own || current.is_some() {
-                    fail(&mut failed, key);
+            let requires = op.requires();
+            match (requires.task, op.effect(), &current) {
+                (Expected::Absent, Effect::Put { value, .. }, _) => {
+                    // Only a lease's leadership creates, never its own claims.
+                    if own || current.is_some() {
+                        fail(&mut failed, key);
+                        continue;
+                    }
+                    let created = Task {
+                        value: value.to_vec(),
+                        version: index,
+                        created: index,
+                        holder: None,
+                    };
+                    staged.insert(key.to_string(), Some(created));
                     continue;
                 }
-                let created = Task {
-                    value: value.clone(),
-                    version: index,
-                    created: index,
-                    holder: None,
-                };
-                staged.insert(key.to_string(), Some(created));
-                continue;
-            }
-            if let (TaskOp::Finish { to, value, .. }, None, false) = (op, &current, own) {
-                // Gone already (an operator deleted it under the claim): finished all the
-                // same, as on Consul, whose delete-cas of a missing key succeeds.
-                stage_record(&mut staged, &self.tasks, to, value, index);
-                continue;
+                (Expected::VersionOrGone(_), Effect::Delete { record }, None) if !own => {
+                    // Gone already (an operator deleted it under the claim): finished all
+                    // the same, as on Consul, whose delete-cas of a missing key succeeds.
+                    if let Some(record) = record {
+                        stage_record(&mut staged, &self.tasks, record.key, record.value, index);
+                    }
+                    continue;
+                }
+                _ => {}
             }
             let Some(task) = current.filter(|task| task.version == op.version().0) else {
                 fail(&mut failed, key);
@@ -505,47 +511,45 @@ impl State {
                 fail(&mut failed, key);
                 continue;
             }
-            let written = |value: &Vec<u8>, holder: Option<LeaseId>| Task {
-                value: value.clone(),
-                version: index,
-                created: task.created,
-                holder,
+            let allowed = match requires.held_by {
+                HeldBy::Any => true,
+                HeldBy::FreeOrWriter => task.holder.is_none() || held_by_lease,
+                HeldBy::Writer => held_by_lease,
+                HeldBy::Free => task.holder.is_none(),
             };
-            match op {
-                TaskOp::Claim { value, .. } => {
-                    if task.holder.is_some() && !held_by_lease {
-                        fail(&mut failed, key);
-                        continue;
-                    }
-                    if self.claim_delays.get(key).is_some_and(|until| *until > now) {
+            if !allowed {
+                fail(&mut failed, key);
+                continue;
+            }
+            match op.effect() {
+                Effect::Put { value, holding } => {
+                    if holding == Holding::Writer
+                        && self.claim_delays.get(key).is_some_and(|until| *until > now)
+                    {
                         fail(&mut deferred, key);
                         continue;
                     }
-                    staged.insert(key.to_string(), Some(written(value, Some(lease.clone()))));
-                    versions.push((key.to_string(), TaskVersion(index)));
-                }
-                TaskOp::Complete { .. } => {
-                    staged.insert(key.to_string(), None);
-                }
-                TaskOp::Release { value, .. } => {
-                    if !held_by_lease {
-                        fail(&mut failed, key);
-                        continue;
+                    let holder = match holding {
+                        Holding::Writer => Some(lease.clone()),
+                        Holding::Nobody => None,
+                        Holding::Unchanged => task.holder.clone(),
+                    };
+                    let written = Task {
+                        value: value.to_vec(),
+                        version: index,
+                        created: task.created,
+                        holder,
+                    };
+                    staged.insert(key.to_string(), Some(written));
+                    if op.answers_version() {
+                        versions.push((key.to_string(), TaskVersion(index)));
                     }
-                    staged.insert(key.to_string(), Some(written(value, None)));
-                    versions.push((key.to_string(), TaskVersion(index)));
                 }
-                TaskOp::Rewrite { value, .. } => {
-                    if task.holder.is_some() {
-                        fail(&mut failed, key);
-                        continue;
-                    }
-                    staged.insert(key.to_string(), Some(written(value, None)));
-                }
-                TaskOp::Create { .. } => {}
-                TaskOp::Move { to, value, .. } | TaskOp::Finish { to, value, .. } => {
+                Effect::Delete { record } => {
                     staged.insert(key.to_string(), None);
-                    stage_record(&mut staged, &self.tasks, to, value, index);
+                    if let Some(record) = record {
+                        stage_record(&mut staged, &self.tasks, record.key, record.value, index);
+                    }
                 }
             }
         }
@@ -610,16 +614,7 @@ fn stage_record(
 
 /// The bytes an op carries: its keys and its value.
 pub(crate) fn op_bytes(op: &TaskOp) -> usize {
-    match op {
-        TaskOp::Claim { key, value, .. }
-        | TaskOp::Release { key, value, .. }
-        | TaskOp::Rewrite { key, value, .. }
-        | TaskOp::Create { key, value } => key.len() + value.len(),
-        TaskOp::Complete { key, .. } => key.len(),
-        TaskOp::Move { key, to, value, .. } | TaskOp::Finish { key, to, value, .. } => {
-            key.len() + to.len() + value.len()
-        }
-    }
+    op.key().len() + op.record_key().map_or(0, str::len) + op.value_len()
 }
 
 fn stored(key: &str, task: &Task) -> StoredTask {

@@ -1,13 +1,16 @@
 //! The Redis coordinator: the [`Coordinator`] seam on one Redis (7.0 or later), through
 //! redis-rs's connection manager (RESP3: pub/sub messages arrive on the same connection,
-//! which reconnects and resubscribes by itself). Redis's names stay in this folder: key
-//! layout and version encoding in `layout.rs`, the scripts in `scripts.rs`, the reads of
-//! tasks in `read.rs`, the rebuild of their index in `index.rs`, waits in `wait.rs`, the
-//! `[redis]` section's checks in `settings.rs`, the verdict on Redis's own settings in
-//! `durability.rs`.
-//! Every operation that writes is one script, and reads of tasks are plain commands,
-//! pipelined, so [`Leases`], [`Elections`] and [`Tasks`] are all implemented at the end of
-//! this file, each a few lines around its script or read.
+//! which reconnects and resubscribes by itself; `client/mod.rs`, with the one mapping of
+//! Redis's errors). Redis's names stay in this folder. Each part of the seam in its own
+//! file: [`Leases`](crate::coord::Leases) in `lease.rs`,
+//! [`Elections`](crate::coord::Elections) in `election.rs`, [`Tasks`](crate::coord::Tasks)
+//! in `queue.rs`; key layout and version encoding in `layout.rs`, the scripts in
+//! `scripts.rs`, the queue's writes as their arguments and their answers read back in
+//! `plan.rs` (pure), the reads of tasks in `read.rs`, the rebuild of their index in
+//! `index.rs`, waits in `wait.rs`, the `[redis]` section's checks in `settings.rs`, the
+//! verdict on Redis's own settings in `durability.rs`. This file holds the type and its
+//! constructor. Every operation that writes is one script, and reads of tasks are plain
+//! commands, pipelined.
 //!
 //! In the seam's words:
 //! - a lease is a random id's key, a hash `{node, ttl}` with a PX TTL, renewed (with the
@@ -61,15 +64,21 @@
 //! replica, a busy script); `Refused` are a bad URL at start, a lease TTL under 1 s, and a
 //! Redis that can lose acknowledged writes (unless `redis.accept_data_loss`).
 
+mod client;
 mod durability;
+mod election;
 mod index;
 mod layout;
+mod lease;
+mod plan;
+mod queue;
 mod read;
 mod scripts;
 mod settings;
 mod wait;
 
 pub use layout::Layout;
+pub use lease::TTL_MIN;
 pub use scripts::PRODUCE;
 pub use settings::RedisSettings;
 
@@ -77,42 +86,19 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManager;
 use redis::{IntoConnectionInfo, ProtocolVersion};
 use tokio::sync::{broadcast, OnceCell};
 
-use self::layout::{
-    change_of, holder_row, number, scope, text, text_in, Change, HolderRow, INDEXED, TOKEN_MAX,
-};
-use self::scripts::{edit_args, invoke, op_args, Scripts};
-use self::wait::{ReadHolder, ReadTasks};
-use crate::coord::{
-    Campaign, CoordError, Coordinator, Edit, Edited, Elections, FencingToken, Grant, Holder,
-    HolderRecord, Leadership, LeaseId, LeaseSpec, Leases, Names, Renewal, StoredTask, TaskOp,
-    TaskVersion, Tasks, Version, WriteCost, WriteLimits, Written,
-};
-
-/// The longest pause between attempts to connect again: redis-rs doubles it without a
-/// ceiling, and a link back from a burst of resets stayed unused until the lease ended.
-const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
-
-/// Leases shorter than this are refused: a keep-alive every third of it must get through.
-pub const TTL_MIN: Duration = Duration::from_secs(1);
+use self::client::{bad_answer, unavailable};
+use self::layout::Change;
+use self::queue::KEYS_PAGE;
+use self::scripts::Scripts;
+use crate::coord::{CoordError, Coordinator};
 
 /// Messages of the changes channel a waiter may be behind by; further behind, it looks
 /// again (as for a message that concerns it).
 const CHANGES_HELD: usize = 256;
-
-/// Keys per page of a look, and of a listing: the reply of a page is held in full while it
-/// is packed (tens of bytes a key; a listing reads the page's tasks a part at a time).
-const KEYS_PAGE: usize = 4096;
-
-/// One write: the ops Redis runs in one script, and the bytes of keys and values it
-/// carries (a script blocks Redis while it runs: keep each short).
-const LIMITS: WriteLimits = WriteLimits {
-    max_ops: 128,
-    max_bytes: 1024 * 1024,
-};
 
 /// What the Redis coordinator needs, from `[redis]` and `[election]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -217,383 +203,5 @@ impl RedisCoordinator {
     /// How many messages the changes channel brought so far.
     pub fn messages_heard(&self) -> u64 {
         self.heard.load(Ordering::Relaxed)
-    }
-
-    async fn connection(&self) -> Result<ConnectionManager, CoordError> {
-        let manager = self
-            .manager
-            .get_or_try_init(|| async {
-                let changes = self.changes.clone();
-                let heard = self.heard.clone();
-                let config = ConnectionManagerConfig::new()
-                    .set_max_delay(RECONNECT_MAX_DELAY)
-                    .set_connection_timeout(Some(self.settings.request_timeout))
-                    .set_response_timeout(Some(self.settings.request_timeout))
-                    .set_automatic_resubscription()
-                    .set_push_sender(move |info: redis::PushInfo| {
-                        if info.kind == redis::PushKind::Message {
-                            heard.fetch_add(1, Ordering::Relaxed);
-                            // [channel, message]
-                            let change = match info.data.last() {
-                                Some(redis::Value::BulkString(message)) => change_of(message),
-                                _ => Change::Any,
-                            };
-                            // No waiter listening is no error.
-                            let _ = changes.send(change);
-                        }
-                        Ok::<(), std::convert::Infallible>(())
-                    });
-                let mut manager =
-                    ConnectionManager::new_with_config(self.client.clone(), config).await?;
-                manager.subscribe(self.settings.layout.channel()).await?;
-                Ok::<_, redis::RedisError>(manager)
-            })
-            .await
-            .map_err(|err| unavailable(&err))?;
-        Ok(manager.clone())
-    }
-
-    /// Runs `script` with the prefix, the leader name and `args`, answering its fields.
-    async fn run<T: redis::FromRedisValue>(
-        &self,
-        script: &redis::Script,
-        args: &[&[u8]],
-    ) -> Result<T, CoordError> {
-        let mut connection = self.connection().await?;
-        invoke(&mut connection, &self.settings.layout, script, args).await
-    }
-
-    async fn fields(
-        &self,
-        script: &redis::Script,
-        args: &[&[u8]],
-    ) -> Result<Vec<Vec<u8>>, CoordError> {
-        self.run(script, args).await
-    }
-
-    /// Raises the floor of the next token to `token`. A number past [`TOKEN_MAX`] was
-    /// never handed out by leaderq (another program's write): it raises nothing.
-    fn saw_token(&self, token: u64) {
-        if token <= TOKEN_MAX {
-            self.highest_token.fetch_max(token, Ordering::Relaxed);
-        }
-    }
-
-    async fn read_holder(&self) -> Result<HolderRow, CoordError> {
-        let row = holder_row(self.fields(&self.scripts.observe, &[]).await?).map_err(bad_answer)?;
-        self.saw_token(row.holder.token.0);
-        Ok(row)
-    }
-
-    async fn write_ops(
-        &self,
-        mode: &str,
-        lease: &LeaseId,
-        token: FencingToken,
-        ops: &[TaskOp],
-    ) -> Result<Written, CoordError> {
-        crate::coord::admit(self, ops, mode == "guarded")?;
-        let token = token.to_string();
-        let encoded = op_args(ops);
-        let scope = scope(
-            ops.iter()
-                .flat_map(|op| std::iter::once(op.key()).chain(op.record_key())),
-        );
-        let mut args: Vec<&[u8]> = vec![
-            mode.as_bytes(),
-            lease.0.as_bytes(),
-            token.as_bytes(),
-            scope.as_bytes(),
-        ];
-        args.extend(encoded.iter().map(Vec::as_slice));
-        let reply = self.fields(&self.scripts.write, &args).await?;
-        let Some((kind, rest)) = reply.split_first() else {
-            return Err(bad_answer("a write answered nothing"));
-        };
-        match kind.as_slice() {
-            b"notleader" => Ok(Written::NotLeader),
-            b"conflict" => Ok(Written::Conflict(
-                rest.iter()
-                    .map(|key| text(key))
-                    .collect::<Result<_, _>>()
-                    .map_err(bad_answer)?,
-            )),
-            b"done" => {
-                let [token, counter, keys @ ..] = rest else {
-                    return Err(bad_answer("a write answered done without its token"));
-                };
-                let version =
-                    TaskVersion(layout::encode(number(counter).map_err(bad_answer)?, false));
-                let token = number(token).map_err(bad_answer)?;
-                self.saw_token(token);
-                Ok(Written::Done {
-                    versions: keys
-                        .iter()
-                        .map(|key| text(key).map(|key| (key, version)))
-                        .collect::<Result<_, _>>()
-                        .map_err(bad_answer)?,
-                    fencing_token: FencingToken(token),
-                })
-            }
-            _ => Err(bad_answer("a write answered out of turn")),
-        }
-    }
-
-    /// Test support: writes a task with the producers' script ([`PRODUCE`]).
-    pub async fn produce(&self, key: &str, value: &[u8]) -> Result<(), CoordError> {
-        let mut connection = self.connection().await?;
-        redis::cmd("EVAL")
-            .arg(PRODUCE)
-            .arg(0)
-            .arg(&self.settings.layout.prefix)
-            .arg(key)
-            .arg(value)
-            .query_async::<u64>(&mut connection)
-            .await
-            .map(drop)
-            .map_err(|err| unavailable(&err))
-    }
-}
-
-/// Every Redis error may pass (a restart, a network fault, a replica being promoted, a
-/// busy script, an operator fixing a password): retrying is the answer, so it is
-/// `Unavailable`, with what Redis said.
-fn unavailable(err: &redis::RedisError) -> CoordError {
-    CoordError::Unavailable(format!(
-        "redis: {err}: check that Redis is up and reachable at redis.url"
-    ))
-}
-
-/// A script answered something it never sends: a bug in this module, or another
-/// program's keys under our prefix.
-fn bad_answer(why: impl std::fmt::Display) -> CoordError {
-    CoordError::Unavailable(format!(
-        "redis answered what leaderq's scripts never send ({why}): check that nothing else writes under [redis] key_prefix"
-    ))
-}
-
-impl Leases for RedisCoordinator {
-    fn describe(&self) -> String {
-        match self.client.get_connection_info().addr() {
-            addr @ redis::ConnectionAddr::Tcp(..) => format!("Redis at {addr}"),
-            addr => format!("Redis at {addr} (TLS)"),
-        }
-    }
-
-    async fn open_lease(&self, spec: &LeaseSpec) -> Result<Grant, CoordError> {
-        if spec.ttl < TTL_MIN {
-            return Err(CoordError::Refused(format!(
-                "a lease TTL of {:?} is below the Redis coordinator's minimum of {TTL_MIN:?}: raise election.lease_ttl",
-                spec.ttl
-            )));
-        }
-        self.check_durability().await?;
-        let previous = spec.previous.as_ref().map_or("", |lease| lease.0.as_str());
-        let ttl = spec.ttl.as_millis().to_string();
-        let new = uuid::Uuid::new_v4().to_string();
-        let reply = self
-            .fields(
-                &self.scripts.open,
-                &[
-                    previous.as_bytes(),
-                    spec.node_id.as_bytes(),
-                    ttl.as_bytes(),
-                    new.as_bytes(),
-                ],
-            )
-            .await?;
-        match reply.as_slice() {
-            [kind, id] => Ok(Grant {
-                lease: LeaseId(text(id).map_err(bad_answer)?),
-                reused: kind.as_slice() == b"reused",
-            }),
-            _ => Err(bad_answer(format!("open answered {} fields", reply.len()))),
-        }
-    }
-
-    /// One script, sent whole: one round trip, also on a Redis that lost its script cache.
-    async fn keep_alive(&self, lease: &LeaseId) -> Result<Renewal, CoordError> {
-        let mut connection = self.connection().await?;
-        let answer: String = scripts::eval(
-            &mut connection,
-            &self.settings.layout,
-            &self.scripts.keep_alive,
-            &[lease.0.as_bytes()],
-        )
-        .await?;
-        Ok(if answer == "alive" {
-            Renewal::Alive
-        } else {
-            Renewal::Gone
-        })
-    }
-
-    /// Ends the lease by the script that checks it is still there. Closing is this too (the
-    /// default `close`): nothing but the lease is tied to a node here.
-    async fn revoke(&self, lease: &LeaseId) -> Result<(), CoordError> {
-        self.run::<String>(&self.scripts.revoke, &[lease.0.as_bytes()])
-            .await
-            .map(drop)
-    }
-}
-
-impl Elections for RedisCoordinator {
-    async fn observe(
-        &self,
-        after: Version,
-        wait: Duration,
-    ) -> Result<(Holder, Version), CoordError> {
-        self.wait_for(after, wait, ReadHolder).await
-    }
-
-    async fn campaign(
-        &self,
-        lease: &LeaseId,
-        record: &HolderRecord,
-    ) -> Result<Campaign, CoordError> {
-        let floor = scripts::campaign_floor(self.highest_token.load(Ordering::Relaxed), record);
-        let floor = floor.to_string();
-        let record = record.encode();
-        let max = TOKEN_MAX.to_string();
-        let reply = self
-            .fields(
-                &self.scripts.campaign,
-                &[
-                    lease.0.as_bytes(),
-                    &record,
-                    floor.as_bytes(),
-                    max.as_bytes(),
-                ],
-            )
-            .await?;
-        match reply.as_slice() {
-            [won, token] if won.as_slice() == b"won" => {
-                let token = number(token).map_err(bad_answer)?;
-                self.saw_token(token);
-                Ok(Campaign::Won(Leadership {
-                    lease: lease.clone(),
-                    fencing_token: FencingToken(token),
-                }))
-            }
-            [held] if held.as_slice() == b"held" => Ok(Campaign::Held),
-            [gone] if gone.as_slice() == b"gone" => Ok(Campaign::LeaseGone),
-            [exhausted, token] if exhausted.as_slice() == b"exhausted" => {
-                Err(CoordError::Refused(format!(
-                    "the next fencing token would be {}, past {TOKEN_MAX} (2^53 - 1, the largest leaderq hands out): {}fencing/{} holds a number leaderq never wrote; delete that key and restart the replicas",
-                    String::from_utf8_lossy(token),
-                    self.settings.layout.prefix,
-                    self.settings.layout.leader
-                )))
-            }
-            _ => Err(bad_answer("campaign answered out of turn")),
-        }
-    }
-
-    async fn resign(&self, lease: &LeaseId) -> Result<(), CoordError> {
-        self.run::<String>(&self.scripts.resign, &[lease.0.as_bytes()])
-            .await
-            .map(drop)
-    }
-}
-
-impl Tasks for RedisCoordinator {
-    async fn list(
-        &self,
-        prefix: &str,
-        after: Version,
-        wait: Duration,
-    ) -> Result<(Vec<StoredTask>, Version), CoordError> {
-        // A watch leaves an index rebuild running behind it; a single read waits for it.
-        let behind = !wait.is_zero();
-        self.wait_for(after, wait, ReadTasks(prefix, behind)).await
-    }
-
-    /// The keys under `prefix`, `KEYS_PAGE` at a time, packed as they come; the version
-    /// is the lowest a page saw, as a listing's.
-    async fn keys(&self, prefix: &str) -> Result<(Names, Version), CoordError> {
-        let page_size = KEYS_PAGE.to_string();
-        let mut keys = Names::new();
-        let mut lowest = u64::MAX;
-        let mut after = String::new();
-        let mut rebuilt = false;
-        loop {
-            let reply = self
-                .fields(
-                    &self.scripts.keys,
-                    &[prefix.as_bytes(), after.as_bytes(), page_size.as_bytes()],
-                )
-                .await?;
-            let [counter, marked, page @ ..] = reply.as_slice() else {
-                return Err(bad_answer("keys answered nothing"));
-            };
-            if after.is_empty() && marked.as_slice() != b"1" && !rebuilt {
-                // The index lacks its mark: rebuilt, then read again (once).
-                self.rebuild_index().await;
-                rebuilt = true;
-                continue;
-            }
-            lowest = lowest.min(number(counter).map_err(bad_answer)?);
-            for key in page
-                .iter()
-                .filter(|key| key.as_slice() != INDEXED.as_bytes())
-            {
-                keys.push(text_in(key).map_err(bad_answer)?);
-            }
-            match page.last() {
-                Some(last) if page.len() >= KEYS_PAGE => after = text(last).map_err(bad_answer)?,
-                _ => return Ok((keys, Version(layout::encode(lowest, false)))),
-            }
-        }
-    }
-
-    async fn get(&self, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {
-        self.read_keys(keys).await
-    }
-
-    async fn write(&self, leadership: &Leadership, ops: &[TaskOp]) -> Result<Written, CoordError> {
-        self.write_ops("guarded", &leadership.lease, leadership.fencing_token, ops)
-            .await
-    }
-
-    async fn write_own(&self, lease: &LeaseId, ops: &[TaskOp]) -> Result<Written, CoordError> {
-        self.write_ops("own", lease, FencingToken(0), ops).await
-    }
-
-    async fn edit(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
-        let encoded = edit_args(ops);
-        let args: Vec<&[u8]> = encoded.iter().map(Vec::as_slice).collect();
-        let reply = self.fields(&self.scripts.edit, &args).await?;
-        match reply.split_first() {
-            Some((kind, _)) if kind.as_slice() == b"done" => Ok(Edited::Done),
-            Some((kind, keys)) if kind.as_slice() == b"conflict" => Ok(Edited::Conflict(
-                keys.iter()
-                    .map(|key| text(key))
-                    .collect::<Result<_, _>>()
-                    .map_err(bad_answer)?,
-            )),
-            _ => Err(bad_answer("an edit answered out of turn")),
-        }
-    }
-
-    fn limits(&self) -> WriteLimits {
-        LIMITS
-    }
-
-    fn cost(&self, op: &TaskOp) -> WriteCost {
-        let bytes = match op {
-            TaskOp::Claim { key, value, .. }
-            | TaskOp::Release { key, value, .. }
-            | TaskOp::Rewrite { key, value, .. }
-            | TaskOp::Create { key, value } => key.len() + value.len(),
-            TaskOp::Complete { key, .. } => key.len(),
-            TaskOp::Move { key, to, value, .. } | TaskOp::Finish { key, to, value, .. } => {
-                key.len() + to.len() + value.len()
-            }
-        };
-        WriteCost { ops: 1, bytes }
-    }
-
-    fn guard_cost(&self) -> WriteCost {
-        WriteCost { ops: 1, bytes: 0 }
     }
 }

@@ -9,14 +9,13 @@
 //! in `ARGV` rather than `KEYS` (task keys are only known inside the script), so they need
 //! one Redis (with replicas if wanted), not Redis Cluster.
 //!
-//! Size: the scripts are one file with the Rust that builds their arguments and reads
-//! their answers, so that a script and its caller change together; a fifth is tests.
+//! The arguments of the queue's scripts and the reading of their answers are `plan.rs`'s.
 
 use redis::aio::ConnectionManager;
 
-use crate::coord::{CoordError, Edit, HolderRecord, TaskOp, TaskVersion};
+use crate::coord::{CoordError, HolderRecord};
 
-use super::layout::{decode, Layout, TOKEN_MAX};
+use super::layout::{Layout, TOKEN_MAX};
 use super::unavailable;
 
 const PRELUDE: &str = r#"
@@ -459,16 +458,6 @@ pub async fn eval<T: redis::FromRedisValue>(
         .map_err(|err| unavailable(&err))
 }
 
-/// A version as the scripts compare it: the counter as text and the `gone` flag. A
-/// number no read handed out gets a counter no task has, so it conflicts.
-fn version_args(version: TaskVersion) -> [Vec<u8>; 2] {
-    let (counter, gone) = decode(version.0).unwrap_or((u64::MAX, false));
-    [
-        counter.to_string().into_bytes(),
-        if gone { b"1".to_vec() } else { b"0".to_vec() },
-    ]
-}
-
 /// The `floor` argument of [`CAMPAIGN`], the highest token seen before the win: what this
 /// coordinator has seen (`highest`), or one below the floor the campaign's `record` asks
 /// for (its replica's, above the highest token it has seen, kept in its data dir across
@@ -482,59 +471,9 @@ pub fn campaign_floor(highest: u64, record: &HolderRecord) -> u64 {
     highest.max(asked)
 }
 
-/// The six arguments of each op of [`WRITE`].
-pub fn op_args(ops: &[TaskOp]) -> Vec<Vec<u8>> {
-    let mut args = Vec::with_capacity(ops.len() * 6);
-    for op in ops {
-        let (kind, value, to): (&str, &[u8], &str) = match op {
-            TaskOp::Claim { value, .. } => ("claim", value, ""),
-            TaskOp::Complete { .. } => ("complete", b"", ""),
-            TaskOp::Release { value, .. } => ("release", value, ""),
-            TaskOp::Rewrite { value, .. } => ("rewrite", value, ""),
-            TaskOp::Create { value, .. } => ("create", value, ""),
-            TaskOp::Move { to, value, .. } | TaskOp::Finish { to, value, .. } => {
-                ("move", value, to)
-            }
-        };
-        let [counter, gone] = version_args(op.version());
-        args.extend([
-            kind.as_bytes().to_vec(),
-            op.key().as_bytes().to_vec(),
-            counter,
-            gone,
-            value.to_vec(),
-            to.as_bytes().to_vec(),
-        ]);
-    }
-    args
-}
-
-/// The five arguments of each op of [`EDIT`].
-pub fn edit_args(ops: &[Edit]) -> Vec<Vec<u8>> {
-    let mut args = Vec::with_capacity(ops.len() * 5);
-    for op in ops {
-        let (kind, version, value): (&str, TaskVersion, &[u8]) = match op {
-            Edit::Create { value, .. } => ("create", TaskVersion(0), value),
-            Edit::Delete { version, .. } => ("delete", *version, b""),
-            Edit::Put { value, .. } => ("put", TaskVersion(0), value),
-            Edit::Replace { version, value, .. } => ("replace", *version, value),
-        };
-        let [counter, gone] = version_args(version);
-        args.extend([
-            kind.as_bytes().to_vec(),
-            op.key().as_bytes().to_vec(),
-            counter,
-            gone,
-            value.to_vec(),
-        ]);
-    }
-    args
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::coord::redis::layout::encode;
 
     /// A campaign passes as seen the higher of what its coordinator saw and one below its
     /// record's floor, so a replica restarted with an empty memory still asks for a token
@@ -553,52 +492,6 @@ mod tests {
         assert_eq!(campaign_floor(400, &record(Some(158))), 400);
         assert_eq!(campaign_floor(0, &record(Some(TOKEN_MAX + 1))), TOKEN_MAX);
         assert_eq!(campaign_floor(7, &record(Some(TOKEN_MAX + 2))), 7);
-    }
-
-    /// Each op travels as six arguments with its version split into counter and flag; a
-    /// version no read handed out can match no task.
-    #[test]
-    fn ops_travel_as_six_arguments_each() {
-        let ops = [
-            TaskOp::Claim {
-                key: "q/a".into(),
-                version: TaskVersion(encode(7, true)),
-                value: b"{}".to_vec(),
-            },
-            TaskOp::Move {
-                key: "q/b".into(),
-                version: TaskVersion(1),
-                to: "dead/b".into(),
-                value: b"x".to_vec(),
-            },
-        ];
-        let args: Vec<String> = op_args(&ops)
-            .into_iter()
-            .map(|a| String::from_utf8(a).unwrap())
-            .collect();
-        assert_eq!(
-            args,
-            [
-                "claim",
-                "q/a",
-                "7",
-                "1",
-                "{}",
-                "",
-                "move",
-                "q/b",
-                &u64::MAX.to_string(),
-                "0",
-                "x",
-                "dead/b"
-            ]
-        );
-        let edits = edit_args(&[Edit::Delete {
-            key: "q/c".into(),
-            version: TaskVersion(encode(3, false)),
-        }]);
-        assert_eq!(edits.len(), 5);
-        assert_eq!(edits[2], b"3");
     }
 
     /// The producers' script is one line (pasted after `redis-cli EVAL`) with no double

@@ -24,8 +24,9 @@ use std::time::Duration;
 
 use zookeeper_client as zk;
 
+use super::client::{children_synced, commit, timed, unavailable};
 use super::plan::ZkOp;
-use super::{children_synced, commit, layout, timed, unavailable, ZkCoordinator};
+use super::{layout, ZkCoordinator};
 use crate::coord::{
     Campaign, CoordError, Elections, FencingToken, Holder, HolderRecord, Leadership, LeaseId,
     Version,

@@ -9,7 +9,7 @@ use zookeeper_client as zk;
 
 use super::plan::{self, Seen, ZkOp};
 use super::{election, layout, ZkCoordinator};
-use crate::coord::{FencingToken, Leadership, LeaseId, TaskOp};
+use crate::coord::{Effect, FencingToken, Holding, Leadership, LeaseId, TaskOp};
 
 /// A leadership's guard as its win left it: the leader's latch and the marker's version.
 #[derive(Clone, Debug)]
@@ -83,9 +83,14 @@ impl ZkCoordinator {
         }
         for op in ops {
             claimed.remove(op.key());
-            let TaskOp::Claim { key, .. } = op else {
+            let Effect::Put {
+                holding: Holding::Writer,
+                ..
+            } = op.effect()
+            else {
                 continue;
             };
+            let key = &op.key().to_string();
             let (Some(stat), Some(before)) = (written.get(key), seen.get(key)) else {
                 continue;
             };

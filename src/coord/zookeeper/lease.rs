@@ -22,7 +22,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-use super::{children_synced, commit, layout, timed, unavailable, ZkCoordinator};
+use super::client::{children_synced, commit, timed, unavailable};
+use super::{layout, ZkCoordinator};
 use crate::coord::{CoordError, Grant, HolderRecord, LeaseId, LeaseSpec, Leases, Renewal};
 
 /// A lease this coordinator holds: the session's client, and the watchdog that closes it
@@ -230,7 +231,7 @@ async fn watchdog(
     mut state: zk::StateWatcher,
 ) {
     let mut terminated = false;
-    let mut beats = tokio::time::interval(super::silence_limit(ttl) / BEATS_PER_SILENCE);
+    let mut beats = tokio::time::interval(super::client::silence_limit(ttl) / BEATS_PER_SILENCE);
     beats.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let deadline = *renewed.lock().unwrap_or_else(|p| p.into_inner()) + ttl;

@@ -4,7 +4,9 @@
 //! `layout.rs`. ZooKeeper's names (session, znode, zxid, `multi`) stay in this folder.
 //! Each part of the seam in its own file: [`Leases`](crate::coord::Leases) in `lease.rs`,
 //! [`Elections`](crate::coord::Elections) in `election.rs`, [`Tasks`](crate::coord::Tasks)
-//! in `queue.rs`.
+//! in `queue.rs`; the link to the ensemble (sessions, bounded requests, the mapping of its
+//! errors) in `client/mod.rs`, the settings in `settings.rs`. This file holds the type and
+//! its constructor.
 //!
 //! In the seam's words:
 //! - a lease is one ZooKeeper session on its own connection, timeout = the lease TTL (refused
@@ -70,9 +72,10 @@
 //! latch deleted, its old claims freed when the old session expires); the contract runs with
 //! `Timing::without_lease_reuse`. Limits: 256 `multi` ops counting the two guard checks, 960
 //! KiB (under `jute.maxbuffer`'s 1 MiB). ZooKeeper's errors become [`CoordError`] in one
-//! place, `unavailable`: a request it will never take (bad arguments, an invalid ACL) and a
+//! place, `unavailable` (`client/mod.rs`): a request it will never take (bad arguments, an invalid ACL) and a
 //! bad connect string are `Refused`, everything else `Unavailable`.
 
+mod client;
 mod election;
 mod known;
 mod layout;
@@ -136,23 +139,6 @@ pub fn connect(
     })))
 }
 
-/// How long one request may take before the ensemble counts as unreachable for it.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How long a session's connection may stay silent (or take to answer a handshake) before
-/// `zookeeper-client` takes it for lost and connects again: 3/5 of the session's timeout,
-/// the most the client honours (without one it takes 2/5). Answers `L` late leave a
-/// connection silent for `L` plus however long it was idle before. A lease's watchdog keeps
-/// its connection from being idle for more than an eighth of this (`lease.rs`, `beat`), so
-/// it takes a latency of 0.525 × TTL to break it, above the latency a lease's runs are
-/// promised to bear. The coordinator's own connection has only the client's pings (sent
-/// once it was idle for 3/8 of this): latency rising by more than 0.3 × its session timeout
-/// at once breaks it for a moment, and the reads and watches on it fail and are asked
-/// again; no run depends on them.
-fn silence_limit(session_timeout: Duration) -> Duration {
-    session_timeout * 3 / 5
-}
-
 /// One `multi`, at most: operations (ZooKeeper has no count limit; this keeps one request's
 /// work on the leader bounded, yet holds a full batch: 32 claims of 2 ops each, plus the
 /// 32 completions riding along, 3 ops each with history on, plus the 2 guard checks, is
@@ -188,161 +174,11 @@ impl ZkCoordinator {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
-
-    /// The coordinator's own session: the one open, or a new one if it ended.
-    async fn main(&self) -> Result<zk::Client, CoordError> {
-        let mut main = self.main.lock().await;
-        if let Some(client) = main.as_ref().filter(|c| !c.state().is_terminated()) {
-            return Ok(client.clone());
-        }
-        let client = self.open_session(self.settings.session_timeout).await?;
-        *main = Some(client.clone());
-        Ok(client)
-    }
-
-    /// A new session with `timeout` on the connect string's servers, rooted at its chroot
-    /// (created first if missing, as Curator does with a namespace).
-    async fn open_session(&self, timeout: Duration) -> Result<zk::Client, CoordError> {
-        let (servers, root) = split_connect(&self.settings.connect);
-        let mut connector = zk::Client::connector()
-            .with_session_timeout(timeout)
-            .with_connection_timeout(silence_limit(timeout));
-        if !self.settings.auth.is_empty() {
-            connector = connector.with_auth("digest", self.settings.auth.as_bytes());
-        }
-        let connecting = connector.connect(servers);
-        let client = match tokio::time::timeout(REQUEST_TIMEOUT.max(timeout), connecting).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(zk::Error::BadArguments(why))) => {
-                return Err(CoordError::Refused(format!(
-                    "zookeeper.connect {:?}: {why}: fix the [zookeeper] settings",
-                    self.settings.connect
-                )))
-            }
-            Ok(Err(err)) => return Err(unavailable(err)),
-            Err(_) => {
-                return Err(CoordError::Unavailable(format!(
-                    "no ZooKeeper server of {} answered",
-                    self.settings.connect
-                )))
-            }
-        };
-        let Some(root) = root else {
-            return Ok(client);
-        };
-        let made = format!("chroot {root}");
-        if !self.made().contains(&made) {
-            let options = zk::CreateMode::Persistent.with_acls(self.acls());
-            match timed(client.mkdir(root, &options)).await {
-                Ok(()) | Err(zk::Error::NodeExists) => {
-                    self.made().insert(made);
-                }
-                Err(err) => return Err(unavailable(err)),
-            }
-        }
-        client.chroot(root.to_string()).map_err(|_| {
-            CoordError::Refused(format!(
-                "zookeeper.connect {:?}: the chroot is not a path: fix the [zookeeper] settings",
-                self.settings.connect
-            ))
-        })
-    }
-
-    /// Makes `path` and its ancestors exist (persistent, open ACL), once per coordinator.
-    async fn make_dir(&self, client: &zk::Client, path: &str) -> Result<(), CoordError> {
-        if path == "/" || self.made().contains(path) {
-            return Ok(());
-        }
-        let options = zk::CreateMode::Persistent.with_acls(self.acls());
-        match timed(client.mkdir(path, &options)).await {
-            Ok(()) | Err(zk::Error::NodeExists) => {
-                self.made().insert(path.to_string());
-                Ok(())
-            }
-            Err(err) => Err(unavailable(err)),
-        }
-    }
-
-    /// The ACL of every znode leaderq creates: its digest user's alone with `auth`, else
-    /// anyone's.
-    fn acls(&self) -> zk::Acls<'static> {
-        if self.settings.auth.is_empty() {
-            zk::Acls::anyone_all()
-        } else {
-            zk::Acls::creator_all()
-        }
-    }
-
-    fn made(&self) -> MutexGuard<'_, HashSet<String>> {
-        self.made
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// The length the chroot adds to every path a request carries.
-    fn root_len(&self) -> usize {
-        split_connect(&self.settings.connect).1.map_or(0, str::len)
-    }
-}
-
-/// The servers of a connect string and its chroot (`/leaderq` of `a:1,b:2/leaderq`).
-fn split_connect(connect: &str) -> (&str, Option<&str>) {
-    match connect.find('/') {
-        Some(at) => (&connect[..at], Some(&connect[at..])),
-        None => (connect, None),
-    }
-}
-
-/// Bounds a request in time: a request to an ensemble that does not answer fails as
-/// [`zk::Error::Timeout`] instead of waiting for the reconnection.
-async fn timed<T>(
-    request: impl std::future::Future<Output = Result<T, zk::Error>>,
-) -> Result<T, zk::Error> {
-    tokio::time::timeout(REQUEST_TIMEOUT, request)
-        .await
-        .unwrap_or(Err(zk::Error::Timeout))
-}
-
-/// The children of `path`, read after a `sync` on the same session, so that they include
-/// every write acknowledged before, whichever session made it.
-async fn children_synced(client: &zk::Client, path: &str) -> Result<Vec<String>, zk::Error> {
-    let synced = timed(client.sync("/"));
-    let children = timed(client.list_children(path));
-    synced.await?;
-    children.await
-}
-
-/// Commits a `multi`, bounded in time as [`timed`] bounds a request.
-async fn commit(
-    multi: &mut zk::MultiWriter<'_>,
-) -> Result<Vec<zk::MultiWriteResult>, zk::MultiWriteError> {
-    tokio::time::timeout(REQUEST_TIMEOUT, multi.commit())
-        .await
-        .unwrap_or(Err(zk::MultiWriteError::RequestFailed {
-            source: zk::Error::Timeout,
-        }))
-}
-
-/// The one place where ZooKeeper's errors become the seam's, for every error a caller does
-/// not branch on itself: all may pass (a lost connection, a member down, an election in
-/// the ensemble, an ACL an operator is fixing) except a request ZooKeeper will never take.
-pub(crate) fn unavailable(err: zk::Error) -> CoordError {
-    match err {
-        zk::Error::BadArguments(_) | zk::Error::InvalidAcl | zk::Error::MarshallingError => {
-            CoordError::Refused(format!(
-                "ZooKeeper refused the request: {err}; check the keys and the [zookeeper] settings"
-            ))
-        }
-        zk::Error::NoAuth | zk::Error::AuthFailed => CoordError::Unavailable(format!(
-            "ZooKeeper: {err}: set zookeeper.auth to a user the znodes' ACLs allow"
-        )),
-        other => CoordError::Unavailable(format!("ZooKeeper: {other}")),
-    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::client::split_connect;
     use crate::config::{Backend, Settings};
 
     fn env(pairs: &[(&str, &str)]) -> Vec<(String, String)> {

@@ -1,5 +1,7 @@
 //! A batch of queue writes as one ZooKeeper `multi`, decided from what a read just before
-//! it saw of each task. Pure: the tasks seen in, the znode operations (or the answer without
+//! it saw of each task and from what each op requires and does ([`TaskOp::requires`],
+//! [`TaskOp::effect`]), and the `multi`'s answer in the seam's words ([`committed`],
+//! [`failed`]). Pure: the tasks seen in, the znode operations (or the answer without
 //! sending any) out.
 //!
 //! Every operation is conditioned on the task's data version (`Stat.version`) as read, and
@@ -12,7 +14,11 @@
 
 use std::collections::HashMap;
 
-use crate::coord::{TaskOp, TaskVersion, WriteCost};
+use zookeeper_client as zk;
+
+use crate::coord::{
+    Effect, Expected, FencingToken, Holding, TaskOp, TaskVersion, WriteCost, Written,
+};
 
 use super::layout;
 
@@ -138,17 +144,21 @@ pub fn plan(
     let mut conflicts = Vec::new();
     for op in ops {
         let key = op.key();
-        if let TaskOp::Create { value, .. } = op {
+        let effect = op.effect();
+        if op.requires().task == Expected::Absent {
+            // Only a leadership creates, and only a key that does not exist.
             if seen.contains_key(key) || matches!(writer, Writer::Own { .. }) {
                 conflicts.push(key.to_string());
                 continue;
             }
-            let create = ZkOp::Create {
-                path: layout::path_of(key),
-                data: value.clone(),
-                ephemeral: false,
-            };
-            planned.push(create, Some(key));
+            if let Effect::Put { value, .. } = effect {
+                let create = ZkOp::Create {
+                    path: layout::path_of(key),
+                    data: value.to_vec(),
+                    ephemeral: false,
+                };
+                planned.push(create, Some(key));
+            }
             continue;
         }
         let Some(task) = seen.get(key).filter(|task| task.version == op.version()) else {
@@ -157,7 +167,7 @@ pub fn plan(
         };
         let own = task.claim.is_some_and(|claim| claim.owner == session);
         if let Writer::Own { .. } = writer {
-            if !own || matches!(op, TaskOp::Claim { .. }) {
+            if !own || op.needs_leadership() {
                 return Err(Unsent::NotOwn);
             }
         }
@@ -174,54 +184,48 @@ pub fn plan(
                 );
             }
         };
-        match op {
-            TaskOp::Claim { value, .. } => {
-                if task.claim.is_some() && !own {
+        match effect {
+            Effect::Put { value, holding } => {
+                if holding == Holding::Writer && task.claim.is_some() && !own {
                     conflicts.push(key.to_string());
                     continue;
                 }
                 planned.push(set(&path, value, task.data_version), Some(key));
-                if task.claim.is_none() {
-                    planned.push(
+                match holding {
+                    // A claim's marker: ephemeral, so it ends with the session.
+                    Holding::Writer if task.claim.is_none() => planned.push(
                         ZkOp::Create {
                             path: claim_path.clone(),
                             data: Vec::new(),
                             ephemeral: true,
                         },
                         Some(key),
-                    );
+                    ),
+                    Holding::Writer | Holding::Unchanged => {}
+                    Holding::Nobody => drop_claim(&mut planned),
                 }
             }
-            TaskOp::Complete { .. } => {
+            Effect::Delete { record } => {
                 drop_claim(&mut planned);
                 planned.push(delete(&path, task.data_version), Some(key));
-            }
-            TaskOp::Release { value, .. } => {
-                planned.push(set(&path, value, task.data_version), Some(key));
-                drop_claim(&mut planned);
-            }
-            TaskOp::Rewrite { value, .. } => {
-                planned.push(set(&path, value, task.data_version), Some(key));
-            }
-            TaskOp::Create { .. } => {}
-            TaskOp::Move { to, value, .. } | TaskOp::Finish { to, value, .. } => {
-                drop_claim(&mut planned);
-                planned.push(delete(&path, task.data_version), Some(key));
-                let to_path = layout::path_of(to);
-                let write = if seen.contains_key(to) {
-                    ZkOp::SetData {
-                        path: to_path,
-                        data: value.clone(),
-                        version: None,
-                    }
-                } else {
-                    ZkOp::Create {
-                        path: to_path,
-                        data: value.clone(),
-                        ephemeral: false,
-                    }
-                };
-                planned.push(write, Some(key));
+                if let Some(record) = record {
+                    let to_path = layout::path_of(record.key);
+                    let data = record.value.to_vec();
+                    let write = if seen.contains_key(record.key) {
+                        ZkOp::SetData {
+                            path: to_path,
+                            data,
+                            version: None,
+                        }
+                    } else {
+                        ZkOp::Create {
+                            path: to_path,
+                            data,
+                            ephemeral: false,
+                        }
+                    };
+                    planned.push(write, Some(key));
+                }
             }
         }
     }
@@ -247,6 +251,50 @@ fn delete(path: &str, version: i32) -> ZkOp {
     }
 }
 
+/// The answer to a committed `multi` planned as `planned`: each task's new stat, from its
+/// own data write (a dead letter's or history record's write is unconditioned, so left
+/// out), and `Done` with each written task's new version under `token`.
+pub fn committed(
+    planned: &Planned,
+    stats: Vec<Option<zk::Stat>>,
+    token: FencingToken,
+) -> (HashMap<&String, zk::Stat>, Written) {
+    let written: HashMap<&String, zk::Stat> = planned
+        .ops
+        .iter()
+        .zip(&planned.keys)
+        .zip(stats)
+        .filter_map(|((op, key), stat)| match (op, key, stat) {
+            (
+                ZkOp::SetData {
+                    version: Some(_), ..
+                },
+                Some(key),
+                Some(stat),
+            ) => Some((key, stat)),
+            _ => None,
+        })
+        .collect();
+    let versions = written
+        .iter()
+        .map(|(key, stat)| ((*key).clone(), layout::task_version(stat.mzxid, stat.pzxid)))
+        .collect();
+    let done = Written::Done {
+        versions,
+        fencing_token: token,
+    };
+    (written, done)
+}
+
+/// The answer to a `multi` planned as `planned` whose op `index` failed: a conflict on the
+/// task that op was planned for, or `NotLeader` for a guard check.
+pub fn failed(planned: &Planned, index: usize) -> Written {
+    match planned.keys.get(index) {
+        Some(Some(key)) => Written::Conflict(vec![key.clone()]),
+        _ => Written::NotLeader,
+    }
+}
+
 /// What `op` costs at most: its operations with a claim marker present (one more delete)
 /// and a dead letter created, as [`plan`] would send them.
 pub fn cost(op: &TaskOp, root_len: usize) -> WriteCost {
@@ -263,15 +311,19 @@ pub fn cost(op: &TaskOp, root_len: usize) -> WriteCost {
         ..worst.clone()
     };
     // A claim creates its marker (no claim yet); every other op deletes one.
-    let task = if matches!(op, TaskOp::Claim { .. }) {
-        unclaimed
-    } else {
-        worst
-    };
+    let claims = matches!(
+        op.effect(),
+        Effect::Put {
+            holding: Holding::Writer,
+            ..
+        }
+    );
+    let task = if claims { unclaimed } else { worst };
     // A create is planned only for a key that does not exist.
-    let seen = match op {
-        TaskOp::Create { .. } => HashMap::new(),
-        _ => HashMap::from([(op.key().to_string(), task)]),
+    let seen = if op.requires().task == Expected::Absent {
+        HashMap::new()
+    } else {
+        HashMap::from([(op.key().to_string(), task)])
     };
     let writer = Writer::Leader { session: 1 };
     match plan(Vec::new(), std::slice::from_ref(op), &seen, writer) {
@@ -467,5 +519,47 @@ mod tests {
         );
         assert_eq!(moved.ops, 3);
         assert!(moved.bytes >= 100 + 3 * 5);
+    }
+
+    /// A failed guard check is NotLeader, a task's failed op a conflict on that task; a
+    /// commit answers the new version of each task whose own data it wrote, not a record's.
+    #[test]
+    fn answers_name_the_task_or_the_leadership() {
+        let seen = HashMap::from([("q/a".to_string(), seen(10, None))]);
+        let guard = vec![ZkOp::Check {
+            path: "/L/latch".into(),
+            version: 0,
+        }];
+        let writer = Writer::Leader { session: ME };
+        let planned = plan(guard, &[claim_op("q/a", 10)], &seen, writer).unwrap();
+        assert_eq!(failed(&planned, 0), Written::NotLeader);
+        assert_eq!(failed(&planned, 2), Written::Conflict(vec!["q/a".into()]));
+        assert_eq!(failed(&planned, 9), Written::NotLeader);
+        let stat = zk::Stat {
+            czxid: 1,
+            mzxid: 40,
+            pzxid: 41,
+            ctime: 0,
+            mtime: 0,
+            version: 4,
+            cversion: 0,
+            aversion: 0,
+            ephemeral_owner: 0,
+            data_length: 5,
+            num_children: 1,
+        };
+        let (written, answer) = committed(
+            &planned,
+            vec![None, Some(stat), Some(stat)],
+            FencingToken(3),
+        );
+        assert_eq!(written.len(), 1);
+        assert_eq!(
+            answer,
+            Written::Done {
+                versions: vec![("q/a".into(), layout::task_version(40, 41))],
+                fencing_token: FencingToken(3),
+            }
+        );
     }
 }

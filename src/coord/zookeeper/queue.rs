@@ -11,11 +11,13 @@ use std::time::Duration;
 
 use zookeeper_client as zk;
 
+use super::client::{commit, timed, unavailable};
 use super::plan::{self, Seen, Unsent, Writer, ZkOp};
-use super::{commit, election, layout, timed, unavailable, ZkCoordinator, LIMITS, LONGEST_LATCH};
+use super::{election, layout, ZkCoordinator, LIMITS, LONGEST_LATCH};
 use crate::coord::{
-    admit, conflict_on_all, CoordError, Edit, Edited, FencingToken, Leadership, LeaseId, Names,
-    StoredTask, TaskOp, Tasks, Version, WriteCost, WriteLimits, Written,
+    admit, conflict_on_all, CoordError, Edit, Edited, Effect, Expected, FencingToken, Holding,
+    Leadership, LeaseId, Names, StoredTask, TaskOp, Tasks, Version, WriteCost, WriteLimits,
+    Written,
 };
 
 /// Reads of tasks in flight at once: enough to keep the server busy, while the requests and
@@ -316,18 +318,28 @@ impl Tasks for ZkCoordinator {
         {
             let claimed = self.claimed();
             for op in ops {
-                let own = matches!(
-                    op,
-                    TaskOp::Complete { .. } | TaskOp::Move { .. } | TaskOp::Release { .. }
-                );
+                // An op that ends this lease's claim on a task at its version: a delete
+                // (not a finish, which may find its task gone, so it is read) or a release.
+                let at_version = matches!(op.requires().task, Expected::Version(_));
+                let own = at_version
+                    && matches!(
+                        op.effect(),
+                        Effect::Delete { .. }
+                            | Effect::Put {
+                                holding: Holding::Nobody,
+                                ..
+                            }
+                    );
                 match claimed.get(op.key()) {
                     Some(task) if own && task.version == op.version() => {
                         seen.insert(op.key().to_string(), task.clone());
                     }
                     _ => {
                         to_read.push(op.key().to_string());
-                        if let TaskOp::Move { to, .. } = op {
-                            to_read.push(to.clone());
+                        // A dead letter's key is read, to overwrite one that is there; a
+                        // history record is created, and a finish that finds one conflicts.
+                        if let (Some(to), true) = (op.record_key(), at_version) {
+                            to_read.push(to.to_string());
                         }
                     }
                 }
@@ -395,8 +407,8 @@ impl Tasks for ZkCoordinator {
         // Dead letters and created keys may be the first under their parents.
         let new_keys: Vec<&str> = ops
             .iter()
-            .filter_map(|op| match op {
-                TaskOp::Create { key, .. } => Some(key.as_str()),
+            .filter_map(|op| match op.requires().task {
+                Expected::Absent => Some(op.key()),
                 _ => op.record_key(),
             })
             .collect();
@@ -407,43 +419,15 @@ impl Tasks for ZkCoordinator {
         }
         match committed? {
             Committed::Done(stats) => {
-                let written: HashMap<&String, zk::Stat> = planned
-                    .ops
-                    .iter()
-                    .zip(&planned.keys)
-                    .zip(stats)
-                    .filter_map(|((op, key), stat)| match (op, key, stat) {
-                        // A task's own write (a dead letter's is unconditioned).
-                        (
-                            ZkOp::SetData {
-                                version: Some(_), ..
-                            },
-                            Some(key),
-                            Some(stat),
-                        ) => Some((key, stat)),
-                        _ => None,
-                    })
-                    .collect();
+                let (written, answer) = plan::committed(&planned, stats, leadership.fencing_token);
                 self.remember_claimed(session, ops, &seen, &written);
-                let versions = written
-                    .iter()
-                    .map(|(key, stat)| {
-                        ((*key).clone(), layout::task_version(stat.mzxid, stat.pzxid))
-                    })
-                    .collect();
-                Ok(Written::Done {
-                    versions,
-                    fencing_token: leadership.fencing_token,
-                })
+                Ok(answer)
             }
             Committed::Failed(index) => {
                 if index < guard_len {
                     self.forget_guard(leadership);
                 }
-                Ok(match self.forget_made(planned.keys.get(index)) {
-                    Some(Some(key)) => Written::Conflict(vec![key.clone()]),
-                    _ => Written::NotLeader,
-                })
+                Ok(self.forget_made(plan::failed(&planned, index)))
             }
             Committed::SessionGone => Ok(Written::NotLeader),
         }

@@ -21,7 +21,9 @@ use std::collections::HashMap;
 
 use crate::coord::etcd::client::{Compare, Kv, Op, Range, Txn, TxnResponse};
 use crate::coord::etcd::layout::{read_version, task_version, Hold, Layout, Record};
-use crate::coord::{Edit, Edited, FencingToken, TaskOp, WriteCost, WriteLimits, Written};
+use crate::coord::{
+    Edit, Edited, Effect, Expected, FencingToken, Holding, TaskOp, WriteCost, WriteLimits, Written,
+};
 
 /// etcd's default `--max-txn-ops` (each of compare, success and failure may hold as many).
 pub const MAX_TXN_OPS: usize = 128;
@@ -90,28 +92,29 @@ pub fn write_txn(
     for op in ops {
         let key = op.key().as_bytes().to_vec();
         let claim = layout.claim(op.key()).into_bytes();
+        let (requires, effect) = (op.requires(), op.effect());
         // A created key was never held: no claim may exist beside it.
-        let (revision, hold) = match op {
-            TaskOp::Create { .. } => (0, Hold::Free),
+        let (revision, hold) = match requires.task {
+            Expected::Absent => (0, Hold::Free),
             _ => read_version(op.version()),
         };
-        txn.compare.push(match op {
+        txn.compare.push(match requires.task {
             // Created at revision 0: the key does not exist.
-            TaskOp::Create { .. } => Compare::Created(key.clone(), 0),
+            Expected::Absent => Compare::Created(key.clone(), 0),
             _ => Compare::Modified(key.clone(), revision),
         });
         // A lease's own write touches only its claims (so it creates nothing: a new key
         // has no claim): its claim key, or the claim record holding the task, is the
-        // lease's. Records change only with a write of their tasks, which the task's own
-        // compare sees, so a leader's write compares no record.
+        // lease's, for every op but a claim and a put that leaves the claim as it is.
+        // Records change only with a write of their tasks, which the task's own compare
+        // sees, so a leader's write compares no record.
         let own_only = writer.own
-            && matches!(
-                op,
-                TaskOp::Release { .. }
-                    | TaskOp::Complete { .. }
-                    | TaskOp::Move { .. }
-                    | TaskOp::Finish { .. }
-                    | TaskOp::Create { .. }
+            && !matches!(
+                effect,
+                Effect::Put {
+                    holding: Holding::Writer | Holding::Unchanged,
+                    ..
+                }
             );
         let second = match (own_only, hold, records.own.get(op.key())) {
             (true, Hold::Record, Some(record)) => {
@@ -137,37 +140,35 @@ pub fn write_txn(
                 txn.success.push(Op::Delete(claim.clone()));
             }
         };
-        match op {
-            TaskOp::Claim { value, .. } => {
+        match effect {
+            Effect::Put { value, holding } => {
                 txn.success.push(put(&key, value, 0));
-                if records.claim.is_some() {
-                    claimed.push(op.key().to_string());
-                } else {
-                    txn.success.push(put(
+                match holding {
+                    Holding::Writer if records.claim.is_some() => {
+                        claimed.push(op.key().to_string());
+                    }
+                    Holding::Writer => txn.success.push(put(
                         &claim,
                         format!("{:x}", writer.lease).as_bytes(),
                         writer.lease,
-                    ));
+                    )),
+                    // A created key is held by nothing: nothing to give up.
+                    Holding::Nobody => {
+                        unclaim(&mut txn);
+                        if hold == Hold::Record {
+                            released.push(op.key().to_string());
+                        }
+                    }
+                    Holding::Unchanged => {}
                 }
             }
-            TaskOp::Complete { .. } => {
+            Effect::Delete { record } => {
                 txn.success.push(Op::Delete(key));
                 unclaim(&mut txn);
-            }
-            TaskOp::Release { value, .. } => {
-                txn.success.push(put(&key, value, 0));
-                unclaim(&mut txn);
-                if hold == Hold::Record {
-                    released.push(op.key().to_string());
+                if let Some(record) = record {
+                    txn.success
+                        .push(put(record.key.as_bytes(), record.value, 0));
                 }
-            }
-            TaskOp::Rewrite { value, .. } | TaskOp::Create { value, .. } => {
-                txn.success.push(put(&key, value, 0))
-            }
-            TaskOp::Move { to, value, .. } | TaskOp::Finish { to, value, .. } => {
-                txn.success.push(Op::Delete(key));
-                unclaim(&mut txn);
-                txn.success.push(put(to.as_bytes(), value, 0));
             }
         }
     }
@@ -234,12 +235,20 @@ pub fn written(
         };
         let versions = ops
             .iter()
-            .filter_map(|op| match op {
-                TaskOp::Claim { key, .. } => Some((key.clone(), task_version(revision, claimed))),
-                TaskOp::Release { key, .. } | TaskOp::Rewrite { key, .. } => {
-                    Some((key.clone(), task_version(revision, Hold::Free)))
+            .filter_map(|op| {
+                // Every put to a task that existed: a rewrite's version too.
+                let Effect::Put { holding, .. } = op.effect() else {
+                    return None;
+                };
+                if op.requires().task == Expected::Absent {
+                    return None;
                 }
-                _ => None,
+                let hold = if holding == Holding::Writer {
+                    claimed
+                } else {
+                    Hold::Free
+                };
+                Some((op.key().to_string(), task_version(revision, hold)))
             })
             .collect();
         return Written::Done {
@@ -270,7 +279,7 @@ pub fn written(
 /// record needs no more: a claim key is only made by a write of its task, which moves the
 /// task's `mod_revision`, and so is a record naming it.
 pub fn second_compared(op: &TaskOp, own: bool) -> bool {
-    own || matches!(op, TaskOp::Create { .. }) || read_version(op.version()).1 == Hold::Key
+    own || op.requires().task == Expected::Absent || read_version(op.version()).1 == Hold::Key
 }
 
 /// The transaction for an operator's edit: create-only puts, and deletes and replaces at a

@@ -1,17 +1,20 @@
 //! A write to the queue as one Consul transaction, and its answer in the seam's words:
-//! each [`TaskOp`] becomes Consul verbs (`txn_ops`), after the guard (`check-session` and
+//! each [`TaskOp`] becomes Consul verbs (`txn_ops`) from what it requires and does
+//! ([`TaskOp::requires`], [`TaskOp::effect`]), after the guard (`check-session` and
 //! `check-index` on the leader key) when there is one, and the transaction's outcome
 //! becomes a [`Written`] (`written`). Pure: nobody outside this file reads an op index.
 //!
 //! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
-use super::leadership::token_of;
+use super::layout::token_of;
 use crate::coord::consul::client::{TxnOp, TxnOutcome};
-use crate::coord::{FencingToken, LeaseId, TaskOp, TaskVersion, Written};
+use crate::coord::{
+    Effect, Expected, FencingToken, Holding, LeaseId, TaskOp, TaskVersion, WriteCost, Written,
+};
 
 /// What a guarded transaction checks first: the leader key is still locked by the
 /// leadership's session, and still at the ModifyIndex its win wrote (`index`: what the
-/// win's transaction answered, which the token may be above, `leadership.rs`).
+/// win's transaction answered, which the token may be above, `election.rs`).
 #[derive(Clone, Copy, Debug)]
 pub struct Guard<'a> {
     pub leader_key: &'a str,
@@ -54,104 +57,76 @@ pub fn txn_ops(
     }
     for (i, op) in ops.iter().enumerate() {
         let before = txn.len();
-        match op {
-            TaskOp::Claim {
-                key,
-                version,
-                value,
-            } => {
-                txn.push(TxnOp::CheckIndex {
-                    key: key.clone(),
-                    index: version.0,
-                });
-                txn.push(TxnOp::Lock {
-                    key: key.clone(),
-                    value: value.clone(),
-                    session: lease.0.clone(),
-                });
-            }
-            TaskOp::Complete { key, version } => {
-                // delete-cas of a key that is gone succeeds, which is right for a
-                // completion (it is done already): one op, so batches stay large.
-                if guard.is_none() {
-                    txn.push(own_check(key, lease));
-                }
-                txn.push(TxnOp::DeleteCas {
-                    key: key.clone(),
-                    index: version.0,
-                });
-            }
-            TaskOp::Release {
-                key,
-                version,
-                value,
-            } => {
-                txn.push(TxnOp::CheckIndex {
-                    key: key.clone(),
-                    index: version.0,
-                });
-                txn.push(TxnOp::Unlock {
-                    key: key.clone(),
-                    value: value.clone(),
-                    session: lease.0.clone(),
-                });
-            }
-            TaskOp::Rewrite {
-                key,
-                version,
-                value,
-            } => txn.push(TxnOp::Cas {
-                key: key.clone(),
-                value: value.clone(),
-                index: version.0,
-            }),
+        let key = op.key().to_string();
+        let requires = op.requires();
+        match (requires.task, op.effect()) {
             // A cas at index 0 writes only a key that does not exist. Without the guard
             // nothing may be created: the check of a lock on a key that does not exist
             // fails the transaction.
-            TaskOp::Create { key, value } => {
+            (Expected::Absent, Effect::Put { value, .. }) => {
                 if guard.is_none() {
-                    txn.push(own_check(key, lease));
+                    txn.push(own_check(&key, lease));
                 }
                 txn.push(TxnOp::Cas {
-                    key: key.clone(),
-                    value: value.clone(),
+                    key,
+                    value: value.to_vec(),
                     index: 0,
-                })
+                });
             }
-            // A move first checks that the task is still there (a delete-cas of a missing
-            // key succeeds). A finish under the guard needs no check: a claimed task can
-            // only have gone by an operator's hand, and its run did finish, so its record
-            // is true all the same. Without the guard, the lock check fails on a missing
-            // key, as for a completion.
-            TaskOp::Move {
-                key,
-                version,
-                to,
-                value,
+            // A put to a task at its version: `lock` takes it for the writer's session and
+            // `unlock` gives it up, each after a `check-index` (neither takes an index); a
+            // `cas` leaves its lock as it is.
+            (_, Effect::Put { value, holding }) => {
+                let index = op.version().0;
+                let value = value.to_vec();
+                let session = lease.0.clone();
+                match holding {
+                    Holding::Writer | Holding::Nobody => {
+                        txn.push(TxnOp::CheckIndex {
+                            key: key.clone(),
+                            index,
+                        });
+                        txn.push(if holding == Holding::Writer {
+                            TxnOp::Lock {
+                                key,
+                                value,
+                                session,
+                            }
+                        } else {
+                            TxnOp::Unlock {
+                                key,
+                                value,
+                                session,
+                            }
+                        });
+                    }
+                    Holding::Unchanged => txn.push(TxnOp::Cas { key, value, index }),
+                }
             }
-            | TaskOp::Finish {
-                key,
-                version,
-                to,
-                value,
-            } => {
-                if matches!(op, TaskOp::Move { .. }) {
+            // A delete-cas of a key that is gone succeeds: right for a completion (it is
+            // done already: one op, so batches stay large) and for a finish under the guard
+            // (a claimed task can only have gone by an operator's hand, and its run did
+            // finish, so its record is true all the same). A move's record is written only
+            // for a task still there, so it checks first. Without the guard, the lock check
+            // fails on a missing key, and a lease deletes only what it holds.
+            (_, Effect::Delete { record }) => {
+                let index = op.version().0;
+                if record.is_some() && matches!(requires.task, Expected::Version(_)) {
                     txn.push(TxnOp::CheckIndex {
                         key: key.clone(),
-                        index: version.0,
+                        index,
                     });
                 }
                 if guard.is_none() {
-                    txn.push(own_check(key, lease));
+                    txn.push(own_check(&key, lease));
                 }
-                txn.push(TxnOp::DeleteCas {
-                    key: key.clone(),
-                    index: version.0,
-                });
-                txn.push(TxnOp::Set {
-                    key: to.clone(),
-                    value: value.clone(),
-                });
+                txn.push(TxnOp::DeleteCas { key, index });
+                if let Some(record) = record {
+                    txn.push(TxnOp::Set {
+                        key: record.key.to_string(),
+                        value: record.value.to_vec(),
+                    });
+                }
             }
         }
         owners.extend(std::iter::repeat_n(Some(i), txn.len() - before));
@@ -171,7 +146,7 @@ fn own_check(key: &str, lease: &LeaseId) -> TxnOp {
 /// bytes, each followed by a comma or the closing bracket. Measured on the op with its
 /// value left out, plus the value's base64 length: a cost is asked for every candidate
 /// of every claim, and copying values of tens of KB to measure them would dominate.
-pub fn cost(lease: &LeaseId, op: &TaskOp) -> crate::coord::WriteCost {
+pub fn cost(lease: &LeaseId, op: &TaskOp) -> WriteCost {
     let (bare, value_len) = (op.bare(), op.value_len());
     let guard = Guard {
         leader_key: "",
@@ -180,7 +155,7 @@ pub fn cost(lease: &LeaseId, op: &TaskOp) -> crate::coord::WriteCost {
     };
     let (txn, owners) = txn_ops(Some(guard), lease, std::slice::from_ref(&bare));
     let verbs = &txn[owners.iter().take_while(|owner| owner.is_none()).count()..];
-    crate::coord::WriteCost {
+    WriteCost {
         ops: verbs.len(),
         bytes: verbs
             .iter()
@@ -189,6 +164,33 @@ pub fn cost(lease: &LeaseId, op: &TaskOp) -> crate::coord::WriteCost {
             + value_len.div_ceil(3) * 4,
     }
 }
+
+/// The shape of every Consul session id (a UUID): what a cost is counted with.
+pub const SESSION_SHAPE: &str = "00000000-0000-0000-0000-000000000000";
+
+/// What the guard on `leader_key` costs: two operations (check-session, check-index),
+/// counted with a session id's shape and the longest token (20 digits), so the cost never
+/// falls short of the guard that is sent.
+pub fn guard_cost_on(leader_key: &str) -> WriteCost {
+    let session = LeaseId(SESSION_SHAPE.into());
+    let widest = Guard {
+        leader_key,
+        lease: &session,
+        index: u64::MAX,
+    };
+    guard(widest)
+        .iter()
+        .map(|op| WriteCost {
+            ops: 1,
+            bytes: op.encoded_len() + 1,
+        })
+        .sum()
+}
+
+/// One transaction's body budget (see `consul::txn`), less the array's brackets.
+pub const MAX_BYTES: usize = crate::coord::consul::client::TXN_MAX_BODY - 2;
+// Every Consul version accepts a body under 512 KiB.
+const _: () = assert!(MAX_BYTES < 512 * 1024);
 
 /// The answer to a transaction built by [`txn_ops`] for `ops`. Committed: each claimed,
 /// released or rewritten task's version is the ModifyIndex of the last result for its key
@@ -212,11 +214,10 @@ pub fn written(
                 .map_or(fallback_token, |entry| token_of(entry).max(fallback_token));
             let versions = ops
                 .iter()
+                // Every put to a task that existed: a rewrite's version too.
                 .filter(|op| {
-                    matches!(
-                        op,
-                        TaskOp::Claim { .. } | TaskOp::Release { .. } | TaskOp::Rewrite { .. }
-                    )
+                    matches!(op.effect(), Effect::Put { .. })
+                        && op.requires().task != Expected::Absent
                 })
                 .map(|op| {
                     let version = entries
@@ -528,5 +529,61 @@ mod tests {
             ),
             Written::Conflict(vec!["q/done".into()])
         );
+    }
+
+    /// A batch's cost is its transaction exactly (the guard's two operations included): as
+    /// many Consul operations, and the encoded body within a byte under the longest token,
+    /// less under any other, so a batch the limits admit is one Consul accepts.
+    #[test]
+    fn costs_count_the_transaction_that_is_sent() {
+        let lease = LeaseId(SESSION_SHAPE.into());
+        let ops = vec![
+            TaskOp::Complete {
+                key: "q/done".into(),
+                version: TaskVersion(5),
+            },
+            TaskOp::Claim {
+                key: "q/a".into(),
+                version: TaskVersion(6),
+                value: vec![b'x'; 1000],
+            },
+            TaskOp::Move {
+                key: "q/d".into(),
+                version: TaskVersion(9),
+                to: "dead/d".into(),
+                value: b"{\"reason\":\"<bad>\"}".to_vec(),
+            },
+            TaskOp::Finish {
+                key: "q/e".into(),
+                version: TaskVersion(10),
+                to: "done/e".into(),
+                value: b"{\"outcome\":\"completed\"}".to_vec(),
+            },
+        ];
+        let guard = guard_cost_on("consumerLeader");
+        assert_eq!(guard.ops, 2);
+        let cost = guard + ops.iter().map(|op| cost(&lease, op)).sum();
+        let sent_under = |index: u64| {
+            let guard = Guard {
+                leader_key: "consumerLeader",
+                lease: &lease,
+                index,
+            };
+            txn_ops(Some(guard), &lease, &ops).0
+        };
+        // Under the longest token the body is the cost exactly; under a shorter one, less.
+        let sent = sent_under(u64::MAX);
+        assert_eq!(cost.ops, sent.len());
+        let body = crate::coord::consul::client::body_len(
+            sent.iter()
+                .map(crate::coord::consul::client::TxnOp::encoded_len),
+        );
+        assert_eq!(cost.bytes + 1, body);
+        let sent = sent_under(7);
+        let body = crate::coord::consul::client::body_len(
+            sent.iter()
+                .map(crate::coord::consul::client::TxnOp::encoded_len),
+        );
+        assert!(body < cost.bytes + 1);
     }
 }
