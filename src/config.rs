@@ -223,6 +223,9 @@ pub struct HandlerSettings {
     /// default.
     #[serde(default)]
     pub priority: Option<i32>,
+    /// At most this many runs of this type at once, within `queue.concurrency`.
+    #[serde(default)]
+    pub concurrency: Option<usize>,
 }
 
 /// The exit code that marks a permanent failure unless a handler says otherwise.
@@ -474,6 +477,20 @@ impl Settings {
                     "handlers.{task_type}.command is empty: an exec handler needs an argv array such as [\"/usr/bin/my-task\"]"
                 ));
             }
+            match handler.concurrency {
+                Some(0) => {
+                    return invalid(format!(
+                        "handlers.{task_type}.concurrency must be at least 1 (it caps the type's runs at once)"
+                    ))
+                }
+                Some(cap) if cap > self.queue.concurrency => {
+                    return invalid(format!(
+                        "handlers.{task_type}.concurrency ({cap}) is above queue.concurrency ({}), which caps every run at once: raise queue.concurrency, or lower the type's cap",
+                        self.queue.concurrency
+                    ))
+                }
+                _ => {}
+            }
             if handler.max_attempts == Some(0) {
                 return invalid(format!(
                     "handlers.{task_type}.max_attempts must be at least 1 (1: never retried)"
@@ -724,6 +741,14 @@ mod supervision_tests {
         let err = write("backoff_base = \"10m\"\n").unwrap_err();
         assert!(
             err.contains("handlers.T") && err.contains("backoff_max"),
+            "{err}"
+        );
+        let err = write("concurrency = 0\n").unwrap_err();
+        assert!(err.contains("handlers.T.concurrency"), "{err}");
+        // Over queue.concurrency (1 by default).
+        let err = write("concurrency = 2\n").unwrap_err();
+        assert!(
+            err.contains("handlers.T.concurrency") && err.contains("queue.concurrency"),
             "{err}"
         );
         let err = write("max_atempts = 2\n").unwrap_err();

@@ -162,8 +162,8 @@ pub struct Registry {
 }
 
 /// A task type's own policy (its `[handlers.T]` section): retries, each `None` the
-/// queue's (`[queue]`), with a task's own `maxAttempts` over `max_attempts`; and the
-/// priority of its tasks that give none.
+/// queue's (`[queue]`), with a task's own `maxAttempts` over `max_attempts`; the priority
+/// of its tasks that give none; and its cap on runs at once.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct TypePolicy {
     pub max_attempts: Option<u32>,
@@ -171,6 +171,8 @@ pub struct TypePolicy {
     pub backoff_max: Option<Duration>,
     /// The `taskPriority` of the type's tasks that give none.
     pub priority: Option<i32>,
+    /// At most this many runs of the type at once.
+    pub concurrency: Option<usize>,
 }
 
 impl Registry {
@@ -196,6 +198,7 @@ impl Registry {
                     backoff_base: handler.backoff_base,
                     backoff_max: handler.backoff_max,
                     priority: handler.priority,
+                    concurrency: handler.concurrency,
                 },
             );
             match handler.kind {
@@ -530,6 +533,7 @@ mod tests {
             backoff_base: None,
             backoff_max: None,
             priority: None,
+            concurrency: None,
         }
     }
 

@@ -9,6 +9,8 @@ mod toolbox;
 
 #[path = "consumer/blips.rs"]
 mod blips;
+#[path = "consumer/caps.rs"]
+mod caps;
 #[path = "consumer/catalog.rs"]
 mod catalog;
 mod common;

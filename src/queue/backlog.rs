@@ -117,6 +117,7 @@ type Where = (Reverse<i32>, DateTime<Utc>, u64, TaskVersion);
 #[derive(Debug)]
 pub struct Pending {
     key: Arc<str>,
+    kind: Box<str>,
     priority: i32,
     time: DateTime<Utc>,
     created: u64,
@@ -133,13 +134,15 @@ impl Pending {
 }
 
 impl From<Task> for Pending {
-    fn from(task: Task) -> Pending {
+    fn from(mut task: Task) -> Pending {
         let key = Arc::from(task.key.as_str());
+        let kind = std::mem::take(&mut task.task_type).into_boxed_str();
         let (time, created, version) = (task.time, task.created, task.version);
         let priority = task.priority.unwrap_or(0);
         let (value, group) = task.into_value_and_group();
         Pending {
             key,
+            kind,
             priority,
             time,
             created,
@@ -156,6 +159,35 @@ struct Slot {
     version: TaskVersion,
     value: Box<[u8]>,
     group: Box<str>,
+    /// Its `taskType`, as its index in the backlog's `Kinds`.
+    kind: u32,
+}
+
+/// The task types of the backlog's tasks, each held once: a pending task names its type by
+/// its index here (a type is a handler's name, and a queue has a handful).
+#[derive(Debug, Default)]
+struct Kinds {
+    names: Vec<Arc<str>>,
+    index: HashMap<Arc<str>, u32, KeyHash>,
+}
+
+impl Kinds {
+    /// The index of `kind`, added if it is new.
+    fn index(&mut self, kind: &str) -> u32 {
+        if let Some(&at) = self.index.get(kind) {
+            return at;
+        }
+        let at = u32::try_from(self.names.len()).unwrap_or(u32::MAX);
+        let name: Arc<str> = Arc::from(kind);
+        self.names.push(name.clone());
+        self.index.insert(name, at);
+        at
+    }
+
+    /// The type at `at`.
+    fn name(&self, at: u32) -> &str {
+        self.names.get(at as usize).map_or("", |name| name)
+    }
 }
 
 /// The task at `place` with `value`, parsed again as it was when listed.
@@ -183,6 +215,7 @@ fn task_of(place: &Place, version: TaskVersion, value: Vec<u8>) -> Task {
 #[derive(Debug)]
 pub struct Backlog {
     pending: BTreeMap<Place, Slot>,
+    kinds: Kinds,
     /// Where each pending task is in `pending` (its time and creation), and its version, by key.
     places: HashMap<Arc<str>, Where, KeyHash>,
     /// Tasks not eligible before a time: a retry's notBefore, a producer's runAt, or a key
@@ -215,6 +248,7 @@ impl Backlog {
         // Built in one go from the tasks sorted: its nodes full, where inserting them one
         // by one in order would leave each about half full. The index by key is built
         // after, once the listing's own vector and the sort's scratch space are freed.
+        let mut kinds = Kinds::default();
         let pending: BTreeMap<Place, Slot> = pending
             .into_iter()
             .map(|task| {
@@ -225,6 +259,7 @@ impl Backlog {
                         version: task.version,
                         value: task.value,
                         group: task.group,
+                        kind: kinds.index(&task.kind),
                     },
                 )
             })
@@ -239,6 +274,7 @@ impl Backlog {
         }
         let mut backlog = Backlog {
             pending,
+            kinds,
             places,
             delayed: Vec::new(),
             known,
@@ -335,16 +371,19 @@ impl Backlog {
     }
 
     /// Takes, to claim it, the first pending task whose group (`taskGroup`, empty when
-    /// none) `free` admits. With concurrency groups `free` admits the groups with no run in
-    /// progress, and the first such task is its group's earliest pending one, unless a
+    /// none) and type `free` admits. With concurrency groups `free` admits the groups with
+    /// no run in progress and the types under their cap, and the first such task is its group's earliest pending one, unless a
     /// delayed task of its group comes before it (a retry waiting for its backoff): then
     /// the whole group waits. A task scheduled for later (runAt) is not due, so it holds no
     /// place in its group's order until then.
-    pub fn take_first_free(&mut self, free: impl Fn(&str) -> bool) -> Option<Task> {
+    pub fn take_first_free(&mut self, free: impl Fn(&str, &str) -> bool) -> Option<Task> {
+        let kinds = &self.kinds;
         let place = self
             .pending
             .iter()
-            .find(|(place, slot)| free(&slot.group) && !self.waits_in_group(&slot.group, place))
+            .find(|(place, slot)| {
+                free(&slot.group, kinds.name(slot.kind)) && !self.waits_in_group(&slot.group, place)
+            })
             .map(|(place, _)| place.clone())?;
         let slot = self.pending.remove(&place)?;
         self.places.remove(&place.3);
@@ -405,6 +444,7 @@ impl Backlog {
             version: task.version,
             value: task.value,
             group: task.group,
+            kind: self.kinds.index(&task.kind),
         };
         self.pending.insert(
             (Reverse(task.priority), task.time, task.created, task.key),
@@ -674,7 +714,7 @@ mod tests {
         );
         let mut running: HashSet<String> = HashSet::new();
         let take = |backlog: &mut Backlog, running: &mut HashSet<String>| {
-            let task = backlog.take_first_free(|group| !running.contains(group))?;
+            let task = backlog.take_first_free(|group, _| !running.contains(group))?;
             running.insert(task.group().to_string());
             Some(task.key)
         };
@@ -708,7 +748,7 @@ mod tests {
             at(0),
             Duration::ZERO,
         );
-        let b1 = backlog.take_first_free(|group| group == "b").unwrap();
+        let b1 = backlog.take_first_free(|group, _| group == "b").unwrap();
         backlog.put_back_one(b1);
         assert_eq!(keys(&backlog), vec!["q/a1", "q/b1", "q/b2"]);
     }
@@ -1141,7 +1181,7 @@ mod tests {
             Duration::ZERO,
         );
         assert_eq!(backlog.depth(), (2, 0, 1));
-        let first = backlog.take_first_free(|_| true).unwrap();
+        let first = backlog.take_first_free(|_, _| true).unwrap();
         assert_eq!(
             first.key, "q/g2",
             "the scheduled task does not hold its group"

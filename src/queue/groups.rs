@@ -13,7 +13,7 @@
 //! I/O. The leader lists again only once every run of the listing is over, so a listing
 //! never sees this lease's own runs in progress (it would take them for runs cut short).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
@@ -38,6 +38,7 @@ const HELD_GROUP_RELIST: Duration = Duration::from_secs(1);
 /// A run that ended: its group and key, and its task if it succeeded.
 struct GroupRun {
     group: String,
+    kind: String,
     key: String,
     finished: Vec<Finished>,
     outcome: RunOutcome,
@@ -86,6 +87,8 @@ struct Slots<'a, 'm> {
     runs: Runs<'a>,
     ended: Vec<GroupRun>,
     busy: HashSet<String>,
+    /// Runs in progress by `taskType`, for the types' caps.
+    kinds: HashMap<String, usize>,
     end: Option<LeadEnd>,
     over: bool,
     /// After a failed run, its retry (written back under a new version) is read before
@@ -100,6 +103,9 @@ impl Slots<'_, '_> {
     fn take_in_ended(&mut self) {
         for ran in self.ended.drain(..) {
             self.busy.remove(&ran.group);
+            if let Some(running) = self.kinds.get_mut(&ran.kind) {
+                *running = running.saturating_sub(1);
+            }
             if ran.finished.is_empty() {
                 self.work.backlog.forget(&ran.key);
                 self.look_first = true;
@@ -134,6 +140,7 @@ impl Queue {
             runs: FuturesUnordered::new(),
             ended: Vec::new(),
             busy: HashSet::new(),
+            kinds: HashMap::new(),
             end: None,
             over: false,
             look_first: false,
@@ -254,14 +261,29 @@ impl Queue {
         };
         let mut batch = Vec::new();
         let mut chosen: HashSet<String> = HashSet::new();
-        let held = &slots.work.memory.held_groups;
+        let mut chosen_kinds: HashMap<String, usize> = HashMap::new();
+        let memory = &slots.work.memory;
+        // Runs of `kind` going on, or claimed in this batch, or held by another lease.
+        let taken = |kind: &str, chosen_kinds: &HashMap<String, usize>| {
+            let count = |of: &HashMap<String, usize>| of.get(kind).copied().unwrap_or(0);
+            count(&slots.kinds) + count(chosen_kinds) + count(&memory.held_kinds)
+        };
         while batch.len() < free {
-            let Some(task) = slots.work.backlog.take_first_free(|group| {
-                !slots.busy.contains(group) && !chosen.contains(group) && !held.contains(group)
+            let Some(task) = slots.work.backlog.take_first_free(|group, kind| {
+                let under_cap = self
+                    .registry
+                    .policy(kind)
+                    .concurrency
+                    .is_none_or(|cap| taken(kind, &chosen_kinds) < cap);
+                under_cap
+                    && !slots.busy.contains(group)
+                    && !chosen.contains(group)
+                    && !memory.held_groups.contains(group)
             }) else {
                 break;
             };
             chosen.insert(task.group().to_string());
+            *chosen_kinds.entry(task.task_type.clone()).or_default() += 1;
             batch.push(task);
         }
         if batch.is_empty() {
@@ -272,6 +294,8 @@ impl Queue {
             Started::Runs(started) => {
                 for (claimed, claimed_version) in started {
                     slots.busy.insert(claimed.task.group().to_string());
+                    let kind = claimed.task.task_type.clone();
+                    *slots.kinds.entry(kind).or_default() += 1;
                     let run = self.run_in_group(lead, claimed, claimed_version);
                     slots.runs.push(Box::pin(run));
                 }
@@ -321,6 +345,7 @@ impl Queue {
         claimed_version: TaskVersion,
     ) -> GroupRun {
         let group = claimed.task.group().to_string();
+        let kind = claimed.task.task_type.clone();
         let key = claimed.task.key.clone();
         let mut finished = Vec::new();
         let outcome = self
@@ -328,6 +353,7 @@ impl Queue {
             .await;
         GroupRun {
             group,
+            kind,
             key,
             finished,
             outcome,

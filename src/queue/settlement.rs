@@ -474,6 +474,7 @@ mod tests {
             backoff_base: Some(Duration::from_secs(10)),
             backoff_max: None,
             priority: None,
+            concurrency: None,
         };
         let typed = retry_policy(None, of_type, queue);
         assert_eq!(

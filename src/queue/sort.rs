@@ -33,6 +33,9 @@ pub(super) struct Memory {
     /// of a previous leader may still be going, so with concurrency groups none of their
     /// tasks starts before a listing shows them free.
     pub(super) held_groups: HashSet<String>,
+    /// How many tasks of each type the last listing found held by another lease: they
+    /// count against their type's cap (`[handlers.T] concurrency`) until they end.
+    pub(super) held_kinds: HashMap<String, usize>,
     /// Orphans and when this term first saw each: requeued once `orphan_fence` has passed.
     pub(super) orphans_seen: HashMap<String, DateTime<Utc>>,
     /// Claims this term sent without an answer, by key, until an entry of that key is
@@ -85,6 +88,7 @@ impl Sorted {
             }
             Entry::Held { task } => {
                 memory.held_groups.insert(task.group().to_string());
+                *memory.held_kinds.entry(task.task_type.clone()).or_default() += 1;
                 self.in_flight += 1;
                 self.keys.insert(task.key.as_str().into());
             }
@@ -95,6 +99,7 @@ impl Sorted {
                     tracing::info!(task_key = %task.key, requeue_in = %crate::util::duration::format(left), "the lease that claimed this task ended; requeueing it once that lease's runs are provably over");
                 }
                 memory.held_groups.insert(task.group().to_string());
+                *memory.held_kinds.entry(task.task_type.clone()).or_default() += 1;
                 self.fenced_until = Some(self.fenced_until.map_or(until, |at| at.min(until)));
                 self.keys.insert(task.key.as_str().into());
             }
@@ -144,6 +149,7 @@ impl Queue {
         let clock = self.clock();
         let now = clock.now();
         memory.held_groups.clear();
+        memory.held_kinds.clear();
         let sorted = self.sort_out(leadership, entries, memory, now).await?;
         let scheduled = backlog::scheduled_count(&sorted.delayed);
         self.metrics.queue_depth(

@@ -253,3 +253,60 @@ async fn losing_leadership_mid_runs_stops_the_other_runs() {
     );
     stop.cancel();
 }
+
+/// With `concurrency = 4`, a type capped at 1 (`[handlers.T] concurrency`) never runs two
+/// at once, while the other type's tasks, later in taskTime, run beside it: a type at its
+/// cap holds back no other.
+#[tokio::test(start_paused = true)]
+async fn a_capped_type_runs_within_its_cap_and_holds_back_no_other() {
+    let memory = Arc::new(MemoryCoordinator::default());
+    let coord: Arc<dyn Coordinator> = memory.clone();
+    let mut settings = default_settings();
+    settings.queue.concurrency = 4;
+    let prefix = settings.queue.prefix.clone();
+    for n in 0..6u64 {
+        let (kind, id) = if n < 3 {
+            ("Index", format!("i{n}"))
+        } else {
+            ("Work", format!("w{n}"))
+        };
+        let value = json!({"taskId": id, "taskTime": n, "taskType": kind, "taskGroup": id});
+        memory
+            .put(&format!("{prefix}{id}"), value.to_string().as_bytes())
+            .unwrap();
+    }
+    let runs = Arc::new(Mutex::new(Vec::new()));
+    let mut registry = Registry::default();
+    registry.register("Index", Timed(runs.clone()));
+    registry.register("Work", Timed(runs.clone()));
+    let one_at_a_time = crate::handler::TypePolicy {
+        concurrency: Some(1),
+        ..Default::default()
+    };
+    registry.set_policy("Index", one_at_a_time);
+    let metrics = Arc::new(Metrics::new(["Index", "Work"]));
+    let leading = Leading::start(&coord, &settings, registry, metrics).await;
+    until("six runs", || runs.lock().unwrap().len() == 6).await;
+    let runs = runs.lock().unwrap().clone();
+    let of = |prefix: &str| -> Vec<&TimedRun> {
+        runs.iter()
+            .filter(|run| run.0.starts_with(prefix))
+            .collect()
+    };
+    let overlap = |a: &TimedRun, b: &TimedRun| a.2 < b.3 && b.2 < a.3;
+    let index = of("i");
+    for (n, a) in index.iter().enumerate() {
+        for b in &index[n + 1..] {
+            assert!(!overlap(a, b), "two Index runs at once: {a:?} {b:?}");
+        }
+    }
+    let beside = of("w")
+        .iter()
+        .filter(|work| overlap(work, index[0]))
+        .count();
+    assert_eq!(
+        beside, 3,
+        "the Work tasks ran beside the first Index run: {runs:?}"
+    );
+    leading.shut_down().await;
+}

@@ -175,6 +175,7 @@ async fn lead_command(
             backoff_base: None,
             backoff_max: None,
             priority: None,
+            concurrency: None,
         },
     );
     let mut replica = Replica::new(
