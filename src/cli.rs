@@ -53,10 +53,11 @@ pub enum Cmd {
     /// Inspect and repair the queue: list, show, retry a dead letter, purge dead letters.
     Tasks(TasksArgs),
     /// Pause the queue: the leader finishes the run in progress and claims nothing more
-    /// until `leaderq resume`. Kept in the coordinator, so it survives a failover.
-    Pause,
-    /// Resume a paused queue.
-    Resume,
+    /// until `leaderq resume`. With --type, pause one task type only: none of its tasks
+    /// starts, the other types' do. Kept in the coordinator, so it survives a failover.
+    Pause(PauseArgs),
+    /// Resume a paused queue, or with --type a paused task type.
+    Resume(PauseArgs),
     /// Schedules kept in the coordinator: the leader enqueues one task per tick (`every` an
     /// interval, or on a `cron` expression in a time zone), exactly once whoever leads.
     Schedules(SchedulesArgs),
@@ -346,4 +347,12 @@ pub fn parse_timeout(text: &str) -> Result<Duration, String> {
         duration if duration.is_zero() => Err("must be more than 0s".into()),
         duration => Ok(duration),
     }
+}
+
+/// `pause` and `resume`: the whole queue, or one task type.
+#[derive(clap::Args, Debug)]
+pub struct PauseArgs {
+    /// Only this taskType (one key segment: letters, digits and `-_.~` and the like, no `/`)
+    #[arg(long = "type", value_name = "TASK_TYPE")]
+    pub task_type: Option<String>,
 }

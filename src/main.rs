@@ -15,8 +15,8 @@ use anyhow::Context;
 use clap::Parser;
 
 use cli::{
-    Cli, Cmd, ConfigArgs, ConsumeArgs, DevArgs, EnqueueArgs, LogFormat, RunArgs, SchedulesArgs,
-    SchedulesCmd, ServerArgs, StatusArgs, TasksArgs, TasksCmd, UiArgs,
+    Cli, Cmd, ConfigArgs, ConsumeArgs, DevArgs, EnqueueArgs, LogFormat, PauseArgs, RunArgs,
+    SchedulesArgs, SchedulesCmd, ServerArgs, StatusArgs, TasksArgs, TasksCmd, UiArgs,
 };
 use leaderq::operate::{dead, history, leadership, schedules, status, tasks, Line, OperateError};
 use leaderq::server;
@@ -109,9 +109,9 @@ fn main() -> ExitCode {
             Cmd::Enqueue(args) => run_enqueue(args, &cli.config).await,
             Cmd::Status(args) => run_status(args, &cli.config).await,
             Cmd::Tasks(args) => run_tasks(args, &cli.config).await,
-            Cmd::Pause => run_pause(true, &cli.config).await,
+            Cmd::Pause(args) => run_pause(true, args, &cli.config).await,
             Cmd::Schedules(args) => run_schedules(args, &cli.config).await,
-            Cmd::Resume => run_pause(false, &cli.config).await,
+            Cmd::Resume(args) => run_pause(false, args, &cli.config).await,
             Cmd::Ui(args) => run_ui(args, &cli.config).await,
             Cmd::Server(args) => run_server(args).await,
             Cmd::Completions { shell } => {
@@ -359,14 +359,19 @@ async fn run_status(args: StatusArgs, config: &ConfigArgs) -> anyhow::Result<()>
 }
 
 /// `leaderq pause` (`pause` true) and `leaderq resume`.
-async fn run_pause(pause: bool, config: &ConfigArgs) -> anyhow::Result<()> {
+async fn run_pause(pause: bool, args: PauseArgs, config: &ConfigArgs) -> anyhow::Result<()> {
     let settings = load_settings(config)?;
     let coord = leaderq::service::connect::connect(&settings)?;
-    let (coord, prefix) = (coord.as_ref(), &settings.queue.prefix);
-    let text = if pause {
-        status::render_paused(prefix, status::pause(coord, &settings.queue).await?)
-    } else {
-        status::render_resumed(prefix, status::resume(coord, &settings.queue).await?)
+    let (coord, queue) = (coord.as_ref(), &settings.queue);
+    let text = match (pause, args.task_type) {
+        (true, None) => status::render_paused(&queue.prefix, status::pause(coord, queue).await?),
+        (false, None) => status::render_resumed(&queue.prefix, status::resume(coord, queue).await?),
+        (true, Some(kind)) => {
+            status::render_type_paused(&kind, status::pause_type(coord, queue, &kind).await?)
+        }
+        (false, Some(kind)) => {
+            status::render_type_resumed(&kind, status::resume_type(coord, queue, &kind).await?)
+        }
     };
     outln!("{text}")
 }

@@ -64,6 +64,8 @@ mod scheduled_tasks;
 mod schedules;
 #[path = "consumer/supervise.rs"]
 mod supervise;
+#[path = "consumer/type_pause.rs"]
+mod type_pause;
 #[path = "consumer/zookeeper_queue.rs"]
 mod zookeeper_queue;
 

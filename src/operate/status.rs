@@ -35,6 +35,9 @@ pub struct StatusReport {
     pub dead: usize,
     /// `leaderq pause` is in effect: the leader claims nothing.
     pub paused: bool,
+    /// Task types paused on their own (`leaderq pause --type T`): none of their tasks
+    /// starts, the others' do.
+    pub paused_types: Vec<String>,
     /// Every replica's record: the leader, standbys with their last heartbeat, the gone.
     pub replicas: Vec<ReplicaView>,
 }
@@ -65,6 +68,7 @@ pub async fn status(
         .await?
         .is_empty();
     let mut report = status_of(&holder, &tasks, dead, paused, Utc::now());
+    report.paused_types = paused_types(coord, queue).await?;
     report.replicas = replicas(coord, election).await?;
     Ok(report)
 }
@@ -147,6 +151,17 @@ pub fn render(report: &StatusReport, now: DateTime<Utc>) -> String {
     if report.paused {
         lines.push("paused:        yes (leaderq resume)".to_string());
     }
+    if !report.paused_types.is_empty() {
+        let types: Vec<String> = report
+            .paused_types
+            .iter()
+            .map(|t| escape(t).into_owned())
+            .collect();
+        lines.push(format!(
+            "paused types:  {} (leaderq resume --type T)",
+            types.join(", ")
+        ));
+    }
     if !report.replicas.is_empty() {
         lines.push("replicas:".to_string());
         for replica in &report.replicas {
@@ -172,7 +187,66 @@ pub fn render(report: &StatusReport, now: DateTime<Utc>) -> String {
 /// outlives a failover). The leader finishes the run in progress and claims nothing more
 /// until `resume`. Answers whether it was already paused.
 pub async fn pause(coord: &dyn Coordinator, queue: &QueueSettings) -> Result<bool, OperateError> {
-    let key = crate::queue::pause_key(&queue.prefix);
+    set_flag(coord, crate::queue::pause_key(&queue.prefix)).await
+}
+
+/// `leaderq resume`: clears the pause flag. Answers whether the queue was paused.
+pub async fn resume(coord: &dyn Coordinator, queue: &QueueSettings) -> Result<bool, OperateError> {
+    clear_flag(coord, crate::queue::pause_key(&queue.prefix)).await
+}
+
+/// The key of `task_type`'s pause flag, or why that type cannot be paused alone.
+fn type_key(queue: &QueueSettings, task_type: &str) -> Result<String, OperateError> {
+    crate::queue::paused_type_key(&queue.prefix, task_type).map_err(|reason| {
+        OperateError::InvalidId {
+            what: "--type".into(),
+            value: task_type.to_string(),
+            reason,
+        }
+    })
+}
+
+/// `leaderq pause --type T`: sets `task_type`'s pause flag, kept in the coordinator like
+/// the queue's. Its runs in progress finish; none of its tasks starts until `resume --type`,
+/// while the other types' do. Answers whether it was paused already.
+pub async fn pause_type(
+    coord: &dyn Coordinator,
+    queue: &QueueSettings,
+    task_type: &str,
+) -> Result<bool, OperateError> {
+    set_flag(coord, type_key(queue, task_type)?).await
+}
+
+/// `leaderq resume --type T`: clears `task_type`'s pause flag. Answers whether it was
+/// paused.
+pub async fn resume_type(
+    coord: &dyn Coordinator,
+    queue: &QueueSettings,
+    task_type: &str,
+) -> Result<bool, OperateError> {
+    clear_flag(coord, type_key(queue, task_type)?).await
+}
+
+/// The task types paused on their own, by name.
+pub async fn paused_types(
+    coord: &dyn Coordinator,
+    queue: &QueueSettings,
+) -> Result<Vec<String>, OperateError> {
+    let prefix = crate::queue::paused_types_prefix(&queue.prefix);
+    let (names, _) = coord.keys(&prefix).await?;
+    let mut types: Vec<String> = names
+        .iter()
+        .filter_map(|key| key.strip_prefix(prefix.as_str()))
+        .filter(|name| !name.is_empty() && !name.contains('/'))
+        .map(str::to_string)
+        .collect();
+    types.sort();
+    Ok(types)
+}
+
+/// Creates a pause flag at `key`, saying when and from where. Answers whether it was set
+/// already.
+async fn set_flag(coord: &dyn Coordinator, key: String) -> Result<bool, OperateError> {
     let value = serde_json::to_vec(&json!({
         "pausedAt": crate::task::rfc3339(Utc::now()),
         "by": crate::util::hostname(),
@@ -184,9 +258,8 @@ pub async fn pause(coord: &dyn Coordinator, queue: &QueueSettings) -> Result<boo
     }
 }
 
-/// `leaderq resume`: clears the pause flag. Answers whether the queue was paused.
-pub async fn resume(coord: &dyn Coordinator, queue: &QueueSettings) -> Result<bool, OperateError> {
-    let key = crate::queue::pause_key(&queue.prefix);
+/// Deletes the pause flag at `key`. Answers whether it was set.
+async fn clear_flag(coord: &dyn Coordinator, key: String) -> Result<bool, OperateError> {
     for _ in 0..5 {
         let Some(flag) = coord.get(std::slice::from_ref(&key)).await?.pop() else {
             return Ok(false);
@@ -219,6 +292,28 @@ pub fn render_resumed(prefix: &str, was_paused: bool) -> String {
     format!(
         "{} {}",
         escape(prefix),
+        if was_paused {
+            "resumed"
+        } else {
+            "was not paused"
+        }
+    )
+}
+
+/// What `leaderq pause --type T` prints, from whether `task_type` was paused already.
+pub fn render_type_paused(task_type: &str, already: bool) -> String {
+    format!(
+        "type {} {}: its runs in progress finish, and none of its tasks starts until `leaderq resume --type`; other types go on",
+        escape(task_type),
+        if already { "was paused already" } else { "paused" }
+    )
+}
+
+/// What `leaderq resume --type T` prints, from whether `task_type` was paused.
+pub fn render_type_resumed(task_type: &str, was_paused: bool) -> String {
+    format!(
+        "type {} {}",
+        escape(task_type),
         if was_paused {
             "resumed"
         } else {

@@ -80,6 +80,26 @@ pub fn pause_key(queue_prefix: &str) -> String {
     )
 }
 
+/// Where a queue's paused task types are kept (`leaderq pause --type T`): one key per type
+/// under this prefix, outside the queue and named after it, as its pause flag is.
+pub fn paused_types_prefix(queue_prefix: &str) -> String {
+    format!(
+        "{}paused-types/{}/",
+        crate::config::OWN_NAMESPACE,
+        queue_prefix.trim_end_matches('/')
+    )
+}
+
+/// The key of `task_type`'s pause flag in the queue under `queue_prefix`. A type that is not
+/// one key segment (a `/`, or a character keys cannot hold) cannot be paused alone.
+pub fn paused_type_key(
+    queue_prefix: &str,
+    task_type: &str,
+) -> Result<String, crate::task::key::Invalid> {
+    crate::task::key::check_id(task_type)?;
+    Ok(format!("{}{task_type}", paused_types_prefix(queue_prefix)))
+}
+
 /// Where the leading stands between listings: the version the next listing waits for a
 /// change after, when an idle leader wakes by itself (the earliest waiting task falls
 /// due), what it remembers across listings, and finished tasks whose completion could not
@@ -220,6 +240,9 @@ impl Queue {
         self.before_listing(lead, between).await?;
         let (entries, listed_from) = self.list(lead, between).await?;
         let memory = &mut between.memory;
+        if let Some(types) = self.paused_types().await {
+            memory.paused_types = types;
+        }
         let pick = self.pick(lead.leadership, entries, memory, listed_from);
         match pick.await.map_err(Some)? {
             Pick::Run(backlog) => self.work_through(lead, between, *backlog).await,
@@ -295,6 +318,10 @@ impl Queue {
                 return Err(Some(LeadEnd::StepDown(lead.lease.why_not_fresh())))
             }
             _ = self.term_over() => return Err(None),
+            _ = self.until_types_change(&between.memory), if between.memory.set_aside > 0 => {
+                between.after = Version::default();
+                return Err(None);
+            }
             _ = clock.until(between.wake) => {
                 between.wake = None;
                 between.after = Version::default();
@@ -375,6 +402,49 @@ impl Queue {
             .get(&key)
             .await
             .is_ok_and(|found| !found.is_empty())
+    }
+
+    /// The task types paused on their own (`leaderq pause --type T`); `None` when they
+    /// cannot be read (the leader keeps what it knew: the listing beside meets the same
+    /// coordinator and backs off itself).
+    async fn paused_types(&self) -> Option<std::collections::HashSet<String>> {
+        let prefix = paused_types_prefix(&self.settings.prefix);
+        let (names, _) = self.coord.keys(&prefix).await.ok()?;
+        let types = names
+            .iter()
+            .filter_map(|key| key.strip_prefix(prefix.as_str()))
+            .filter(|name| !name.is_empty() && !name.contains('/'))
+            .map(str::to_string)
+            .collect();
+        Some(types)
+    }
+
+    /// Whether the claims of this listing stop at a look: the queue is paused, or the set
+    /// of paused types changed since the listing (a type paused is claimed no more; one
+    /// resumed has its tasks listed again).
+    async fn stops_for_a_pause(&self, memory: &Memory) -> bool {
+        if self.paused().await {
+            return true;
+        }
+        self.paused_types()
+            .await
+            .is_some_and(|types| types != memory.paused_types)
+    }
+
+    /// Resolves once the paused types differ from those the last listing sorted by (read
+    /// every `PAUSE_POLL`): a type resumed changes nothing in the queue, so the listing's
+    /// wait would not end for it.
+    async fn until_types_change(&self, memory: &Memory) {
+        loop {
+            tokio::time::sleep(PAUSE_POLL).await;
+            if self
+                .paused_types()
+                .await
+                .is_some_and(|types| types != memory.paused_types)
+            {
+                return;
+            }
+        }
     }
 
     /// Waits, reading only the pause flag, until it is cleared (`None`: list again), the

@@ -219,7 +219,9 @@ impl Queue {
             .await
         {
             // A pause takes effect between batches: the loop waits it out.
-            Ok(Look::Continue) if self.paused().await => Err(Flow::Leave(None)),
+            Ok(Look::Continue) if self.stops_for_a_pause(work.memory).await => {
+                Err(Flow::Leave(None))
+            }
             Ok(Look::Continue) => Err(Flow::Again),
             Ok(Look::Relist) => Err(Flow::Leave(None)),
             Err(stop) => Err(Flow::Leave(Some(stop))),

@@ -36,6 +36,12 @@ pub(super) struct Memory {
     /// How many tasks of each type the last listing found held by another lease: they
     /// count against their type's cap (`[handlers.T] concurrency`) until they end.
     pub(super) held_kinds: HashMap<String, usize>,
+    /// Task types paused on their own (`leaderq pause --type T`), as read at the last
+    /// listing: their tasks are neither claimed nor held in the backlog.
+    pub(super) paused_types: HashSet<String>,
+    /// How many tasks of paused types the last listing set aside: while there are some, an
+    /// idle leader also wakes when the paused types change.
+    pub(super) set_aside: usize,
     /// Orphans and when this term first saw each: requeued once `orphan_fence` has passed.
     pub(super) orphans_seen: HashMap<String, DateTime<Utc>>,
     /// Claims this term sent without an answer, by key, until an entry of that key is
@@ -58,6 +64,8 @@ pub(super) struct Sorted {
     fenced_until: Option<DateTime<Utc>>,
     /// Something was moved or rewritten.
     changed: bool,
+    /// Tasks set aside because their type is paused.
+    paused: usize,
     /// A task of an unanswered claim was put back: its place in the order is among the
     /// pending, so the queue is listed again before any of them runs.
     put_back: bool,
@@ -69,6 +77,13 @@ impl Sorted {
     /// (`Queue::act_on`).
     fn place(&mut self, entry: Entry, memory: &mut Memory, now: DateTime<Utc>) -> Option<Entry> {
         match entry {
+            // A paused type's task is known, and set aside: listed again once resumed.
+            Entry::Pending { task, .. } | Entry::Waiting { task, .. }
+                if memory.paused_types.contains(&task.task_type) =>
+            {
+                self.paused += 1;
+                self.keys.insert(task.key.as_str().into());
+            }
             Entry::Pending {
                 task,
                 ignored_not_before,
@@ -151,6 +166,7 @@ impl Queue {
         memory.held_groups.clear();
         memory.held_kinds.clear();
         let sorted = self.sort_out(leadership, entries, memory, now).await?;
+        memory.set_aside = sorted.paused;
         let scheduled = backlog::scheduled_count(&sorted.delayed);
         self.metrics.queue_depth(
             sorted.pending.len(),
