@@ -215,7 +215,21 @@ pub async fn list(
 ) -> Result<Vec<TaskRow>, OperateError> {
     let queued = list_now(coord, &queue.prefix).await?;
     let dead = list_now(coord, &queue.dead_prefix).await?;
-    Ok(task_rows(queued, dead, Utc::now()))
+    let mut rows = task_rows(queued, dead, Utc::now());
+    let paused = super::status::paused_types(coord, queue).await?;
+    mark_paused(&mut rows, &paused);
+    Ok(rows)
+}
+
+/// Marks the queued tasks of a paused type (`leaderq pause --type T`), which wait for it
+/// whatever else they wait for, as `paused`.
+pub fn mark_paused(rows: &mut [TaskRow], paused_types: &[String]) {
+    for row in rows {
+        let waits = matches!(row.state.as_str(), "pending" | "delayed" | "scheduled");
+        if waits && paused_types.contains(&row.task_type) {
+            row.state = "paused".into();
+        }
+    }
 }
 
 /// The rows of `leaderq tasks list` from what was read: the queue in claim order, then the
@@ -530,5 +544,40 @@ pub async fn delete(
     match coord.edit(&ops).await? {
         Edited::Done => Ok(stored.key),
         Edited::Conflict(_) => Err(OperateError::Changed { key: stored.key }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{mark_paused, task_rows};
+    use crate::coord::{StoredTask, TaskVersion};
+
+    fn stored(key: &str, value: &str) -> StoredTask {
+        StoredTask {
+            key: key.into(),
+            value: value.as_bytes().to_vec(),
+            version: TaskVersion(1),
+            created: 1,
+            holder: None,
+        }
+    }
+
+    /// A waiting task of a paused type shows as `paused`, whatever else it waits for; a
+    /// task of another type, or a dead letter, keeps its state.
+    #[test]
+    fn tasks_of_a_paused_type_show_as_paused() {
+        let queued = vec![
+            stored("q/a", r#"{"taskType":"Held","taskTime":1}"#),
+            stored("q/b", r#"{"taskType":"Work","taskTime":2}"#),
+            stored(
+                "q/c",
+                r#"{"taskType":"Held","taskTime":3,"runAt":"2999-01-01T00:00:00Z"}"#,
+            ),
+        ];
+        let dead = vec![stored("d/x", r#"{"taskType":"Held","deadReason":"boom"}"#)];
+        let mut rows = task_rows(queued, dead, chrono::Utc::now());
+        mark_paused(&mut rows, &["Held".to_string()]);
+        let states: Vec<&str> = rows.iter().map(|row| row.state.as_str()).collect();
+        assert_eq!(states, ["paused", "pending", "paused", "dead"]);
     }
 }

@@ -56,6 +56,12 @@ async fn a_paused_type_starts_nothing_through_a_failover_until_resumed(backend: 
     assert_eq!(ran(&bed.journal(), "held"), 0, "a paused type ran");
     let status = leaderq(&bed, &["status"]);
     assert!(status.contains("paused types:  Held"), "{status}");
+    let list = leaderq(&bed, &["tasks", "list"]);
+    let paused = list
+        .lines()
+        .filter(|line| line.starts_with("paused"))
+        .count();
+    assert_eq!(paused, 3, "{list}");
 
     // The pause is the coordinator's: the next leader keeps it.
     bed.start_replica_with("p2", &settings.toml("p2"));

@@ -62,6 +62,16 @@ fn task(id: &str, time: u64) -> Vec<u8> {
         .into_bytes()
 }
 
+/// Deletes `key` (a pause flag) as an operator's `resume` does: at the version read.
+async fn clear(coord: &Arc<dyn Coordinator>, key: &str) {
+    let found = coord.get(&[key.to_string()]).await.unwrap();
+    let delete = crate::coord::Edit::Delete {
+        key: key.to_string(),
+        version: found[0].version,
+    };
+    coord.edit(&[delete]).await.unwrap();
+}
+
 /// Waits, on the paused clock, until `done` holds; fails after a bounded while.
 async fn until(what: &str, mut done: impl FnMut() -> bool) {
     for _ in 0..1000 {
@@ -501,14 +511,7 @@ async fn a_paused_queue_claims_nothing_until_resumed() {
     let leading = Leading::start(&coord, &settings, registry, metrics).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert!(ran.lock().unwrap().is_empty(), "a paused queue ran tasks");
-    let found = coord.get(std::slice::from_ref(&flag)).await.unwrap();
-    coord
-        .edit(&[crate::coord::Edit::Delete {
-            key: flag.clone(),
-            version: found[0].version,
-        }])
-        .await
-        .unwrap();
+    clear(&coord, &flag).await;
     until("both tasks ran", || ran.lock().unwrap().len() == 2).await;
     assert_eq!(*ran.lock().unwrap(), ["one", "two"]);
     leading.shut_down().await;

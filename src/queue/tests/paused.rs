@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::{default_settings, lead_in_background, lone_leader, queue_on, until, SlowOne};
+use super::{clear, default_settings, lead_in_background, lone_leader, queue_on, until, SlowOne};
 use crate::coord::memory::MemoryCoordinator;
 use crate::coord::Coordinator;
 use crate::handler::Registry;
@@ -50,14 +50,7 @@ async fn a_paused_type_starts_nothing_while_others_drain_until_resumed() {
     until("the free task ran", || ran.lock().unwrap().len() == 1).await;
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(*ran.lock().unwrap(), ["free"], "a paused type ran");
-    let found = coord.get(std::slice::from_ref(&flag)).await.unwrap();
-    coord
-        .edit(&[crate::coord::Edit::Delete {
-            key: flag.clone(),
-            version: found[0].version,
-        }])
-        .await
-        .unwrap();
+    clear(&coord, &flag).await;
     until("the held task ran once resumed", || {
         ran.lock().unwrap().len() == 2
     })
