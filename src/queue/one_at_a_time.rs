@@ -1,5 +1,5 @@
 //! The one-at-a-time driver: works through a listing's backlog in `taskTime` order, one run
-//! at a time, and claims in batches while handlers are fast (`run.rs`'s `Pace`). Each
+//! at a time, and claims in batches while handlers are fast (`work.rs`'s `Pace`). Each
 //! batch's claim is sent, on a task of its own, as soon as the answer before it is in, and
 //! is answered while the batch before it runs; when the runs are over before that answer
 //! comes, the next claim goes out at once, so that up to two are on their way. A claim

@@ -4,11 +4,12 @@
 //! leadership its writes are guarded by, the lease its runs live under, the shutdown).
 //! Each is passed whole, so that a step of the driver names the state it changes once.
 
+use std::time::Duration;
+
 use tokio_util::sync::CancellationToken;
 
 use super::backlog::Backlog;
 use super::finished::Finished;
-use super::run::Pace;
 use super::sort::Memory;
 use crate::coord::Leadership;
 use crate::leader::Lease;
@@ -53,5 +54,81 @@ impl<'m> Work<'m> {
     /// not refused a claim as too large.
     pub(super) fn batches(&self) -> bool {
         self.pace.fast() && !self.single
+    }
+}
+
+/// While handler runs take less than this, on average lately, claims take batches.
+pub(super) const FAST_HANDLER: Duration = Duration::from_millis(5);
+
+/// Whether handler runs are fast, from the last run and a moving average in which each
+/// run counts for a quarter. A run under [`FAST_HANDLER`] is fast. A run over it but
+/// under four times it is fast while the average stays under it: one run slowed by the
+/// machine (a fork that waited for a core) does not end a stream's batches, a handler
+/// that stays that slow does within a few runs. A longer run is slow at once. Pure.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Pace {
+    last: Option<Duration>,
+    average: Duration,
+}
+
+impl Pace {
+    /// Counts a run that took `elapsed`.
+    pub(super) fn record(&mut self, elapsed: Duration) {
+        self.average = match self.last {
+            None => elapsed,
+            Some(_) => self.average * 3 / 4 + elapsed / 4,
+        };
+        self.last = Some(elapsed);
+    }
+
+    /// Runs are fast: the next claim may take a batch. Before any run, they are not.
+    pub(super) fn fast(&self) -> bool {
+        match self.last {
+            None => false,
+            Some(last) if last < FAST_HANDLER => true,
+            Some(last) => last < FAST_HANDLER * 4 && self.average < FAST_HANDLER,
+        }
+    }
+}
+
+#[cfg(test)]
+mod pace_tests {
+    use super::{Pace, FAST_HANDLER};
+    use std::time::Duration;
+
+    fn after(runs_ms: &[u64]) -> Pace {
+        let mut pace = Pace::default();
+        for &ms in runs_ms {
+            pace.record(Duration::from_millis(ms));
+        }
+        pace
+    }
+
+    #[test]
+    fn no_run_yet_is_not_fast_and_the_first_run_decides() {
+        assert!(!Pace::default().fast());
+        assert!(after(&[1]).fast());
+        assert!(!after(&[FAST_HANDLER.as_millis() as u64]).fast());
+    }
+
+    #[test]
+    fn one_run_slowed_by_the_machine_keeps_the_batches() {
+        assert!(after(&[1, 1, 1, 8]).fast());
+        assert!(after(&[1, 1, 1, 8, 1, 9]).fast());
+    }
+
+    #[test]
+    fn a_really_slow_run_ends_them_at_once_and_a_steady_slowish_one_soon() {
+        assert!(!after(&[1, 1, 1, 21]).fast());
+        assert!(!after(&[1, 1, 1, 1000]).fast());
+        assert!(after(&[1, 7, 7, 7]).fast());
+        assert!(!after(&[1, 7, 7, 7, 7]).fast());
+    }
+
+    #[test]
+    fn fast_runs_bring_the_batches_back() {
+        assert!(!after(&[1000]).fast());
+        assert!(after(&[1000, 1]).fast());
+        assert!(after(&[1, 7, 7, 7, 7, 4]).fast());
     }
 }
