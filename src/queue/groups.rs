@@ -223,7 +223,7 @@ impl Queue {
                 let work = &mut slots.work;
                 let looked = polling(&mut slots.runs, &mut slots.ended, async move {
                     match self.look(leadership, &mut work.backlog, work.memory).await {
-                        Ok(Look::Continue) if self.stops_for_a_pause(work.memory).await => {
+                        Ok(Look::Continue) if self.stops_for_a_pause(&mut *work.memory).await => {
                             Ok(Look::Relist)
                         }
                         other => other,

@@ -240,9 +240,7 @@ impl Queue {
         self.before_listing(lead, between).await?;
         let (entries, listed_from) = self.list(lead, between).await?;
         let memory = &mut between.memory;
-        if let Some(types) = self.paused_types().await {
-            memory.paused_types = types;
-        }
+        self.refresh_paused_types(memory).await;
         let pick = self.pick(lead.leadership, entries, memory, listed_from);
         match pick.await.map_err(Some)? {
             Pick::Run(backlog) => self.work_through(lead, between, *backlog).await,
@@ -420,15 +418,33 @@ impl Queue {
     }
 
     /// Whether the claims of this listing stop at a look: the queue is paused, or the set
-    /// of paused types changed since the listing (a type paused is claimed no more; one
-    /// resumed has its tasks listed again).
-    async fn stops_for_a_pause(&self, memory: &Memory) -> bool {
+    /// of paused types changed (a type paused is claimed no more; one resumed has its
+    /// tasks listed again).
+    async fn stops_for_a_pause(&self, memory: &mut Memory) -> bool {
         if self.paused().await {
             return true;
         }
-        self.paused_types()
-            .await
-            .is_some_and(|types| types != memory.paused_types)
+        self.refresh_paused_types(memory).await
+    }
+
+    /// Reads the paused types again into `memory`, unless they were read less than
+    /// `PAUSE_POLL` ago: off the dispatch path, a task type is paused within a second, at
+    /// the cost of one read a second at most. Answers whether they changed.
+    async fn refresh_paused_types(&self, memory: &mut Memory) -> bool {
+        let clock = self.clock();
+        if memory
+            .types_read
+            .is_some_and(|at| clock.since(at) < PAUSE_POLL)
+        {
+            return false;
+        }
+        let Some(types) = self.paused_types().await else {
+            return false;
+        };
+        memory.types_read = Some(clock.instant());
+        let changed = types != memory.paused_types;
+        memory.paused_types = types;
+        changed
     }
 
     /// Resolves once the paused types differ from those the last listing sorted by (read

@@ -219,7 +219,7 @@ impl Queue {
             .await
         {
             // A pause takes effect between batches: the loop waits it out.
-            Ok(Look::Continue) if self.stops_for_a_pause(work.memory).await => {
+            Ok(Look::Continue) if self.stops_for_a_pause(&mut *work.memory).await => {
                 Err(Flow::Leave(None))
             }
             Ok(Look::Continue) => Err(Flow::Again),

@@ -39,6 +39,8 @@ pub(super) struct Memory {
     /// Task types paused on their own (`leaderq pause --type T`), as read at the last
     /// listing: their tasks are neither claimed nor held in the backlog.
     pub(super) paused_types: HashSet<String>,
+    /// When the paused types were last read (they are read at most every second).
+    pub(super) types_read: Option<tokio::time::Instant>,
     /// How many tasks of paused types the last listing set aside: while there are some, an
     /// idle leader also wakes when the paused types change.
     pub(super) set_aside: usize,
