@@ -107,12 +107,17 @@ mod tests {
         release.send(()).unwrap();
         let first = finished.recv_timeout(Duration::from_secs(5)).unwrap();
         assert_ne!(first, second);
-        // Both threads are idle again (the count rises after each chore's send).
-        while workers.shared.idle.load(Ordering::Acquire) < 2 {
-            std::thread::yield_now();
-        }
+        // Both threads idle again: the count rises only after a chore's send, so it is
+        // waited for before each chore (else a chore handed out between a thread's send and
+        // its count would find none idle, and rightly start a third thread).
+        let both_idle = || {
+            while workers.shared.idle.load(Ordering::Acquire) < 2 {
+                std::thread::yield_now();
+            }
+        };
         let mut later = HashSet::new();
         for _ in 0..6 {
+            both_idle();
             workers.run(chore(done.clone(), None));
             later.insert(finished.recv_timeout(Duration::from_secs(5)).unwrap());
         }
