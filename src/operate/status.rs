@@ -234,12 +234,7 @@ pub async fn paused_types(
 ) -> Result<Vec<String>, OperateError> {
     let prefix = crate::queue::paused_types_prefix(&queue.prefix);
     let (names, _) = coord.keys(&prefix).await?;
-    let mut types: Vec<String> = names
-        .iter()
-        .filter_map(|key| key.strip_prefix(prefix.as_str()))
-        .filter(|name| !name.is_empty() && !name.contains('/'))
-        .map(str::to_string)
-        .collect();
+    let mut types: Vec<String> = crate::queue::paused_type_names(&prefix, names.iter()).collect();
     types.sort();
     Ok(types)
 }

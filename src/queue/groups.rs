@@ -25,6 +25,7 @@ use super::claim::{Batch, Candidate, Started};
 use super::finished::{ride_able, riders, Finished};
 use super::plan::{plan_claim, ClaimPlan};
 use super::run::{Claimed, RunOutcome};
+use super::slots::{may_start, Chosen, Taken};
 use super::sort::Look;
 use super::work::{Leading, Work};
 use super::{LeadEnd, Queue};
@@ -262,30 +263,22 @@ impl Queue {
             self.settings.concurrency - slots.runs.len()
         };
         let mut batch = Vec::new();
-        let mut chosen: HashSet<String> = HashSet::new();
-        let mut chosen_kinds: HashMap<String, usize> = HashMap::new();
+        let mut chosen = Chosen::default();
         let memory = &slots.work.memory;
-        // Runs of `kind` going on, or claimed in this batch, or held by another lease.
-        let taken = |kind: &str, chosen_kinds: &HashMap<String, usize>| {
-            let count = |of: &HashMap<String, usize>| of.get(kind).copied().unwrap_or(0);
-            count(&slots.kinds) + count(chosen_kinds) + count(&memory.held_kinds)
+        let taken = Taken {
+            running_groups: &slots.busy,
+            running_kinds: &slots.kinds,
+            held_groups: &memory.held_groups,
+            held_kinds: &memory.held_kinds,
         };
         while batch.len() < free {
             let Some(task) = slots.work.backlog.take_first_free(|group, kind| {
-                let under_cap = self
-                    .registry
-                    .policy(kind)
-                    .concurrency
-                    .is_none_or(|cap| taken(kind, &chosen_kinds) < cap);
-                under_cap
-                    && !slots.busy.contains(group)
-                    && !chosen.contains(group)
-                    && !memory.held_groups.contains(group)
+                let cap = self.registry.policy(kind).concurrency;
+                may_start(group, kind, cap, &taken, &chosen)
             }) else {
                 break;
             };
-            chosen.insert(task.group().to_string());
-            *chosen_kinds.entry(task.task_type.clone()).or_default() += 1;
+            chosen.add(task.group(), &task.task_type);
             batch.push(task);
         }
         if batch.is_empty() {

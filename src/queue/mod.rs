@@ -39,6 +39,7 @@ mod run;
 #[cfg(test)]
 mod scripted;
 mod settlement;
+mod slots;
 mod sort;
 #[cfg(test)]
 mod tests;
@@ -88,6 +89,18 @@ pub fn paused_types_prefix(queue_prefix: &str) -> String {
         crate::config::OWN_NAMESPACE,
         queue_prefix.trim_end_matches('/')
     )
+}
+
+/// The task types paused on their own, from the keys a read under `paused_types_prefix`
+/// (`prefix`) found, in the order given: a name with a `/` is another queue's (one whose
+/// prefix continues this one's), not a type of this one.
+pub fn paused_type_names<'a>(
+    prefix: &'a str,
+    keys: impl Iterator<Item = &'a str> + 'a,
+) -> impl Iterator<Item = String> + 'a {
+    keys.filter_map(move |key| key.strip_prefix(prefix))
+        .filter(|name| !name.is_empty() && !name.contains('/'))
+        .map(str::to_string)
 }
 
 /// The key of `task_type`'s pause flag in the queue under `queue_prefix`. A type that is not
@@ -408,13 +421,7 @@ impl Queue {
     async fn paused_types(&self) -> Option<std::collections::HashSet<String>> {
         let prefix = paused_types_prefix(&self.settings.prefix);
         let (names, _) = self.coord.keys(&prefix).await.ok()?;
-        let types = names
-            .iter()
-            .filter_map(|key| key.strip_prefix(prefix.as_str()))
-            .filter(|name| !name.is_empty() && !name.contains('/'))
-            .map(str::to_string)
-            .collect();
-        Some(types)
+        Some(paused_type_names(&prefix, names.iter()).collect())
     }
 
     /// Whether the claims of this listing stop at a look: the queue is paused, or the set
