@@ -210,7 +210,7 @@ const OWN_THEIR_SPAWNS: &[(&str, &str)] = &[
     ("coord/zookeeper/lease.rs", "a lease's watchdog: its handle, kept in the lease's entry, aborts it on drop"),
     ("queue/history.rs", "the history pruning: an AbortOnDropHandle the queue keeps"),
     ("queue/sort.rs", "a read ahead of the sort: an AbortOnDropHandle the queue keeps"),
-    ("queue/one_at_a_time.rs", "a claim's write: its handle awaited by `answer`; one dropped unread ends at the coordinator's request timeout"),
+    ("queue/flights.rs", "a claim's write: its handle awaited by `answer`; one dropped unread ends at the coordinator's request timeout"),
     ("service/dev.rs", "the embedded server and the dashboard: AbortOnDropHandles awaited at the end"),
     ("service/mod.rs", "the signal listener: it ends at the first signal or when its token is cancelled"),
 ];

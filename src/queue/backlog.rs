@@ -3,7 +3,7 @@
 //! notBefore, a producer's runAt, a deferral's end), and every key it knows of; what it
 //! does next between claims ([`Backlog::next`]: claim, look at the keys, list again, or
 //! stop); how a look or a listing read while claiming merges into it; and when an idle
-//! leader wakes by itself ([`wake_at`]). `sort.rs`, `one_at_a_time.rs` and `claim.rs`
+//! leader wakes by itself ([`wake_at`]). `sort.rs`, `driver.rs` and `claim.rs`
 //! perform the I/O it asks for.
 //!
 //! Size: over half of it is the scripted-time tests of these decisions.

@@ -1,4 +1,4 @@
-//! Pure: what the one-at-a-time driver (`one_at_a_time.rs`) does once a batch's runs are
+//! Pure: what the term core (`term.rs`) does with one slot once a batch's runs are
 //! over and the claim sent ahead of them is answered: start the batch that claim took,
 //! send it back to be read again (a slow run means the rest should not wait behind it),
 //! or put it back untouched and leave the listing (a stop, or a listing gone stale).
@@ -7,7 +7,7 @@
 use super::LeadEnd;
 
 /// How the runs of a claimed batch ended.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub(super) enum Ran {
     /// Every task ran, or a slow run sent the rest back and they were read again.
     Done,

@@ -1,4 +1,4 @@
-//! Claiming: the one claim write both drivers make (`one_at_a_time.rs`, `groups.rs`). Each
+//! Claiming: the one claim write the driver makes (`driver.rs`, through `flights.rs`). Each
 //! claim is planned within the coordinator's limits (`plan.rs`), its answer read
 //! (`answer.rs`: claimed, step down, list again, or per task put back, deferred or read
 //! again) and applied here ([`Queue::claim_and_apply`]); finished tasks ride along in the

@@ -10,9 +10,9 @@
 //! refuses moves the task away instead of costing the leadership.
 //!
 //! Read top-down: [`Queue::lead`] (this file) lists, sorts the listing out (`sort.rs`) and
-//! hands the backlog to the driver (`one_at_a_time.rs`: `drive`, which claims through
-//! `claim.rs`, runs and settles; with `queue.concurrency` > 1 its groups form in
-//! `groups.rs`). The decisions
+//! hands the backlog to the driver (`driver.rs`: `drive`), which performs what the term
+//! core (`term.rs`) decides: claims (`flights.rs`, through `claim.rs`), runs, settles. The
+//! decisions
 //! that matter are pure functions beside them, fed `now` from the one `Clock` (`clock.rs`):
 //! `entry.rs` (what a listed entry is), `backlog.rs` (what the leader knows and does next
 //! between claims), `plan.rs` (what one write takes), `answer.rs` (what a claim's answer
@@ -29,11 +29,11 @@ mod cancel;
 mod claim;
 mod clock;
 mod dead;
+mod driver;
 mod entry;
 mod finished;
-mod groups;
+mod flights;
 mod history;
-mod one_at_a_time;
 mod plan;
 mod run;
 #[cfg(test)]
@@ -41,6 +41,7 @@ mod scripted;
 mod settlement;
 mod slots;
 mod sort;
+mod term;
 #[cfg(test)]
 mod tests;
 mod work;
@@ -125,7 +126,7 @@ struct Between {
 }
 
 /// Why the leader stopped leading.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LeadEnd {
     Shutdown,
     StepDown(String),
@@ -371,7 +372,7 @@ impl Queue {
     /// Works through a listing's pending tasks, unless the queue is paused (looked at
     /// after the listing, which may have waited for a new task, and only when there is
     /// something to claim: a pause set meanwhile still stops the claim). Claims, runs and
-    /// settles until this listing is worked through (`one_at_a_time.rs`, `groups.rs`).
+    /// settles until this listing is worked through (`driver.rs`, as `term.rs` decides).
     async fn work_through(
         &self,
         lead: Leading<'_>,

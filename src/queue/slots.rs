@@ -1,4 +1,4 @@
-//! Pure: whether a task may take a free slot when several run at once (`groups.rs`): no
+//! Pure: whether a task may take a free slot when several run at once (`driver.rs`): no
 //! task of its group is running, chosen for the same claim, or held by another lease (a
 //! previous leader's run); and its type is under its cap (`[handlers.T] concurrency`),
 //! counting the type's runs going on, those chosen for the same claim and those another

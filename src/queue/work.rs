@@ -31,8 +31,6 @@ pub(super) struct Work<'m> {
     /// Runs that succeeded, whose completions are still to be written (they ride the next
     /// claim's write, or are written on their own).
     pub(super) finished: Vec<Finished>,
-    /// How fast the handlers run lately: claims take batches while they are fast.
-    pub(super) pace: Pace,
     /// After the coordinator refused a claim as too large (a Consul whose limits are below
     /// leaderq's), one task per write, alone in it, until the next listing.
     pub(super) single: bool,
@@ -45,15 +43,8 @@ impl<'m> Work<'m> {
             backlog,
             memory,
             finished: Vec::new(),
-            pace: Pace::default(),
             single: false,
         }
-    }
-
-    /// Whether the next claim may take a batch: handlers are fast, and the coordinator has
-    /// not refused a claim as too large.
-    pub(super) fn batches(&self) -> bool {
-        self.pace.fast() && !self.single
     }
 }
 

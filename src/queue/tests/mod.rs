@@ -26,6 +26,7 @@ mod priority;
 mod retries;
 mod scheduled;
 mod stopped;
+mod term;
 mod ticker;
 
 use self::leading::Leading;
