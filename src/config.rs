@@ -226,6 +226,10 @@ pub struct HandlerSettings {
     /// At most this many runs of this type at once, within `queue.concurrency`.
     #[serde(default)]
     pub concurrency: Option<usize>,
+    /// At most N starts of this type in any window of PERIOD, whoever leads: `"N/PERIOD"`,
+    /// such as `"10/1m"`.
+    #[serde(default)]
+    pub rate: Option<String>,
 }
 
 /// The exit code that marks a permanent failure unless a handler says otherwise.
@@ -491,6 +495,13 @@ impl Settings {
                 }
                 _ => {}
             }
+            if let Some(rate) = &handler.rate {
+                if let Err(why) = crate::util::rate::Rate::parse(rate) {
+                    return invalid(format!(
+                        "handlers.{task_type}.rate: {why} (at most N starts of the type in any window of PERIOD)"
+                    ));
+                }
+            }
             if handler.max_attempts == Some(0) {
                 return invalid(format!(
                     "handlers.{task_type}.max_attempts must be at least 1 (1: never retried)"
@@ -751,6 +762,13 @@ mod supervision_tests {
             err.contains("handlers.T.concurrency") && err.contains("queue.concurrency"),
             "{err}"
         );
+        let err = write("rate = \"5 a minute\"\n").unwrap_err();
+        assert!(
+            err.contains("handlers.T.rate") && err.contains("N/PERIOD"),
+            "{err}"
+        );
+        let err = write("rate = \"0/1m\"\n").unwrap_err();
+        assert!(err.contains("handlers.T.rate"), "{err}");
         let err = write("max_atempts = 2\n").unwrap_err();
         assert!(err.contains("max_atempts"), "{err}");
     }

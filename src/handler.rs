@@ -173,6 +173,8 @@ pub struct TypePolicy {
     pub priority: Option<i32>,
     /// At most this many runs of the type at once.
     pub concurrency: Option<usize>,
+    /// At most so many starts of the type in any window of a period, whoever leads.
+    pub rate: Option<crate::util::rate::Rate>,
 }
 
 impl Registry {
@@ -199,6 +201,11 @@ impl Registry {
                     backoff_max: handler.backoff_max,
                     priority: handler.priority,
                     concurrency: handler.concurrency,
+                    // Checked when the settings were read.
+                    rate: handler
+                        .rate
+                        .as_deref()
+                        .and_then(|rate| crate::util::rate::Rate::parse(rate).ok()),
                 },
             );
             match handler.kind {
@@ -244,6 +251,13 @@ impl Registry {
         self.policies
             .values()
             .any(|policy| policy.priority.is_some())
+    }
+
+    /// The types with a rate of their own, and their rates.
+    pub fn rates(&self) -> impl Iterator<Item = (&str, crate::util::rate::Rate)> {
+        self.policies
+            .iter()
+            .filter_map(|(kind, policy)| Some((kind.as_str(), policy.rate?)))
     }
 
     pub fn task_types(&self) -> impl Iterator<Item = &str> {
@@ -534,6 +548,7 @@ mod tests {
             backoff_max: None,
             priority: None,
             concurrency: None,
+            rate: None,
         }
     }
 

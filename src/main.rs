@@ -350,7 +350,8 @@ async fn run_status(args: StatusArgs, config: &ConfigArgs) -> anyhow::Result<()>
             .with_context(|| format!("cannot read the leadership from {}", from()))?;
         return json_or_text(args.json, &run, leadership::render_run);
     }
-    let report = status::status(coord, &settings.queue, &settings.election)
+    let limits = leaderq::operate::waits::Limits::of(&settings);
+    let report = status::status_under(coord, &settings.queue, &settings.election, &limits)
         .await
         .with_context(|| format!("cannot read the queue from {}", from()))?;
     json_or_text(args.json, &report, |r| {
@@ -425,7 +426,8 @@ async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
     let coord = coord.as_ref();
     match args.command {
         TasksCmd::List { json } => {
-            let rows = tasks::list(coord, &settings.queue).await?;
+            let limits = leaderq::operate::waits::Limits::of(&settings);
+            let rows = tasks::list(coord, &settings.queue, &limits).await?;
             json_or_text(json, &rows, |rows| {
                 tasks::render_list(rows, chrono::Utc::now())
             })

@@ -48,6 +48,8 @@ mod ops;
 mod priority;
 #[path = "consumer/queue_edges.rs"]
 mod queue_edges;
+#[path = "consumer/rates.rs"]
+mod rates;
 #[path = "consumer/redis_durability.rs"]
 mod redis_durability;
 #[path = "consumer/redis_queue.rs"]

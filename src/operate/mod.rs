@@ -27,6 +27,7 @@ pub mod leadership;
 pub mod schedules;
 pub mod status;
 pub mod tasks;
+pub mod waits;
 
 use crate::coord::{CoordError, Coordinator, StoredTask, Version};
 use crate::task::key;

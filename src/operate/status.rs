@@ -4,10 +4,13 @@
 //! dashboard's overview builds the same [`StatusReport`] from its own reads
 //! ([`status_of`]). Who led before is `leadership.rs`'s.
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use super::waits::Limits;
 use super::{list_now, OperateError};
 use crate::config::{ElectionSettings, QueueSettings};
 use crate::coord::{Coordinator, Edit, Edited, FencingToken, Holder, StoredTask, Version};
@@ -38,6 +41,9 @@ pub struct StatusReport {
     /// Task types paused on their own (`leaderq pause --type T`): none of their tasks
     /// starts, the others' do.
     pub paused_types: Vec<String>,
+    /// How many queued tasks wait for what (`waits.rs`): capped, group busy, paused, …
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub waiting: BTreeMap<String, usize>,
     /// Every replica's record: the leader, standbys with their last heartbeat, the gone.
     pub replicas: Vec<ReplicaView>,
 }
@@ -60,15 +66,28 @@ pub async fn status(
     queue: &QueueSettings,
     election: &ElectionSettings,
 ) -> Result<StatusReport, OperateError> {
+    status_under(coord, queue, election, &Limits::default()).await
+}
+
+/// [`status`], with how many queued tasks wait for what under `limits` (`waits.rs`).
+pub async fn status_under(
+    coord: &dyn Coordinator,
+    queue: &QueueSettings,
+    election: &ElectionSettings,
+    limits: &Limits,
+) -> Result<StatusReport, OperateError> {
     let (holder, _) = coord.observe(Version(0), std::time::Duration::ZERO).await?;
     let tasks = list_now(coord, &queue.prefix).await?;
     let dead = list_now(coord, &queue.dead_prefix).await?.len();
-    let paused = !coord
-        .get(&[crate::queue::pause_key(&queue.prefix)])
-        .await?
-        .is_empty();
-    let mut report = status_of(&holder, &tasks, dead, paused, Utc::now());
+    let paused = paused(coord, queue).await?;
+    let now = Utc::now();
+    let mut report = status_of(&holder, &tasks, dead, paused, now);
     report.paused_types = paused_types(coord, queue).await?;
+    let mut rows = super::tasks::task_rows(tasks, Vec::new(), now);
+    let mut limits = limits.clone();
+    limits.read_rates(coord, &queue.prefix, now).await;
+    super::waits::explain(&mut rows, &limits, paused, &report.paused_types);
+    report.waiting = super::waits::counts(&rows);
     report.replicas = replicas(coord, election).await?;
     Ok(report)
 }
@@ -162,6 +181,14 @@ pub fn render(report: &StatusReport, now: DateTime<Utc>) -> String {
             types.join(", ")
         ));
     }
+    if !report.waiting.is_empty() {
+        let waiting: Vec<String> = report
+            .waiting
+            .iter()
+            .map(|(why, n)| format!("{n} {why}"))
+            .collect();
+        lines.push(format!("waiting for:   {}", waiting.join(", ")));
+    }
     if !report.replicas.is_empty() {
         lines.push("replicas:".to_string());
         for replica in &report.replicas {
@@ -225,6 +252,12 @@ pub async fn resume_type(
     task_type: &str,
 ) -> Result<bool, OperateError> {
     clear_flag(coord, type_key(queue, task_type)?).await
+}
+
+/// Whether the queue is paused (`leaderq pause`).
+pub async fn paused(coord: &dyn Coordinator, queue: &QueueSettings) -> Result<bool, OperateError> {
+    let flag = coord.get(&[crate::queue::pause_key(&queue.prefix)]).await?;
+    Ok(!flag.is_empty())
 }
 
 /// The task types paused on their own, by name.

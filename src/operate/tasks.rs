@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use serde_json::{json, Value};
 
+use super::waits::{explain, Limits};
 use super::{list_now, Line, OperateError};
 use crate::config::{ElectionSettings, QueueSettings};
 use crate::coord::{Coordinator, Edit, Edited, StoredTask};
@@ -200,6 +201,13 @@ pub struct TaskRow {
     pub state: String,
     pub key: String,
     pub task_type: String,
+    /// Its `taskGroup` (empty: none).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub group: String,
+    /// Why it waits, when something holds it back (`waits.rs`): a pause, a backoff, its
+    /// `runAt`, its type's cap, a busy group.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub waits: String,
     /// Seconds since taskTime (queued tasks) or since deadAt (dead letters).
     pub age_seconds: Option<i64>,
     /// When a delayed or scheduled task is due (RFC 3339).
@@ -208,28 +216,22 @@ pub struct TaskRow {
     pub last_error: String,
 }
 
-/// Every task under the queue prefix and every dead letter, queue first, in claim order.
+/// Every task under the queue prefix and every dead letter, queue first, in claim order,
+/// each queued task with why it waits under `limits` and the pauses.
 pub async fn list(
     coord: &dyn Coordinator,
     queue: &QueueSettings,
+    limits: &Limits,
 ) -> Result<Vec<TaskRow>, OperateError> {
     let queued = list_now(coord, &queue.prefix).await?;
     let dead = list_now(coord, &queue.dead_prefix).await?;
     let mut rows = task_rows(queued, dead, Utc::now());
-    let paused = super::status::paused_types(coord, queue).await?;
-    mark_paused(&mut rows, &paused);
+    let paused_types = super::status::paused_types(coord, queue).await?;
+    let paused = super::status::paused(coord, queue).await?;
+    let mut limits = limits.clone();
+    limits.read_rates(coord, &queue.prefix, Utc::now()).await;
+    explain(&mut rows, &limits, paused, &paused_types);
     Ok(rows)
-}
-
-/// Marks the queued tasks of a paused type (`leaderq pause --type T`), which wait for it
-/// whatever else they wait for, as `paused`.
-pub fn mark_paused(rows: &mut [TaskRow], paused_types: &[String]) {
-    for row in rows {
-        let waits = matches!(row.state.as_str(), "pending" | "delayed" | "scheduled");
-        if waits && paused_types.contains(&row.task_type) {
-            row.state = "paused".into();
-        }
-    }
 }
 
 /// The rows of `leaderq tasks list` from what was read: the queue in claim order, then the
@@ -254,6 +256,8 @@ pub fn task_rows(
                 state: task.status(now).name().into(),
                 key: pair.key,
                 task_type: task.task_type.clone(),
+                group: task.group().to_string(),
+                waits: String::new(),
                 age_seconds: Some((now - task.time).num_seconds()),
                 due_at: task.status(now).due().map(crate::task::rfc3339),
                 attempts: u64::from(task.attempts),
@@ -263,6 +267,8 @@ pub fn task_rows(
                 state: "malformed".into(),
                 key: pair.key,
                 task_type: String::new(),
+                group: String::new(),
+                waits: String::new(),
                 age_seconds: None,
                 due_at: None,
                 attempts: 0,
@@ -285,6 +291,8 @@ pub fn task_rows(
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .into(),
+            group: String::new(),
+            waits: String::new(),
             age_seconds: dead_at.map(|t| (now - t.with_timezone(&Utc)).num_seconds()),
             due_at: None,
             attempts: value.get("attempts").and_then(Value::as_u64).unwrap_or(0),
@@ -301,8 +309,8 @@ pub fn task_rows(
 /// The table `leaderq tasks list` prints, with a count at the end.
 pub fn render_list(rows: &[TaskRow], now: DateTime<Utc>) -> String {
     let mut out = format!(
-        "{:<10} {:<40} {:<20} {:>10} {:>10} {:>8}  LAST ERROR\n",
-        "STATE", "KEY", "TYPE", "AGE", "DUE", "ATTEMPTS"
+        "{:<10} {:<40} {:<20} {:>10} {:>10} {:>8}  {:<28} LAST ERROR\n",
+        "STATE", "KEY", "TYPE", "AGE", "DUE", "ATTEMPTS", "WAITS FOR"
     );
     for row in rows {
         let age = row.age_seconds.map(format_age).unwrap_or_default();
@@ -316,13 +324,14 @@ pub fn render_list(rows: &[TaskRow], now: DateTime<Utc>) -> String {
         // Keys, types and errors are stored text: shown escaped.
         let error: String = escape(&row.last_error).chars().take(80).collect();
         out.push_str(&format!(
-            "{:<10} {:<40} {:<20} {:>10} {:>10} {:>8}  {}\n",
+            "{:<10} {:<40} {:<20} {:>10} {:>10} {:>8}  {:<28} {}\n",
             row.state,
             escape(&row.key),
             escape(&row.task_type),
             age,
             due,
             row.attempts,
+            escape(&row.waits),
             error
         ));
     }
@@ -549,8 +558,9 @@ pub async fn delete(
 
 #[cfg(test)]
 mod tests {
-    use super::{mark_paused, task_rows};
+    use super::task_rows;
     use crate::coord::{StoredTask, TaskVersion};
+    use crate::operate::waits::{explain, Limits};
 
     fn stored(key: &str, value: &str) -> StoredTask {
         StoredTask {
@@ -576,7 +586,7 @@ mod tests {
         ];
         let dead = vec![stored("d/x", r#"{"taskType":"Held","deadReason":"boom"}"#)];
         let mut rows = task_rows(queued, dead, chrono::Utc::now());
-        mark_paused(&mut rows, &["Held".to_string()]);
+        explain(&mut rows, &Limits::default(), false, &["Held".to_string()]);
         let states: Vec<&str> = rows.iter().map(|row| row.state.as_str()).collect();
         assert_eq!(states, ["paused", "pending", "paused", "dead"]);
     }

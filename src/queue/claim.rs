@@ -55,6 +55,8 @@ pub(super) struct Batch {
     pub(super) tasks: Vec<Task>,
     pub(super) candidates: Vec<Candidate>,
     pub(super) deletions: usize,
+    /// Other writes of the same commit: the rated types' start records (`rates.rs`).
+    pub(super) notes: Vec<TaskOp>,
 }
 
 /// The next claim, planned.
@@ -154,6 +156,7 @@ impl Queue {
                     tasks,
                     candidates,
                     deletions: finished,
+                    notes: Vec::new(),
                 })
             }
             ClaimPlan::TooLarge { cost } => match backlog.take_first() {
@@ -165,6 +168,7 @@ impl Queue {
                     tasks: Vec::new(),
                     candidates: Vec::new(),
                     deletions: 0,
+                    notes: Vec::new(),
                 }),
             },
         }
@@ -355,8 +359,9 @@ impl Queue {
             tasks,
             candidates,
             deletions,
+            notes,
         } = batch;
-        let mut ops = Vec::with_capacity(deletions + tasks.len());
+        let mut ops = Vec::with_capacity(deletions + tasks.len() + notes.len());
         // Finished tasks are completed in this claim's write: one commit, not two. It is
         // applied only if the whole claim is.
         ops.extend(completions(&self.settings.done_prefix, riders));
@@ -365,6 +370,7 @@ impl Queue {
             ops.push(candidate.op);
             values.push(candidate.value);
         }
+        ops.extend(notes);
         (tasks, values, ops)
     }
 

@@ -20,13 +20,14 @@ use super::backlog::Backlog;
 use super::claim::{Claim, Started};
 use super::finished::Finished;
 use super::flights::Flight;
+use super::rates::{rate_key, Rate, Starts};
 use super::run::{Claimed, RunOutcome};
 use super::slots::{may_start, Chosen, Taken};
 use super::sort::{Look, Memory, Reading};
 use super::term::{Action, Came, Event, ReadKind, Seen, Term, HELD_GROUP_RELIST};
 use super::work::{Leading, Work};
 use super::{LeadEnd, Queue};
-use crate::coord::TaskVersion;
+use crate::coord::{TaskOp, TaskVersion};
 use crate::task::Task;
 
 /// A run that ended: its group, type and key, its task if it succeeded, and how it went.
@@ -55,6 +56,9 @@ struct Shell<'a, 'm> {
     reading: Option<Reading>,
     busy: HashSet<String>,
     kinds: HashMap<String, usize>,
+    /// The rated types' recorded starts, as last read (`None`: to be read before the next
+    /// claim, since a claim that took rated tasks rewrote them).
+    rates: Option<HashMap<String, Starts>>,
 }
 
 /// Awaits `work` while polling `runs`, keeping the runs that end meanwhile in `ended`.
@@ -146,8 +150,13 @@ impl Queue {
             reading: None,
             busy: HashSet::new(),
             kinds: HashMap::new(),
+            rates: None,
         };
         let mut term = Term::new(self.settings.concurrency, self.settings.claim_batch);
+        if self.registry.rates().next().is_some() {
+            // A type's rate is decided task by task, as the slots choose them.
+            term = term.without_claims_ahead();
+        }
         let mut events = vec![Event::Go];
         let end = loop {
             let event = events.pop().unwrap_or(Event::Go);
@@ -439,12 +448,21 @@ impl Queue {
         shell: &mut Shell<'a, '_>,
         free: usize,
     ) -> Came {
-        let batch = self.choose_free(shell, free);
+        let room = self.rate_room(shell).await;
+        let batch = self.choose_free(shell, free, &room);
         if batch.is_empty() {
             return Came::NothingFree;
         }
-        let claim = self.claim_free(lead.leadership, &mut shell.work, batch);
+        let rates = shell.rates.take().unwrap_or_default();
+        let now_ms = self.clock().now().timestamp_millis();
+        let notes = |tasks: &[Task]| self.rate_notes(&rates, tasks, now_ms);
+        let rated = !notes(&batch).is_empty();
+        let claim = self.claim_free(lead.leadership, &mut shell.work, batch, notes);
         let started = polling(&mut shell.runs, &mut shell.ended, claim).await;
+        if !rated {
+            // Nothing recorded: what was read still holds.
+            shell.rates = Some(rates);
+        }
         let runs = match started {
             Started::Runs(runs) => runs,
             Started::Relist => return Came::Relist,
@@ -457,8 +475,75 @@ impl Queue {
         Came::On(n)
     }
 
+    /// How many more starts each type with a rate may have now, from its record (read
+    /// first if a claim rewrote it since, the runs polled meanwhile). A record that cannot
+    /// be read allows none: the other types go on.
+    async fn rate_room(&self, shell: &mut Shell<'_, '_>) -> HashMap<String, usize> {
+        let rated: Vec<(&str, Rate)> = self.registry.rates().collect();
+        if rated.is_empty() {
+            return HashMap::new();
+        }
+        if shell.rates.is_none() {
+            let keys: Vec<String> = rated
+                .iter()
+                .map(|(kind, _)| rate_key(&self.settings.prefix, kind))
+                .collect();
+            let read = polling(&mut shell.runs, &mut shell.ended, self.coord.get(&keys)).await;
+            match read {
+                Ok(found) => {
+                    let starts = rated.iter().zip(&keys).map(|((kind, _), key)| {
+                        let stored = found.iter().find(|stored| stored.key == *key);
+                        (kind.to_string(), Starts::read(stored))
+                    });
+                    shell.rates = Some(starts.collect());
+                }
+                Err(err) => {
+                    self.metrics.coordinator_error(&err);
+                    tracing::warn!(error = %err, "cannot read the rated types' starts; none of them starts for now");
+                }
+            }
+        }
+        let now_ms = self.clock().now().timestamp_millis();
+        rated
+            .iter()
+            .map(|(kind, rate)| {
+                let room = shell
+                    .rates
+                    .as_ref()
+                    .and_then(|rates| rates.get(*kind))
+                    .map_or(0, |starts| starts.room(rate, now_ms));
+                (kind.to_string(), room)
+            })
+            .collect()
+    }
+
+    /// The start records a claim of `tasks` rewrites: one per rated type among them.
+    fn rate_notes(
+        &self,
+        rates: &HashMap<String, Starts>,
+        tasks: &[Task],
+        now_ms: i64,
+    ) -> Vec<TaskOp> {
+        let mut notes = Vec::new();
+        for (kind, rate) in self.registry.rates() {
+            let count = tasks.iter().filter(|task| task.task_type == kind).count();
+            if count == 0 {
+                continue;
+            }
+            let key = rate_key(&self.settings.prefix, kind);
+            let starts = rates.get(kind).cloned().unwrap_or_default();
+            notes.push(starts.record(key, &rate, now_ms, count));
+        }
+        notes
+    }
+
     /// The tasks to claim into `free` slots, taken out of the backlog in claim order.
-    fn choose_free(&self, shell: &mut Shell<'_, '_>, free: usize) -> Vec<Task> {
+    fn choose_free(
+        &self,
+        shell: &mut Shell<'_, '_>,
+        free: usize,
+        room: &HashMap<String, usize>,
+    ) -> Vec<Task> {
         let mut batch = Vec::new();
         let mut chosen = Chosen::default();
         let memory = &shell.work.memory;
@@ -467,6 +552,7 @@ impl Queue {
             running_kinds: &shell.kinds,
             held_groups: &memory.held_groups,
             held_kinds: &memory.held_kinds,
+            room,
         };
         while batch.len() < free {
             let Some(task) = shell.work.backlog.take_first_free(|group, kind| {

@@ -13,7 +13,7 @@ use super::plan::{plan_claim, ClaimPlan};
 use super::run::Claimed;
 use super::work::Work;
 use super::{LeadEnd, Queue};
-use crate::coord::{CoordError, Leadership, TaskVersion, WriteCost, Written};
+use crate::coord::{CoordError, Leadership, TaskOp, TaskVersion, WriteCost, Written};
 use crate::task::Task;
 
 /// A claim write on its way, on a task of its own: what its answer is read against, and
@@ -216,13 +216,15 @@ impl Queue {
     }
 
     /// Claims `batch` (tasks of distinct free groups, in claim order) in one write within
-    /// the coordinator's limits, with as many finished tasks' completions as fit. Tasks
+    /// the coordinator's limits, with as many finished tasks' completions as fit, and the
+    /// writes `notes` asks for the tasks claimed (the rated types' start records). Tasks
     /// that do not fit go back to the backlog in their place.
     pub(super) async fn claim_free(
         &self,
         leadership: &Leadership,
         work: &mut Work<'_>,
         mut batch: Vec<Task>,
+        notes: impl Fn(&[Task]) -> Vec<TaskOp>,
     ) -> Started {
         let backlog = &mut work.backlog;
         let now = self.clock().now();
@@ -230,7 +232,13 @@ impl Queue {
             .iter()
             .map(|task| Candidate::new(task, leadership, &self.node_id, now))
             .collect();
-        let (guard, shares) = riders(self.coord.guard_cost(), ride_able(&work.finished));
+        // The notes of the whole batch cost at least those of the part that fits.
+        let noted = notes(&batch)
+            .iter()
+            .fold(self.coord.guard_cost(), |cost, op| {
+                cost + self.coord.cost(op)
+            });
+        let (guard, shares) = riders(noted, ride_able(&work.finished));
         let claims: Vec<WriteCost> = candidates
             .iter()
             .map(|candidate| self.coord.cost(candidate.op()))
@@ -258,6 +266,7 @@ impl Queue {
         }
         let candidates: Vec<Candidate> = candidates.into_iter().take(fit).collect();
         let batch = Batch {
+            notes: notes(&batch),
             tasks: batch,
             candidates,
             deletions,

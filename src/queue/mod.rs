@@ -35,6 +35,7 @@ mod finished;
 mod flights;
 mod history;
 mod plan;
+pub mod rates;
 mod run;
 #[cfg(test)]
 mod scripted;
@@ -64,6 +65,7 @@ use sort::{Memory, Pick};
 use work::Leading;
 
 pub use cancel::{cancel_key, CancelMarker};
+pub use rates::{rate_key, Rate};
 
 /// Back-off after coordinator errors while leading, so an outage is not a hot loop.
 const ERROR_BACKOFF: Duration = Duration::from_secs(1);

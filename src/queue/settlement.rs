@@ -475,6 +475,7 @@ mod tests {
             backoff_max: None,
             priority: None,
             concurrency: None,
+            rate: None,
         };
         let typed = retry_policy(None, of_type, queue);
         assert_eq!(

@@ -2,7 +2,8 @@
 //! task of its group is running, chosen for the same claim, or held by another lease (a
 //! previous leader's run); and its type is under its cap (`[handlers.T] concurrency`),
 //! counting the type's runs going on, those chosen for the same claim and those another
-//! lease still holds. Tested as transcripts below: what is taken in, admitted or not out.
+//! lease still holds; and its type's rate allows one more start, counting those chosen for
+//! the same claim. Tested as transcripts below: what is taken in, admitted or not out.
 
 use std::collections::{HashMap, HashSet};
 
@@ -13,6 +14,9 @@ pub(super) struct Taken<'a> {
     pub(super) running_kinds: &'a HashMap<String, usize>,
     pub(super) held_groups: &'a HashSet<String>,
     pub(super) held_kinds: &'a HashMap<String, usize>,
+    /// How many more starts each type with a rate may have now (`rates.rs`); a type not
+    /// named has no rate.
+    pub(super) room: &'a HashMap<String, usize>,
 }
 
 /// The tasks chosen so far for one claim, by group and by type.
@@ -40,7 +44,12 @@ pub(super) fn may_start(
 ) -> bool {
     let count = |of: &HashMap<String, usize>| of.get(kind).copied().unwrap_or(0);
     let kind_taken = count(taken.running_kinds) + count(&chosen.kinds) + count(taken.held_kinds);
-    cap.is_none_or(|cap| kind_taken < cap)
+    let rated = taken
+        .room
+        .get(kind)
+        .is_none_or(|&room| count(&chosen.kinds) < room);
+    rated
+        && cap.is_none_or(|cap| kind_taken < cap)
         && !taken.running_groups.contains(group)
         && !chosen.groups.contains(group)
         && !taken.held_groups.contains(group)
@@ -71,6 +80,7 @@ mod tests {
             running_kinds: &none,
             held_groups: &held,
             held_kinds: &none,
+            room: &none,
         };
         let mut chosen = Chosen::default();
         assert!(!may_start("a", "T", None, &taken, &chosen), "running here");
@@ -95,6 +105,7 @@ mod tests {
             running_kinds: &running,
             held_groups: &no_groups,
             held_kinds: &held,
+            room: &HashMap::new(),
         };
         let mut chosen = Chosen::default();
         // One running here and one held by another lease: a cap of 3 admits one more.
@@ -108,5 +119,29 @@ mod tests {
         // Another type, capped or not, is not held back.
         assert!(may_start("g2", "Work", None, &taken, &chosen));
         assert!(may_start("g2", "Work", Some(1), &taken, &chosen));
+    }
+
+    #[test]
+    fn a_rated_type_takes_no_more_starts_than_its_room_and_others_go_on() {
+        let (none, room) = (HashMap::new(), counts(&[("Drop", 2), ("Full", 0)]));
+        let no_groups = HashSet::new();
+        let taken = Taken {
+            running_groups: &no_groups,
+            running_kinds: &none,
+            held_groups: &no_groups,
+            held_kinds: &none,
+            room: &room,
+        };
+        let mut chosen = Chosen::default();
+        assert!(!may_start("g1", "Full", None, &taken, &chosen), "no room");
+        assert!(may_start("g1", "Drop", None, &taken, &chosen));
+        chosen.add("g1", "Drop");
+        assert!(may_start("g2", "Drop", None, &taken, &chosen));
+        chosen.add("g2", "Drop");
+        assert!(
+            !may_start("g3", "Drop", None, &taken, &chosen),
+            "its room is used"
+        );
+        assert!(may_start("g3", "Work", None, &taken, &chosen), "no rate");
     }
 }

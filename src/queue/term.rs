@@ -217,6 +217,9 @@ enum AfterStep {
 pub(super) struct Term {
     /// How many runs at once (`queue.concurrency`).
     slots: usize,
+    /// With one slot, claims are batched and sent ahead of the runs (not with rates: each
+    /// claim is then chosen as the slots policy chooses, task by task).
+    ahead_policy: bool,
     /// How many tasks one claim takes at most while handlers are fast.
     claim_batch: usize,
     /// How fast the handlers run lately: claims take batches while they are fast.
@@ -244,6 +247,7 @@ impl Term {
     pub(super) fn new(slots: usize, claim_batch: usize) -> Term {
         Term {
             slots: slots.max(1),
+            ahead_policy: slots <= 1,
             claim_batch: claim_batch.max(1),
             pace: Pace::default(),
             running: 0,
@@ -258,9 +262,16 @@ impl Term {
         }
     }
 
+    /// The same, with no claim ever sent ahead: one slot is filled as several are, each
+    /// claim choosing its task as `slots.rs` says (a type's rate is decided there).
+    pub(super) fn without_claims_ahead(mut self) -> Term {
+        self.ahead_policy = false;
+        self
+    }
+
     /// Takes in what happened, and decides what the driver does next from what it sees.
     pub(super) fn step(&mut self, event: Event, seen: &Seen) -> Vec<Action> {
-        if self.slots == 1 {
+        if self.ahead_policy {
             self.step_one(event, seen)
         } else {
             self.step_slots(event, seen)

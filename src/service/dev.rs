@@ -38,14 +38,25 @@ pub struct DevOptions {
     pub tasks_dir: PathBuf,
 }
 
-/// The settings file the replicas get: log handlers for the example task types, and a
-/// short session TTL and lock-delay so that a killed leader is replaced quickly.
+/// The settings file the replicas get: log handlers for the example task types, a short
+/// session TTL and lock-delay so that a killed leader is replaced quickly, two runs at once,
+/// and the policies a database's tasks want: one `CreateIndex` at a time (a cap), at most
+/// 30 `DropTableSpace` a minute (a rate).
 fn dev_settings(task_types: &[String]) -> String {
     let mut text = String::from(
-        "# Written by `leaderq dev` for its replicas.\n[election]\nlease_ttl = \"10s\"\nlock_delay = \"1s\"\n\n",
+        "# Written by `leaderq dev` for its replicas.\n[election]\nlease_ttl = \"10s\"\nlock_delay = \"1s\"\n\n[queue]\n# Two runs at once, one per taskGroup (tasks without one run in turn).\nconcurrency = 2\n\n",
     );
     for task_type in task_types {
-        text.push_str(&format!("[handlers.{task_type}]\nkind = \"log\"\n\n"));
+        text.push_str(&format!("[handlers.{task_type}]\nkind = \"log\"\n"));
+        match task_type.as_str() {
+            "CreateIndex" => text
+                .push_str("# One index build at a time against the database.\nconcurrency = 1\n"),
+            "DropTableSpace" => text.push_str(
+                "# Never more than 30 drops a minute, whoever leads.\nrate = \"30/1m\"\n",
+            ),
+            _ => {}
+        }
+        text.push('\n');
     }
     text
 }
@@ -260,5 +271,9 @@ mod tests {
         );
         let settings = dev_settings(&example_task_types(dir.path()));
         assert!(settings.contains("[handlers.DropTableSpace]\nkind = \"log\""));
+        assert!(settings.contains("rate = \"30/1m\""), "{settings}");
+        // The settings are valid as written.
+        let parsed: toml::Value = toml::from_str(&settings).unwrap();
+        assert_eq!(parsed["queue"]["concurrency"].as_integer(), Some(2));
     }
 }

@@ -89,6 +89,8 @@ pub struct UiSettings {
     pub watch_wait: Duration,
     /// `observe.admin_token`, if set.
     pub token: Option<String>,
+    /// What the leader holds tasks back by, to say why a task waits.
+    pub limits: crate::operate::waits::Limits,
 }
 
 impl From<&Settings> for UiSettings {
@@ -98,6 +100,7 @@ impl From<&Settings> for UiSettings {
             election: settings.election.clone(),
             watch_wait: settings.watch_wait(),
             token: settings.observe.admin_token().map(str::to_string),
+            limits: crate::operate::waits::Limits::of(settings),
         }
     }
 }
@@ -112,6 +115,8 @@ pub struct Ui {
     watch_wait: Duration,
     /// `observe.admin_token`, if set.
     token: Option<String>,
+    /// What the leader holds tasks back by.
+    limits: crate::operate::waits::Limits,
     /// This process's CSRF token.
     csrf: String,
     panes: watch::Sender<Arc<Panes>>,
@@ -137,6 +142,7 @@ impl Ui {
             election: settings.election,
             watch_wait: settings.watch_wait,
             token: settings.token,
+            limits: settings.limits,
             csrf: format!(
                 "{}{}",
                 uuid::Uuid::new_v4().simple(),

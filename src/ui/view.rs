@@ -19,6 +19,7 @@ use crate::coord::{FencingToken, Holder, StoredTask};
 use crate::operate::schedules::ScheduleView;
 use crate::operate::status::{self, StatusReport};
 use crate::operate::tasks::{self, TaskRow};
+use crate::operate::waits::{explain, Limits};
 use crate::task::history::HistoryRecord;
 use crate::task::{Status, Task};
 
@@ -149,6 +150,7 @@ pub fn panes(
     queued: Vec<StoredTask>,
     dead: Vec<StoredTask>,
     paused: bool,
+    limits: &Limits,
     now: DateTime<Utc>,
 ) -> Panes {
     let status = status::status_of(holder, &queued, dead.len(), paused, now);
@@ -211,7 +213,9 @@ pub fn panes(
         .filter_map(|stored| Task::parse(stored).ok())
         .map(|task| (task.key, task.id))
         .collect();
-    let queue = tasks::task_rows(queued, Vec::new(), now)
+    let mut rows = tasks::task_rows(queued, Vec::new(), now);
+    explain(&mut rows, limits, paused, &[]);
+    let queue = rows
         .into_iter()
         .map(|row| QueueRow {
             id: ids.get(&row.key).cloned().unwrap_or_default(),
@@ -535,7 +539,7 @@ mod tests {
             "oracleTaskDead/task_c",
             json!({"taskType": "T", "deadReason": "failed 3 times", "attempts": 3, "lastError": "boom"}),
         )];
-        let panes = panes(&holder, queued, dead, true, at(130));
+        let panes = panes(&holder, queued, dead, true, &Limits::default(), at(130));
         let overview = &panes.overview;
         assert_eq!(overview.leader.as_ref().unwrap().node, "r1");
         assert_eq!(overview.leader.as_ref().unwrap().fencing_token.0, 7);

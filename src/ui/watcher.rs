@@ -99,11 +99,17 @@ pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
                     .iter()
                     .filter_map(|s| HistoryRecord::from_dead_letter(&s.key, &s.value))
                     .collect();
+                // The rated types' records, read only when some type has a rate.
+                let mut limits = ui.limits.clone();
+                limits
+                    .read_rates(ui.coord.as_ref(), &ui.queue.prefix, now)
+                    .await;
                 let mut panes = view::panes(
                     &reading.holder,
                     reading.queued,
                     reading.dead,
                     reading.paused,
+                    &limits,
                     now,
                 );
                 panes.overview.seq = seq;

@@ -6,6 +6,7 @@
 
 pub mod duration;
 pub mod escape;
+pub mod rate;
 
 pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")

@@ -2,7 +2,8 @@
 //! `queue.concurrency = 8`, 30 tasks of type `Capped` (at most 2 at once) and 30 of type
 //! `Free`, each task in a group of its own: the handlers' journal never shows more than 2
 //! `Capped` runs at once, and the `Free` ones are not held behind them (they run beside
-//! them, more than 2 at once, and are all done before the capped ones are).
+//! them, more than 2 at once, and are all done before the capped ones are); meanwhile
+//! `leaderq tasks list` says the waiting `Capped` tasks are capped.
 
 use super::*;
 
@@ -47,6 +48,34 @@ async fn a_types_cap_holds_and_holds_back_no_other_type(backend: &str) {
         assert_eq!(written, leaderq::coord::Edited::Done);
     }
     bed.start_replica_with("n1", &config);
+    // While two Capped run, `tasks list` says why the other Capped tasks wait, and
+    // `status` counts them (both read the caps from the same settings file).
+    let settings_file = bed.dir.path().join("caps.toml");
+    std::fs::write(&settings_file, &config).unwrap();
+    let settings_file = settings_file.display().to_string();
+    let said = wait_until(
+        Duration::from_secs(30),
+        "tasks list saying capped",
+        async || {
+            let out = bed
+                .leaderq(&["--config", &settings_file, "tasks", "list", "--json"])
+                .output()
+                .unwrap();
+            let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            let said = rows
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|row| row["task_type"] == "Capped")
+                .find_map(|row| row["waits"].as_str().map(str::to_string));
+            match said {
+                Some(why) if why.starts_with("capped") => Ok(why),
+                other => Err(other),
+            }
+        },
+    )
+    .await;
+    assert_eq!(said, "capped (2 of 2 running)");
     bed.wait_until_empty("oracleTask/", Duration::from_secs(90))
         .await;
     // (kind, start, end) of every run.

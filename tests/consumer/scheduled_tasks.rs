@@ -318,7 +318,8 @@ async fn scheduled_tasks_are_listed_with_their_due_time_and_bad_ones_dead_letter
         "{far}"
     );
 
-    let rows = leaderq::operate::tasks::list(coord.as_ref(), &settings.queue)
+    let limits = leaderq::operate::waits::Limits::of(&settings);
+    let rows = leaderq::operate::tasks::list(coord.as_ref(), &settings.queue, &limits)
         .await
         .unwrap();
     let row = rows

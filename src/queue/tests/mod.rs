@@ -23,6 +23,7 @@ mod leading;
 mod lost;
 mod paused;
 mod priority;
+mod rates;
 mod retries;
 mod scheduled;
 mod stopped;

@@ -176,6 +176,7 @@ async fn lead_command(
             backoff_max: None,
             priority: None,
             concurrency: None,
+            rate: None,
         },
     );
     let mut replica = Replica::new(

@@ -350,7 +350,9 @@ async function loadQueue() {
   const first = data.page * data.per;
   const rows = data.rows.map((row, i) =>
     el("tr", { "data-key": row.key },
-      el("td", {}, first + i + 1), el("td", {}, row.state.replace("_", " ")), el("td", {}, taskLink(row.key)),
+      el("td", {}, first + i + 1),
+      el("td", {}, row.state.replace("_", " "), row.waits ? el("div", { class: "muted" }, row.waits) : ""),
+      el("td", {}, taskLink(row.key)),
       el("td", {}, row.task_type), el("td", {}, age(row.age_seconds)),
       el("td", { title: row.due_at || "" }, row.due_at ? due(row.due_at) : ""), el("td", {}, row.attempts),
       el("td", { class: "error" }, row.last_error),
