@@ -744,6 +744,30 @@ mod supervision_tests {
         .unwrap();
     }
 
+    /// The gateway's token is checked like the dashboard's, may not be the dashboard's,
+    /// and may not be given both inline and as a file.
+    #[test]
+    fn the_gateway_token_is_its_own() {
+        let token = "0123456789abcdef0123";
+        let settings = load(&[("LEADERQ__GATEWAY__TOKEN", token)]).unwrap();
+        assert_eq!(settings.gateway.token, token);
+        let cases: [&[(&str, &str)]; 3] = [
+            &[("LEADERQ__GATEWAY__TOKEN", "short")],
+            &[
+                ("LEADERQ__GATEWAY__TOKEN", token),
+                ("LEADERQ__OBSERVE__ADMIN_TOKEN", token),
+            ],
+            &[
+                ("LEADERQ__GATEWAY__TOKEN", token),
+                ("LEADERQ__GATEWAY__TOKEN_FILE", "/etc/leaderq/token"),
+            ],
+        ];
+        for pairs in cases {
+            let err = load(pairs).unwrap_err().to_string();
+            assert!(err.contains("gateway.token"), "{pairs:?}: {err}");
+        }
+    }
+
     /// The dashboard's token comes from the environment too, and a short or cookie-unsafe
     /// one is refused with what to use instead.
     #[test]

@@ -215,6 +215,12 @@ async fn enqueue(State(door): State<Arc<Door>>, headers: HeaderMap, body: Bytes)
         None => StatusCode::OK,
         Some(_) => StatusCode::SERVICE_UNAVAILABLE,
     };
+    tracing::info!(
+        written = created.written.len(),
+        existing = created.existing.len(),
+        unwritten = created.unwritten.len(),
+        "gateway: a bulk request"
+    );
     answer(
         status,
         json!({
@@ -307,4 +313,56 @@ pub async fn serve(
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
         .map_err(GatewayError::Serve)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Env;
+    use crate::coord::memory::MemoryCoordinator;
+
+    fn door(token: &str) -> Door {
+        let mut settings = Settings::load(None, Env::new()).unwrap();
+        settings.gateway.token = token.to_string();
+        Door::new(Arc::new(MemoryCoordinator::default()), &settings).unwrap()
+    }
+
+    fn headers(pairs: &[(header::HeaderName, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(name.clone(), value.parse().unwrap());
+        }
+        map
+    }
+
+    /// With a token: none sent is 401 (with a Bearer challenge), another one 403, the
+    /// token itself lets the request in, whatever host it names.
+    #[test]
+    fn a_token_is_asked_for_and_checked() {
+        let door = door("gateway-token-0123456789");
+        let Err(shut) = door.admit(&headers(&[])) else {
+            panic!("no token passed");
+        };
+        let answer = shut.into_response();
+        assert_eq!(answer.status(), StatusCode::UNAUTHORIZED);
+        assert_eq!(answer.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        let wrong = headers(&[(header::AUTHORIZATION, "Bearer gateway-token-012345678X")]);
+        assert_eq!(door.admit(&wrong).unwrap_err().0, StatusCode::FORBIDDEN);
+        let right = headers(&[
+            (header::AUTHORIZATION, "Bearer gateway-token-0123456789"),
+            (header::HOST, "gateway.example:9465"),
+        ]);
+        assert!(door.admit(&right).is_ok());
+    }
+
+    /// Without a token, only a request naming a loopback host is let in.
+    #[test]
+    fn without_a_token_only_loopback_names_are_let_in() {
+        let door = door("");
+        let elsewhere = headers(&[(header::HOST, "gateway.example:9465")]);
+        assert_eq!(door.admit(&elsewhere).unwrap_err().0, StatusCode::FORBIDDEN);
+        assert!(door
+            .admit(&headers(&[(header::HOST, "127.0.0.1:9465")]))
+            .is_ok());
+    }
 }

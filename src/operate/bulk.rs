@@ -48,12 +48,16 @@ pub async fn create_all(coord: &dyn Coordinator, tasks: &[Produced]) -> Created 
     for (n, run) in runs.iter().enumerate() {
         let left: Vec<usize> = run.clone().collect();
         if let Err(err) = create_run(coord, tasks, left, &mut created).await {
-            created.unwritten.extend(
-                runs[n..]
-                    .iter()
-                    .flat_map(|r| r.clone())
-                    .filter(|i| !created.written.contains(i) && !created.existing.contains(i)),
-            );
+            let settled: HashSet<usize> = created
+                .written
+                .iter()
+                .chain(&created.existing)
+                .copied()
+                .collect();
+            let rest = runs[n..].iter().flat_map(|r| r.clone());
+            created
+                .unwritten
+                .extend(rest.filter(|i| !settled.contains(i)));
             created.error = Some(err.to_string());
             break;
         }
@@ -157,10 +161,11 @@ pub async fn enqueue_lines<E: From<OperateError>>(
     }
     let mut valid = Vec::new();
     let mut numbers = Vec::new();
+    let mut keys = HashSet::new();
     let mut failed = 0;
     for (n, task) in lines {
         match task {
-            Ok(task) if valid.iter().any(|v: &Produced| v.key == task.key) => {
+            Ok(task) if !keys.insert(task.key.clone()) => {
                 failed += 1;
                 say(Line::Err(format!(
                     "[line {n}] refused: an earlier line has the key {}: give each task its own taskId",
@@ -182,11 +187,13 @@ pub async fn enqueue_lines<E: From<OperateError>>(
         }
     }
     let created = create_all(coord, &valid).await;
+    let written: HashSet<usize> = created.written.iter().copied().collect();
+    let existing: HashSet<usize> = created.existing.iter().copied().collect();
     for (i, task) in valid.iter().enumerate() {
         let n = numbers[i];
-        if created.written.contains(&i) {
+        if written.contains(&i) {
             say(Line::Out(format!("[line {n}] enqueued {}", task.key)))?;
-        } else if created.existing.contains(&i) {
+        } else if existing.contains(&i) {
             failed += 1;
             say(Line::Err(format!(
                 "[line {n}] not enqueued: {} already exists; nothing written",
@@ -209,4 +216,87 @@ pub async fn enqueue_lines<E: From<OperateError>>(
         return Err(OperateError::NotAllEnqueued { failed, total }.into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::coord::memory::MemoryCoordinator;
+
+    fn task(n: usize) -> Produced {
+        Produced {
+            key: format!("oracleTask/task_{n}"),
+            value: format!(r#"{{"taskType": "T", "taskTime": {n}}}"#).into_bytes(),
+        }
+    }
+
+    /// Tasks over several writes all land but one whose key exists, which is reported as
+    /// existing and left as it was; sent again, nothing is written.
+    #[tokio::test]
+    async fn a_batch_lands_but_for_existing_keys_and_a_replay_writes_nothing() {
+        let coord = MemoryCoordinator::default();
+        let before = br#"{"taskType": "T", "taskTime": 0, "first": true}"#.to_vec();
+        let create = [Edit::Create {
+            key: "oracleTask/task_200".into(),
+            value: before.clone(),
+        }];
+        assert_eq!(coord.edit(&create).await.unwrap(), Edited::Done);
+        let tasks: Vec<Produced> = (0..300).map(task).collect();
+        let created = create_all(&coord, &tasks).await;
+        assert_eq!(created.existing, [200]);
+        assert_eq!(created.written.len(), 299);
+        assert!(created.unwritten.is_empty() && created.error.is_none());
+        let stored = coord.get(&["oracleTask/task_200".to_string()]).await;
+        assert_eq!(stored.unwrap()[0].value, before);
+        let again = create_all(&coord, &tasks).await;
+        assert!(again.written.is_empty());
+        assert_eq!(again.existing.len(), 300);
+    }
+
+    /// `enqueue --stdin`: a bad line and a repeated key are reported and not written; the
+    /// others are; the run ends in `NotAllEnqueued`.
+    #[tokio::test]
+    async fn stdin_lines_are_reported_one_by_one() {
+        let coord = MemoryCoordinator::default();
+        let queue = crate::config::Settings::load(None, crate::config::Env::new())
+            .unwrap()
+            .queue;
+        let text = concat!(
+            r#"{"taskType": "T", "taskTime": 1, "taskId": "a"}"#,
+            "\n",
+            r#"{"taskType": "T", "taskTime": "soon", "taskId": "b"}"#,
+            "\n\n",
+            r#"{"taskType": "T", "taskTime": 3, "taskId": "a"}"#,
+            "\n",
+            r#"{"taskType": "T", "taskTime": 4, "taskId": "c"}"#,
+        );
+        let mut said = Vec::new();
+        let ended = enqueue_lines(&coord, &queue, text, |line| {
+            said.push(match line {
+                Line::Out(text) | Line::Err(text) => text,
+            });
+            Ok::<(), OperateError>(())
+        })
+        .await;
+        assert!(matches!(
+            ended,
+            Err(OperateError::NotAllEnqueued {
+                failed: 2,
+                total: 4
+            })
+        ));
+        let said = said.join("\n");
+        assert!(said.contains("[line 2] refused (taskTime)"), "{said}");
+        assert!(said.contains("[line 4] refused: an earlier line"), "{said}");
+        assert!(
+            said.contains("[line 1] enqueued oracleTask/task_a"),
+            "{said}"
+        );
+        assert!(
+            said.contains("[line 5] enqueued oracleTask/task_c"),
+            "{said}"
+        );
+        let (keys, _) = coord.keys("oracleTask/").await.unwrap();
+        assert_eq!(keys.len(), 2);
+    }
 }
