@@ -45,8 +45,8 @@ pub enum Cmd {
     /// Quick start: the embedded server plus N consumer replicas, with log handlers for the
     /// example task types in tasks/.
     Dev(DevArgs),
-    /// Enqueue tasks as a producer does: task files in the producers' format, or one task
-    /// built from --type and --para.
+    /// Enqueue tasks as a producer does: task files in the producers' format, one task built
+    /// from --type and --para, or JSON lines on stdin (--stdin).
     Enqueue(EnqueueArgs),
     /// Show the leader, its fencing token, queue depth, tasks in flight and dead letters.
     Status(StatusArgs),
@@ -65,6 +65,12 @@ pub enum Cmd {
     /// overview, queue, dead letters, history, leadership; retry, delete, pause, resume.
     /// Off loopback it needs observe.admin_token (LEADERQ__OBSERVE__ADMIN_TOKEN).
     Ui(UiArgs),
+    /// The producers' front door: an HTTP endpoint that checks tasks as the leader would and
+    /// enqueues them on the configured coordinator (any backend). POST /v1/tasks takes one
+    /// task (key from the Idempotency-Key header) or an array; GET /v1/tasks/KEY answers
+    /// its state. Off loopback it needs gateway.token (LEADERQ__GATEWAY__TOKEN) or
+    /// gateway.token_file. See docs/producers.md.
+    Gateway(GatewayArgs),
     /// Run the embedded single-node, durable, Consul-compatible KV/session/txn server.
     Server(ServerArgs),
     /// Print a completion script for SHELL: `leaderq completions bash > /etc/bash_completion.d/leaderq`,
@@ -118,6 +124,12 @@ pub struct EnqueueArgs {
     /// taskId of that task (default: a fresh one).
     #[arg(long, requires = "task_type")]
     pub id: Option<String>,
+    /// Read tasks from stdin, one JSON object a line (JSON lines), each checked as the
+    /// leader would check it. Says per line what became of it: a refused line (naming the
+    /// field) and a key that exists are not written, the others are, in as few writes as
+    /// the coordinator takes; exits non-zero if any line was not enqueued.
+    #[arg(long, conflicts_with_all = ["task_type", "files"])]
+    pub stdin: bool,
     /// Task files (JSON objects in the producers' format).
     pub files: Vec<PathBuf>,
 }
@@ -297,6 +309,14 @@ pub struct UiArgs {
     /// Address to serve the dashboard on (http://ADDR/ui/); port 0 picks a free port.
     #[arg(long, default_value = "127.0.0.1:9463")]
     pub listen: SocketAddr,
+}
+
+#[derive(clap::Args)]
+pub struct GatewayArgs {
+    /// Address to serve on (http://ADDR/v1/tasks), instead of gateway.listen; port 0 picks
+    /// a free port.
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
 }
 
 #[derive(clap::Args)]

@@ -32,6 +32,20 @@ pub const MAX_CLAIM_BATCH: usize = 32;
 /// be guessable.
 pub const MIN_ADMIN_TOKEN: usize = 16;
 
+/// A bearer token named `setting`: long enough not to be guessed, and cookie-safe (the
+/// dashboard keeps its token in a cookie once typed into the page).
+pub fn check_token(setting: &str, token: &str) -> Result<(), String> {
+    let cookie_safe = token
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && !b"\";,\\".contains(&b));
+    if token.len() < MIN_ADMIN_TOKEN || !cookie_safe {
+        return Err(format!(
+            "{setting} must be at least {MIN_ADMIN_TOKEN} printable ASCII characters without spaces, quotes, ';', ',' or '\\' (for example the output of `openssl rand -hex 24`)"
+        ));
+    }
+    Ok(())
+}
+
 /// The defaults, compiled in so that the binary runs with no file at all.
 pub const DEFAULT_TOML: &str = include_str!("../config/default.toml");
 
@@ -47,6 +61,7 @@ pub struct Settings {
     pub queue: QueueSettings,
     pub data: DataSettings,
     pub observe: ObserveSettings,
+    pub gateway: GatewaySettings,
     #[serde(default)]
     pub handlers: BTreeMap<String, HandlerSettings>,
 }
@@ -172,6 +187,17 @@ impl ObserveSettings {
     pub fn admin_token(&self) -> Option<&str> {
         Some(self.admin_token.as_str()).filter(|token| !token.is_empty())
     }
+}
+
+/// `leaderq gateway`, the producers' front door.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatewaySettings {
+    pub listen: std::net::SocketAddr,
+    /// The token producers send; "" for none, which only a loopback `listen` allows.
+    pub token: String,
+    /// A file holding the token instead, read again whenever it changes; "" for none.
+    pub token_file: PathBuf,
 }
 
 #[derive(Clone, Debug, Deserialize)]
@@ -352,17 +378,9 @@ impl Settings {
             );
         }
         if let Some(token) = self.observe.admin_token() {
-            // Kept in a cookie once typed into the page, so only cookie-safe characters;
-            // and long enough not to be guessed.
-            let cookie_safe = token
-                .bytes()
-                .all(|b| b.is_ascii_graphic() && !b"\";,\\".contains(&b));
-            if token.len() < MIN_ADMIN_TOKEN || !cookie_safe {
-                return invalid(format!(
-                    "observe.admin_token must be at least {MIN_ADMIN_TOKEN} printable ASCII characters without spaces, quotes, ';', ',' or '\\' (for example the output of `openssl rand -hex 24`)"
-                ));
-            }
+            check_token("observe.admin_token", token).map_err(ConfigError::Invalid)?;
         }
+        self.check_gateway()?;
         // Every backend's section is checked, not only the chosen one's, so that a switch
         // of `coordinator.backend` never meets a section that was wrong all along.
         self.consul.check().map_err(ConfigError::Invalid)?;
@@ -523,6 +541,27 @@ impl Settings {
 
     /// Handler supervision: the kill sequence fits in the lease, and each handler's
     /// environment and working directory can be used as given.
+    /// The front door's token: a good one, not the dashboard's (a producer's credential
+    /// must not open the dashboard), and not given twice.
+    fn check_gateway(&self) -> Result<(), ConfigError> {
+        let gateway = &self.gateway;
+        if !gateway.token.is_empty() && !gateway.token_file.as_os_str().is_empty() {
+            return Err(ConfigError::Invalid(
+                "gateway.token and gateway.token_file are both set: keep one".into(),
+            ));
+        }
+        if gateway.token.is_empty() {
+            return Ok(());
+        }
+        check_token("gateway.token", &gateway.token).map_err(ConfigError::Invalid)?;
+        if self.observe.admin_token() == Some(gateway.token.as_str()) {
+            return Err(ConfigError::Invalid(
+                "gateway.token is the dashboard's observe.admin_token: give producers a token of their own".into(),
+            ));
+        }
+        Ok(())
+    }
+
     fn validate_supervision(&self) -> Result<(), ConfigError> {
         let invalid = |msg: String| Err(ConfigError::Invalid(msg));
         let ttl = self.election.lease_ttl;
@@ -714,6 +753,30 @@ mod supervision_tests {
             ("LEADERQ__QUEUE__KILL_GRACE", "1.6s"),
         ])
         .unwrap();
+    }
+
+    /// The gateway's token is checked like the dashboard's, may not be the dashboard's,
+    /// and may not be given both inline and as a file.
+    #[test]
+    fn the_gateway_token_is_its_own() {
+        let token = "0123456789abcdef0123";
+        let settings = load(&[("LEADERQ__GATEWAY__TOKEN", token)]).unwrap();
+        assert_eq!(settings.gateway.token, token);
+        let cases: [&[(&str, &str)]; 3] = [
+            &[("LEADERQ__GATEWAY__TOKEN", "short")],
+            &[
+                ("LEADERQ__GATEWAY__TOKEN", token),
+                ("LEADERQ__OBSERVE__ADMIN_TOKEN", token),
+            ],
+            &[
+                ("LEADERQ__GATEWAY__TOKEN", token),
+                ("LEADERQ__GATEWAY__TOKEN_FILE", "/etc/leaderq/token"),
+            ],
+        ];
+        for pairs in cases {
+            let err = load(pairs).unwrap_err().to_string();
+            assert!(err.contains("gateway.token"), "{pairs:?}: {err}");
+        }
     }
 
     /// The dashboard's token comes from the environment too, and a short or cookie-unsafe

@@ -24,6 +24,8 @@
 //! - [`observe`]: metrics, /metrics, /health, /ready, /leader and logging.
 //! - [`ui`]: the web dashboard at `/ui/` (replicas' observe listener, `leaderq dev`,
 //!   `leaderq ui`): panes, live feed, actions behind CSRF and token checks.
+//! - [`gateway`]: the producers' front door (`leaderq gateway`): tasks checked as the
+//!   leader would, then enqueued on any backend, behind a token of its own.
 //! - [`server`]: the embedded, durable, single-node Consul-compatible server.
 //! - [`config`]: settings, layered from defaults, a file and the environment.
 //! - [`util`]: Go's duration syntax, used everywhere.
@@ -31,6 +33,7 @@
 pub mod config;
 
 pub mod coord;
+pub mod gateway;
 pub mod handler;
 pub mod leader;
 pub mod observe;

@@ -15,10 +15,12 @@ use anyhow::Context;
 use clap::Parser;
 
 use cli::{
-    Cli, Cmd, ConfigArgs, ConsumeArgs, DevArgs, EnqueueArgs, LogFormat, PauseArgs, RunArgs,
-    SchedulesArgs, SchedulesCmd, ServerArgs, StatusArgs, TasksArgs, TasksCmd, UiArgs,
+    Cli, Cmd, ConfigArgs, ConsumeArgs, DevArgs, EnqueueArgs, GatewayArgs, LogFormat, PauseArgs,
+    RunArgs, SchedulesArgs, SchedulesCmd, ServerArgs, StatusArgs, TasksArgs, TasksCmd, UiArgs,
 };
-use leaderq::operate::{dead, history, leadership, schedules, status, tasks, Line, OperateError};
+use leaderq::operate::{
+    bulk, dead, history, leadership, schedules, status, tasks, Line, OperateError,
+};
 use leaderq::server;
 use leaderq::util::escape::escape;
 
@@ -113,6 +115,7 @@ fn main() -> ExitCode {
             Cmd::Schedules(args) => run_schedules(args, &cli.config).await,
             Cmd::Resume(args) => run_pause(false, args, &cli.config).await,
             Cmd::Ui(args) => run_ui(args, &cli.config).await,
+            Cmd::Gateway(args) => run_gateway(args, &cli.config).await,
             Cmd::Server(args) => run_server(args).await,
             Cmd::Completions { shell } => {
                 use clap::CommandFactory as _;
@@ -320,6 +323,12 @@ fn json_or_text<T: serde::Serialize>(
 async fn run_enqueue(args: EnqueueArgs, config: &ConfigArgs) -> anyhow::Result<()> {
     let settings = load_settings(config)?;
     let coord = leaderq::service::connect::connect(&settings)?;
+    if args.stdin {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin().lock(), &mut text)
+            .context("cannot read the tasks from stdin (JSON lines, UTF-8)")?;
+        return bulk::enqueue_lines(coord.as_ref(), &settings.queue, &text, say).await;
+    }
     let (task_type, para, id) = (
         args.task_type.as_deref(),
         args.para.as_deref(),
@@ -502,6 +511,20 @@ async fn run_ui(args: UiArgs, config: &ConfigArgs) -> anyhow::Result<()> {
     let shutdown = leaderq::service::cancel_on_signal();
     let coord = leaderq::service::connect::connect(&settings)?;
     leaderq::ui::serve(coord, (&settings).into(), listener, shutdown).await?;
+    Ok(())
+}
+
+async fn run_gateway(args: GatewayArgs, config: &ConfigArgs) -> anyhow::Result<()> {
+    let settings = load_settings(config)?;
+    let listen = args.listen.unwrap_or(settings.gateway.listen);
+    let coord = leaderq::service::connect::connect(&settings)?;
+    let door = leaderq::gateway::Door::new(coord, &settings)?;
+    let listener = leaderq::gateway::bind(listen, &door).await?;
+    let address = listener.local_addr()?;
+    // One plain line on stdout so scripts and tests find the port when --listen used 0.
+    outln!("gateway: http://{address}/v1/tasks")?;
+    let shutdown = leaderq::service::cancel_on_signal();
+    leaderq::gateway::serve(door, listener, shutdown).await?;
     Ok(())
 }
 

@@ -293,23 +293,25 @@ fn the_product_names_no_tooling_crate() {
 /// the task format (`task`), process supervision (`supervise`) and metrics (`observe`);
 /// `config`, which composes the backends' own sections; the replica's life (`leader`),
 /// handlers, schedules and the queue; the operator's verbs (`operate`); the dashboard
-/// (`ui`); the commands' wiring (`service`) on top. The tooling (harness, contract, bench,
-/// chaos) is in crates of its own, which the product names nowhere.
+/// (`ui`); the producers' front door (`gateway`); the commands' wiring (`service`) on top.
+/// The tooling (harness, contract, bench, chaos) is in crates of its own, which the product
+/// names nowhere.
 #[rustfmt::skip]
 const FORBIDDEN: &[(&str, &[&str])] = &[
-    ("util", &["coord", "server", "task", "supervise", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "service"]),
-    ("coord", &["server", "task", "supervise", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "service"]),
-    ("server", &["coord", "task", "supervise", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "service"]),
-    ("task", &["server", "supervise", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "service"]),
-    ("supervise", &["coord", "server", "task", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "service"]),
-    ("observe", &["server", "task", "supervise", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "service"]),
-    ("config", &["server", "observe", "leader", "handler", "schedule", "queue", "operate", "ui", "service"]),
-    ("leader", &["server", "handler", "schedule", "queue", "operate", "ui", "service"]),
-    ("handler", &["server", "leader", "schedule", "queue", "operate", "ui", "service"]),
-    ("schedule", &["server", "handler", "queue", "operate", "ui", "service"]),
-    ("queue", &["server", "schedule", "operate", "ui", "service"]),
-    ("operate", &["server", "ui", "service"]),
-    ("ui", &["server", "service"]),
+    ("util", &["coord", "server", "task", "supervise", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "gateway", "service"]),
+    ("coord", &["server", "task", "supervise", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "gateway", "service"]),
+    ("server", &["coord", "task", "supervise", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "gateway", "service"]),
+    ("task", &["server", "supervise", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "gateway", "service"]),
+    ("supervise", &["coord", "server", "task", "observe", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "gateway", "service"]),
+    ("observe", &["server", "task", "supervise", "config", "leader", "handler", "schedule", "queue", "operate", "ui", "gateway", "service"]),
+    ("config", &["server", "observe", "leader", "handler", "schedule", "queue", "operate", "ui", "gateway", "service"]),
+    ("leader", &["server", "handler", "schedule", "queue", "operate", "ui", "gateway", "service"]),
+    ("handler", &["server", "leader", "schedule", "queue", "operate", "ui", "gateway", "service"]),
+    ("schedule", &["server", "handler", "queue", "operate", "ui", "gateway", "service"]),
+    ("queue", &["server", "schedule", "operate", "ui", "gateway", "service"]),
+    ("operate", &["server", "ui", "gateway", "service"]),
+    ("ui", &["server", "gateway", "service"]),
+    ("gateway", &["server", "service"]),
 ];
 
 /// The top-level modules a piece of code names as `crate::x` (paths and `use crate::{..}`

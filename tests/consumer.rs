@@ -32,6 +32,8 @@ mod dashboard;
 mod data_loss;
 #[path = "consumer/etcd_queue.rs"]
 mod etcd_queue;
+#[path = "consumer/gateway.rs"]
+mod gateway;
 #[path = "consumer/groups.rs"]
 mod groups;
 #[path = "consumer/hostile_input.rs"]

@@ -21,9 +21,11 @@
 //! This module stands below the dashboard, the services, the lab and the server: it
 //! imports none of `ui`, `service` or `server`, and they call it.
 
+pub mod bulk;
 pub mod dead;
 pub mod history;
 pub mod leadership;
+pub mod produce;
 pub mod schedules;
 pub mod status;
 pub mod tasks;

@@ -2,6 +2,8 @@
 //! from task files or flags), `leaderq tasks list|show|cancel|delete`, and what the CLI
 //! prints for each. Finding a task by key, name or id ([`find`]) is here too; the dead
 //! letters as such (retry, purge) are `dead.rs`'s.
+//!
+//! Size: each verb is one short function beside what the CLI prints for it.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -396,6 +398,32 @@ pub fn render_show(pair: &StoredTask) -> String {
         pair.version,
         serde_json::to_string_pretty(&value).expect("a JSON value serializes")
     )
+}
+
+/// What `leaderq tasks show` says of a task, as JSON (the front door's answer): its key,
+/// state and attempts as `tasks list` reads them, its holder and versions, and its value.
+pub fn show_json(pair: &StoredTask, queue: &QueueSettings, now: DateTime<Utc>) -> Value {
+    let dead = pair.key.starts_with(&queue.dead_prefix);
+    let (queued, dead) = if dead {
+        (Vec::new(), vec![pair.clone()])
+    } else {
+        (vec![pair.clone()], Vec::new())
+    };
+    let row = task_rows(queued, dead, now).pop();
+    let value: Value = serde_json::from_slice(&pair.value)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&pair.value).into_owned()));
+    json!({
+        "key": pair.key,
+        "state": row.as_ref().map(|r| r.state.as_str()),
+        "taskType": row.as_ref().map(|r| r.task_type.as_str()),
+        "attempts": row.as_ref().map(|r| r.attempts),
+        "lastError": row.as_ref().map(|r| r.last_error.as_str()).filter(|e| !e.is_empty()),
+        "dueAt": row.as_ref().and_then(|r| r.due_at.as_deref()),
+        "heldBy": pair.holder.as_ref().map(|lease| lease.0.as_str()),
+        "created": pair.created,
+        "version": pair.version,
+        "value": value,
+    })
 }
 
 /// What [`cancel`] did.

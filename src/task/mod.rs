@@ -118,6 +118,23 @@ pub enum Invalid {
     },
 }
 
+impl Invalid {
+    /// The producer's field at fault, for an answer that names it; `None` when the value
+    /// as a whole is (not JSON, not an object).
+    pub fn field(&self) -> Option<&'static str> {
+        match self {
+            Invalid::NotJson(_) | Invalid::NotObject(_) => None,
+            Invalid::MissingType | Invalid::BadType => Some("taskType"),
+            Invalid::MissingTime | Invalid::BadTime(_) => Some("taskTime"),
+            Invalid::BadTaken(_) => Some("taskTaken"),
+            Invalid::BadGroup(_) => Some("taskGroup"),
+            Invalid::BadRunAt(_) | Invalid::RunAtTooFar { .. } => Some("runAt"),
+            Invalid::BadMaxAttempts(_) => Some("maxAttempts"),
+            Invalid::BadPriority(_) => Some("taskPriority"),
+        }
+    }
+}
+
 /// The longest `taskGroup`: a name, not a payload.
 pub const MAX_GROUP_LEN: usize = 256;
 

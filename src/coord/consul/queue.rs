@@ -113,16 +113,17 @@ impl Tasks for ConsulCoordinator {
     }
 
     /// One transaction of create-only `cas` (index 0), `delete-cas`, `set` and `cas` ops; a
-    /// rollback names the keys of the failed ops.
+    /// rollback names the keys of the failed ops. It may carry `consul.txn_max_ops`
+    /// operations, as the leader's writes do (`Tasks::limits`).
     async fn edit(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
         if ops.is_empty() {
             return Ok(Edited::Done);
         }
-        if ops.len() > consul::TXN_MAX_OPS {
+        let max_ops = self.settings.txn_max_ops;
+        if ops.len() > max_ops {
             return Err(CoordError::Refused(format!(
-                "an edit of {} operations is over Consul's limit of {}: edit fewer tasks at once",
+                "an edit of {} operations is over Consul's limit of {max_ops} (consul.txn_max_ops): edit fewer tasks at once",
                 ops.len(),
-                consul::TXN_MAX_OPS
             )));
         }
         let txn: Vec<TxnOp> = ops
