@@ -34,6 +34,7 @@ mod finished;
 mod groups;
 mod history;
 mod one_at_a_time;
+mod output;
 mod plan;
 mod run;
 #[cfg(test)]
@@ -63,6 +64,7 @@ use sort::{Memory, Pick};
 use work::Leading;
 
 pub use cancel::{cancel_key, CancelMarker};
+pub use output::{attempt_of, output_key, output_prefix, queue_output_prefix};
 
 /// Back-off after coordinator errors while leading, so an outage is not a hot loop.
 const ERROR_BACKOFF: Duration = Duration::from_secs(1);
