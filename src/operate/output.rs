@@ -1,17 +1,22 @@
 //! A task's kept output (`[queue] output_limit`): the records the leader wrote for its runs
 //! under `leaderq/output/<queue>/<task name>/<attempt>` (`queue/output.rs`), found by the
 //! task's key, name, id, or the dead letter it became, whether or not the task is still in
-//! the queue; and what `leaderq tasks show KEY --output` prints of them.
+//! the queue; what `leaderq tasks show KEY --output` prints of them; and their deletion
+//! with a dead letter or a task an operator deletes ([`forget`]).
 
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::OperateError;
 use crate::config::QueueSettings;
-use crate::coord::Coordinator;
+use crate::coord::{Coordinator, Edit, Edited, StoredTask};
 use crate::queue::{attempt_of, output_prefix};
 use crate::task::key::{self, Key};
 use crate::task::output::OutputRecord;
 use crate::util::escape::escape;
+
+/// Records deleted per edit: Consul's 64 operations per transaction.
+const FORGET_BATCH: usize = 64;
 
 /// The kept output of one task.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -109,6 +114,63 @@ async fn read_name(
     })
 }
 
+/// Deletes the kept output of the task or dead letter `stored`, which an operator just
+/// deleted (`tasks delete`, `tasks purge-dead`): the records of its runs that finished by
+/// the time it died (a dead letter's `deadAt`) or by `now` (a task), at the versions read,
+/// so that a task enqueued under its key since keeps its own. Answers how many went; the
+/// caller's deletion stands whatever this answers.
+pub async fn forget(
+    coord: &dyn Coordinator,
+    queue: &QueueSettings,
+    stored: &StoredTask,
+    now: DateTime<Utc>,
+) -> Result<usize, OperateError> {
+    let value = serde_json::from_slice::<serde_json::Value>(&stored.value).unwrap_or_default();
+    let text = |name: &str| value.get(name).and_then(|v| v.as_str()).map(str::to_string);
+    let (task_key, by) = match stored.key.starts_with(&queue.dead_prefix) {
+        true => {
+            let dead_at = text("deadAt").and_then(|at| DateTime::parse_from_rfc3339(&at).ok());
+            let by = dead_at.map_or(now, |at| at.with_timezone(&Utc));
+            (text("originalKey").unwrap_or_default(), by)
+        }
+        false => (stored.key.clone(), now),
+    };
+    let Ok(key) = Key::within(&task_key, &[queue.prefix.as_str()]) else {
+        return Ok(0);
+    };
+    let Some(name) = key.as_str().strip_prefix(&queue.prefix) else {
+        return Ok(0);
+    };
+    let prefix = output_prefix(&queue.prefix, name);
+    let (keys, _) = coord.keys(&prefix).await?;
+    let wanted: Vec<String> = keys
+        .iter()
+        .filter(|key| attempt_of(&prefix, key).is_some())
+        .map(str::to_string)
+        .collect();
+    let mut forgotten = 0;
+    for chunk in wanted.chunks(FORGET_BATCH) {
+        let ops: Vec<Edit> = coord
+            .get(chunk)
+            .await?
+            .into_iter()
+            .filter(|found| {
+                OutputRecord::decode(&found.value)
+                    .and_then(|record| DateTime::parse_from_rfc3339(&record.finished_at).ok())
+                    .is_some_and(|at| at.with_timezone(&Utc) <= by)
+            })
+            .map(|found| Edit::Delete {
+                key: found.key,
+                version: found.version,
+            })
+            .collect();
+        if !ops.is_empty() && coord.edit(&ops).await? == Edited::Done {
+            forgotten += ops.len();
+        }
+    }
+    Ok(forgotten)
+}
+
 /// What `leaderq tasks show KEY --output` prints after the task: each attempt's header,
 /// then its stdout and stderr, line by line, each line escaped for the terminal.
 pub fn render(output: &TaskOutput) -> String {
@@ -169,6 +231,56 @@ fn stream_text(name: &str, stream: &str, dropped: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::coord::memory::MemoryCoordinator;
+
+    /// A purged dead letter takes the output of its runs with it, not that of a run of the
+    /// task enqueued again under its key since.
+    #[tokio::test]
+    async fn a_deleted_dead_letter_forgets_its_runs_output_only() {
+        let coord = MemoryCoordinator::default();
+        let queue = crate::config::Settings::load(None, crate::config::Env::new())
+            .unwrap()
+            .queue;
+        let record = |attempt: u32, finished_at: &str| OutputRecord {
+            attempt,
+            finished_at: finished_at.into(),
+            stdout: "x".into(),
+            ..OutputRecord::default()
+        };
+        let prefix = output_prefix(&queue.prefix, "t");
+        coord
+            .put(
+                &format!("{prefix}1"),
+                &record(1, "2026-01-01T00:00:00Z").encode(),
+            )
+            .unwrap();
+        coord
+            .put(
+                &format!("{prefix}2"),
+                &record(2, "2026-01-03T00:00:00Z").encode(),
+            )
+            .unwrap();
+        coord.put("leaderq/output/oracleTask/t/x/1", b"{}").unwrap();
+        let letter = StoredTask {
+            key: format!("{}t", queue.dead_prefix),
+            value:
+                serde_json::json!({"originalKey": "oracleTask/t", "deadAt": "2026-01-02T00:00:00Z"})
+                    .to_string()
+                    .into_bytes(),
+            ..StoredTask::default()
+        };
+        let forgotten = forget(&coord, &queue, &letter, Utc::now()).await.unwrap();
+        assert_eq!(forgotten, 1);
+        let (left, _) = coord.keys("leaderq/output/").await.unwrap();
+        let left: Vec<&str> = left.iter().collect();
+        assert_eq!(
+            left,
+            [
+                format!("{prefix}2").as_str(),
+                "leaderq/output/oracleTask/t/x/1"
+            ]
+        );
+    }
 
     /// Each attempt shows its header, its streams line by line, what was not kept, and
     /// nothing a terminal would act on.
