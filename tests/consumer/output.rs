@@ -1,13 +1,14 @@
 //! Kept output with real processes on every backend's real servers: a handler that prints
 //! to stdout and stderr, fails its first run and succeeds its second, leaves both runs'
 //! output readable through `leaderq tasks show KEY --output` once its task is gone; a
-//! handler that prints more than `queue.output_limit` leaves only the end of it.
+//! handler that prints more than `queue.output_limit` leaves only the end of it; a dead
+//! letter shows its runs' output, and `tasks purge-dead` deletes it.
 
 use super::*;
 
 on_every_backend! {
     /// Each run's stdout and stderr are kept with its attempt, and only the last
-    /// `output_limit` bytes of a stream that printed more.
+    /// `output_limit` bytes of a stream that printed more; purged with its dead letter.
     #[tokio::test]
     fn each_attempts_output_is_kept_and_capped => each_attempts_output_is_kept_and_capped();
 }
@@ -24,8 +25,9 @@ async fn each_attempts_output_is_kept_and_capped(backend: &str) {
         .set("queue", "output_limit", "1000")
         .handler("Chatty", chatty)
         .handler("Loud", loud)
+        .handler("Doomed", "echo \"doomed $LEADERQ_ATTEMPT\" >&2; exit 1")
         .toml("n1");
-    let tasks: Vec<_> = [("chatty", "Chatty"), ("loud", "Loud")]
+    let tasks: Vec<_> = [("chatty", "Chatty"), ("loud", "Loud"), ("doomed", "Doomed")]
         .iter()
         .map(|(name, kind)| leaderq::coord::Edit::Create {
             key: format!("oracleTask/{name}"),
