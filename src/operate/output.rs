@@ -168,6 +168,7 @@ pub async fn forget(
             forgotten += ops.len();
         }
     }
+    crate::queue::forget_prefixes(coord, &[prefix]).await;
     Ok(forgotten)
 }
 

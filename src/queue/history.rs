@@ -15,7 +15,7 @@ use std::time::Duration;
 use tokio_util::task::AbortOnDropHandle;
 
 use super::clock::Clock;
-use super::output::output_key;
+use super::output::{forget_prefixes, output_key, output_prefix};
 use super::Queue;
 use crate::coord::{Coordinator, Edit, Edited, StoredTask};
 use crate::observe::Metrics;
@@ -172,6 +172,13 @@ impl Pruner {
                 return;
             }
         }
+        let mut prefixes: Vec<String> = records
+            .iter()
+            .filter_map(|record| record.key.strip_prefix(&self.queue_prefix))
+            .map(|name| output_prefix(&self.queue_prefix, name))
+            .collect();
+        prefixes.dedup();
+        forget_prefixes(self.coord.as_ref(), &prefixes).await;
     }
 }
 

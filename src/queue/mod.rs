@@ -64,7 +64,7 @@ use sort::{Memory, Pick};
 use work::Leading;
 
 pub use cancel::{cancel_key, CancelMarker};
-pub use output::{attempt_of, output_key, output_prefix, queue_output_prefix};
+pub use output::{attempt_of, forget_prefixes, output_key, output_prefix, queue_output_prefix};
 
 /// Back-off after coordinator errors while leading, so an outage is not a hot loop.
 const ERROR_BACKOFF: Duration = Duration::from_secs(1);

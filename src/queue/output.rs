@@ -53,6 +53,29 @@ pub fn attempt_of(prefix: &str, key: &str) -> Option<u32> {
     rest.parse().ok()
 }
 
+/// Deletes what is left of the tasks' output prefixes `prefixes` ([`output_prefix`]) once
+/// their records are gone: on ZooKeeper a prefix is a znode of its own, which would stay
+/// behind empty, one per task, for good; elsewhere there is nothing to find. One still
+/// holding records (a task whose name continues this one's) conflicts and stays. Errors are
+/// left: a later deletion of the same task's output tries again.
+pub async fn forget_prefixes(coord: &dyn crate::coord::Coordinator, prefixes: &[String]) {
+    let keys: Vec<String> = prefixes
+        .iter()
+        .map(|prefix| prefix.trim_end_matches('/').to_string())
+        .collect();
+    let Ok(found) = coord.get(&keys).await else {
+        return;
+    };
+    for stored in found {
+        // One at a time: a prefix with records left fails alone.
+        let delete = [crate::coord::Edit::Delete {
+            key: stored.key,
+            version: stored.version,
+        }];
+        let _ = coord.edit(&delete).await;
+    }
+}
+
 /// What the record says of the run besides its output.
 pub(super) struct OutputRun {
     pub(super) attempt: u32,

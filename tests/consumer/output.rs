@@ -75,6 +75,34 @@ async fn each_attempts_output_is_kept_and_capped(backend: &str) {
         shown.contains("4004 bytes before"),
         "no word of the cut:\n{shown}"
     );
+
+    // A dead letter shows its runs' output (found through its originalKey); purged, it
+    // takes them with it, and leaves nothing behind (on ZooKeeper, the task's znode).
+    let shown = show_output(&bed, "oracleTaskDead/doomed");
+    for attempt in 1..=3 {
+        assert!(shown.contains(&format!("doomed {attempt}")), "{shown}");
+    }
+    let purged = bed
+        .leaderq(&["tasks", "purge-dead", "--yes"])
+        .output()
+        .unwrap();
+    assert!(purged.status.success(), "{purged:?}");
+    let gone = bed
+        .leaderq(&["tasks", "show", "doomed", "--output"])
+        .output()
+        .unwrap();
+    assert!(
+        !gone.status.success() && String::from_utf8_lossy(&gone.stderr).contains("no task"),
+        "{gone:?}"
+    );
+    let left = bed
+        .coord
+        .keys("leaderq/output/oracleTask/")
+        .await
+        .unwrap()
+        .0;
+    let left: Vec<&str> = left.iter().collect();
+    assert!(left.iter().all(|key| !key.contains("doomed")), "{left:?}");
 }
 
 /// `leaderq tasks show KEY --output`, which must succeed; its stdout.
