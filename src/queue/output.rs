@@ -56,8 +56,9 @@ pub fn attempt_of(prefix: &str, key: &str) -> Option<u32> {
 /// Deletes what is left of the tasks' output prefixes `prefixes` ([`output_prefix`]) once
 /// their records are gone: on ZooKeeper a prefix is a znode of its own, which would stay
 /// behind empty, one per task, for good; elsewhere there is nothing to find. One still
-/// holding records (a task whose name continues this one's) conflicts and stays. Errors are
-/// left: a later deletion of the same task's output tries again.
+/// holding records (a task whose name continues this one's) conflicts and stays, and one
+/// that is itself a record is left alone. Errors are left: a later deletion of the same
+/// task's output tries again.
 pub async fn forget_prefixes(coord: &dyn crate::coord::Coordinator, prefixes: &[String]) {
     let keys: Vec<String> = prefixes
         .iter()
@@ -66,7 +67,11 @@ pub async fn forget_prefixes(coord: &dyn crate::coord::Coordinator, prefixes: &[
     let Ok(found) = coord.get(&keys).await else {
         return;
     };
-    for stored in found {
+    // A key that holds a record is one (attempt 5 of `x` is also the prefix of task `x/5`).
+    let empty = found
+        .into_iter()
+        .filter(|stored| OutputRecord::decode(&stored.value).is_none());
+    for stored in empty {
         // One at a time: a prefix with records left fails alone.
         let delete = [crate::coord::Edit::Delete {
             key: stored.key,
@@ -232,5 +237,19 @@ mod tests {
         assert_eq!(attempt_of(&prefix, "leaderq/output/jobs/a/b/1"), None);
         assert_eq!(attempt_of(&prefix, "leaderq/output/jobs/a/"), None);
         assert_eq!(attempt_of(&prefix, "leaderq/output/jobs/ab/1"), None);
+    }
+
+    /// A run's record says how it ended in the attempt log's words.
+    #[test]
+    fn outcomes_use_the_attempt_logs_words() {
+        use crate::handler::HandlerError;
+        assert_eq!(outcome_of(&Ok(()), false, false), attempts::COMPLETED);
+        assert_eq!(outcome_of(&Ok(()), false, true), attempts::COMPLETED);
+        let failed = Err(HandlerError::new("boom"));
+        assert_eq!(outcome_of(&failed, false, false), attempts::FAILED);
+        assert_eq!(outcome_of(&failed, true, true), attempts::CANCELLED);
+        assert_eq!(outcome_of(&failed, false, true), attempts::INTERRUPTED);
+        let cut = Err(HandlerError::interrupted("lease"));
+        assert_eq!(outcome_of(&cut, false, false), attempts::INTERRUPTED);
     }
 }
