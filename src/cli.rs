@@ -178,8 +178,14 @@ pub enum TasksCmd {
         #[arg(long)]
         json: bool,
     },
-    /// One task or dead letter, by key or by name.
-    Show { key: String },
+    /// One task or dead letter, by key or by name; with --output, what each of its runs
+    /// printed (kept per `queue.output_limit`), even once the task is gone.
+    Show {
+        key: String,
+        /// Each attempt's kept stdout and stderr too.
+        #[arg(long)]
+        output: bool,
+    },
     /// Move a dead letter back to the queue under its original key, attempts reset; with
     /// --all, every dead letter (of --type).
     Retry {

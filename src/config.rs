@@ -150,6 +150,8 @@ pub struct QueueSettings {
     /// History records older than this are pruned (0s: no age limit).
     #[serde(deserialize_with = "duration::deserialize")]
     pub history_max_age: Duration,
+    /// Bytes kept of the end of each exec handler run's stdout and stderr (0: none).
+    pub output_limit: usize,
     pub max_attempts: u32,
     pub claim_batch: usize,
     /// Runs at once, at most one per `taskGroup` (1: one task at a time).
@@ -480,6 +482,12 @@ impl Settings {
                 "queue.claim_batch must be between 1 and {MAX_CLAIM_BATCH} (one transaction holds at most 128 operations)"
             ));
         }
+        if self.queue.output_limit > crate::task::output::MAX_OUTPUT_LIMIT {
+            return invalid(format!(
+                "queue.output_limit must be at most {} (bytes kept of each of a run's stdout and stderr, which must fit one value on every coordinator); 0 keeps no output",
+                crate::task::output::MAX_OUTPUT_LIMIT
+            ));
+        }
         if !(1..=MAX_CONCURRENCY).contains(&self.queue.concurrency) {
             return invalid(format!(
                 "queue.concurrency must be between 1 and {MAX_CONCURRENCY}"
@@ -694,6 +702,12 @@ mod tests {
             ("LEADERQ__CONSUL__TXN_MAX_OPS", "129", "consul.txn_max_ops"),
             ("LEADERQ__QUEUE__CONCURRENCY", "0", "queue.concurrency"),
             ("LEADERQ__QUEUE__CONCURRENCY", "257", "queue.concurrency"),
+            (
+                "LEADERQ__QUEUE__OUTPUT_LIMIT",
+                "131073",
+                "queue.output_limit",
+            ),
+            ("LEADERQ__QUEUE__OUTPUT_LIMIT", "-1", "output_limit"),
         ] {
             let err = Settings::load(None, env(&[(key, bad)]))
                 .unwrap_err()

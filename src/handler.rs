@@ -59,6 +59,66 @@ pub struct TaskContext {
     /// confirmed). Exec handlers are killed by it even if this process is paused; an
     /// in-process handler runs inside this process and so stops with it.
     pub lease_deadline: watch::Receiver<Option<Instant>>,
+    /// Where the run leaves what it printed, for the leader to keep with the attempt
+    /// (`[queue] output_limit`): exec handlers do; an in-process handler may.
+    pub output: OutputSlot,
+}
+
+/// What a run printed, as far as it is kept: the end of each stream and how many bytes
+/// came before it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunOutput {
+    pub stdout: Vec<u8>,
+    pub stdout_dropped: u64,
+    pub stderr: Vec<u8>,
+    pub stderr_dropped: u64,
+}
+
+/// Where a handler leaves its run's output: at most `limit` bytes of each stream are
+/// kept (0: none, [`OutputSlot::default`]). Clones share the slot.
+#[derive(Clone, Debug, Default)]
+pub struct OutputSlot {
+    limit: usize,
+    kept: Arc<std::sync::Mutex<Option<RunOutput>>>,
+}
+
+impl OutputSlot {
+    /// A slot that keeps the last `limit` bytes of each stream.
+    pub fn new(limit: usize) -> OutputSlot {
+        OutputSlot {
+            limit,
+            kept: Arc::default(),
+        }
+    }
+
+    /// How many bytes of each stream are kept (0: none).
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Leaves the run's output, each stream cut to its last `limit` bytes (the rest
+    /// counted as dropped); nothing when the slot keeps none.
+    pub fn keep(&self, mut output: RunOutput) {
+        if self.limit == 0 {
+            return;
+        }
+        for (stream, dropped) in [
+            (&mut output.stdout, &mut output.stdout_dropped),
+            (&mut output.stderr, &mut output.stderr_dropped),
+        ] {
+            let over = stream.len().saturating_sub(self.limit);
+            stream.drain(..over);
+            *dropped += over as u64;
+        }
+        if let Ok(mut kept) = self.kept.lock() {
+            *kept = Some(output);
+        }
+    }
+
+    /// The output left, once.
+    pub fn take(&self) -> Option<RunOutput> {
+        self.kept.lock().ok()?.take()
+    }
 }
 
 impl TaskContext {
@@ -334,6 +394,7 @@ mod find_program_tests {
             fencing_token: FencingToken(1),
             cancel: super::CancellationToken::new(),
             lease_deadline: super::TaskContext::unbounded_lease(),
+            output: super::OutputSlot::default(),
         };
         assert_eq!(
             ctx.para::<Para>().unwrap(),
@@ -477,6 +538,7 @@ impl ExecHandler {
             cancel: &ctx.cancel,
             lease_deadline: ctx.lease_deadline.clone(),
             pass_stderr: false,
+            keep_output: ctx.output.limit(),
         };
         let ended = supervise::leader::run(&self.supervision, job)
             .await
@@ -485,6 +547,12 @@ impl ExecHandler {
                     HandlerError::new(reason)
                 }
             })?;
+        ctx.output.keep(RunOutput {
+            stdout: ended.stdout_tail,
+            stdout_dropped: ended.stdout_dropped,
+            stderr: ended.stderr_tail.clone(),
+            stderr_dropped: ended.stderr_dropped,
+        });
         if ended.status.success() {
             // A clean end is an end, whatever stopped it meanwhile: a handler that exits 0
             // after a SIGTERM (shutdown, step-down, a late lease) has done its work.
@@ -507,9 +575,11 @@ impl ExecHandler {
             }
             _ => {}
         }
-        let text = String::from_utf8_lossy(&ended.stderr_tail)
-            .trim()
-            .to_string();
+        let tail = &ended.stderr_tail;
+        let tail = &tail[tail
+            .len()
+            .saturating_sub(supervise::leader::STDERR_TAIL_BYTES)..];
+        let text = String::from_utf8_lossy(tail).trim().to_string();
         let message = match text.is_empty() {
             true => format!("{program} failed with {}", ended.status),
             false => format!("{program} failed with {}: {text}", ended.status),
@@ -614,6 +684,7 @@ mod tests {
             fencing_token: FencingToken(9),
             cancel: CancellationToken::new(),
             lease_deadline: TaskContext::unbounded_lease(),
+            output: OutputSlot::default(),
         };
         assert_eq!(
             task_env(&ctx).to_vec(),

@@ -19,7 +19,7 @@ use cli::{
     RunArgs, SchedulesArgs, SchedulesCmd, ServerArgs, StatusArgs, TasksArgs, TasksCmd, UiArgs,
 };
 use leaderq::operate::{
-    bulk, dead, history, leadership, schedules, status, tasks, Line, OperateError,
+    bulk, dead, history, leadership, output, schedules, status, tasks, Line, OperateError,
 };
 use leaderq::server;
 use leaderq::util::escape::escape;
@@ -441,9 +441,29 @@ async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
                 tasks::render_list(rows, chrono::Utc::now())
             })
         }
-        TasksCmd::Show { key } => {
+        TasksCmd::Show { key, output: false } => {
             let pair = tasks::find(coord, &settings.queue, &key).await?;
             outln!("{}", tasks::render_show(&pair))
+        }
+        TasksCmd::Show { key, output: true } => {
+            // A completed task is gone from the queue; its output may still be kept.
+            let task = match tasks::find(coord, &settings.queue, &key).await {
+                Ok(pair) => Some(pair),
+                Err(OperateError::NoSuchTask { .. }) => None,
+                Err(err) => return Err(err.into()),
+            };
+            let kept = output::read(coord, &settings.queue, &key).await?;
+            match &task {
+                Some(pair) => outln!("{}\n", tasks::render_show(pair))?,
+                None if kept.attempts.is_empty() => {
+                    return Err(OperateError::NoSuchTask { key }.into())
+                }
+                None => outln!(
+                    "{} is no longer queued (completed or deleted)\n",
+                    escape(&kept.key)
+                )?,
+            }
+            outln!("{}", output::render(&kept))
         }
         TasksCmd::Retry { key: Some(key), .. } => {
             let target = dead::retry(coord, &settings.queue, &key).await?;

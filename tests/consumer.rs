@@ -46,6 +46,8 @@ mod late_answers;
 mod lost_answer;
 #[path = "consumer/ops.rs"]
 mod ops;
+#[path = "consumer/output.rs"]
+mod output;
 #[path = "consumer/priority.rs"]
 mod priority;
 #[path = "consumer/queue_edges.rs"]

@@ -209,6 +209,10 @@ pub async fn purge_dead_with_progress(
         }];
         if coord.edit(&ops).await? == Edited::Done {
             purged += 1;
+            // Its runs' kept output goes with it; the purge stands whatever this answers.
+            if let Err(err) = super::output::forget(coord, queue, &pair, now).await {
+                tracing::warn!(dead_key = %pair.key, error = %err, "cannot delete the dead letter's kept output");
+            }
         }
     }
     progress(total, total);

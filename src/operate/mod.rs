@@ -10,6 +10,7 @@
 //! - [`status`]: the queue's status with the replicas, and its pause flag.
 //! - [`leadership`]: who led when (the timeline) and who leads a `leaderq run`.
 //! - [`history`]: finished tasks, from their history records and the dead letters.
+//! - [`output`]: what a task's runs printed, as kept (`tasks show KEY --output`).
 //! - [`schedules`]: `leaderq schedules` (apply, list, pause, resume, delete).
 //!
 //! Every key these verbs write or read by name is a [`Key`](crate::task::key::Key) under
@@ -25,6 +26,7 @@ pub mod bulk;
 pub mod dead;
 pub mod history;
 pub mod leadership;
+pub mod output;
 pub mod produce;
 pub mod schedules;
 pub mod status;

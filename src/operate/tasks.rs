@@ -563,8 +563,8 @@ pub fn render_deleted(key: &str) -> String {
     format!("deleted {}", escape(key))
 }
 
-/// `tasks delete KEY`: deletes a pending task or a dead letter at the version read. A
-/// running task is refused (cancel it instead).
+/// `tasks delete KEY`: deletes a pending task or a dead letter at the version read, and
+/// its runs' kept output. A running task is refused (cancel it instead).
 pub async fn delete(
     coord: &dyn Coordinator,
     queue: &QueueSettings,
@@ -579,7 +579,13 @@ pub async fn delete(
         version: stored.version,
     }];
     match coord.edit(&ops).await? {
-        Edited::Done => Ok(stored.key),
+        Edited::Done => {
+            // Its runs' kept output goes with it; the deletion stands whatever this answers.
+            if let Err(err) = super::output::forget(coord, queue, &stored, Utc::now()).await {
+                tracing::warn!(task_key = %stored.key, error = %err, "cannot delete the task's kept output");
+            }
+            Ok(stored.key)
+        }
         Edited::Conflict(_) => Err(OperateError::Changed { key: stored.key }),
     }
 }

@@ -34,6 +34,7 @@ mod entry;
 mod finished;
 mod flights;
 mod history;
+mod output;
 mod plan;
 pub mod rates;
 mod run;
@@ -65,6 +66,7 @@ use sort::{Memory, Pick};
 use work::Leading;
 
 pub use cancel::{cancel_key, CancelMarker};
+pub use output::{attempt_of, forget_prefixes, output_key, output_prefix, queue_output_prefix};
 pub use rates::{rate_key, Rate};
 
 /// Back-off after coordinator errors while leading, so an outage is not a hot loop.

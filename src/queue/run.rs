@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::backlog::Backlog;
 use super::entry::pair_of;
 use super::finished::{completions, mark_unanswered, riders, Finished};
+use super::output::{outcome_of, OutputRun};
 use super::plan::chunks;
 use super::settlement::{
     self, after_run, after_write, retry_policy, AfterWrite, Retry, RunEnd, Settlement, Settling,
@@ -24,7 +25,7 @@ use crate::coord::{
     CoordError, Edit, Edited, FencingToken, Leadership, LeaseId, StoredTask, TaskOp, TaskVersion,
     Written,
 };
-use crate::handler::{HandlerError, TaskContext};
+use crate::handler::{HandlerError, OutputSlot, TaskContext};
 use crate::task::attempts::{self, Attempt};
 use crate::task::Task;
 
@@ -111,6 +112,7 @@ impl Queue {
             fencing_token: lead.leadership.fencing_token,
             cancel: CancellationToken::new(),
             lease_deadline: lead.lease.deadline_watch(),
+            output: OutputSlot::new(self.settings.output_limit),
         };
         let (result, ending, cancelled) = self
             .handle(lead, handler.as_ref(), &ctx, claimed_version)
@@ -123,6 +125,16 @@ impl Queue {
             started_at: clock.wall_at(started),
             elapsed: clock.since(started),
         };
+        let run = OutputRun {
+            attempt: ctx.attempt,
+            outcome: outcome_of(&handled.result, handled.cancelled, handled.stopped),
+            started: handled.started_at,
+        };
+        // A lease no longer fresh cannot write it: its settlement comes first.
+        if lead.lease.is_fresh() {
+            self.keep_output(lead.leadership, &task, run, ctx.output.take())
+                .await;
+        }
         let elapsed = handled.elapsed;
         let end = self
             .settle_run(lead, task, claimed_version, handled, finished)

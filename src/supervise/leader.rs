@@ -155,6 +155,9 @@ pub struct Job<'a> {
     /// The command's stderr goes to ours unchanged (`leaderq run`) instead of being kept
     /// for the failure's message (handlers).
     pub pass_stderr: bool,
+    /// How much of the end of each stream to keep for the run's kept output (`[queue]
+    /// output_limit`); 0 keeps none, and stdout goes to ours untouched.
+    pub keep_output: usize,
 }
 
 /// Why the leader asked the supervisor to stop.
@@ -171,9 +174,22 @@ pub struct Ended {
     /// Why the supervisor stopped the handler, if it did.
     pub stopped: Option<StopReason>,
     pub asked: Option<Asked>,
-    /// The end of the handler's stderr, at most `STDERR_TAIL_BYTES`.
+    /// The end of the handler's stderr: at most `STDERR_TAIL_BYTES`, or the job's
+    /// `keep_output` if more.
     pub stderr_tail: Vec<u8>,
+    /// Bytes of stderr before that end.
+    pub stderr_dropped: u64,
+    /// The end of the handler's stdout, at most the job's `keep_output`.
+    pub stdout_tail: Vec<u8>,
+    /// Bytes of stdout before that end.
+    pub stdout_dropped: u64,
 }
+
+/// What the supervisor reported of a run's end.
+type Reported = (ExitStatus, Option<StopReason>, Streams);
+
+/// The kept ends of a run's streams: stderr's end and bytes before, stdout's.
+type Streams = ((Vec<u8>, u64), (Vec<u8>, u64));
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
@@ -224,6 +240,7 @@ async fn run_on(supervision: &Supervision, mut supervisor: Supervisor, job: Job<
         cancel,
         mut lease_deadline,
         pass_stderr,
+        keep_output,
     } = job;
     let deadline_now = |deadline: Option<Instant>| {
         nanos(kill_by(
@@ -243,6 +260,8 @@ async fn run_on(supervision: &Supervision, mut supervisor: Supervisor, job: Job<
         lock_file: supervision.lock_file.clone(),
         leader_pid: std::process::id(),
         keep_stderr: !pass_stderr,
+        keep_stdout: keep_output > 0,
+        keep_bytes: keep_output,
     };
     let Supervisor {
         child,
@@ -281,12 +300,14 @@ async fn run_on(supervision: &Supervision, mut supervisor: Supervisor, job: Job<
                         answered = true;
                         break Some(Err(RunError::NotStarted(reason)));
                     }
-                    Some(Report::Exited { wait_status, stopped, stderr_tail }) => {
-                        let tail = base64::engine::general_purpose::STANDARD
-                            .decode(stderr_tail)
+                    Some(Report::Exited { wait_status, stopped, stderr_tail, stderr_dropped, stdout_tail, stdout_dropped }) => {
+                        let decode = |tail: String| base64::engine::general_purpose::STANDARD
+                            .decode(tail)
                             .unwrap_or_default();
                         answered = true;
-                        break Some(Ok((ExitStatus::from_raw(wait_status), stopped, tail)));
+                        let streams = ((decode(stderr_tail), stderr_dropped), (decode(stdout_tail), stdout_dropped));
+                        let report: Reported = (ExitStatus::from_raw(wait_status), stopped, streams);
+                        break Some(Ok(report));
                     }
                     None => {
                         // The supervisor died without a report: do its job.
@@ -338,11 +359,17 @@ async fn run_on(supervision: &Supervision, mut supervisor: Supervisor, job: Job<
     let Some(outcome) = outcome else {
         return Attempt::Silent;
     };
-    Attempt::Ran(outcome.map(|(status, stopped, stderr_tail)| Ended {
-        status,
-        stopped,
-        asked,
-        stderr_tail,
+    Attempt::Ran(outcome.map(|(status, stopped, streams)| {
+        let ((stderr_tail, stderr_dropped), (stdout_tail, stdout_dropped)) = streams;
+        Ended {
+            status,
+            stopped,
+            asked,
+            stderr_tail,
+            stderr_dropped,
+            stdout_tail,
+            stdout_dropped,
+        }
     }))
 }
 

@@ -15,6 +15,7 @@
 //! - `protocol.rs`: the messages between the two and the shared clock.
 //! - `lock.rs`: `handlers.lock`, so a restarted replica waits for the old handlers.
 //! - `workers.rs`: the threads a supervisor keeps for its runs' blocking chores.
+//! - `tail.rs`: the end of a handler's stdout or stderr, in bounded memory.
 //!
 //! Which environment a handler gets and how its result becomes a task outcome is
 //! `handler.rs`'s business. Linux only (subreaper, CLOCK_BOOTTIME, /proc).
@@ -27,6 +28,7 @@ pub mod lock;
 pub mod plan;
 pub mod process;
 pub mod protocol;
+pub mod tail;
 pub mod workers;
 
 /// The hidden first argument that turns this executable into a supervisor.

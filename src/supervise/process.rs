@@ -28,14 +28,15 @@ use rustix::process::{Pid, Signal, WaitOptions};
 
 use super::plan::{Progress, Step, StopReason};
 use super::protocol::{self, boot_now, Control, Report, Start, STDERR_TAIL_BYTES};
+use super::tail::Tail;
 use super::workers::Workers;
 
 /// While only members of the handler's group that are not our children remain (no
 /// subreaper), how often to look whether they are gone.
 const GROUP_POLL: Duration = Duration::from_millis(20);
-/// Once every process of a run is gone, how long to wait for the end of its stderr (a
-/// process outside the run that was handed the pipe could hold it open).
-const STDERR_END: Duration = Duration::from_secs(2);
+/// Once every process of a run is gone, how long to wait for the end of its kept streams
+/// (a process outside the run that was handed a pipe could hold it open).
+const STREAM_END: Duration = Duration::from_secs(2);
 
 enum Event {
     Control(Control),
@@ -127,17 +128,16 @@ fn supervise(
         .decode(&start.task_base64)
         .map_err(|e| format!("task is not base64: {e}"))?;
     // The handler's stderr: ours (the leader's), or a pipe whose end is kept for the
-    // report. The pipe's ends are close-on-exec; the spawn gives the handler its own copy.
-    let (stderr, tail) = if start.keep_stderr {
-        let (read, write) =
-            std::io::pipe().map_err(|e| format!("cannot make a pipe for stderr: {e}"))?;
-        let (sender, tail) = mpsc::channel();
-        workers.run(move || {
-            let _ = sender.send(read_tail(read));
-        });
-        (Stdio::from(write), Some(tail))
-    } else {
-        (Stdio::inherit(), None)
+    // report; its stdout: ours, or a pipe whose every read is passed on to ours and whose
+    // end is kept too. The pipes' ends are close-on-exec; the spawn gives the handler its
+    // own copies.
+    let (stderr, stderr_tail) = match start.keep_stderr {
+        true => kept_stream(workers, start.keep_bytes.max(STDERR_TAIL_BYTES), false)?,
+        false => (Stdio::inherit(), None),
+    };
+    let (stdout, stdout_tail) = match start.keep_stdout {
+        true => kept_stream(workers, start.keep_bytes, true)?,
+        false => (Stdio::inherit(), None),
     };
     let mut command = Command::new(program);
     command
@@ -145,15 +145,15 @@ fn supervise(
         .env_clear()
         .envs(start.env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
-        .stdout(Stdio::inherit())
+        .stdout(stdout)
         .stderr(stderr)
         .process_group(0);
     if let Some(cwd) = &start.cwd {
         command.current_dir(cwd);
     }
     let spawned = command.spawn();
-    // Our copy of the pipe's writing end goes with the command: the reader sees the end
-    // of stderr once the handler's processes are gone.
+    // Our copies of the pipes' writing ends go with the command: the readers see the end
+    // of the streams once the handler's processes are gone.
     drop(command);
     let mut child = spawned.map_err(|e| format!("cannot start {program}: {e}"))?;
     // The handler holds the lock too (the spawn above inherited the lock's descriptor, see
@@ -247,13 +247,18 @@ fn supervise(
             Event::NoChildren => no_children = true,
         }
     }
-    let stderr_tail = tail
-        .and_then(|tail| tail.recv_timeout(STDERR_END).ok())
-        .unwrap_or_default();
+    // Both waits share one bound: the streams end together, with the run's processes.
+    let ends_by = std::time::Instant::now() + STREAM_END;
+    let (stderr_tail, stderr_dropped) = stream_end(stderr_tail, ends_by);
+    let (stdout_tail, stdout_dropped) = stream_end(stdout_tail, ends_by);
+    let base64 = &base64::engine::general_purpose::STANDARD;
     let exited = Report::Exited {
         wait_status: wait_status.unwrap_or(0),
         stopped,
-        stderr_tail: base64::engine::general_purpose::STANDARD.encode(stderr_tail),
+        stderr_tail: base64.encode(stderr_tail),
+        stderr_dropped,
+        stdout_tail: base64.encode(stdout_tail),
+        stdout_dropped,
     };
     let _ = report.write_all(&protocol::line(&exited));
     Ok(if leader_gone {
@@ -300,25 +305,57 @@ fn feed(pipe: &mut std::process::ChildStdin, bytes: &[u8], wait: bool) -> usize 
     written
 }
 
-/// Reads a run's stderr to its end; keeps the last `STDERR_TAIL_BYTES`.
-fn read_tail(mut stderr: std::io::PipeReader) -> Vec<u8> {
-    let mut tail = Vec::new();
-    let mut buf = [0u8; 4096];
+/// The end of a kept stream, as it reaches the leader.
+type StreamEnd = mpsc::Receiver<(Vec<u8>, u64)>;
+
+/// A pipe for one of the handler's streams whose reader, on a worker, keeps the last
+/// `keep` bytes and, if `pass_on`, writes every read on to our own stdout.
+fn kept_stream(
+    workers: &Workers,
+    keep: usize,
+    pass_on: bool,
+) -> Result<(Stdio, Option<StreamEnd>), String> {
+    let (read, write) =
+        std::io::pipe().map_err(|e| format!("cannot make a pipe for the handler: {e}"))?;
+    let (sender, end) = mpsc::channel();
+    workers.run(move || {
+        let _ = sender.send(read_tail(read, keep, pass_on));
+    });
+    Ok((Stdio::from(write), Some(end)))
+}
+
+/// What a kept stream's reader found by `by`: its end and the bytes before it (nothing,
+/// for a stream not kept or one still held open).
+fn stream_end(end: Option<StreamEnd>, by: std::time::Instant) -> (Vec<u8>, u64) {
+    let wait = by.saturating_duration_since(std::time::Instant::now());
+    end.and_then(|end| end.recv_timeout(wait).ok())
+        .unwrap_or_default()
+}
+
+/// Reads a run's stream to its end; keeps the last `keep` bytes, however much comes, and
+/// passes each read on to our stdout if `pass_on` (what the handler's stdout did before it
+/// was kept: the replica's log keeps it). Answers the end and the bytes before it.
+fn read_tail(mut stream: std::io::PipeReader, keep: usize, pass_on: bool) -> (Vec<u8>, u64) {
+    let mut tail = Tail::new(keep);
+    let mut buf = [0u8; 8192];
+    let mut ours = pass_on.then(std::io::stdout);
     loop {
-        match stderr.read(&mut buf) {
+        match stream.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
-                tail.extend_from_slice(&buf[..n]);
-                if tail.len() > STDERR_TAIL_BYTES * 2 {
-                    tail.drain(..tail.len() - STDERR_TAIL_BYTES);
+                tail.push(&buf[..n]);
+                // A stdout of ours that is gone no longer takes it; the tail still does.
+                if let Some(out) = &mut ours {
+                    if out.write_all(&buf[..n]).and_then(|()| out.flush()).is_err() {
+                        ours = None;
+                    }
                 }
             }
             Err(err) if err.kind() == std::io::ErrorKind::Interrupted => {}
             Err(_) => break,
         }
     }
-    let start = tail.len().saturating_sub(STDERR_TAIL_BYTES);
-    tail.split_off(start)
+    tail.into_parts()
 }
 
 /// Opens `path` and takes a shared lock on it, leaving the descriptor open across exec so

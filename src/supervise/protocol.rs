@@ -37,9 +37,16 @@ pub struct Start {
     pub lock_file: Option<PathBuf>,
     /// The leader's pid: a supervisor whose parent is already someone else starts nothing.
     pub leader_pid: u32,
-    /// Keep the handler's stderr for the report (its end, `STDERR_TAIL_BYTES`) instead of
-    /// passing it to the supervisor's own.
+    /// Keep the handler's stderr for the report (its end: `STDERR_TAIL_BYTES`, or
+    /// `keep_bytes` if more) instead of passing it to the supervisor's own.
     pub keep_stderr: bool,
+    /// Keep the end of the handler's stdout too (`keep_bytes`), while still passing all of
+    /// it to the supervisor's own stdout.
+    #[serde(default)]
+    pub keep_stdout: bool,
+    /// How much of each kept stream to report (`[queue] output_limit`).
+    #[serde(default)]
+    pub keep_bytes: usize,
 }
 
 /// How much of a handler's stderr is kept.
@@ -62,12 +69,19 @@ pub enum Report {
     Refused { reason: String },
     /// The handler and everything it started are gone. `wait_status` is the raw status
     /// of the handler process; `stopped` says why the supervisor stopped it, if it did;
-    /// `stderr_tail` (base64) is the end of its stderr when it was kept.
+    /// `stderr_tail` and `stdout_tail` (base64) are the ends of its streams that were
+    /// kept, each `*_dropped` the bytes printed before that end.
     Exited {
         wait_status: i32,
         stopped: Option<StopReason>,
         #[serde(default)]
         stderr_tail: String,
+        #[serde(default)]
+        stderr_dropped: u64,
+        #[serde(default)]
+        stdout_tail: String,
+        #[serde(default)]
+        stdout_dropped: u64,
     },
 }
 
@@ -141,6 +155,8 @@ mod tests {
             lock_file: Some("/tmp/x.lock".into()),
             leader_pid: 42,
             keep_stderr: true,
+            keep_stdout: true,
+            keep_bytes: 65_536,
         }));
         let bytes = line(&start);
         assert_eq!(bytes.iter().filter(|b| **b == b'\n').count(), 1);
@@ -149,6 +165,9 @@ mod tests {
             wait_status: 9,
             stopped: Some(StopReason::Lease),
             stderr_tail: "AAEC".into(),
+            stderr_dropped: 3,
+            stdout_tail: "AAED".into(),
+            stdout_dropped: 0,
         };
         assert_eq!(
             serde_json::from_slice::<Report>(&line(&exited)).unwrap(),

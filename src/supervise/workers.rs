@@ -1,12 +1,13 @@
 //! Threads the supervisor keeps between runs for each run's blocking chores: reaping the
-//! run's processes, feeding the handler its task on stdin, reading the end of its stderr.
+//! run's processes, feeding the handler its task on stdin, reading the ends of its stderr
+//! and stdout.
 //! A chore goes to an idle thread, or to one started for it when none is idle, instead of
 //! to a thread started (and ended) for each chore of each run: three of those cost a run
 //! of `/bin/true` about a fifth of a millisecond, much of it before the run's report.
 //!
 //! No chore waits for another: the threads are as many as the chores that ever ran at
-//! once (three for one run, more only while a chore of an earlier run is still stuck, a
-//! stderr pipe an escaped process kept open). They end with the supervisor.
+//! once (up to four for one run, more only while a chore of an earlier run is still stuck,
+//! a pipe an escaped process kept open). They end with the supervisor.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};

@@ -23,6 +23,7 @@ pub mod attempts;
 pub mod history;
 pub mod key;
 mod known;
+pub mod output;
 mod rewrite;
 
 use std::time::Duration;

@@ -58,8 +58,28 @@ pub async fn chart(
 
 /// One task's page, by its key: under the queue prefix (and once it left the queue, its
 /// newest history record or dead letter), under the dead-letter prefix, or a history
-/// record's. `leader_token` is the current leadership's, shown for a task it runs.
+/// record's. `leader_token` is the current leadership's, shown for a task it runs. With the
+/// output its runs left, if it can be read (the page shows without it otherwise).
 pub async fn task(
+    coord: &dyn Coordinator,
+    queue: &QueueSettings,
+    key: &str,
+    leader_token: Option<FencingToken>,
+    now: DateTime<Utc>,
+) -> Result<TaskPage, OperateError> {
+    let mut page = task_page(coord, queue, key, leader_token, now).await?;
+    // The task's key in the queue: its record's once it finished or is a dead letter.
+    let task_key = match &page.record {
+        Some(record) if !record.key.is_empty() => record.key.clone(),
+        _ => page.key.clone(),
+    };
+    if let Ok(kept) = crate::operate::output::read(coord, queue, &task_key).await {
+        page.output = kept.attempts;
+    }
+    Ok(page)
+}
+
+async fn task_page(
     coord: &dyn Coordinator,
     queue: &QueueSettings,
     key: &str,

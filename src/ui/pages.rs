@@ -423,6 +423,8 @@ pub struct TaskPage {
     pub attempt_log: Vec<Attempt>,
     /// Its history record, once finished.
     pub record: Option<HistoryRecord>,
+    /// What its runs printed, as kept (`[queue] output_limit`), oldest attempt first.
+    pub output: Vec<crate::task::output::OutputRecord>,
     /// What the page offers: "cancel" (queued), "retry" and "delete" (dead letters).
     pub actions: Vec<&'static str>,
 }
@@ -509,6 +511,7 @@ pub fn queued_page(
         record: None,
         actions: vec!["cancel"],
         value,
+        output: Vec::new(),
     }
 }
 
@@ -547,6 +550,7 @@ pub fn dead_page_of(stored: &StoredTask) -> TaskPage {
         },
         record,
         value,
+        output: Vec::new(),
     }
 }
 
@@ -588,6 +592,7 @@ pub fn completed_page(record: HistoryRecord) -> TaskPage {
         attempt_log: log,
         actions: Vec::new(),
         record: Some(record),
+        output: Vec::new(),
     }
 }
 

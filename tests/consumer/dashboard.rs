@@ -778,10 +778,10 @@ fn screenshots() -> std::path::PathBuf {
 
 /// The "done when", in a real browser: a task whose handler fails (a line on its
 /// stderr each time) is followed from the overview's link to its page, which shows every
-/// attempt with its error, its state and its value; the page's address opened in a fresh
-/// browser session lands on the same view; a click on retry there requeues it (the
-/// handler fixed meanwhile) and the page follows it to completed, the earlier attempts
-/// kept; the back button returns to the dead letter's address.
+/// attempt with its error and its kept stderr, its state and its value; the page's address
+/// opened in a fresh browser session lands on the same view; a click on retry there
+/// requeues it (the handler fixed meanwhile) and the page follows it to completed, the
+/// earlier attempts kept; the back button returns to the dead letter's address.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_task_page_shows_each_attempt_and_retries_it_there() {
     let Some((driver, chromium)) = Browser::installed() else {
@@ -844,6 +844,14 @@ async fn dashboard_task_page_shows_each_attempt_and_retries_it_there() {
                         && t.contains(&leader)
                         && t.matches(" UTC").count() == 2
                 },
+            )
+            .await;
+        // Its kept output, under the attempts.
+        browser
+            .wait_text(
+                &format!("#task-output div[data-attempt='{attempt}'] pre.stderr"),
+                Duration::from_secs(5),
+                |t| t == format!("disk full on attempt {attempt}\n").trim_end(),
             )
             .await;
     }

@@ -598,7 +598,7 @@ mod exec_handler {
     use std::time::Duration;
 
     use leaderq::coord::FencingToken;
-    use leaderq::handler::{ExecHandler, Handler, TaskContext};
+    use leaderq::handler::{ExecHandler, Handler, OutputSlot, TaskContext};
     use leaderq::supervise::Supervision;
     use tokio_util::sync::CancellationToken;
 
@@ -612,6 +612,7 @@ mod exec_handler {
             fencing_token: FencingToken(9),
             cancel: CancellationToken::new(),
             lease_deadline: TaskContext::unbounded_lease(),
+            output: OutputSlot::default(),
         }
     }
 
@@ -634,6 +635,35 @@ mod exec_handler {
 
     fn sh(script: &str) -> ExecHandler {
         exec(&["sh", "-c", script], None)
+    }
+
+    /// A run's streams are kept to their last `limit` bytes, however much it prints (here
+    /// 64 MiB of stderr, never held whole), with a count of what came before; a failure's
+    /// message still carries the end of stderr.
+    #[tokio::test]
+    async fn exec_output_keeps_the_end_of_each_stream_however_long() {
+        let context = TaskContext {
+            output: OutputSlot::new(1000),
+            ..ctx()
+        };
+        let script =
+            "echo hello; head -c 67108864 /dev/zero | tr '\\0' y >&2; echo bye >&2; exit 3";
+        let err = sh(script).handle(&context).await.unwrap_err();
+        assert!(err.message.ends_with("yyybye"), "{}", err.message);
+        let output = context.output.take().expect("output kept");
+        assert_eq!(output.stdout, b"hello\n");
+        assert_eq!(output.stdout_dropped, 0);
+        assert_eq!(output.stderr.len(), 1000);
+        assert!(
+            output.stderr.ends_with(b"yyybye\n"),
+            "{:?}",
+            &output.stderr[990..]
+        );
+        assert_eq!(output.stderr_dropped, 67_108_864 + 4 - 1000);
+        // A slot that keeps nothing is left empty.
+        let plain = ctx();
+        sh("echo hello").handle(&plain).await.unwrap();
+        assert_eq!(plain.output.take(), None);
     }
 
     /// Runs one after the other share one supervisor; one that died while idle is

@@ -21,6 +21,7 @@ mod counting;
 mod groups;
 mod leading;
 mod lost;
+mod output;
 mod paused;
 mod priority;
 mod rates;

@@ -374,6 +374,7 @@ async fn lead(
         cancel: &cancel,
         lease_deadline: lease.deadline_watch(),
         pass_stderr: true,
+        keep_output: 0,
     };
     let started = Instant::now();
     tracing::info!(name = %options.name, fencing_token = leadership.fencing_token.0, command = ?options.command, "starting the command");

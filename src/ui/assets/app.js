@@ -445,7 +445,7 @@ async function loadTask() {
   } catch (err) {
     $("task-state").textContent = "not found";
     $("task-summary").textContent = err.message;
-    for (const id of ["task-actions", "task-facts", "task-attempts", "task-value"]) $(id).replaceChildren();
+    for (const id of ["task-actions", "task-facts", "task-attempts", "task-output", "task-value"]) $(id).replaceChildren();
     $("task-record-box").hidden = true;
     return;
   }
@@ -473,9 +473,22 @@ async function loadTask() {
       el("td", { class: "outcome" }, a.outcome), el("td", {}, a.error ? el("pre", { class: "error" }, a.error) : ""),
       el("td", {}, a.node), el("td", {}, a.fencingToken == null ? "" : a.fencingToken)));
   $("task-attempts").replaceChildren(...(attempts.length ? attempts : [el("tr", {}, el("td", { colSpan: 7 }, task.attempts ? "no run was logged (runs before leaderq kept an attempt log)" : "not run yet"))]));
+  $("task-output").replaceChildren(...(task.output.length ? task.output.map(outputOf) : [el("p", { class: "empty" }, "no output kept (a run that prints nothing keeps none)")]));
   $("task-value").textContent = task.value == null ? "(a completed task's value is not kept; its record is below)" : JSON.stringify(task.value, null, 2);
   $("task-record-box").hidden = !task.record;
   if (task.record) $("task-record").textContent = JSON.stringify(task.record, null, 2);
+}
+
+// One attempt's kept output: its stdout and stderr, each with what was not kept before it.
+function outputOf(run) {
+  const stream = (name, text, dropped) => [
+    el("h4", {}, name, dropped ? el("small", { class: "note" }, " (" + dropped + " bytes before this were not kept)") : ""),
+    el("pre", { class: "output " + name }, text || "(nothing)")];
+  return el("div", { class: "run-output", "data-attempt": run.attempt },
+    el("h3", {}, "Attempt " + run.attempt + ": ", el("span", { class: "outcome " + run.outcome }, run.outcome),
+      el("small", { class: "note" }, " " + utc(run.finishedAt, true) + " on " + run.node)),
+    run.note ? el("p", { class: "note" }, run.note) : "",
+    ...stream("stdout", run.stdout, run.stdoutDropped), ...stream("stderr", run.stderr, run.stderrDropped));
 }
 
 // ---- loading and the live feed ----

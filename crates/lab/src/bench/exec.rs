@@ -215,6 +215,7 @@ async fn supervised(supervision: &Supervision) -> anyhow::Result<()> {
             cancel: &cancel,
             lease_deadline: TaskContext::unbounded_lease(),
             pass_stderr: false,
+            keep_output: 0,
         },
     )
     .await
