@@ -91,12 +91,7 @@ async fn read_name(
     name: &str,
 ) -> Result<TaskOutput, OperateError> {
     let prefix = output_prefix(&queue.prefix, name);
-    let (keys, _) = coord.keys(&prefix).await?;
-    let wanted: Vec<String> = keys
-        .iter()
-        .filter(|key| attempt_of(&prefix, key).is_some())
-        .map(str::to_string)
-        .collect();
+    let wanted = attempt_keys(coord, &prefix).await?;
     let mut attempts: Vec<OutputRecord> = match wanted.is_empty() {
         true => Vec::new(),
         false => coord
@@ -142,12 +137,7 @@ pub async fn forget(
         return Ok(0);
     };
     let prefix = output_prefix(&queue.prefix, name);
-    let (keys, _) = coord.keys(&prefix).await?;
-    let wanted: Vec<String> = keys
-        .iter()
-        .filter(|key| attempt_of(&prefix, key).is_some())
-        .map(str::to_string)
-        .collect();
+    let wanted = attempt_keys(coord, &prefix).await?;
     let mut forgotten = 0;
     for chunk in wanted.chunks(FORGET_BATCH) {
         let ops: Vec<Edit> = coord
@@ -227,6 +217,16 @@ fn stream_text(name: &str, stream: &str, dropped: u64) -> String {
         text.push_str(&parts.join("\t"));
     }
     text
+}
+
+/// The keys of the kept output of each attempt under `prefix` (one task's).
+async fn attempt_keys(coord: &dyn Coordinator, prefix: &str) -> Result<Vec<String>, OperateError> {
+    let (keys, _) = coord.keys(prefix).await?;
+    Ok(keys
+        .iter()
+        .filter(|key| attempt_of(prefix, key).is_some())
+        .map(str::to_string)
+        .collect())
 }
 
 #[cfg(test)]

@@ -221,6 +221,9 @@ pub struct Backlog {
     /// Tasks not eligible before a time: a retry's notBefore, a producer's runAt, or a key
     /// refused for a while by the coordinator.
     delayed: Vec<(DateTime<Utc>, Task)>,
+    /// The earliest time in `delayed` (or one before it): until then, nothing is due and
+    /// `next` does not look through them, however many wait.
+    due_from: Option<DateTime<Utc>>,
     known: Keys,
     listed_at: DateTime<Utc>,
     list_cost: Duration,
@@ -277,6 +280,7 @@ impl Backlog {
             kinds,
             places,
             delayed: Vec::new(),
+            due_from: None,
             known,
             listed_at: now,
             list_cost,
@@ -608,6 +612,7 @@ impl Backlog {
         }
         for (at, task) in delayed {
             self.known.insert(Arc::from(task.key.as_str()));
+            self.due_from = Some(self.due_from.map_or(at, |from| from.min(at)));
             self.delayed.push((at, task));
         }
     }
@@ -629,18 +634,23 @@ impl Backlog {
     /// lease's takeover delay) aside until `until`, so that the tasks after them go first.
     pub fn defer(&mut self, tasks: Vec<Task>, until: DateTime<Utc>) {
         self.claimed = self.claimed.saturating_sub(tasks.len());
+        if !tasks.is_empty() {
+            self.due_from = Some(self.due_from.map_or(until, |from| from.min(until)));
+        }
         self.delayed
             .extend(tasks.into_iter().map(|task| (until, task)));
     }
 
     /// Moves the delayed tasks that are due at `now` among the pending ones.
     fn promote(&mut self, now: DateTime<Utc>) {
-        if self.delayed.is_empty() {
+        // Removals leave `due_from` early, never late: at worst one pass finds nothing due.
+        if self.delayed.is_empty() || self.due_from.is_none_or(|from| from > now) {
             return;
         }
         let (due, waiting): (Vec<_>, Vec<_>) = std::mem::take(&mut self.delayed)
             .into_iter()
             .partition(|(at, _)| *at <= now);
+        self.due_from = waiting.iter().map(|(at, _)| *at).min();
         self.delayed = waiting;
         let due: Vec<Task> = due.into_iter().map(|(_, task)| task).collect();
         self.learn(Keys::default(), due, Vec::new());
