@@ -198,6 +198,8 @@ pub fn router(ui: Arc<Ui>) -> Router {
         .route("/ui/api/pause", post(pause))
         .route("/ui/api/resume", post(resume))
         .route("/ui/api/schedule-pause", post(schedule_pause))
+        .route("/ui/api/type-pause", post(type_pause))
+        .route("/ui/api/type-resume", post(type_resume))
         .route("/ui/api/schedule-resume", post(schedule_resume))
         .with_state(ui)
 }
@@ -599,6 +601,43 @@ async fn pause(State(ui): State<Arc<Ui>>, _: Admin) -> Response {
 async fn resume(State(ui): State<Arc<Ui>>, _: Admin) -> Response {
     match status::resume(ui.coord.as_ref(), &ui.queue).await {
         Ok(was) => done(&ui, json!({ "paused": false, "was_paused": was })),
+        Err(err) => operate_failure(err),
+    }
+}
+
+async fn type_pause(State(ui): State<Arc<Ui>>, Admin(action): Admin) -> Response {
+    set_type_paused(&ui, action, true).await
+}
+
+async fn type_resume(State(ui): State<Arc<Ui>>, Admin(action): Admin) -> Response {
+    set_type_paused(&ui, action, false).await
+}
+
+/// `leaderq pause|resume --type T` from the type table; the type becomes a key segment and
+/// is checked (`queue::paused_type_key`) before the coordinator is asked.
+async fn set_type_paused(ui: &Ui, action: Action, paused: bool) -> Response {
+    let Some(name) = action.name else {
+        return refused(StatusCode::BAD_REQUEST, "no task type given");
+    };
+    if let Err(reason) = crate::queue::paused_type_key(&ui.queue.prefix, &name) {
+        return refused(
+            StatusCode::BAD_REQUEST,
+            &format!("{name:?} cannot be paused on its own: {reason}"),
+        );
+    }
+    let coord = ui.coord.as_ref();
+    let changed = if paused {
+        status::pause_type(coord, &ui.queue, &name)
+            .await
+            .map(|was| !was)
+    } else {
+        status::resume_type(coord, &ui.queue, &name).await
+    };
+    match changed {
+        Ok(changed) => done(
+            ui,
+            json!({ "type": name, "paused": paused, "changed": changed }),
+        ),
         Err(err) => operate_failure(err),
     }
 }

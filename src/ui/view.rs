@@ -112,6 +112,8 @@ pub struct TypeCounts {
     /// Held by a leader now.
     pub claimed: usize,
     pub dead: usize,
+    /// Paused on its own (`leaderq pause --type T`): none of its tasks starts.
+    pub paused: bool,
 }
 
 /// A row of the queue pane: `leaderq tasks list`'s, with the producer's id to search by.
@@ -150,6 +152,7 @@ pub fn panes(
     queued: Vec<StoredTask>,
     dead: Vec<StoredTask>,
     paused: bool,
+    paused_types: &[String],
     limits: &Limits,
     now: DateTime<Utc>,
 ) -> Panes {
@@ -214,7 +217,7 @@ pub fn panes(
         .map(|task| (task.key, task.id))
         .collect();
     let mut rows = tasks::task_rows(queued, Vec::new(), now);
-    explain(&mut rows, limits, paused, &[]);
+    explain(&mut rows, limits, paused, paused_types);
     let queue = rows
         .into_iter()
         .map(|row| QueueRow {
@@ -230,7 +233,7 @@ pub fn panes(
             running,
             queue_latency_seconds: oldest.map(|(since, _)| (now - since).num_seconds().max(0)),
             oldest_due: oldest.map(|(_, key)| key.clone()),
-            types: type_counts(&parsed, &dead_rows, now),
+            types: type_counts(&parsed, &dead_rows, paused_types, now),
             recent_dead,
             ..Overview::default()
         },
@@ -252,7 +255,12 @@ fn due_since(task: &Task) -> DateTime<Utc> {
 }
 
 /// Tasks by taskType and state, by name.
-fn type_counts(tasks: &[Task], dead: &[Dead], now: DateTime<Utc>) -> Vec<TypeCounts> {
+fn type_counts(
+    tasks: &[Task],
+    dead: &[Dead],
+    paused_types: &[String],
+    now: DateTime<Utc>,
+) -> Vec<TypeCounts> {
     fn row<'a, 'b>(
         counts: &'b mut BTreeMap<&'a str, TypeCounts>,
         name: &'a str,
@@ -273,6 +281,10 @@ fn type_counts(tasks: &[Task], dead: &[Dead], now: DateTime<Utc>) -> Vec<TypeCou
     }
     for letter in dead {
         row(&mut counts, &letter.task_type).dead += 1;
+    }
+    // A paused type is listed, tasks or not, so that it can be resumed here.
+    for kind in paused_types {
+        row(&mut counts, kind).paused = true;
     }
     counts.into_values().collect()
 }
@@ -539,7 +551,21 @@ mod tests {
             "oracleTaskDead/task_c",
             json!({"taskType": "T", "deadReason": "failed 3 times", "attempts": 3, "lastError": "boom"}),
         )];
-        let panes = panes(&holder, queued, dead, true, &Limits::default(), at(130));
+        let paused_types = ["Idle".to_string()];
+        let panes = panes(
+            &holder,
+            queued,
+            dead,
+            true,
+            &paused_types,
+            &Limits::default(),
+            at(130),
+        );
+        let idle = panes.overview.types.iter().find(|t| t.task_type == "Idle");
+        assert!(
+            idle.is_some_and(|t| t.paused && t.pending == 0),
+            "a paused type with no task is listed"
+        );
         let overview = &panes.overview;
         assert_eq!(overview.leader.as_ref().unwrap().node, "r1");
         assert_eq!(overview.leader.as_ref().unwrap().fencing_token.0, 7);
@@ -573,13 +599,21 @@ mod tests {
         assert_eq!(overview.oldest_due.as_deref(), Some("oracleTask/task_b"));
         assert_eq!(
             overview.types,
-            [TypeCounts {
-                task_type: "T".into(),
-                pending: 1,
-                waiting: 1,
-                claimed: 1,
-                dead: 1,
-            }]
+            [
+                TypeCounts {
+                    task_type: "Idle".into(),
+                    paused: true,
+                    ..TypeCounts::default()
+                },
+                TypeCounts {
+                    task_type: "T".into(),
+                    pending: 1,
+                    waiting: 1,
+                    claimed: 1,
+                    dead: 1,
+                    paused: false,
+                }
+            ]
         );
         assert_eq!(overview.recent_dead.len(), 1);
         assert_eq!(panes.dead[0].reason, "failed 3 times");

@@ -43,6 +43,8 @@ struct Reading {
     dead: Vec<StoredTask>,
     dead_version: Version,
     paused: bool,
+    /// The task types paused on their own (none, when they cannot be read).
+    paused_types: Vec<String>,
 }
 
 async fn read(ui: &Ui) -> Result<Reading, CoordError> {
@@ -57,6 +59,9 @@ async fn read(ui: &Ui) -> Result<Reading, CoordError> {
         .list(&queue.dead_prefix, Version(0), Duration::ZERO)
         .await?;
     let paused = paused(ui).await?;
+    let paused_types = crate::operate::status::paused_types(ui.coord.as_ref(), queue)
+        .await
+        .unwrap_or_default();
     Ok(Reading {
         holder,
         holder_version,
@@ -65,6 +70,7 @@ async fn read(ui: &Ui) -> Result<Reading, CoordError> {
         dead,
         dead_version,
         paused,
+        paused_types,
     })
 }
 
@@ -109,6 +115,7 @@ pub(super) async fn watch_coordinator(ui: Arc<Ui>) {
                     reading.queued,
                     reading.dead,
                     reading.paused,
+                    &reading.paused_types,
                     &limits,
                     now,
                 );

@@ -536,6 +536,63 @@ async fn dashboard_actions_need_the_csrf_token_and_the_same_origin() {
             .status(),
         404
     );
+    // A task type is paused and resumed from the type table the same way; its name is
+    // checked before it becomes a key.
+    let type_action = |action: &str, token: Option<&str>, name: &str| {
+        let mut request = client()
+            .post(format!("http://{observe}/ui/api/{action}"))
+            .header("Origin", format!("http://{observe}"))
+            .header("Cookie", format!("leaderq_csrf={}", token.unwrap_or("x")))
+            .json(&json!({ "name": name }));
+        if let Some(token) = token {
+            request = request.header("X-CSRF-Token", token);
+        }
+        request.send()
+    };
+    assert_eq!(
+        type_action("type-pause", None, "Report")
+            .await
+            .unwrap()
+            .status(),
+        403
+    );
+    let hostile = type_action("type-pause", Some(&token), "../Report");
+    assert_eq!(hostile.await.unwrap().status(), 400);
+    let paused = type_action("type-pause", Some(&token), "Report");
+    assert_eq!(paused.await.unwrap().status(), 200);
+    let status = leaderq(&bed, &["status"]);
+    let said = String::from_utf8_lossy(&status.stdout).to_string();
+    assert!(said.contains("paused types:  Report"), "{said}");
+    wait_until(
+        Duration::from_secs(10),
+        "the type table listing Report paused",
+        async || {
+            let overview: serde_json::Value = client()
+                .get(format!("http://{observe}/ui/api/overview"))
+                .send()
+                .await
+                .map_err(|e| e.to_string())?
+                .json()
+                .await
+                .map_err(|e| e.to_string())?;
+            let listed = overview["types"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|t| t["task_type"] == "Report" && t["paused"] == true);
+            if listed {
+                Ok(())
+            } else {
+                Err(overview.to_string())
+            }
+        },
+    )
+    .await;
+    let resumed = type_action("type-resume", Some(&token), "Report");
+    assert_eq!(resumed.await.unwrap().status(), 200);
+    let status = leaderq(&bed, &["status"]);
+    let said = String::from_utf8_lossy(&status.stdout).to_string();
+    assert!(!said.contains("paused types:"), "{said}");
     assert_eq!(
         pause(Some(&token), "http://evil.example")
             .await
@@ -821,7 +878,8 @@ async fn dashboard_task_page_shows_each_attempt_and_retries_it_there() {
         .wait_text(
             "#type-rows tr[data-type='Loud']",
             Duration::from_secs(5),
-            |t| t.ends_with('1'),
+            // Type, pending, waiting, running, dead; then its pause.
+            |t| t.split_whitespace().nth(4) == Some("1"),
         )
         .await;
     browser.click(link).await;

@@ -190,8 +190,10 @@ function renderOverview(data) {
     el("tr", { "data-type": t.task_type },
       el("td", {}, el("a", { href: href("queue", { type: t.task_type }) }, t.task_type)),
       el("td", {}, t.pending), el("td", {}, t.waiting), el("td", {}, t.claimed),
-      el("td", {}, t.dead ? el("a", { href: href("dead", { type: t.task_type }) }, t.dead) : "0")));
-  $("type-rows").replaceChildren(...(types.length ? types : [el("tr", {}, el("td", { colSpan: 5 }, "no tasks"))]));
+      el("td", {}, t.dead ? el("a", { href: href("dead", { type: t.task_type }) }, t.dead) : "0"),
+      el("td", { class: "state" }, t.paused ? "paused" : ""),
+      el("td", {}, el("button", { "data-action": t.paused ? "type-resume" : "type-pause", "data-name": t.task_type }, t.paused ? "Resume" : "Pause"))));
+  $("type-rows").replaceChildren(...(types.length ? types : [el("tr", {}, el("td", { colSpan: 7 }, "no tasks"))]));
   const dead = data.recent_dead.map((d) =>
     el("tr", { "data-key": d.key }, el("td", {}, taskLink(d.key)), el("td", {}, d.task_type), el("td", { class: "error" }, d.reason)));
   $("recent-dead").replaceChildren(...(dead.length ? dead : [el("tr", {}, el("td", { colSpan: 3 }, "no dead letters"))]));
