@@ -36,6 +36,10 @@ pub const ENV_ALLOW_LIST: &[&str] = &[
 ];
 /// Besides the allow-list, every locale variable (`LC_ALL`, `LC_CTYPE`, …) is passed.
 pub const ENV_ALLOW_PREFIX: &str = "LC_";
+/// The file an exec handler appends its report lines to (progress, checkpoints).
+pub const PROGRESS_VAR: &str = "LEADERQ_PROGRESS";
+/// The last checkpoint recorded for the task, as JSON, when there is one.
+pub const CHECKPOINT_VAR: &str = "LEADERQ_CHECKPOINT";
 /// PATH for a handler when the replica has none.
 const DEFAULT_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 
@@ -62,6 +66,10 @@ pub struct TaskContext {
     /// Where the run leaves what it printed, for the leader to keep with the attempt
     /// (`[queue] output_limit`): exec handlers do; an in-process handler may.
     pub output: OutputSlot,
+    /// Where the run reports how far it got and where a rerun may start from: the leader
+    /// records both in the task (`progress`, `checkpoint`); exec handlers report through
+    /// the file named in `LEADERQ_PROGRESS`.
+    pub progress: crate::progress::Reporter,
 }
 
 /// What a run printed, as far as it is kept: the end of each stream and how many bytes
@@ -129,6 +137,15 @@ impl TaskContext {
             .map_err(|e| HandlerError::permanent(format!("the task is not JSON: {e}")))?;
         let para = task.get("taskPara").cloned().unwrap_or_default();
         serde_json::from_value(para).map_err(|e| HandlerError::permanent(format!("taskPara: {e}")))
+    }
+
+    /// The last checkpoint recorded for this task by an earlier run (its `checkpoint`
+    /// field), for a rerun to start from; `None` on a first run or when none was recorded.
+    pub fn checkpoint(&self) -> Option<serde_json::Value> {
+        let task: serde_json::Value = serde_json::from_slice(&self.task_json).ok()?;
+        task.get(crate::task::progress::CHECKPOINT)
+            .filter(|c| !c.is_null())
+            .cloned()
     }
 
     /// A lease deadline that never comes, for running a handler outside a leader (tests,
@@ -395,6 +412,7 @@ mod find_program_tests {
             cancel: super::CancellationToken::new(),
             lease_deadline: super::TaskContext::unbounded_lease(),
             output: super::OutputSlot::default(),
+            progress: Default::default(),
         };
         assert_eq!(
             ctx.para::<Para>().unwrap(),
@@ -529,6 +547,22 @@ impl ExecHandler {
         let mut env = self.env.clone();
         env.retain(|(name, _)| !task_env(ctx).iter().any(|(task, _)| task == name));
         env.extend(task_env(ctx));
+        let report_file = crate::progress::ReportFile::create().map_err(|err| {
+            HandlerError::new(format!("cannot create the run's report file: {err}"))
+        })?;
+        env.retain(|(name, _)| name != PROGRESS_VAR && name != CHECKPOINT_VAR);
+        env.push((
+            PROGRESS_VAR.into(),
+            report_file.path().display().to_string(),
+        ));
+        if let Some(checkpoint) = ctx.checkpoint() {
+            env.push((CHECKPOINT_VAR.into(), checkpoint.to_string()));
+        }
+        let mut tail = crate::progress::Tail::open(report_file.path(), &ctx.key)
+            .await
+            .map_err(|err| {
+                HandlerError::new(format!("cannot read the run's report file: {err}"))
+            })?;
         let job = Job {
             command: &self.command,
             env,
@@ -540,13 +574,23 @@ impl ExecHandler {
             pass_stderr: false,
             keep_output: ctx.output.limit(),
         };
-        let ended = supervise::leader::run(&self.supervision, job)
-            .await
-            .map_err(|err| match err {
-                RunError::NotStarted(reason) | RunError::SupervisorLost(reason) => {
-                    HandlerError::new(reason)
-                }
-            })?;
+        let running = supervise::leader::run(&self.supervision, job);
+        tokio::pin!(running);
+        let mut every = tokio::time::interval(crate::progress::TAIL_EVERY);
+        let ended = loop {
+            tokio::select! {
+                ended = &mut running => break ended,
+                _ = every.tick() => tail.look(&ctx.progress).await,
+            }
+        };
+        // What the handler wrote just before it ended.
+        tail.look(&ctx.progress).await;
+        drop(report_file);
+        let ended = ended.map_err(|err| match err {
+            RunError::NotStarted(reason) | RunError::SupervisorLost(reason) => {
+                HandlerError::new(reason)
+            }
+        })?;
         ctx.output.keep(RunOutput {
             stdout: ended.stdout_tail,
             stdout_dropped: ended.stdout_dropped,
@@ -685,6 +729,7 @@ mod tests {
             cancel: CancellationToken::new(),
             lease_deadline: TaskContext::unbounded_lease(),
             output: OutputSlot::default(),
+            progress: Default::default(),
         };
         assert_eq!(
             task_env(&ctx).to_vec(),

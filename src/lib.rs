@@ -38,6 +38,7 @@ pub mod handler;
 pub mod leader;
 pub mod observe;
 pub mod operate;
+pub mod progress;
 pub mod queue;
 pub mod schedule;
 pub mod server;

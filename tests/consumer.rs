@@ -13,6 +13,8 @@ mod blips;
 mod caps;
 #[path = "consumer/catalog.rs"]
 mod catalog;
+#[path = "consumer/checkpoints.rs"]
+mod checkpoints;
 mod common;
 #[path = "consumer/contract_consul.rs"]
 mod contract_consul;

@@ -67,6 +67,9 @@ pub async fn retry(
         "notBefore",
         "takenBy",
         "takenAt",
+        // An earlier run's progress; its checkpoint stays for the next run to start from.
+        "progress",
+        "progressMessage",
     ] {
         fields.shift_remove(field);
     }

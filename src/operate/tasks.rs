@@ -216,6 +216,9 @@ pub struct TaskRow {
     pub due_at: Option<String>,
     pub attempts: u64,
     pub last_error: String,
+    /// How far a running task's run got (0 to 1), as it last reported.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<f64>,
 }
 
 /// Every task under the queue prefix and every dead letter, queue first, in claim order,
@@ -264,6 +267,7 @@ pub fn task_rows(
                 due_at: task.status(now).due().map(crate::task::rfc3339),
                 attempts: u64::from(task.attempts),
                 last_error: task.last_error.clone().unwrap_or_default(),
+                progress: task.progress().map(|(p, _)| p).filter(|_| task.taken),
             },
             None => TaskRow {
                 state: "malformed".into(),
@@ -276,6 +280,7 @@ pub fn task_rows(
                 attempts: 0,
                 last_error: "not a valid task; the leader moves it to the dead-letter prefix"
                     .into(),
+                progress: None,
             },
         });
     }
@@ -303,6 +308,7 @@ pub fn task_rows(
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .into(),
+            progress: None,
         });
     }
     rows
@@ -325,9 +331,14 @@ pub fn render_list(rows: &[TaskRow], now: DateTime<Utc>) -> String {
             .unwrap_or_default();
         // Keys, types and errors are stored text: shown escaped.
         let error: String = escape(&row.last_error).chars().take(80).collect();
+        // A running task's last reported progress joins its state ("running 40%").
+        let state = match row.progress {
+            Some(p) => format!("{} {:.0}%", row.state, p * 100.0),
+            None => row.state.clone(),
+        };
         out.push_str(&format!(
             "{:<10} {:<40} {:<20} {:>10} {:>10} {:>8}  {:<28} {}\n",
-            row.state,
+            state,
             escape(&row.key),
             escape(&row.task_type),
             age,

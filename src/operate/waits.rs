@@ -171,6 +171,7 @@ mod tests {
             due_at: None,
             attempts: 0,
             last_error: String::new(),
+            progress: None,
         }
     }
 

@@ -32,22 +32,23 @@ pub struct CancelMarker {
     pub requested_at: String,
 }
 
-/// Whether `stored` (a marker, if any) asks to cancel the run of claim version `version`.
-pub fn cancels(stored: Option<&StoredTask>, version: TaskVersion) -> bool {
+/// Whether `stored` (a marker, if any) asks to cancel a run whose claim had a version `had` says it had (a
+/// run's recorded reports move its claim's version).
+pub fn cancels(stored: Option<&StoredTask>, had: impl Fn(TaskVersion) -> bool) -> bool {
     stored
         .and_then(|s| serde_json::from_slice::<CancelMarker>(&s.value).ok())
-        .is_some_and(|marker| marker.version == version)
+        .is_some_and(|marker| had(marker.version))
 }
 
 impl Queue {
     /// Resolves once a marker asks to cancel the run of `key` claimed at `version`; an
     /// unreadable marker is looked at again at the next poll.
-    pub(super) async fn cancel_requested(&self, key: &str, version: TaskVersion) {
+    pub(super) async fn cancel_requested(&self, key: &str, had: impl Fn(TaskVersion) -> bool) {
         let keys = [cancel_key(key)];
         loop {
             tokio::time::sleep(CANCEL_POLL).await;
             if let Ok(found) = self.coord.get(&keys).await {
-                if cancels(found.first(), version) {
+                if cancels(found.first(), &had) {
                     return;
                 }
             }
@@ -93,13 +94,13 @@ mod tests {
             ..StoredTask::default()
         };
         assert_eq!(cancel_key("q/t"), "leaderq/cancel/q/t");
-        assert!(cancels(Some(&marker(7)), TaskVersion(7)));
-        assert!(!cancels(Some(&marker(6)), TaskVersion(7)));
-        assert!(!cancels(None, TaskVersion(7)));
+        assert!(cancels(Some(&marker(7)), |v| v == TaskVersion(7)));
+        assert!(!cancels(Some(&marker(6)), |v| v == TaskVersion(7)));
+        assert!(!cancels(None, |v| v == TaskVersion(7)));
         let junk = StoredTask {
             value: b"x".to_vec(),
             ..marker(7)
         };
-        assert!(!cancels(Some(&junk), TaskVersion(7)));
+        assert!(!cancels(Some(&junk), |v| v == TaskVersion(7)));
     }
 }

@@ -36,6 +36,7 @@ mod flights;
 mod history;
 mod output;
 mod plan;
+mod progress;
 pub mod rates;
 mod run;
 #[cfg(test)]

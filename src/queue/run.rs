@@ -16,6 +16,7 @@ use super::entry::pair_of;
 use super::finished::{completions, mark_unanswered, riders, Finished};
 use super::output::{outcome_of, OutputRun};
 use super::plan::chunks;
+use super::progress::Recorded;
 use super::settlement::{
     self, after_run, after_write, retry_policy, AfterWrite, Retry, RunEnd, Settlement, Settling,
 };
@@ -113,10 +114,15 @@ impl Queue {
             cancel: CancellationToken::new(),
             lease_deadline: lead.lease.deadline_watch(),
             output: OutputSlot::new(self.settings.output_limit),
+            progress: Default::default(),
         };
-        let (result, ending, cancelled) = self
-            .handle(lead, handler.as_ref(), &ctx, claimed_version)
-            .await;
+        let recorded = Recorded::new(claimed_version);
+        let (result, ending, cancelled) =
+            self.handle(lead, handler.as_ref(), &ctx, &recorded).await;
+        // The run's own report writes moved its claim's version; its settlement writes
+        // the reports not yet written too.
+        let claimed_version = recorded.version();
+        let task = recorded.onto(task, ctx.progress.take());
         let handled = Handled {
             result,
             ending,
@@ -151,17 +157,22 @@ impl Queue {
         lead: Leading<'_>,
         handler: &dyn crate::handler::Handler,
         ctx: &TaskContext,
-        claimed_version: TaskVersion,
+        recorded: &Recorded,
     ) -> (Result<(), HandlerError>, Option<LeadEnd>, bool) {
         let (lease, cancel, key) = (lead.lease, &ctx.cancel, &ctx.key);
         let mut run = handler.handle(ctx);
+        let stop = CancellationToken::new();
+        let recording = self.record_reports(lead.leadership, ctx, recorded, &stop);
+        tokio::pin!(recording);
+        let mut recording_over = false;
         let mut ending: Option<LeadEnd> = None;
         // `leaderq tasks cancel` of this run: its handler is stopped, the task dead-lettered.
         let mut cancelled = false;
         let result = loop {
             tokio::select! {
                 result = &mut run => break result,
-                _ = self.cancel_requested(key, claimed_version), if ending.is_none() && !cancelled => {
+                _ = &mut recording, if !recording_over => recording_over = true,
+                _ = self.cancel_requested(key, |v| recorded.had(v)), if ending.is_none() && !cancelled => {
                     tracing::warn!(task_key = %key, fencing_token = ctx.fencing_token.0, "cancel requested by an operator: stopping the handler");
                     cancelled = true;
                     cancel.cancel();
@@ -182,6 +193,11 @@ impl Queue {
                 }
             }
         };
+        // A report write on its way is answered first: its version is the settlement's.
+        stop.cancel();
+        if !recording_over {
+            recording.await;
+        }
         (result, ending, cancelled)
     }
 

@@ -24,6 +24,7 @@ pub mod history;
 pub mod key;
 mod known;
 pub mod output;
+pub mod progress;
 mod rewrite;
 
 use std::time::Duration;
@@ -306,6 +307,16 @@ impl Task {
         serde_json::from_slice(&self.value).expect("the value parsed as an object when read")
     }
 
+    /// The latest progress a run recorded (`progress`, 0 to 1) and its message, if any.
+    pub fn progress(&self) -> Option<(f64, Option<String>)> {
+        let fields = self.fields();
+        let progress = fields.get(progress::PROGRESS)?.as_f64()?.clamp(0.0, 1.0);
+        let message = fields
+            .get(progress::PROGRESS_MESSAGE)
+            .and_then(Value::as_str);
+        Some((progress, message.map(str::to_string)))
+    }
+
     /// Claim order: `taskPriority` (higher first), then `taskTime`, then creation, then key.
     pub fn order_key(&self) -> (std::cmp::Reverse<i32>, DateTime<Utc>, u64, &str) {
         let priority = std::cmp::Reverse(self.priority.unwrap_or(0));
@@ -370,12 +381,24 @@ impl Task {
         .expect("task JSON serializes")
     }
 
-    /// The value written when the leader claims the task.
+    /// The same task with `updates` in its value: for fields leaderq writes during a run
+    /// (progress, checkpoint), which change none of the fields parsed here.
+    pub fn updated(&self, updates: &[(&str, Value)]) -> Task {
+        Task {
+            value: self.with(updates).into_boxed_slice(),
+            ..self.clone()
+        }
+    }
+
+    /// The value written when the leader claims the task: a new run has reported no
+    /// progress yet (an earlier run's checkpoint stays, for it to start from).
     pub fn claimed(&self, lease: &str, node: &str, now: DateTime<Utc>) -> Vec<u8> {
         self.with(&[
             ("taskTaken", Value::Bool(true)),
             ("takenBy", json!({"session": lease, "node": node})),
             ("takenAt", Value::String(rfc3339(now))),
+            (progress::PROGRESS, Value::Null),
+            (progress::PROGRESS_MESSAGE, Value::Null),
         ])
     }
 

@@ -434,6 +434,16 @@ fn value_of(bytes: &[u8]) -> Value {
         .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(bytes).into_owned()))
 }
 
+/// A running task's last reported progress for its summary (", 40% done: copying"), or
+/// nothing when it reported none.
+fn progress_text(task: &Task) -> String {
+    match task.progress() {
+        Some((p, Some(message))) => format!(", {:.0}% done: {message}", p * 100.0),
+        Some((p, None)) => format!(", {:.0}% done", p * 100.0),
+        None => String::new(),
+    }
+}
+
 fn text(value: &Value, name: &str) -> Option<String> {
     value.get(name).and_then(Value::as_str).map(str::to_string)
 }
@@ -481,10 +491,11 @@ pub fn queued_page(
         Status::Delayed(at) => format!("waiting for a retry: due at {}", rfc3339(*at)),
         Status::Scheduled(at) => format!("scheduled: due at {}", rfc3339(*at)),
         Status::InFlight => format!(
-            "running: claimed by {} at {} (attempt {})",
+            "running: claimed by {} at {} (attempt {}){}",
             claimed_by.as_deref().unwrap_or("?"),
             claimed_at.as_deref().unwrap_or("?"),
-            task.run_number()
+            task.run_number(),
+            progress_text(&task)
         ),
         Status::Orphan => format!(
             "orphaned: claimed by {}, whose lease is gone; the next leader requeues it",

@@ -46,6 +46,8 @@ pub struct Running {
     pub taken_at: String,
     pub elapsed_seconds: Option<i64>,
     pub attempt: u32,
+    /// How far the run got (0 to 1), as it last reported.
+    pub progress: Option<f64>,
 }
 
 /// One dead letter, with what the pane shows.
@@ -190,6 +192,7 @@ pub fn panes(
                     .unwrap_or_default()
                     .to_string(),
                 attempt: task.run_number(),
+                progress: task.progress().map(|(p, _)| p),
                 key: task.key,
                 task_type: task.task_type,
                 taken_at,

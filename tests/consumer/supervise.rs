@@ -613,6 +613,7 @@ mod exec_handler {
             cancel: CancellationToken::new(),
             lease_deadline: TaskContext::unbounded_lease(),
             output: OutputSlot::default(),
+            progress: Default::default(),
         }
     }
 

@@ -200,8 +200,9 @@ function renderOverview(data) {
   const rows = data.running.map((task) =>
     el("tr", { "data-key": task.key },
       el("td", {}, taskLink(task.key)), el("td", {}, task.task_type), el("td", {}, task.node),
-      el("td", {}, task.attempt), el("td", { class: "elapsed", "data-since": task.taken_at }, age(since(task.taken_at)))));
-  $("running-rows").replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colSpan: 5 }, "nothing running"))]));
+      el("td", {}, task.attempt), el("td", { class: "elapsed", "data-since": task.taken_at }, age(since(task.taken_at))),
+      el("td", { class: "progress" }, task.progress == null ? "" : `${Math.round(task.progress * 100)}%`)));
+  $("running-rows").replaceChildren(...(rows.length ? rows : [el("tr", {}, el("td", { colSpan: 6 }, "nothing running"))]));
 }
 
 function chartWindow() {

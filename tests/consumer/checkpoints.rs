@@ -1,0 +1,105 @@
+//! Progress and checkpoints with real processes on every backend's real servers: an exec
+//! handler counts to 40, reporting each count as its checkpoint on `LEADERQ_PROGRESS`;
+//! the leader records them in the task; the leader is SIGKILLed midway, and the next
+//! leader's run starts from the last checkpoint the coordinator acknowledged (given in
+//! `LEADERQ_CHECKPOINT`), not from the beginning.
+
+use super::*;
+
+on_every_backend! {
+    /// A rerun after a failover starts from the last recorded checkpoint.
+    #[tokio::test]
+    fn a_rerun_after_a_failover_starts_from_the_last_checkpoint => a_rerun_after_a_failover_starts_from_the_last_checkpoint();
+}
+
+/// The counting handler: reads its start from `$LEADERQ_CHECKPOINT` (0 if none), then
+/// counts to 40, reporting each count before journaling it (`n N NODE ATTEMPT`).
+fn counter(journal: &str) -> String {
+    format!(
+        r#"n=$(printf '%s' "${{LEADERQ_CHECKPOINT:-}}" | sed -n 's/.*"n":\([0-9]*\).*/\1/p'); n=${{n:-0}}
+while [ "$n" -lt 40 ]; do
+  n=$((n+1))
+  p=$(awk "BEGIN {{ print $n / 40 }}")
+  echo "{{\"checkpoint\":{{\"n\":$n}},\"progress\":$p,\"message\":\"step $n\"}}" >> "$LEADERQ_PROGRESS"
+  echo "n $n $NODE $LEADERQ_ATTEMPT" >> {journal}
+  sleep 0.1
+done"#
+    )
+}
+
+async fn a_rerun_after_a_failover_starts_from_the_last_checkpoint(backend: &str) {
+    let Some(mut bed) = TestBed::on(backend) else {
+        return;
+    };
+    let j = bed.journal.display().to_string();
+    let settings = TestSettings::new(&bed.journal).handler("Count", &counter(&j));
+    for node in ["ca", "cb"] {
+        bed.start_replica_with(node, &settings.toml(node));
+    }
+    let leader = bed.leader(Duration::from_secs(20)).await;
+    bed.produce(
+        "count",
+        &json!({"taskId": "count", "taskTime": 1, "taskType": "Count"}),
+    )
+    .expect("produce");
+    bed.wait_for_line(Duration::from_secs(30), |line| {
+        line[0] == "n" && line[1].parse::<u32>().unwrap_or(0) >= 10
+    })
+    .await;
+    // The leader records the reports in the task while the run goes on.
+    let stored = wait_until(
+        Duration::from_secs(10),
+        "a recorded checkpoint",
+        async || {
+            let found = bed.coord.get(&["oracleTask/count".to_string()]).await;
+            let task: Value = found
+                .ok()
+                .and_then(|f| f.into_iter().next())
+                .and_then(|t| serde_json::from_slice(&t.value).ok())
+                .unwrap_or_default();
+            match task["checkpoint"]["n"].as_u64() {
+                Some(n) if n >= 1 && task["progress"].as_f64().is_some() => Ok(task),
+                _ => Err(task),
+            }
+        },
+    )
+    .await;
+    assert!(stored["progressMessage"].as_str().is_some(), "{stored}");
+    // `tasks list` shows the running task's progress, `tasks show` its checkpoint.
+    let listed = bed
+        .leaderq(&["tasks", "list"])
+        .output()
+        .expect("tasks list");
+    let listed = String::from_utf8_lossy(&listed.stdout).to_string();
+    let row = listed.lines().find(|l| l.contains("oracleTask/count"));
+    assert!(
+        row.is_some_and(|row| row.starts_with("in_flight ") && row.contains('%')),
+        "{listed}"
+    );
+    let shown = bed
+        .leaderq(&["tasks", "show", "count"])
+        .output()
+        .expect("tasks show");
+    let shown = String::from_utf8_lossy(&shown.stdout).to_string();
+    assert!(shown.contains("\"checkpoint\""), "{shown}");
+    bed.replica(&leader).kill();
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(90))
+        .await;
+    let journal = bed.journal();
+    let counts = |mine: bool| -> Vec<u32> {
+        journal
+            .iter()
+            .filter(|line| line[0] == "n" && (line[2] == leader) == mine)
+            .map(|line| line[1].parse().unwrap())
+            .collect()
+    };
+    let (first, rerun) = (counts(true), counts(false));
+    let text = format!("{journal:?}\n{}", bed.logs());
+    let last_of_first = *first.last().expect("the first run counted");
+    let start = *rerun.first().expect("the next leader ran the task again");
+    assert!(
+        start > 1 && start <= last_of_first + 1,
+        "the rerun starts from a recorded checkpoint (first run to {last_of_first}, rerun from {start}): {text}"
+    );
+    assert_eq!(rerun.last(), Some(&40), "{text}");
+}
