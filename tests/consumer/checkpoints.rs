@@ -2,7 +2,8 @@
 //! handler counts to 40, reporting each count as its checkpoint on `LEADERQ_PROGRESS`;
 //! the leader records them in the task; the leader is SIGKILLed midway, and the next
 //! leader's run starts from the last checkpoint the coordinator acknowledged (given in
-//! `LEADERQ_CHECKPOINT`), not from the beginning.
+//! `LEADERQ_CHECKPOINT`), not from the beginning. A frozen leader's late reports, once it
+//! wakes, are refused: the stored checkpoint never goes backwards nor past the rerun's.
 
 use super::*;
 
@@ -10,16 +11,19 @@ on_every_backend! {
     /// A rerun after a failover starts from the last recorded checkpoint.
     #[tokio::test]
     fn a_rerun_after_a_failover_starts_from_the_last_checkpoint => a_rerun_after_a_failover_starts_from_the_last_checkpoint();
+    /// A frozen leader's reports, written once it wakes, never land.
+    #[tokio::test]
+    fn a_frozen_leaders_late_reports_are_refused => a_frozen_leaders_late_reports_are_refused();
 }
 
 /// The counting handler: reads its start from `$LEADERQ_CHECKPOINT` (0 if none), then
-/// counts to 40, reporting each count before journaling it (`n N NODE ATTEMPT`).
-fn counter(journal: &str) -> String {
+/// counts to `to`, reporting each count before journaling it (`n N NODE ATTEMPT`).
+fn counter(journal: &str, to: u32) -> String {
     format!(
         r#"n=$(printf '%s' "${{LEADERQ_CHECKPOINT:-}}" | sed -n 's/.*"n":\([0-9]*\).*/\1/p'); n=${{n:-0}}
-while [ "$n" -lt 40 ]; do
+while [ "$n" -lt {to} ]; do
   n=$((n+1))
-  p=$(awk "BEGIN {{ print $n / 40 }}")
+  p=$(awk "BEGIN {{ print $n / {to} }}")
   echo "{{\"checkpoint\":{{\"n\":$n}},\"progress\":$p,\"message\":\"step $n\"}}" >> "$LEADERQ_PROGRESS"
   echo "n $n $NODE $LEADERQ_ATTEMPT" >> {journal}
   sleep 0.1
@@ -32,7 +36,7 @@ async fn a_rerun_after_a_failover_starts_from_the_last_checkpoint(backend: &str)
         return;
     };
     let j = bed.journal.display().to_string();
-    let settings = TestSettings::new(&bed.journal).handler("Count", &counter(&j));
+    let settings = TestSettings::new(&bed.journal).handler("Count", &counter(&j, 40));
     for node in ["ca", "cb"] {
         bed.start_replica_with(node, &settings.toml(node));
     }
@@ -102,4 +106,78 @@ async fn a_rerun_after_a_failover_starts_from_the_last_checkpoint(backend: &str)
         "the rerun starts from a recorded checkpoint (first run to {last_of_first}, rerun from {start}): {text}"
     );
     assert_eq!(rerun.last(), Some(&40), "{text}");
+}
+
+/// The stored checkpoint of `oracleTask/count`, if the task is there and has one.
+async fn stored_checkpoint(bed: &TestBed) -> Option<u64> {
+    let found = bed
+        .coord
+        .get(&["oracleTask/count".to_string()])
+        .await
+        .ok()?;
+    let task: Value = serde_json::from_slice(&found.into_iter().next()?.value).ok()?;
+    task["checkpoint"]["n"].as_u64()
+}
+
+/// The counting handler to 80 on two replicas; the leader is SIGSTOPped past its lease
+/// while its run goes on (its supervisor kills it by the lease's deadline, after it wrote
+/// counts the frozen leader never recorded), and woken once the other replica reruns the
+/// task. Sampled until the task is done, the stored checkpoint never goes backwards and is
+/// never more than one past what the rerun journaled: the woken leader's late reports never land.
+async fn a_frozen_leaders_late_reports_are_refused(backend: &str) {
+    let Some(mut bed) = TestBed::on(backend) else {
+        return;
+    };
+    let j = bed.journal.display().to_string();
+    let settings = TestSettings::new(&bed.journal).handler("Count", &counter(&j, 80));
+    for node in ["fa", "fb"] {
+        bed.start_replica_with(node, &settings.toml(node));
+    }
+    let leader = bed.leader(Duration::from_secs(20)).await;
+    bed.produce(
+        "count",
+        &json!({"taskId": "count", "taskTime": 1, "taskType": "Count"}),
+    )
+    .expect("produce");
+    bed.wait_for_line(Duration::from_secs(30), |line| {
+        line[0] == "n" && line[1].parse::<u32>().unwrap_or(0) >= 10
+    })
+    .await;
+    let frozen = bed.replica(&leader).pid();
+    common::signal(frozen, "STOP");
+    bed.wait_for_line(Duration::from_secs(60), |line| {
+        line[0] == "n" && line[2] != leader
+    })
+    .await;
+    common::signal(frozen, "CONT");
+    let rerun_max = |journal: &[Vec<String>]| -> u64 {
+        let rerun = journal.iter().filter(|l| l[0] == "n" && l[2] != leader);
+        rerun.filter_map(|l| l[1].parse().ok()).max().unwrap_or(0)
+    };
+    let mut last = 0;
+    let started = Instant::now();
+    loop {
+        let Some(n) = stored_checkpoint(&bed).await else {
+            break;
+        };
+        let journal = bed.journal();
+        let text = || format!("{journal:?}\n{}", bed.logs());
+        assert!(
+            n >= last,
+            "the stored checkpoint went back from {last} to {n}: {}",
+            text()
+        );
+        // The rerun reports a count just before it journals it: one ahead at most.
+        assert!(
+            n <= rerun_max(&journal) + 1,
+            "the stored checkpoint {n} is past the rerun's counts: {}",
+            text()
+        );
+        last = n;
+        assert!(started.elapsed() < Duration::from_secs(90), "{}", text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(90))
+        .await;
+    assert_eq!(rerun_max(&bed.journal()), 80, "{}", bed.logs());
 }

@@ -17,6 +17,7 @@ use crate::observe::Metrics;
 use crate::task::history::HistoryRecord;
 
 mod ahead;
+mod checkpoints;
 mod counting;
 mod groups;
 mod leading;
