@@ -547,22 +547,15 @@ impl ExecHandler {
         let mut env = self.env.clone();
         env.retain(|(name, _)| !task_env(ctx).iter().any(|(task, _)| task == name));
         env.extend(task_env(ctx));
-        let report_file = crate::progress::ReportFile::create().map_err(|err| {
-            HandlerError::new(format!("cannot create the run's report file: {err}"))
-        })?;
+        // Without a report file (a full temp dir) the run goes on, reporting nothing.
+        let mut reports = crate::progress::Reports::open(&ctx.key).await;
         env.retain(|(name, _)| name != PROGRESS_VAR && name != CHECKPOINT_VAR);
-        env.push((
-            PROGRESS_VAR.into(),
-            report_file.path().display().to_string(),
-        ));
+        if let Some(reports) = &reports {
+            env.push((PROGRESS_VAR.into(), reports.path().display().to_string()));
+        }
         if let Some(checkpoint) = ctx.checkpoint() {
             env.push((CHECKPOINT_VAR.into(), checkpoint.to_string()));
         }
-        let mut tail = crate::progress::Tail::open(report_file.path(), &ctx.key)
-            .await
-            .map_err(|err| {
-                HandlerError::new(format!("cannot read the run's report file: {err}"))
-            })?;
         let job = Job {
             command: &self.command,
             env,
@@ -580,12 +573,17 @@ impl ExecHandler {
         let ended = loop {
             tokio::select! {
                 ended = &mut running => break ended,
-                _ = every.tick() => tail.look(&ctx.progress).await,
+                _ = every.tick(), if reports.is_some() => {
+                    if let Some(reports) = &mut reports {
+                        reports.look(&ctx.progress).await;
+                    }
+                }
             }
         };
         // What the handler wrote just before it ended.
-        tail.look(&ctx.progress).await;
-        drop(report_file);
+        if let Some(mut reports) = reports {
+            reports.look(&ctx.progress).await;
+        }
         let ended = ended.map_err(|err| match err {
             RunError::NotStarted(reason) | RunError::SupervisorLost(reason) => {
                 HandlerError::new(reason)

@@ -128,6 +128,39 @@ impl Drop for ReportFile {
     }
 }
 
+/// An exec run's report file and its reader.
+pub struct Reports {
+    file: ReportFile,
+    tail: Tail,
+}
+
+impl Reports {
+    /// The report file of the run of `key`, created and opened; `None` (with a warning)
+    /// when it cannot be: the run then goes on without one.
+    pub async fn open(key: &str) -> Option<Reports> {
+        let opened = match ReportFile::create() {
+            Ok(file) => Tail::open(file.path(), key).await.map(|tail| (file, tail)),
+            Err(err) => Err(err),
+        };
+        match opened {
+            Ok((file, tail)) => Some(Reports { file, tail }),
+            Err(err) => {
+                tracing::warn!(task_key = %key, error = %err, "cannot create the run's report file in the temp dir: the run reports no progress (check TMPDIR)");
+                None
+            }
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.file.path()
+    }
+
+    /// Reads what the run appended since the last look ([`Tail::look`]).
+    pub async fn look(&mut self, reporter: &Reporter) {
+        self.tail.look(reporter).await
+    }
+}
+
 /// Reads a report file's new lines into a reporter, a bounded amount at each look.
 pub struct Tail {
     file: tokio::fs::File,
