@@ -635,4 +635,25 @@ mod tests {
         let states: Vec<&str> = rows.iter().map(|row| row.state.as_str()).collect();
         assert_eq!(states, ["paused", "pending", "paused", "dead"]);
     }
+
+    /// A running task's last reported progress joins its state in the table and its row in
+    /// JSON; a pending task's progress from an earlier run does not.
+    #[test]
+    fn a_running_tasks_progress_shows_beside_its_state() {
+        let mut running = stored(
+            "q/a",
+            r#"{"taskType":"Copy","taskTime":1,"taskTaken":true,"progress":0.4,"checkpoint":{"n":4}}"#,
+        );
+        running.holder = Some(crate::coord::LeaseId("s1".into()));
+        let pending = stored("q/b", r#"{"taskType":"Copy","taskTime":2,"progress":0.9}"#);
+        let now = chrono::Utc::now();
+        let rows = task_rows(vec![running, pending], Vec::new(), now);
+        assert_eq!(rows[0].progress, Some(0.4));
+        assert_eq!(rows[1].progress, None);
+        let table = super::render_list(&rows, now);
+        assert!(table.contains("in_flight 40%"), "{table}");
+        let json = serde_json::to_value(&rows).unwrap();
+        assert_eq!(json[0]["progress"], 0.4);
+        assert!(json[1].get("progress").is_none(), "{json}");
+    }
 }

@@ -520,8 +520,9 @@ mod tests {
 
     /// The overview names the leader and its token, counts the queue (a scheduled task
     /// apart, with when the next one is due) and by type, says how long the oldest due task
-    /// has waited, and shows a held task as running with its node and elapsed time; the
-    /// queue pane says when a scheduled task is due; dead letters carry their reason.
+    /// has waited, and shows a held task as running with its node, elapsed time and
+    /// progress; the queue pane says when a scheduled task is due; dead letters carry their
+    /// reason.
     #[test]
     fn panes_show_leader_running_task_and_dead_letters() {
         let holder = Holder {
@@ -536,7 +537,8 @@ mod tests {
         let mut running = stored(
             "oracleTask/task_a",
             json!({"taskId": "a", "taskTime": 1, "taskType": "T", "taskTaken": true,
-                   "takenBy": {"session": "s1", "node": "r1"}, "takenAt": "1970-01-01T00:01:40Z"}),
+                   "takenBy": {"session": "s1", "node": "r1"}, "takenAt": "1970-01-01T00:01:40Z",
+                   "progress": 0.25}),
         );
         running.holder = Some(LeaseId("s1".into()));
         let queued = vec![
@@ -584,6 +586,7 @@ mod tests {
         assert_eq!(overview.running.len(), 1);
         assert_eq!(overview.running[0].node, "r1");
         assert_eq!(overview.running[0].elapsed_seconds, Some(30));
+        assert_eq!(overview.running[0].progress, Some(0.25));
         assert_eq!(panes.queue.len(), 3);
         assert_eq!(panes.queue[0].id, "a");
         let scheduled = &panes.queue[2].row;
