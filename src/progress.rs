@@ -44,6 +44,8 @@ pub struct Reporter {
 struct Shared {
     pending: Mutex<Pending>,
     changed: Notify,
+    /// Report lines refused: how many, and why the last was.
+    refused: Mutex<Option<(u32, String)>>,
 }
 
 impl Reporter {
@@ -79,6 +81,21 @@ impl Reporter {
             }
         }
         self.inner.changed.notify_one();
+    }
+
+    /// A report line was refused, for `why`.
+    pub fn refuse(&self, why: &str) {
+        if let Ok(mut refused) = self.inner.refused.lock() {
+            let count = refused.as_ref().map_or(0, |(count, _)| *count);
+            *refused = Some((count.saturating_add(1), why.to_string()));
+        }
+    }
+
+    /// What the run's attempt record says of the report lines refused, if any was.
+    pub fn refusals(&self) -> Option<String> {
+        let refused = self.inner.refused.lock().ok()?;
+        let (count, why) = refused.as_ref()?;
+        Some(format!("{count} report line(s) refused; the last: {why}"))
     }
 
     /// The reports not yet taken, taken.
@@ -192,18 +209,19 @@ impl Tail {
             }
         };
         for line in self.lines(&chunk[..read]) {
-            match parse_line(&line) {
+            match line.and_then(|line| parse_line(&line)) {
                 Ok(report) => reporter.report(report),
                 Err(why) => {
-                    tracing::warn!(task_key = %self.key, error = %why, "a report line of the run is refused")
+                    tracing::warn!(task_key = %self.key, error = %why, "a report line of the run is refused");
+                    reporter.refuse(&why);
                 }
             }
         }
     }
 
     /// Whole lines in `read` after what came before; a line over the limit is refused
-    /// (once) and its bytes dropped.
-    fn lines(&mut self, read: &[u8]) -> Vec<Vec<u8>> {
+    /// (once: an `Err`) and its bytes dropped.
+    fn lines(&mut self, read: &[u8]) -> Vec<Result<Vec<u8>, String>> {
         let mut lines = Vec::new();
         for piece in read.split_inclusive(|b| *b == b'\n') {
             let ends = piece.ends_with(b"\n");
@@ -211,14 +229,16 @@ impl Tail {
             if !self.skipping {
                 self.partial.extend_from_slice(piece);
                 if self.partial.len() > MAX_LINE {
-                    tracing::warn!(task_key = %self.key, limit = MAX_LINE, "a report line of the run is over the limit: refused; keep checkpoints small");
+                    lines.push(Err(format!(
+                        "a report line is over the {MAX_LINE}-byte limit: keep checkpoints small"
+                    )));
                     self.partial.clear();
                     self.skipping = true;
                 }
             }
             if ends {
                 if !self.skipping && !self.partial.iter().all(u8::is_ascii_whitespace) {
-                    lines.push(std::mem::take(&mut self.partial));
+                    lines.push(Ok(std::mem::take(&mut self.partial)));
                 }
                 self.partial.clear();
                 self.skipping = false;
@@ -245,12 +265,16 @@ mod tests {
         assert!(tail.lines(br#"{"progress":"#).is_empty());
         assert_eq!(
             tail.lines(b" 0.5}\n\n"),
-            vec![br#"{"progress": 0.5}"#.to_vec()]
+            vec![Ok(br#"{"progress": 0.5}"#.to_vec())]
         );
         let big = vec![b'x'; MAX_LINE + 1];
-        assert!(tail.lines(&big).is_empty());
+        let refused = tail.lines(&big);
+        assert!(
+            matches!(&refused[..], [Err(why)] if why.contains("limit")),
+            "{refused:?}"
+        );
         assert!(tail.lines(b"more\n").is_empty());
-        assert_eq!(tail.lines(b"{}\n"), vec![b"{}".to_vec()]);
+        assert_eq!(tail.lines(b"{}\n"), vec![Ok(b"{}".to_vec())]);
     }
 
     /// The latest progress and checkpoint are kept; taking empties them.
@@ -264,5 +288,10 @@ mod tests {
         assert_eq!(pending.progress, Some((1.0, None)));
         assert_eq!(pending.checkpoint, Some(serde_json::json!(1)));
         assert!(reporter.take().is_empty());
+        assert_eq!(reporter.refusals(), None);
+        reporter.refuse("not JSON");
+        reporter.refuse("too long");
+        let said = reporter.refusals().unwrap();
+        assert!(said.starts_with("2 report line(s) refused") && said.ends_with("too long"));
     }
 }

@@ -76,6 +76,8 @@ struct Handled {
     stopped: bool,
     started_at: chrono::DateTime<chrono::Utc>,
     elapsed: Duration,
+    /// The report lines refused, for the attempt's record.
+    refused: Option<String>,
 }
 
 /// How one handler run went: how long it took, and whether leadership ends.
@@ -130,6 +132,7 @@ impl Queue {
             stopped: ctx.cancel.is_cancelled(),
             started_at: clock.wall_at(started),
             elapsed: clock.since(started),
+            refused: ctx.progress.refusals(),
         };
         let run = OutputRun {
             attempt: ctx.attempt,
@@ -220,7 +223,9 @@ impl Queue {
         let logged = |outcome: &str, error: &str| {
             let (started, node, token) =
                 (handled.started_at, &self.node_id, leadership.fencing_token);
-            Attempt::new(attempt, started, now, outcome, error, node, token)
+            let mut run = Attempt::new(attempt, started, now, outcome, error, node, token);
+            run.note = handled.refused.clone().unwrap_or_default();
+            run
         };
         match settlement {
             Settlement::Complete { clear_cancel } => {

@@ -48,6 +48,9 @@ pub struct Attempt {
     pub node: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing_token: Option<FencingToken>,
+    /// What the leader noted of the run besides its outcome: report lines it refused.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub note: String,
 }
 
 impl Attempt {
@@ -69,6 +72,7 @@ impl Attempt {
             error: super::cut(error, ATTEMPT_ERROR_MAX).to_string(),
             node: node.to_string(),
             fencing_token: Some(fencing_token),
+            note: String::new(),
         }
     }
 }

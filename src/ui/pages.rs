@@ -577,6 +577,7 @@ pub fn completed_page(record: HistoryRecord) -> TaskPage {
         error: String::new(),
         node: record.node.clone().unwrap_or_default(),
         fencing_token: record.fencing_token,
+        note: String::new(),
     });
     TaskPage {
         key: record.key.clone(),

@@ -4,6 +4,8 @@
 //! leader's run starts from the last checkpoint the coordinator acknowledged (given in
 //! `LEADERQ_CHECKPOINT`), not from the beginning. A frozen leader's late reports, once it
 //! wakes, are refused: the stored checkpoint never goes backwards nor past the rerun's.
+//! A retry and a dead letter retried get the checkpoint too, and report lines refused
+//! (malformed, oversized) are noted in the attempt's record.
 
 use super::*;
 
@@ -14,6 +16,9 @@ on_every_backend! {
     /// A frozen leader's reports, written once it wakes, never land.
     #[tokio::test]
     fn a_frozen_leaders_late_reports_are_refused => a_frozen_leaders_late_reports_are_refused();
+    /// A retry and a dead letter retried start from the checkpoint; bad lines are noted.
+    #[tokio::test]
+    fn retries_and_retried_dead_letters_get_the_checkpoint => retries_and_retried_dead_letters_get_the_checkpoint();
 }
 
 /// The counting handler: reads its start from `$LEADERQ_CHECKPOINT` (0 if none), then
@@ -180,4 +185,73 @@ async fn a_frozen_leaders_late_reports_are_refused(backend: &str) {
     bed.wait_until_empty("oracleTask/", Duration::from_secs(90))
         .await;
     assert_eq!(rerun_max(&bed.journal()), 80, "{}", bed.logs());
+}
+
+/// A handler that counts its runs in a file: the first reports a malformed and an
+/// oversized line, then a checkpoint, and fails; the second checkpoints again and fails
+/// for good (exit 65: dead-lettered); the third, after `leaderq tasks retry`, succeeds.
+/// Each journals `got RUN CHECKPOINT`. The retry and the retried dead letter get the last
+/// checkpoint, and the first attempt's record notes the two refused lines.
+async fn retries_and_retried_dead_letters_get_the_checkpoint(backend: &str) {
+    let Some(mut bed) = TestBed::on(backend) else {
+        return;
+    };
+    let j = bed.journal.display().to_string();
+    let runs = bed.dir.path().join("runs").display().to_string();
+    let script = format!(
+        r#"c=$(cat {runs} 2>/dev/null || echo 0); c=$((c+1)); echo $c > {runs}
+echo "got $c ${{LEADERQ_CHECKPOINT:-none}}" >> {j}
+case $c in
+  1) echo 'not json' >> "$LEADERQ_PROGRESS"
+     head -c 70000 /dev/zero | tr '\0' x >> "$LEADERQ_PROGRESS"; echo >> "$LEADERQ_PROGRESS"
+     echo '{{"checkpoint":{{"n":1}}}}' >> "$LEADERQ_PROGRESS"; exit 1;;
+  2) echo '{{"checkpoint":{{"n":2}}}}' >> "$LEADERQ_PROGRESS"; exit 65;;
+esac"#
+    );
+    let settings = TestSettings::new(&bed.journal).handler("Resume", &script);
+    bed.start_replica_with("r1", &settings.toml("r1"));
+    bed.produce(
+        "resume",
+        &json!({"taskId": "resume", "taskTime": 1, "taskType": "Resume"}),
+    )
+    .expect("produce");
+    wait_until(Duration::from_secs(60), "the dead letter", async || {
+        let (dead, _) = bed
+            .coord
+            .list(
+                "oracleTaskDead/",
+                leaderq::coord::Version(0),
+                Duration::ZERO,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        dead.into_iter().next().ok_or_else(|| bed.logs())
+    })
+    .await;
+    let (dead, _) = bed
+        .coord
+        .list(
+            "oracleTaskDead/",
+            leaderq::coord::Version(0),
+            Duration::ZERO,
+        )
+        .await
+        .unwrap();
+    let letter: Value = serde_json::from_slice(&dead[0].value).unwrap();
+    assert_eq!(letter["checkpoint"], json!({"n": 2}), "{letter}");
+    let note = letter["attemptLog"][0]["note"].as_str().unwrap_or_default();
+    assert!(note.starts_with("2 report line(s) refused"), "{letter}");
+    let out = bed
+        .leaderq(&["tasks", "retry", &dead[0].key])
+        .output()
+        .expect("tasks retry");
+    assert!(out.status.success(), "{out:?}");
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(60))
+        .await;
+    bed.wait_journal(Duration::from_secs(30), "the third run", |journal| {
+        journal.len() >= 3
+    })
+    .await;
+    let got: Vec<String> = bed.journal().iter().map(|line| line[2].clone()).collect();
+    assert_eq!(got, ["none", r#"{"n":1}"#, r#"{"n":2}"#], "{}", bed.logs());
 }
