@@ -197,7 +197,7 @@ impl Tail {
         })
     }
 
-    /// Reads what was appended since the last look (at most [`READ_AT_ONCE`]) and reports
+    /// Reads what was appended since the last look (at most `READ_AT_ONCE`) and reports
     /// its whole lines; a bad line is logged and skipped.
     pub async fn look(&mut self, reporter: &Reporter) {
         let mut chunk = vec![0; READ_AT_ONCE];
