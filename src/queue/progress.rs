@@ -1,7 +1,8 @@
 //! Recording a run's reports (`crate::progress::Reporter`) in its task while it runs: the
-//! latest progress (at most once a second) and each checkpoint (the latest when the write
-//! before it is answered), written as the claim taken up again by the run's own lease
-//! (`TaskOp::Claim` at the claim's current version), guarded by the leadership. A write
+//! latest progress (at most once a second) and the latest checkpoint (at most four times a
+//! second, never before the write before it is answered), written as the claim taken up
+//! again by the run's own lease (`TaskOp::Claim` at the claim's current version), guarded
+//! by the leadership. A write
 //! answered `NotLeader` or `Conflict` means the run's reports are no longer this leader's
 //! to write: it stops reporting, and the run goes on. Each write's new version becomes the
 //! run's (`Recorded`), which its settlement and an operator's cancel are conditioned on;
@@ -30,6 +31,9 @@ pub(super) struct Recorded {
 struct State {
     versions: Vec<TaskVersion>,
     latest: Pending,
+    /// The value of a write whose answer was lost and which no read has found yet: it may
+    /// have been applied, moving the claim's version without this run knowing.
+    unsure: Option<Vec<u8>>,
 }
 
 impl Recorded {
@@ -37,7 +41,7 @@ impl Recorded {
         Recorded {
             state: Mutex::new(State {
                 versions: vec![claimed],
-                latest: Pending::default(),
+                ..State::default()
             }),
         }
     }
@@ -77,6 +81,19 @@ impl Recorded {
         }
     }
 
+    fn unsure(&self) -> Option<Vec<u8>> {
+        self.state
+            .lock()
+            .ok()
+            .and_then(|state| state.unsure.clone())
+    }
+
+    fn set_unsure(&self, value: Option<Vec<u8>>) {
+        if let Ok(mut state) = self.state.lock() {
+            state.unsure = value;
+        }
+    }
+
     /// `task` with the run's last reports (`pending`: those not yet written), for its
     /// settlement to write.
     pub(super) fn onto(&self, task: Box<Task>, pending: Pending) -> Box<Task> {
@@ -104,8 +121,8 @@ impl Queue {
         let mut throttle = Throttle::default();
         let mut pending = Pending::default();
         loop {
-            let wait = throttle.wait(self.clock().instant());
-            if pending.is_empty() || (pending.checkpoint.is_none() && !wait.is_zero()) {
+            let wait = throttle.wait(self.clock().instant(), pending.checkpoint.is_some());
+            if pending.is_empty() || !wait.is_zero() {
                 tokio::select! {
                     _ = stop.cancelled() => return,
                     _ = ctx.progress.changed() => {}
@@ -116,8 +133,7 @@ impl Queue {
             pending.progress = more.progress.or(pending.progress);
             pending.checkpoint = more.checkpoint.or(pending.checkpoint);
             let now = self.clock().instant();
-            if pending.is_empty() || (pending.checkpoint.is_none() && !throttle.wait(now).is_zero())
-            {
+            if pending.is_empty() || !throttle.wait(now, pending.checkpoint.is_some()).is_zero() {
                 continue;
             }
             let mut value = claimed.clone();
@@ -142,6 +158,7 @@ impl Queue {
         let Ok(value) = serde_json::to_vec(&value) else {
             return true;
         };
+        self.find_unsure(leadership, &ctx.key, recorded).await;
         let ops = [TaskOp::Claim {
             key: ctx.key.clone(),
             version: recorded.version(),
@@ -159,23 +176,39 @@ impl Queue {
             Ok(Written::Conflict(_)) => "the task's claim moved".to_string(),
             Ok(other) => format!("the coordinator refused the write: {other:?}"),
             Err(err) => {
-                // Perhaps applied: if the task holds exactly this write under this lease,
-                // its version is the run's; else the next write tries again.
+                // Perhaps applied: found now, or once the coordinator answers a read.
                 tracing::debug!(task_key = %ctx.key, error = %err, "cannot record the run's report; trying with the next");
-                if let Ok(found) = self.coord.get(std::slice::from_ref(&ctx.key)).await {
-                    let applied = found.iter().find(|t| {
-                        t.key == ctx.key
-                            && t.holder.as_ref() == Some(&leadership.lease)
-                            && t.value == value
-                    });
-                    if let Some(task) = applied {
-                        recorded.wrote(task.version);
-                    }
-                }
+                recorded.set_unsure(Some(value));
+                self.find_unsure(leadership, &ctx.key, recorded).await;
                 return true;
             }
         };
         tracing::warn!(task_key = %ctx.key, fencing_token = ctx.fencing_token.0, reason = %why, "the run's reports are refused: no more are recorded for this run");
         false
+    }
+
+    /// Settles a report write whose answer was lost (`Recorded::unsure`): if the task holds
+    /// exactly that write under this lease, its version is the run's; once a read answers,
+    /// the question is closed either way. A read that fails leaves it for the next look
+    /// (the next report write, or the run's end, before its settlement).
+    pub(super) async fn find_unsure(
+        &self,
+        leadership: &Leadership,
+        key: &str,
+        recorded: &Recorded,
+    ) {
+        let Some(value) = recorded.unsure() else {
+            return;
+        };
+        let Ok(found) = self.coord.get(&[key.to_string()]).await else {
+            return;
+        };
+        let applied = found.iter().find(|t| {
+            t.key == key && t.holder.as_ref() == Some(&leadership.lease) && t.value == value
+        });
+        if let Some(task) = applied {
+            recorded.wrote(task.version);
+        }
+        recorded.set_unsure(None);
     }
 }

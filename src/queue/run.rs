@@ -121,8 +121,10 @@ impl Queue {
         let recorded = Recorded::new(claimed_version);
         let (result, ending, cancelled) =
             self.handle(lead, handler.as_ref(), &ctx, &recorded).await;
-        // The run's own report writes moved its claim's version; its settlement writes
-        // the reports not yet written too.
+        // The run's own report writes moved its claim's version (one whose answer was lost
+        // is looked for once more); its settlement writes the reports not yet written too.
+        self.find_unsure(lead.leadership, &task.key, &recorded)
+            .await;
         let claimed_version = recorded.version();
         let task = recorded.onto(task, ctx.progress.take());
         let handled = Handled {

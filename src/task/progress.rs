@@ -15,8 +15,12 @@ use serde_json::Value;
 pub const MAX_LINE: usize = 64 * 1024;
 /// The longest progress message kept; a longer one is cut.
 pub const MAX_MESSAGE: usize = 200;
-/// Progress is written at most this often (checkpoints are written as they come).
+/// Progress is written at most this often.
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// A checkpoint is written at most this often (the latest one then; the last one of a run
+/// is written with its settlement whatever the time): a rerun resumes at most this far
+/// behind where the run got, and a run costs the coordinator at most 4 writes a second.
+pub const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
 
 /// The task's fields a run's reports are kept in.
 pub const PROGRESS: &str = "progress";
@@ -87,18 +91,25 @@ pub fn fields(
     fields
 }
 
-/// At most one progress write each [`PROGRESS_EVERY`]; time is given, never read.
+/// At most one report write each [`PROGRESS_EVERY`], or each [`CHECKPOINT_EVERY`] when a
+/// checkpoint waits to be written; time is given, never read.
 #[derive(Clone, Debug, Default)]
 pub struct Throttle {
     last: Option<Instant>,
 }
 
 impl Throttle {
-    /// How long to wait from `now` before the next progress write may go (zero: now).
-    pub fn wait(&self, now: Instant) -> Duration {
+    /// How long to wait from `now` before the next write may go (zero: now), when what
+    /// waits holds a checkpoint (`checkpoint`) or progress only.
+    pub fn wait(&self, now: Instant, checkpoint: bool) -> Duration {
+        let every = if checkpoint {
+            CHECKPOINT_EVERY
+        } else {
+            PROGRESS_EVERY
+        };
         match self.last {
             None => Duration::ZERO,
-            Some(last) => (last + PROGRESS_EVERY).saturating_duration_since(now),
+            Some(last) => (last + every).saturating_duration_since(now),
         }
     }
 
@@ -173,15 +184,37 @@ mod tests {
     fn progress_writes_are_throttled_to_one_a_second() {
         let start = Instant::now();
         let mut throttle = Throttle::default();
-        assert_eq!(throttle.wait(start), Duration::ZERO);
+        assert_eq!(throttle.wait(start, false), Duration::ZERO);
         throttle.wrote(start);
         let later = start + Duration::from_millis(300);
-        assert_eq!(throttle.wait(later), Duration::from_millis(700));
-        assert_eq!(throttle.wait(start + PROGRESS_EVERY), Duration::ZERO);
+        assert_eq!(throttle.wait(later, false), Duration::from_millis(700));
+        assert_eq!(throttle.wait(start + PROGRESS_EVERY, false), Duration::ZERO);
         throttle.wrote(start + Duration::from_secs(5));
         assert_eq!(
-            throttle.wait(start + Duration::from_millis(5500)),
+            throttle.wait(start + Duration::from_millis(5500), false),
             Duration::from_millis(500)
         );
+    }
+
+    /// A checkpoint goes at once, then at most one each `CHECKPOINT_EVERY`, whatever the
+    /// progress waits: a handler checkpointing in a tight loop costs the coordinator four
+    /// writes a second, not one per round trip.
+    #[test]
+    fn checkpoint_writes_are_throttled_more_lightly_than_progress() {
+        let start = Instant::now();
+        let mut throttle = Throttle::default();
+        assert_eq!(throttle.wait(start, true), Duration::ZERO);
+        throttle.wrote(start);
+        let soon = start + Duration::from_millis(10);
+        assert_eq!(
+            throttle.wait(soon, true),
+            CHECKPOINT_EVERY - Duration::from_millis(10)
+        );
+        assert_eq!(
+            throttle.wait(start + CHECKPOINT_EVERY, true),
+            Duration::ZERO
+        );
+        assert!(throttle.wait(start + CHECKPOINT_EVERY, false) > Duration::ZERO);
+        assert!(CHECKPOINT_EVERY < PROGRESS_EVERY);
     }
 }

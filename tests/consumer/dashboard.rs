@@ -421,6 +421,61 @@ async fn dashboard_shows_a_schedule_and_pauses_it_by_click() {
     browser.quit().await;
 }
 
+/// The overview's type table pauses a type by click: the row says paused, `leaderq status`
+/// names the type (the flag is the coordinator's, the same `leaderq pause --type` sets),
+/// and a click on resume clears both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_pauses_and_resumes_a_task_type_by_click() {
+    let Some((driver, chromium)) = Browser::installed() else {
+        return;
+    };
+    let mut bed = Bed::new();
+    bed.start_replica("t1");
+    bed.leader(Duration::from_secs(30)).await;
+    // Due in an hour: it waits in the queue, so its type is listed.
+    let run_at = chrono::Utc::now().timestamp() + 3600;
+    bed.put_task(
+        "task_later",
+        json!({"taskId": "later", "taskTime": 1, "taskType": "Report", "runAt": run_at}),
+    )
+    .await;
+    let observe = observe_address(&bed.replicas[0]).await;
+    let browser =
+        Browser::start(&driver, &chromium, &bed.dir.path().join("chromedriver.log")).await;
+    browser.goto(&format!("http://{observe}/ui/")).await;
+    let row = "#type-rows tr[data-type='Report']";
+    browser
+        .wait_text(row, Duration::from_secs(10), |t| t.contains("Pause"))
+        .await;
+    browser
+        .click(&format!("{row} button[data-action='type-pause']"))
+        .await;
+    browser
+        .wait_text(&format!("{row} td.state"), Duration::from_secs(5), |t| {
+            t == "paused"
+        })
+        .await;
+    let status = leaderq(&bed, &["status"]);
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(status.contains("paused types:  Report"), "{status}");
+    browser
+        .screenshot(&screenshots().join("type-paused.png"))
+        .await;
+
+    browser
+        .click(&format!("{row} button[data-action='type-resume']"))
+        .await;
+    browser
+        .wait_text(&format!("{row} td.state"), Duration::from_secs(5), |t| {
+            t.is_empty()
+        })
+        .await;
+    let status = leaderq(&bed, &["status"]);
+    let status = String::from_utf8_lossy(&status.stdout);
+    assert!(!status.contains("paused types"), "{status}");
+    browser.quit().await;
+}
+
 /// `leaderq ui` with a token, in a real browser: the page asks for the token, refuses a
 /// wrong one, and with the right one shows the leader and follows the queue live.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

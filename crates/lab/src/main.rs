@@ -125,7 +125,7 @@ struct BenchArgs {
     #[arg(long, default_value_t = 100_000)]
     memory_keys: usize,
     /// Run one section only.
-    #[arg(long, value_parser = ["server", "contention", "consumer", "backlog", "exec", "failover", "run", "groups", "schedules"])]
+    #[arg(long, value_parser = ["server", "contention", "consumer", "backlog", "exec", "failover", "run", "groups", "schedules", "reports"])]
     only: Option<String>,
     /// Blocked queries (one per key) parked while their keys are written.
     #[arg(long, default_value_t = 10_000)]
@@ -135,7 +135,7 @@ struct BenchArgs {
     /// also drains the exec section's backlogs, printed beside these.
     #[arg(long)]
     baseline_exe: Option<PathBuf>,
-    /// The coordinator the consumer, failover, run, groups and schedules sections run on,
+    /// The coordinator the consumer, failover, run, groups, schedules and reports sections run on,
     /// started on loopback by the bench itself (its server must be installed); server and
     /// contention always measure `leaderq server`, and the schedules section counts requests
     /// on it only.

@@ -23,6 +23,7 @@ mod exec;
 mod failover;
 mod floor;
 mod groups;
+mod reports;
 mod run;
 mod schedules;
 mod server;
@@ -54,7 +55,7 @@ pub struct Options {
     /// SIGTERM handovers measured.
     pub handovers: usize,
     /// Run only this section ("server", "contention", "consumer", "backlog", "exec",
-    /// "failover", "run", "groups" or "schedules").
+    /// "failover", "run", "groups", "schedules" or "reports").
     pub only: Option<String>,
     /// Blocked queries parked for the wake measurement among many watchers.
     pub watchers: usize,
@@ -285,6 +286,9 @@ pub async fn run(options: Options, as_json: bool) -> anyhow::Result<()> {
     }
     if wants("schedules") {
         schedules::section(&options, &mut report).await?;
+    }
+    if wants("reports") {
+        reports::section(&options, &mut report).await?;
     }
     if as_json {
         println!("{}", Value::Object(report.json));
