@@ -135,8 +135,13 @@ struct BenchArgs {
     /// also drains the exec section's backlogs, printed beside these.
     #[arg(long)]
     baseline_exe: Option<PathBuf>,
-    /// The coordinator the consumer, failover, run, groups, schedules and reports sections run on,
-    /// started on loopback by the bench itself (its server must be installed); server and
+    /// The backlog section's replica runs with per-type policies configured that do not
+    /// bind its tasks (a cap at the queue's concurrency, its own retry policy, and a rate
+    /// on another type), to compare with a drain without them.
+    #[arg(long)]
+    policies: bool,
+    /// The coordinator the consumer, failover, run, groups, schedules and reports sections
+    /// run on, started on loopback by the bench itself (its server must be installed); server and
     /// contention always measure `leaderq server`, and the schedules section counts requests
     /// on it only.
     #[arg(long, default_value = "consul", value_parser = clap::builder::PossibleValuesParser::new(leaderq::config::BACKENDS))]
@@ -204,6 +209,7 @@ fn main() -> ExitCode {
                     only: args.only,
                     watchers: args.watchers,
                     baseline_exe: args.baseline_exe,
+                    policies: args.policies,
                     backend: args.backend,
                     backlogs: args.backlogs,
                     backlog_runs: args.backlog_runs.map(|runs| runs as usize),

@@ -95,7 +95,7 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         let (mut leaderq_cost, mut floor_cost) = (zero, zero);
         let (mut leaderq_tasks, mut floor_tasks) = (0usize, 0usize);
         for run in 0..options.backlog_runs.unwrap_or_else(|| runs_for(backlog)) {
-            let pair = pair(&options.backend, backlog, run % 2 == 1).await?;
+            let pair = pair(&options.backend, backlog, run % 2 == 1, options.policies).await?;
             leaderq_tasks += pair.drain.drained;
             floor_tasks += pair.floor.drained;
             leaderq_cost = leaderq_cost.zip(pair.leaderq_cost).map(|(a, b)| a.add(b));
@@ -240,7 +240,12 @@ struct Pair {
     floor_cost: Option<Counters>,
 }
 
-async fn pair(backend: &str, backlog: usize, floor_first: bool) -> anyhow::Result<Pair> {
+async fn pair(
+    backend: &str,
+    backlog: usize,
+    floor_first: bool,
+    policies: bool,
+) -> anyhow::Result<Pair> {
     let server = Target::start(backend)?;
     // A deployment's replicas have read its queue before a backlog builds up. On Redis that
     // first read marks the index of task keys whole (coord/redis/index.rs); without it, the
@@ -267,7 +272,7 @@ async fn pair(backend: &str, backlog: usize, floor_first: bool) -> anyhow::Resul
             let after = counters(&server, backend).await;
             minimal = Some((drained, after.zip(before).map(|(a, b)| a.since(b))));
         } else {
-            leaderq = Some(drain(&server, backend, backlog).await?);
+            leaderq = Some(drain(&server, backend, backlog, policies).await?);
         }
     }
     let (Some((drain, leaderq_cost)), Some((floor, floor_cost))) = (leaderq, minimal) else {
@@ -296,12 +301,13 @@ async fn drain(
     server: &Target,
     backend: &str,
     backlog: usize,
+    policies: bool,
 ) -> anyhow::Result<(Drain, Option<Counters>)> {
     let dir = TempDir::new()?;
     progress(&format!("backlog: enqueueing {backlog} tasks"));
     enqueue(&server.coord, backlog).await?;
     let config = dir.0.join("consume.toml");
-    std::fs::write(&config, format!("[handlers.{TASK_TYPE}]\nkind = \"log\"\n"))
+    std::fs::write(&config, replica_config(policies))
         .context("cannot write the replica's settings")?;
     let probes = poll_costs(server, backend, backlog).await?;
     progress(&format!(
@@ -364,6 +370,20 @@ async fn poll_costs(
         middle.since(start).scaled(each),
         end.since(middle).scaled(each),
     )))
+}
+
+/// The drained replica's settings: the bench's type logged, and with `policies` per-type
+/// policies that do not bind it: a cap at the queue's concurrency, a retry policy of its
+/// own, and a rate on another type (which no task of the backlog has).
+fn replica_config(policies: bool) -> String {
+    let mut config = format!("[handlers.{TASK_TYPE}]\nkind = \"log\"\n");
+    if policies {
+        config.push_str(
+            "concurrency = 1\nmax_attempts = 5\nbackoff_base = \"2s\"\n\n\
+             [handlers.Rated]\nkind = \"log\"\nrate = \"10/1m\"\n",
+        );
+    }
+    config
 }
 
 /// Starts `exe consume` with `config` on `server`, its data dir in `dir`, its metrics on a

@@ -65,6 +65,8 @@ pub struct Options {
     /// under writes, wakes among many watchers) and the exec drains against too, printed
     /// beside this one's.
     pub baseline_exe: Option<PathBuf>,
+    /// The backlog section's replica has per-type policies that do not bind its tasks.
+    pub policies: bool,
     /// The coordinator the consumer and failover sections run on (`[coordinator] backend`);
     /// the server and contention sections measure `leaderq server` itself.
     pub backend: String,
@@ -94,6 +96,7 @@ impl Default for Options {
             watchers: 10_000,
             watch_rate: 1_000,
             baseline_exe: None,
+            policies: false,
             backend: "consul".into(),
             backlogs: backlog::DEFAULT_BACKLOGS.to_vec(),
             backlog_runs: None,

@@ -104,7 +104,8 @@ async fn report_writes(backend: &str) -> anyhow::Result<Writes> {
     let grant = coord
         .open_lease(&LeaseSpec {
             node_id: "bench-reports".into(),
-            ttl: Duration::from_secs(600),
+            // Under ZooKeeper's usual maxSessionTimeout; the writes take seconds.
+            ttl: Duration::from_secs(60),
             takeover_delay: Duration::ZERO,
             previous: None,
         })
