@@ -339,6 +339,19 @@ impl Backlog {
         )
     }
 
+    /// Whether any pending task is of a type `of` says yes to (asked once per type).
+    pub fn has_pending_of(&self, of: impl Fn(&str) -> bool) -> bool {
+        let wanted: Vec<u32> = (0..self.kinds.names.len())
+            .filter_map(|at| u32::try_from(at).ok())
+            .filter(|&at| of(self.kinds.name(at)))
+            .collect();
+        !wanted.is_empty()
+            && self
+                .pending
+                .values()
+                .any(|slot| wanted.contains(&slot.kind))
+    }
+
     /// The pending tasks, front (next to claim) first, each parsed again from its value.
     pub fn pending(&self) -> impl Iterator<Item = Task> + '_ {
         self.pending

@@ -132,6 +132,9 @@ impl Queue {
             tasks: 0,
         };
         for task in backlog.pending().take(max_tasks) {
+            if self.registry.policy(&task.task_type).rate.is_some() {
+                break; // Claimed where its rate is counted (`slots.rs`), after a listing.
+            }
             let candidate = Candidate::new(&task, leadership, &self.node_id, now);
             claims.push(self.coord.cost(&candidate.op));
             let next = plan_claim(guard, &shares, &claims, max_tasks, limits);

@@ -153,8 +153,11 @@ impl Queue {
             rates: None,
         };
         let mut term = Term::new(self.settings.concurrency, self.settings.claim_batch);
-        if self.registry.rates().next().is_some() {
-            // A type's rate is decided task by task, as the slots choose them.
+        let rated = |kind: &str| self.registry.policy(kind).rate.is_some();
+        if self.registry.rates().next().is_some() && shell.work.backlog.has_pending_of(rated) {
+            // A type's rate is decided task by task, as the slots choose them. Without a
+            // task of a rated type pending, claims are batched (and stop before one that
+            // falls due or arrives: `plan_batch`, which lists again then).
             term = term.without_claims_ahead();
         }
         let mut events = vec![Event::Go];

@@ -60,9 +60,20 @@ impl Queue {
                 };
             }
         };
+        if batch.tasks.is_empty() && self.next_is_rated(&work.backlog) {
+            // A batch stops before a task of a rated type: claimed task by task, with its
+            // rate counted, from the next listing on (`drive`).
+            return Started::Relist;
+        }
         let alone = work.single;
         // Possibly none: the tasks were deferred, put back or read again.
         self.claim_and_apply(leadership, work, batch, alone).await
+    }
+
+    /// Whether the next pending task is of a type with a rate.
+    fn next_is_rated(&self, backlog: &super::backlog::Backlog) -> bool {
+        let next = backlog.pending().next();
+        next.is_some_and(|task| self.registry.policy(&task.task_type).rate.is_some())
     }
 
     /// A later claim whose earlier one did not hold: its answer is applied and what it
