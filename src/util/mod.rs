@@ -2,11 +2,13 @@
 //!
 //! - `duration`: Go's duration syntax (`15s`, `1m30s`), as Consul reads and writes it.
 //! - [`escape`]: stored text made safe for one log line or a terminal.
+//! - [`tls`]: the TLS files a coordinator's section names, checked and loaded.
 //! - [`hostname`]: this machine's name, for node ids and holder records.
 
 pub mod duration;
 pub mod escape;
 pub mod rate;
+pub mod tls;
 
 pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
