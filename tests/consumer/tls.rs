@@ -4,9 +4,10 @@
 //! certificates given by the settings (the tools' environment variables then pointing at
 //! wrong files, which the settings win over) and by the environment variables alone
 //! (`CONSUL_CACERT`…, `ETCDCTL_CACERT`…); each wrong certificate (an unknown CA, none, an
-//! expired one, a server name the certificate does not carry) stops `leaderq consume` at
-//! start with a message naming the setting; an etcd password file rewritten while the
-//! leader runs is used by its next authentication, without a restart.
+//! expired one, a server name the certificate does not carry, a missing file) stops
+//! `leaderq consume` at start with a message naming the setting; certificate files rewritten
+//! while a replica runs are what its next connections present; an etcd password file
+//! rewritten while the leader runs is used by its next authentication, without a restart.
 
 use testkit::harness::consul::{LeaderqServer, ServerTls};
 use testkit::harness::etcd::EtcdCluster;
@@ -159,6 +160,12 @@ async fn wrong_certificates_fail_fast(backend: &str) {
             "cert_file",
         ),
         (
+            "missing certificate file",
+            good.clone()
+                .set(section, "cert_file", "\"/nonexistent/client.pem\""),
+            "cert_file: cannot read /nonexistent/client.pem",
+        ),
+        (
             "server name mismatch",
             good.clone()
                 .set(section, "server_name", "\"wrong.leaderq.test\""),
@@ -254,6 +261,22 @@ async fn tls_server_refuses_a_client_without_a_certificate() {
         status.success() && code == "200",
         "with a certificate: {status} {code}"
     );
+    // A server whose certificate file is missing stops at start, naming the flag.
+    let mut missing = pki.clone();
+    missing.server_cert = dir.path().join("nonexistent.pem");
+    let refused = LeaderqServer::start_tls(
+        common::exe(),
+        "127.0.0.1:0",
+        &dir.path().join("server2"),
+        &[],
+        ServerTls {
+            pki: missing,
+            verify_incoming: true,
+        },
+    )
+    .err()
+    .expect("no server without its certificate");
+    assert!(refused.contains("--cert-file: cannot read"), "{refused}");
     // Plain HTTP on the same port is not served.
     let plain = std::process::Command::new("curl")
         .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
@@ -304,6 +327,70 @@ async fn etcd_password_file_is_read_again_after_a_rewrite() {
     .await;
     let replica = bed.replica("r1");
     assert_eq!(replica.pid(), pid);
+    assert!(
+        replica.try_wait().is_none(),
+        "r1 exited:\n{}",
+        replica.log_text()
+    );
+}
+
+/// Client certificate files rewritten while the replica runs are what its next connections
+/// present: rewritten with an expired certificate, etcd (restarted, so that every connection
+/// is new) refuses the replica and the queue stalls, its log naming `etcd.cert_file`;
+/// rewritten with a good one again, the same process drains the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_rotated_certificate_files_are_used_by_the_next_connections() {
+    let Some((mut bed, pki)) = tls_bed("etcd") else {
+        return;
+    };
+    let (cert, key) = (
+        bed.dir.path().join("rotating.pem"),
+        bed.dir.path().join("rotating-key.pem"),
+    );
+    let install = |from_cert: &Path, from_key: &Path| {
+        std::fs::copy(from_cert, &cert).unwrap();
+        std::fs::copy(from_key, &key).unwrap();
+    };
+    install(&pki.client_cert, &pki.client_key);
+    let path = |p: &Path| format!("{:?}", p.display().to_string());
+    bed.settings = bed
+        .settings
+        .clone()
+        .set("etcd", "ca_file", &path(&pki.ca))
+        .set("etcd", "cert_file", &path(&cert))
+        .set("etcd", "key_file", &path(&key));
+    bed.start_replica("r1");
+    bed.leader(Duration::from_secs(30)).await;
+    let task = |id: &str, time: u64| json!({"taskId": id, "taskTime": time, "taskType": "Work"});
+    bed.produce("first", &task("first", 1)).unwrap();
+    bed.wait_for_line(Duration::from_secs(20), |l| {
+        l[0] == "run" && l[1] == "first"
+    })
+    .await;
+    install(&pki.expired_cert, &pki.expired_key);
+    // The replica looks at its files before each request: one more than a second later
+    // reads them again whatever their times say.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    bed.cluster.kill_member(0).unwrap();
+    bed.cluster.restart_member(0).unwrap();
+    bed.produce("second", &task("second", 2)).unwrap();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        !bed.journal().iter().any(|l| l[1] == "second"),
+        "an expired certificate was taken: {:?}",
+        bed.journal()
+    );
+    let log = bed.replica("r1").log_text();
+    assert!(
+        log.contains("etcd.cert_file"),
+        "no handshake refusal seen:\n{log}"
+    );
+    install(&pki.client_cert, &pki.client_key);
+    bed.wait_for_line(Duration::from_secs(30), |l| {
+        l[0] == "run" && l[1] == "second"
+    })
+    .await;
+    let replica = bed.replica("r1");
     assert!(
         replica.try_wait().is_none(),
         "r1 exited:\n{}",
