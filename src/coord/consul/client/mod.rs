@@ -405,6 +405,59 @@ mod tests {
         assert!(parse_address("ftp://x").is_err());
     }
 
+    /// The token file is read again after a rewrite: the next request sends the new token.
+    /// (leaderq server has no ACLs, so the requests' heads are read by a bare listener.)
+    #[tokio::test]
+    async fn a_rewritten_token_file_is_sent_by_the_next_request() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let (heads, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        let server = tokio::spawn(async move {
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                let heads = heads.clone();
+                tokio::spawn(async move {
+                    let mut buffer = vec![0u8; 4096];
+                    let mut head = Vec::new();
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        let n = stream.read(&mut buffer).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        head.extend_from_slice(&buffer[..n]);
+                        if head.windows(4).any(|w| w == b"\r\n\r\n") {
+                            let _ = heads.send(String::from_utf8_lossy(&head).to_lowercase());
+                            head.clear();
+                            let _ = stream
+                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                                .await;
+                        }
+                    }
+                });
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "first-token\n").unwrap();
+        let client = Client::new(&ClientConfig {
+            addresses: vec![address],
+            token: "ignored: the file wins".into(),
+            token_file: file.to_string_lossy().into_owned(),
+            tls: TlsFiles::default(),
+            request_timeout: Duration::from_secs(5),
+        })
+        .unwrap();
+        client.check_pass("c").await.unwrap();
+        let head = seen.recv().await.unwrap();
+        assert!(head.contains("x-consul-token: first-token\r\n"), "{head}");
+        std::fs::write(&file, "second-token\n").unwrap();
+        client.check_pass("c").await.unwrap();
+        let head = seen.recv().await.unwrap();
+        assert!(head.contains("x-consul-token: second-token\r\n"), "{head}");
+        server.abort();
+    }
+
     /// The watch index goes back to 0 when the server's index goes backwards.
     #[test]
     fn watch_index_resets_on_backwards_index() {
