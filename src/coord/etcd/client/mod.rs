@@ -17,12 +17,12 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::util::reload::{http_client, secret_file, Reloading};
-use crate::util::tls::{self, TlsFiles};
-
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
+
+use crate::util::reload::{http_client, secret_file, Reloading};
+use crate::util::tls::{self, TlsFiles};
 
 mod wire;
 
