@@ -360,6 +360,38 @@ pub struct ServerArgs {
     /// dropped and the data file is closed; a request still arriving is dropped at once.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
+    /// Serve HTTPS instead of HTTP with this certificate chain (PEM), as Consul's
+    /// `tls.defaults.cert_file`; needs --key-file.
+    #[arg(long, value_name = "FILE", requires = "key_file")]
+    pub cert_file: Option<PathBuf>,
+    /// The private key of --cert-file (PEM), as Consul's `tls.defaults.key_file`.
+    #[arg(long, value_name = "FILE", requires = "cert_file")]
+    pub key_file: Option<PathBuf>,
+    /// CA certificates (PEM) that sign the clients' certificates checked by
+    /// --verify-incoming, as Consul's `tls.defaults.ca_file`.
+    #[arg(long, value_name = "FILE", requires = "cert_file")]
+    pub ca_file: Option<PathBuf>,
+    /// Require every client to present a certificate signed by --ca-file; one without is
+    /// refused at the TLS handshake, as Consul's `tls.defaults.verify_incoming`.
+    #[arg(long, requires = "ca_file")]
+    pub verify_incoming: bool,
+}
+
+impl ServerArgs {
+    /// The TLS flags' files (an empty string: not given).
+    pub fn tls_files(&self) -> leaderq::util::tls::TlsFiles {
+        let path = |p: &Option<PathBuf>| {
+            p.as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default()
+        };
+        leaderq::util::tls::TlsFiles {
+            ca_file: path(&self.ca_file),
+            cert_file: path(&self.cert_file),
+            key_file: path(&self.key_file),
+            server_name: String::new(),
+        }
+    }
 }
 
 pub fn parse_duration(text: &str) -> Result<Duration, String> {

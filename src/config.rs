@@ -1,5 +1,8 @@
-//! Settings: compiled defaults (`config/default.toml`) < `--config FILE` < environment
-//! (`LEADERQ__SECTION__KEY`) < Consul's `CONSUL_HTTP_ADDR` and `CONSUL_HTTP_TOKEN`.
+//! Settings: compiled defaults (`config/default.toml`) < the coordinators' own tools'
+//! variables (`CONSUL_CACERT`, `ETCDCTL_ENDPOINTS`…: [`TOOL_VARIABLES`]) < `--config FILE` <
+//! environment (`LEADERQ__SECTION__KEY`) < Consul's `CONSUL_HTTP_ADDR` and
+//! `CONSUL_HTTP_TOKEN`. A tool's variable thus fills a setting in only where the settings
+//! leave it unset; the last two override, as they always have.
 //!
 //! Parsed and validated once at start; each component then receives only its own section.
 //! Unknown keys and bad values are errors that name the key.
@@ -278,13 +281,87 @@ pub enum ConfigError {
 /// Environment as the loader sees it, so tests can pass their own.
 pub type Env = Vec<(String, String)>;
 
-/// The settings file and the environment over `builder`: `LEADERQ__SECTION__KEY`, then
-/// `CONSUL_HTTP_ADDR` and `CONSUL_HTTP_TOKEN` as Consul's own tools read them.
+/// The coordinators' tools' variables leaderq reads, each with the setting it fills in where
+/// the settings leave it unset (`ETCDCTL_USER` is `user:password`, or `user` with
+/// `ETCDCTL_PASSWORD`; `CONSUL_HTTP_TOKEN_FILE` is not read when `CONSUL_HTTP_TOKEN` is set,
+/// as Consul's CLI does).
+pub const TOOL_VARIABLES: &[(&str, &str)] = &[
+    ("CONSUL_HTTP_TOKEN_FILE", "consul.token_file"),
+    ("CONSUL_CACERT", "consul.ca_file"),
+    ("CONSUL_CLIENT_CERT", "consul.cert_file"),
+    ("CONSUL_CLIENT_KEY", "consul.key_file"),
+    ("CONSUL_TLS_SERVER_NAME", "consul.server_name"),
+    ("ETCDCTL_ENDPOINTS", "etcd.endpoints"),
+    ("ETCDCTL_USER", "etcd.user"),
+    ("ETCDCTL_PASSWORD", "etcd.password"),
+    ("ETCDCTL_CACERT", "etcd.ca_file"),
+    ("ETCDCTL_CERT", "etcd.cert_file"),
+    ("ETCDCTL_KEY", "etcd.key_file"),
+];
+
+/// The tools' variables found in `env`, as a settings layer (keys are setting paths).
+#[derive(Clone, Debug)]
+struct ToolVariables(Vec<(String, config::Value)>);
+
+impl config::Source for ToolVariables {
+    fn clone_into_box(&self) -> Box<dyn config::Source + Send + Sync> {
+        Box::new(self.clone())
+    }
+
+    fn collect(&self) -> Result<config::Map<String, config::Value>, config::ConfigError> {
+        Ok(self.0.iter().cloned().collect())
+    }
+}
+
+fn tool_variables(env: &Env) -> ToolVariables {
+    let lookup = |name: &str| {
+        env.iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.clone())
+            .filter(|value| !value.is_empty())
+    };
+    let origin = |name: &str| Some(format!("environment variable {name}"));
+    let text = |name: &str, value: String| config::Value::new(origin(name).as_ref(), value);
+    let mut layer = Vec::new();
+    for (name, setting) in TOOL_VARIABLES {
+        let Some(value) = lookup(name) else { continue };
+        match *name {
+            "CONSUL_HTTP_TOKEN_FILE" if lookup("CONSUL_HTTP_TOKEN").is_some() => {}
+            "ETCDCTL_ENDPOINTS" => {
+                let endpoints: Vec<config::Value> = value
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|e| !e.is_empty())
+                    .map(|e| text(name, e.to_string()))
+                    .collect();
+                layer.push((
+                    setting.to_string(),
+                    config::Value::new(origin(name).as_ref(), endpoints),
+                ));
+            }
+            "ETCDCTL_USER" => match value.split_once(':') {
+                Some((user, password)) => {
+                    layer.push(("etcd.user".into(), text(name, user.to_string())));
+                    layer.push(("etcd.password".into(), text(name, password.to_string())));
+                }
+                None => layer.push(("etcd.user".into(), text(name, value))),
+            },
+            "ETCDCTL_PASSWORD" if lookup("ETCDCTL_USER").is_some_and(|u| u.contains(':')) => {}
+            _ => layer.push((setting.to_string(), text(name, value))),
+        }
+    }
+    ToolVariables(layer)
+}
+
+/// The settings file and the environment over `builder`: the tools' variables under the
+/// file, then `LEADERQ__SECTION__KEY`, then `CONSUL_HTTP_ADDR` and `CONSUL_HTTP_TOKEN` as
+/// Consul's own tools read them.
 fn user_layers(
     mut builder: config::ConfigBuilder<config::builder::DefaultState>,
     file: Option<&Path>,
     env: &Env,
 ) -> Result<config::ConfigBuilder<config::builder::DefaultState>, ConfigError> {
+    builder = builder.add_source(tool_variables(env));
     if let Some(path) = file {
         builder = builder.add_source(config::File::from(path).format(config::FileFormat::Toml));
     }
@@ -665,6 +742,110 @@ mod tests {
             settings.handlers.contains_key("CreateTableSpace"),
             "{:?}",
             settings.handlers.keys()
+        );
+    }
+
+    /// The coordinators' tools' variables fill a setting in only where the settings leave
+    /// it unset; `ETCDCTL_USER` is `user:password` (or `user` with `ETCDCTL_PASSWORD`); a
+    /// token file is not read from the environment when `CONSUL_HTTP_TOKEN` is set.
+    #[test]
+    fn tool_variables_fill_in_what_the_settings_leave_unset() {
+        let tools = [
+            ("CONSUL_HTTP_TOKEN_FILE", "/env/token"),
+            ("CONSUL_CACERT", "/env/ca.pem"),
+            ("CONSUL_CLIENT_CERT", "/env/cert.pem"),
+            ("CONSUL_CLIENT_KEY", "/env/key.pem"),
+            ("CONSUL_TLS_SERVER_NAME", "server.dc1.consul"),
+            ("ETCDCTL_ENDPOINTS", "https://e1:2379, https://e2:2379"),
+            ("ETCDCTL_USER", "leaderq:pa:ss"),
+            ("ETCDCTL_PASSWORD", "ignored"),
+            ("ETCDCTL_CACERT", "/env/etcd-ca.pem"),
+            ("ETCDCTL_CERT", "/env/etcd-cert.pem"),
+            ("ETCDCTL_KEY", "/env/etcd-key.pem"),
+        ];
+        let settings = Settings::load(None, env(&tools)).unwrap();
+        let consul = &settings.consul;
+        assert_eq!(consul.token_file, "/env/token");
+        assert_eq!(
+            [
+                &consul.ca_file,
+                &consul.cert_file,
+                &consul.key_file,
+                &consul.server_name
+            ],
+            [
+                "/env/ca.pem",
+                "/env/cert.pem",
+                "/env/key.pem",
+                "server.dc1.consul"
+            ]
+        );
+        let etcd = &settings.etcd;
+        assert_eq!(etcd.endpoints, ["https://e1:2379", "https://e2:2379"]);
+        assert_eq!(
+            (etcd.user.as_str(), etcd.password.as_str()),
+            ("leaderq", "pa:ss")
+        );
+        assert_eq!(
+            [&etcd.ca_file, &etcd.cert_file, &etcd.key_file],
+            [
+                "/env/etcd-ca.pem",
+                "/env/etcd-cert.pem",
+                "/env/etcd-key.pem"
+            ]
+        );
+        // The settings win: a file, then LEADERQ__.
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("leaderq.toml");
+        std::fs::write(
+            &file,
+            "[consul]\nca_file = \"/file/ca.pem\"\n[etcd]\nendpoints = [\"http://f:2379\"]\n",
+        )
+        .unwrap();
+        let mut with = env(&tools);
+        with.push((
+            "LEADERQ__ETCD__CERT_FILE".into(),
+            "/leaderq/cert.pem".into(),
+        ));
+        with.push(("LEADERQ__ETCD__KEY_FILE".into(), "/leaderq/key.pem".into()));
+        let settings = Settings::load(Some(&file), with).unwrap();
+        assert_eq!(settings.consul.ca_file, "/file/ca.pem");
+        assert_eq!(settings.consul.cert_file, "/env/cert.pem");
+        assert_eq!(settings.etcd.endpoints, ["http://f:2379"]);
+        assert_eq!(settings.etcd.cert_file, "/leaderq/cert.pem");
+        // A user alone takes ETCDCTL_PASSWORD; CONSUL_HTTP_TOKEN beats the token file.
+        let settings = Settings::load(
+            None,
+            env(&[
+                ("ETCDCTL_USER", "leaderq"),
+                ("ETCDCTL_PASSWORD", "secret"),
+                ("CONSUL_HTTP_TOKEN", "token"),
+                ("CONSUL_HTTP_TOKEN_FILE", "/env/token"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            (settings.etcd.user.as_str(), settings.etcd.password.as_str()),
+            ("leaderq", "secret")
+        );
+        assert_eq!(
+            (
+                settings.consul.token.as_str(),
+                settings.consul.token_file.as_str()
+            ),
+            ("token", "")
+        );
+    }
+
+    /// Half a client identity, from any layer, is refused at start naming both settings.
+    #[test]
+    fn half_a_client_identity_is_refused() {
+        let error = Settings::load(None, env(&[("CONSUL_CLIENT_CERT", "/env/cert.pem")]))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("consul.cert_file") && error.contains("consul.key_file"),
+            "{error}"
         );
     }
 

@@ -549,6 +549,9 @@ async fn run_gateway(args: GatewayArgs, config: &ConfigArgs) -> anyhow::Result<(
 }
 
 async fn run_server(args: ServerArgs) -> anyhow::Result<()> {
+    let tls = server::tls_config(&args.tls_files(), args.verify_incoming)
+        .map_err(|reason| anyhow::anyhow!(reason))?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| {
@@ -572,6 +575,7 @@ async fn run_server(args: ServerArgs) -> anyhow::Result<()> {
             idle_timeout: args.http_idle_timeout,
             shutdown_timeout: args.shutdown_timeout,
         },
+        tls,
     };
     let server = server::Server::start(&config, address)
         .await
@@ -579,7 +583,7 @@ async fn run_server(args: ServerArgs) -> anyhow::Result<()> {
     tracing::info!(%address, data_dir = %config.data_dir.display(), node = %config.node_name, "leaderq server ready");
     // One plain line on stdout so scripts and tests can find the port when --listen used 0.
     // A server keeps serving if nobody reads it.
-    let _ = outln!("leaderq server listening on http://{address}");
+    let _ = outln!("leaderq server listening on {scheme}://{address}");
     server
         .serve(listener, leaderq::service::shutdown_signal())
         .await?;

@@ -72,6 +72,8 @@ mod scheduled_tasks;
 mod schedules;
 #[path = "consumer/supervise.rs"]
 mod supervise;
+#[path = "consumer/tls.rs"]
+mod tls;
 #[path = "consumer/type_pause.rs"]
 mod type_pause;
 #[path = "consumer/zookeeper_queue.rs"]

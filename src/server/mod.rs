@@ -82,6 +82,9 @@ pub struct Config {
     pub test_commit_delay: Duration,
     /// Connection limits and timeouts; `Limits::default()` is Consul's cap and our timeouts.
     pub limits: Limits,
+    /// HTTPS instead of HTTP on the listener, when set (`--cert-file`, `--key-file`,
+    /// `--ca-file`, `--verify-incoming`).
+    pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -176,6 +179,7 @@ pub struct Server {
     shared: Arc<Shared>,
     writer: std::thread::JoinHandle<Result<(), StoreError>>,
     stop_writer: mpsc::Sender<ToWriter>,
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Server {
@@ -251,6 +255,7 @@ impl Server {
             shared,
             writer,
             stop_writer: writes,
+            tls: config.tls.clone(),
         })
     }
 
@@ -270,6 +275,7 @@ impl Server {
             shared,
             writer,
             stop_writer,
+            tls,
         } = self;
         let core = shared.core.clone();
         let limits = shared.limits.clone();
@@ -283,7 +289,7 @@ impl Server {
             }
             stop_core.close();
         };
-        serve::run(listener, app, limits, stop).await;
+        serve::run(listener, app, limits, tls, stop).await;
         core.close();
         // No connection is left to write; the writer commits what it holds and ends, even if
         // some other holder of `Shared` is still around.
@@ -299,6 +305,24 @@ impl Server {
             });
         stored.map_err(ServerError::Storage)
     }
+}
+
+/// The HTTPS configuration from the server's `--cert-file`, `--key-file`, `--ca-file` and
+/// `--verify-incoming` (refusals name the flag); `None` (plain HTTP) without a certificate.
+pub fn tls_config(
+    files: &crate::util::tls::TlsFiles,
+    verify_incoming: bool,
+) -> Result<Option<Arc<rustls::ServerConfig>>, String> {
+    let flag = |key: &str| format!("--{}", key.replace('_', "-"));
+    if files.cert_file.is_empty() && files.key_file.is_empty() {
+        if verify_incoming || !files.ca_file.is_empty() {
+            return Err("--ca-file and --verify-incoming need --cert-file and --key-file".into());
+        }
+        return Ok(None);
+    }
+    let material = files.load_as(&flag)?;
+    let config = crate::util::tls::server_config(&material, verify_incoming, &flag)?;
+    Ok(Some(Arc::new(config)))
 }
 
 /// Binds, starts and serves until `shutdown`: what `leaderq server` runs.

@@ -26,6 +26,11 @@
 //!
 //! A connection is cut by dropping it, as Go's server does on a read timeout: no answer.
 //!
+//! With a TLS configuration (`--cert-file`…) every connection is HTTPS: its handshake comes
+//! first, within the header timeout and dropped on shutdown, and a client the configuration
+//! refuses (`--verify-incoming` without a certificate its CA signed) is cut there, before
+//! any request; the phases then apply to the decrypted stream.
+//!
 //! On shutdown a connection in `Open` or `Body`, then or later, is dropped at once: it waits
 //! for its client, not for an answer, and no handler has acted on a body it has not read to
 //! its end. hyper cannot tell these apart from a request in flight (a new connection counts
@@ -117,8 +122,10 @@ pub async fn run(
     listener: TcpListener,
     app: Router,
     limits: Limits,
+    tls: Option<Arc<rustls::ServerConfig>>,
     stop: impl Future<Output = ()>,
 ) {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     let clients = Arc::new(Clients {
         open: Mutex::new(HashMap::new()),
         max: limits.max_conns_per_client,
@@ -141,8 +148,13 @@ pub async fn run(
                     if let Err(err) = stream.set_nodelay(true) {
                         tracing::debug!(error = %err, "cannot set TCP_NODELAY");
                     }
-                    let connection =
-                        serve_connection(stream, app.clone(), limits.clone(), shutdown.clone());
+                    let connection = serve_connection(
+                        stream,
+                        app.clone(),
+                        limits.clone(),
+                        shutdown.clone(),
+                        acceptor.clone(),
+                    );
                     connections.spawn(async move {
                         connection.await;
                         drop(slot);
@@ -199,14 +211,42 @@ async fn refuse(mut stream: TcpStream) {
     .await;
 }
 
-/// Serves one connection until it ends, its deadline passes, or shutdown asks it to finish
-/// its request and close (dropping it at once when it waits on its client mid-request).
+/// Serves one connection: its TLS handshake first if the server serves TLS, then HTTP.
 async fn serve_connection(
     stream: TcpStream,
     app: Router,
     limits: Limits,
     shutdown: CancellationToken,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
+    let Some(acceptor) = tls else {
+        return serve_http(stream, app, limits, shutdown).await;
+    };
+    let handshake = tokio::time::timeout(limits.header_timeout, acceptor.accept(stream));
+    let stream = tokio::select! {
+        _ = shutdown.cancelled() => return,
+        done = handshake => match done {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(err)) => {
+                tracing::debug!(error = %err, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!("TLS handshake not done within the header timeout");
+                return;
+            }
+        },
+    };
+    serve_http(stream, app, limits, shutdown).await
+}
+
+/// Serves HTTP on one connection until it ends, its deadline passes, or shutdown asks it to
+/// finish its request and close (dropping it at once when it waits on its client
+/// mid-request).
+async fn serve_http<S>(stream: S, app: Router, limits: Limits, shutdown: CancellationToken)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let (phase, watched) = watch::channel(Phase::Open(Instant::now()));
     let stalled = stalled_mid_request(phase.subscribe());
     let phase = Arc::new(phase);
@@ -338,14 +378,14 @@ impl Drop for Busy {
     }
 }
 
-/// The TCP stream, noting the first bytes of a request after an idle wait, which start the
-/// header timeout.
-struct Watched {
-    stream: TcpStream,
+/// The connection's stream, noting the first bytes of a request after an idle wait, which
+/// start the header timeout.
+struct Watched<S> {
+    stream: S,
     phase: Arc<watch::Sender<Phase>>,
 }
 
-impl AsyncRead for Watched {
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<S> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -424,7 +464,7 @@ impl Drop for WatchedBody {
     }
 }
 
-impl AsyncWrite for Watched {
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,

@@ -135,6 +135,7 @@ pub async fn run(
         session_ttl_min: server::state::DEFAULT_SESSION_TTL_MIN,
         test_commit_delay: Duration::ZERO,
         limits: server::Limits::default(),
+        tls: None,
     };
     let server = server::Server::start(&server_config, address)
         .await

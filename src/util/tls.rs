@@ -75,29 +75,27 @@ impl TlsFiles {
             && self.server_name.is_empty())
     }
 
-    /// The section's check at start: what [`TlsFiles::load`] refuses, nothing kept.
+    /// The section's check with the other settings, reading no file (a section may name
+    /// files of a machine it does not run on): a certificate without its key or a key
+    /// without its certificate, a server name that is no name. [`TlsFiles::load`] checks
+    /// the files when the client is set up.
     pub fn check(&self, section: &str) -> Result<(), String> {
-        self.load(section).map(drop)
+        let name = |key: &str| format!("{section}.{key}");
+        pairing(&name, self)?;
+        check_server_name(&name, &self.server_name)
     }
 
     /// Reads and checks the files; `section` (`consul`, `etcd`) prefixes the settings named
     /// in a refusal.
     pub fn load(&self, section: &str) -> Result<TlsMaterial, String> {
-        match (self.cert_file.is_empty(), self.key_file.is_empty()) {
-            (false, true) => {
-                return Err(format!(
-                    "{section}.cert_file is set but {section}.key_file is not: give both (the \
-                     client certificate and its private key) or neither"
-                ))
-            }
-            (true, false) => {
-                return Err(format!(
-                    "{section}.key_file is set but {section}.cert_file is not: give both (the \
-                     client certificate and its private key) or neither"
-                ))
-            }
-            _ => {}
-        }
+        self.load_as(&|key| format!("{section}.{key}"))
+    }
+
+    /// The same, with `name` telling how each of the four keys is called where the user set
+    /// it (a section's `consul.ca_file`, a flag's `--ca-file`).
+    pub fn load_as(&self, name: &dyn Fn(&str) -> String) -> Result<TlsMaterial, String> {
+        pairing(name, self)?;
+        let (cert_name, key_name) = (name("cert_file"), name("key_file"));
         let mut material = TlsMaterial {
             ca_pem: None,
             roots: Vec::new(),
@@ -105,21 +103,19 @@ impl TlsFiles {
             server_name: None,
         };
         if !self.ca_file.is_empty() {
-            let setting = format!("{section}.ca_file");
+            let setting = name("ca_file");
             let pem = read(&setting, &self.ca_file)?;
             material.roots = certificates(&setting, &self.ca_file, &pem, "CA certificate")?;
             material.ca_pem = Some(pem);
         }
         if !self.cert_file.is_empty() {
-            let setting = format!("{section}.cert_file");
-            let cert_pem = read(&setting, &self.cert_file)?;
-            let chain = certificates(&setting, &self.cert_file, &cert_pem, "certificate")?;
-            let setting = format!("{section}.key_file");
-            let key_pem = read(&setting, &self.key_file)?;
+            let cert_pem = read(&cert_name, &self.cert_file)?;
+            let chain = certificates(&cert_name, &self.cert_file, &cert_pem, "certificate")?;
+            let key_pem = read(&key_name, &self.key_file)?;
             let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
                 format!(
-                    "{setting}: {} holds no PEM private key ({e}): give the client \
-                     certificate's key (BEGIN PRIVATE KEY, RSA or EC PRIVATE KEY)",
+                    "{key_name}: {} holds no PEM private key ({e}): give the certificate's \
+                     key (BEGIN PRIVATE KEY, RSA or EC PRIVATE KEY)",
                     self.key_file
                 )
             })?;
@@ -130,13 +126,8 @@ impl TlsFiles {
                 key,
             });
         }
+        check_server_name(name, &self.server_name)?;
         if !self.server_name.is_empty() {
-            ServerName::try_from(self.server_name.as_str()).map_err(|e| {
-                format!(
-                    "{section}.server_name {:?} is not a DNS name or an IP address: {e}",
-                    self.server_name
-                )
-            })?;
             material.server_name = Some(self.server_name.clone());
         }
         Ok(material)
@@ -151,6 +142,35 @@ impl TlsFiles {
             .map(|path| file_stamp(path))
             .collect()
     }
+}
+
+/// A certificate without its key, or a key without its certificate, is refused naming both.
+fn pairing(name: &dyn Fn(&str) -> String, files: &TlsFiles) -> Result<(), String> {
+    let (cert_name, key_name) = (name("cert_file"), name("key_file"));
+    match (files.cert_file.is_empty(), files.key_file.is_empty()) {
+        (false, true) => Err(format!(
+            "{cert_name} is set but {key_name} is not: give both (the certificate and its \
+             private key) or neither"
+        )),
+        (true, false) => Err(format!(
+            "{key_name} is set but {cert_name} is not: give both (the certificate and its \
+             private key) or neither"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A server name that is set must be a DNS name or an IP address.
+fn check_server_name(name: &dyn Fn(&str) -> String, server_name: &str) -> Result<(), String> {
+    if server_name.is_empty() {
+        return Ok(());
+    }
+    ServerName::try_from(server_name).map(drop).map_err(|e| {
+        format!(
+            "{} {server_name:?} is not a DNS name or an IP address: {e}",
+            name("server_name")
+        )
+    })
 }
 
 /// A file's modification time and length, or `None` if it cannot be read.
@@ -234,6 +254,61 @@ impl TlsMaterial {
     }
 }
 
+/// A rustls server configuration from `material`: its identity is the server's certificate
+/// and key (required), and with `verify_incoming` every client must present a certificate
+/// signed by a CA in `material.roots` (required then), or the handshake fails.
+/// `name` tells how each key is called where the user set it.
+pub fn server_config(
+    material: &TlsMaterial,
+    verify_incoming: bool,
+    name: &dyn Fn(&str) -> String,
+) -> Result<rustls::ServerConfig, String> {
+    let provider = provider();
+    let identity = material.identity.as_ref().ok_or_else(|| {
+        format!(
+            "serving TLS needs {} and {}",
+            name("cert_file"),
+            name("key_file")
+        )
+    })?;
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| format!("TLS: {e}"))?;
+    let builder = if verify_incoming {
+        if material.roots.is_empty() {
+            return Err(format!(
+                "verify_incoming needs {}: the CA that signs the clients' certificates",
+                name("ca_file")
+            ));
+        }
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in &material.roots {
+            roots.add(cert.clone()).map_err(|e| {
+                format!(
+                    "{}: a certificate cannot be used as a CA: {e}",
+                    name("ca_file")
+                )
+            })?;
+        }
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| format!("{}: {e}", name("ca_file")))?;
+        builder.with_client_cert_verifier(verifier)
+    } else {
+        builder.with_no_client_auth()
+    };
+    builder
+        .with_single_cert(identity.chain.clone(), identity.key.clone_key())
+        .map_err(|e| {
+            format!(
+                "{} and {} do not make a server identity: {e}",
+                name("cert_file"),
+                name("key_file")
+            )
+        })
+}
+
 /// Checks the server's certificate, as rustls's own verifier does, against a fixed name
 /// (the `server_name` setting) rather than the host in the URL.
 #[derive(Debug)]
@@ -286,12 +361,15 @@ pub fn explain(section: &str, error: &(dyn StdError + 'static)) -> Option<String
         if let Some(tls) = error.downcast_ref::<rustls::Error>() {
             return Some(explain_rustls(section, tls));
         }
-        if let Some(io) = error.downcast_ref::<std::io::Error>() {
-            if let Some(tls) = io.get_ref().and_then(|e| e.downcast_ref::<rustls::Error>()) {
-                return Some(explain_rustls(section, tls));
-            }
-        }
-        next = error.source();
+        // An I/O error's `source` skips the error it wraps (hyper-rustls wraps rustls's
+        // error in two): look inside it instead.
+        next = match error
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+        {
+            Some(inner) => Some(inner as &(dyn StdError + 'static)),
+            None => error.source(),
+        };
     }
     None
 }
@@ -381,7 +459,11 @@ mod tests {
             ca_file: "/nonexistent/ca.pem".into(),
             ..TlsFiles::default()
         };
-        let error = files.check("consul").expect_err("missing CA file");
+        assert!(
+            files.check("consul").is_ok(),
+            "the settings' check reads no file"
+        );
+        let error = files.load("consul").expect_err("missing CA file");
         assert!(error.starts_with("consul.ca_file: "), "{error}");
         assert!(error.contains("/nonexistent/ca.pem"), "{error}");
     }
@@ -426,7 +508,7 @@ mod tests {
             ),
         ];
         for (files, setting) in cases {
-            let error = files.check("consul").expect_err("wrong contents");
+            let error = files.load("consul").expect_err("wrong contents");
             assert!(error.starts_with(&format!("{setting}: ")), "{error}");
         }
         let good = TlsFiles {
@@ -471,7 +553,9 @@ mod tests {
             ),
         ];
         for (tls, setting) in cases {
-            let io = std::io::Error::other(tls);
+            // As hyper-rustls hands it over: rustls's error in two I/O errors.
+            let io =
+                std::io::Error::other(std::io::Error::new(std::io::ErrorKind::InvalidData, tls));
             let message = explain("consul", &io).expect("a TLS failure");
             assert!(message.contains(setting), "{message}");
         }

@@ -58,7 +58,8 @@ async fn the_consul_backend_keeps_the_coordinator_contract() {
                 Client::new(&ClientConfig {
                     addresses: vec![addr.clone()],
                     token: String::new(),
-                    ca_file: String::new(),
+                    token_file: String::new(),
+                    tls: Default::default(),
                     request_timeout: Duration::from_secs(10),
                 })
                 .expect("client"),

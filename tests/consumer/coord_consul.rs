@@ -24,7 +24,8 @@ fn coordinator(server: &ServerProcess, health_check: bool) -> ConsulCoordinator 
     let client = Client::new(&ClientConfig {
         addresses: vec![server.addr.clone()],
         token: String::new(),
-        ca_file: String::new(),
+        token_file: String::new(),
+        tls: Default::default(),
         request_timeout: Duration::from_secs(10),
     })
     .expect("client");

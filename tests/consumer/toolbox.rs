@@ -181,7 +181,8 @@ impl<C: Cluster> TestBed<C> {
 }
 
 impl<C: ?Sized + Cluster> TestBed<C> {
-    fn in_dir(cluster: Box<C>, dir: tempfile::TempDir) -> TestBed<C> {
+    /// A bed on `cluster`, in `dir` (which the test may have used already).
+    pub fn in_dir(cluster: Box<C>, dir: tempfile::TempDir) -> TestBed<C> {
         let journal = dir.path().join("journal");
         std::fs::write(&journal, "").unwrap();
         let coord = connect(&cluster.env());

@@ -151,7 +151,8 @@ pub fn client_for(section: &ConsulSettings) -> Result<Client, consul::Error> {
     Client::new(&consul::ClientConfig {
         addresses: section.addresses.clone(),
         token: section.token.clone(),
-        ca_file: section.ca_file.clone(),
+        token_file: section.token_file.clone(),
+        tls: section.tls_files(),
         request_timeout: section.request_timeout,
     })
 }
@@ -178,7 +179,9 @@ impl ConsulCoordinator {
 
 /// The one place where Consul's errors become the seam's. Only what no retry can fix is
 /// `Refused`: a transaction over Consul's limits (413), a key that cannot travel in a URL,
-/// a client that cannot be set up. Everything else may pass (network, overload, a leader
+/// a client that cannot be set up, a TLS handshake refused before Consul ever answered
+/// (wrong settings: the replica stops at start naming the setting; later, a rotation gone
+/// wrong may be fixed, and it is `Unavailable`). Everything else may pass (network, overload, a leader
 /// election, an ACL an operator is fixing) and is `Unavailable`, as the consumer has always
 /// retried it. A refused session TTL is mapped where the session is created (`lease.rs`).
 impl From<consul::Error> for CoordError {
@@ -190,9 +193,13 @@ impl From<consul::Error> for CoordError {
             consul::Error::Key(_) => CoordError::Refused(format!(
                 "{err}; such a task can only be moved away, by a transaction (which carries keys in its body)"
             )),
-            consul::Error::CaFile { .. } | consul::Error::Address(_) => {
+            consul::Error::Address(_) => {
                 CoordError::Refused(format!("{err}: fix the [consul] settings"))
             }
+            consul::Error::Settings(_) | consul::Error::Tls { at_start: true, .. } => {
+                CoordError::Refused(err.to_string())
+            }
+            consul::Error::Tls { at_start: false, .. } => CoordError::Unavailable(err.to_string()),
             consul::Error::Transport { .. }
             | consul::Error::Status { .. }
             | consul::Error::Decode(_) => CoordError::Unavailable(err.to_string()),

@@ -7,13 +7,19 @@ use serde::Deserialize;
 
 use crate::coord::consul::client::parse_address;
 use crate::util::duration;
+use crate::util::tls::TlsFiles;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConsulSettings {
     pub addresses: Vec<String>,
     pub token: String,
+    /// A file holding the ACL token, read again when it is rewritten; wins over `token`.
+    pub token_file: String,
     pub ca_file: String,
+    pub cert_file: String,
+    pub key_file: String,
+    pub server_name: String,
     #[serde(deserialize_with = "duration::deserialize")]
     pub wait: Duration,
     #[serde(deserialize_with = "duration::deserialize")]
@@ -23,8 +29,19 @@ pub struct ConsulSettings {
 }
 
 impl ConsulSettings {
+    /// The section's four TLS keys as one value.
+    pub fn tls_files(&self) -> TlsFiles {
+        TlsFiles {
+            ca_file: self.ca_file.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            server_name: self.server_name.clone(),
+        }
+    }
+
     /// The section's own checks; the message names the key.
     pub fn check(&self) -> Result<(), String> {
+        self.tls_files().check("consul")?;
         if self.addresses.is_empty() {
             return Err("consul.addresses is empty: give at least one Consul address".into());
         }

@@ -144,7 +144,8 @@ pub fn client_for(etcd: &EtcdSettings) -> Result<Client, CoordError> {
         endpoints: etcd.endpoints.clone(),
         user: etcd.user.clone(),
         password: etcd.password.clone(),
-        ca_file: etcd.ca_file.clone(),
+        password_file: etcd.password_file.clone(),
+        tls: etcd.tls_files(),
         request_timeout: etcd.request_timeout,
     })
     .map_err(CoordError::from)
@@ -186,7 +187,9 @@ impl EtcdCoordinator {
 
 /// The one place where etcd's errors become the seam's. Only what no retry can fix is
 /// `Refused`: a request etcd finds invalid or too large (gRPC `InvalidArgument`, which
-/// the gateway answers with 400), a client that cannot be set up. Everything else may
+/// the gateway answers with 400), a client that cannot be set up, a TLS handshake refused
+/// before etcd ever answered (wrong settings: the replica stops naming the setting).
+/// Everything else may
 /// pass (no leader, an endpoint down, a token being renewed, credentials an operator is
 /// fixing) and is `Unavailable`.
 impl From<client::Error> for CoordError {
@@ -205,9 +208,15 @@ impl From<client::Error> for CoordError {
                     "{err}: etcd will not take this request; keep writes within Coordinator::limits"
                 ))
             }
-            client::Error::CaFile { .. } | client::Error::Endpoint(_) => {
+            client::Error::Endpoint(_) => {
                 CoordError::Refused(format!("{err}: fix the [etcd] settings"))
             }
+            client::Error::Settings(_) | client::Error::Tls { at_start: true, .. } => {
+                CoordError::Refused(err.to_string())
+            }
+            client::Error::Tls {
+                at_start: false, ..
+            } => CoordError::Unavailable(err.to_string()),
             client::Error::Transport { .. }
             | client::Error::Status { .. }
             | client::Error::Decode(_) => CoordError::Unavailable(err.to_string()),

@@ -7,6 +7,7 @@ use serde::Deserialize;
 
 use crate::coord::etcd::client;
 use crate::util::duration;
+use crate::util::tls::TlsFiles;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -14,7 +15,12 @@ pub struct EtcdSettings {
     pub endpoints: Vec<String>,
     pub user: String,
     pub password: String,
+    /// A file holding the password, read again when it is rewritten; wins over `password`.
+    pub password_file: String,
     pub ca_file: String,
+    pub cert_file: String,
+    pub key_file: String,
+    pub server_name: String,
     #[serde(deserialize_with = "duration::deserialize")]
     pub wait: Duration,
     #[serde(deserialize_with = "duration::deserialize")]
@@ -22,9 +28,20 @@ pub struct EtcdSettings {
 }
 
 impl EtcdSettings {
+    /// The section's four TLS keys as one value.
+    pub fn tls_files(&self) -> TlsFiles {
+        TlsFiles {
+            ca_file: self.ca_file.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            server_name: self.server_name.clone(),
+        }
+    }
+
     /// What `[etcd]` must hold, checked at start with the other settings.
     pub fn check(&self) -> Result<(), String> {
         let etcd = self;
+        etcd.tls_files().check("etcd")?;
         if etcd.endpoints.is_empty() {
             return Err("etcd.endpoints is empty: give at least one etcd endpoint".into());
         }

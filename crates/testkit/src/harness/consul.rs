@@ -1,12 +1,15 @@
 //! `leaderq server` as a test, bench or chaos cluster: one member, the Consul backend.
 //! Started on a given (or free) loopback address with its own data dir; its stderr goes to
-//! `<data dir>.log`, so a server that fails to start can say why.
+//! `<data dir>.log`, so a server that fails to start can say why. Started with
+//! [`LeaderqServer::start_tls`], it serves HTTPS with a test [`Pki`]'s certificates, and its
+//! clients (curl, the replicas' environment) present the client certificate.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use super::pki::Pki;
 use super::{Cluster, Proc};
 
 /// A running `leaderq server`; killed when dropped.
@@ -17,13 +20,48 @@ pub struct LeaderqServer {
     pub addr: String,
     pub data_dir: PathBuf,
     extra: Vec<String>,
+    pub tls: Option<ServerTls>,
+}
+
+/// How a server serves HTTPS: the certificates, and whether it asks clients for theirs.
+#[derive(Clone, Debug)]
+pub struct ServerTls {
+    pub pki: Pki,
+    pub verify_incoming: bool,
 }
 
 impl LeaderqServer {
     /// An operator's `curl -X METHOD` of `path` on the server; the body, or why it failed.
     pub fn curl(&self, method: &str, path: &str) -> Result<String, String> {
-        let output = Command::new("curl")
-            .args(["-sf", "-X", method, &format!("http://{}{path}", self.addr)])
+        self.curl_with(method, path, None)
+    }
+
+    /// The server's URL of `path`: https when it serves TLS.
+    pub fn url(&self, path: &str) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}{path}", self.addr)
+    }
+
+    /// `curl -X METHOD` of `path` with `body`, presenting the client certificate to a TLS
+    /// server.
+    fn curl_with(&self, method: &str, path: &str, body: Option<&[u8]>) -> Result<String, String> {
+        let mut command = Command::new("curl");
+        command.args(["-sf", "-X", method, &self.url(path)]);
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cacert")
+                .arg(&tls.pki.ca)
+                .arg("--cert")
+                .arg(&tls.pki.client_cert)
+                .arg("--key")
+                .arg(&tls.pki.client_key);
+        }
+        if let Some(body) = body {
+            command
+                .arg("--data-binary")
+                .arg(String::from_utf8_lossy(body).as_ref());
+        }
+        let output = command
             .output()
             .map_err(|e| format!("cannot run curl: {e}"))?;
         if !output.status.success() {
@@ -43,6 +81,28 @@ impl LeaderqServer {
         listen: &str,
         data_dir: &Path,
         extra: &[&str],
+    ) -> Result<LeaderqServer, String> {
+        LeaderqServer::start_with(exe, listen, data_dir, extra, None)
+    }
+
+    /// The same, serving HTTPS with `tls`'s server certificate (`--cert-file`, `--key-file`,
+    /// `--ca-file`, and `--verify-incoming` if asked).
+    pub fn start_tls(
+        exe: &Path,
+        listen: &str,
+        data_dir: &Path,
+        extra: &[&str],
+        tls: ServerTls,
+    ) -> Result<LeaderqServer, String> {
+        LeaderqServer::start_with(exe, listen, data_dir, extra, Some(tls))
+    }
+
+    fn start_with(
+        exe: &Path,
+        listen: &str,
+        data_dir: &Path,
+        extra: &[&str],
+        tls: Option<ServerTls>,
     ) -> Result<LeaderqServer, String> {
         let ttl_min: &[&str] = if extra.contains(&"--session-ttl-min") {
             &[]
@@ -68,14 +128,27 @@ impl LeaderqServer {
             .env("RUST_LOG", "warn")
             .stdout(Stdio::piped())
             .stderr(log);
+        if let Some(tls) = &tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.pki.server_cert)
+                .arg("--key-file")
+                .arg(&tls.pki.server_key)
+                .arg("--ca-file")
+                .arg(&tls.pki.ca);
+            if tls.verify_incoming {
+                command.arg("--verify-incoming");
+            }
+        }
         let mut proc = Proc::spawn("leaderq server", command)?;
         let mut line = String::new();
         if let Some(stdout) = proc.child().stdout.take() {
             let _ = BufReader::new(stdout).read_line(&mut line);
         }
+        let line = line.trim();
         let Some(addr) = line
-            .trim()
             .strip_prefix("leaderq server listening on http://")
+            .or_else(|| line.strip_prefix("leaderq server listening on https://"))
         else {
             let _ = proc.child().wait();
             let mut stderr = String::new();
@@ -90,6 +163,7 @@ impl LeaderqServer {
             exe: exe.to_path_buf(),
             data_dir: data_dir.to_path_buf(),
             extra: extra.iter().map(|s| s.to_string()).collect(),
+            tls,
         })
     }
 
@@ -120,9 +194,20 @@ impl Cluster for LeaderqServer {
 
     fn env_at(&self, addrs: &[String]) -> Vec<(String, String)> {
         let addr = addrs.first().cloned().unwrap_or_default();
+        let Some(tls) = &self.tls else {
+            return vec![
+                ("LEADERQ__COORDINATOR__BACKEND".into(), "consul".into()),
+                ("CONSUL_HTTP_ADDR".into(), addr),
+            ];
+        };
+        // Consul's own variables, as its CLI reads them.
+        let path = |p: &Path| p.display().to_string();
         vec![
             ("LEADERQ__COORDINATOR__BACKEND".into(), "consul".into()),
-            ("CONSUL_HTTP_ADDR".into(), addr),
+            ("CONSUL_HTTP_ADDR".into(), format!("https://{addr}")),
+            ("CONSUL_CACERT".into(), path(&tls.pki.ca)),
+            ("CONSUL_CLIENT_CERT".into(), path(&tls.pki.client_cert)),
+            ("CONSUL_CLIENT_KEY".into(), path(&tls.pki.client_key)),
         ]
     }
 
@@ -138,7 +223,13 @@ impl Cluster for LeaderqServer {
     fn restart_member(&mut self, _: usize) -> Result<(), String> {
         self.kill();
         let extra: Vec<&str> = self.extra.iter().map(String::as_str).collect();
-        *self = LeaderqServer::start(&self.exe, &self.addr, &self.data_dir, &extra)?;
+        *self = LeaderqServer::start_with(
+            &self.exe,
+            &self.addr,
+            &self.data_dir,
+            &extra,
+            self.tls.clone(),
+        )?;
         Ok(())
     }
 
@@ -167,6 +258,13 @@ impl Cluster for LeaderqServer {
 
     /// A producer's plain `PUT /v1/kv/<key>`, over a bare HTTP/1.1 connection.
     fn produce(&self, key: &str, value: &[u8]) -> Result<(), String> {
+        if self.tls.is_some() {
+            let answer = self.curl_with("PUT", &format!("/v1/kv/{key}"), Some(value))?;
+            return match answer.trim() {
+                "true" => Ok(()),
+                other => Err(format!("PUT {key} answered {other}")),
+            };
+        }
         let mut stream = std::net::TcpStream::connect(&self.addr)
             .map_err(|e| format!("cannot reach {}: {e}", self.addr))?;
         stream

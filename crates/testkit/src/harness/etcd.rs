@@ -3,12 +3,18 @@
 //! that is removed when the cluster is dropped. Members run with a 50 ms heartbeat and a
 //! 500 ms election timeout, which lowers etcd's minimum lease TTL to 1 s and makes an etcd
 //! leader election take about a second. Producers write with `etcdctl put` (`etcd-client`).
+//!
+//! [`EtcdCluster::start_tls`] serves clients over https with a test [`Pki`]'s server
+//! certificate and `--client-cert-auth` (every client presents a certificate signed by its
+//! CA); [`EtcdCluster::enable_auth`] turns on etcd's users with a `root` whose password is
+//! kept in a file the replicas read (`etcd.password_file`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use super::pki::Pki;
 use super::{external, free_port, wait_for, Cluster, Proc};
 
 /// How long a member may take to serve after it is started.
@@ -24,11 +30,13 @@ struct Member {
     client_port: u16,
     peer_port: u16,
     proc: Option<Proc>,
+    tls: bool,
 }
 
 impl Member {
     fn client_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     fn peer_url(&self) -> String {
@@ -43,12 +51,25 @@ pub struct EtcdCluster {
     dir: PathBuf,
     token: String,
     members: Vec<Member>,
+    tls: Option<Pki>,
+    /// The root user's password file, once auth is on.
+    password_file: Option<PathBuf>,
 }
 
 impl EtcdCluster {
     /// Starts a cluster of `size` members and waits until every one serves. `Ok(None)`
     /// (after one line on stderr) when etcd is not installed, unless servers are required.
     pub fn start(size: usize) -> Result<Option<EtcdCluster>, String> {
+        EtcdCluster::start_with(size, None)
+    }
+
+    /// The same, serving clients over https with `pki`'s server certificate and asking
+    /// every client for a certificate signed by its CA (`--client-cert-auth`).
+    pub fn start_tls(size: usize, pki: &Pki) -> Result<Option<EtcdCluster>, String> {
+        EtcdCluster::start_with(size, Some(pki.clone()))
+    }
+
+    fn start_with(size: usize, tls: Option<Pki>) -> Result<Option<EtcdCluster>, String> {
         let Some(etcd) = external(&["etcd"], "etcd-server (apt-get install etcd-server)") else {
             return Ok(None);
         };
@@ -74,6 +95,7 @@ impl EtcdCluster {
                 client_port: free_port(),
                 peer_port: free_port(),
                 proc: None,
+                tls: tls.is_some(),
             })
             .collect();
         let mut cluster = EtcdCluster {
@@ -82,6 +104,8 @@ impl EtcdCluster {
             dir,
             token: unique,
             members,
+            tls,
+            password_file: None,
         };
         for i in 0..size {
             cluster.spawn(i)?;
@@ -157,13 +181,81 @@ impl EtcdCluster {
         &self.dir
     }
 
+    /// Turns on etcd's authentication with a `root` user whose password is `password`,
+    /// kept in a file that [`Cluster::env`] names as `etcd.password_file`.
+    pub fn enable_auth(&mut self, password: &str) -> Result<(), String> {
+        self.ctl(&["user", "add", &format!("root:{password}")])?;
+        self.ctl(&["auth", "enable"])?;
+        let file = self.dir.join("root-password");
+        std::fs::write(&file, format!("{password}\n"))
+            .map_err(|e| format!("{}: {e}", file.display()))?;
+        self.password_file = Some(file);
+        Ok(())
+    }
+
+    /// Changes root's password in etcd (so the old one is refused from now on), then
+    /// rewrites the password file.
+    pub fn change_password(&self, password: &str) -> Result<(), String> {
+        let file = self.password_file.as_ref().ok_or("auth is not enabled")?;
+        let mut child = self
+            .etcdctl(&self.live_endpoints().join(","))
+            .args(["user", "passwd", "root", "--interactive=false"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("cannot run etcdctl: {e}"))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            use std::io::Write as _;
+            stdin
+                .write_all(format!("{password}\n").as_bytes())
+                .map_err(|e| e.to_string())?;
+        }
+        let output = child.wait_with_output().map_err(|e| e.to_string())?;
+        if !output.status.success() {
+            return Err(format!(
+                "etcdctl user passwd failed: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            ));
+        }
+        std::fs::write(file, format!("{password}\n"))
+            .map_err(|e| format!("{}: {e}", file.display()))
+    }
+
+    /// Whether `password` is root's password now, as etcd says.
+    pub fn password_accepted(&self, password: &str) -> bool {
+        let mut command = self.etcdctl_bare(&self.live_endpoints().join(","));
+        command
+            .arg(format!("--user=root:{password}"))
+            .args(["get", "nothing"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        command.status().is_ok_and(|s| s.success())
+    }
+
     fn etcdctl(&self, endpoints: &str) -> Command {
+        let mut command = self.etcdctl_bare(endpoints);
+        if let Some(file) = &self.password_file {
+            let password = std::fs::read_to_string(file).unwrap_or_default();
+            command.arg(format!("--user=root:{}", password.trim()));
+        }
+        command
+    }
+
+    /// etcdctl on `endpoints`, with the client certificate on a TLS cluster, no user.
+    fn etcdctl_bare(&self, endpoints: &str) -> Command {
         let mut command = Command::new(&self.etcdctl);
         command
             .env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={endpoints}"))
             .arg("--dial-timeout=2s")
             .arg("--command-timeout=5s");
+        if let Some(pki) = &self.tls {
+            command
+                .arg(format!("--cacert={}", pki.ca.display()))
+                .arg(format!("--cert={}", pki.client_cert.display()))
+                .arg(format!("--key={}", pki.client_key.display()));
+        }
         command
     }
 
@@ -205,10 +297,18 @@ impl EtcdCluster {
             .arg("--heartbeat-interval")
             .arg(HEARTBEAT_MS.to_string())
             .arg("--election-timeout")
-            .arg(ELECTION_MS.to_string())
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(log_err);
+            .arg(ELECTION_MS.to_string());
+        if let Some(pki) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&pki.server_cert)
+                .arg("--key-file")
+                .arg(&pki.server_key)
+                .arg("--trusted-ca-file")
+                .arg(&pki.ca)
+                .arg("--client-cert-auth");
+        }
+        command.stdin(Stdio::null()).stdout(log).stderr(log_err);
         let proc = Proc::spawn(&format!("etcd member {}", member.name), command)?;
         self.members[i].proc = Some(proc);
         Ok(())
@@ -273,11 +373,31 @@ impl Cluster for EtcdCluster {
     }
 
     fn env_at(&self, addrs: &[String]) -> Vec<(String, String)> {
-        let endpoints: Vec<String> = addrs.iter().map(|addr| format!("http://{addr}")).collect();
-        vec![
-            ("LEADERQ__COORDINATOR__BACKEND".into(), "etcd".into()),
-            ("LEADERQ__ETCD__ENDPOINTS".into(), endpoints.join(",")),
-        ]
+        let mut env = vec![("LEADERQ__COORDINATOR__BACKEND".into(), "etcd".into())];
+        if let Some(pki) = &self.tls {
+            // etcdctl's own variables, as it reads them.
+            let endpoints: Vec<String> =
+                addrs.iter().map(|addr| format!("https://{addr}")).collect();
+            let path = |p: &Path| p.display().to_string();
+            env.extend([
+                ("ETCDCTL_ENDPOINTS".into(), endpoints.join(",")),
+                ("ETCDCTL_CACERT".into(), path(&pki.ca)),
+                ("ETCDCTL_CERT".into(), path(&pki.client_cert)),
+                ("ETCDCTL_KEY".into(), path(&pki.client_key)),
+            ]);
+        } else {
+            let endpoints: Vec<String> =
+                addrs.iter().map(|addr| format!("http://{addr}")).collect();
+            env.push(("LEADERQ__ETCD__ENDPOINTS".into(), endpoints.join(",")));
+        }
+        if let Some(file) = &self.password_file {
+            env.push(("LEADERQ__ETCD__USER".into(), "root".into()));
+            env.push((
+                "LEADERQ__ETCD__PASSWORD_FILE".into(),
+                file.display().to_string(),
+            ));
+        }
+        env
     }
 
     fn members(&self) -> usize {

@@ -13,6 +13,7 @@
 
 pub mod consul;
 pub mod link;
+pub mod pki;
 pub mod redis;
 pub mod zookeeper;
 

@@ -2,8 +2,13 @@
 //! transactions, agent TTL checks and service registrations, with blocking queries.
 //!
 //! Transport concerns live here: several addresses with failover on connection errors, 429
-//! and 503; the ACL token as `X-Consul-Token`; https with a CA file; request time-outs that
-//! outlast a blocking query's wait plus Consul's jitter. Knows nothing of tasks or leaders.
+//! and 503; the ACL token as `X-Consul-Token`, or read from a token file, again after each
+//! rewrite; https with a CA file, a client certificate and a server name (`util/tls.rs`),
+//! the files read again when rewritten, for the next connections; request time-outs that
+//! outlast a blocking query's wait plus Consul's jitter. A TLS handshake that fails before
+//! Consul ever answered is [`Error::Tls`] with `at_start`, which the backend refuses (the
+//! replica stops, naming the setting) rather than retrying. Knows nothing of tasks or
+//! leaders.
 
 mod agent;
 mod kv;
@@ -11,10 +16,13 @@ mod service;
 mod session;
 mod txn;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
+
+use crate::util::reload::{http_client, secret_file, Reloading};
+use crate::util::tls::{self, TlsFiles};
 
 pub use agent::AgentCheck;
 pub use kv::{KvPair, PutMode};
@@ -37,8 +45,17 @@ pub enum Error {
     Status { code: u16, body: String },
     #[error("cannot decode Consul's answer: {0}")]
     Decode(String),
-    #[error("cannot read CA file {path}: {reason}")]
-    CaFile { path: String, reason: String },
+    /// The TLS settings or a secret file cannot be used; the message names the setting.
+    #[error("{0}")]
+    Settings(String),
+    /// A TLS handshake with `address` failed; `at_start`: before Consul ever answered this
+    /// client, so the settings are wrong rather than the network.
+    #[error("cannot connect to Consul at {address}: {reason}")]
+    Tls {
+        address: String,
+        reason: String,
+        at_start: bool,
+    },
     #[error("invalid Consul address: {0}")]
     Address(String),
     #[error("key {0:?} cannot be sent in a URL: a '.' or '..' segment would address another key")]
@@ -50,6 +67,7 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Transport { .. } => true,
+            Error::Tls { at_start, .. } => !at_start,
             Error::Status { code, .. } => *code == 429 || *code >= 500,
             _ => false,
         }
@@ -90,7 +108,10 @@ pub fn parse_address(address: &str) -> Result<String, String> {
 pub struct ClientConfig {
     pub addresses: Vec<String>,
     pub token: String,
-    pub ca_file: String,
+    /// A file holding the token, read again after a rewrite; used instead of `token`.
+    pub token_file: String,
+    /// CA, client certificate and key, server name.
+    pub tls: TlsFiles,
     pub request_timeout: Duration,
 }
 
@@ -102,12 +123,32 @@ pub struct QueryOptions {
 }
 
 pub struct Client {
-    http: reqwest::Client,
+    /// Built again when the TLS files change.
+    http: Reloading<reqwest::Client>,
     addresses: Vec<String>,
     /// The address that answered last; requests start there.
     current: AtomicUsize,
-    token: Option<String>,
+    token: Token,
     request_timeout: Duration,
+    /// Whether Consul answered this client once (a TLS failure before is the settings').
+    answered: AtomicBool,
+}
+
+/// The ACL token: none, given, or kept in a file.
+enum Token {
+    None,
+    Given(String),
+    File(Reloading<String>),
+}
+
+impl Token {
+    fn current(&self) -> Option<String> {
+        match self {
+            Token::None => None,
+            Token::Given(token) => Some(token.clone()),
+            Token::File(file) => Some(file.get()),
+        }
+    }
 }
 
 impl Client {
@@ -120,27 +161,23 @@ impl Client {
         if addresses.is_empty() {
             return Err(Error::Address("no Consul address given".into()));
         }
-        let mut builder = reqwest::Client::builder()
-            .pool_idle_timeout(Duration::from_secs(60))
-            .tcp_nodelay(true);
-        if !config.ca_file.is_empty() {
-            let pem = std::fs::read(&config.ca_file).map_err(|e| Error::CaFile {
-                path: config.ca_file.clone(),
-                reason: e.to_string(),
-            })?;
-            let certificate = reqwest::Certificate::from_pem(&pem).map_err(|e| Error::CaFile {
-                path: config.ca_file.clone(),
-                reason: e.to_string(),
-            })?;
-            builder = builder.add_root_certificate(certificate);
-        }
-        let http = builder.build().map_err(|e| Error::Address(e.to_string()))?;
+        let http = http_client(&config.tls, "consul").map_err(Error::Settings)?;
+        let token = if !config.token_file.is_empty() {
+            Token::File(
+                secret_file("consul.token_file", &config.token_file).map_err(Error::Settings)?,
+            )
+        } else if !config.token.is_empty() {
+            Token::Given(config.token.clone())
+        } else {
+            Token::None
+        };
         Ok(Client {
             http,
             addresses,
             current: AtomicUsize::new(0),
-            token: (!config.token.is_empty()).then(|| config.token.clone()),
+            token,
             request_timeout: config.request_timeout,
+            answered: AtomicBool::new(false),
         })
     }
 
@@ -155,14 +192,15 @@ impl Client {
     ) -> Result<reqwest::Response, Error> {
         let start = self.current.load(Ordering::Relaxed);
         let mut last_error = None;
+        let http = self.http.get();
+        let token = self.token.current();
         for attempt in 0..self.addresses.len() {
             let slot = (start + attempt) % self.addresses.len();
             let address = &self.addresses[slot];
-            let mut request = self
-                .http
+            let mut request = http
                 .request(method.clone(), format!("{address}{path}"))
                 .timeout(timeout);
-            if let Some(token) = &self.token {
+            if let Some(token) = &token {
                 request = request.header("X-Consul-Token", token);
             }
             if let Some(body) = &body {
@@ -177,25 +215,33 @@ impl Client {
                 }
                 Ok(response) => {
                     self.current.store(slot, Ordering::Relaxed);
+                    self.answered.store(true, Ordering::Relaxed);
                     return Ok(response);
                 }
                 // Only a connection that never opened is safe to resend elsewhere; a write
                 // that timed out may have been applied.
                 Err(err) if err.is_connect() => {
-                    last_error = Some(Error::Transport {
-                        address: address.clone(),
-                        source: err,
-                    });
+                    last_error = Some(self.transport_error(address, err));
                 }
-                Err(err) => {
-                    return Err(Error::Transport {
-                        address: address.clone(),
-                        source: err,
-                    })
-                }
+                Err(err) => return Err(self.transport_error(address, err)),
             }
         }
         Err(last_error.expect("at least one address was tried"))
+    }
+
+    /// A failed request's error: a TLS handshake's failure apart, naming the setting.
+    fn transport_error(&self, address: &str, err: reqwest::Error) -> Error {
+        match tls::explain("consul", &err) {
+            Some(reason) => Error::Tls {
+                address: address.to_string(),
+                reason,
+                at_start: !self.answered.load(Ordering::Relaxed),
+            },
+            None => Error::Transport {
+                address: address.to_string(),
+                source: err,
+            },
+        }
     }
 
     /// Sends a request whose only answer of interest is a 200.
@@ -357,6 +403,59 @@ mod tests {
         );
         assert!(parse_address("unix:///tmp/consul.sock").is_err());
         assert!(parse_address("ftp://x").is_err());
+    }
+
+    /// The token file is read again after a rewrite: the next request sends the new token.
+    /// (leaderq server has no ACLs, so the requests' heads are read by a bare listener.)
+    #[tokio::test]
+    async fn a_rewritten_token_file_is_sent_by_the_next_request() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let (heads, mut seen) = tokio::sync::mpsc::unbounded_channel();
+        let server = tokio::spawn(async move {
+            loop {
+                let (mut stream, _) = listener.accept().await.unwrap();
+                let heads = heads.clone();
+                tokio::spawn(async move {
+                    let mut buffer = vec![0u8; 4096];
+                    let mut head = Vec::new();
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        let n = stream.read(&mut buffer).await.unwrap_or(0);
+                        if n == 0 {
+                            return;
+                        }
+                        head.extend_from_slice(&buffer[..n]);
+                        if head.windows(4).any(|w| w == b"\r\n\r\n") {
+                            let _ = heads.send(String::from_utf8_lossy(&head).to_lowercase());
+                            head.clear();
+                            let _ = stream
+                                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                                .await;
+                        }
+                    }
+                });
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "first-token\n").unwrap();
+        let client = Client::new(&ClientConfig {
+            addresses: vec![address],
+            token: "ignored: the file wins".into(),
+            token_file: file.to_string_lossy().into_owned(),
+            tls: TlsFiles::default(),
+            request_timeout: Duration::from_secs(5),
+        })
+        .unwrap();
+        client.check_pass("c").await.unwrap();
+        let head = seen.recv().await.unwrap();
+        assert!(head.contains("x-consul-token: first-token\r\n"), "{head}");
+        std::fs::write(&file, "second-token\n").unwrap();
+        client.check_pass("c").await.unwrap();
+        let head = seen.recv().await.unwrap();
+        assert!(head.contains("x-consul-token: second-token\r\n"), "{head}");
+        server.abort();
     }
 
     /// The watch index goes back to 0 when the server's index goes backwards.

@@ -5,16 +5,24 @@
 //!
 //! Transport concerns live here: several endpoints with failover on a connection error or
 //! a 503 (gRPC `Unavailable`: no leader, leader changed); user and password
-//! (`/v3/auth/authenticate`, the token sent as `Authorization` and fetched again when it
-//! expires); https with a CA file. Knows nothing of tasks or leaders.
+//! (`/v3/auth/authenticate`, the token sent as `Authorization` and fetched again when etcd
+//! no longer takes it: expired, or the user's password changed; a password file is read
+//! again after each rewrite); https with a CA file, a client certificate and a server name
+//! (`util/tls.rs`), the files read again when rewritten, for the next connections. A TLS
+//! handshake that fails before etcd ever answered is [`Error::Tls`] with `at_start`, which
+//! the backend refuses (the replica stops, naming the setting). Knows nothing of tasks or
+//! leaders.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
+
+use crate::util::reload::{http_client, secret_file, Reloading};
+use crate::util::tls::{self, TlsFiles};
 
 mod wire;
 
@@ -25,6 +33,9 @@ use wire::{watch_line, GatewayError, KeepAliveResult};
 pub const CODE_INVALID_ARGUMENT: i64 = 3;
 pub const CODE_NOT_FOUND: i64 = 5;
 pub const CODE_UNAUTHENTICATED: i64 = 16;
+/// etcd's answer (`InvalidArgument`) to a token issued before its users or roles changed:
+/// authenticate again.
+const AUTH_REVISION_OLD: &str = "revision of auth store is old";
 /// An answer's buffer is sized from its Content-Length up to this (a larger one grows as it
 /// arrives): a header does not get to reserve memory the body never sends.
 const MAX_PRESIZE: u64 = 256 * 1024 * 1024;
@@ -46,10 +57,19 @@ pub enum Error {
     },
     #[error("cannot decode etcd's answer: {0}")]
     Decode(String),
-    #[error("cannot read CA file {path}: {reason}")]
-    CaFile { path: String, reason: String },
     #[error("invalid etcd endpoint: {0}")]
     Endpoint(String),
+    /// The TLS settings or the password file cannot be used; the message names the setting.
+    #[error("{0}")]
+    Settings(String),
+    /// A TLS handshake with `endpoint` failed; `at_start`: before etcd ever answered this
+    /// client, so the settings are wrong rather than the network.
+    #[error("cannot connect to etcd at {endpoint}: {reason}")]
+    Tls {
+        endpoint: String,
+        reason: String,
+        at_start: bool,
+    },
 }
 
 impl Error {
@@ -83,16 +103,37 @@ pub struct ClientConfig {
     pub endpoints: Vec<String>,
     pub user: String,
     pub password: String,
-    pub ca_file: String,
+    /// A file holding the password, read again after a rewrite; used instead of `password`.
+    pub password_file: String,
+    /// CA, client certificate and key, server name.
+    pub tls: TlsFiles,
     pub request_timeout: Duration,
 }
 
+/// A user's password: given, or kept in a file.
+enum Password {
+    Given(String),
+    File(Reloading<String>),
+}
+
+impl Password {
+    fn current(&self) -> String {
+        match self {
+            Password::Given(password) => password.clone(),
+            Password::File(file) => file.get(),
+        }
+    }
+}
+
 pub struct Client {
-    http: reqwest::Client,
+    /// Built again when the TLS files change.
+    http: Reloading<reqwest::Client>,
     endpoints: Vec<String>,
     /// The endpoint that answered last; requests start there.
     current: AtomicUsize,
-    credentials: Option<(String, String)>,
+    /// Whether etcd answered this client once (a TLS failure before is the settings').
+    answered: AtomicBool,
+    credentials: Option<(String, Password)>,
     /// The auth token from `/v3/auth/authenticate`, while it is good.
     token: Mutex<Option<String>>,
     request_timeout: Duration,
@@ -108,28 +149,21 @@ impl Client {
         if endpoints.is_empty() {
             return Err(Error::Endpoint("no etcd endpoint given".into()));
         }
-        let mut builder = reqwest::Client::builder()
-            .pool_idle_timeout(Duration::from_secs(60))
-            .tcp_nodelay(true);
-        if !config.ca_file.is_empty() {
-            let ca_error = |reason: String| Error::CaFile {
-                path: config.ca_file.clone(),
-                reason,
-            };
-            let pem = std::fs::read(&config.ca_file).map_err(|e| ca_error(e.to_string()))?;
-            let certificate =
-                reqwest::Certificate::from_pem(&pem).map_err(|e| ca_error(e.to_string()))?;
-            builder = builder.add_root_certificate(certificate);
-        }
-        let http = builder
-            .build()
-            .map_err(|e| Error::Endpoint(e.to_string()))?;
+        let http = http_client(&config.tls, "etcd").map_err(Error::Settings)?;
+        let password = if config.password_file.is_empty() {
+            Password::Given(config.password.clone())
+        } else {
+            Password::File(
+                secret_file("etcd.password_file", &config.password_file)
+                    .map_err(Error::Settings)?,
+            )
+        };
         Ok(Client {
             http,
             endpoints,
             current: AtomicUsize::new(0),
-            credentials: (!config.user.is_empty())
-                .then(|| (config.user.clone(), config.password.clone())),
+            answered: AtomicBool::new(false),
+            credentials: (!config.user.is_empty()).then(|| (config.user.clone(), password)),
             token: Mutex::new(None),
             request_timeout: config.request_timeout,
         })
@@ -152,8 +186,8 @@ impl Client {
         loop {
             let token = self.auth_token().await?;
             match self.post_once(path, body, timeout, token.as_deref()).await {
-                Err(Error::Status { code, .. })
-                    if code == CODE_UNAUTHENTICATED
+                Err(Error::Status { code, message, .. })
+                    if (code == CODE_UNAUTHENTICATED || message.contains(AUTH_REVISION_OLD))
                         && self.credentials.is_some()
                         && !authenticated_again =>
                 {
@@ -174,11 +208,11 @@ impl Client {
     ) -> Result<reqwest::Response, Error> {
         let start = self.current.load(Ordering::Relaxed);
         let mut last_error = None;
+        let http = self.http.get();
         for attempt in 0..self.endpoints.len() {
             let slot = (start + attempt) % self.endpoints.len();
             let endpoint = &self.endpoints[slot];
-            let mut request = self
-                .http
+            let mut request = http
                 .post(format!("{endpoint}{path}"))
                 .timeout(timeout)
                 .json(body);
@@ -188,9 +222,11 @@ impl Client {
             match request.send().await {
                 Ok(response) if response.status().is_success() => {
                     self.current.store(slot, Ordering::Relaxed);
+                    self.answered.store(true, Ordering::Relaxed);
                     return Ok(response);
                 }
                 Ok(response) => {
+                    self.answered.store(true, Ordering::Relaxed);
                     let status = response.status().as_u16();
                     let error = status_error(response).await;
                     if status != 503 {
@@ -201,10 +237,7 @@ impl Client {
                 // Only a connection that never opened is safe to send elsewhere: a write
                 // that timed out may have been applied.
                 Err(err) if err.is_connect() => {
-                    last_error = Some(Error::Transport {
-                        endpoint: endpoint.clone(),
-                        source: err,
-                    });
+                    last_error = Some(self.transport_error(endpoint, err));
                 }
                 // Not resent, but the next request starts at the next endpoint: a member
                 // that accepts connections and never answers (frozen, cut off from its
@@ -212,14 +245,26 @@ impl Client {
                 Err(err) => {
                     self.current
                         .store((slot + 1) % self.endpoints.len(), Ordering::Relaxed);
-                    return Err(Error::Transport {
-                        endpoint: endpoint.clone(),
-                        source: err,
-                    });
+                    return Err(self.transport_error(endpoint, err));
                 }
             }
         }
         Err(last_error.expect("at least one endpoint was tried"))
+    }
+
+    /// A failed request's error: a TLS handshake's failure apart, naming the setting.
+    fn transport_error(&self, endpoint: &str, err: reqwest::Error) -> Error {
+        match tls::explain("etcd", &err) {
+            Some(reason) => Error::Tls {
+                endpoint: endpoint.to_string(),
+                reason,
+                at_start: !self.answered.load(Ordering::Relaxed),
+            },
+            None => Error::Transport {
+                endpoint: endpoint.to_string(),
+                source: err,
+            },
+        }
     }
 
     async fn auth_token(&self) -> Result<Option<String>, Error> {
@@ -234,7 +279,7 @@ impl Client {
             #[serde(default)]
             token: String,
         }
-        let body = json!({ "name": user, "password": password });
+        let body = json!({ "name": user, "password": password.current() });
         let response = self
             .post_once("/v3/auth/authenticate", &body, self.request_timeout, None)
             .await?;
