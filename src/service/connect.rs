@@ -11,6 +11,7 @@ use crate::coord::{consul, etcd, redis, zookeeper, CoordError, Coordinator};
 /// The coordinator `coordinator.backend` names, from its section of `settings`; nothing is
 /// asked of its server before the first call.
 pub fn connect(settings: &Settings) -> Result<Arc<dyn Coordinator>, CoordError> {
+    crate::util::tls::install_provider();
     let leader_key = &settings.election.leader_key;
     match settings.coordinator.backend {
         Backend::Consul => {

@@ -205,6 +205,15 @@ pub fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// Makes ring the process's rustls provider, for the libraries that build their TLS
+/// configuration from the process's default (redis-rs, zookeeper-client): with a second
+/// provider built in (aws-lc-rs, through zookeeper-client's rustls), rustls would not pick
+/// one and those calls would panic. Called before any client is made; once is enough,
+/// again is harmless.
+pub fn install_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 impl TlsMaterial {
     /// A rustls client configuration: the CA file's roots (else the usual public roots),
     /// the client identity if given, and the server's certificate checked against

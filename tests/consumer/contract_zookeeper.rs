@@ -158,6 +158,7 @@ async fn run_contract(connect: String, auth: &str) {
                 session_timeout: Duration::from_secs(5),
                 leader_key: leader_key.clone(),
                 auth,
+                tls: Default::default(),
             });
             Subject {
                 coord: Arc::new(coord),

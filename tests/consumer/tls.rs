@@ -12,6 +12,7 @@
 use testkit::harness::consul::{LeaderqServer, ServerTls};
 use testkit::harness::etcd::EtcdCluster;
 use testkit::harness::pki::{Pki, SERVER_NAME};
+use testkit::harness::zookeeper::Ensemble;
 use testkit::harness::Cluster;
 
 use super::*;
@@ -20,14 +21,16 @@ use super::*;
 /// retry (a retrying replica would still run after this).
 const FAIL_FAST: Duration = Duration::from_secs(15);
 
-/// The backend's section, and its tools' variables for the CA, certificate and key.
-fn names(backend: &str) -> (&'static str, [&'static str; 3]) {
+/// The backend's section, and its tools' variables for the CA, certificate and key
+/// (ZooKeeper's tools take system properties, not variables: none).
+fn names(backend: &str) -> (&'static str, &'static [&'static str]) {
     match backend {
         "consul" => (
             "consul",
-            ["CONSUL_CACERT", "CONSUL_CLIENT_CERT", "CONSUL_CLIENT_KEY"],
+            &["CONSUL_CACERT", "CONSUL_CLIENT_CERT", "CONSUL_CLIENT_KEY"],
         ),
-        _ => ("etcd", ["ETCDCTL_CACERT", "ETCDCTL_CERT", "ETCDCTL_KEY"]),
+        "zookeeper" => ("zookeeper", &[]),
+        _ => ("etcd", &["ETCDCTL_CACERT", "ETCDCTL_CERT", "ETCDCTL_KEY"]),
     }
 }
 
@@ -50,10 +53,27 @@ fn tls_bed(backend: &str) -> Option<(TestBed, Pki)> {
             )
             .expect("leaderq server with TLS"),
         ),
+        "zookeeper" => Box::new(Ensemble::start_tls(1, &pki)?.expect("ZooKeeper with TLS")),
         _ => Box::new(EtcdCluster::start_tls(1, &pki).expect("etcd with TLS")?),
     };
     let mut bed = TestBed::in_dir(cluster, dir);
     bed.settings = bed.settings.clone().ttl("1s");
+    if backend == "zookeeper" {
+        // ZooKeeper's tools have no variables for certificates: the bed's own client is
+        // given them as settings, the replicas by each test.
+        let mut env = bed.cluster.env();
+        for (key, file) in [
+            ("CA_FILE", &pki.ca),
+            ("CERT_FILE", &pki.client_cert),
+            ("KEY_FILE", &pki.client_key),
+        ] {
+            env.push((
+                format!("LEADERQ__ZOOKEEPER__{key}"),
+                file.display().to_string(),
+            ));
+        }
+        bed.coord = super::toolbox::connect(&env);
+    }
     Some((bed, pki))
 }
 
@@ -91,8 +111,8 @@ async fn drain_through_a_kill(bed: &mut TestBed) {
     );
 }
 
-/// The certificates from the settings (`ca_file`, `cert_file`, `key_file`, `server_name`),
-/// with the tools' variables pointing at wrong ones: the settings win.
+/// The certificates from the settings (`ca_file`, `cert_file`, `key_file`, `server_name`
+/// but on ZooKeeper), with the tools' variables pointing at wrong ones: the settings win.
 async fn certificates_from_the_settings(backend: &str) {
     let Some((mut bed, pki)) = tls_bed(backend) else {
         return;
@@ -104,8 +124,13 @@ async fn certificates_from_the_settings(backend: &str) {
         .clone()
         .set(section, "ca_file", &path(&pki.ca))
         .set(section, "cert_file", &path(&pki.client_cert))
-        .set(section, "key_file", &path(&pki.client_key))
-        .set(section, "server_name", &format!("{SERVER_NAME:?}"));
+        .set(section, "key_file", &path(&pki.client_key));
+    if backend != "zookeeper" {
+        bed.settings =
+            bed.settings
+                .clone()
+                .set(section, "server_name", &format!("{SERVER_NAME:?}"));
+    }
     let wrong = [&pki.other_ca, &pki.expired_cert, &pki.expired_key];
     bed.env = vars
         .iter()
@@ -215,6 +240,20 @@ on_every_backend!([consul, etcd] {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     fn tls_wrong_certificates_fail_fast => wrong_certificates_fail_fast();
 });
+
+/// ZooKeeper on its secure client port with `ssl.clientAuth=need`: replicas drain through
+/// a SIGKILL with the certificates from `[zookeeper]`, and each wrong one (an unknown CA,
+/// none, an expired one, a missing file, a server name, which ZooKeeper's client cannot
+/// take) stops the replica at start naming the setting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_tls_from_the_settings() {
+    certificates_from_the_settings("zookeeper").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_tls_wrong_certificates_fail_fast() {
+    wrong_certificates_fail_fast("zookeeper").await;
+}
 
 /// `leaderq server --verify-incoming` refuses a client without a certificate at the
 /// handshake, and answers one with a certificate its CA signed.

@@ -91,6 +91,7 @@ use std::time::Duration;
 use zookeeper_client as zk;
 
 use crate::coord::{CoordError, Coordinator, LeaseId, WriteLimits};
+use crate::util::tls::TlsFiles;
 
 pub use layout::path_of;
 pub use settings::ZookeeperSettings;
@@ -109,6 +110,8 @@ pub struct ZkCoordSettings {
     /// znode leaderq creates is readable and writable by that user alone. Empty: none, and
     /// znodes are open to anyone.
     pub auth: String,
+    /// TLS to the secure client port, when any file is set.
+    pub tls: TlsFiles,
 }
 
 /// The ZooKeeper backend of the coordinator seam. One per replica; it may hold several
@@ -136,6 +139,7 @@ pub fn connect(
         session_timeout: zookeeper.session_timeout,
         leader_key: leader_key.to_string(),
         auth: zookeeper.auth.clone(),
+        tls: zookeeper.tls(),
     })))
 }
 

@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::util::duration;
+use crate::util::tls::TlsFiles;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -21,6 +22,14 @@ pub struct ZookeeperSettings {
     pub wait: Duration,
     /// `user:password` of ZooKeeper's digest scheme; empty: none.
     pub auth: String,
+    /// TLS on the ensemble's secure client port: the CA that signed the servers'
+    /// certificates, and the client's own certificate and key (`ssl.clientAuth=need`).
+    /// Any of them set turns TLS on.
+    pub ca_file: String,
+    pub cert_file: String,
+    pub key_file: String,
+    /// Not supported by ZooKeeper's client here: refused at start, with what to do.
+    pub server_name: String,
 }
 
 impl ZookeeperSettings {
@@ -48,6 +57,26 @@ impl ZookeeperSettings {
         if settings.session_timeout.is_zero() || settings.wait.is_zero() {
             return Err("zookeeper.session_timeout and zookeeper.wait must be above 0s".into());
         }
-        Ok(())
+        if !settings.server_name.is_empty() {
+            return Err(format!(
+                "zookeeper.server_name {:?}: ZooKeeper's client checks each server's certificate against the host named in zookeeper.connect; connect by the name the certificates carry (or add that address to them) and leave server_name empty",
+                settings.server_name
+            ));
+        }
+        let tls = settings.tls();
+        if tls.is_set() && tls.ca_file.is_empty() {
+            return Err("zookeeper.ca_file is empty: TLS to ZooKeeper needs the CA that signed the ensemble's certificates (ssl.trustStore of the servers' own quorum), with zookeeper.cert_file and key_file if the servers ask for a client certificate".into());
+        }
+        tls.check("zookeeper")
+    }
+
+    /// The section's TLS files; any set means TLS on the secure client port.
+    pub fn tls(&self) -> TlsFiles {
+        TlsFiles {
+            ca_file: self.ca_file.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            server_name: String::new(),
+        }
     }
 }

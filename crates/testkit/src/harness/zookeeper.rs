@@ -7,6 +7,11 @@
 //! `lease_ttl` (10 s) and longer ones work on it too, as on a production ensemble. A member is ready when it answers the four-letter word
 //! `srvr` with its `Mode:` (leader, follower or standalone). Producers write as ZooKeeper
 //! users do, with `zkCli.sh create`.
+//!
+//! [`Ensemble::start_tls`] also serves a secure client port on each member (Netty, the
+//! test [`Pki`]'s server certificate in PEM, `ssl.clientAuth=need`: every client presents
+//! a certificate its CA signed); the connect string the replicas get names those ports,
+//! while the harness's own zkCli and four-letter words keep the plain one.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -14,11 +19,32 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use super::pki::Pki;
 use super::{external, free_port, wait_for, Cluster, Proc};
+
+/// A member's TLS lines: the secure client port on Netty, its certificate and key in one
+/// PEM file, the CA it trusts, and a client certificate required.
+fn secure_config(pki: &Pki, dir: &Path, port: u16) -> Result<String, String> {
+    let read = |path: &Path| std::fs::read_to_string(path).map_err(|e| e.to_string());
+    let bundle = dir.join("server-bundle.pem");
+    let pem = format!("{}\n{}", read(&pki.server_cert)?, read(&pki.server_key)?);
+    std::fs::write(&bundle, pem).map_err(|e| e.to_string())?;
+    Ok(format!(
+        "secureClientPort={port}\nsecureClientPortAddress=127.0.0.1\n\
+         serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+         ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
+         ssl.trustStore.location={}\nssl.trustStore.type=PEM\nssl.clientAuth=need\n",
+        bundle.display(),
+        pki.ca.display()
+    ))
+}
 
 /// The server's classes; the package's example config dir comes first for log4j.properties.
 const JAR: &str = "/usr/share/java/zookeeper.jar";
-const CLASSPATH: &str = "/etc/zookeeper/conf_example:/usr/share/java/zookeeper.jar";
+/// Netty's codec and resolver too: the jar's manifest leaves them out, and the Netty
+/// connection factory a secure client port needs fails on its first client without them.
+const CLASSPATH: &str = "/etc/zookeeper/conf_example:/usr/share/java/zookeeper.jar:\
+                         /usr/share/java/netty-codec.jar:/usr/share/java/netty-resolver.jar";
 const ZKCLI: &str = "/usr/share/zookeeper/bin/zkCli.sh";
 const INSTALL: &str = "the zookeeper package (apt-get install zookeeper)";
 
@@ -38,6 +64,8 @@ const JVM_FLAGS: &[&str] = &[
 struct Member {
     id: usize,
     client_port: u16,
+    /// The TLS client port, on an ensemble started with TLS.
+    secure_port: Option<u16>,
     dir: PathBuf,
     proc: Option<Proc>,
 }
@@ -60,13 +88,29 @@ impl Ensemble {
         // Its ports are picked free, then bound by the JVM a moment later: another test may
         // take one in between, and the member never serves. A second try, on new ports,
         // tells that race from a ZooKeeper that cannot start.
-        Some(Ensemble::start_with(java.clone(), size).or_else(|first| {
-            Ensemble::start_with(java, size)
-                .map_err(|second| format!("{second} (and on a first try: {first})"))
-        }))
+        Some(
+            Ensemble::start_with(java.clone(), size, None).or_else(|first| {
+                Ensemble::start_with(java, size, None)
+                    .map_err(|second| format!("{second} (and on a first try: {first})"))
+            }),
+        )
     }
 
-    fn start_with(java: PathBuf, size: usize) -> Result<Ensemble, String> {
+    /// The same, each member also serving TLS clients on a secure port with `pki`'s server
+    /// certificate and asking every client for one its CA signed; the replicas' connect
+    /// string names the secure ports (their settings must give the certificates).
+    pub fn start_tls(size: usize, pki: &Pki) -> Option<Result<Ensemble, String>> {
+        let java = external(&["java"], INSTALL)?;
+        external(&[JAR], INSTALL)?;
+        Some(
+            Ensemble::start_with(java.clone(), size, Some(pki)).or_else(|first| {
+                Ensemble::start_with(java, size, Some(pki))
+                    .map_err(|second| format!("{second} (and on a first try: {first})"))
+            }),
+        )
+    }
+
+    fn start_with(java: PathBuf, size: usize, tls: Option<&Pki>) -> Result<Ensemble, String> {
         let root = std::env::temp_dir().join(format!(
             "leaderq-zk-{}-{}",
             std::process::id(),
@@ -88,16 +132,25 @@ impl Ensemble {
             let dir = root.join(format!("member-{id}"));
             std::fs::create_dir_all(dir.join("data")).map_err(|e| e.to_string())?;
             std::fs::write(dir.join("data/myid"), format!("{id}\n")).map_err(|e| e.to_string())?;
-            let config = format!(
+            let mut config = format!(
                 "tickTime=500\ninitLimit=10\nsyncLimit=5\ndataDir={}\nclientPort={client_port}\n\
                  clientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=*\n\
                  maxClientCnxns=0\nmaxSessionTimeout=60000\n{servers}",
                 dir.join("data").display()
             );
+            let secure_port = match tls {
+                Some(pki) => {
+                    let port = free_port();
+                    config.push_str(&secure_config(pki, &dir, port)?);
+                    Some(port)
+                }
+                None => None,
+            };
             std::fs::write(dir.join("zoo.cfg"), config).map_err(|e| e.to_string())?;
             members.push(Member {
                 id,
                 client_port: *client_port,
+                secure_port,
                 dir,
                 proc: None,
             });
@@ -290,7 +343,7 @@ impl Cluster for Ensemble {
     fn client_addrs(&self) -> Vec<String> {
         self.members
             .iter()
-            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .map(|m| format!("127.0.0.1:{}", m.secure_port.unwrap_or(m.client_port)))
             .collect()
     }
 

@@ -13,6 +13,11 @@ use zookeeper_client as zk;
 use super::ZkCoordinator;
 use crate::coord::CoordError;
 
+mod tls;
+
+/// Marks (among the znodes made) that a TLS handshake with the ensemble was seen to work.
+const TLS_CHECKED: &str = "tls handshake";
+
 /// How long one request may take before the ensemble counts as unreachable for it.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -52,7 +57,16 @@ impl ZkCoordinator {
         if !self.settings.auth.is_empty() {
             connector = connector.with_auth("digest", self.settings.auth.as_bytes());
         }
-        let connecting = connector.connect(servers);
+        if self.settings.tls.is_set() {
+            connector = connector.with_tls(self.tls_options(servers).await?);
+        }
+        let secure = self.settings.tls.is_set();
+        let connecting = async move {
+            match secure {
+                true => connector.secure_connect(servers).await,
+                false => connector.connect(servers).await,
+            }
+        };
         let client = match tokio::time::timeout(REQUEST_TIMEOUT.max(timeout), connecting).await {
             Ok(Ok(client)) => client,
             Ok(Err(zk::Error::BadArguments(why))) => {
@@ -88,6 +102,22 @@ impl ZkCoordinator {
                 self.settings.connect
             ))
         })
+    }
+
+    /// The TLS options of a new session, from the files as they are now (a rotated
+    /// certificate is used from the next session on). Before the first, one handshake of
+    /// leaderq's own tells a refused certificate from an ensemble that does not answer.
+    async fn tls_options(&self, servers: &str) -> Result<zk::TlsOptions, CoordError> {
+        let material = self
+            .settings
+            .tls
+            .load("zookeeper")
+            .map_err(CoordError::Refused)?;
+        if !self.made().contains(TLS_CHECKED) {
+            tls::check_handshake(&material, servers).await?;
+            self.made().insert(TLS_CHECKED.to_string());
+        }
+        tls::options(&material)
     }
 
     /// Makes `path` and its ancestors exist (persistent, open ACL), once per coordinator.
