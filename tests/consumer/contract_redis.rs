@@ -49,6 +49,11 @@ pub(crate) fn redis_coordinator(url: &str, prefix: &str) -> Arc<RedisCoordinator
         RedisCoordinator::new(RedisCoordSettings {
             url: url.to_string(),
             password: String::new(),
+            sentinels: Vec::new(),
+            master_name: String::new(),
+            sentinel_password: String::new(),
+            wait_replicas: 0,
+            wait_replicas_timeout: Duration::from_secs(1),
             layout: Layout {
                 prefix: prefix.to_string(),
                 leader: "consumerLeader".into(),

@@ -86,9 +86,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-use redis::{IntoConnectionInfo, ProtocolVersion};
-use tokio::sync::{broadcast, OnceCell};
+use tokio::sync::broadcast;
 
 use self::client::{bad_answer, unavailable};
 use self::layout::Change;
@@ -103,10 +101,21 @@ const CHANGES_HELD: usize = 256;
 /// What the Redis coordinator needs, from `[redis]` and `[election]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisCoordSettings {
-    /// `redis://[user:password@]host:port/db` or `rediss://` for TLS.
+    /// `redis://[user:password@]host:port/db` or `rediss://` for TLS (unused behind
+    /// Sentinel).
     pub url: String,
-    /// Overrides the URL's password when not empty.
+    /// Overrides the URL's password when not empty; the data nodes' behind Sentinel.
     pub password: String,
+    /// Sentinels' `(host, port)`: when any, the primary is found through them.
+    pub sentinels: Vec<(String, u16)>,
+    /// The name the sentinels know the primary by.
+    pub master_name: String,
+    /// The sentinels' own password, when not empty.
+    pub sentinel_password: String,
+    /// Replicas each write waits for (`WAIT`); 0 for none.
+    pub wait_replicas: u32,
+    /// How long one `WAIT` may take.
+    pub wait_replicas_timeout: Duration,
     pub layout: Layout,
     /// Each Redis call's limit (and a connection attempt's).
     pub request_timeout: Duration,
@@ -117,11 +126,13 @@ pub struct RedisCoordSettings {
 
 /// The Redis backend of the coordinator seam: one per replica.
 pub struct RedisCoordinator {
-    client: redis::Client,
+    /// Where connections go: one server, or the primary the sentinels name.
+    source: client::Source,
     settings: RedisCoordSettings,
     scripts: Scripts,
-    /// Connected (and subscribed to the changes channel) on first use.
-    manager: OnceCell<ConnectionManager>,
+    /// Connected (and subscribed to the changes channel) on first use; replaced when the
+    /// sentinels name another primary.
+    link: client::Link,
     /// Every message on the changes channel, read: waiters it concerns look again.
     changes: broadcast::Sender<Change>,
     /// Messages heard, for tests and logs.
@@ -144,6 +155,11 @@ pub fn connect(
     let coord = RedisCoordinator::new(RedisCoordSettings {
         url: redis.url.clone(),
         password: redis.password.clone(),
+        sentinels: redis.sentinel_addrs().map_err(CoordError::Refused)?,
+        master_name: redis.master_name.clone(),
+        sentinel_password: redis.sentinel_password.clone(),
+        wait_replicas: redis.wait_replicas,
+        wait_replicas_timeout: redis.wait_replicas_timeout,
         layout: Layout {
             prefix: redis.key_prefix.clone(),
             leader: leader_key.to_string(),
@@ -155,38 +171,16 @@ pub fn connect(
 }
 
 impl RedisCoordinator {
-    /// A coordinator on the Redis at `settings.url`; nothing is asked of Redis before the
-    /// first call.
+    /// A coordinator on the Redis at `settings.url`, or on the primary the sentinels name;
+    /// nothing is asked of Redis before the first call.
     pub fn new(settings: RedisCoordSettings) -> Result<RedisCoordinator, CoordError> {
-        let info = settings
-            .url
-            .as_str()
-            .into_connection_info()
-            .map_err(|err| {
-                CoordError::Refused(format!(
-                    "redis.url {:?}: {err}: fix the [redis] settings",
-                    settings.url
-                ))
-            })?;
-        // RESP3, so that the channel's messages arrive on the same connection as the
-        // answers, and the connection manager subscribes again after a reconnect.
-        let mut redis_settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        if !settings.password.is_empty() {
-            redis_settings = redis_settings.set_password(&settings.password);
-        }
-        let info = info.set_redis_settings(redis_settings);
-        let client = redis::Client::open(info).map_err(|err| {
-            CoordError::Refused(format!("redis.url: {err}: fix the [redis] settings"))
-        })?;
+        let source = client::Source::new(&settings)?;
         let (changes, _) = broadcast::channel(CHANGES_HELD);
         Ok(RedisCoordinator {
-            client,
+            source,
             settings,
             scripts: Scripts::new(),
-            manager: OnceCell::new(),
+            link: client::Link::default(),
             changes,
             heard: Arc::new(AtomicU64::new(0)),
             highest_token: AtomicU64::new(0),

@@ -1,6 +1,8 @@
 //! The `[redis]` section of the settings and its checks at start, beside the backend that
-//! reads it. The Redis
-//! server's own persistence settings are judged once connected (`durability.rs`).
+//! reads it: one Redis by `url`, or the primary that `sentinels` name under `master_name`
+//! (never both: `config.rs` sees which the user gave), and the replicas each write waits for
+//! (`wait_replicas`). The Redis server's own persistence settings, and whether a failover
+//! can lose acknowledged writes, are judged once connected (`durability.rs`).
 
 use std::time::Duration;
 
@@ -13,8 +15,22 @@ use crate::util::duration;
 #[serde(deny_unknown_fields)]
 pub struct RedisSettings {
     pub url: String,
-    /// Overrides the URL's password when not empty (so it can come from the environment).
+    /// Overrides the URL's password when not empty (so it can come from the environment);
+    /// the data nodes' password behind Sentinel.
     pub password: String,
+    /// Sentinels' `host:port`: when any is given, the primary is the one they name
+    /// `master_name`, found again after every failover, and `url` is not used.
+    pub sentinels: Vec<String>,
+    /// The name the sentinels monitor the primary under (`sentinel monitor <name> …`).
+    pub master_name: String,
+    /// The sentinels' own password (`requirepass` in their config), if they need one.
+    pub sentinel_password: String,
+    /// Replicas that must have each of leaderq's writes (`WAIT`) before it counts as
+    /// acknowledged; 0 waits for none.
+    pub wait_replicas: u32,
+    /// How long one `WAIT` may take; fewer replicas by then make the write unanswered.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub wait_replicas_timeout: Duration,
     pub key_prefix: String,
     #[serde(deserialize_with = "duration::deserialize")]
     pub wait: Duration,
@@ -30,6 +46,72 @@ impl RedisSettings {
     /// message names the key.
     pub fn check(&self) -> Result<(), String> {
         let redis = self;
+        if redis.sentinels.is_empty() {
+            redis.check_url()?;
+        } else {
+            redis.check_sentinels()?;
+        }
+        if redis.wait_replicas > 0
+            && (redis.wait_replicas_timeout.is_zero()
+                || redis.wait_replicas_timeout >= redis.request_timeout)
+        {
+            return Err(format!(
+                "redis.wait_replicas_timeout must be more than 0s and less than redis.request_timeout ({:?}) when redis.wait_replicas is set",
+                redis.request_timeout
+            ));
+        }
+        if redis.key_prefix.is_empty() || redis.key_prefix.contains(char::is_whitespace) {
+            return Err(
+                "redis.key_prefix must be non-empty and without spaces, such as \"leaderq/\""
+                    .into(),
+            );
+        }
+        if redis.request_timeout.is_zero() {
+            return Err("redis.request_timeout must be more than 0s".into());
+        }
+        Ok(())
+    }
+
+    /// The sentinels as addresses to connect to.
+    pub fn sentinel_addrs(&self) -> Result<Vec<(String, u16)>, String> {
+        self.sentinels
+            .iter()
+            .map(|entry| {
+                let bad = || {
+                    format!(
+                        "redis.sentinels entry {entry:?} is not host:port, such as \"10.0.0.5:26379\""
+                    )
+                };
+                let (host, port) = entry.trim().rsplit_once(':').ok_or_else(bad)?;
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                let port: u16 = port.parse().map_err(|_| bad())?;
+                if host.is_empty() || port == 0 {
+                    return Err(bad());
+                }
+                Ok((host.to_string(), port))
+            })
+            .collect()
+    }
+
+    fn check_sentinels(&self) -> Result<(), String> {
+        self.sentinel_addrs()?;
+        if self.master_name.trim().is_empty() || self.master_name.contains(char::is_whitespace) {
+            return Err(
+                "redis.master_name must name the primary the sentinels monitor (the <name> of their `sentinel monitor <name> <ip> <port> <quorum>`) when redis.sentinels is set"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    fn check_url(&self) -> Result<(), String> {
+        let redis = self;
+        if !redis.master_name.is_empty() || !redis.sentinel_password.is_empty() {
+            return Err(
+                "redis.master_name and redis.sentinel_password need redis.sentinels (the sentinels' host:port): set it, or remove them to use redis.url"
+                    .into(),
+            );
+        }
         let info = redis
             .url
             .as_str()
@@ -43,15 +125,6 @@ impl RedisSettings {
                 "redis.url {:?} is not a TCP address: use redis://host:port/db or rediss://",
                 redis.url
             ));
-        }
-        if redis.key_prefix.is_empty() || redis.key_prefix.contains(char::is_whitespace) {
-            return Err(
-                "redis.key_prefix must be non-empty and without spaces, such as \"leaderq/\""
-                    .into(),
-            );
-        }
-        if redis.request_timeout.is_zero() {
-            return Err("redis.request_timeout must be more than 0s".into());
         }
         Ok(())
     }
@@ -117,5 +190,67 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("accept_data_loss"), "{err}");
+    }
+
+    /// Behind Sentinel: the sentinels (a list, also from the environment) and a master name
+    /// are read and checked; a URL given as well is refused with both settings named, as are
+    /// a missing master name, an entry that is not host:port, and a replica wait without a
+    /// timeout below the request timeout.
+    #[test]
+    fn sentinels_replace_the_url_and_are_checked() {
+        let load = |pairs: &[(&str, &str)]| Settings::load(None, env(pairs));
+        let settings = load(&[
+            (
+                "LEADERQ__REDIS__SENTINELS",
+                "10.0.0.5:26379,sentinel-b:26380",
+            ),
+            ("LEADERQ__REDIS__MASTER_NAME", "mymaster"),
+            ("LEADERQ__REDIS__WAIT_REPLICAS", "1"),
+        ])
+        .unwrap();
+        assert_eq!(
+            settings.redis.sentinel_addrs().unwrap(),
+            vec![
+                ("10.0.0.5".to_string(), 26379),
+                ("sentinel-b".to_string(), 26380)
+            ]
+        );
+        assert_eq!(settings.redis.wait_replicas, 1);
+        assert_eq!(settings.redis.wait_replicas_timeout, Duration::from_secs(1));
+        let sentinels = ("LEADERQ__REDIS__SENTINELS", "127.0.0.1:26379");
+        let named = ("LEADERQ__REDIS__MASTER_NAME", "mymaster");
+        for (pairs, wanted) in [
+            (
+                vec![
+                    sentinels,
+                    named,
+                    ("LEADERQ__REDIS__URL", "redis://r:6379/0"),
+                ],
+                "redis.url and redis.sentinels",
+            ),
+            (vec![sentinels], "redis.master_name"),
+            (
+                vec![("LEADERQ__REDIS__SENTINELS", "127.0.0.1"), named],
+                "redis.sentinels entry",
+            ),
+            (vec![named], "need redis.sentinels"),
+            (
+                vec![
+                    ("LEADERQ__REDIS__WAIT_REPLICAS", "1"),
+                    ("LEADERQ__REDIS__WAIT_REPLICAS_TIMEOUT", "0s"),
+                ],
+                "redis.wait_replicas_timeout",
+            ),
+            (
+                vec![
+                    ("LEADERQ__REDIS__WAIT_REPLICAS", "1"),
+                    ("LEADERQ__REDIS__WAIT_REPLICAS_TIMEOUT", "10s"),
+                ],
+                "less than redis.request_timeout",
+            ),
+        ] {
+            let err = load(&pairs).unwrap_err().to_string();
+            assert!(err.contains(wanted), "{pairs:?}: {err}");
+        }
     }
 }

@@ -14,6 +14,7 @@
 pub mod consul;
 pub mod link;
 pub mod redis;
+pub mod sentinel;
 pub mod zookeeper;
 
 use std::path::{Path, PathBuf};
