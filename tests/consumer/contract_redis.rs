@@ -13,11 +13,11 @@ use super::*;
 
 /// The producers' documented script, run by the coordinator's own connection; an
 /// operator's `redis-cli DEL` of the leader key.
-struct ScriptProducer {
-    coord: Arc<RedisCoordinator>,
-    url: String,
+pub(crate) struct ScriptProducer {
+    pub(crate) coord: Arc<RedisCoordinator>,
+    pub(crate) url: String,
     /// The leader key's full name: `<prefix>leader/<leader name>`.
-    leader_key: String,
+    pub(crate) leader_key: String,
 }
 
 impl Producer for ScriptProducer {

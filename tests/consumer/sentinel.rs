@@ -7,10 +7,15 @@
 
 use std::collections::{HashMap, HashSet};
 
+use std::sync::Arc;
+
+use leaderq::coord::redis::{Layout, RedisCoordSettings, RedisCoordinator};
 use leaderq::coord::{Edit, Edited};
-use testkit::harness::sentinel::RedisSentinels;
+use testkit::contract::{self, Subject, Timing};
+use testkit::harness::sentinel::{RedisSentinels, MASTER_NAME};
 use testkit::harness::Cluster;
 
+use super::contract_redis::ScriptProducer;
 use super::*;
 
 /// The test bed on Redis behind Sentinel.
@@ -58,6 +63,65 @@ async fn enqueue(bed: &SentinelBed, n: u64) -> bool {
         },
     )
     .await
+}
+
+/// Every contract check holds through Sentinel with every write waiting for a replica:
+/// the same checks one Redis passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_sentinel_with_the_replica_wait_the_redis_backend_keeps_the_contract() {
+    let Some(cluster) = RedisSentinels::start() else {
+        return;
+    };
+    let url = cluster.primary_url().unwrap();
+    let sentinels: Vec<(String, u16)> = cluster
+        .client_addrs()
+        .iter()
+        .map(|addr| {
+            (
+                "127.0.0.1".to_string(),
+                addr.rsplit(':').next().unwrap().parse().unwrap(),
+            )
+        })
+        .collect();
+    let outcome = contract::run_all(|name| {
+        let prefix = format!("contract/{name}/");
+        let coord = Arc::new(
+            RedisCoordinator::new(RedisCoordSettings {
+                url: String::new(),
+                password: String::new(),
+                sentinels: sentinels.clone(),
+                master_name: MASTER_NAME.into(),
+                sentinel_password: String::new(),
+                wait_replicas: 1,
+                wait_replicas_timeout: Duration::from_secs(2),
+                layout: Layout {
+                    prefix: prefix.clone(),
+                    leader: "consumerLeader".into(),
+                },
+                request_timeout: Duration::from_secs(10),
+                accept_data_loss: false,
+            })
+            .expect("a redis coordinator"),
+        );
+        let producer = ScriptProducer {
+            coord: coord.clone(),
+            url: url.clone(),
+            leader_key: format!("{prefix}leader/consumerLeader"),
+        };
+        async move {
+            Subject {
+                coord,
+                producer: Arc::new(producer),
+                queue_prefix: "queue/".into(),
+                dead_prefix: "dead/".into(),
+                timing: Timing::new(Duration::from_secs(1)).without_takeover_delay(),
+            }
+        }
+    })
+    .await;
+    if let Err(failures) = outcome {
+        panic!("the Redis backend behind Sentinel breaks the contract:\n{failures}");
+    }
 }
 
 /// Two replicas drain a queue through Sentinel with `redis.wait_replicas = 1`; the primary

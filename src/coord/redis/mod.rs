@@ -1,10 +1,10 @@
-//! The Redis coordinator: the [`Coordinator`] seam on one Redis (7.0 or later), through
-//! redis-rs's connection manager (RESP3: pub/sub messages arrive on the same connection,
-//! which reconnects and resubscribes by itself; `client/mod.rs`, with the one mapping of
-//! Redis's errors). Redis's names stay in this folder. Each part of the seam in its own
-//! file: [`Leases`](crate::coord::Leases) in `lease.rs`,
-//! [`Elections`](crate::coord::Elections) in `election.rs`, [`Tasks`](crate::coord::Tasks)
-//! in `queue.rs`; key layout and version encoding in `layout.rs`, the scripts in
+//! The Redis coordinator: the [`Coordinator`] seam on one Redis (7.0 or later), or the
+//! primary Sentinel names, through redis-rs's connection manager (RESP3: pub/sub messages
+//! arrive on the same connection, which reconnects and resubscribes by itself;
+//! `client/mod.rs`, with the one mapping of Redis's errors). Redis's names stay in this
+//! folder. Each part of the seam in its own file: [`Leases`](crate::coord::Leases) in
+//! `lease.rs`, [`Elections`](crate::coord::Elections) in `election.rs`,
+//! [`Tasks`](crate::coord::Tasks) in `queue.rs`; key layout and version encoding in `layout.rs`, the scripts in
 //! `scripts.rs`, the queue's writes as their arguments and their answers read back in
 //! `plan.rs` (pure), the reads of tasks in `read.rs`, the rebuild of their index in
 //! `index.rs`, waits in `wait.rs`, the `[redis]` section's checks in `settings.rs`, the
@@ -26,8 +26,12 @@
 //! - before it opens a lease it reads Redis's persistence and eviction settings, and
 //!   refuses one that can lose acknowledged writes unless `redis.accept_data_loss` says so
 //!   (`durability.rs`), again at every lease; producers and operators (no lease) are never
-//!   refused. Asynchronous replication is not seen: a failover can lose writes whatever the
-//!   primary's settings (docs/redis.md, "Replication and failover").
+//!   refused. Behind Sentinel (`redis.sentinels`) the link follows the primary the
+//!   sentinels name (`client/mod.rs`), and with `redis.wait_replicas = N` every write
+//!   counts only once `WAIT` says N replicas have it (fewer is `Unavailable`, an answer
+//!   lost); without the wait a failover can lose writes whatever the primary's settings, so
+//!   a replica then refuses to lead unless the loss is accepted (docs/redis.md, "Redis
+//!   behind Sentinel").
 //!
 //! How it keeps each guarantee of [`crate::coord`]:
 //! - **One leader.** `SET … NX` lets one lease hold the key, with the lease's remaining PTTL,
@@ -61,8 +65,9 @@
 //!
 //! Write limits: 128 operations and 1 MiB of keys and values per script (a script blocks
 //! Redis while it runs). Errors: every Redis error is `Unavailable` (a restart, a promoted
-//! replica, a busy script); `Refused` are a bad URL at start, a lease TTL under 1 s, and a
-//! Redis that can lose acknowledged writes (unless `redis.accept_data_loss`).
+//! replica, a busy script, a write fewer replicas confirmed than `redis.wait_replicas`);
+//! `Refused` are a bad URL or sentinel address at start, a lease TTL under 1 s, and a Redis
+//! that can lose acknowledged writes (unless `redis.accept_data_loss`).
 
 mod client;
 mod durability;

@@ -143,6 +143,11 @@ impl RedisSentinels {
         self.nodes.iter().position(|node| node.port() == port)
     }
 
+    /// `redis://127.0.0.1:<port>/0` of the primary the sentinels name now.
+    pub fn primary_url(&self) -> Result<String, String> {
+        self.primary_node().map(RedisServer::url)
+    }
+
     /// Waits until the sentinels name a primary other than node `old`, and that node says
     /// it is one; its index.
     pub fn promoted_other_than(&self, old: usize) -> Result<usize, String> {
