@@ -1,16 +1,17 @@
 //! `leaderq consume` on Redis behind Sentinel: real `redis-server` processes (a primary and
 //! two replicas) and three real `redis-sentinel`s; two replicas of leaderq drain a queue
-//! through the sentinels while the primary is SIGKILLed and a replica promoted. With the
-//! replica wait on, every task whose enqueue was acknowledged runs and the fencing tokens
-//! never fall nor repeat across leaders; without it a replica refuses to lead unless
-//! `redis.accept_data_loss` says so.
+//! through the sentinels while the primary is SIGKILLed and a replica promoted, then while an
+//! operator's failover demotes the new one. With the replica wait on, every task whose
+//! enqueue was acknowledged runs and the fencing tokens never fall nor repeat across leaders;
+//! without it a replica refuses to lead unless `redis.accept_data_loss` says so. A replica
+//! promoted without the last writes still hands out a higher token, and the contract suite
+//! holds through Sentinel with the wait on.
 
 use std::collections::{HashMap, HashSet};
-
 use std::sync::Arc;
 
 use leaderq::coord::redis::{Layout, RedisCoordSettings, RedisCoordinator};
-use leaderq::coord::{Edit, Edited};
+use leaderq::coord::{Campaign, Coordinator, Edit, Edited, FencingToken, HolderRecord, LeaseSpec};
 use testkit::contract::{self, Subject, Timing};
 use testkit::harness::sentinel::{RedisSentinels, MASTER_NAME};
 use testkit::harness::Cluster;
@@ -63,6 +64,151 @@ async fn enqueue(bed: &SentinelBed, n: u64) -> bool {
         },
     )
     .await
+}
+
+/// A coordinator of the test's own through `cluster`'s sentinels, its keys under `prefix`,
+/// each write waiting for `wait_replicas` replicas (with none, the loss is accepted).
+fn sentinel_coordinator(
+    cluster: &RedisSentinels,
+    prefix: &str,
+    wait_replicas: u32,
+) -> Arc<RedisCoordinator> {
+    let sentinels = cluster
+        .client_addrs()
+        .iter()
+        .map(|addr| {
+            let (host, port) = addr.rsplit_once(':').unwrap();
+            (host.to_string(), port.parse().unwrap())
+        })
+        .collect();
+    Arc::new(
+        RedisCoordinator::new(RedisCoordSettings {
+            url: String::new(),
+            password: String::new(),
+            sentinels,
+            master_name: MASTER_NAME.into(),
+            sentinel_password: String::new(),
+            wait_replicas,
+            wait_replicas_timeout: Duration::from_secs(2),
+            layout: Layout {
+                prefix: prefix.to_string(),
+                leader: "consumerLeader".into(),
+            },
+            request_timeout: Duration::from_secs(10),
+            accept_data_loss: wait_replicas == 0,
+        })
+        .expect("a redis coordinator"),
+    )
+}
+
+/// Opens a 1 s lease of `node`'s on `coord` and campaigns with it until it wins (the
+/// leadership may be held by a lease that has yet to expire); the token it won.
+async fn win(coord: &RedisCoordinator, node: &str) -> (leaderq::coord::LeaseId, FencingToken) {
+    let spec = LeaseSpec {
+        node_id: node.into(),
+        ttl: Duration::from_secs(1),
+        takeover_delay: Duration::ZERO,
+        previous: None,
+    };
+    wait_until(Duration::from_secs(60), "a win", async || {
+        let lease = coord
+            .open_lease(&spec)
+            .await
+            .map_err(|e| e.to_string())?
+            .lease;
+        match coord
+            .campaign(&lease, &HolderRecord::default())
+            .await
+            .map_err(|e| e.to_string())?
+        {
+            Campaign::Won(leadership) => Ok((lease, leadership.fencing_token)),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await
+}
+
+/// The fencing token does not depend on Redis's data: the replicas are stopped and cut off
+/// while a second leadership is won on the primary alone, the primary is SIGKILLed and a replica
+/// that never saw that win promoted; a coordinator that has seen no token still wins one
+/// above it. Meanwhile an enqueue without the replica wait is acknowledged, and lost with
+/// the primary; one with the wait is answered with an error instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_sentinel_a_promoted_replica_that_missed_the_last_win_hands_out_a_higher_token() {
+    let Some(mut cluster) = RedisSentinels::start() else {
+        return;
+    };
+    let first = sentinel_coordinator(&cluster, "fence/", 0);
+    let (lease, one) = win(&first, "a").await;
+    wait_until(
+        Duration::from_secs(10),
+        "the replicas have the win",
+        async || {
+            let all = (1..3).all(|i| {
+                cluster
+                    .cli_of(i, &[b"GET", b"fence/fencing/consumerLeader"])
+                    .is_ok_and(|token| token == one.to_string())
+            });
+            if all {
+                Ok(())
+            } else {
+                Err("not yet")
+            }
+        },
+    )
+    .await;
+    let old = cluster.primary().unwrap();
+    let replicas: Vec<usize> = (0..3).filter(|&i| i != old).collect();
+    // Stopped, then cut off: what the primary writes next reaches no replica (a stopped
+    // replica still finds in its socket what was sent before it was cut).
+    for &i in &replicas {
+        cluster.signal_member(i, "STOP");
+    }
+    cluster
+        .cli_of(old, &[b"CLIENT", b"KILL", b"TYPE", b"replica"])
+        .unwrap();
+    first.resign(&lease).await.unwrap();
+    let second = sentinel_coordinator(&cluster, "fence/", 0);
+    let (_, two) = win(&second, "b").await;
+    assert!(two > one);
+    // Meanwhile an enqueue without the wait is acknowledged, one with it is not.
+    let create = |key: &str| {
+        vec![Edit::Create {
+            key: key.into(),
+            value: step(1),
+        }]
+    };
+    assert_eq!(
+        second.edit(&create("queue/unwaited")).await,
+        Ok(Edited::Done)
+    );
+    let waiting = sentinel_coordinator(&cluster, "fence/", 1);
+    let refused = waiting.edit(&create("queue/waited")).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("0 of the 1 replica"),
+        "{refused}"
+    );
+    let task = b"fence/task/queue/unwaited";
+    assert_eq!(cluster.cli_of(old, &[b"EXISTS", task]).unwrap(), "1");
+    cluster.kill_member(old).unwrap();
+    for &i in &replicas {
+        cluster.signal_member(i, "CONT");
+    }
+    let new = cluster.promoted_other_than(old).unwrap();
+    let stored = cluster
+        .cli_of(new, &[b"GET", b"fence/fencing/consumerLeader"])
+        .unwrap();
+    assert_eq!(
+        stored,
+        one.to_string(),
+        "the promoted replica has the second win"
+    );
+    let third = sentinel_coordinator(&cluster, "fence/", 0);
+    let (_, three) = win(&third, "c").await;
+    assert!(
+        three > two,
+        "token {three} after the failover, not above {two} handed out before it"
+    );
 }
 
 /// Every contract check holds through Sentinel with every write waiting for a replica:

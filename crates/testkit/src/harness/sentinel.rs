@@ -165,6 +165,16 @@ impl RedisSentinels {
         found.ok_or_else(|| "no primary".to_string())
     }
 
+    /// Sends `signal` ("STOP", "CONT", …) to data node `i`.
+    pub fn signal_member(&self, i: usize, signal: &str) {
+        self.nodes[i].signal(signal);
+    }
+
+    /// Runs `redis-cli` against data node `i`; its standard output.
+    pub fn cli_of(&self, i: usize, args: &[&[u8]]) -> Result<String, String> {
+        self.nodes[i].cli(args)
+    }
+
     /// Asks a sentinel for a failover with the primary alive (`SENTINEL FAILOVER`): a
     /// replica is promoted, and the old primary demoted, its clients disconnected.
     pub fn failover(&self) -> Result<(), String> {
