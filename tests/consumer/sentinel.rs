@@ -85,6 +85,7 @@ fn sentinel_coordinator(
         RedisCoordinator::new(RedisCoordSettings {
             url: String::new(),
             password: String::new(),
+            password_file: None,
             sentinels,
             master_name: MASTER_NAME.into(),
             sentinel_password: String::new(),
@@ -219,36 +220,9 @@ async fn through_sentinel_with_the_replica_wait_the_redis_backend_keeps_the_cont
         return;
     };
     let url = cluster.primary_url().unwrap();
-    let sentinels: Vec<(String, u16)> = cluster
-        .client_addrs()
-        .iter()
-        .map(|addr| {
-            (
-                "127.0.0.1".to_string(),
-                addr.rsplit(':').next().unwrap().parse().unwrap(),
-            )
-        })
-        .collect();
     let outcome = contract::run_all(|name| {
         let prefix = format!("contract/{name}/");
-        let coord = Arc::new(
-            RedisCoordinator::new(RedisCoordSettings {
-                url: String::new(),
-                password: String::new(),
-                sentinels: sentinels.clone(),
-                master_name: MASTER_NAME.into(),
-                sentinel_password: String::new(),
-                wait_replicas: 1,
-                wait_replicas_timeout: Duration::from_secs(2),
-                layout: Layout {
-                    prefix: prefix.clone(),
-                    leader: "consumerLeader".into(),
-                },
-                request_timeout: Duration::from_secs(10),
-                accept_data_loss: false,
-            })
-            .expect("a redis coordinator"),
-        );
+        let coord = sentinel_coordinator(&cluster, &prefix, 1);
         let producer = ScriptProducer {
             coord: coord.clone(),
             url: url.clone(),

@@ -17,7 +17,7 @@ pub const TTL_MIN: Duration = Duration::from_secs(1);
 impl Leases for RedisCoordinator {
     fn describe(&self) -> String {
         match &self.source {
-            Source::Server(client) => match client.get_connection_info().addr() {
+            Source::Server(addr) => match addr {
                 addr @ redis::ConnectionAddr::Tcp(..) => format!("Redis at {addr}"),
                 addr => format!("Redis at {addr} (TLS)"),
             },

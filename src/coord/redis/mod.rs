@@ -85,7 +85,7 @@ mod wait;
 pub use layout::Layout;
 pub use lease::TTL_MIN;
 pub use scripts::PRODUCE;
-pub use settings::RedisSettings;
+pub use settings::{read_password_file, RedisSettings};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -111,6 +111,8 @@ pub struct RedisCoordSettings {
     pub url: String,
     /// Overrides the URL's password when not empty; the data nodes' behind Sentinel.
     pub password: String,
+    /// Where the password is instead, read again for every connection made again.
+    pub password_file: Option<std::path::PathBuf>,
     /// Sentinels' `(host, port)`: when any, the primary is found through them.
     pub sentinels: Vec<(String, u16)>,
     /// The name the sentinels know the primary by.
@@ -160,6 +162,8 @@ pub fn connect(
     let coord = RedisCoordinator::new(RedisCoordSettings {
         url: redis.url.clone(),
         password: redis.password.clone(),
+        password_file: (!redis.password_file.is_empty())
+            .then(|| std::path::PathBuf::from(&redis.password_file)),
         sentinels: redis.sentinel_addrs().map_err(CoordError::Refused)?,
         master_name: redis.master_name.clone(),
         sentinel_password: redis.sentinel_password.clone(),

@@ -4,6 +4,8 @@
 //! (`wait_replicas`). The Redis server's own persistence settings, and whether a failover
 //! can lose acknowledged writes, are judged once connected (`durability.rs`).
 
+use std::io::Read as _;
+use std::path::Path;
 use std::time::Duration;
 
 use redis::IntoConnectionInfo;
@@ -18,6 +20,9 @@ pub struct RedisSettings {
     /// Overrides the URL's password when not empty (so it can come from the environment);
     /// the data nodes' password behind Sentinel.
     pub password: String,
+    /// A file holding the password (one line), read again whenever a connection is made
+    /// again, so a rotated password is used without a restart; instead of `password`.
+    pub password_file: String,
     /// Sentinels' `host:port`: when any is given, the primary is the one they name
     /// `master_name`, found again after every failover, and `url` is not used.
     pub sentinels: Vec<String>,
@@ -41,11 +46,47 @@ pub struct RedisSettings {
     pub accept_data_loss: bool,
 }
 
+/// The longest password file read: a password is a line, and a larger file is not one.
+const PASSWORD_FILE_MAX: u64 = 4096;
+
+/// The password in `path`: its first line, without the line's end. A missing, unreadable,
+/// oversized or empty file is refused with what to do.
+pub fn read_password_file(path: &Path) -> Result<String, String> {
+    let named = |why: String| format!("redis.password_file {}: {why}", path.display());
+    let file = std::fs::File::open(path).map_err(|err| {
+        named(format!(
+            "{err}: write the password in it, readable by this user"
+        ))
+    })?;
+    let mut text = String::new();
+    file.take(PASSWORD_FILE_MAX + 1)
+        .read_to_string(&mut text)
+        .map_err(|err| named(format!("{err}: it must hold the password as text")))?;
+    if text.len() as u64 > PASSWORD_FILE_MAX {
+        return Err(named(format!(
+            "over {PASSWORD_FILE_MAX} bytes: it must hold the password alone, on one line"
+        )));
+    }
+    let password = text.lines().next().unwrap_or_default();
+    if password.is_empty() {
+        return Err(named(
+            "it is empty: write the password on its first line".into(),
+        ));
+    }
+    Ok(password.to_string())
+}
+
 impl RedisSettings {
     /// The `[redis]` section's own checks, run with every other setting's at start; the
     /// message names the key.
     pub fn check(&self) -> Result<(), String> {
         let redis = self;
+        if !redis.password_file.is_empty() {
+            if !redis.password.is_empty() {
+                return Err("redis.password and redis.password_file are both set: keep one".into());
+            }
+            read_password_file(Path::new(&redis.password_file))?;
+        }
         if redis.sentinels.is_empty() {
             redis.check_url()?;
         } else {
@@ -252,5 +293,43 @@ mod tests {
             let err = load(&pairs).unwrap_err().to_string();
             assert!(err.contains(wanted), "{pairs:?}: {err}");
         }
+    }
+
+    /// `redis.password_file` is read at start: a missing or empty file, or one beside
+    /// `redis.password`, is refused with the setting named; its first line is the password.
+    #[test]
+    fn a_password_file_is_checked_at_start_and_gives_its_first_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        assert_eq!(super::read_password_file(&file).unwrap(), "s3cret");
+        let path = file.display().to_string();
+        let load = |pairs: &[(&str, &str)]| Settings::load(None, env(pairs));
+        load(&[("LEADERQ__REDIS__PASSWORD_FILE", &path)]).unwrap();
+        let both = load(&[
+            ("LEADERQ__REDIS__PASSWORD_FILE", &path),
+            ("LEADERQ__REDIS__PASSWORD", "x"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            both.contains("redis.password and redis.password_file"),
+            "{both}"
+        );
+        let missing = dir.path().join("none").display().to_string();
+        let err = load(&[("LEADERQ__REDIS__PASSWORD_FILE", &missing)])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("redis.password_file"), "{err}");
+        std::fs::write(&file, "\n").unwrap();
+        let err = load(&[("LEADERQ__REDIS__PASSWORD_FILE", &path)])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("empty"), "{err}");
+        std::fs::write(&file, "x".repeat(5000)).unwrap();
+        let err = load(&[("LEADERQ__REDIS__PASSWORD_FILE", &path)])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("over 4096 bytes"), "{err}");
     }
 }

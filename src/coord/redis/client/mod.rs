@@ -14,6 +14,10 @@
 //! the next call on a suspect link asks the sentinels where the primary is, and keeps the
 //! link only if it is still the one they name.
 //!
+//! With `redis.password_file`, a suspect link (its connection dropped, a write failed) also
+//! reads the file again, and is made again if the password changed: the connection manager
+//! would log in again with the password it was made with.
+//!
 //! A write's `WAIT` is pipelined with it, so both go on one connection: a `WAIT` sent on a
 //! connection made again after the write would count none of its writes and answer at once.
 
@@ -37,36 +41,22 @@ const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
 /// Where the coordinator's connections go.
 pub(super) enum Source {
     /// The one server `redis.url` names.
-    Server(redis::Client),
-    /// The primary the sentinels name, asked again when the link is suspect.
-    Sentinel(tokio::sync::Mutex<SentinelClient>),
+    Server(redis::ConnectionAddr),
+    /// The primary the sentinels name, asked again when the link is suspect; with the
+    /// password its client gives the data nodes.
+    Sentinel(Box<tokio::sync::Mutex<(SentinelClient, String)>>),
 }
 
 impl Source {
     pub(super) fn new(settings: &RedisCoordSettings) -> Result<Source, CoordError> {
+        let password = password(settings).map_err(CoordError::Refused)?;
         if settings.sentinels.is_empty() {
-            return server(settings).map(Source::Server);
+            let client = server(settings, &password)?;
+            return Ok(Source::Server(client.get_connection_info().addr().clone()));
         }
-        let refused = |err: redis::RedisError| {
-            CoordError::Refused(format!("redis.sentinels: {err}: fix the [redis] settings"))
-        };
-        let addrs = settings
-            .sentinels
-            .iter()
-            .map(|(host, port)| redis::ConnectionAddr::Tcp(host.clone(), *port));
-        let mut builder =
-            SentinelClientBuilder::new(addrs, &settings.master_name, SentinelServerType::Master)
-                .map_err(refused)?
-                // RESP3 to the data nodes, as for one server (the changes channel).
-                .set_client_to_redis_protocol(ProtocolVersion::RESP3);
-        if !settings.password.is_empty() {
-            builder = builder.set_client_to_redis_password(&settings.password);
-        }
-        if !settings.sentinel_password.is_empty() {
-            builder = builder.set_client_to_sentinel_password(&settings.sentinel_password);
-        }
-        let client = builder.build().map_err(refused)?;
-        Ok(Source::Sentinel(tokio::sync::Mutex::new(client)))
+        let client = sentinels_client(settings, &password)?;
+        let sentinels = tokio::sync::Mutex::new((client, password));
+        Ok(Source::Sentinel(Box::new(sentinels)))
     }
 
     /// Whether the link follows the sentinels (else a suspect link is kept: its manager
@@ -76,8 +66,43 @@ impl Source {
     }
 }
 
-/// The client of the one server `settings.url` names, with the password and RESP3.
-fn server(settings: &RedisCoordSettings) -> Result<redis::Client, CoordError> {
+/// The data nodes' password: `redis.password_file`'s, read now, or `redis.password`.
+fn password(settings: &RedisCoordSettings) -> Result<String, String> {
+    match &settings.password_file {
+        Some(path) => super::read_password_file(path),
+        None => Ok(settings.password.clone()),
+    }
+}
+
+/// The client of the sentinels, which gives the data nodes `password`.
+fn sentinels_client(
+    settings: &RedisCoordSettings,
+    password: &str,
+) -> Result<SentinelClient, CoordError> {
+    let refused = |err: redis::RedisError| {
+        CoordError::Refused(format!("redis.sentinels: {err}: fix the [redis] settings"))
+    };
+    let addrs = settings
+        .sentinels
+        .iter()
+        .map(|(host, port)| redis::ConnectionAddr::Tcp(host.clone(), *port));
+    let mut builder =
+        SentinelClientBuilder::new(addrs, &settings.master_name, SentinelServerType::Master)
+            .map_err(refused)?
+            // RESP3 to the data nodes, as for one server (the changes channel).
+            .set_client_to_redis_protocol(ProtocolVersion::RESP3);
+    if !password.is_empty() {
+        builder = builder.set_client_to_redis_password(password);
+    }
+    if !settings.sentinel_password.is_empty() {
+        builder = builder.set_client_to_sentinel_password(&settings.sentinel_password);
+    }
+    builder.build().map_err(refused)
+}
+
+/// The client of the one server `settings.url` names, with `password` (if not empty, over
+/// the URL's) and RESP3.
+fn server(settings: &RedisCoordSettings, password: &str) -> Result<redis::Client, CoordError> {
     let info = settings
         .url
         .as_str()
@@ -94,44 +119,65 @@ fn server(settings: &RedisCoordSettings) -> Result<redis::Client, CoordError> {
         .redis_settings()
         .clone()
         .set_protocol(ProtocolVersion::RESP3);
-    if !settings.password.is_empty() {
-        redis_settings = redis_settings.set_password(&settings.password);
+    if !password.is_empty() {
+        redis_settings = redis_settings.set_password(password);
     }
     let info = info.set_redis_settings(redis_settings);
     redis::Client::open(info)
         .map_err(|err| CoordError::Refused(format!("redis.url: {err}: fix the [redis] settings")))
 }
 
-/// The connection in use, where it goes, and whether it is suspect.
+/// The connection in use: its manager, where it goes, the password it logged in with.
+#[derive(Clone)]
+struct Current {
+    manager: ConnectionManager,
+    addr: String,
+    password: String,
+}
+
+/// The connection in use, and whether it is suspect.
 #[derive(Default)]
 pub(super) struct Link {
-    current: std::sync::Mutex<Option<(ConnectionManager, String)>>,
+    current: std::sync::Mutex<Option<Current>>,
     /// One connect, or one question to the sentinels, at a time.
     connecting: tokio::sync::Mutex<()>,
     suspect: Arc<AtomicBool>,
 }
 
 impl Link {
-    fn now(&self) -> Option<(ConnectionManager, String)> {
+    fn now(&self) -> Option<Current> {
         self.current
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
 
-    fn usable(&self, follows: bool) -> Option<ConnectionManager> {
-        if follows && self.suspect.load(Ordering::Relaxed) {
+    /// The manager in use, unless it is suspect and `checked` (behind Sentinel, or with a
+    /// password file): then where it goes, or with what, is asked again first.
+    fn usable(&self, checked: bool) -> Option<ConnectionManager> {
+        if checked && self.suspect.load(Ordering::Relaxed) {
             return None;
         }
-        self.now().map(|(manager, _)| manager)
+        self.now().map(|current| current.manager)
     }
 
-    fn set(&self, manager: ConnectionManager, addr: String) {
+    /// The manager in use if it goes to `addr` (any, for `None`) with `password`, no longer
+    /// suspect.
+    fn still(&self, addr: Option<&str>, password: &str) -> Option<ConnectionManager> {
+        let current = self.now()?;
+        if addr.is_some_and(|addr| addr != current.addr) || current.password != password {
+            return None;
+        }
+        self.suspect.store(false, Ordering::Relaxed);
+        Some(current.manager)
+    }
+
+    fn set(&self, current: Current) {
         self.suspect.store(false, Ordering::Relaxed);
         *self
             .current
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some((manager, addr));
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(current);
     }
 
     fn suspect(&self) {
@@ -142,49 +188,44 @@ impl Link {
 impl RedisCoordinator {
     /// Where the link goes now (the primary last found behind Sentinel), once made.
     pub(super) fn current_address(&self) -> Option<String> {
-        self.link.now().map(|(_, addr)| addr)
+        self.link.now().map(|current| current.addr)
     }
 
     /// The connection made so far, if any, without making one.
     pub(super) fn current_connection(&self) -> Option<ConnectionManager> {
-        self.link.now().map(|(manager, _)| manager)
+        self.link.now().map(|current| current.manager)
     }
 
+    /// The connection to Redis (behind Sentinel, to the primary), made on first use, and
+    /// made again when it is suspect and the sentinels name another primary or the password
+    /// file holds another password.
     pub(super) async fn connection(&self) -> Result<ConnectionManager, CoordError> {
-        let follows = self.source.follows();
-        if let Some(manager) = self.link.usable(follows) {
+        let checked = self.source.follows() || self.settings.password_file.is_some();
+        if let Some(manager) = self.link.usable(checked) {
             return Ok(manager);
         }
         let _one = self.link.connecting.lock().await;
-        if let Some(manager) = self.link.usable(follows) {
+        if let Some(manager) = self.link.usable(checked) {
             return Ok(manager);
         }
+        let password = password(&self.settings).map_err(|why| {
+            CoordError::Unavailable(format!("{why}; until then Redis cannot be logged in to"))
+        })?;
         let client = match &self.source {
-            Source::Server(client) => client.clone(),
+            Source::Server(_) => {
+                if let Some(manager) = self.link.still(None, &password) {
+                    // The manager reconnects to the one server by itself.
+                    return Ok(manager);
+                }
+                server(&self.settings, &password)?
+            }
             Source::Sentinel(sentinels) => {
-                let found = tokio::time::timeout(self.settings.request_timeout, async {
-                    sentinels.lock().await.async_get_client().await
-                })
-                .await
-                .map_err(|_| {
-                    CoordError::Unavailable(format!(
-                        "redis: no sentinel named a primary {:?} that answers within {:?}: check the sentinels at redis.sentinels and the primary they name",
-                        self.settings.master_name, self.settings.request_timeout
-                    ))
-                })?
-                .map_err(|err| {
-                    CoordError::Unavailable(format!(
-                        "redis: sentinels: {err}: check that the sentinels at redis.sentinels are up, monitor redis.master_name {:?}, and that the primary they name answers",
-                        self.settings.master_name
-                    ))
-                })?;
+                let found = self.primary(sentinels, &password).await?;
                 let addr = found.get_connection_info().addr().to_string();
-                if let Some((manager, was)) = self.link.now() {
-                    if was == addr {
-                        // Still the primary: the link reconnects to it by itself.
-                        self.link.set(manager.clone(), addr);
-                        return Ok(manager);
-                    }
+                if let Some(manager) = self.link.still(Some(&addr), &password) {
+                    return Ok(manager);
+                }
+                if let Some(was) = self.current_address().filter(|was| *was != addr) {
                     tracing::warn!(
                         "the sentinels name {addr} the Redis primary (was {was}): following it"
                     );
@@ -197,8 +238,42 @@ impl RedisCoordinator {
             .manager(client)
             .await
             .map_err(|err| unavailable(&err))?;
-        self.link.set(manager.clone(), addr);
+        self.link.set(Current {
+            manager: manager.clone(),
+            addr,
+            password,
+        });
         Ok(manager)
+    }
+
+    /// A client of the primary the sentinels name, which says it is one, logging in with
+    /// `password` (the sentinels' client is made again if it held another).
+    async fn primary(
+        &self,
+        sentinels: &tokio::sync::Mutex<(SentinelClient, String)>,
+        password: &str,
+    ) -> Result<redis::Client, CoordError> {
+        let mut sentinels = sentinels.lock().await;
+        if sentinels.1 != password {
+            *sentinels = (
+                sentinels_client(&self.settings, password)?,
+                password.to_string(),
+            );
+        }
+        tokio::time::timeout(self.settings.request_timeout, sentinels.0.async_get_client())
+            .await
+            .map_err(|_| {
+                CoordError::Unavailable(format!(
+                    "redis: no sentinel named a primary {:?} that answers within {:?}: check the sentinels at redis.sentinels and the primary they name",
+                    self.settings.master_name, self.settings.request_timeout
+                ))
+            })?
+            .map_err(|err| {
+                CoordError::Unavailable(format!(
+                    "redis: sentinels: {err}: check that the sentinels at redis.sentinels are up, monitor redis.master_name {:?}, and that the primary they name answers",
+                    self.settings.master_name
+                ))
+            })
     }
 
     /// A connection manager on `client`, subscribed to the changes channel.
