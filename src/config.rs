@@ -366,6 +366,11 @@ impl Settings {
             }
             settings.election.lease_ttl = ttl;
         }
+        // An empty LEADERQ__REDIS__SENTINELS reads as one empty entry: it means none.
+        settings
+            .redis
+            .sentinels
+            .retain(|entry| !entry.trim().is_empty());
         if !settings.redis.sentinels.is_empty() {
             // The URL has a compiled default: only one the user gave conflicts.
             let user = user_layers(config::Config::builder(), file, &env)?

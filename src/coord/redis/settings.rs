@@ -257,6 +257,12 @@ mod tests {
             ]
         );
         assert_eq!(settings.redis.wait_replicas, 1);
+        let empty = load(&[("LEADERQ__REDIS__SENTINELS", "")]).unwrap();
+        assert!(
+            empty.redis.sentinels.is_empty(),
+            "{:?}",
+            empty.redis.sentinels
+        );
         assert_eq!(settings.redis.wait_replicas_timeout, Duration::from_secs(1));
         let sentinels = ("LEADERQ__REDIS__SENTINELS", "127.0.0.1:26379");
         let named = ("LEADERQ__REDIS__MASTER_NAME", "mymaster");
