@@ -378,6 +378,7 @@ fn user_layers(
             .list_separator(",")
             .with_list_parse_key("consul.addresses")
             .with_list_parse_key("etcd.endpoints")
+            .with_list_parse_key("redis.sentinels")
             .source(Some(leaderq_env)),
     );
     let lookup = |name: &str| {
@@ -441,6 +442,22 @@ impl Settings {
                 ));
             }
             settings.election.lease_ttl = ttl;
+        }
+        // An empty LEADERQ__REDIS__SENTINELS reads as one empty entry: it means none.
+        settings
+            .redis
+            .sentinels
+            .retain(|entry| !entry.trim().is_empty());
+        if !settings.redis.sentinels.is_empty() {
+            // The URL has a compiled default: only one the user gave conflicts.
+            let user = user_layers(config::Config::builder(), file, &env)?
+                .build()
+                .map_err(invalid)?;
+            if user.get::<String>("redis.url").is_ok() {
+                return Err(ConfigError::Invalid(
+                    "redis.url and redis.sentinels are both set: keep one (sentinels, with redis.master_name, find the primary after a failover; url names one server)".into(),
+                ));
+            }
         }
         settings.validate()?;
         Ok(settings)

@@ -70,6 +70,8 @@ mod run_cmd;
 mod scheduled_tasks;
 #[path = "consumer/schedules.rs"]
 mod schedules;
+#[path = "consumer/sentinel.rs"]
+mod sentinel;
 #[path = "consumer/supervise.rs"]
 mod supervise;
 #[path = "consumer/tls.rs"]

@@ -13,11 +13,11 @@ use super::*;
 
 /// The producers' documented script, run by the coordinator's own connection; an
 /// operator's `redis-cli DEL` of the leader key.
-struct ScriptProducer {
-    coord: Arc<RedisCoordinator>,
-    url: String,
+pub(crate) struct ScriptProducer {
+    pub(crate) coord: Arc<RedisCoordinator>,
+    pub(crate) url: String,
     /// The leader key's full name: `<prefix>leader/<leader name>`.
-    leader_key: String,
+    pub(crate) leader_key: String,
 }
 
 impl Producer for ScriptProducer {
@@ -49,6 +49,12 @@ pub(crate) fn redis_coordinator(url: &str, prefix: &str) -> Arc<RedisCoordinator
         RedisCoordinator::new(RedisCoordSettings {
             url: url.to_string(),
             password: String::new(),
+            password_file: None,
+            sentinels: Vec::new(),
+            master_name: String::new(),
+            sentinel_password: String::new(),
+            wait_replicas: 0,
+            wait_replicas_timeout: Duration::from_secs(1),
             layout: Layout {
                 prefix: prefix.to_string(),
                 leader: "consumerLeader".into(),
@@ -363,4 +369,57 @@ async fn a_large_backlog_of_large_tasks_lists_whole_and_in_order() {
     assert_eq!(listed, keys.iter().map(String::as_str).collect::<Vec<_>>());
     assert!(tasks.iter().all(|t| t.value.len() > 20_000));
     assert!(version > Version(0));
+}
+
+/// `redis.password_file` is read again when a connection is made again: the password
+/// rotated (the file rewritten, then Redis's `requirepass`), the connection in use goes on;
+/// once Redis drops it, the next connection logs in with the new password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_file_rewritten_is_used_by_the_next_connection() {
+    let Some(server) = RedisServer::start() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("redis-password");
+    std::fs::write(&file, "first-secret\n").unwrap();
+    server
+        .cli(&[b"CONFIG", b"SET", b"requirepass", b"first-secret"])
+        .unwrap();
+    let coord = super::toolbox::connect(&[
+        ("LEADERQ__COORDINATOR__BACKEND".into(), "redis".into()),
+        ("LEADERQ__REDIS__URL".into(), server.url()),
+        (
+            "LEADERQ__REDIS__PASSWORD_FILE".into(),
+            file.display().to_string(),
+        ),
+    ]);
+    let create = |key: &str| {
+        vec![Edit::Create {
+            key: key.into(),
+            value: b"{}".to_vec(),
+        }]
+    };
+    assert_eq!(coord.edit(&create("queue/a")).await, Ok(Edited::Done));
+    std::fs::write(&file, "second-secret\n").unwrap();
+    let auth = |password: &'static str| -> Vec<&'static [u8]> {
+        vec![b"--no-auth-warning", b"-a", password.as_bytes()]
+    };
+    let mut set = auth("first-secret");
+    set.extend([&b"CONFIG"[..], b"SET", b"requirepass", b"second-secret"]);
+    server.cli(&set).unwrap();
+    assert_eq!(coord.edit(&create("queue/b")).await, Ok(Edited::Done));
+    // The coordinator's connection is subscribed to the changes channel: a pubsub client.
+    for kind in [&b"normal"[..], b"pubsub"] {
+        let mut kill = auth("second-secret");
+        kill.extend([&b"CLIENT"[..], b"KILL", b"TYPE", kind]);
+        server.cli(&kill).unwrap();
+    }
+    wait_until(
+        Duration::from_secs(20),
+        "a write with the new password",
+        async || coord.edit(&create("queue/c")).await,
+    )
+    .await;
+    let (keys, _) = coord.keys("queue/").await.unwrap();
+    assert_eq!(keys.len(), 3);
 }

@@ -16,7 +16,10 @@
 //! - any `maxmemory-policy` but `noeviction` may evict a lease, the leader key or a task
 //!   under memory pressure (the `volatile-*` policies pick exactly the keys with a TTL:
 //!   leases and the leader key): refused;
-//! - a setting that cannot be read is refused like a bad one: nothing says it is safe.
+//! - a setting that cannot be read is refused like a bad one: nothing says it is safe;
+//! - behind Sentinel, `redis.wait_replicas = 0` lets a failover lose every write the old
+//!   primary acknowledged before it replicated it, whatever the settings above: refused
+//!   (the primary's own settings are read on the primary the sentinels name).
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -28,6 +31,9 @@ use crate::coord::{CoordError, Leases};
 
 /// Said of a setting that neither CONFIG nor INFO answered.
 const UNREAD: &str = "cannot be read";
+
+/// Opens the risk of a failover without the replica wait.
+const UNREPLICATED: &str = "behind Sentinel, redis.wait_replicas is 0";
 
 /// What could be read of a Redis server's persistence and eviction settings; `None`
 /// where nothing answered.
@@ -127,18 +133,40 @@ pub fn risks(server: &ServerSettings) -> Vec<String> {
     risks
 }
 
+/// What a failover can lose: behind Sentinel (`follows`), a write counted before any
+/// replica has it is lost when the primary dies before sending it on.
+pub fn replication_risk(follows: bool, wait_replicas: u32) -> Option<String> {
+    (follows && wait_replicas == 0).then(|| {
+        format!("{UNREPLICATED} (a failover loses every write the old primary acknowledged but had not yet sent to the promoted replica: tasks enqueued, claims, completions)")
+    })
+}
+
 /// The message a replica stops with on `redis` (where it is) with these `risks`: what is
-/// wrong, how to fix Redis, and the leaderq setting that accepts the risk instead.
+/// wrong, how to fix Redis (or the replica wait), and the leaderq setting that accepts the
+/// risk instead.
 pub fn refusal(redis: &str, risks: &[String]) -> String {
     let unread = risks.iter().any(|risk| risk.contains(UNREAD));
+    let mut fixes = Vec::new();
+    if risks.iter().any(|risk| !risk.starts_with(UNREPLICATED)) {
+        fixes.push(format!(
+            "fix it on the Redis server (appendonly yes, appendfsync always or everysec, maxmemory-policy noeviction{})",
+            if unread {
+                ", and let leaderq's Redis user run CONFIG GET"
+            } else {
+                ""
+            }
+        ));
+    }
+    if risks.iter().any(|risk| risk.starts_with(UNREPLICATED)) {
+        fixes.push(
+            "set redis.wait_replicas = 1 or more (LEADERQ__REDIS__WAIT_REPLICAS=1) so that each write waits for that many replicas"
+                .to_string(),
+        );
+    }
     format!(
-        "{redis} can lose acknowledged writes, so this replica will not lead on it: {}; fix it on the Redis server (appendonly yes, appendfsync always or everysec, maxmemory-policy noeviction{}), or, to run anyway, set redis.accept_data_loss = true (LEADERQ__REDIS__ACCEPT_DATA_LOSS=true): docs/redis.md, \"Accepting the risk\", says what can then be lost",
+        "{redis} can lose acknowledged writes, so this replica will not lead on it: {}; {}, or, to run anyway, set redis.accept_data_loss = true (LEADERQ__REDIS__ACCEPT_DATA_LOSS=true): docs/redis.md, \"Accepting the risk\", says what can then be lost",
         risks.join("; "),
-        if unread {
-            ", and let leaderq's Redis user run CONFIG GET"
-        } else {
-            ""
-        }
+        fixes.join(", and ")
     )
 }
 
@@ -161,7 +189,11 @@ impl RedisCoordinator {
         let server = read_server_settings(&connection)
             .await
             .map_err(|err| unavailable(&err))?;
-        let found = risks(&server);
+        let mut found = risks(&server);
+        found.extend(replication_risk(
+            self.source.follows(),
+            self.settings.wait_replicas,
+        ));
         if found.is_empty() {
             return Ok(());
         }
@@ -327,5 +359,23 @@ mod tests {
         assert!(!message.ends_with('.') && !message.contains("CONFIG GET"));
         let unread = refusal("Redis", &risks(&ServerSettings::default()));
         assert!(unread.contains("run CONFIG GET"), "{unread}");
+    }
+
+    /// Behind Sentinel, no replica wait is a risk, and its refusal names both ways out:
+    /// the wait, or accepting the loss; with one server, or with the wait, it is none.
+    #[test]
+    fn behind_sentinel_without_the_replica_wait_a_failover_is_a_risk() {
+        assert_eq!(replication_risk(false, 0), None);
+        assert_eq!(replication_risk(true, 1), None);
+        let risk = replication_risk(true, 0).unwrap();
+        let message = refusal("Redis primary", &[risk]);
+        for named in [
+            "redis.wait_replicas is 0",
+            "set redis.wait_replicas = 1 or more",
+            "redis.accept_data_loss = true",
+        ] {
+            assert!(message.contains(named), "{named:?} missing from {message}");
+        }
+        assert!(!message.contains("appendonly yes"), "{message}");
     }
 }

@@ -50,7 +50,7 @@ impl Elections for RedisCoordinator {
         let record = record.encode();
         let max = TOKEN_MAX.to_string();
         let reply = self
-            .fields(
+            .write_fields(
                 &self.scripts.campaign,
                 &[
                     lease.0.as_bytes(),
@@ -84,7 +84,7 @@ impl Elections for RedisCoordinator {
     }
 
     async fn resign(&self, lease: &LeaseId) -> Result<(), CoordError> {
-        self.run::<String>(&self.scripts.resign, &[lease.0.as_bytes()])
+        self.write::<String>(&self.scripts.resign, &[lease.0.as_bytes()])
             .await
             .map(drop)
     }

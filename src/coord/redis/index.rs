@@ -71,8 +71,8 @@ impl RedisCoordinator {
         let Ok(one_at_a_time) = self.rebuilding.one_at_a_time.clone().try_lock_owned() else {
             return;
         };
-        if let Some(connection) = self.manager.get() {
-            let rebuild = self.rebuild(connection.clone()).run(one_at_a_time);
+        if let Some(connection) = self.current_connection() {
+            let rebuild = self.rebuild(connection).run(one_at_a_time);
             let task = AbortOnDropHandle::new(tokio::spawn(rebuild));
             // The one it replaces is done: it let go of the lock just taken.
             let behind = self.rebuilding.behind.lock();

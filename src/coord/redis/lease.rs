@@ -6,8 +6,9 @@
 
 use std::time::Duration;
 
+use super::client::Source;
 use super::layout::text;
-use super::{bad_answer, scripts, RedisCoordinator};
+use super::{bad_answer, RedisCoordinator};
 use crate::coord::{CoordError, Grant, LeaseId, LeaseSpec, Leases, Renewal};
 
 /// Leases shorter than this are refused: a keep-alive every third of it must get through.
@@ -15,9 +16,27 @@ pub const TTL_MIN: Duration = Duration::from_secs(1);
 
 impl Leases for RedisCoordinator {
     fn describe(&self) -> String {
-        match self.client.get_connection_info().addr() {
-            addr @ redis::ConnectionAddr::Tcp(..) => format!("Redis at {addr}"),
-            addr => format!("Redis at {addr} (TLS)"),
+        match &self.source {
+            Source::Server(addr) => match addr {
+                addr @ redis::ConnectionAddr::Tcp(..) => format!("Redis at {addr}"),
+                addr => format!("Redis at {addr} (TLS)"),
+            },
+            Source::Sentinel(_) => match self.current_address() {
+                Some(addr) => format!(
+                    "Redis primary {:?} at {addr} (through Sentinel)",
+                    self.settings.master_name
+                ),
+                None => format!(
+                    "Redis primary {:?} (through the sentinels at {})",
+                    self.settings.master_name,
+                    self.settings
+                        .sentinels
+                        .iter()
+                        .map(|(host, port)| format!("{host}:{port}"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            },
         }
     }
 
@@ -33,7 +52,7 @@ impl Leases for RedisCoordinator {
         let ttl = spec.ttl.as_millis().to_string();
         let new = uuid::Uuid::new_v4().to_string();
         let reply = self
-            .fields(
+            .write_fields(
                 &self.scripts.open,
                 &[
                     previous.as_bytes(),
@@ -52,16 +71,12 @@ impl Leases for RedisCoordinator {
         }
     }
 
-    /// One script, sent whole: one round trip, also on a Redis that lost its script cache.
+    /// One script, sent whole: one round trip (with its `WAIT`, if any), also on a Redis
+    /// that lost its script cache.
     async fn keep_alive(&self, lease: &LeaseId) -> Result<Renewal, CoordError> {
-        let mut connection = self.connection().await?;
-        let answer: String = scripts::eval(
-            &mut connection,
-            &self.settings.layout,
-            &self.scripts.keep_alive,
-            &[lease.0.as_bytes()],
-        )
-        .await?;
+        let answer: String = self
+            .write_text(&self.scripts.keep_alive, &[lease.0.as_bytes()])
+            .await?;
         Ok(if answer == "alive" {
             Renewal::Alive
         } else {
@@ -72,7 +87,7 @@ impl Leases for RedisCoordinator {
     /// Ends the lease by the script that checks it is still there. Closing is this too (the
     /// default `close`): nothing but the lease is tied to a node here.
     async fn revoke(&self, lease: &LeaseId) -> Result<(), CoordError> {
-        self.run::<String>(&self.scripts.revoke, &[lease.0.as_bytes()])
+        self.write::<String>(&self.scripts.revoke, &[lease.0.as_bytes()])
             .await
             .map(drop)
     }

@@ -1,10 +1,10 @@
-//! The Redis coordinator: the [`Coordinator`] seam on one Redis (7.0 or later), through
-//! redis-rs's connection manager (RESP3: pub/sub messages arrive on the same connection,
-//! which reconnects and resubscribes by itself; `client/mod.rs`, with the one mapping of
-//! Redis's errors). Redis's names stay in this folder. Each part of the seam in its own
-//! file: [`Leases`](crate::coord::Leases) in `lease.rs`,
-//! [`Elections`](crate::coord::Elections) in `election.rs`, [`Tasks`](crate::coord::Tasks)
-//! in `queue.rs`; key layout and version encoding in `layout.rs`, the scripts in
+//! The Redis coordinator: the [`Coordinator`] seam on one Redis (7.0 or later), or the
+//! primary Sentinel names, through redis-rs's connection manager (RESP3: pub/sub messages
+//! arrive on the same connection, which reconnects and resubscribes by itself;
+//! `client/mod.rs`, with the one mapping of Redis's errors). Redis's names stay in this
+//! folder. Each part of the seam in its own file: [`Leases`](crate::coord::Leases) in
+//! `lease.rs`, [`Elections`](crate::coord::Elections) in `election.rs`,
+//! [`Tasks`](crate::coord::Tasks) in `queue.rs`; key layout and version encoding in `layout.rs`, the scripts in
 //! `scripts.rs`, the queue's writes as their arguments and their answers read back in
 //! `plan.rs` (pure), the reads of tasks in `read.rs`, the rebuild of their index in
 //! `index.rs`, waits in `wait.rs`, the `[redis]` section's checks in `settings.rs`, the
@@ -26,8 +26,12 @@
 //! - before it opens a lease it reads Redis's persistence and eviction settings, and
 //!   refuses one that can lose acknowledged writes unless `redis.accept_data_loss` says so
 //!   (`durability.rs`), again at every lease; producers and operators (no lease) are never
-//!   refused. Asynchronous replication is not seen: a failover can lose writes whatever the
-//!   primary's settings (docs/redis.md, "Replication and failover").
+//!   refused. Behind Sentinel (`redis.sentinels`) the link follows the primary the
+//!   sentinels name (`client/mod.rs`), and with `redis.wait_replicas = N` every write
+//!   counts only once `WAIT` says N replicas have it (fewer is `Unavailable`, an answer
+//!   lost); without the wait a failover can lose writes whatever the primary's settings, so
+//!   a replica then refuses to lead unless the loss is accepted (docs/redis.md, "Redis
+//!   behind Sentinel").
 //!
 //! How it keeps each guarantee of [`crate::coord`]:
 //! - **One leader.** `SET … NX` lets one lease hold the key, with the lease's remaining PTTL,
@@ -61,8 +65,9 @@
 //!
 //! Write limits: 128 operations and 1 MiB of keys and values per script (a script blocks
 //! Redis while it runs). Errors: every Redis error is `Unavailable` (a restart, a promoted
-//! replica, a busy script); `Refused` are a bad URL at start, a lease TTL under 1 s, and a
-//! Redis that can lose acknowledged writes (unless `redis.accept_data_loss`).
+//! replica, a busy script, a write fewer replicas confirmed than `redis.wait_replicas`);
+//! `Refused` are a bad URL or sentinel address at start, a lease TTL under 1 s, and a Redis
+//! that can lose acknowledged writes (unless `redis.accept_data_loss`).
 
 mod client;
 mod durability;
@@ -80,15 +85,13 @@ mod wait;
 pub use layout::Layout;
 pub use lease::TTL_MIN;
 pub use scripts::PRODUCE;
-pub use settings::RedisSettings;
+pub use settings::{read_password_file, RedisSettings};
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-use redis::{IntoConnectionInfo, ProtocolVersion};
-use tokio::sync::{broadcast, OnceCell};
+use tokio::sync::broadcast;
 
 use self::client::{bad_answer, unavailable};
 use self::layout::Change;
@@ -103,10 +106,23 @@ const CHANGES_HELD: usize = 256;
 /// What the Redis coordinator needs, from `[redis]` and `[election]`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RedisCoordSettings {
-    /// `redis://[user:password@]host:port/db` or `rediss://` for TLS.
+    /// `redis://[user:password@]host:port/db` or `rediss://` for TLS (unused behind
+    /// Sentinel).
     pub url: String,
-    /// Overrides the URL's password when not empty.
+    /// Overrides the URL's password when not empty; the data nodes' behind Sentinel.
     pub password: String,
+    /// Where the password is instead, read again for every connection made again.
+    pub password_file: Option<std::path::PathBuf>,
+    /// Sentinels' `(host, port)`: when any, the primary is found through them.
+    pub sentinels: Vec<(String, u16)>,
+    /// The name the sentinels know the primary by.
+    pub master_name: String,
+    /// The sentinels' own password, when not empty.
+    pub sentinel_password: String,
+    /// Replicas each write waits for (`WAIT`); 0 for none.
+    pub wait_replicas: u32,
+    /// How long one `WAIT` may take.
+    pub wait_replicas_timeout: Duration,
     pub layout: Layout,
     /// Each Redis call's limit (and a connection attempt's).
     pub request_timeout: Duration,
@@ -117,11 +133,13 @@ pub struct RedisCoordSettings {
 
 /// The Redis backend of the coordinator seam: one per replica.
 pub struct RedisCoordinator {
-    client: redis::Client,
+    /// Where connections go: one server, or the primary the sentinels name.
+    source: client::Source,
     settings: RedisCoordSettings,
     scripts: Scripts,
-    /// Connected (and subscribed to the changes channel) on first use.
-    manager: OnceCell<ConnectionManager>,
+    /// Connected (and subscribed to the changes channel) on first use; replaced when the
+    /// sentinels name another primary.
+    link: client::Link,
     /// Every message on the changes channel, read: waiters it concerns look again.
     changes: broadcast::Sender<Change>,
     /// Messages heard, for tests and logs.
@@ -144,6 +162,13 @@ pub fn connect(
     let coord = RedisCoordinator::new(RedisCoordSettings {
         url: redis.url.clone(),
         password: redis.password.clone(),
+        password_file: (!redis.password_file.is_empty())
+            .then(|| std::path::PathBuf::from(&redis.password_file)),
+        sentinels: redis.sentinel_addrs().map_err(CoordError::Refused)?,
+        master_name: redis.master_name.clone(),
+        sentinel_password: redis.sentinel_password.clone(),
+        wait_replicas: redis.wait_replicas,
+        wait_replicas_timeout: redis.wait_replicas_timeout,
         layout: Layout {
             prefix: redis.key_prefix.clone(),
             leader: leader_key.to_string(),
@@ -155,38 +180,16 @@ pub fn connect(
 }
 
 impl RedisCoordinator {
-    /// A coordinator on the Redis at `settings.url`; nothing is asked of Redis before the
-    /// first call.
+    /// A coordinator on the Redis at `settings.url`, or on the primary the sentinels name;
+    /// nothing is asked of Redis before the first call.
     pub fn new(settings: RedisCoordSettings) -> Result<RedisCoordinator, CoordError> {
-        let info = settings
-            .url
-            .as_str()
-            .into_connection_info()
-            .map_err(|err| {
-                CoordError::Refused(format!(
-                    "redis.url {:?}: {err}: fix the [redis] settings",
-                    settings.url
-                ))
-            })?;
-        // RESP3, so that the channel's messages arrive on the same connection as the
-        // answers, and the connection manager subscribes again after a reconnect.
-        let mut redis_settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        if !settings.password.is_empty() {
-            redis_settings = redis_settings.set_password(&settings.password);
-        }
-        let info = info.set_redis_settings(redis_settings);
-        let client = redis::Client::open(info).map_err(|err| {
-            CoordError::Refused(format!("redis.url: {err}: fix the [redis] settings"))
-        })?;
+        let source = client::Source::new(&settings)?;
         let (changes, _) = broadcast::channel(CHANGES_HELD);
         Ok(RedisCoordinator {
-            client,
+            source,
             settings,
             scripts: Scripts::new(),
-            manager: OnceCell::new(),
+            link: client::Link::default(),
             changes,
             heard: Arc::new(AtomicU64::new(0)),
             highest_token: AtomicU64::new(0),

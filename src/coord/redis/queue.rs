@@ -49,7 +49,7 @@ impl RedisCoordinator {
             scope.as_bytes(),
         ];
         args.extend(encoded.iter().map(Vec::as_slice));
-        let reply = self.fields(&self.scripts.write, &args).await?;
+        let reply = self.write_fields(&self.scripts.write, &args).await?;
         let written = plan::written(&reply).map_err(bad_answer)?;
         if let Written::Done { fencing_token, .. } = &written {
             self.saw_token(fencing_token.0);
@@ -139,7 +139,7 @@ impl Tasks for RedisCoordinator {
     async fn edit(&self, ops: &[Edit]) -> Result<Edited, CoordError> {
         let encoded = plan::edit_args(ops);
         let args: Vec<&[u8]> = encoded.iter().map(Vec::as_slice).collect();
-        let reply = self.fields(&self.scripts.edit, &args).await?;
+        let reply = self.write_fields(&self.scripts.edit, &args).await?;
         plan::edited(&reply).map_err(bad_answer)
     }
 

@@ -384,7 +384,7 @@ pub const PRODUCE: &str = "local p,k=ARGV[1],ARGV[2] local v=redis.call('INCR',p
 /// the script again after a Redis restart emptied its cache).
 pub struct Scripts {
     pub open: redis::Script,
-    /// The keep-alive's text, sent whole each time ([`eval`]).
+    /// The keep-alive's text, sent whole each time (`RedisCoordinator::write_text`).
     pub keep_alive: String,
     pub revoke: redis::Script,
     pub resign: redis::Script,
@@ -430,30 +430,6 @@ pub async fn invoke<T: redis::FromRedisValue>(
     }
     invocation
         .invoke_async(connection)
-        .await
-        .map_err(|err| unavailable(&err))
-}
-
-/// Runs `script`'s text with EVAL, as [`invoke`] runs a script by its hash: one round
-/// trip whatever Redis's script cache holds. By its hash, a script Redis does not have
-/// (after a restart or a failover, or on a fresh server) costs three, one to learn it is
-/// missing, one to load it, one to run it; the keep-alive cannot afford those while answers
-/// are late (`leader/renewal.rs`), and its text is short.
-pub async fn eval<T: redis::FromRedisValue>(
-    connection: &mut ConnectionManager,
-    layout: &Layout,
-    script: &str,
-    args: &[&[u8]],
-) -> Result<T, CoordError> {
-    let mut eval = redis::cmd("EVAL");
-    eval.arg(script)
-        .arg(0)
-        .arg(layout.prefix.as_bytes())
-        .arg(layout.leader.as_bytes());
-    for arg in args {
-        eval.arg(*arg);
-    }
-    eval.query_async(connection)
         .await
         .map_err(|err| unavailable(&err))
 }

@@ -1,7 +1,11 @@
 //! The `[redis]` section of the settings and its checks at start, beside the backend that
-//! reads it. The Redis
-//! server's own persistence settings are judged once connected (`durability.rs`).
+//! reads it: one Redis by `url`, or the primary that `sentinels` name under `master_name`
+//! (never both: `config.rs` sees which the user gave), and the replicas each write waits for
+//! (`wait_replicas`). The Redis server's own persistence settings, and whether a failover
+//! can lose acknowledged writes, are judged once connected (`durability.rs`).
 
+use std::io::Read as _;
+use std::path::Path;
 use std::time::Duration;
 
 use redis::IntoConnectionInfo;
@@ -13,8 +17,25 @@ use crate::util::duration;
 #[serde(deny_unknown_fields)]
 pub struct RedisSettings {
     pub url: String,
-    /// Overrides the URL's password when not empty (so it can come from the environment).
+    /// Overrides the URL's password when not empty (so it can come from the environment);
+    /// the data nodes' password behind Sentinel.
     pub password: String,
+    /// A file holding the password (one line), read again whenever a connection is made
+    /// again, so a rotated password is used without a restart; instead of `password`.
+    pub password_file: String,
+    /// Sentinels' `host:port`: when any is given, the primary is the one they name
+    /// `master_name`, found again after every failover, and `url` is not used.
+    pub sentinels: Vec<String>,
+    /// The name the sentinels monitor the primary under (`sentinel monitor <name> …`).
+    pub master_name: String,
+    /// The sentinels' own password (`requirepass` in their config), if they need one.
+    pub sentinel_password: String,
+    /// Replicas that must have each of leaderq's writes (`WAIT`) before it counts as
+    /// acknowledged; 0 waits for none.
+    pub wait_replicas: u32,
+    /// How long one `WAIT` may take; fewer replicas by then make the write unanswered.
+    #[serde(deserialize_with = "duration::deserialize")]
+    pub wait_replicas_timeout: Duration,
     pub key_prefix: String,
     #[serde(deserialize_with = "duration::deserialize")]
     pub wait: Duration,
@@ -25,11 +46,113 @@ pub struct RedisSettings {
     pub accept_data_loss: bool,
 }
 
+/// The longest password file read: a password is a line, and a larger file is not one.
+const PASSWORD_FILE_MAX: u64 = 4096;
+
+/// The password in `path`: its first line, without the line's end. A missing, unreadable,
+/// oversized or empty file is refused with what to do.
+pub fn read_password_file(path: &Path) -> Result<String, String> {
+    let named = |why: String| format!("redis.password_file {}: {why}", path.display());
+    let file = std::fs::File::open(path).map_err(|err| {
+        named(format!(
+            "{err}: write the password in it, readable by this user"
+        ))
+    })?;
+    let mut text = String::new();
+    file.take(PASSWORD_FILE_MAX + 1)
+        .read_to_string(&mut text)
+        .map_err(|err| named(format!("{err}: it must hold the password as text")))?;
+    if text.len() as u64 > PASSWORD_FILE_MAX {
+        return Err(named(format!(
+            "over {PASSWORD_FILE_MAX} bytes: it must hold the password alone, on one line"
+        )));
+    }
+    let password = text.lines().next().unwrap_or_default();
+    if password.is_empty() {
+        return Err(named(
+            "it is empty: write the password on its first line".into(),
+        ));
+    }
+    Ok(password.to_string())
+}
+
 impl RedisSettings {
     /// The `[redis]` section's own checks, run with every other setting's at start; the
     /// message names the key.
     pub fn check(&self) -> Result<(), String> {
         let redis = self;
+        if !redis.password_file.is_empty() {
+            if !redis.password.is_empty() {
+                return Err("redis.password and redis.password_file are both set: keep one".into());
+            }
+            read_password_file(Path::new(&redis.password_file))?;
+        }
+        if redis.sentinels.is_empty() {
+            redis.check_url()?;
+        } else {
+            redis.check_sentinels()?;
+        }
+        if redis.wait_replicas > 0
+            && (redis.wait_replicas_timeout.is_zero()
+                || redis.wait_replicas_timeout >= redis.request_timeout)
+        {
+            return Err(format!(
+                "redis.wait_replicas_timeout must be more than 0s and less than redis.request_timeout ({:?}) when redis.wait_replicas is set",
+                redis.request_timeout
+            ));
+        }
+        if redis.key_prefix.is_empty() || redis.key_prefix.contains(char::is_whitespace) {
+            return Err(
+                "redis.key_prefix must be non-empty and without spaces, such as \"leaderq/\""
+                    .into(),
+            );
+        }
+        if redis.request_timeout.is_zero() {
+            return Err("redis.request_timeout must be more than 0s".into());
+        }
+        Ok(())
+    }
+
+    /// The sentinels as addresses to connect to.
+    pub fn sentinel_addrs(&self) -> Result<Vec<(String, u16)>, String> {
+        self.sentinels
+            .iter()
+            .map(|entry| {
+                let bad = || {
+                    format!(
+                        "redis.sentinels entry {entry:?} is not host:port, such as \"10.0.0.5:26379\""
+                    )
+                };
+                let (host, port) = entry.trim().rsplit_once(':').ok_or_else(bad)?;
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                let port: u16 = port.parse().map_err(|_| bad())?;
+                if host.is_empty() || port == 0 {
+                    return Err(bad());
+                }
+                Ok((host.to_string(), port))
+            })
+            .collect()
+    }
+
+    fn check_sentinels(&self) -> Result<(), String> {
+        self.sentinel_addrs()?;
+        if self.master_name.trim().is_empty() || self.master_name.contains(char::is_whitespace) {
+            return Err(
+                "redis.master_name must name the primary the sentinels monitor (the <name> of their `sentinel monitor <name> <ip> <port> <quorum>`) when redis.sentinels is set"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    fn check_url(&self) -> Result<(), String> {
+        let redis = self;
+        if !redis.master_name.is_empty() || !redis.sentinel_password.is_empty() {
+            return Err(
+                "redis.master_name and redis.sentinel_password need redis.sentinels (the sentinels' host:port): set it, or remove them to use redis.url"
+                    .into(),
+            );
+        }
         let info = redis
             .url
             .as_str()
@@ -43,15 +166,6 @@ impl RedisSettings {
                 "redis.url {:?} is not a TCP address: use redis://host:port/db or rediss://",
                 redis.url
             ));
-        }
-        if redis.key_prefix.is_empty() || redis.key_prefix.contains(char::is_whitespace) {
-            return Err(
-                "redis.key_prefix must be non-empty and without spaces, such as \"leaderq/\""
-                    .into(),
-            );
-        }
-        if redis.request_timeout.is_zero() {
-            return Err("redis.request_timeout must be more than 0s".into());
         }
         Ok(())
     }
@@ -117,5 +231,111 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("accept_data_loss"), "{err}");
+    }
+
+    /// Behind Sentinel: the sentinels (a list, also from the environment) and a master name
+    /// are read and checked; a URL given as well is refused with both settings named, as are
+    /// a missing master name, an entry that is not host:port, and a replica wait without a
+    /// timeout below the request timeout.
+    #[test]
+    fn sentinels_replace_the_url_and_are_checked() {
+        let load = |pairs: &[(&str, &str)]| Settings::load(None, env(pairs));
+        let settings = load(&[
+            (
+                "LEADERQ__REDIS__SENTINELS",
+                "10.0.0.5:26379,sentinel-b:26380",
+            ),
+            ("LEADERQ__REDIS__MASTER_NAME", "mymaster"),
+            ("LEADERQ__REDIS__WAIT_REPLICAS", "1"),
+        ])
+        .unwrap();
+        assert_eq!(
+            settings.redis.sentinel_addrs().unwrap(),
+            vec![
+                ("10.0.0.5".to_string(), 26379),
+                ("sentinel-b".to_string(), 26380)
+            ]
+        );
+        assert_eq!(settings.redis.wait_replicas, 1);
+        let empty = load(&[("LEADERQ__REDIS__SENTINELS", "")]).unwrap();
+        assert!(
+            empty.redis.sentinels.is_empty(),
+            "{:?}",
+            empty.redis.sentinels
+        );
+        assert_eq!(settings.redis.wait_replicas_timeout, Duration::from_secs(1));
+        let sentinels = ("LEADERQ__REDIS__SENTINELS", "127.0.0.1:26379");
+        let named = ("LEADERQ__REDIS__MASTER_NAME", "mymaster");
+        for (pairs, wanted) in [
+            (
+                vec![
+                    sentinels,
+                    named,
+                    ("LEADERQ__REDIS__URL", "redis://r:6379/0"),
+                ],
+                "redis.url and redis.sentinels",
+            ),
+            (vec![sentinels], "redis.master_name"),
+            (
+                vec![("LEADERQ__REDIS__SENTINELS", "127.0.0.1"), named],
+                "redis.sentinels entry",
+            ),
+            (vec![named], "need redis.sentinels"),
+            (
+                vec![
+                    ("LEADERQ__REDIS__WAIT_REPLICAS", "1"),
+                    ("LEADERQ__REDIS__WAIT_REPLICAS_TIMEOUT", "0s"),
+                ],
+                "redis.wait_replicas_timeout",
+            ),
+            (
+                vec![
+                    ("LEADERQ__REDIS__WAIT_REPLICAS", "1"),
+                    ("LEADERQ__REDIS__WAIT_REPLICAS_TIMEOUT", "10s"),
+                ],
+                "less than redis.request_timeout",
+            ),
+        ] {
+            let err = load(&pairs).unwrap_err().to_string();
+            assert!(err.contains(wanted), "{pairs:?}: {err}");
+        }
+    }
+
+    /// `redis.password_file` is read at start: a missing or empty file, or one beside
+    /// `redis.password`, is refused with the setting named; its first line is the password.
+    #[test]
+    fn a_password_file_is_checked_at_start_and_gives_its_first_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        std::fs::write(&file, "s3cret\n").unwrap();
+        assert_eq!(super::read_password_file(&file).unwrap(), "s3cret");
+        let path = file.display().to_string();
+        let load = |pairs: &[(&str, &str)]| Settings::load(None, env(pairs));
+        load(&[("LEADERQ__REDIS__PASSWORD_FILE", &path)]).unwrap();
+        let both = load(&[
+            ("LEADERQ__REDIS__PASSWORD_FILE", &path),
+            ("LEADERQ__REDIS__PASSWORD", "x"),
+        ])
+        .unwrap_err()
+        .to_string();
+        assert!(
+            both.contains("redis.password and redis.password_file"),
+            "{both}"
+        );
+        let missing = dir.path().join("none").display().to_string();
+        let err = load(&[("LEADERQ__REDIS__PASSWORD_FILE", &missing)])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("redis.password_file"), "{err}");
+        std::fs::write(&file, "\n").unwrap();
+        let err = load(&[("LEADERQ__REDIS__PASSWORD_FILE", &path)])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("empty"), "{err}");
+        std::fs::write(&file, "x".repeat(5000)).unwrap();
+        let err = load(&[("LEADERQ__REDIS__PASSWORD_FILE", &path)])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("over 4096 bytes"), "{err}");
     }
 }

@@ -15,6 +15,7 @@ pub mod consul;
 pub mod link;
 pub mod pki;
 pub mod redis;
+pub mod sentinel;
 pub mod zookeeper;
 
 use std::path::{Path, PathBuf};

@@ -26,6 +26,8 @@ pub struct RedisServer {
     dir: PathBuf,
     port: u16,
     appendfsync: String,
+    /// More arguments to redis-server (`--replicaof host port`), after the harness's own.
+    extra: Vec<String>,
     proc: Option<Proc>,
 }
 
@@ -39,6 +41,12 @@ impl RedisServer {
     /// A Redis with the given `appendfsync` policy ("always", "everysec" or "no"), or
     /// with no persistence at all ("off": to measure what it loses).
     pub fn start_with(appendfsync: &str) -> Option<RedisServer> {
+        RedisServer::start_args(appendfsync, &[])
+    }
+
+    /// A Redis as [`RedisServer::start_with`] starts one, given `extra` arguments as well
+    /// (`["--replicaof", "127.0.0.1", "6379"]`: a replica of another).
+    pub fn start_args(appendfsync: &str, extra: &[&str]) -> Option<RedisServer> {
         let binary = external(&["redis-server"], "redis-server (apt install redis-server)")?;
         let cli = external(&["redis-cli"], "redis-tools (apt install redis-tools)")?;
         let dir = std::env::temp_dir().join(format!(
@@ -53,6 +61,7 @@ impl RedisServer {
             dir,
             port: free_port(),
             appendfsync: appendfsync.to_string(),
+            extra: extra.iter().map(|arg| arg.to_string()).collect(),
             proc: None,
         };
         if let Err(why) = server.spawn() {
@@ -64,6 +73,11 @@ impl RedisServer {
     /// `redis://127.0.0.1:<port>/0`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    /// Its port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.port
     }
 
     /// The server's pid (0 while it is down).
@@ -89,6 +103,7 @@ impl RedisServer {
                 policy => ["--appendonly", "yes", "--appendfsync", policy],
             })
             .args(["--save", "", "--daemonize", "no", "--logfile", "redis.log"])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         self.proc = Some(Proc::spawn("redis-server", command)?);

@@ -1,59 +1,316 @@
 //! The Redis coordinator's link to Redis: redis-rs's connection manager (RESP3, so that
 //! the changes channel's messages arrive on the same connection as the answers, and it
 //! reconnects and subscribes again by itself), made on first use; running a script with
-//! the prefix and the leader name in front of its arguments; and the one mapping of Redis's
-//! errors to the seam's.
+//! the prefix and the leader name in front of its arguments; every write followed by
+//! `WAIT` when `redis.wait_replicas` asks for it; and the one mapping of Redis's errors to
+//! the seam's.
+//!
+//! Behind Sentinel the link goes to the primary the sentinels name (redis-rs's
+//! `SentinelClient` asks them, `SENTINEL MASTERS`, and checks with `ROLE` that the node it
+//! found says it is the primary). The connection manager reconnects to one address only,
+//! so the link is made again when the sentinels name another: a link is suspect once its
+//! connection dropped (a dead primary, or one Sentinel demoted, which closes its clients),
+//! a write failed (`READONLY` from a demoted node among them) or fell short of replicas;
+//! the next call on a suspect link asks the sentinels where the primary is, and keeps the
+//! link only if it is still the one they name.
+//!
+//! With `redis.password_file`, a suspect link (its connection dropped, a write failed) also
+//! reads the file again, and is made again if the password changed: the connection manager
+//! would log in again with the password it was made with.
+//!
+//! A write's `WAIT` is pipelined with it, so both go on one connection: a `WAIT` sent on a
+//! connection made again after the write would count none of its writes and answer at once.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{IntoConnectionInfo, ProtocolVersion};
 
 use super::layout::{change_of, Change};
 use super::scripts::invoke;
-use super::RedisCoordinator;
-use crate::coord::CoordError;
+use super::{RedisCoordSettings, RedisCoordinator};
+use crate::coord::{CoordError, Leases as _};
 
 /// The longest pause between attempts to connect again: redis-rs doubles it without a
 /// ceiling, and a link back from a burst of resets stayed unused until the lease ended.
 const RECONNECT_MAX_DELAY: Duration = Duration::from_millis(250);
 
-impl RedisCoordinator {
-    pub(super) async fn connection(&self) -> Result<ConnectionManager, CoordError> {
-        let manager = self
-            .manager
-            .get_or_try_init(|| async {
-                let changes = self.changes.clone();
-                let heard = self.heard.clone();
-                let config = ConnectionManagerConfig::new()
-                    .set_max_delay(RECONNECT_MAX_DELAY)
-                    .set_connection_timeout(Some(self.settings.request_timeout))
-                    .set_response_timeout(Some(self.settings.request_timeout))
-                    .set_automatic_resubscription()
-                    .set_push_sender(move |info: redis::PushInfo| {
-                        if info.kind == redis::PushKind::Message {
-                            heard.fetch_add(1, Ordering::Relaxed);
-                            // [channel, message]
-                            let change = match info.data.last() {
-                                Some(redis::Value::BulkString(message)) => change_of(message),
-                                _ => Change::Any,
-                            };
-                            // No waiter listening is no error.
-                            let _ = changes.send(change);
-                        }
-                        Ok::<(), std::convert::Infallible>(())
-                    });
-                let mut manager =
-                    ConnectionManager::new_with_config(self.client.clone(), config).await?;
-                manager.subscribe(self.settings.layout.channel()).await?;
-                Ok::<_, redis::RedisError>(manager)
-            })
-            .await
-            .map_err(|err| unavailable(&err))?;
-        Ok(manager.clone())
+/// Where the coordinator's connections go.
+pub(super) enum Source {
+    /// The one server `redis.url` names.
+    Server(redis::ConnectionAddr),
+    /// The primary the sentinels name, asked again when the link is suspect; with the
+    /// password its client gives the data nodes.
+    Sentinel(Box<tokio::sync::Mutex<(SentinelClient, String)>>),
+}
+
+impl Source {
+    pub(super) fn new(settings: &RedisCoordSettings) -> Result<Source, CoordError> {
+        let password = password(settings).map_err(CoordError::Refused)?;
+        if settings.sentinels.is_empty() {
+            let client = server(settings, &password)?;
+            return Ok(Source::Server(client.get_connection_info().addr().clone()));
+        }
+        let client = sentinels_client(settings, &password)?;
+        let sentinels = tokio::sync::Mutex::new((client, password));
+        Ok(Source::Sentinel(Box::new(sentinels)))
     }
 
-    /// Runs `script` with the prefix, the leader name and `args`, answering its fields.
+    /// Whether the link follows the sentinels (else a suspect link is kept: its manager
+    /// reconnects to the one server by itself).
+    pub(super) fn follows(&self) -> bool {
+        matches!(self, Source::Sentinel(_))
+    }
+}
+
+/// The data nodes' password: `redis.password_file`'s, read now, or `redis.password`.
+fn password(settings: &RedisCoordSettings) -> Result<String, String> {
+    match &settings.password_file {
+        Some(path) => super::read_password_file(path),
+        None => Ok(settings.password.clone()),
+    }
+}
+
+/// The client of the sentinels, which gives the data nodes `password`.
+fn sentinels_client(
+    settings: &RedisCoordSettings,
+    password: &str,
+) -> Result<SentinelClient, CoordError> {
+    let refused = |err: redis::RedisError| {
+        CoordError::Refused(format!("redis.sentinels: {err}: fix the [redis] settings"))
+    };
+    let addrs = settings
+        .sentinels
+        .iter()
+        .map(|(host, port)| redis::ConnectionAddr::Tcp(host.clone(), *port));
+    let mut builder =
+        SentinelClientBuilder::new(addrs, &settings.master_name, SentinelServerType::Master)
+            .map_err(refused)?
+            // RESP3 to the data nodes, as for one server (the changes channel).
+            .set_client_to_redis_protocol(ProtocolVersion::RESP3);
+    if !password.is_empty() {
+        builder = builder.set_client_to_redis_password(password);
+    }
+    if !settings.sentinel_password.is_empty() {
+        builder = builder.set_client_to_sentinel_password(&settings.sentinel_password);
+    }
+    builder.build().map_err(refused)
+}
+
+/// The client of the one server `settings.url` names, with `password` (if not empty, over
+/// the URL's) and RESP3.
+fn server(settings: &RedisCoordSettings, password: &str) -> Result<redis::Client, CoordError> {
+    let info = settings
+        .url
+        .as_str()
+        .into_connection_info()
+        .map_err(|err| {
+            CoordError::Refused(format!(
+                "redis.url {:?}: {err}: fix the [redis] settings",
+                settings.url
+            ))
+        })?;
+    // RESP3, so that the channel's messages arrive on the same connection as the
+    // answers, and the connection manager subscribes again after a reconnect.
+    let mut redis_settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    if !password.is_empty() {
+        redis_settings = redis_settings.set_password(password);
+    }
+    let info = info.set_redis_settings(redis_settings);
+    redis::Client::open(info)
+        .map_err(|err| CoordError::Refused(format!("redis.url: {err}: fix the [redis] settings")))
+}
+
+/// The connection in use: its manager, where it goes, the password it logged in with.
+#[derive(Clone)]
+struct Current {
+    manager: ConnectionManager,
+    addr: String,
+    password: String,
+}
+
+/// The connection in use, and whether it is suspect.
+#[derive(Default)]
+pub(super) struct Link {
+    current: std::sync::Mutex<Option<Current>>,
+    /// One connect, or one question to the sentinels, at a time.
+    connecting: tokio::sync::Mutex<()>,
+    suspect: Arc<AtomicBool>,
+}
+
+impl Link {
+    fn now(&self) -> Option<Current> {
+        self.current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The manager in use, unless it is suspect and `checked` (behind Sentinel, or with a
+    /// password file): then where it goes, or with what, is asked again first.
+    fn usable(&self, checked: bool) -> Option<ConnectionManager> {
+        if checked && self.suspect.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.now().map(|current| current.manager)
+    }
+
+    /// The manager in use if it goes to `addr` (any, for `None`) with `password`, no longer
+    /// suspect.
+    fn still(&self, addr: Option<&str>, password: &str) -> Option<ConnectionManager> {
+        let current = self.now()?;
+        if addr.is_some_and(|addr| addr != current.addr) || current.password != password {
+            return None;
+        }
+        self.suspect.store(false, Ordering::Relaxed);
+        Some(current.manager)
+    }
+
+    fn set(&self, current: Current) {
+        self.suspect.store(false, Ordering::Relaxed);
+        *self
+            .current
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(current);
+    }
+
+    fn suspect(&self) {
+        self.suspect.store(true, Ordering::Relaxed);
+    }
+}
+
+impl RedisCoordinator {
+    /// Where the link goes now (the primary last found behind Sentinel), once made.
+    pub(super) fn current_address(&self) -> Option<String> {
+        self.link.now().map(|current| current.addr)
+    }
+
+    /// The connection made so far, if any, without making one.
+    pub(super) fn current_connection(&self) -> Option<ConnectionManager> {
+        self.link.now().map(|current| current.manager)
+    }
+
+    /// The connection to Redis (behind Sentinel, to the primary), made on first use, and
+    /// made again when it is suspect and the sentinels name another primary or the password
+    /// file holds another password.
+    pub(super) async fn connection(&self) -> Result<ConnectionManager, CoordError> {
+        let checked = self.source.follows() || self.settings.password_file.is_some();
+        if let Some(manager) = self.link.usable(checked) {
+            return Ok(manager);
+        }
+        let _one = self.link.connecting.lock().await;
+        if let Some(manager) = self.link.usable(checked) {
+            return Ok(manager);
+        }
+        let password = password(&self.settings).map_err(|why| {
+            CoordError::Unavailable(format!("{why}; until then Redis cannot be logged in to"))
+        })?;
+        let client = match &self.source {
+            Source::Server(_) => {
+                if let Some(manager) = self.link.still(None, &password) {
+                    // The manager reconnects to the one server by itself.
+                    return Ok(manager);
+                }
+                server(&self.settings, &password)?
+            }
+            Source::Sentinel(sentinels) => {
+                let found = self.primary(sentinels, &password).await?;
+                let addr = found.get_connection_info().addr().to_string();
+                if let Some(manager) = self.link.still(Some(&addr), &password) {
+                    return Ok(manager);
+                }
+                if let Some(was) = self.current_address().filter(|was| *was != addr) {
+                    tracing::warn!(
+                        "the sentinels name {addr} the Redis primary (was {was}): following it"
+                    );
+                }
+                found
+            }
+        };
+        let addr = client.get_connection_info().addr().to_string();
+        let manager = self
+            .manager(client)
+            .await
+            .map_err(|err| unavailable(&err))?;
+        self.link.set(Current {
+            manager: manager.clone(),
+            addr,
+            password,
+        });
+        Ok(manager)
+    }
+
+    /// A client of the primary the sentinels name, which says it is one, logging in with
+    /// `password` (the sentinels' client is made again if it held another).
+    async fn primary(
+        &self,
+        sentinels: &tokio::sync::Mutex<(SentinelClient, String)>,
+        password: &str,
+    ) -> Result<redis::Client, CoordError> {
+        let mut sentinels = sentinels.lock().await;
+        if sentinels.1 != password {
+            *sentinels = (
+                sentinels_client(&self.settings, password)?,
+                password.to_string(),
+            );
+        }
+        tokio::time::timeout(self.settings.request_timeout, sentinels.0.async_get_client())
+            .await
+            .map_err(|_| {
+                CoordError::Unavailable(format!(
+                    "redis: no sentinel named a primary {:?} that answers within {:?}: check the sentinels at redis.sentinels and the primary they name",
+                    self.settings.master_name, self.settings.request_timeout
+                ))
+            })?
+            .map_err(|err| {
+                CoordError::Unavailable(format!(
+                    "redis: sentinels: {err}: check that the sentinels at redis.sentinels are up, monitor redis.master_name {:?}, and that the primary they name answers",
+                    self.settings.master_name
+                ))
+            })
+    }
+
+    /// A connection manager on `client`, subscribed to the changes channel.
+    async fn manager(&self, client: redis::Client) -> Result<ConnectionManager, redis::RedisError> {
+        let changes = self.changes.clone();
+        let heard = self.heard.clone();
+        let suspect = self.link.suspect.clone();
+        let config = ConnectionManagerConfig::new()
+            .set_max_delay(RECONNECT_MAX_DELAY)
+            .set_connection_timeout(Some(self.settings.request_timeout))
+            .set_response_timeout(Some(self.settings.request_timeout))
+            .set_automatic_resubscription()
+            .set_push_sender(move |info: redis::PushInfo| {
+                match info.kind {
+                    redis::PushKind::Message => {
+                        heard.fetch_add(1, Ordering::Relaxed);
+                        // [channel, message]
+                        let change = match info.data.last() {
+                            Some(redis::Value::BulkString(message)) => change_of(message),
+                            _ => Change::Any,
+                        };
+                        // No waiter listening is no error.
+                        let _ = changes.send(change);
+                    }
+                    // The primary died, or was demoted (Sentinel closes its clients).
+                    redis::PushKind::Disconnection => suspect.store(true, Ordering::Relaxed),
+                    _ => {}
+                }
+                Ok::<(), std::convert::Infallible>(())
+            });
+        let mut manager = ConnectionManager::new_with_config(client, config).await?;
+        manager.subscribe(self.settings.layout.channel()).await?;
+        Ok(manager)
+    }
+
+    /// Runs `script` with the prefix, the leader name and `args`, answering its fields. For
+    /// scripts that only read.
     pub(super) async fn run<T: redis::FromRedisValue>(
         &self,
         script: &redis::Script,
@@ -70,6 +327,133 @@ impl RedisCoordinator {
     ) -> Result<Vec<Vec<u8>>, CoordError> {
         self.run(script, args).await
     }
+
+    /// Runs `script`, which writes, as [`RedisCoordinator::run`] does; then, with
+    /// `redis.wait_replicas`, waits for that many replicas to have it. Fewer by the timeout
+    /// is `Unavailable`, as an answer lost: the write may or may not survive a failover.
+    pub(super) async fn write<T: redis::FromRedisValue>(
+        &self,
+        script: &redis::Script,
+        args: &[&[u8]],
+    ) -> Result<T, CoordError> {
+        let answer = self.replicated(Sent::Hash(script), args).await;
+        if answer.is_err() {
+            self.link.suspect();
+        }
+        answer
+    }
+
+    pub(super) async fn write_fields(
+        &self,
+        script: &redis::Script,
+        args: &[&[u8]],
+    ) -> Result<Vec<Vec<u8>>, CoordError> {
+        self.write(script, args).await
+    }
+
+    /// Runs `script`'s text with EVAL (one round trip whatever Redis's script cache holds),
+    /// then waits for replicas as [`RedisCoordinator::write`] does.
+    pub(super) async fn write_text<T: redis::FromRedisValue>(
+        &self,
+        script: &str,
+        args: &[&[u8]],
+    ) -> Result<T, CoordError> {
+        let answer = self.replicated(Sent::Text(script), args).await;
+        if answer.is_err() {
+            self.link.suspect();
+        }
+        answer
+    }
+
+    async fn replicated<T: redis::FromRedisValue>(
+        &self,
+        sent: Sent<'_>,
+        args: &[&[u8]],
+    ) -> Result<T, CoordError> {
+        let mut connection = self.connection().await?;
+        let wanted = self.settings.wait_replicas;
+        let command = sent.command(&self.settings.layout, args);
+        if wanted == 0 {
+            return match command.query_async(&mut connection).await {
+                Err(err) if is_no_script(&err) => {
+                    sent.load(&mut connection).await?;
+                    command.query_async(&mut connection).await
+                }
+                answer => answer,
+            }
+            .map_err(|err| unavailable(&err));
+        }
+        let timeout = self.settings.wait_replicas_timeout.as_millis().max(1) as u64;
+        let mut pipe = redis::pipe();
+        pipe.add_command(command)
+            .cmd("WAIT")
+            .arg(wanted)
+            .arg(timeout);
+        let (answer, confirmed): (T, u64) = match pipe.query_async(&mut connection).await {
+            Err(err) if is_no_script(&err) => {
+                sent.load(&mut connection).await?;
+                pipe.query_async(&mut connection).await
+            }
+            answer => answer,
+        }
+        .map_err(|err| unavailable(&err))?;
+        if confirmed < u64::from(wanted) {
+            return Err(CoordError::Unavailable(format!(
+                "redis: a write reached {confirmed} of the {wanted} replica(s) redis.wait_replicas asks for within redis.wait_replicas_timeout ({:?}), so it may not survive a failover and counts as unanswered: check the replicas (INFO replication on {})",
+                self.settings.wait_replicas_timeout,
+                self.describe()
+            )));
+        }
+        Ok(answer)
+    }
+}
+
+/// A script as sent: by its hash (`EVALSHA`, loaded if Redis lacks it) or as its text.
+#[derive(Clone, Copy)]
+enum Sent<'a> {
+    Hash(&'a redis::Script),
+    Text(&'a str),
+}
+
+impl Sent<'_> {
+    fn command(self, layout: &super::Layout, args: &[&[u8]]) -> redis::Cmd {
+        let mut command = match self {
+            Sent::Hash(script) => {
+                let mut command = redis::cmd("EVALSHA");
+                command.arg(script.get_hash());
+                command
+            }
+            Sent::Text(text) => {
+                let mut command = redis::cmd("EVAL");
+                command.arg(text);
+                command
+            }
+        };
+        command
+            .arg(0)
+            .arg(layout.prefix.as_bytes())
+            .arg(layout.leader.as_bytes());
+        for arg in args {
+            command.arg(*arg);
+        }
+        command
+    }
+
+    async fn load(self, connection: &mut ConnectionManager) -> Result<(), CoordError> {
+        if let Sent::Hash(script) = self {
+            script
+                .load_async(connection)
+                .await
+                .map_err(|err| unavailable(&err))?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether Redis lacks the script (also as the error of a pipeline's first command).
+fn is_no_script(err: &redis::RedisError) -> bool {
+    err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript)
+        || err.to_string().contains("NOSCRIPT")
 }
 
 /// Every Redis error may pass (a restart, a network fault, a replica being promoted, a
@@ -77,7 +461,7 @@ impl RedisCoordinator {
 /// `Unavailable`, with what Redis said.
 pub(super) fn unavailable(err: &redis::RedisError) -> CoordError {
     CoordError::Unavailable(format!(
-        "redis: {err}: check that Redis is up and reachable at redis.url"
+        "redis: {err}: check that Redis is up and reachable at redis.url, or through redis.sentinels"
     ))
 }
 
