@@ -125,7 +125,7 @@ struct BenchArgs {
     #[arg(long, default_value_t = 100_000)]
     memory_keys: usize,
     /// Run one section only.
-    #[arg(long, value_parser = ["server", "contention", "consumer", "backlog", "exec", "failover", "run", "groups", "schedules", "reports"])]
+    #[arg(long, value_parser = ["server", "contention", "consumer", "backlog", "exec", "failover", "run", "groups", "schedules", "reports", "gateway"])]
     only: Option<String>,
     /// Blocked queries (one per key) parked while their keys are written.
     #[arg(long, default_value_t = 10_000)]
@@ -140,8 +140,9 @@ struct BenchArgs {
     /// on another type), to compare with a drain without them.
     #[arg(long)]
     policies: bool,
-    /// The coordinator the consumer, failover, run, groups, schedules and reports sections
-    /// run on, started on loopback by the bench itself (its server must be installed); server and
+    /// The coordinator the consumer, failover, run, groups, schedules, reports and gateway
+    /// sections run on, started on loopback by the bench itself (its server must be
+    /// installed); server and
     /// contention always measure `leaderq server`, and the schedules section counts requests
     /// on it only.
     #[arg(long, default_value = "consul", value_parser = clap::builder::PossibleValuesParser::new(leaderq::config::BACKENDS))]

@@ -22,6 +22,7 @@ mod consumer;
 mod exec;
 mod failover;
 mod floor;
+mod gateway;
 mod groups;
 mod reports;
 mod run;
@@ -55,7 +56,7 @@ pub struct Options {
     /// SIGTERM handovers measured.
     pub handovers: usize,
     /// Run only this section ("server", "contention", "consumer", "backlog", "exec",
-    /// "failover", "run", "groups", "schedules" or "reports").
+    /// "failover", "run", "groups", "schedules", "reports" or "gateway").
     pub only: Option<String>,
     /// Blocked queries parked for the wake measurement among many watchers.
     pub watchers: usize,
@@ -292,6 +293,9 @@ pub async fn run(options: Options, as_json: bool) -> anyhow::Result<()> {
     }
     if wants("reports") {
         reports::section(&options, &mut report).await?;
+    }
+    if wants("gateway") {
+        gateway::section(&options, &mut report).await?;
     }
     if as_json {
         println!("{}", Value::Object(report.json));
