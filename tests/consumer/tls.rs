@@ -7,7 +7,7 @@
 //! (`CONSUL_CACERT`…, `ETCDCTL_CACERT`…); each wrong certificate (an unknown CA, none, an
 //! expired one, a server name the certificate does not carry, a missing file) stops
 //! `leaderq consume` at start with a message naming the setting; certificate files rewritten
-//! while a replica runs are what its next connections present; an etcd password file
+//! while a replica runs are what its next connections present (etcd, Redis); an etcd password file
 //! rewritten while the leader runs is used by its next authentication, without a restart.
 
 use testkit::harness::consul::{LeaderqServer, ServerTls};
@@ -273,6 +273,67 @@ async fn redis_tls_wrong_certificates_fail_fast() {
     wrong_certificates_fail_fast("redis").await;
 }
 
+/// Redis's client certificate files rewritten while the replica runs are what its next
+/// connection presents: rewritten with an expired certificate, Redis (restarted, so that the
+/// connection drops) refuses the replica and the queue stalls, its log naming
+/// `redis.cert_file`; rewritten with a good one again, the same process drains the queue.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_rotated_certificate_files_are_used_by_the_next_connection() {
+    let Some((mut bed, pki)) = tls_bed("redis") else {
+        return;
+    };
+    let (cert, key) = (
+        bed.dir.path().join("rotating.pem"),
+        bed.dir.path().join("rotating-key.pem"),
+    );
+    let install = |from_cert: &Path, from_key: &Path| {
+        std::fs::copy(from_cert, &cert).unwrap();
+        std::fs::copy(from_key, &key).unwrap();
+    };
+    install(&pki.client_cert, &pki.client_key);
+    let path = |p: &Path| format!("{:?}", p.display().to_string());
+    bed.settings = bed
+        .settings
+        .clone()
+        .set("redis", "ca_file", &path(&pki.ca))
+        .set("redis", "cert_file", &path(&cert))
+        .set("redis", "key_file", &path(&key));
+    bed.start_replica("r1");
+    bed.leader(Duration::from_secs(30)).await;
+    let task = |id: &str, time: u64| json!({"taskId": id, "taskTime": time, "taskType": "Work"});
+    bed.produce("first", &task("first", 1)).unwrap();
+    bed.wait_for_line(Duration::from_secs(20), |l| {
+        l[0] == "run" && l[1] == "first"
+    })
+    .await;
+    install(&pki.expired_cert, &pki.expired_key);
+    bed.cluster.restart_member(0).unwrap();
+    bed.produce("second", &task("second", 2)).unwrap();
+    // A new connection's handshake is tried a few times (about 7 s) before it fails.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        !bed.journal().iter().any(|l| l[1] == "second"),
+        "an expired certificate was taken: {:?}",
+        bed.journal()
+    );
+    let log = bed.replica("r1").log_text();
+    assert!(
+        log.contains("redis.cert_file"),
+        "no handshake refusal seen:\n{log}"
+    );
+    install(&pki.client_cert, &pki.client_key);
+    bed.wait_for_line(Duration::from_secs(30), |l| {
+        l[0] == "run" && l[1] == "second"
+    })
+    .await;
+    let replica = bed.replica("r1");
+    assert!(
+        replica.try_wait().is_none(),
+        "r1 exited:\n{}",
+        replica.log_text()
+    );
+}
+
 /// `leaderq server --verify-incoming` refuses a client without a certificate at the
 /// handshake, and answers one with a certificate its CA signed.
 #[tokio::test]
@@ -431,7 +492,8 @@ async fn etcd_rotated_certificate_files_are_used_by_the_next_connections() {
     bed.cluster.kill_member(0).unwrap();
     bed.cluster.restart_member(0).unwrap();
     bed.produce("second", &task("second", 2)).unwrap();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // A new connection's handshake is tried a few times (about 7 s) before it fails.
+    tokio::time::sleep(Duration::from_secs(10)).await;
     assert!(
         !bed.journal().iter().any(|l| l[1] == "second"),
         "an expired certificate was taken: {:?}",

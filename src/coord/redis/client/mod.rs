@@ -308,13 +308,16 @@ impl RedisCoordinator {
     }
 
     /// A connection's failure: a TLS handshake's before Redis ever answered is `Refused`,
-    /// naming the setting; any other, or later, `Unavailable`.
+    /// naming the setting (later `Unavailable`, still naming it); any other `Unavailable`.
     fn failed(&self, addr: &str, err: &redis::RedisError) -> CoordError {
-        match tls_failure(err) {
-            Some(why) if !self.link.answered.load(Ordering::Relaxed) => {
-                CoordError::Refused(format!("TLS to Redis at {addr} failed: {why}"))
-            }
-            _ => unavailable(err),
+        let Some(why) = tls_failure(err) else {
+            return unavailable(err);
+        };
+        let why = format!("TLS to Redis at {addr} failed: {why}");
+        if self.link.answered.load(Ordering::Relaxed) {
+            CoordError::Unavailable(why)
+        } else {
+            CoordError::Refused(why)
         }
     }
 
