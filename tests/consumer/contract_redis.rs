@@ -61,6 +61,7 @@ pub(crate) fn redis_coordinator(url: &str, prefix: &str) -> Arc<RedisCoordinator
             },
             request_timeout: Duration::from_secs(10),
             accept_data_loss: false,
+            tls: Default::default(),
         })
         .expect("a redis coordinator"),
     )

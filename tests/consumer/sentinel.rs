@@ -97,6 +97,7 @@ fn sentinel_coordinator(
             },
             request_timeout: Duration::from_secs(10),
             accept_data_loss: wait_replicas == 0,
+            tls: Default::default(),
         })
         .expect("a redis coordinator"),
     )

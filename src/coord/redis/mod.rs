@@ -129,6 +129,9 @@ pub struct RedisCoordSettings {
     /// Open leases on a Redis that can lose acknowledged writes (`durability.rs`) rather
     /// than refuse.
     pub accept_data_loss: bool,
+    /// TLS files for the data nodes (none set: none, or `rediss://` on the system's roots);
+    /// read when a client is made.
+    pub tls: crate::util::tls::TlsFiles,
 }
 
 /// The Redis backend of the coordinator seam: one per replica.
@@ -175,6 +178,7 @@ pub fn connect(
         },
         request_timeout: redis.request_timeout,
         accept_data_loss: redis.accept_data_loss,
+        tls: redis.tls(),
     })?;
     Ok(Arc::new(coord))
 }

@@ -2,7 +2,9 @@
 //! reads it: one Redis by `url`, or the primary that `sentinels` name under `master_name`
 //! (never both: `config.rs` sees which the user gave), and the replicas each write waits for
 //! (`wait_replicas`). The Redis server's own persistence settings, and whether a failover
-//! can lose acknowledged writes, are judged once connected (`durability.rs`).
+//! can lose acknowledged writes, are judged once connected (`durability.rs`). TLS files
+//! (`ca_file`, `cert_file`, `key_file`) are for the data nodes, with `rediss://` or behind
+//! Sentinel; `server_name` is refused (redis-rs checks the address's host).
 
 use std::io::Read as _;
 use std::path::Path;
@@ -12,6 +14,7 @@ use redis::IntoConnectionInfo;
 use serde::Deserialize;
 
 use crate::util::duration;
+use crate::util::tls::TlsFiles;
 
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -44,6 +47,14 @@ pub struct RedisSettings {
     /// Run on a Redis that can lose acknowledged writes (no AOF, `appendfsync no`, an
     /// eviction policy, settings that cannot be read) instead of refusing it at start.
     pub accept_data_loss: bool,
+    /// TLS to the data nodes: the CA that signed their certificates, and the client's own
+    /// certificate and key (`tls-auth-clients yes`). Any set needs `rediss://` (or
+    /// sentinels).
+    pub ca_file: String,
+    pub cert_file: String,
+    pub key_file: String,
+    /// Not supported by redis-rs: refused at start, with what to do.
+    pub server_name: String,
 }
 
 /// The longest password file read: a password is a line, and a larger file is not one.
@@ -92,6 +103,7 @@ impl RedisSettings {
         } else {
             redis.check_sentinels()?;
         }
+        redis.check_tls()?;
         if redis.wait_replicas > 0
             && (redis.wait_replicas_timeout.is_zero()
                 || redis.wait_replicas_timeout >= redis.request_timeout)
@@ -111,6 +123,36 @@ impl RedisSettings {
             return Err("redis.request_timeout must be more than 0s".into());
         }
         Ok(())
+    }
+
+    /// The section's TLS files; any set means TLS to the data nodes with them.
+    pub fn tls(&self) -> TlsFiles {
+        TlsFiles {
+            ca_file: self.ca_file.clone(),
+            cert_file: self.cert_file.clone(),
+            key_file: self.key_file.clone(),
+            server_name: String::new(),
+        }
+    }
+
+    fn check_tls(&self) -> Result<(), String> {
+        if !self.server_name.is_empty() {
+            return Err(format!(
+                "redis.server_name {:?}: redis-rs checks the data node's certificate against the host it connects to (redis.url's, or the address the sentinels give); connect by a name or address the certificate carries (or add it to the certificate) and leave server_name empty",
+                self.server_name
+            ));
+        }
+        let tls = self.tls();
+        if !tls.is_set() {
+            return Ok(());
+        }
+        if self.sentinels.is_empty() && !self.url.trim_start().starts_with("rediss://") {
+            return Err(format!(
+                "redis.ca_file, cert_file and key_file are for TLS, but redis.url {:?} is not rediss://: write rediss://host:port/db (Redis's tls-port), or remove the TLS files",
+                self.url
+            ));
+        }
+        tls.check("redis")
     }
 
     /// The sentinels as addresses to connect to.
@@ -294,6 +336,35 @@ mod tests {
                     ("LEADERQ__REDIS__WAIT_REPLICAS_TIMEOUT", "10s"),
                 ],
                 "less than redis.request_timeout",
+            ),
+        ] {
+            let err = load(&pairs).unwrap_err().to_string();
+            assert!(err.contains(wanted), "{pairs:?}: {err}");
+        }
+    }
+
+    /// TLS files need `rediss://` (or sentinels): with a `redis://` URL they are refused,
+    /// naming the way out; `redis.server_name` is refused with what to do; a certificate
+    /// without its key is refused naming both.
+    #[test]
+    fn tls_files_need_rediss_and_server_name_is_refused() {
+        let load = |pairs: &[(&str, &str)]| Settings::load(None, env(pairs));
+        let ca = ("LEADERQ__REDIS__CA_FILE", "/etc/leaderq/ca.pem");
+        let tls_url = ("LEADERQ__REDIS__URL", "rediss://redis.example:6380/0");
+        let settings = load(&[ca, tls_url]).unwrap();
+        assert!(settings.redis.tls().is_set());
+        let sentinels = ("LEADERQ__REDIS__SENTINELS", "127.0.0.1:26379");
+        let named = ("LEADERQ__REDIS__MASTER_NAME", "mymaster");
+        load(&[ca, sentinels, named]).unwrap();
+        for (pairs, wanted) in [
+            (vec![ca], "is not rediss://: write rediss://"),
+            (
+                vec![tls_url, ("LEADERQ__REDIS__SERVER_NAME", "redis.example")],
+                "redis.server_name",
+            ),
+            (
+                vec![tls_url, ("LEADERQ__REDIS__CERT_FILE", "/c.pem")],
+                "redis.key_file",
             ),
         ] {
             let err = load(&pairs).unwrap_err().to_string();

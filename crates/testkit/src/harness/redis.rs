@@ -4,6 +4,8 @@
 //! everything on a restart: for the tests of what leaderq refuses, and accepts.
 //! `produce` writes with the producers' documented command (`redis-cli EVAL` of
 //! [`leaderq::coord::redis::PRODUCE`]). Missing binaries skip or fail by [`super::external`].
+//! [`RedisServer::start_tls`] serves TLS alone (`--port 0 --tls-port`), asking every client
+//! for a certificate its CA signed; the harness's own `redis-cli` then presents the client's.
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
@@ -11,6 +13,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use super::pki::Pki;
 use super::{external, free_port, wait_for, Cluster, Proc};
 
 /// How long a started or restarted Redis may take to answer PING (it replays its AOF).
@@ -28,6 +31,8 @@ pub struct RedisServer {
     appendfsync: String,
     /// More arguments to redis-server (`--replicaof host port`), after the harness's own.
     extra: Vec<String>,
+    /// TLS alone on `port`, clients asked for a certificate (`--tls-auth-clients yes`).
+    tls: Option<Pki>,
     proc: Option<Proc>,
 }
 
@@ -47,6 +52,16 @@ impl RedisServer {
     /// A Redis as [`RedisServer::start_with`] starts one, given `extra` arguments as well
     /// (`["--replicaof", "127.0.0.1", "6379"]`: a replica of another).
     pub fn start_args(appendfsync: &str, extra: &[&str]) -> Option<RedisServer> {
+        RedisServer::start_full(appendfsync, extra, None)
+    }
+
+    /// A Redis serving TLS alone on its port with `pki`'s server certificate, asking every
+    /// client for one `pki.ca` signed (`--tls-auth-clients yes`).
+    pub fn start_tls(pki: &Pki) -> Option<RedisServer> {
+        RedisServer::start_full("always", &[], Some(pki.clone()))
+    }
+
+    fn start_full(appendfsync: &str, extra: &[&str], tls: Option<Pki>) -> Option<RedisServer> {
         let binary = external(&["redis-server"], "redis-server (apt install redis-server)")?;
         let cli = external(&["redis-cli"], "redis-tools (apt install redis-tools)")?;
         let dir = std::env::temp_dir().join(format!(
@@ -62,6 +77,7 @@ impl RedisServer {
             port: free_port(),
             appendfsync: appendfsync.to_string(),
             extra: extra.iter().map(|arg| arg.to_string()).collect(),
+            tls,
             proc: None,
         };
         if let Err(why) = server.spawn() {
@@ -70,9 +86,17 @@ impl RedisServer {
         Some(server)
     }
 
-    /// `redis://127.0.0.1:<port>/0`.
+    /// `redis://127.0.0.1:<port>/0` (`rediss://` with TLS).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/0", self.port)
+        format!("{}://127.0.0.1:{}/0", self.scheme(), self.port)
+    }
+
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        }
     }
 
     /// Its port on 127.0.0.1.
@@ -94,8 +118,20 @@ impl RedisServer {
 
     fn spawn(&mut self) -> Result<(), String> {
         let mut command = Command::new(&self.binary);
+        match &self.tls {
+            None => command.args(["--port", &self.port.to_string()]),
+            Some(pki) => command
+                .args(["--port", "0", "--tls-port", &self.port.to_string()])
+                .arg("--tls-cert-file")
+                .arg(&pki.server_cert)
+                .arg("--tls-key-file")
+                .arg(&pki.server_key)
+                .arg("--tls-ca-cert-file")
+                .arg(&pki.ca)
+                .args(["--tls-auth-clients", "yes"]),
+        };
         command
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--bind", "127.0.0.1"])
             .arg("--dir")
             .arg(&self.dir)
             .args(match self.appendfsync.as_str() {
@@ -108,7 +144,11 @@ impl RedisServer {
             .stderr(Stdio::null());
         self.proc = Some(Proc::spawn("redis-server", command)?);
         let port = self.port;
-        wait_for(READY_LIMIT, "redis-server answers PING", || ping(port)).map_err(|why| {
+        let answers = || match self.tls {
+            None => ping(port),
+            Some(_) => self.cli(&[b"PING"]).is_ok_and(|answer| answer == "PONG"),
+        };
+        wait_for(READY_LIMIT, "redis-server answers PING", answers).map_err(|why| {
             let log = std::fs::read_to_string(self.dir.join("redis.log")).unwrap_or_default();
             format!("{why}; its log:\n{log}")
         })
@@ -117,8 +157,19 @@ impl RedisServer {
     /// Runs `redis-cli` against the server with `args`; its standard output.
     pub fn cli(&self, args: &[&[u8]]) -> Result<String, String> {
         use std::os::unix::ffi::OsStrExt as _;
-        let output = Command::new(&self.cli)
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+        let mut command = Command::new(&self.cli);
+        command.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
+        if let Some(pki) = &self.tls {
+            command
+                .arg("--tls")
+                .arg("--cacert")
+                .arg(&pki.ca)
+                .arg("--cert")
+                .arg(&pki.client_cert)
+                .arg("--key")
+                .arg(&pki.client_key);
+        }
+        let output = command
             .args(args.iter().map(|a| std::ffi::OsStr::from_bytes(a)))
             .output()
             .map_err(|e| format!("cannot run redis-cli: {e}"))?;
@@ -174,7 +225,10 @@ impl Cluster for RedisServer {
         let addr = addrs.first().map_or("", String::as_str);
         vec![
             ("LEADERQ__COORDINATOR__BACKEND".into(), "redis".into()),
-            ("LEADERQ__REDIS__URL".into(), format!("redis://{addr}/0")),
+            (
+                "LEADERQ__REDIS__URL".into(),
+                format!("{}://{addr}/0", self.scheme()),
+            ),
             ("LEADERQ__REDIS__KEY_PREFIX".into(), PREFIX.into()),
         ]
     }

@@ -18,6 +18,12 @@
 //! reads the file again, and is made again if the password changed: the connection manager
 //! would log in again with the password it was made with.
 //!
+//! With TLS files (`redis.ca_file`, `cert_file`, `key_file`), the client presents the
+//! certificate to the data nodes and trusts the CA given; a suspect link reads the files
+//! again, and is made again if they changed (the manager reconnects with the certificates it
+//! was made with). A handshake that fails before Redis ever answered stops the start,
+//! naming the setting (`Refused`); afterwards it is retried as any network error.
+//!
 //! A write's `WAIT` is pipelined with it, so both go on one connection: a `WAIT` sent on a
 //! connection made again after the write would count none of its writes and answer at once.
 
@@ -27,12 +33,13 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{IntoConnectionInfo, ProtocolVersion};
+use redis::{ClientTlsConfig, IntoConnectionInfo, ProtocolVersion, TlsCertificates, TlsMode};
 
 use super::layout::{change_of, Change};
 use super::scripts::invoke;
 use super::{RedisCoordSettings, RedisCoordinator};
 use crate::coord::{CoordError, Leases as _};
+use crate::util::tls::explain;
 
 /// The longest pause between attempts to connect again: redis-rs doubles it without a
 /// ceiling, and a link back from a burst of resets stayed unused until the lease ended.
@@ -43,19 +50,53 @@ pub(super) enum Source {
     /// The one server `redis.url` names.
     Server(redis::ConnectionAddr),
     /// The primary the sentinels name, asked again when the link is suspect; with the
-    /// password its client gives the data nodes.
-    Sentinel(Box<tokio::sync::Mutex<(SentinelClient, String)>>),
+    /// password and certificates its client gives the data nodes.
+    Sentinel(Box<tokio::sync::Mutex<(SentinelClient, Login)>>),
+}
+
+/// What a client logs in with: the password, and the TLS files' stamps (a rotated file
+/// changes them).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Login {
+    password: String,
+    stamp: Vec<Option<(std::time::SystemTime, u64)>>,
+}
+
+impl Login {
+    /// The password (`redis.password_file`'s, read now) and the TLS files' stamps now.
+    fn now(settings: &RedisCoordSettings) -> Result<Login, String> {
+        Ok(Login {
+            password: password(settings)?,
+            stamp: settings.tls.stamp(),
+        })
+    }
+}
+
+/// The data nodes' certificates from the TLS files, read now; `None` without any.
+fn certificates(settings: &RedisCoordSettings) -> Result<Option<TlsCertificates>, String> {
+    if !settings.tls.is_set() {
+        return Ok(None);
+    }
+    let material = settings.tls.load("redis")?;
+    Ok(Some(TlsCertificates {
+        client_tls: material.identity.map(|identity| ClientTlsConfig {
+            client_cert: identity.cert_pem,
+            client_key: identity.key_pem,
+        }),
+        root_cert: material.ca_pem,
+    }))
 }
 
 impl Source {
     pub(super) fn new(settings: &RedisCoordSettings) -> Result<Source, CoordError> {
-        let password = password(settings).map_err(CoordError::Refused)?;
+        let login = Login::now(settings).map_err(CoordError::Refused)?;
+        let certs = certificates(settings).map_err(CoordError::Refused)?;
         if settings.sentinels.is_empty() {
-            let client = server(settings, &password)?;
+            let client = server(settings, &login.password, certs)?;
             return Ok(Source::Server(client.get_connection_info().addr().clone()));
         }
-        let client = sentinels_client(settings, &password)?;
-        let sentinels = tokio::sync::Mutex::new((client, password));
+        let client = sentinels_client(settings, &login.password, certs)?;
+        let sentinels = tokio::sync::Mutex::new((client, login));
         Ok(Source::Sentinel(Box::new(sentinels)))
     }
 
@@ -74,10 +115,11 @@ fn password(settings: &RedisCoordSettings) -> Result<String, String> {
     }
 }
 
-/// The client of the sentinels, which gives the data nodes `password`.
+/// The client of the sentinels, which gives the data nodes `password`, and `certs` over TLS.
 fn sentinels_client(
     settings: &RedisCoordSettings,
     password: &str,
+    certs: Option<TlsCertificates>,
 ) -> Result<SentinelClient, CoordError> {
     let refused = |err: redis::RedisError| {
         CoordError::Refused(format!("redis.sentinels: {err}: fix the [redis] settings"))
@@ -97,12 +139,21 @@ fn sentinels_client(
     if !settings.sentinel_password.is_empty() {
         builder = builder.set_client_to_sentinel_password(&settings.sentinel_password);
     }
+    if let Some(certs) = certs {
+        builder = builder
+            .set_client_to_redis_tls_mode(TlsMode::Secure)
+            .set_client_to_redis_certificates(certs);
+    }
     builder.build().map_err(refused)
 }
 
 /// The client of the one server `settings.url` names, with `password` (if not empty, over
-/// the URL's) and RESP3.
-fn server(settings: &RedisCoordSettings, password: &str) -> Result<redis::Client, CoordError> {
+/// the URL's), RESP3, and `certs` (a `rediss://` URL).
+fn server(
+    settings: &RedisCoordSettings,
+    password: &str,
+    certs: Option<TlsCertificates>,
+) -> Result<redis::Client, CoordError> {
     let info = settings
         .url
         .as_str()
@@ -123,16 +174,19 @@ fn server(settings: &RedisCoordSettings, password: &str) -> Result<redis::Client
         redis_settings = redis_settings.set_password(password);
     }
     let info = info.set_redis_settings(redis_settings);
-    redis::Client::open(info)
-        .map_err(|err| CoordError::Refused(format!("redis.url: {err}: fix the [redis] settings")))
+    match certs {
+        None => redis::Client::open(info),
+        Some(certs) => redis::Client::build_with_tls(info, certs),
+    }
+    .map_err(|err| CoordError::Refused(format!("redis.url: {err}: fix the [redis] settings")))
 }
 
-/// The connection in use: its manager, where it goes, the password it logged in with.
+/// The connection in use: its manager, where it goes, what it logged in with.
 #[derive(Clone)]
 struct Current {
     manager: ConnectionManager,
     addr: String,
-    password: String,
+    login: Login,
 }
 
 /// The connection in use, and whether it is suspect.
@@ -142,6 +196,9 @@ pub(super) struct Link {
     /// One connect, or one question to the sentinels, at a time.
     connecting: tokio::sync::Mutex<()>,
     suspect: Arc<AtomicBool>,
+    /// Whether Redis ever answered a connection: before, a failed TLS handshake stops the
+    /// start; after, it is retried.
+    answered: AtomicBool,
 }
 
 impl Link {
@@ -161,11 +218,11 @@ impl Link {
         self.now().map(|current| current.manager)
     }
 
-    /// The manager in use if it goes to `addr` (any, for `None`) with `password`, no longer
+    /// The manager in use if it goes to `addr` (any, for `None`) with `login`, no longer
     /// suspect.
-    fn still(&self, addr: Option<&str>, password: &str) -> Option<ConnectionManager> {
+    fn still(&self, addr: Option<&str>, login: &Login) -> Option<ConnectionManager> {
         let current = self.now()?;
-        if addr.is_some_and(|addr| addr != current.addr) || current.password != password {
+        if addr.is_some_and(|addr| addr != current.addr) || current.login != *login {
             return None;
         }
         self.suspect.store(false, Ordering::Relaxed);
@@ -174,6 +231,7 @@ impl Link {
 
     fn set(&self, current: Current) {
         self.suspect.store(false, Ordering::Relaxed);
+        self.answered.store(true, Ordering::Relaxed);
         *self
             .current
             .lock()
@@ -198,9 +256,11 @@ impl RedisCoordinator {
 
     /// The connection to Redis (behind Sentinel, to the primary), made on first use, and
     /// made again when it is suspect and the sentinels name another primary or the password
-    /// file holds another password.
+    /// file holds another password or the TLS files changed.
     pub(super) async fn connection(&self) -> Result<ConnectionManager, CoordError> {
-        let checked = self.source.follows() || self.settings.password_file.is_some();
+        let checked = self.source.follows()
+            || self.settings.password_file.is_some()
+            || self.settings.tls.is_set();
         if let Some(manager) = self.link.usable(checked) {
             return Ok(manager);
         }
@@ -208,21 +268,22 @@ impl RedisCoordinator {
         if let Some(manager) = self.link.usable(checked) {
             return Ok(manager);
         }
-        let password = password(&self.settings).map_err(|why| {
+        let login = Login::now(&self.settings).map_err(|why| {
             CoordError::Unavailable(format!("{why}; until then Redis cannot be logged in to"))
         })?;
         let client = match &self.source {
             Source::Server(_) => {
-                if let Some(manager) = self.link.still(None, &password) {
+                if let Some(manager) = self.link.still(None, &login) {
                     // The manager reconnects to the one server by itself.
                     return Ok(manager);
                 }
-                server(&self.settings, &password)?
+                let certs = certificates(&self.settings).map_err(|why| self.unreadable(why))?;
+                server(&self.settings, &login.password, certs)?
             }
             Source::Sentinel(sentinels) => {
-                let found = self.primary(sentinels, &password).await?;
+                let found = self.primary(sentinels, &login).await?;
                 let addr = found.get_connection_info().addr().to_string();
-                if let Some(manager) = self.link.still(Some(&addr), &password) {
+                if let Some(manager) = self.link.still(Some(&addr), &login) {
                     return Ok(manager);
                 }
                 if let Some(was) = self.current_address().filter(|was| *was != addr) {
@@ -237,27 +298,52 @@ impl RedisCoordinator {
         let manager = self
             .manager(client)
             .await
-            .map_err(|err| unavailable(&err))?;
+            .map_err(|err| self.failed(&addr, &err))?;
         self.link.set(Current {
             manager: manager.clone(),
             addr,
-            password,
+            login,
         });
         Ok(manager)
     }
 
+    /// A connection's failure: a TLS handshake's before Redis ever answered is `Refused`,
+    /// naming the setting (later `Unavailable`, still naming it); any other `Unavailable`.
+    fn failed(&self, addr: &str, err: &redis::RedisError) -> CoordError {
+        let Some(why) = tls_failure(err) else {
+            return unavailable(err);
+        };
+        let why = format!("TLS to Redis at {addr} failed: {why}");
+        if self.link.answered.load(Ordering::Relaxed) {
+            CoordError::Unavailable(why)
+        } else {
+            CoordError::Refused(why)
+        }
+    }
+
+    /// TLS files that cannot be read (or hold no certificate): refused before Redis ever
+    /// answered; later, a rotation half done, retried.
+    fn unreadable(&self, why: String) -> CoordError {
+        if self.link.answered.load(Ordering::Relaxed) {
+            CoordError::Unavailable(format!("{why}; until then Redis cannot be reached"))
+        } else {
+            CoordError::Refused(why)
+        }
+    }
+
     /// A client of the primary the sentinels name, which says it is one, logging in with
-    /// `password` (the sentinels' client is made again if it held another).
+    /// `login` (the sentinels' client is made again if it held another).
     async fn primary(
         &self,
-        sentinels: &tokio::sync::Mutex<(SentinelClient, String)>,
-        password: &str,
+        sentinels: &tokio::sync::Mutex<(SentinelClient, Login)>,
+        login: &Login,
     ) -> Result<redis::Client, CoordError> {
         let mut sentinels = sentinels.lock().await;
-        if sentinels.1 != password {
+        if sentinels.1 != *login {
+            let certs = certificates(&self.settings).map_err(|why| self.unreadable(why))?;
             *sentinels = (
-                sentinels_client(&self.settings, password)?,
-                password.to_string(),
+                sentinels_client(&self.settings, &login.password, certs)?,
+                login.clone(),
             );
         }
         tokio::time::timeout(self.settings.request_timeout, sentinels.0.async_get_client())
@@ -269,6 +355,9 @@ impl RedisCoordinator {
                 ))
             })?
             .map_err(|err| {
+                if let CoordError::Refused(why) = self.failed("the primary", &err) {
+                    return CoordError::Refused(why);
+                }
                 CoordError::Unavailable(format!(
                     "redis: sentinels: {err}: check that the sentinels at redis.sentinels are up, monitor redis.master_name {:?}, and that the primary they name answers",
                     self.settings.master_name
@@ -448,6 +537,19 @@ impl Sent<'_> {
         }
         Ok(())
     }
+}
+
+/// What a failed TLS handshake in `err` says, naming the setting; `None` for any other
+/// failure. redis-rs keeps the I/O error (which wraps rustls's) behind an `Arc`, whose
+/// `source` skips it: it is looked into as well.
+fn tls_failure(err: &redis::RedisError) -> Option<String> {
+    if let Some(why) = explain("redis", err) {
+        return Some(why);
+    }
+    let inner = std::error::Error::source(err)?
+        .downcast_ref::<Arc<dyn std::error::Error + Send + Sync>>()?;
+    let inner: &(dyn std::error::Error + 'static) = inner.as_ref();
+    explain("redis", inner)
 }
 
 /// Whether Redis lacks the script (also as the error of a pipeline's first command).
