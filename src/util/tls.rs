@@ -67,6 +67,17 @@ impl Clone for Identity {
 }
 
 impl TlsFiles {
+    /// The four, from a section's flat keys (`server_name` empty where the backend's client
+    /// cannot check another name).
+    pub fn new(ca_file: &str, cert_file: &str, key_file: &str, server_name: &str) -> TlsFiles {
+        TlsFiles {
+            ca_file: ca_file.to_string(),
+            cert_file: cert_file.to_string(),
+            key_file: key_file.to_string(),
+            server_name: server_name.to_string(),
+        }
+    }
+
     /// Whether any of the four is set (a client with none keeps its library's defaults).
     pub fn is_set(&self) -> bool {
         !(self.ca_file.is_empty()

@@ -31,12 +31,12 @@ pub struct ConsulSettings {
 impl ConsulSettings {
     /// The section's four TLS keys as one value.
     pub fn tls_files(&self) -> TlsFiles {
-        TlsFiles {
-            ca_file: self.ca_file.clone(),
-            cert_file: self.cert_file.clone(),
-            key_file: self.key_file.clone(),
-            server_name: self.server_name.clone(),
-        }
+        TlsFiles::new(
+            &self.ca_file,
+            &self.cert_file,
+            &self.key_file,
+            &self.server_name,
+        )
     }
 
     /// The section's own checks; the message names the key.

@@ -30,12 +30,12 @@ pub struct EtcdSettings {
 impl EtcdSettings {
     /// The section's four TLS keys as one value.
     pub fn tls_files(&self) -> TlsFiles {
-        TlsFiles {
-            ca_file: self.ca_file.clone(),
-            cert_file: self.cert_file.clone(),
-            key_file: self.key_file.clone(),
-            server_name: self.server_name.clone(),
-        }
+        TlsFiles::new(
+            &self.ca_file,
+            &self.cert_file,
+            &self.key_file,
+            &self.server_name,
+        )
     }
 
     /// What `[etcd]` must hold, checked at start with the other settings.

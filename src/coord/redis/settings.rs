@@ -127,12 +127,7 @@ impl RedisSettings {
 
     /// The section's TLS files; any set means TLS to the data nodes with them.
     pub fn tls(&self) -> TlsFiles {
-        TlsFiles {
-            ca_file: self.ca_file.clone(),
-            cert_file: self.cert_file.clone(),
-            key_file: self.key_file.clone(),
-            server_name: String::new(),
-        }
+        TlsFiles::new(&self.ca_file, &self.cert_file, &self.key_file, "")
     }
 
     fn check_tls(&self) -> Result<(), String> {

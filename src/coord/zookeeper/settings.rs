@@ -72,11 +72,6 @@ impl ZookeeperSettings {
 
     /// The section's TLS files; any set means TLS on the secure client port.
     pub fn tls(&self) -> TlsFiles {
-        TlsFiles {
-            ca_file: self.ca_file.clone(),
-            cert_file: self.cert_file.clone(),
-            key_file: self.key_file.clone(),
-            server_name: String::new(),
-        }
+        TlsFiles::new(&self.ca_file, &self.cert_file, &self.key_file, "")
     }
 }
