@@ -330,6 +330,13 @@ impl Registry {
             .any(|policy| policy.priority.is_some())
     }
 
+    /// Whether `task_type` has a rate of its own.
+    pub fn has_rate(&self, task_type: &str) -> bool {
+        self.policies
+            .get(task_type)
+            .is_some_and(|policy| policy.rate.is_some())
+    }
+
     /// The types with a rate of their own, and their rates.
     pub fn rates(&self) -> impl Iterator<Item = (&str, crate::util::rate::Rate)> {
         self.policies

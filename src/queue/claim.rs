@@ -132,7 +132,7 @@ impl Queue {
             tasks: 0,
         };
         for task in backlog.pending().take(max_tasks) {
-            if self.registry.policy(&task.task_type).rate.is_some() {
+            if self.registry.has_rate(&task.task_type) {
                 break; // Claimed where its rate is counted (`slots.rs`), after a listing.
             }
             let candidate = Candidate::new(&task, leadership, &self.node_id, now);

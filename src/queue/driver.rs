@@ -153,7 +153,7 @@ impl Queue {
             rates: None,
         };
         let mut term = Term::new(self.settings.concurrency, self.settings.claim_batch);
-        let rated = |kind: &str| self.registry.policy(kind).rate.is_some();
+        let rated = |kind: &str| self.registry.has_rate(kind);
         if self.registry.rates().next().is_some() && shell.work.backlog.has_pending_of(rated) {
             // A type's rate is decided task by task, as the slots choose them. Without a
             // task of a rated type pending, claims are batched (and stop before one that

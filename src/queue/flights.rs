@@ -73,7 +73,7 @@ impl Queue {
     /// Whether the next pending task is of a type with a rate.
     fn next_is_rated(&self, backlog: &super::backlog::Backlog) -> bool {
         let next = backlog.pending().next();
-        next.is_some_and(|task| self.registry.policy(&task.task_type).rate.is_some())
+        next.is_some_and(|task| self.registry.has_rate(&task.task_type))
     }
 
     /// A later claim whose earlier one did not hold: its answer is applied and what it

@@ -382,11 +382,14 @@ pub fn explain(section: &str, error: &(dyn StdError + 'static)) -> Option<String
             return Some(explain_rustls(section, tls));
         }
         // An I/O error's `source` skips the error it wraps (hyper-rustls wraps rustls's
-        // error in two): look inside it instead.
-        next = match error
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-        {
+        // error in two), and so does an `Arc`'s (redis-rs shares its I/O errors in one):
+        // look inside them instead.
+        let io = error.downcast_ref::<std::io::Error>();
+        let wrapped = io.and_then(|io| io.get_ref()).or_else(|| {
+            let shared = error.downcast_ref::<Arc<dyn StdError + Send + Sync>>();
+            shared.map(|arc| arc.as_ref())
+        });
+        next = match wrapped {
             Some(inner) => Some(inner as &(dyn StdError + 'static)),
             None => error.source(),
         };

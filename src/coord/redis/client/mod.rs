@@ -310,7 +310,7 @@ impl RedisCoordinator {
     /// A connection's failure: a TLS handshake's before Redis ever answered is `Refused`,
     /// naming the setting (later `Unavailable`, still naming it); any other `Unavailable`.
     fn failed(&self, addr: &str, err: &redis::RedisError) -> CoordError {
-        let Some(why) = tls_failure(err) else {
+        let Some(why) = explain("redis", err) else {
             return unavailable(err);
         };
         let why = format!("TLS to Redis at {addr} failed: {why}");
@@ -537,19 +537,6 @@ impl Sent<'_> {
         }
         Ok(())
     }
-}
-
-/// What a failed TLS handshake in `err` says, naming the setting; `None` for any other
-/// failure. redis-rs keeps the I/O error (which wraps rustls's) behind an `Arc`, whose
-/// `source` skips it: it is looked into as well.
-fn tls_failure(err: &redis::RedisError) -> Option<String> {
-    if let Some(why) = explain("redis", err) {
-        return Some(why);
-    }
-    let inner = std::error::Error::source(err)?
-        .downcast_ref::<Arc<dyn std::error::Error + Send + Sync>>()?;
-    let inner: &(dyn std::error::Error + 'static) = inner.as_ref();
-    explain("redis", inner)
 }
 
 /// Whether Redis lacks the script (also as the error of a pipeline's first command).

@@ -71,7 +71,12 @@ pub(super) async fn check_handshake(
         let shaken = tokio::time::timeout(CHECK_TIMEOUT, connector.connect(name, tcp)).await;
         let mut stream = match shaken {
             Ok(Ok(stream)) => stream,
-            Ok(Err(err)) => return Err(refusal(address, &err)),
+            Ok(Err(err)) => {
+                let why = explain("zookeeper", &err).unwrap_or_else(|| {
+                    format!("check zookeeper.ca_file, zookeeper.cert_file and zookeeper.key_file: {err}")
+                });
+                return Err(refused(address, why));
+            }
             Err(_) => continue,
         };
         let asked = async {
@@ -79,23 +84,18 @@ pub(super) async fn check_handshake(
             let mut answer = [0u8; 64];
             stream.read(&mut answer).await
         };
+        // A dropped connection is not a refusal: only the peer's TLS alert is.
         return match tokio::time::timeout(CHECK_TIMEOUT, asked).await {
-            Ok(Err(err)) if is_tls_refusal(&err) => Err(refusal(address, &err)),
+            Ok(Err(err)) => match explain("zookeeper", &err) {
+                Some(why) => Err(refused(address, why)),
+                None => Ok(()),
+            },
             _ => Ok(()),
         };
     }
     Ok(())
 }
 
-/// Whether an I/O error is the peer's TLS alert (a refusal), not a dropped connection.
-fn is_tls_refusal(err: &std::io::Error) -> bool {
-    err.get_ref()
-        .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
-}
-
-fn refusal(address: &str, err: &std::io::Error) -> CoordError {
-    let why = explain("zookeeper", err).unwrap_or_else(|| {
-        format!("check zookeeper.ca_file, zookeeper.cert_file and zookeeper.key_file: {err}")
-    });
+fn refused(address: &str, why: String) -> CoordError {
     CoordError::Refused(format!("TLS to ZooKeeper at {address} failed: {why}"))
 }
