@@ -24,7 +24,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
-use redis::aio::ConnectionManager;
+use super::client::Connection;
 
 use super::{unavailable, RedisCoordinator};
 use crate::coord::{CoordError, Leases};
@@ -211,7 +211,7 @@ impl RedisCoordinator {
 /// and `INFO memory` for what CONFIG did not answer (renamed, or forbidden to this user).
 /// A command Redis refuses leaves its settings unread; a transport error is an error.
 async fn read_server_settings(
-    connection: &ConnectionManager,
+    connection: &Connection,
 ) -> Result<ServerSettings, redis::RedisError> {
     let config = |name: &'static str| {
         let mut connection = connection.clone();

@@ -17,7 +17,7 @@
 
 use std::sync::Arc;
 
-use redis::aio::ConnectionManager;
+use super::client::Connection;
 use tokio::sync::{Mutex, OwnedMutexGuard};
 use tokio_util::task::AbortOnDropHandle;
 
@@ -47,7 +47,7 @@ pub(super) struct Rebuilding {
 
 /// What a rebuild needs, owned, so that it can run on a task of its own.
 struct Rebuild {
-    connection: ConnectionManager,
+    connection: Connection,
     layout: Layout,
     script: redis::Script,
 }
@@ -80,7 +80,7 @@ impl RedisCoordinator {
         }
     }
 
-    fn rebuild(&self, connection: ConnectionManager) -> Rebuild {
+    fn rebuild(&self, connection: Connection) -> Rebuild {
         Rebuild {
             connection,
             layout: self.settings.layout.clone(),

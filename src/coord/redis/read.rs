@@ -9,7 +9,7 @@
 //! a wait from that version returns at once and reads again; a task that is gone by the
 //! time its fields are read is left out, and one rewritten meanwhile reads as it is now.
 
-use redis::aio::ConnectionManager;
+use super::client::Connection;
 
 use super::index::whole;
 use super::layout::{encode, holders, number, task_rows, text, TaskFields, TaskRows, INDEXED};
@@ -73,7 +73,7 @@ impl RedisCoordinator {
     /// `ZSCORE` reads it.
     async fn first_page(
         &self,
-        connection: &mut ConnectionManager,
+        connection: &mut Connection,
         prefix: &str,
         with_mark: bool,
     ) -> Result<(Page, Option<f64>), CoordError> {
@@ -99,7 +99,7 @@ impl RedisCoordinator {
     /// [`Self::read_tasks`] from its first `page` of keys on.
     async fn read_pages(
         &self,
-        connection: &mut ConnectionManager,
+        connection: &mut Connection,
         prefix: &str,
         mut page: Page,
     ) -> Result<TaskRows, CoordError> {
@@ -174,7 +174,7 @@ impl RedisCoordinator {
     /// `keys` read as `fields` after `counter`, with the PTTL of each lease holding one.
     async fn rows(
         &self,
-        connection: &mut ConnectionManager,
+        connection: &mut Connection,
         counter: u64,
         keys: Vec<String>,
         fields: Vec<TaskFields>,

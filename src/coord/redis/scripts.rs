@@ -11,7 +11,7 @@
 //!
 //! The arguments of the queue's scripts and the reading of their answers are `plan.rs`'s.
 
-use redis::aio::ConnectionManager;
+use super::client::Connection;
 
 use crate::coord::{CoordError, HolderRecord};
 
@@ -416,7 +416,7 @@ impl Scripts {
 
 /// Runs `script` on `connection` with `layout`'s prefix and leader name, then `args`.
 pub async fn invoke<T: redis::FromRedisValue>(
-    connection: &mut ConnectionManager,
+    connection: &mut Connection,
     layout: &Layout,
     script: &redis::Script,
     args: &[&[u8]],

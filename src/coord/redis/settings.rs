@@ -3,8 +3,8 @@
 //! (never both: `config.rs` sees which the user gave), and the replicas each write waits for
 //! (`wait_replicas`). The Redis server's own persistence settings, and whether a failover
 //! can lose acknowledged writes, are judged once connected (`durability.rs`). TLS files
-//! (`ca_file`, `cert_file`, `key_file`) are for the data nodes, with `rediss://` or behind
-//! Sentinel; `server_name` is refused (redis-rs checks the address's host).
+//! (`ca_file`, `cert_file`, `key_file`) and `server_name` are for the data nodes, with
+//! `rediss://` or behind Sentinel.
 
 use std::io::Read as _;
 use std::path::Path;
@@ -53,7 +53,8 @@ pub struct RedisSettings {
     pub ca_file: String,
     pub cert_file: String,
     pub key_file: String,
-    /// Not supported by redis-rs: refused at start, with what to do.
+    /// The name the data nodes' certificates are checked against (and sent as SNI), when
+    /// not the host connected to.
     pub server_name: String,
 }
 
@@ -127,23 +128,22 @@ impl RedisSettings {
 
     /// The section's TLS files; any set means TLS to the data nodes with them.
     pub fn tls(&self) -> TlsFiles {
-        TlsFiles::new(&self.ca_file, &self.cert_file, &self.key_file, "")
+        TlsFiles::new(
+            &self.ca_file,
+            &self.cert_file,
+            &self.key_file,
+            &self.server_name,
+        )
     }
 
     fn check_tls(&self) -> Result<(), String> {
-        if !self.server_name.is_empty() {
-            return Err(format!(
-                "redis.server_name {:?}: redis-rs checks the data node's certificate against the host it connects to (redis.url's, or the address the sentinels give); connect by a name or address the certificate carries (or add it to the certificate) and leave server_name empty",
-                self.server_name
-            ));
-        }
         let tls = self.tls();
         if !tls.is_set() {
             return Ok(());
         }
         if self.sentinels.is_empty() && !self.url.trim_start().starts_with("rediss://") {
             return Err(format!(
-                "redis.ca_file, cert_file and key_file are for TLS, but redis.url {:?} is not rediss://: write rediss://host:port/db (Redis's tls-port), or remove the TLS files",
+                "redis.ca_file, cert_file, key_file and server_name are for TLS, but redis.url {:?} is not rediss://: write rediss://host:port/db (Redis's tls-port), or remove the TLS files",
                 self.url
             ));
         }
@@ -338,11 +338,11 @@ mod tests {
         }
     }
 
-    /// TLS files need `rediss://` (or sentinels): with a `redis://` URL they are refused,
-    /// naming the way out; `redis.server_name` is refused with what to do; a certificate
-    /// without its key is refused naming both.
+    /// TLS files and a server name need `rediss://` (or sentinels): with a `redis://` URL
+    /// they are refused, naming the way out; a certificate without its key is refused
+    /// naming both.
     #[test]
-    fn tls_files_need_rediss_and_server_name_is_refused() {
+    fn tls_files_and_a_server_name_need_rediss() {
         let load = |pairs: &[(&str, &str)]| Settings::load(None, env(pairs));
         let ca = ("LEADERQ__REDIS__CA_FILE", "/etc/leaderq/ca.pem");
         let tls_url = ("LEADERQ__REDIS__URL", "rediss://redis.example:6380/0");
@@ -351,11 +351,14 @@ mod tests {
         let sentinels = ("LEADERQ__REDIS__SENTINELS", "127.0.0.1:26379");
         let named = ("LEADERQ__REDIS__MASTER_NAME", "mymaster");
         load(&[ca, sentinels, named]).unwrap();
+        let name = ("LEADERQ__REDIS__SERVER_NAME", "redis.internal.example");
+        let renamed = load(&[tls_url, name]).unwrap();
+        assert_eq!(renamed.redis.tls().server_name, "redis.internal.example");
         for (pairs, wanted) in [
             (vec![ca], "is not rediss://: write rediss://"),
             (
-                vec![tls_url, ("LEADERQ__REDIS__SERVER_NAME", "redis.example")],
-                "redis.server_name",
+                vec![("LEADERQ__REDIS__SERVER_NAME", "redis.example")],
+                "is not rediss://: write rediss://",
             ),
             (
                 vec![tls_url, ("LEADERQ__REDIS__CERT_FILE", "/c.pem")],

@@ -31,15 +31,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
 use redis::{ClientTlsConfig, IntoConnectionInfo, ProtocolVersion, TlsCertificates, TlsMode};
 
-use super::layout::{change_of, Change};
 use super::scripts::invoke;
 use super::{RedisCoordSettings, RedisCoordinator};
 use crate::coord::{CoordError, Leases as _};
 use crate::util::tls::explain;
+
+mod connection;
+
+pub(crate) use connection::Connection;
 
 /// The longest pause between attempts to connect again: redis-rs doubles it without a
 /// ceiling, and a link back from a burst of resets stayed unused until the lease ended.
@@ -184,7 +186,7 @@ fn server(
 /// The connection in use: its manager, where it goes, what it logged in with.
 #[derive(Clone)]
 struct Current {
-    manager: ConnectionManager,
+    manager: Connection,
     addr: String,
     login: Login,
 }
@@ -211,7 +213,7 @@ impl Link {
 
     /// The manager in use, unless it is suspect and `checked` (behind Sentinel, or with a
     /// password file): then where it goes, or with what, is asked again first.
-    fn usable(&self, checked: bool) -> Option<ConnectionManager> {
+    fn usable(&self, checked: bool) -> Option<Connection> {
         if checked && self.suspect.load(Ordering::Relaxed) {
             return None;
         }
@@ -219,10 +221,13 @@ impl Link {
     }
 
     /// The manager in use if it goes to `addr` (any, for `None`) with `login`, no longer
-    /// suspect.
-    fn still(&self, addr: Option<&str>, login: &Login) -> Option<ConnectionManager> {
+    /// suspect; never a connection that does not reconnect by itself (it may be closed).
+    fn still(&self, addr: Option<&str>, login: &Login) -> Option<Connection> {
         let current = self.now()?;
-        if addr.is_some_and(|addr| addr != current.addr) || current.login != *login {
+        if addr.is_some_and(|addr| addr != current.addr)
+            || current.login != *login
+            || !current.manager.reconnects()
+        {
             return None;
         }
         self.suspect.store(false, Ordering::Relaxed);
@@ -250,17 +255,18 @@ impl RedisCoordinator {
     }
 
     /// The connection made so far, if any, without making one.
-    pub(super) fn current_connection(&self) -> Option<ConnectionManager> {
+    pub(super) fn current_connection(&self) -> Option<Connection> {
         self.link.now().map(|current| current.manager)
     }
 
     /// The connection to Redis (behind Sentinel, to the primary), made on first use, and
     /// made again when it is suspect and the sentinels name another primary or the password
     /// file holds another password or the TLS files changed.
-    pub(super) async fn connection(&self) -> Result<ConnectionManager, CoordError> {
+    pub(super) async fn connection(&self) -> Result<Connection, CoordError> {
         let checked = self.source.follows()
             || self.settings.password_file.is_some()
-            || self.settings.tls.is_set();
+            || self.settings.tls.is_set()
+            || !self.settings.tls.server_name.is_empty();
         if let Some(manager) = self.link.usable(checked) {
             return Ok(manager);
         }
@@ -296,7 +302,7 @@ impl RedisCoordinator {
         };
         let addr = client.get_connection_info().addr().to_string();
         let manager = self
-            .manager(client)
+            .connect(client)
             .await
             .map_err(|err| self.failed(&addr, &err))?;
         self.link.set(Current {
@@ -365,39 +371,6 @@ impl RedisCoordinator {
             })
     }
 
-    /// A connection manager on `client`, subscribed to the changes channel.
-    async fn manager(&self, client: redis::Client) -> Result<ConnectionManager, redis::RedisError> {
-        let changes = self.changes.clone();
-        let heard = self.heard.clone();
-        let suspect = self.link.suspect.clone();
-        let config = ConnectionManagerConfig::new()
-            .set_max_delay(RECONNECT_MAX_DELAY)
-            .set_connection_timeout(Some(self.settings.request_timeout))
-            .set_response_timeout(Some(self.settings.request_timeout))
-            .set_automatic_resubscription()
-            .set_push_sender(move |info: redis::PushInfo| {
-                match info.kind {
-                    redis::PushKind::Message => {
-                        heard.fetch_add(1, Ordering::Relaxed);
-                        // [channel, message]
-                        let change = match info.data.last() {
-                            Some(redis::Value::BulkString(message)) => change_of(message),
-                            _ => Change::Any,
-                        };
-                        // No waiter listening is no error.
-                        let _ = changes.send(change);
-                    }
-                    // The primary died, or was demoted (Sentinel closes its clients).
-                    redis::PushKind::Disconnection => suspect.store(true, Ordering::Relaxed),
-                    _ => {}
-                }
-                Ok::<(), std::convert::Infallible>(())
-            });
-        let mut manager = ConnectionManager::new_with_config(client, config).await?;
-        manager.subscribe(self.settings.layout.channel()).await?;
-        Ok(manager)
-    }
-
     /// Runs `script` with the prefix, the leader name and `args`, answering its fields. For
     /// scripts that only read.
     pub(super) async fn run<T: redis::FromRedisValue>(
@@ -406,7 +379,12 @@ impl RedisCoordinator {
         args: &[&[u8]],
     ) -> Result<T, CoordError> {
         let mut connection = self.connection().await?;
-        invoke(&mut connection, &self.settings.layout, script, args).await
+        let answer = invoke(&mut connection, &self.settings.layout, script, args).await;
+        if answer.is_err() && !connection.reconnects() {
+            // Closed, perhaps without a word: made again on the next call.
+            self.link.suspect();
+        }
+        answer
     }
 
     pub(super) async fn fields(
@@ -528,7 +506,7 @@ impl Sent<'_> {
         command
     }
 
-    async fn load(self, connection: &mut ConnectionManager) -> Result<(), CoordError> {
+    async fn load(self, connection: &mut Connection) -> Result<(), CoordError> {
         if let Sent::Hash(script) = self {
             script
                 .load_async(connection)
