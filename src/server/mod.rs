@@ -84,8 +84,12 @@ pub struct Config {
     pub limits: Limits,
     /// HTTPS instead of HTTP on the listener, when set (`--cert-file`, `--key-file`,
     /// `--ca-file`, `--verify-incoming`).
-    pub tls: Option<Arc<rustls::ServerConfig>>,
+    pub tls: Option<Tls>,
 }
+
+/// The listener's HTTPS configuration, built again from its files when they are rewritten
+/// (a rotated certificate or CA is what the next connection's handshake uses).
+pub type Tls = Arc<crate::util::reload::Reloading<Arc<rustls::ServerConfig>>>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -179,7 +183,7 @@ pub struct Server {
     shared: Arc<Shared>,
     writer: std::thread::JoinHandle<Result<(), StoreError>>,
     stop_writer: mpsc::Sender<ToWriter>,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<Tls>,
 }
 
 impl Server {
@@ -309,20 +313,29 @@ impl Server {
 
 /// The HTTPS configuration from the server's `--cert-file`, `--key-file`, `--ca-file` and
 /// `--verify-incoming` (refusals name the flag); `None` (plain HTTP) without a certificate.
+/// The files are read again when rewritten: a configuration that cannot be built from them
+/// keeps the last good one, with a warning.
 pub fn tls_config(
     files: &crate::util::tls::TlsFiles,
     verify_incoming: bool,
-) -> Result<Option<Arc<rustls::ServerConfig>>, String> {
-    let flag = |key: &str| format!("--{}", key.replace('_', "-"));
+) -> Result<Option<Tls>, String> {
     if files.cert_file.is_empty() && files.key_file.is_empty() {
         if verify_incoming || !files.ca_file.is_empty() {
             return Err("--ca-file and --verify-incoming need --cert-file and --key-file".into());
         }
         return Ok(None);
     }
-    let material = files.load_as(&flag)?;
-    let config = crate::util::tls::server_config(&material, verify_incoming, &flag)?;
-    Ok(Some(Arc::new(config)))
+    let paths = files.paths();
+    let files = files.clone();
+    let build = move || {
+        let flag = |key: &str| format!("--{}", key.replace('_', "-"));
+        let material = files.load_as(&flag)?;
+        let config = crate::util::tls::server_config(&material, verify_incoming, &flag)?;
+        Ok(Arc::new(config))
+    };
+    Ok(Some(Arc::new(crate::util::reload::Reloading::new(
+        paths, build,
+    )?)))
 }
 
 /// Binds, starts and serves until `shutdown`: what `leaderq server` runs.

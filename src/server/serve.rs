@@ -122,10 +122,10 @@ pub async fn run(
     listener: TcpListener,
     app: Router,
     limits: Limits,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<super::Tls>,
     stop: impl Future<Output = ()>,
 ) {
-    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let acceptor = tls;
     let clients = Arc::new(Clients {
         open: Mutex::new(HashMap::new()),
         max: limits.max_conns_per_client,
@@ -217,11 +217,14 @@ async fn serve_connection(
     app: Router,
     limits: Limits,
     shutdown: CancellationToken,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Option<super::Tls>,
 ) {
-    let Some(acceptor) = tls else {
+    let Some(tls) = tls else {
         return serve_http(stream, app, limits, shutdown).await;
     };
+    // The configuration as its files are now: a rotated certificate is used from the next
+    // connection on.
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.get());
     let handshake = tokio::time::timeout(limits.header_timeout, acceptor.accept(stream));
     let stream = tokio::select! {
         _ = shutdown.cancelled() => return,

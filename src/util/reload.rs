@@ -27,6 +27,14 @@ pub struct Reloading<T> {
     state: Mutex<Loaded<T>>,
 }
 
+impl<T> std::fmt::Debug for Reloading<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloading")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
 struct Loaded<T> {
     value: T,
     stamps: Vec<Option<(SystemTime, u64)>>,
@@ -94,11 +102,7 @@ fn contents(files: &[String]) -> Vec<Option<Vec<u8>>> {
 /// connections: reqwest's own TLS set-up when none is given, else our rustls configuration
 /// (client certificate, server name; `util/tls.rs`).
 pub fn http_client(files: &TlsFiles, section: &str) -> Result<Reloading<reqwest::Client>, String> {
-    let paths = [&files.ca_file, &files.cert_file, &files.key_file]
-        .into_iter()
-        .filter(|path| !path.is_empty())
-        .cloned()
-        .collect();
+    let paths = files.paths();
     let (files, section) = (files.clone(), section.to_string());
     Reloading::new(paths, move || {
         let builder = reqwest::Client::builder()
@@ -169,9 +173,7 @@ mod tests {
         std::fs::write(&empty, "  \n").expect("write");
         for path in [dir.path().join("missing"), empty] {
             let path = path.to_string_lossy().into_owned();
-            let error = secret_file("etcd.password_file", &path)
-                .err()
-                .expect("refused");
+            let error = secret_file("etcd.password_file", &path).expect_err("refused");
             assert!(error.starts_with("etcd.password_file: "), "{error}");
             assert!(error.contains(&path), "{error}");
         }

@@ -144,14 +144,19 @@ impl TlsFiles {
         Ok(material)
     }
 
-    /// The files' modification times and lengths, to tell a rotation (a rewritten file)
-    /// from no change; a file that cannot be read counts as `None`.
-    pub fn stamp(&self) -> Vec<Option<(SystemTime, u64)>> {
+    /// The files given, of the three.
+    pub fn paths(&self) -> Vec<String> {
         [&self.ca_file, &self.cert_file, &self.key_file]
             .into_iter()
             .filter(|path| !path.is_empty())
-            .map(|path| file_stamp(path))
+            .cloned()
             .collect()
+    }
+
+    /// The files' modification times and lengths, to tell a rotation (a rewritten file)
+    /// from no change; a file that cannot be read counts as `None`.
+    pub fn stamp(&self) -> Vec<Option<(SystemTime, u64)>> {
+        self.paths().iter().map(|path| file_stamp(path)).collect()
     }
 }
 

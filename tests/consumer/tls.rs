@@ -427,6 +427,51 @@ async fn tls_server_refuses_a_client_without_a_certificate() {
     assert_ne!(String::from_utf8_lossy(&plain.stdout), "200");
 }
 
+/// `leaderq server`'s certificate files rewritten while it runs (another CA's certificate
+/// and key) are what its next connection's handshake presents, without a restart: a client
+/// trusting the old CA is refused from then on, one trusting the new CA is answered.
+#[tokio::test]
+async fn tls_server_certificate_rotated_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::generate(&dir.path().join("pki")).unwrap();
+    let next = Pki::generate(&dir.path().join("next")).unwrap();
+    let server = LeaderqServer::start_tls(
+        common::exe(),
+        "127.0.0.1:0",
+        &dir.path().join("server"),
+        &[],
+        ServerTls {
+            pki: pki.clone(),
+            verify_incoming: false,
+        },
+    )
+    .unwrap();
+    let url = server.url("/v1/status/leader");
+    let code = |ca: &Path| {
+        let output = std::process::Command::new("curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", "--cacert"])
+            .arg(ca)
+            .arg(&url)
+            .output()
+            .expect("curl runs");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    assert_eq!(code(&pki.ca), "200", "before the rotation");
+    assert_eq!(code(&next.ca), "000", "the next CA before the rotation");
+    std::fs::copy(&next.server_cert, &pki.server_cert).unwrap();
+    std::fs::copy(&next.server_key, &pki.server_key).unwrap();
+    // Read again on a changed stamp, or at the latest a second on.
+    let started = Instant::now();
+    while code(&next.ca) != "200" {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the rotated certificate is never presented"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(code(&pki.ca), "000", "the old CA after the rotation");
+}
+
 /// etcd's password file rewritten while the leader runs (root's password changed in etcd,
 /// so the old one is refused): the leader's next authentication reads the new one, and it
 /// goes on draining without a restart.
