@@ -53,6 +53,7 @@ pub(crate) fn redis_coordinator(url: &str, prefix: &str) -> Arc<RedisCoordinator
             sentinels: Vec::new(),
             master_name: String::new(),
             sentinel_password: String::new(),
+            sentinel_tls: false,
             wait_replicas: 0,
             wait_replicas_timeout: Duration::from_secs(1),
             layout: Layout {

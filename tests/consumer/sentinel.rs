@@ -5,7 +5,8 @@
 //! enqueue was acknowledged runs and the fencing tokens never fall nor repeat across leaders;
 //! without it a replica refuses to lead unless `redis.accept_data_loss` says so. A replica
 //! promoted without the last writes still hands out a higher token, and the contract suite
-//! holds through Sentinel with the wait on.
+//! holds through Sentinel with the wait on. The failover drain runs again with every link on
+//! TLS (data nodes and sentinels asking for client certificates).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -89,6 +90,7 @@ fn sentinel_coordinator(
             sentinels,
             master_name: MASTER_NAME.into(),
             sentinel_password: String::new(),
+            sentinel_tls: false,
             wait_replicas,
             wait_replicas_timeout: Duration::from_secs(2),
             layout: Layout {
@@ -255,7 +257,31 @@ async fn through_sentinel_acknowledged_tasks_survive_a_failover_and_tokens_never
     let Some(cluster) = RedisSentinels::start() else {
         return;
     };
+    survive_failovers(sentinel_bed(cluster)).await;
+}
+
+/// The same on a hardened deployment: the data nodes serve TLS alone and ask every client
+/// for a certificate (replicating over TLS), and so do the sentinels; the replicas of leaderq
+/// reach both with the certificates from `[redis]` (`sentinel_tls = true`), checking the data
+/// nodes' against `server_name`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_sentinel_over_tls_acknowledged_tasks_survive_a_failover() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = testkit::harness::pki::Pki::generate(dir.path()).expect("certificates");
+    let Some(cluster) = RedisSentinels::start_tls(&pki, true) else {
+        return;
+    };
     let mut bed = sentinel_bed(cluster);
+    // The data nodes' certificates checked against a name, not the address the sentinels
+    // give: the connection leaderq makes again itself at each failover.
+    bed.env.push((
+        "LEADERQ__REDIS__SERVER_NAME".into(),
+        testkit::harness::pki::SERVER_NAME.into(),
+    ));
+    survive_failovers(bed).await;
+}
+
+async fn survive_failovers(mut bed: SentinelBed) {
     for node in ["r1", "r2"] {
         bed.start_replica(node);
     }

@@ -119,6 +119,8 @@ pub struct RedisCoordSettings {
     pub master_name: String,
     /// The sentinels' own password, when not empty.
     pub sentinel_password: String,
+    /// The sentinels are reached over TLS (their `tls-port`), with the TLS files.
+    pub sentinel_tls: bool,
     /// Replicas each write waits for (`WAIT`); 0 for none.
     pub wait_replicas: u32,
     /// How long one `WAIT` may take.
@@ -170,6 +172,7 @@ pub fn connect(
         sentinels: redis.sentinel_addrs().map_err(CoordError::Refused)?,
         master_name: redis.master_name.clone(),
         sentinel_password: redis.sentinel_password.clone(),
+        sentinel_tls: redis.sentinel_tls,
         wait_replicas: redis.wait_replicas,
         wait_replicas_timeout: redis.wait_replicas_timeout,
         layout: Layout {

@@ -33,6 +33,9 @@ pub struct RedisSettings {
     pub master_name: String,
     /// The sentinels' own password (`requirepass` in their config), if they need one.
     pub sentinel_password: String,
+    /// Reach the sentinels over TLS (sentinels serving `tls-port`), with the same CA and
+    /// client certificate as the data nodes; off: plain TCP to the sentinels.
+    pub sentinel_tls: bool,
     /// Replicas that must have each of leaderq's writes (`WAIT`) before it counts as
     /// acknowledged; 0 waits for none.
     pub wait_replicas: u32,
@@ -184,9 +187,12 @@ impl RedisSettings {
 
     fn check_url(&self) -> Result<(), String> {
         let redis = self;
-        if !redis.master_name.is_empty() || !redis.sentinel_password.is_empty() {
+        if !redis.master_name.is_empty()
+            || !redis.sentinel_password.is_empty()
+            || redis.sentinel_tls
+        {
             return Err(
-                "redis.master_name and redis.sentinel_password need redis.sentinels (the sentinels' host:port): set it, or remove them to use redis.url"
+                "redis.master_name, redis.sentinel_password and redis.sentinel_tls need redis.sentinels (the sentinels' host:port): set it, or remove them to use redis.url"
                     .into(),
             );
         }

@@ -61,6 +61,12 @@ impl RedisServer {
         RedisServer::start_full("always", &[], Some(pki.clone()))
     }
 
+    /// A Redis serving TLS alone as [`RedisServer::start_tls`] starts one, given `extra`
+    /// arguments as well (`--replicaof`, `--tls-replication yes`).
+    pub fn start_tls_args(pki: &Pki, extra: &[&str]) -> Option<RedisServer> {
+        RedisServer::start_full("always", extra, Some(pki.clone()))
+    }
+
     fn start_full(appendfsync: &str, extra: &[&str], tls: Option<Pki>) -> Option<RedisServer> {
         let binary = external(&["redis-server"], "redis-server (apt install redis-server)")?;
         let cli = external(&["redis-cli"], "redis-tools (apt install redis-tools)")?;

@@ -5,12 +5,16 @@
 //! replica's promotion within seconds. Replicas of leaderq are pointed at the sentinels
 //! (`redis.sentinels`, `redis.master_name`) and wait for one replica's acknowledgement of
 //! every write (`redis.wait_replicas = 1`) unless a test says otherwise. Member `i` is data
-//! node `i`; node 0 is the first primary.
+//! node `i`; node 0 is the first primary. [`RedisSentinels::start_tls`] runs the data nodes
+//! on TLS alone (replicating over TLS, asking every client for a certificate), the sentinels
+//! reaching them with the client's certificate, and the sentinels themselves on TLS alone
+//! too if asked.
 
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
+use super::pki::Pki;
 use super::redis::{RedisServer, PREFIX};
 use super::{external, free_port, wait_for, Cluster, Proc};
 
@@ -30,6 +34,8 @@ pub struct RedisSentinels {
     nodes: Vec<RedisServer>,
     sentinels: Vec<Sentinel>,
     cli: PathBuf,
+    /// The certificates of TLS data nodes, and whether the sentinels serve TLS too.
+    tls: Option<(Pki, bool)>,
 }
 
 struct Sentinel {
@@ -43,19 +49,38 @@ impl RedisSentinels {
     /// sentinels; `None` when redis-server, redis-cli or redis-sentinel is not installed
     /// (see [`external`]).
     pub fn start() -> Option<RedisSentinels> {
+        RedisSentinels::start_with(None)
+    }
+
+    /// The same with the data nodes on TLS alone with `pki`'s certificates (replicating
+    /// over TLS, `--tls-auth-clients yes`), and the sentinels on TLS alone too when
+    /// `sentinels_tls`.
+    pub fn start_tls(pki: &Pki, sentinels_tls: bool) -> Option<RedisSentinels> {
+        RedisSentinels::start_with(Some((pki.clone(), sentinels_tls)))
+    }
+
+    fn start_with(tls: Option<(Pki, bool)>) -> Option<RedisSentinels> {
         let sentinel_binary = external(
             &["redis-sentinel"],
             "redis-sentinel (apt install redis-sentinel)",
         )?;
         let cli = external(&["redis-cli"], "redis-tools (apt install redis-tools)")?;
-        let primary = RedisServer::start()?;
+        let node = |extra: &[&str]| match &tls {
+            None => RedisServer::start_args("always", extra),
+            Some((pki, _)) => {
+                let extra: Vec<&str> = extra
+                    .iter()
+                    .copied()
+                    .chain(["--tls-replication", "yes"])
+                    .collect();
+                RedisServer::start_tls_args(pki, &extra)
+            }
+        };
+        let primary = node(&[])?;
         let port = primary.port().to_string();
         let mut nodes = vec![primary];
         for _ in 0..2 {
-            nodes.push(RedisServer::start_args(
-                "always",
-                &["--replicaof", "127.0.0.1", &port],
-            )?);
+            nodes.push(node(&["--replicaof", "127.0.0.1", &port])?);
         }
         let mut sentinels = Vec::new();
         for _ in 0..3 {
@@ -67,10 +92,29 @@ impl RedisSentinels {
             std::fs::create_dir_all(&dir).expect("create the sentinel's directory");
             let sentinel_port = free_port();
             let conf = dir.join("sentinel.conf");
+            let listen = match &tls {
+                Some((pki, sentinels_tls)) => {
+                    // TLS to the data nodes (and between sentinels serving TLS), with the
+                    // client's certificate.
+                    let ports = if *sentinels_tls {
+                        format!("port 0\ntls-port {sentinel_port}\n")
+                    } else {
+                        format!("port {sentinel_port}\n")
+                    };
+                    format!(
+                        "{ports}tls-replication yes\ntls-auth-clients yes\n\
+                         tls-cert-file {}\ntls-key-file {}\ntls-ca-cert-file {}\n",
+                        pki.server_cert.display(),
+                        pki.server_key.display(),
+                        pki.ca.display()
+                    )
+                }
+                None => format!("port {sentinel_port}\n"),
+            };
             std::fs::write(
                 &conf,
                 format!(
-                    "port {sentinel_port}\nbind 127.0.0.1\ndaemonize no\ndir {dir}\n\
+                    "{listen}bind 127.0.0.1\ndaemonize no\ndir {dir}\n\
                      logfile sentinel.log\n\
                      sentinel monitor {MASTER_NAME} 127.0.0.1 {port} 2\n\
                      sentinel down-after-milliseconds {MASTER_NAME} {DOWN_AFTER_MS}\n\
@@ -96,6 +140,7 @@ impl RedisSentinels {
             nodes,
             sentinels,
             cli,
+            tls,
         };
         let settled = wait_for(SETTLE_LIMIT, "the sentinels know every node", || {
             cluster.sentinels.iter().all(|sentinel| {
@@ -118,8 +163,19 @@ impl RedisSentinels {
 
     /// Runs `redis-cli` against the sentinel on `port`; its standard output.
     fn sentinel_cli(&self, port: u16, args: &[&str]) -> Result<String, String> {
-        let output = Command::new(&self.cli)
-            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        let mut command = Command::new(&self.cli);
+        command.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+        if let Some((pki, true)) = &self.tls {
+            command
+                .arg("--tls")
+                .arg("--cacert")
+                .arg(&pki.ca)
+                .arg("--cert")
+                .arg(&pki.client_cert)
+                .arg("--key")
+                .arg(&pki.client_key);
+        }
+        let output = command
             .args(args)
             .output()
             .map_err(|e| format!("cannot run redis-cli: {e}"))?;
@@ -239,14 +295,28 @@ impl Cluster for RedisSentinels {
     }
 
     fn env_at(&self, addrs: &[String]) -> Vec<(String, String)> {
-        vec![
+        let mut env = vec![
             ("LEADERQ__COORDINATOR__BACKEND".into(), "redis".into()),
             ("LEADERQ__REDIS__SENTINELS".into(), addrs.join(",")),
             ("LEADERQ__REDIS__MASTER_NAME".into(), MASTER_NAME.into()),
             ("LEADERQ__REDIS__KEY_PREFIX".into(), PREFIX.into()),
             ("LEADERQ__REDIS__WAIT_REPLICAS".into(), "1".into()),
             ("LEADERQ__REDIS__WAIT_REPLICAS_TIMEOUT".into(), "2s".into()),
-        ]
+        ];
+        if let Some((pki, sentinels_tls)) = &self.tls {
+            for (key, file) in [
+                ("CA_FILE", &pki.ca),
+                ("CERT_FILE", &pki.client_cert),
+                ("KEY_FILE", &pki.client_key),
+            ] {
+                env.push((format!("LEADERQ__REDIS__{key}"), file.display().to_string()));
+            }
+            env.push((
+                "LEADERQ__REDIS__SENTINEL_TLS".into(),
+                sentinels_tls.to_string(),
+            ));
+        }
+        env
     }
 
     fn members(&self) -> usize {

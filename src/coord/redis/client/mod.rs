@@ -126,10 +126,19 @@ fn sentinels_client(
     let refused = |err: redis::RedisError| {
         CoordError::Refused(format!("redis.sentinels: {err}: fix the [redis] settings"))
     };
-    let addrs = settings
-        .sentinels
-        .iter()
-        .map(|(host, port)| redis::ConnectionAddr::Tcp(host.clone(), *port));
+    let addrs = settings.sentinels.iter().map(|(host, port)| {
+        let (host, port) = (host.clone(), *port);
+        if settings.sentinel_tls {
+            redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                tls_params: None,
+            }
+        } else {
+            redis::ConnectionAddr::Tcp(host, port)
+        }
+    });
     let mut builder =
         SentinelClientBuilder::new(addrs, &settings.master_name, SentinelServerType::Master)
             .map_err(refused)?
@@ -140,6 +149,13 @@ fn sentinels_client(
     }
     if !settings.sentinel_password.is_empty() {
         builder = builder.set_client_to_sentinel_password(&settings.sentinel_password);
+    }
+    if settings.sentinel_tls {
+        // The sentinels' certificates are checked against their addresses as given.
+        builder = builder.set_client_to_sentinel_tls_mode(TlsMode::Secure);
+        if let Some(certs) = &certs {
+            builder = builder.set_client_to_sentinel_certificates(certs.clone());
+        }
     }
     if let Some(certs) = certs {
         builder = builder
