@@ -171,6 +171,26 @@ pub trait Tasks: Send + Sync {
         wait: Duration,
     ) -> impl Future<Output = Result<(Vec<StoredTask>, Version), CoordError>> + Send;
 
+    /// [`Tasks::list`], each entry handed to `each` as it is read rather than all answered
+    /// together, so that a caller keeping less than the entries (the leader, of a large
+    /// backlog) never holds the whole listing. The same entries, in the same order, at the
+    /// same version; an error may come after some were handed on. By default, `list`'s
+    /// entries handed on one by one; a backend that reads its listing in pieces hands each
+    /// on as it arrives.
+    fn list_each(
+        &self,
+        prefix: &str,
+        after: Version,
+        wait: Duration,
+        each: &mut (dyn FnMut(StoredTask) + Send),
+    ) -> impl Future<Output = Result<Version, CoordError>> + Send {
+        async move {
+            let (entries, version) = self.list(prefix, after, wait).await?;
+            entries.into_iter().for_each(&mut *each);
+            Ok(version)
+        }
+    }
+
     /// The keys under `prefix` and the queue's version, without values: a cheap look.
     fn keys(
         &self,
@@ -250,6 +270,21 @@ pub trait Coordinator: Send + Sync {
         after: Version,
         wait: Duration,
     ) -> CoordFuture<'a, (Vec<StoredTask>, Version)>;
+    /// [`Tasks::list_each`]; by default `list`'s entries handed on, for a double that
+    /// implements this trait directly.
+    fn list_each<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Version,
+        wait: Duration,
+        each: &'a mut (dyn FnMut(StoredTask) + Send),
+    ) -> CoordFuture<'a, Version> {
+        Box::pin(async move {
+            let (entries, version) = self.list(prefix, after, wait).await?;
+            entries.into_iter().for_each(&mut *each);
+            Ok(version)
+        })
+    }
     /// [`Tasks::keys`].
     fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Names, Version)>;
     /// [`Tasks::get`].
@@ -330,6 +365,16 @@ impl<C: Leases + Elections + Tasks> Coordinator for C {
         wait: Duration,
     ) -> CoordFuture<'a, (Vec<StoredTask>, Version)> {
         Box::pin(Tasks::list(self, prefix, after, wait))
+    }
+
+    fn list_each<'a>(
+        &'a self,
+        prefix: &'a str,
+        after: Version,
+        wait: Duration,
+        each: &'a mut (dyn FnMut(StoredTask) + Send),
+    ) -> CoordFuture<'a, Version> {
+        Box::pin(Tasks::list_each(self, prefix, after, wait, each))
     }
 
     fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Names, Version)> {

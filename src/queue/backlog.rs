@@ -11,13 +11,15 @@
 //! Pure: no I/O, no clock read, no spawn; checked by `tidy.rs`.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::coord::{LeaseId, Names, StoredTask, TaskVersion};
+use super::pending::{Incoming, Order, Out, PendingSet, Popped};
+use super::sort::{Held, Relisted};
+use crate::coord::{Names, StoredTask, TaskVersion};
 use crate::task::Task;
 
 /// Least time between two looks at the queue's keys while the leader works through a
@@ -102,18 +104,11 @@ pub type KeyHash = foldhash::fast::RandomState;
 /// A set of task keys. A key is held once, shared by the sets and the pending tasks.
 pub type Keys = HashSet<Arc<str>, KeyHash>;
 
-/// A pending task's place in claim order: `Task::order_key`, owned (its priority as
-/// resolved when it was sorted out: its own `taskPriority`, else its type's).
-type Place = (Reverse<i32>, DateTime<Utc>, u64, Arc<str>);
-
-/// Where a pending task is in `pending` (its place without the key) and its version.
-type Where = (Reverse<i32>, DateTime<Utc>, u64, TaskVersion);
-
-/// A pending task as the backlog holds it: its place in claim order and what a claim
-/// needs besides (the version, the value as read, the group). The backlog holds every
-/// pending task of a large backlog, and a parsed `Task` takes several times this: the
-/// task is parsed again from its value when it is looked at or taken (a value that parsed
-/// once parses the same again).
+/// A pending task as the backlog takes it in: its place in claim order (its priority as
+/// resolved when it was sorted out: its own `taskPriority`, else its type's) and what a
+/// claim needs besides (the version, the value as read, the group). The backlog holds it
+/// compactly (`pending.rs`), and parses it again from its value when it is looked at or
+/// taken (a value that parsed once parses the same again).
 #[derive(Debug)]
 pub struct Pending {
     key: Arc<str>,
@@ -127,9 +122,41 @@ pub struct Pending {
 }
 
 impl Pending {
-    /// The task's key, shared with the sets that name it.
-    pub fn key(&self) -> &Arc<str> {
-        &self.key
+    /// The size of its value.
+    pub(super) fn value_len(&self) -> usize {
+        self.value.len()
+    }
+
+    /// The task as the pending set takes it, without its value unless `keep_value` (it is
+    /// then read again before it is claimed).
+    pub(super) fn incoming(&mut self, keep_value: bool) -> Incoming<'_> {
+        Incoming {
+            key: &self.key,
+            order: Order {
+                priority: Reverse(self.priority),
+                time: self.time,
+                created: self.created,
+            },
+            version: self.version,
+            value: keep_value.then(|| std::mem::take(&mut self.value)),
+            kind: &self.kind,
+            group: &self.group,
+        }
+    }
+}
+
+impl From<Popped> for Pending {
+    fn from(popped: Popped) -> Pending {
+        Pending {
+            key: Arc::from(popped.key.as_str()),
+            kind: popped.kind.into_boxed_str(),
+            priority: popped.order.priority.0,
+            time: popped.order.time,
+            created: popped.order.created,
+            version: popped.version,
+            value: popped.value.expect("a pending task's value is held"),
+            group: popped.group.into_boxed_str(),
+        }
     }
 }
 
@@ -153,77 +180,51 @@ impl From<Task> for Pending {
     }
 }
 
-/// What the backlog keeps of a pending task beside its place.
-#[derive(Debug)]
-struct Slot {
-    version: TaskVersion,
-    value: Box<[u8]>,
-    group: Box<str>,
-    /// Its `taskType`, as its index in the backlog's `Kinds`.
-    kind: u32,
-}
-
-/// The task types of the backlog's tasks, each held once: a pending task names its type by
-/// its index here (a type is a handler's name, and a queue has a handful).
-#[derive(Debug, Default)]
-struct Kinds {
-    names: Vec<Arc<str>>,
-    index: HashMap<Arc<str>, u32, KeyHash>,
-}
-
-impl Kinds {
-    /// The index of `kind`, added if it is new.
-    fn index(&mut self, kind: &str) -> u32 {
-        if let Some(&at) = self.index.get(kind) {
-            return at;
-        }
-        let at = u32::try_from(self.names.len()).unwrap_or(u32::MAX);
-        let name: Arc<str> = Arc::from(kind);
-        self.names.push(name.clone());
-        self.index.insert(name, at);
-        at
-    }
-
-    /// The type at `at`.
-    fn name(&self, at: u32) -> &str {
-        self.names.get(at as usize).map_or("", |name| name)
-    }
-}
-
-/// The task at `place` with `value`, parsed again as it was when listed.
-fn task_of(place: &Place, version: TaskVersion, value: Vec<u8>) -> Task {
+/// The task of `key` at `order` with `value`, parsed again as it was when listed.
+fn task_of(key: &str, order: Order, version: TaskVersion, value: Vec<u8>) -> Task {
     let pair = StoredTask {
-        key: place.3.to_string(),
+        key: key.to_string(),
         value,
         version,
-        created: place.2,
+        created: order.created,
         holder: None,
     };
     match Task::parse_owned(pair) {
         Ok(mut task) => {
-            task.priority = Some(place.0 .0);
+            task.priority = Some(order.priority.0);
             task
         }
         Err((invalid, _)) => unreachable!("a pending task's value parsed when listed: {invalid}"),
     }
 }
 
+/// A pending task read out of the set, parsed again.
+fn task_out(out: Out<'_>) -> Task {
+    let value = out.value.expect("a pending task's value is held").to_vec();
+    task_of(out.key, out.order, out.version, value)
+}
+
+/// A pending task taken out of the set, parsed again.
+fn task_popped(popped: Popped) -> Task {
+    let value = popped.value.expect("a pending task's value is held");
+    task_of(&popped.key, popped.order, popped.version, value.into_vec())
+}
+
 /// The leader's picture of the queue between two listings: pending tasks in claim order,
 /// tasks waiting for their backoff, and every key it knows of. Finding, adding or dropping
-/// one task costs O(log N), not O(N): a drain touches every task of the backlog several
-/// times.
+/// one task costs O(log N) at most, not O(N): a drain touches every task of the backlog
+/// several times.
 #[derive(Debug)]
 pub struct Backlog {
-    pending: BTreeMap<Place, Slot>,
-    kinds: Kinds,
-    /// Where each pending task is in `pending` (its time and creation), and its version, by key.
-    places: HashMap<Arc<str>, Where, KeyHash>,
+    pending: PendingSet,
     /// Tasks not eligible before a time: a retry's notBefore, a producer's runAt, or a key
     /// refused for a while by the coordinator.
     delayed: Vec<(DateTime<Utc>, Task)>,
     /// The earliest time in `delayed` (or one before it): until then, nothing is due and
     /// `next` does not look through them, however many wait.
     due_from: Option<DateTime<Utc>>,
+    /// The keys known besides the pending tasks' (in flight, foreign, delayed, set aside):
+    /// a key is in `pending` or here, never both.
     known: Keys,
     listed_at: DateTime<Utc>,
     list_cost: Duration,
@@ -238,8 +239,9 @@ pub struct Backlog {
 }
 
 impl Backlog {
-    /// The picture a listing at `now` gave, which took `list_cost`: `known` holds every key
-    /// listed that is still there (in flight, foreign and delayed ones included).
+    /// The picture a listing at `now` gave, which took `list_cost`: `known` holds the keys
+    /// listed that are not pending (in flight, foreign and delayed ones included).
+    #[cfg(test)]
     pub fn new(
         pending: Vec<impl Into<Pending>>,
         delayed: Vec<(DateTime<Utc>, Task)>,
@@ -247,38 +249,28 @@ impl Backlog {
         now: DateTime<Utc>,
         list_cost: Duration,
     ) -> Backlog {
-        let listed = pending.len();
-        // Built in one go from the tasks sorted: its nodes full, where inserting them one
-        // by one in order would leave each about half full. The index by key is built
-        // after, once the listing's own vector and the sort's scratch space are freed.
-        let mut kinds = Kinds::default();
-        let pending: BTreeMap<Place, Slot> = pending
-            .into_iter()
-            .map(|task| {
-                let task: Pending = task.into();
-                (
-                    (Reverse(task.priority), task.time, task.created, task.key),
-                    Slot {
-                        version: task.version,
-                        value: task.value,
-                        group: task.group,
-                        kind: kinds.index(&task.kind),
-                    },
-                )
-            })
-            .collect();
-        let mut places = HashMap::with_capacity_and_hasher(listed, KeyHash::default());
-        let mut known = known;
-        for ((priority, time, created, key), slot) in &pending {
-            places.insert(key.clone(), (*priority, *time, *created, slot.version));
-            if !known.contains(&**key) {
-                known.insert(key.clone());
-            }
+        let mut set = PendingSet::default();
+        for task in pending {
+            let mut task: Pending = task.into();
+            set.push_line(task.incoming(true));
         }
+        set.finish_line();
+        Backlog::from_set(set, delayed, known, now, list_cost)
+    }
+
+    /// The same from the pending tasks a listing's intake sorted (`sort.rs`).
+    pub fn from_set(
+        set: PendingSet,
+        delayed: Vec<(DateTime<Utc>, Task)>,
+        known: Keys,
+        now: DateTime<Utc>,
+        list_cost: Duration,
+    ) -> Backlog {
+        let listed = set.len();
+        let mut known = known;
+        known.retain(|key| !set.contains(key));
         let mut backlog = Backlog {
-            pending,
-            kinds,
-            places,
+            pending: set,
             delayed: Vec::new(),
             due_from: None,
             known,
@@ -292,6 +284,16 @@ impl Backlog {
         };
         backlog.learn(Keys::default(), Vec::<Pending>::new(), delayed);
         backlog
+    }
+
+    /// Whether `key` is known: pending, or among the other keys known.
+    fn is_known(&self, key: &str) -> bool {
+        self.pending.contains(key) || self.known.contains(key)
+    }
+
+    /// How many keys are known.
+    fn known_count(&self) -> usize {
+        self.pending.len() + self.known.len()
     }
 
     /// Decides the next step: move retries that are due now among the pending ones; done
@@ -341,22 +343,43 @@ impl Backlog {
 
     /// Whether any pending task is of a type `of` says yes to (asked once per type).
     pub fn has_pending_of(&self, of: impl Fn(&str) -> bool) -> bool {
-        let wanted: Vec<u32> = (0..self.kinds.names.len())
-            .filter_map(|at| u32::try_from(at).ok())
-            .filter(|&at| of(self.kinds.name(at)))
-            .collect();
-        !wanted.is_empty()
-            && self
-                .pending
-                .values()
-                .any(|slot| wanted.contains(&slot.kind))
+        self.pending.has_kind(of)
     }
 
-    /// The pending tasks, front (next to claim) first, each parsed again from its value.
+    /// The pending tasks, front (next to claim) first, each parsed again from its value; up
+    /// to the first held without its value ([`Backlog::unfilled_front`]).
     pub fn pending(&self) -> impl Iterator<Item = Task> + '_ {
         self.pending
             .iter()
-            .map(|(place, slot)| task_of(place, slot.version, slot.value.to_vec()))
+            .take_while(|out| out.value.is_some())
+            .map(task_out)
+    }
+
+    /// The keys of the tasks held without their value among the first `n` in claim order:
+    /// on a large backlog only the front's values are held, read as the claims reach them.
+    pub fn unfilled_front(&self, n: usize) -> Vec<String> {
+        self.pending.unfilled_front(n)
+    }
+
+    /// Gives the tasks of `asked` the values read (`found`): a task whose key is gone, or
+    /// holds another version now, is forgotten (the next look reads it again if it is
+    /// there).
+    pub fn filled(&mut self, asked: &[String], found: Vec<StoredTask>) {
+        let mut found: std::collections::HashMap<String, StoredTask, KeyHash> = found
+            .into_iter()
+            .map(|entry| (entry.key.clone(), entry))
+            .collect();
+        for key in asked {
+            let filled = found.remove(key).is_some_and(|entry| {
+                entry.holder.is_none()
+                    && self
+                        .pending
+                        .fill(key, entry.version, entry.value.into_boxed_slice())
+            });
+            if !filled {
+                self.forget(key);
+            }
+        }
     }
 
     /// Takes the first `n` pending tasks to claim them (the leader reads them through
@@ -380,11 +403,12 @@ impl Backlog {
         }
     }
 
-    /// The first pending task in claim order, out of `pending` and `places`, unparsed.
-    fn pop_first(&mut self) -> Option<(Place, Slot)> {
-        let (place, slot) = self.pending.pop_first()?;
-        self.places.remove(&place.3);
-        Some((place, slot))
+    /// The first pending task in claim order, out of the pending set (its key still known),
+    /// unparsed.
+    fn pop_first(&mut self) -> Option<Popped> {
+        let popped = self.pending.pop_first()?;
+        self.known.insert(Arc::from(popped.key.as_str()));
+        Some(popped)
     }
 
     /// Takes, to claim it, the first pending task whose group (`taskGroup`, empty when
@@ -394,26 +418,30 @@ impl Backlog {
     /// the whole group waits. A task scheduled for later (runAt) is not due, so it holds no
     /// place in its group's order until then.
     pub fn take_first_free(&mut self, free: impl Fn(&str, &str) -> bool) -> Option<Task> {
-        let kinds = &self.kinds;
-        let place = self
+        let key = self
             .pending
             .iter()
-            .find(|(place, slot)| {
-                free(&slot.group, kinds.name(slot.kind)) && !self.waits_in_group(&slot.group, place)
+            .find(|out| {
+                out.value.is_some() && free(out.group, out.kind) && !self.waits_in_group(out)
             })
-            .map(|(place, _)| place.clone())?;
-        let slot = self.pending.remove(&place)?;
-        self.places.remove(&place.3);
+            .map(|out| out.key.to_string())?;
+        let popped = self.pending.take(&key)?;
+        self.known.insert(Arc::from(key.as_str()));
         self.claimed += 1;
-        Some(task_of(&place, slot.version, slot.value.into_vec()))
+        Some(task_popped(popped))
     }
 
-    /// Whether a delayed task of `group` (not one scheduled for later) comes before
-    /// `place` in claim order.
-    fn waits_in_group(&self, group: &str, place: &Place) -> bool {
-        let order = (place.0, place.1, place.2, &*place.3);
+    /// Whether a delayed task of `pending`'s group (not one scheduled for later) comes
+    /// before it in claim order.
+    fn waits_in_group(&self, pending: &Out<'_>) -> bool {
+        let order = (
+            pending.order.priority,
+            pending.order.time,
+            pending.order.created,
+            pending.key,
+        );
         self.delayed.iter().any(|(at, delayed)| {
-            delayed.group() == group
+            delayed.group() == pending.group
                 && delayed.order_key() < order
                 && !delayed.waits_for_run_at(*at)
         })
@@ -427,8 +455,7 @@ impl Backlog {
 
     /// Takes the first pending task out without claiming it (it is to be moved away).
     pub fn take_first(&mut self) -> Option<Task> {
-        let (place, slot) = self.pop_first()?;
-        Some(task_of(&place, slot.version, slot.value.into_vec()))
+        self.pop_first().map(task_popped)
     }
 
     /// Puts tasks taken but not claimed back in their places (at the front, unless
@@ -443,37 +470,13 @@ impl Backlog {
     /// Adds a pending task in claim order, replacing what was pending under its key.
     fn insert(&mut self, task: impl Into<Pending>) {
         let mut task: Pending = task.into();
-        // The key's one copy is the known one, when it is known.
-        if let Some(known) = self.known.get(&*task.key) {
-            task.key = known.clone();
-        }
-        let place = (
-            Reverse(task.priority),
-            task.time,
-            task.created,
-            task.version,
-        );
-        if let Some((priority, time, created, _)) = self.places.insert(task.key.clone(), place) {
-            self.pending
-                .remove(&(priority, time, created, task.key.clone()));
-        }
-        let slot = Slot {
-            version: task.version,
-            value: task.value,
-            group: task.group,
-            kind: self.kinds.index(&task.kind),
-        };
-        self.pending.insert(
-            (Reverse(task.priority), task.time, task.created, task.key),
-            slot,
-        );
+        self.known.remove(&*task.key);
+        self.pending.insert(task.incoming(true));
     }
 
     /// Drops the pending task under `key`, if there is one.
     fn remove(&mut self, key: &str) {
-        if let Some((key, (priority, time, created, _))) = self.places.remove_entry(key) {
-            self.pending.remove(&(priority, time, created, key));
-        }
+        self.pending.remove(key);
     }
 
     /// Whether the next look is made before the next claim: the last one was cheap.
@@ -512,13 +515,13 @@ impl Backlog {
         let mut still = 0;
         let mut new = Vec::new();
         for key in keys.iter() {
-            if self.known.contains(key) {
+            if self.is_known(key) {
                 still += 1;
             } else if !forgotten.contains(key) {
                 new.push(key.to_string());
             }
         }
-        if still < self.known.len() {
+        if still < self.known_count() {
             self.drop_missing(keys.iter().collect());
         }
         new
@@ -526,80 +529,75 @@ impl Backlog {
 
     /// Drops every task and known key not `present` under the prefix.
     fn drop_missing(&mut self, present: HashSet<&str, KeyHash>) {
-        {
-            let gone: Vec<Arc<str>> = self
-                .places
-                .keys()
-                .filter(|key| !present.contains(&***key))
-                .cloned()
-                .collect();
-            for key in gone {
-                self.remove(&key);
-            }
-            self.delayed
-                .retain(|(_, task)| present.contains(task.key.as_str()));
-            self.known.retain(|key| present.contains(&**key));
+        let gone: Vec<String> = self
+            .pending
+            .keys()
+            .filter(|key| !present.contains(key))
+            .map(str::to_string)
+            .collect();
+        for key in gone {
+            self.remove(&key);
         }
+        self.delayed
+            .retain(|(_, task)| present.contains(task.key.as_str()));
+        self.known.retain(|key| present.contains(&**key));
     }
 
     /// Records a listing read while the leader claimed (started with `look_started`), at
-    /// `now`, which took `cost`, and returns the entries to sort out: keys never seen (or
-    /// forgotten since the listing began) and pending tasks whose version is not the one
-    /// known (a producer rewrote them in place: an earlier taskTime moves them up). Every
-    /// other entry is left as known, unparsed: a task the leader claimed or let go during
-    /// the read is not taken back from it, and an entry held by `own` lease (the leader's)
-    /// never is. Keys the listing lacks drop their tasks, as a look's names do. The
-    /// listing counts as a look.
+    /// `now`, which took `cost`, and returns the keys to read and sort out: keys never seen
+    /// (or forgotten since the listing began) and pending tasks whose version is not the
+    /// one known (a producer rewrote them in place: an earlier taskTime moves them up).
+    /// Every other entry is left as known: a task the leader claimed or let go during the
+    /// read is not taken back from it, and an entry held by the leader's own lease never
+    /// is. Keys the listing lacks drop their tasks, as a look's names do. The listing counts
+    /// as a look.
     pub fn relisted(
         &mut self,
-        own: &LeaseId,
-        entries: Vec<StoredTask>,
+        listed: Vec<Relisted>,
         now: DateTime<Utc>,
         cost: Duration,
-    ) -> Vec<StoredTask> {
-        // One pass, one probe of the known keys per entry (and one of the index for the
-        // known ones): on a large backlog the merge is on the leader's path.
+    ) -> Vec<String> {
+        // One pass, one probe of the known keys per entry (and one of the pending set for
+        // the known ones): on a large backlog the merge is on the leader's path.
         let forgotten = self.forgotten.take().unwrap_or_default();
         let mut still = 0;
-        let mut take = vec![false; entries.len()];
+        let mut read = Vec::new();
         let mut rewritten = Vec::new();
-        for (n, entry) in entries.iter().enumerate() {
-            let known = self.known.contains(entry.key.as_str());
+        for entry in &listed {
+            let key = &*entry.key;
+            let known = self.is_known(key);
             still += usize::from(known);
-            // Held by this lease: one of its runs, or one that ended during the read.
-            if entry.holder.as_ref() == Some(own) {
+            if entry.held == Held::Own {
                 continue;
             }
             if !known {
-                take[n] = !forgotten.contains(entry.key.as_str());
-            } else if entry.holder.is_none()
+                if !forgotten.contains(key) {
+                    read.push(key.to_string());
+                }
+            } else if entry.held == Held::Free
                 && self
-                    .places
-                    .get(entry.key.as_str())
-                    .is_some_and(|(_, _, _, version)| *version != entry.version)
+                    .pending
+                    .version(key)
+                    .is_some_and(|version| version != entry.version)
             {
-                take[n] = true;
-                rewritten.push(n);
+                read.push(key.to_string());
+                rewritten.push(key.to_string());
             }
         }
-        if still < self.known.len() {
-            self.drop_missing(entries.iter().map(|entry| entry.key.as_str()).collect());
+        if still < self.known_count() {
+            self.drop_missing(listed.iter().map(|entry| &*entry.key).collect());
         }
-        for n in rewritten {
-            self.known.remove(entries[n].key.as_str());
-            self.remove(&entries[n].key);
+        drop(listed);
+        for key in rewritten {
+            self.known.remove(key.as_str());
+            self.remove(&key);
         }
-        let sort: Vec<StoredTask> = entries
-            .into_iter()
-            .zip(take)
-            .filter_map(|(entry, take)| take.then_some(entry))
-            .collect();
         self.last_look = now;
         self.listed_at = now;
         self.list_cost = cost;
         self.claimed = 0;
-        self.listed = self.pending.len() + sort.len();
-        sort
+        self.listed = self.pending.len() + read.len();
+        read
     }
 
     /// Records what the whole last look cost (reading the names, comparing them with the
@@ -614,16 +612,19 @@ impl Backlog {
     pub fn learn(
         &mut self,
         keys: Keys,
-        pending: Vec<impl Into<Pending>>,
+        pending: impl IntoIterator<Item = impl Into<Pending>>,
         delayed: Vec<(DateTime<Utc>, Task)>,
     ) {
-        self.known.extend(keys);
+        for key in keys {
+            if !self.pending.contains(&key) {
+                self.known.insert(key);
+            }
+        }
         for task in pending {
-            let task: Pending = task.into();
-            self.known.insert(task.key.clone());
             self.insert(task);
         }
         for (at, task) in delayed {
+            self.remove(&task.key);
             self.known.insert(Arc::from(task.key.as_str()));
             self.due_from = Some(self.due_from.map_or(at, |from| from.min(at)));
             self.delayed.push((at, task));
@@ -682,6 +683,7 @@ mod tests {
     use crate::coord::StoredTask;
     use crate::coord::{LeaseId, Names, TaskVersion};
     use crate::queue::scripted::{at, grouped, scheduled, task};
+    use crate::queue::sort::Relisted;
 
     /// A task with a priority (its own `taskPriority`, or its type's once sorted out).
     fn urgent(key: &str, time: i64, priority: i32) -> crate::task::Task {
@@ -909,11 +911,11 @@ mod tests {
             entry("q/new", 1, None),
         ];
         entries.extend((260..299).map(|n| entry(&format!("q/{n:03}"), 1, None)));
-        let sort: Vec<String> = backlog
-            .relisted(&own, entries, at(3), Duration::from_millis(1))
+        let listed = entries
             .into_iter()
-            .map(|e| e.key)
+            .map(|entry| Relisted::of(entry, &own))
             .collect();
+        let sort: Vec<String> = backlog.relisted(listed, at(3), Duration::from_millis(1));
         assert_eq!(sort, ["q/258", "q/new"]);
         // q/258 is sorted out again, q/299 is gone; q/259 stays as known.
         assert_eq!(keys(&backlog).first().map(String::as_str), Some("q/257"));

@@ -309,7 +309,7 @@ impl Queue {
         match self.sort_out(leadership, current, work.memory, now).await {
             Ok(sorted) => {
                 work.backlog
-                    .learn(sorted.keys, sorted.pending, sorted.delayed);
+                    .learn(sorted.keys, sorted.pending.into_pending(), sorted.delayed);
                 Started::Runs(Vec::new())
             }
             Err(stop) => Started::End(stop),

@@ -8,6 +8,9 @@
 //! handlers' supervision never waits on the leader's I/O, and those that end meanwhile
 //! are fed to the core after the outcome of what was being done. The claims themselves
 //! are `flights.rs`; running and settling a task is `run.rs`.
+//!
+//! Size: the shell around the core, one method per action it performs; the claim into
+//! free slots keeps here what it reads before it chooses (values, rated types' records).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
@@ -285,7 +288,7 @@ impl Queue {
                 let backlog = &mut shell.work.backlog;
                 shell.reading = Some(match kind {
                     ReadKind::Look => self.start_look(backlog),
-                    ReadKind::Relist => self.start_relist(backlog),
+                    ReadKind::Relist => self.start_relist(lead.leadership, backlog),
                 });
                 Event::Go
             }
@@ -451,6 +454,9 @@ impl Queue {
         shell: &mut Shell<'a, '_>,
         free: usize,
     ) -> Came {
+        if !self.fill_front(&mut shell.work.backlog).await {
+            return Came::Relist;
+        }
         let room = self.rate_room(shell).await;
         let batch = self.choose_free(shell, free, &room);
         if batch.is_empty() {

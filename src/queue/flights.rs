@@ -7,6 +7,7 @@
 
 use tokio::task::JoinHandle;
 
+use super::backlog::Backlog;
 use super::claim::{Batch, Candidate, Claim, Planned, Started};
 use super::finished::{ride_able, riders, Finished};
 use super::plan::{plan_claim, ClaimPlan};
@@ -32,7 +33,33 @@ impl Flight {
     }
 }
 
+/// A claim reads the values of the first tasks held without theirs (a large backlog's past
+/// its front) when any is among the first FILL_BEFORE in claim order: those among the
+/// first FILL_WINDOW, in one read, so that a read serves thousands of claims.
+const FILL_BEFORE: usize = 512;
+const FILL_WINDOW: usize = 4096;
+
 impl Queue {
+    /// Reads the values of the first pending tasks held without theirs, as a claim is about
+    /// to take them (`FILL_BEFORE`). `false`: they could not be read (list again).
+    pub(super) async fn fill_front(&self, backlog: &mut Backlog) -> bool {
+        if backlog.unfilled_front(FILL_BEFORE).is_empty() {
+            return true;
+        }
+        let keys = backlog.unfilled_front(FILL_WINDOW);
+        match self.coord.get(&keys).await {
+            Ok(found) => {
+                backlog.filled(&keys, found);
+                true
+            }
+            Err(err) => {
+                self.metrics.coordinator_error(&err);
+                tracing::warn!(error = %err, "cannot read the next tasks' values; listing again");
+                false
+            }
+        }
+    }
+
     /// Claims up to `max_tasks` of the next tasks now; a first task too large to claim even
     /// alone is dead-lettered, and nothing starts (the core decides again).
     pub(super) async fn claim_now(
@@ -41,6 +68,9 @@ impl Queue {
         work: &mut Work<'_>,
         max_tasks: usize,
     ) -> Started {
+        if !self.fill_front(&mut work.backlog).await {
+            return Started::Relist;
+        }
         let riders = if work.single { 0 } else { work.finished.len() };
         let planned = self.plan_batch(
             leadership,
@@ -163,6 +193,10 @@ impl Queue {
         work: &mut Work<'_>,
         max_tasks: usize,
     ) -> Result<Option<Flight>, LeadEnd> {
+        if !self.fill_front(&mut work.backlog).await {
+            // Nothing goes ahead; the claim after the runs reads them again, or lists.
+            return Ok(None);
+        }
         match self.plan_batch(leadership, &mut work.backlog, &work.finished, max_tasks) {
             Planned::Batch(batch) if batch.tasks.is_empty() => Ok(None),
             Planned::Batch(batch) => {
@@ -220,7 +254,7 @@ impl Queue {
             .await?;
         work.backlog.learn(
             sorted.keys.into_iter().collect(),
-            sorted.pending,
+            sorted.pending.into_pending(),
             sorted.delayed,
         );
         Ok(true)

@@ -35,6 +35,8 @@ mod finished;
 mod flights;
 mod history;
 mod output;
+mod pauses;
+mod pending;
 mod plan;
 mod progress;
 pub mod rates;
@@ -49,13 +51,14 @@ mod term;
 mod tests;
 mod work;
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
 use crate::config::QueueSettings;
-use crate::coord::{CoordError, Coordinator, Leadership, StoredTask, TaskOp, Version, Written};
+use crate::coord::{CoordError, Coordinator, Leadership, TaskOp, Version, Written};
 use crate::handler::Registry;
 use crate::leader::rotation::Rotation;
 use crate::leader::Lease;
@@ -257,10 +260,29 @@ impl Queue {
     /// ends.
     async fn turn(&self, lead: Leading<'_>, between: &mut Between) -> Result<(), Option<LeadEnd>> {
         self.before_listing(lead, between).await?;
-        let (entries, listed_from) = self.list(lead, between).await?;
-        let memory = &mut between.memory;
-        self.refresh_paused_types(memory).await;
-        let pick = self.pick(lead.leadership, entries, memory, listed_from);
+        // The listing is sorted out as it arrives, by the paused types as read now; if
+        // they changed meanwhile, it is sorted out again from a listing made at once.
+        self.refresh_paused_types(&mut between.memory).await;
+        let Between {
+            after,
+            wake,
+            memory,
+            ..
+        } = &mut *between;
+        let paused = (memory.set_aside > 0).then(|| memory.paused_types.clone());
+        // What another lease holds is what this listing finds held.
+        memory.held_groups.clear();
+        memory.held_kinds.clear();
+        let mut intake = self.intake(lead.leadership, memory, None);
+        let listed_from = self
+            .list(lead, after, wake, paused.as_ref(), &mut intake)
+            .await?;
+        let sorted = intake.finish().await.map_err(Some)?;
+        if self.refresh_paused_types(&mut between.memory).await {
+            between.after = Version::default();
+            return Err(None);
+        }
+        let pick = self.pick(sorted, &mut between.memory, listed_from);
         match pick.await.map_err(Some)? {
             Pick::Run(backlog) => self.work_through(lead, between, *backlog).await,
             Pick::WaitUntil(at) => {
@@ -324,36 +346,41 @@ impl Queue {
     async fn list(
         &self,
         lead: Leading<'_>,
-        between: &mut Between,
-    ) -> Result<(Vec<StoredTask>, tokio::time::Instant), Option<LeadEnd>> {
-        let asked = between.after;
+        after: &mut Version,
+        wake: &mut Option<chrono::DateTime<chrono::Utc>>,
+        paused: Option<&HashSet<String>>,
+        intake: &mut sort::Intake<'_>,
+    ) -> Result<tokio::time::Instant, Option<LeadEnd>> {
+        let asked = *after;
         let clock = self.clock();
         let list_started = clock.instant();
+        let prefix = &self.settings.prefix;
+        let mut each = |entry| intake.take(entry);
         let listed = tokio::select! {
             _ = lead.shutdown.cancelled() => return Err(Some(LeadEnd::Shutdown)),
             _ = lead.lease.expired() => {
                 return Err(Some(LeadEnd::StepDown(lead.lease.why_not_fresh())))
             }
             _ = self.term_over() => return Err(None),
-            _ = self.until_types_change(&between.memory), if between.memory.set_aside > 0 => {
-                between.after = Version::default();
+            _ = self.until_types_change(paused), if paused.is_some() => {
+                *after = Version::default();
                 return Err(None);
             }
-            _ = clock.until(between.wake) => {
-                between.wake = None;
-                between.after = Version::default();
+            _ = clock.until(*wake) => {
+                *wake = None;
+                *after = Version::default();
                 return Err(None);
             }
-            listed = self.coord.list(&self.settings.prefix, asked, self.wait) => listed,
+            listed = self.coord.list_each(prefix, asked, self.wait, &mut each) => listed,
         };
-        between.wake = None;
-        let (entries, version) = match listed {
-            Ok(listed) => listed,
+        *wake = None;
+        let version = match listed {
+            Ok(version) => version,
             Err(err) => {
                 self.metrics.coordinator_error(&err);
                 self.metrics.blocking_restarts.inc();
                 tracing::warn!(error = %err, "cannot list the queue; retrying");
-                between.after = Version::default();
+                *after = Version::default();
                 if self.pause(lead.shutdown, ERROR_BACKOFF).await {
                     return Err(Some(LeadEnd::Shutdown));
                 }
@@ -363,7 +390,7 @@ impl Queue {
         if version < asked {
             self.metrics.blocking_restarts.inc();
         }
-        between.after = version;
+        *after = version;
         // What listing cost, for spacing listings out: a listing that may have waited for
         // a change counts from its answer.
         let listed_from = if asked == Version::default() {
@@ -371,7 +398,7 @@ impl Queue {
         } else {
             clock.instant()
         };
-        Ok((entries, listed_from))
+        Ok(listed_from)
     }
 
     /// Works through a listing's pending tasks, unless the queue is paused (looked at
@@ -409,97 +436,6 @@ impl Queue {
         // The leader's own writes moved the queue: list again without waiting.
         between.after = Version::default();
         Ok(())
-    }
-
-    /// Whether the queue's pause flag is set. A flag that cannot be read is taken as not
-    /// set: the listing that follows meets the same coordinator and backs off itself.
-    async fn paused(&self) -> bool {
-        let key = [pause_key(&self.settings.prefix)];
-        self.coord
-            .get(&key)
-            .await
-            .is_ok_and(|found| !found.is_empty())
-    }
-
-    /// The task types paused on their own (`leaderq pause --type T`); `None` when they
-    /// cannot be read (the leader keeps what it knew: the listing beside meets the same
-    /// coordinator and backs off itself).
-    async fn paused_types(&self) -> Option<std::collections::HashSet<String>> {
-        let prefix = paused_types_prefix(&self.settings.prefix);
-        let (names, _) = self.coord.keys(&prefix).await.ok()?;
-        Some(paused_type_names(&prefix, names.iter()).collect())
-    }
-
-    /// Whether the claims of this listing stop at a look: the queue is paused, or the set
-    /// of paused types changed (a type paused is claimed no more; one resumed has its
-    /// tasks listed again).
-    async fn stops_for_a_pause(&self, memory: &mut Memory) -> bool {
-        if self.paused().await {
-            return true;
-        }
-        self.refresh_paused_types(memory).await
-    }
-
-    /// Reads the paused types again into `memory`, unless they were read less than
-    /// `PAUSE_POLL` ago: off the dispatch path, a task type is paused within a second, at
-    /// the cost of one read a second at most. Answers whether they changed.
-    async fn refresh_paused_types(&self, memory: &mut Memory) -> bool {
-        let clock = self.clock();
-        if memory
-            .types_read
-            .is_some_and(|at| clock.since(at) < PAUSE_POLL)
-        {
-            return false;
-        }
-        let Some(types) = self.paused_types().await else {
-            return false;
-        };
-        memory.types_read = Some(clock.instant());
-        let changed = types != memory.paused_types;
-        memory.paused_types = types;
-        changed
-    }
-
-    /// Resolves once the paused types differ from those the last listing sorted by (read
-    /// every `PAUSE_POLL`): a type resumed changes nothing in the queue, so the listing's
-    /// wait would not end for it.
-    async fn until_types_change(&self, memory: &Memory) {
-        loop {
-            tokio::time::sleep(PAUSE_POLL).await;
-            if self
-                .paused_types()
-                .await
-                .is_some_and(|types| types != memory.paused_types)
-            {
-                return;
-            }
-        }
-    }
-
-    /// Waits, reading only the pause flag, until it is cleared (`None`: list again), the
-    /// term ends by time (`None`: the loop rotates), or the leading must end.
-    async fn wait_while_paused(
-        &self,
-        leadership: &Leadership,
-        lease: &Lease,
-        shutdown: &CancellationToken,
-    ) -> Option<LeadEnd> {
-        tracing::info!(
-            fencing_token = leadership.fencing_token.0,
-            "queue paused: claiming nothing until `leaderq resume`"
-        );
-        loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return Some(LeadEnd::Shutdown),
-                _ = lease.expired() => return Some(LeadEnd::StepDown(lease.why_not_fresh())),
-                _ = self.term_over() => return None,
-                _ = tokio::time::sleep(PAUSE_POLL) => {}
-            }
-            if !self.paused().await {
-                tracing::info!(fencing_token = leadership.fencing_token.0, "queue resumed");
-                return None;
-            }
-        }
     }
 
     /// Whether rotate mode ends this term now.

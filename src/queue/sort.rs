@@ -14,9 +14,15 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::backlog::{self, Backlog, Keys, Looked, Pending};
 use super::entry::{classify, Entry, EntryRules, Remembered, UnansweredClaim};
+use super::pending::PendingSet;
 use super::{LeadEnd, Queue};
 use crate::coord::{CoordError, Leadership, Names, StoredTask, Version};
 use crate::task::Task;
+
+/// The most bytes of pending tasks' values a listing's intake holds: a task past them is
+/// held without its value, read again before it is claimed (`Backlog::unfilled_front`).
+/// A backlog whose values fit is claimed from what was listed, as ever.
+pub(crate) const VALUES_HELD: usize = 16 << 20;
 
 /// Added to the longest backoff (backoff_max + 20% jitter) before a notBefore is
 /// disbelieved: the clocks of replicas differ a little.
@@ -54,8 +60,8 @@ pub(super) struct Memory {
 /// Entries sorted out: what can be claimed now or later, and the keys left as they were.
 #[derive(Default)]
 pub(super) struct Sorted {
-    /// In no particular order (the backlog sorts them).
-    pub(super) pending: Vec<Pending>,
+    /// In claim order once the intake is finished.
+    pub(super) pending: PendingSet,
     /// Tasks not eligible before a time.
     pub(super) delayed: Vec<(DateTime<Utc>, Task)>,
     /// Keys of the entries left in place unchanged; those moved or rewritten are not here,
@@ -71,6 +77,10 @@ pub(super) struct Sorted {
     /// A task of an unanswered claim was put back: its place in the order is among the
     /// pending, so the queue is listed again before any of them runs.
     put_back: bool,
+    /// The bytes of the pending tasks' values held, and the most held (`VALUES_HELD` for
+    /// a listing; no limit for the tasks of new keys, a few hundred at most).
+    values_held: usize,
+    values_budget: usize,
 }
 
 impl Sorted {
@@ -95,9 +105,12 @@ impl Sorted {
                         tracing::warn!(task_key = %task.key, not_before = %crate::task::rfc3339(at), "notBefore is further ahead than any backoff leaderq writes (a clock that jumped, or a crafted value); ignoring it");
                     }
                 }
-                let task = Pending::from(task);
-                self.keys.insert(task.key().clone());
-                self.pending.push(task);
+                // Its key is known as a pending task's. Its value is held while the values
+                // held are under VALUES_HELD; then read again before it is claimed.
+                let mut task = Pending::from(task);
+                let keep = self.values_held + task.value_len() <= self.values_budget;
+                self.values_held += if keep { task.value_len() } else { 0 };
+                self.pending.push_line(task.incoming(keep));
             }
             Entry::Waiting { at, task } => {
                 self.keys.insert(task.key.as_str().into());
@@ -158,16 +171,11 @@ impl Queue {
     /// costing time.
     pub(super) async fn pick(
         &self,
-        leadership: &Leadership,
-        entries: Vec<StoredTask>,
+        sorted: Sorted,
         memory: &mut Memory,
         listed_from: Instant,
     ) -> Result<Pick, LeadEnd> {
         let clock = self.clock();
-        let now = clock.now();
-        memory.held_groups.clear();
-        memory.held_kinds.clear();
-        let sorted = self.sort_out(leadership, entries, memory, now).await?;
         memory.set_aside = sorted.paused;
         let scheduled = backlog::scheduled_count(&sorted.delayed);
         self.metrics.queue_depth(
@@ -188,7 +196,7 @@ impl Queue {
             return Ok(sorted.fenced_until.map_or(Pick::Nothing, Pick::WaitUntil));
         }
         if !sorted.pending.is_empty() && !sorted.put_back {
-            let backlog = Backlog::new(
+            let backlog = Backlog::from_set(
                 sorted.pending,
                 sorted.delayed,
                 sorted.keys,
@@ -213,45 +221,46 @@ impl Queue {
         memory: &mut Memory,
         now: DateTime<Utc>,
     ) -> Result<Sorted, LeadEnd> {
-        memory.deferred.retain(|_, until| *until > now);
-        let rules = EntryRules {
-            prefix: &self.settings.prefix,
-            horizon: self.not_before_horizon(),
-            run_at_max_ahead: self.settings.run_at_max_ahead,
-            orphan_fence: self.lease_rules.orphan_fence,
-            own: &leadership.lease,
-        };
-        // A task giving no `taskPriority` takes its type's, if types have their own.
-        let by_type = self.registry.has_priorities();
-        let mut sorted = Sorted::default();
-        // Sized once: grown by doubling, a 100k listing's tasks would be copied at their
-        // largest, and both copies held at once.
-        sorted.pending.reserve(entries.len());
-        sorted.keys.reserve(entries.len());
-        for entry in entries {
-            // Almost always empty: a probe would hash every key of a 100k listing for nothing.
-            let unanswered = if memory.unanswered.is_empty() {
-                None
-            } else {
-                memory.unanswered.remove(&entry.key)
-            };
-            let remembered = Remembered {
-                deferred: &memory.deferred,
-                orphans_seen: &memory.orphans_seen,
-                unanswered: unanswered.as_ref(),
-            };
-            let has_handler = |task_type: &str| self.registry.get(task_type).is_some();
-            let mut entry = classify(entry, &rules, remembered, has_handler, now);
-            if let Entry::Pending { task, .. } | Entry::Waiting { task, .. } = &mut entry {
-                if task.priority.is_none() && by_type {
-                    task.priority = self.registry.policy(&task.task_type).priority;
-                }
-            }
-            if let Some(entry) = sorted.place(entry, memory, now) {
-                self.act_on(leadership, entry, memory, &mut sorted).await?;
-            }
+        let mut intake = self.intake(leadership, memory, Some(now));
+        entries.into_iter().for_each(|entry| intake.take(entry));
+        intake.finish().await
+    }
+
+    /// An intake of entries to sort out as they arrive, at `now`; `None`: a listing's,
+    /// sorted out at its first entry's arrival, whose pending tasks past VALUES_HELD are
+    /// held without their values.
+    pub(super) fn intake<'a>(
+        &'a self,
+        leadership: &'a Leadership,
+        memory: &'a mut Memory,
+        now: Option<DateTime<Utc>>,
+    ) -> Intake<'a> {
+        Intake {
+            queue: self,
+            leadership,
+            rules: EntryRules {
+                prefix: &self.settings.prefix,
+                horizon: self.not_before_horizon(),
+                run_at_max_ahead: self.settings.run_at_max_ahead,
+                orphan_fence: self.lease_rules.orphan_fence,
+                own: &leadership.lease,
+            },
+            // A task giving no `taskPriority` takes its type's, if types have their own.
+            by_type: self.registry.has_priorities(),
+            memory,
+            now,
+            begun: false,
+            sorted: Sorted {
+                values_budget: if now.is_none() {
+                    VALUES_HELD
+                } else {
+                    usize::MAX
+                },
+                ..Sorted::default()
+            },
+            actions: Vec::new(),
+            answered: Vec::new(),
         }
-        Ok(sorted)
     }
 
     /// Performs what an entry needs written (`Sorted::place` leaves these): a dead letter,
@@ -326,18 +335,21 @@ impl Queue {
     /// Starts listing the queue again, in the background, as `start_look` does: the
     /// listing is merged into the backlog once read (`finish_reading`), parsing only what
     /// is new or rewritten.
-    pub(super) fn start_relist(&self, backlog: &mut Backlog) -> Reading {
+    pub(super) fn start_relist(&self, leadership: &Leadership, backlog: &mut Backlog) -> Reading {
         backlog.relist_started(self.clock().now());
         let coord = self.coord.clone();
         let prefix = self.settings.prefix.clone();
         let wait = self.wait;
+        let own = leadership.lease.clone();
         self.read_in_background(async move {
-            Read::Tasks(
-                coord
-                    .list(&prefix, Version::default(), wait)
-                    .await
-                    .map(|(entries, _)| entries),
-            )
+            // Each entry's key, version and holder only: the listing of a large backlog is
+            // not held with its values; those it finds new or rewritten are read again.
+            let mut listed = Vec::new();
+            let mut each = |entry: StoredTask| listed.push(Relisted::of(entry, &own));
+            let read = coord
+                .list_each(&prefix, Version::default(), wait, &mut each)
+                .await;
+            Read::Listing(read.map(|_| listed))
         })
     }
 
@@ -401,12 +413,23 @@ impl Queue {
                     }
                 }
             }
-            Read::Tasks(Ok(entries)) => {
-                let in_flight = entries.iter().filter(|e| e.holder.is_some()).count();
-                let changed = backlog.relisted(&leadership.lease, entries, clock.now(), read_in);
-                (changed, Some(in_flight))
+            Read::Listing(Ok(listed)) => {
+                let in_flight = listed.iter().filter(|e| e.held != Held::Free).count();
+                let changed = backlog.relisted(listed, clock.now(), read_in);
+                if changed.is_empty() {
+                    (Vec::new(), Some(in_flight))
+                } else {
+                    match self.coord.get(&changed).await {
+                        Ok(entries) => (entries, Some(in_flight)),
+                        Err(err) => {
+                            self.metrics.coordinator_error(&err);
+                            tracing::warn!(error = %err, "cannot read new tasks; listing again");
+                            return Ok(Look::Relist);
+                        }
+                    }
+                }
             }
-            Read::Names(Err(err)) | Read::Tasks(Err(err)) => {
+            Read::Names(Err(err)) | Read::Listing(Err(err)) => {
                 self.metrics.coordinator_error(&err);
                 tracing::warn!(error = %err, "cannot read the queue; listing again");
                 return Ok(Look::Relist);
@@ -415,7 +438,7 @@ impl Queue {
         let sorted = self
             .sort_out(leadership, entries, memory, clock.now())
             .await?;
-        backlog.learn(sorted.keys, sorted.pending, sorted.delayed);
+        backlog.learn(sorted.keys, sorted.pending.into_pending(), sorted.delayed);
         match listed_in_flight {
             Some(in_flight) => {
                 let (pending, delayed, scheduled) = backlog.depth();
@@ -428,10 +451,120 @@ impl Queue {
     }
 }
 
+/// Entries sorted out as they arrive (`Queue::intake`): each is classified and placed at
+/// once, its pending task held compactly, so that a listing is never held whole (its
+/// entries arrive as the backend reads them: `Tasks::list_each`); what needs a write is kept
+/// for [`Intake::finish`], as are the claims whose answer was lost and whose entry came: if
+/// the listing fails half-way, the leader still remembers them.
+pub(super) struct Intake<'a> {
+    queue: &'a Queue,
+    leadership: &'a Leadership,
+    rules: EntryRules<'a>,
+    by_type: bool,
+    memory: &'a mut Memory,
+    now: Option<DateTime<Utc>>,
+    begun: bool,
+    sorted: Sorted,
+    actions: Vec<Entry>,
+    answered: Vec<String>,
+}
+
+impl Intake<'_> {
+    /// Sorts out one entry.
+    pub(super) fn take(&mut self, entry: StoredTask) {
+        let now = *self.now.get_or_insert_with(|| self.queue.clock().now());
+        if !self.begun {
+            self.begun = true;
+            self.memory.deferred.retain(|_, until| *until > now);
+        }
+        // Almost always empty: a probe would hash every key of a 100k listing for nothing.
+        let unanswered = if self.memory.unanswered.is_empty() {
+            None
+        } else {
+            self.memory.unanswered.get(&entry.key).cloned()
+        };
+        if unanswered.is_some() {
+            self.answered.push(entry.key.clone());
+        }
+        let remembered = Remembered {
+            deferred: &self.memory.deferred,
+            orphans_seen: &self.memory.orphans_seen,
+            unanswered: unanswered.as_ref(),
+        };
+        let registry = &self.queue.registry;
+        let has_handler = |task_type: &str| registry.get(task_type).is_some();
+        let mut entry = classify(entry, &self.rules, remembered, has_handler, now);
+        if let Entry::Pending { task, .. } | Entry::Waiting { task, .. } = &mut entry {
+            if task.priority.is_none() && self.by_type {
+                task.priority = registry.policy(&task.task_type).priority;
+            }
+        }
+        if let Some(entry) = self.sorted.place(entry, self.memory, now) {
+            self.actions.push(entry);
+        }
+    }
+
+    /// Performs the writes the entries need (`Queue::act_on`), forgets the lost claims
+    /// whose entries came, and answers what was sorted out, its pending tasks in claim
+    /// order.
+    pub(super) async fn finish(self) -> Result<Sorted, LeadEnd> {
+        let Intake {
+            queue,
+            leadership,
+            memory,
+            mut sorted,
+            actions,
+            answered,
+            ..
+        } = self;
+        for key in answered {
+            memory.unanswered.remove(&key);
+        }
+        for entry in actions {
+            queue.act_on(leadership, entry, memory, &mut sorted).await?;
+        }
+        sorted.pending.finish_line();
+        Ok(sorted)
+    }
+}
+
 /// What a read in the background brings.
 pub(super) enum Read {
     Names(Result<Names, CoordError>),
-    Tasks(Result<Vec<StoredTask>, CoordError>),
+    Listing(Result<Vec<Relisted>, CoordError>),
+}
+
+/// An entry of a listing read beside the claims, without its value: its key, version and
+/// who holds it.
+#[derive(Debug)]
+pub(super) struct Relisted {
+    pub(super) key: Box<str>,
+    pub(super) version: crate::coord::TaskVersion,
+    pub(super) held: Held,
+}
+
+/// Who holds a relisted entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Held {
+    Free,
+    /// The leader's own lease: one of its runs, or one that ended during the read.
+    Own,
+    Other,
+}
+
+impl Relisted {
+    pub(super) fn of(entry: StoredTask, own: &crate::coord::LeaseId) -> Relisted {
+        let held = match &entry.holder {
+            None => Held::Free,
+            Some(holder) if holder == own => Held::Own,
+            Some(_) => Held::Other,
+        };
+        Relisted {
+            key: entry.key.into_boxed_str(),
+            version: entry.version,
+            held,
+        }
+    }
 }
 
 /// A look's names or a listing being read in the background (`Queue::start_look`,

@@ -20,6 +20,33 @@ use super::plan::{self, txn_ops, written, Guard};
 use super::plan::{guard_cost_on, MAX_BYTES, SESSION_SHAPE};
 use super::ConsulCoordinator;
 
+/// Read transactions of one `get` sent at once.
+const GET_IN_FLIGHT: usize = 8;
+
+impl ConsulCoordinator {
+    /// One read-only transaction of `chunk`'s keys; one GET per key if it rolls back.
+    async fn get_chunk(&self, chunk: &[String]) -> Result<Vec<StoredTask>, CoordError> {
+        let reads: Vec<TxnOp> = chunk
+            .iter()
+            .map(|key| TxnOp::Get { key: key.clone() })
+            .collect();
+        match self.client.txn(&reads).await? {
+            TxnOutcome::Committed(found) => Ok(found.into_iter().map(stored_task).collect()),
+            TxnOutcome::RolledBack(_) => {
+                let mut tasks = Vec::new();
+                for key in chunk {
+                    if let (Some(pair), _) =
+                        self.client.kv_get(key, QueryOptions::default()).await?
+                    {
+                        tasks.push(stored_task(pair));
+                    }
+                }
+                Ok(tasks)
+            }
+        }
+    }
+}
+
 impl Tasks for ConsulCoordinator {
     /// A blocking `?recurse` on `prefix` at `after`, paced as `observe` is.
     async fn list(
@@ -39,32 +66,48 @@ impl Tasks for ConsulCoordinator {
         Ok((entries, next))
     }
 
+    /// The same blocking `?recurse`, each entry handed on as the body brings it.
+    async fn list_each(
+        &self,
+        prefix: &str,
+        after: Version,
+        wait: Duration,
+        each: &mut (dyn FnMut(StoredTask) + Send),
+    ) -> Result<Version, CoordError> {
+        let options = QueryOptions {
+            index: after.0,
+            wait: Some(wait),
+        };
+        let sent = Instant::now();
+        // Nothing is kept: a vector of `()` holds no memory.
+        let (_, returned) = self
+            .client
+            .kv_list_as(prefix, options, |pair| each(stored_task(pair)))
+            .await?;
+        let next = next_version(after, returned);
+        settle(sent, wait, after, next).await;
+        Ok(next)
+    }
+
     /// `?keys` on `prefix`, no values.
     async fn keys(&self, prefix: &str) -> Result<(Names, Version), CoordError> {
         let (keys, index) = self.client.kv_keys(prefix, QueryOptions::default()).await?;
         Ok((keys, next_version(Version(0), index)))
     }
 
-    /// Read-only transactions of `get` ops, as many keys as one holds; a chunk that rolls
-    /// back (a key went away meanwhile) is read again one GET per key.
+    /// Read-only transactions of `get` ops, as many keys as one holds, up to
+    /// GET_IN_FLIGHT at once (the leader reads thousands of values ahead of its claims on a
+    /// large backlog); a chunk that rolls back (a key went away meanwhile) is read again one
+    /// GET per key.
     async fn get(&self, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {
         let mut tasks = Vec::with_capacity(keys.len());
-        for chunk in keys.chunks(consul::TXN_MAX_OPS) {
-            let reads: Vec<TxnOp> = chunk
-                .iter()
-                .map(|key| TxnOp::Get { key: key.clone() })
+        for group in keys.chunks(consul::TXN_MAX_OPS * GET_IN_FLIGHT) {
+            let reads: Vec<_> = group
+                .chunks(consul::TXN_MAX_OPS)
+                .map(|chunk| self.get_chunk(chunk))
                 .collect();
-            match self.client.txn(&reads).await? {
-                TxnOutcome::Committed(found) => tasks.extend(found.into_iter().map(stored_task)),
-                TxnOutcome::RolledBack(_) => {
-                    for key in chunk {
-                        if let (Some(pair), _) =
-                            self.client.kv_get(key, QueryOptions::default()).await?
-                        {
-                            tasks.push(stored_task(pair));
-                        }
-                    }
-                }
+            for read in futures_util::future::try_join_all(reads).await? {
+                tasks.extend(read);
             }
         }
         Ok(tasks)

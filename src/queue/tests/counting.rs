@@ -33,6 +33,9 @@ pub(super) struct Counting {
     pub pass_claims: AtomicUsize,
     /// How many more reads of tasks by key (`get`) answer `Unavailable`, reading nothing.
     pub fail_gets: AtomicUsize,
+    /// Reads of tasks by key (`get`), and the keys they asked for.
+    pub gets: AtomicUsize,
+    pub got_keys: AtomicUsize,
 }
 
 impl Counting {
@@ -48,6 +51,8 @@ impl Counting {
             lose_completion_answers: AtomicUsize::new(0),
             pass_claims: AtomicUsize::new(0),
             fail_gets: AtomicUsize::new(0),
+            gets: AtomicUsize::new(0),
+            got_keys: AtomicUsize::new(0),
         }
     }
 
@@ -109,6 +114,8 @@ impl Coordinator for Counting {
     }
     fn get<'a>(&'a self, keys: &'a [String]) -> CoordFuture<'a, Vec<StoredTask>> {
         self.count();
+        self.gets.fetch_add(1, Ordering::SeqCst);
+        self.got_keys.fetch_add(keys.len(), Ordering::SeqCst);
         let fail = self
             .fail_gets
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))

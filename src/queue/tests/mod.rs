@@ -19,6 +19,7 @@ use crate::task::history::HistoryRecord;
 mod ahead;
 mod checkpoints;
 mod counting;
+mod fill;
 mod groups;
 mod leading;
 mod lost;
