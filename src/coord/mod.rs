@@ -184,11 +184,7 @@ pub trait Tasks: Send + Sync {
         wait: Duration,
         each: &mut (dyn FnMut(StoredTask) + Send),
     ) -> impl Future<Output = Result<Version, CoordError>> + Send {
-        async move {
-            let (entries, version) = self.list(prefix, after, wait).await?;
-            entries.into_iter().for_each(&mut *each);
-            Ok(version)
-        }
+        async move { hand_on(self.list(prefix, after, wait).await, each) }
     }
 
     /// The keys under `prefix` and the queue's version, without values: a cheap look.
@@ -279,11 +275,7 @@ pub trait Coordinator: Send + Sync {
         wait: Duration,
         each: &'a mut (dyn FnMut(StoredTask) + Send),
     ) -> CoordFuture<'a, Version> {
-        Box::pin(async move {
-            let (entries, version) = self.list(prefix, after, wait).await?;
-            entries.into_iter().for_each(&mut *each);
-            Ok(version)
-        })
+        Box::pin(async move { hand_on(self.list(prefix, after, wait).await, each) })
     }
     /// [`Tasks::keys`].
     fn keys<'a>(&'a self, prefix: &'a str) -> CoordFuture<'a, (Names, Version)>;
@@ -317,6 +309,16 @@ pub trait Coordinator: Send + Sync {
         let _ = (replica, roles, stop);
         None
     }
+}
+
+/// A listing's entries handed to `each` one by one, as `list_each` does by default.
+fn hand_on(
+    listed: Result<(Vec<StoredTask>, Version), CoordError>,
+    each: &mut (dyn FnMut(StoredTask) + Send),
+) -> Result<Version, CoordError> {
+    let (entries, version) = listed?;
+    entries.into_iter().for_each(each);
+    Ok(version)
 }
 
 /// The one place the seam's futures are boxed: every backend that implements the three

@@ -357,23 +357,29 @@ async fn rotated_redis_certificates(server_name: Option<&str>) {
     );
 }
 
-/// `leaderq server --verify-incoming` refuses a client without a certificate at the
-/// handshake, and answers one with a certificate its CA signed.
-#[tokio::test]
-async fn tls_server_refuses_a_client_without_a_certificate() {
-    let dir = tempfile::tempdir().unwrap();
-    let pki = Pki::generate(&dir.path().join("pki")).unwrap();
-    let server = LeaderqServer::start_tls(
+/// `leaderq server` serving HTTPS with `pki`'s certificate in `dir`, asking clients for
+/// theirs if `verify_incoming`.
+fn tls_server(dir: &tempfile::TempDir, pki: &Pki, verify_incoming: bool) -> LeaderqServer {
+    LeaderqServer::start_tls(
         common::exe(),
         "127.0.0.1:0",
         &dir.path().join("server"),
         &[],
         ServerTls {
             pki: pki.clone(),
-            verify_incoming: true,
+            verify_incoming,
         },
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// `leaderq server --verify-incoming` refuses a client without a certificate at the
+/// handshake, and answers one with a certificate its CA signed.
+#[tokio::test]
+async fn tls_server_refuses_a_client_without_a_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::generate(&dir.path().join("pki")).unwrap();
+    let server = tls_server(&dir, &pki, true);
     let url = server.url("/v1/status/leader");
     let curl = |with_cert: bool| {
         let mut command = std::process::Command::new("curl");
@@ -435,17 +441,7 @@ async fn tls_server_certificate_rotated_without_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let pki = Pki::generate(&dir.path().join("pki")).unwrap();
     let next = Pki::generate(&dir.path().join("next")).unwrap();
-    let server = LeaderqServer::start_tls(
-        common::exe(),
-        "127.0.0.1:0",
-        &dir.path().join("server"),
-        &[],
-        ServerTls {
-            pki: pki.clone(),
-            verify_incoming: false,
-        },
-    )
-    .unwrap();
+    let server = tls_server(&dir, &pki, false);
     let url = server.url("/v1/status/leader");
     let code = |ca: &Path| {
         let output = std::process::Command::new("curl")

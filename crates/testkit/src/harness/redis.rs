@@ -163,18 +163,7 @@ impl RedisServer {
     /// Runs `redis-cli` against the server with `args`; its standard output.
     pub fn cli(&self, args: &[&[u8]]) -> Result<String, String> {
         use std::os::unix::ffi::OsStrExt as _;
-        let mut command = Command::new(&self.cli);
-        command.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
-        if let Some(pki) = &self.tls {
-            command
-                .arg("--tls")
-                .arg("--cacert")
-                .arg(&pki.ca)
-                .arg("--cert")
-                .arg(&pki.client_cert)
-                .arg("--key")
-                .arg(&pki.client_key);
-        }
+        let mut command = cli_command(&self.cli, self.port, self.tls.as_ref());
         let output = command
             .args(args.iter().map(|a| std::ffi::OsStr::from_bytes(a)))
             .output()
@@ -189,6 +178,24 @@ impl RedisServer {
         }
         Ok(out)
     }
+}
+
+/// `redis-cli` against 127.0.0.1:`port`, over TLS with the client's certificate from `pki`
+/// if given.
+pub(super) fn cli_command(cli: &std::path::Path, port: u16, pki: Option<&Pki>) -> Command {
+    let mut command = Command::new(cli);
+    command.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(pki) = pki {
+        command
+            .arg("--tls")
+            .arg("--cacert")
+            .arg(&pki.ca)
+            .arg("--cert")
+            .arg(&pki.client_cert)
+            .arg("--key")
+            .arg(&pki.client_key);
+    }
+    command
 }
 
 /// Whether a Redis on `port` answers PING with PONG (it answers LOADING errors while it

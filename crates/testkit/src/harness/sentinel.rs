@@ -15,7 +15,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use super::pki::Pki;
-use super::redis::{RedisServer, PREFIX};
+use super::redis::{cli_command, RedisServer, PREFIX};
 use super::{external, free_port, wait_for, Cluster, Proc};
 
 /// The name the sentinels monitor the primary under.
@@ -163,19 +163,11 @@ impl RedisSentinels {
 
     /// Runs `redis-cli` against the sentinel on `port`; its standard output.
     fn sentinel_cli(&self, port: u16, args: &[&str]) -> Result<String, String> {
-        let mut command = Command::new(&self.cli);
-        command.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
-        if let Some((pki, true)) = &self.tls {
-            command
-                .arg("--tls")
-                .arg("--cacert")
-                .arg(&pki.ca)
-                .arg("--cert")
-                .arg(&pki.client_cert)
-                .arg("--key")
-                .arg(&pki.client_key);
-        }
-        let output = command
+        let pki = match &self.tls {
+            Some((pki, true)) => Some(pki),
+            _ => None,
+        };
+        let output = cli_command(&self.cli, port, pki)
             .args(args)
             .output()
             .map_err(|e| format!("cannot run redis-cli: {e}"))?;
