@@ -22,7 +22,7 @@ use crate::task::Task;
 /// The most bytes of pending tasks' values a listing's intake holds: a task past them is
 /// held without its value, read again before it is claimed (`Backlog::unfilled_front`).
 /// A backlog whose values fit is claimed from what was listed, as ever.
-pub(crate) const VALUES_HELD: usize = 16 << 20;
+pub(crate) const VALUES_HELD: usize = 4 << 20;
 
 /// Added to the longest backoff (backoff_max + 20% jitter) before a notBefore is
 /// disbelieved: the clocks of replicas differ a little.
