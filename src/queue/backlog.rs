@@ -18,7 +18,6 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::pending::{Incoming, Order, Out, PendingSet, Popped};
-use super::sort::{Held, Relisted};
 use crate::coord::{Names, StoredTask, TaskVersion};
 use crate::task::Task;
 
@@ -208,6 +207,39 @@ fn task_out(out: Out<'_>) -> Task {
 fn task_popped(popped: Popped) -> Task {
     let value = popped.value.expect("a pending task's value is held");
     task_of(&popped.key, popped.order, popped.version, value.into_vec())
+}
+
+/// An entry of a listing read beside the claims, without its value: its key, version and
+/// who holds it.
+#[derive(Debug)]
+pub struct Relisted {
+    pub key: Box<str>,
+    pub version: crate::coord::TaskVersion,
+    pub held: Held,
+}
+
+/// Who holds a relisted entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Held {
+    Free,
+    /// The leader's own lease: one of its runs, or one that ended during the read.
+    Own,
+    Other,
+}
+
+impl Relisted {
+    pub fn of(entry: StoredTask, own: &crate::coord::LeaseId) -> Relisted {
+        let held = match &entry.holder {
+            None => Held::Free,
+            Some(holder) if holder == own => Held::Own,
+            Some(_) => Held::Other,
+        };
+        Relisted {
+            key: entry.key.into_boxed_str(),
+            version: entry.version,
+            held,
+        }
+    }
 }
 
 /// The leader's picture of the queue between two listings: pending tasks in claim order,
@@ -677,13 +709,12 @@ mod tests {
     use std::time::Duration;
 
     use super::{
-        scheduled_count, wake_at, Backlog, Keys, Looked, Next, MAX_FETCH, MAX_TASKS_PER_LISTING,
-        RELIST_FRACTION,
+        scheduled_count, wake_at, Backlog, Keys, Looked, Next, Relisted, MAX_FETCH,
+        MAX_TASKS_PER_LISTING, RELIST_FRACTION,
     };
     use crate::coord::StoredTask;
     use crate::coord::{LeaseId, Names, TaskVersion};
     use crate::queue::scripted::{at, grouped, scheduled, task};
-    use crate::queue::sort::Relisted;
 
     /// A task with a priority (its own `taskPriority`, or its type's once sorted out).
     fn urgent(key: &str, time: i64, priority: i32) -> crate::task::Task {

@@ -22,8 +22,10 @@ use std::hash::BuildHasher;
 use chrono::{DateTime, Utc};
 use hashbrown::HashTable;
 
-use super::backlog::KeyHash;
 use crate::coord::TaskVersion;
+
+/// The hash of the key table and the name tables: seeded per process, fast on short keys.
+type KeyHash = foldhash::fast::RandomState;
 
 /// A pending task's place in claim order, without its key: higher priority first, then
 /// earlier `taskTime`, then earlier creation; ties by key.

@@ -12,7 +12,7 @@ use chrono::{DateTime, Utc};
 use tokio::time::Instant;
 use tokio_util::task::AbortOnDropHandle;
 
-use super::backlog::{self, Backlog, Keys, Looked, Pending};
+use super::backlog::{self, Backlog, Held, Keys, Looked, Pending, Relisted};
 use super::entry::{classify, Entry, EntryRules, Remembered, UnansweredClaim};
 use super::pending::PendingSet;
 use super::{LeadEnd, Queue};
@@ -532,39 +532,6 @@ impl Intake<'_> {
 pub(super) enum Read {
     Names(Result<Names, CoordError>),
     Listing(Result<Vec<Relisted>, CoordError>),
-}
-
-/// An entry of a listing read beside the claims, without its value: its key, version and
-/// who holds it.
-#[derive(Debug)]
-pub(super) struct Relisted {
-    pub(super) key: Box<str>,
-    pub(super) version: crate::coord::TaskVersion,
-    pub(super) held: Held,
-}
-
-/// Who holds a relisted entry.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Held {
-    Free,
-    /// The leader's own lease: one of its runs, or one that ended during the read.
-    Own,
-    Other,
-}
-
-impl Relisted {
-    pub(super) fn of(entry: StoredTask, own: &crate::coord::LeaseId) -> Relisted {
-        let held = match &entry.holder {
-            None => Held::Free,
-            Some(holder) if holder == own => Held::Own,
-            Some(_) => Held::Other,
-        };
-        Relisted {
-            key: entry.key.into_boxed_str(),
-            version: entry.version,
-            held,
-        }
-    }
 }
 
 /// A look's names or a listing being read in the background (`Queue::start_look`,

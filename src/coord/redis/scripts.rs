@@ -11,8 +11,6 @@
 //!
 //! The arguments of the queue's scripts and the reading of their answers are `plan.rs`'s.
 
-use super::client::Connection;
-
 use crate::coord::{CoordError, HolderRecord};
 
 use super::layout::{Layout, TOKEN_MAX};
@@ -416,7 +414,7 @@ impl Scripts {
 
 /// Runs `script` on `connection` with `layout`'s prefix and leader name, then `args`.
 pub async fn invoke<T: redis::FromRedisValue>(
-    connection: &mut Connection,
+    connection: &mut (impl redis::aio::ConnectionLike + Send),
     layout: &Layout,
     script: &redis::Script,
     args: &[&[u8]],
