@@ -135,6 +135,41 @@ pub struct ElectionSettings {
     /// Register the replica in the agent's service catalog (`registration.rs`).
     pub register_service: bool,
     pub service_name: String,
+    /// How many shards the queue is split into, each with its own leadership
+    /// (`task/shard.rs`, `service/shards.rs`); 1: one leader for the whole queue.
+    pub shards: u32,
+}
+
+/// The most shards a queue may be split into: each is a lease and a leadership on every
+/// replica, and a listing of the queue on the replica leading it.
+pub const MAX_SHARDS: u32 = 64;
+
+impl ElectionSettings {
+    /// The leader key of shard `index` of `count`: the leader key itself when there is one
+    /// shard (so that one shard is today's election, key for key), else a sibling key
+    /// naming the shard and the count, so that the shards of two counts never share a key.
+    pub fn shard_key_of(&self, index: u32, count: u32) -> String {
+        if count <= 1 {
+            self.leader_key.clone()
+        } else {
+            format!("{}-shard-{index}-of-{count}", self.leader_key)
+        }
+    }
+
+    /// The leader keys of every shard of `count`, in order.
+    pub fn shard_keys(&self, count: u32) -> Vec<String> {
+        (0..count.max(1))
+            .map(|index| self.shard_key_of(index, count))
+            .collect()
+    }
+
+    /// These settings for shard `index` of `election.shards`: its leader key.
+    pub fn for_shard(&self, index: u32) -> ElectionSettings {
+        ElectionSettings {
+            leader_key: self.shard_key_of(index, self.shards),
+            ..self.clone()
+        }
+    }
 }
 
 /// Where leaderq keeps its own records in the coordinator (the pause flag, the replicas'
@@ -531,6 +566,33 @@ impl Settings {
                 "election.leader_key {:?} lies under queue.prefix, queue.dead_prefix or queue.done_prefix, where it would be taken for a task",
                 self.election.leader_key
             ));
+        }
+        if !(1..=MAX_SHARDS).contains(&self.election.shards) {
+            return invalid(format!(
+                "election.shards = {} is out of range: use 1 (one leader for the whole queue) to {MAX_SHARDS}",
+                self.election.shards
+            ));
+        }
+        for key in self.election.shard_keys(self.election.shards) {
+            if let Err(reason) = crate::task::key::check(&key) {
+                return invalid(format!(
+                    "election.leader_key {:?} makes the shard key {key:?}, which is not a valid key: {reason}",
+                    self.election.leader_key
+                ));
+            }
+            if [
+                &self.queue.prefix,
+                &self.queue.dead_prefix,
+                &self.queue.done_prefix,
+            ]
+            .iter()
+            .any(|prefix| key.starts_with(prefix.as_str()))
+            {
+                return invalid(format!(
+                    "election.leader_key {:?} makes the shard key {key:?}, which lies under queue.prefix, queue.dead_prefix or queue.done_prefix, where it would be taken for a task",
+                    self.election.leader_key
+                ));
+            }
         }
         if self.election.lease_ttl.is_zero() {
             return invalid("election.lease_ttl must be more than 0s".into());

@@ -436,7 +436,8 @@ async fn run_tasks(args: TasksArgs, config: &ConfigArgs) -> anyhow::Result<()> {
     match args.command {
         TasksCmd::List { json } => {
             let limits = leaderq::operate::waits::Limits::of(&settings);
-            let rows = tasks::list(coord, &settings.queue, &limits).await?;
+            let mut rows = tasks::list(coord, &settings.queue, &limits).await?;
+            tasks::name_shards(&mut rows, settings.election.shards);
             json_or_text(json, &rows, |rows| {
                 tasks::render_list(rows, chrono::Utc::now())
             })

@@ -72,6 +72,8 @@ mod scheduled_tasks;
 mod schedules;
 #[path = "consumer/sentinel.rs"]
 mod sentinel;
+#[path = "consumer/shards.rs"]
+mod shards;
 #[path = "consumer/supervise.rs"]
 mod supervise;
 #[path = "consumer/tls.rs"]

@@ -102,6 +102,17 @@ pub trait Work {
         async {}
     }
 
+    /// Called before each campaign: waits until this replica may contend (`None`: it is
+    /// shutting down), and answers what ends a campaign it should no longer pursue (a
+    /// token cancelled on shutdown, or sooner). By default it contends at once, until shutdown.
+    fn may_contend(
+        &mut self,
+        shutdown: &CancellationToken,
+    ) -> impl Future<Output = Option<CancellationToken>> + Send {
+        let until = (!shutdown.is_cancelled()).then(|| shutdown.clone());
+        async { until }
+    }
+
     /// Called once leadership is won, before the term is recorded in the timeline: `Some`
     /// ends the term at once (leadership lost during a pause, a shutdown).
     fn before_term(
@@ -191,8 +202,22 @@ impl Replica {
                     work.taken_up(&lease).await;
                 }
             }
-            let leadership = match self.election.campaign(self.wait, shutdown).await {
-                Ok(None) => break,
+            let Some(until) = work.may_contend(shutdown).await else {
+                break;
+            };
+            let leadership = match self.election.campaign(self.wait, &until).await {
+                Ok(None) if shutdown.is_cancelled() => break,
+                // No longer worth contending for: withdraw (a candidacy left in line, a
+                // ZooKeeper latch node, would become leadership no one exercises), then ask
+                // again.
+                Ok(None) => {
+                    if let Some(lease) = self.election.lease().id() {
+                        if let Err(err) = self.coord.resign(&lease).await {
+                            tracing::warn!(error = %err, "cannot withdraw from the election");
+                        }
+                    }
+                    continue;
+                }
                 Ok(Some(leadership)) => leadership,
                 Err(ElectionError::Coord(CoordError::Refused(reason))) => {
                     ended = Err(reason);

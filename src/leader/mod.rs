@@ -25,6 +25,7 @@ pub mod lifecycle;
 pub mod renewal;
 pub mod replicas;
 pub mod rotation;
+pub mod shares;
 #[cfg(test)]
 mod tests;
 pub mod timeline;

@@ -51,6 +51,25 @@ pub struct ReplicaRecord {
     pub heartbeat_at: String,
     /// How often it writes it.
     pub heartbeat_every_ms: u64,
+    /// The shard count it runs with (`election.shards`; records written before shards
+    /// existed: 1).
+    #[serde(default = "one_shard")]
+    pub shards: u32,
+    /// The shards it leads, with their fencing tokens (a split queue only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub led_shards: Vec<LedShard>,
+}
+
+fn one_shard() -> u32 {
+    1
+}
+
+/// A shard a replica leads, in its record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LedShard {
+    pub shard: u32,
+    pub fencing_token: FencingToken,
 }
 
 /// A record as `status` shows it.
@@ -133,13 +152,17 @@ pub struct Me {
     pub prefix: String,
     pub every: Duration,
     pub started_at: String,
+    /// The shard count it runs with.
+    pub shards: u32,
 }
 
 /// This replica's standing, as the service loop publishes it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Standing {
-    /// The fencing token while it leads.
+    /// The fencing token while it leads (a split queue: its lowest shard's).
     pub leading: Option<FencingToken>,
+    /// The shards it leads, a split queue only.
+    pub shards: Vec<LedShard>,
 }
 
 fn record(me: &Me, lease: &super::Lease, standing: &Standing) -> ReplicaRecord {
@@ -158,6 +181,8 @@ fn record(me: &Me, lease: &super::Lease, standing: &Standing) -> ReplicaRecord {
         started_at: me.started_at.clone(),
         heartbeat_at: rfc3339(Utc::now()),
         heartbeat_every_ms: me.every.as_millis() as u64,
+        shards: me.shards,
+        led_shards: standing.shards.clone(),
     }
 }
 
@@ -232,6 +257,7 @@ mod tests {
             state: state.into(),
             heartbeat_at: rfc3339(Utc.timestamp_opt(heartbeat, 0).unwrap()),
             heartbeat_every_ms: every_ms,
+            shards: 1,
             ..ReplicaRecord::default()
         };
         StoredTask {

@@ -42,6 +42,17 @@ pub struct StateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShardLabels {
+    pub shard: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ShardStateLabels {
+    pub shard: String,
+    pub state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabels {
     pub kind: String,
 }
@@ -63,6 +74,10 @@ pub struct Metrics {
     handler_seconds: Family<TaskLabels, Histogram>,
     pub claim_conflicts: Counter,
     queue_depth: Family<StateLabels, Gauge>,
+    /// A split queue's: per shard, its leader's fencing token here (0: another leads it).
+    shard_fencing_token: Family<ShardLabels, Gauge>,
+    /// A split queue's: tasks by shard and state at its leader's last listing.
+    shard_queue_depth: Family<ShardStateLabels, Gauge>,
     coordinator_errors: Family<KindLabels, Counter>,
     pub blocking_restarts: Counter,
     leadership_losses: Counter,
@@ -139,6 +154,18 @@ impl Metrics {
             "Tasks by state at the leader's last listing (pending, in_flight, delayed, scheduled, dead)",
             queue_depth.clone(),
         );
+        let shard_fencing_token = Family::<ShardLabels, Gauge>::default();
+        registry.register(
+            "shard_fencing_token",
+            "A split queue's shards this replica leads, with their fencing tokens (0: not led here)",
+            shard_fencing_token.clone(),
+        );
+        let shard_queue_depth = Family::<ShardStateLabels, Gauge>::default();
+        registry.register(
+            "shard_queue_depth",
+            "A split queue's tasks by shard and state at the shard leader's last listing",
+            shard_queue_depth.clone(),
+        );
         let coordinator_errors = Family::<KindLabels, Counter>::default();
         registry.register(
             "coordinator_request_errors",
@@ -179,6 +206,8 @@ impl Metrics {
             handler_seconds,
             claim_conflicts,
             queue_depth,
+            shard_fencing_token,
+            shard_queue_depth,
             coordinator_errors,
             blocking_restarts,
             leadership_losses,
@@ -229,18 +258,28 @@ impl Metrics {
 
     /// `delayed`: waiting for a retry's backoff (or a lock-delay); `scheduled`: for the
     /// time their producer set (runAt).
-    pub fn queue_depth(&self, pending: usize, in_flight: usize, delayed: usize, scheduled: usize) {
+    /// The depths at a listing of the queue, or of one shard of a split queue.
+    pub fn queue_depth(
+        &self,
+        shard: Option<u32>,
+        [pending, in_flight, delayed, scheduled]: [usize; 4],
+    ) {
         for (state, value) in [
             ("pending", pending),
             ("in_flight", in_flight),
             ("delayed", delayed),
             ("scheduled", scheduled),
         ] {
-            self.queue_depth
-                .get_or_create(&StateLabels {
+            let gauge = match shard {
+                None => self.queue_depth.get_or_create(&StateLabels {
                     state: state.into(),
-                })
-                .set(value as i64);
+                }),
+                Some(shard) => self.shard_queue_depth.get_or_create(&ShardStateLabels {
+                    shard: shard.to_string(),
+                    state: state.into(),
+                }),
+            };
+            gauge.set(value as i64);
         }
     }
 
@@ -267,6 +306,15 @@ impl Metrics {
         self.renewal_seconds.observe(latency.as_secs_f64());
         self.last_renewal_ms
             .store(chrono::Utc::now().timestamp_millis(), Ordering::Relaxed);
+    }
+
+    /// Whether this replica leads `shard` of a split queue, and under which token.
+    pub fn shard_leading(&self, shard: u32, fencing_token: Option<FencingToken>) {
+        self.shard_fencing_token
+            .get_or_create(&ShardLabels {
+                shard: shard.to_string(),
+            })
+            .set(fencing_token.map_or(0, |token| token.0) as i64);
     }
 
     pub fn leading(&self, fencing_token: Option<FencingToken>) {
@@ -306,6 +354,9 @@ pub struct Observed {
     pub coord: Arc<dyn Coordinator>,
     /// Cleared when the consumer loop has ended.
     pub alive: AtomicBool,
+    /// A split queue's shards, in order: each one's election and this replica's lease in it
+    /// (empty: the queue is whole).
+    pub shards: Vec<(Arc<dyn Coordinator>, Arc<dyn LeaseView>)>,
 }
 
 pub fn router(observed: Arc<Observed>) -> Router {
@@ -354,8 +405,32 @@ async fn ready(State(observed): State<Arc<Observed>>) -> Response {
     }
 }
 
-/// The current holder of leadership, as the coordinator has it now.
+/// The current holder of leadership, as the coordinator has it now; a split queue's, of
+/// every shard (`shards`, each with its shard number, `null` fields while it has none),
+/// shard 0's at the top.
 async fn leader(State(observed): State<Arc<Observed>>) -> Response {
+    if !observed.shards.is_empty() {
+        let mut shards = Vec::new();
+        for (shard, (coord, lease)) in observed.shards.iter().enumerate() {
+            match coord.observe(Version(0), Duration::ZERO).await {
+                Ok((holder, _)) => shards.push(holder_json(&holder, lease.as_ref(), Some(shard))),
+                Err(err) => {
+                    return (
+                        StatusCode::BAD_GATEWAY,
+                        format!("cannot read shard {shard}'s leader key: {err}\n"),
+                    )
+                        .into_response()
+                }
+            }
+        }
+        let mut body = shards[0].clone();
+        body["shards"] = serde_json::Value::Array(shards);
+        return (
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response();
+    }
     match observed.coord.observe(Version(0), Duration::ZERO).await {
         Ok((holder, _)) if holder.lease.is_some() => {
             let record = holder.record.as_ref();
@@ -387,6 +462,28 @@ async fn leader(State(observed): State<Arc<Observed>>) -> Response {
         )
             .into_response(),
     }
+}
+
+/// A holder as `/leader` shows it (`shard`: a split queue's shard number).
+fn holder_json(
+    holder: &crate::coord::Holder,
+    lease: &dyn LeaseView,
+    shard: Option<usize>,
+) -> serde_json::Value {
+    let held = holder.lease.is_some();
+    let record = holder.record.as_ref().filter(|_| held);
+    let mut body = json!({
+        "node": record.map(|r| r.node.as_str()),
+        "lease": holder.lease.as_ref().map(|lease| lease.0.as_str()),
+        "session": holder.lease.as_ref().map(|lease| lease.0.as_str()),
+        "fencing_token": held.then_some(holder.token),
+        "since": record.map(|r| r.since.as_str()),
+        "this_replica": held && lease.id() == holder.lease,
+    });
+    if let Some(shard) = shard {
+        body["shard"] = json!(shard);
+    }
+    body
 }
 
 /// Binds the observe address, naming the setting when it cannot.

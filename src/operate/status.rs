@@ -46,6 +46,61 @@ pub struct StatusReport {
     pub waiting: BTreeMap<String, usize>,
     /// Every replica's record: the leader, standbys with their last heartbeat, the gone.
     pub replicas: Vec<ReplicaView>,
+    /// A split queue's shards (`election.shards`), each with its leader and backlog.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub shards: Vec<ShardView>,
+}
+
+/// One shard of a split queue, as `status` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ShardView {
+    pub shard: u32,
+    /// The node leading it, as the live replicas' records say; `None`: no leader now.
+    pub leader: Option<String>,
+    pub fencing_token: Option<FencingToken>,
+    /// Its tasks waiting to run now.
+    pub pending: usize,
+    /// Its tasks running.
+    pub in_flight: usize,
+}
+
+/// The `shards` shards of a queue holding `tasks`, led as the live `replicas` say.
+pub fn shard_views(
+    shards: u32,
+    replicas: &[ReplicaView],
+    tasks: &[StoredTask],
+    now: DateTime<Utc>,
+) -> Vec<ShardView> {
+    let mut views: Vec<ShardView> = (0..shards)
+        .map(|shard| ShardView {
+            shard,
+            ..ShardView::default()
+        })
+        .collect();
+    for replica in replicas.iter().filter(|replica| replica.status != "gone") {
+        for led in &replica.record.led_shards {
+            if let Some(view) = views.get_mut(led.shard as usize) {
+                view.leader = Some(replica.record.node.clone());
+                view.fencing_token = Some(led.fencing_token);
+            }
+        }
+    }
+    for stored in tasks {
+        let Ok(task) = Task::parse(stored) else {
+            continue;
+        };
+        let shard = crate::task::shard::shard_of(&stored.key, task.group(), shards);
+        let Some(view) = views.get_mut(shard as usize) else {
+            continue;
+        };
+        match task.status(now) {
+            Status::Pending => view.pending += 1,
+            Status::InFlight => view.in_flight += 1,
+            _ => {}
+        }
+    }
+    views
 }
 
 /// Every replica's record, as of now: the leader first, then standbys, then those gone
@@ -82,13 +137,16 @@ pub async fn status_under(
     let paused = paused(coord, queue).await?;
     let now = Utc::now();
     let mut report = status_of(&holder, &tasks, dead, paused, now);
+    report.replicas = replicas(coord, election).await?;
+    if election.shards > 1 {
+        report.shards = shard_views(election.shards, &report.replicas, &tasks, now);
+    }
     report.paused_types = paused_types(coord, queue).await?;
     let mut rows = super::tasks::task_rows(tasks, Vec::new(), now);
     let mut limits = limits.clone();
     limits.read_rates(coord, &queue.prefix, now).await;
     super::waits::explain(&mut rows, &limits, paused, &report.paused_types);
     report.waiting = super::waits::counts(&rows);
-    report.replicas = replicas(coord, election).await?;
     Ok(report)
 }
 
@@ -189,6 +247,19 @@ pub fn render(report: &StatusReport, now: DateTime<Utc>) -> String {
             .collect();
         lines.push(format!("waiting for:   {}", waiting.join(", ")));
     }
+    if !report.shards.is_empty() {
+        lines.push(format!("shards:        {}", report.shards.len()));
+        for shard in &report.shards {
+            let leader = match (&shard.leader, shard.fencing_token) {
+                (Some(node), Some(token)) => format!("{} (fencing token {token})", escape(node)),
+                _ => "no leader".to_string(),
+            };
+            lines.push(format!(
+                "  {:>3}  {leader}, {} pending, {} running",
+                shard.shard, shard.pending, shard.in_flight
+            ));
+        }
+    }
     if !report.replicas.is_empty() {
         lines.push("replicas:".to_string());
         for replica in &report.replicas {
@@ -197,6 +268,17 @@ pub fn render(report: &StatusReport, now: DateTime<Utc>) -> String {
                 .fencing_token
                 .map(|t| format!(", fencing token {t}"))
                 .unwrap_or_default();
+            let led: Vec<String> = replica
+                .record
+                .led_shards
+                .iter()
+                .map(|led| led.shard.to_string())
+                .collect();
+            let token = if led.is_empty() {
+                token
+            } else {
+                format!(", shards {}", led.join(","))
+            };
             lines.push(format!(
                 "  {:<8} {} (pid {} on {}{token}), last heartbeat {}s ago",
                 replica.status,

@@ -219,6 +219,19 @@ pub struct TaskRow {
     /// How far a running task's run got (0 to 1), as it last reported.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub progress: Option<f64>,
+    /// The shard it belongs to, in a split queue (`election.shards`); dead letters have none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shard: Option<u32>,
+}
+
+/// Names each queued task's shard of `shards` (a split queue only).
+pub fn name_shards(rows: &mut [TaskRow], shards: u32) {
+    if shards <= 1 {
+        return;
+    }
+    for row in rows.iter_mut().filter(|row| row.state != "dead") {
+        row.shard = Some(crate::task::shard::shard_of(&row.key, &row.group, shards));
+    }
 }
 
 /// Every task under the queue prefix and every dead letter, queue first, in claim order,
@@ -268,6 +281,7 @@ pub fn task_rows(
                 attempts: u64::from(task.attempts),
                 last_error: task.last_error.clone().unwrap_or_default(),
                 progress: task.progress().map(|(p, _)| p).filter(|_| task.taken),
+                shard: None,
             },
             None => TaskRow {
                 state: "malformed".into(),
@@ -281,6 +295,7 @@ pub fn task_rows(
                 last_error: "not a valid task; the leader moves it to the dead-letter prefix"
                     .into(),
                 progress: None,
+                shard: None,
             },
         });
     }
@@ -309,6 +324,7 @@ pub fn task_rows(
                 .unwrap_or("")
                 .into(),
             progress: None,
+            shard: None,
         });
     }
     rows
@@ -331,11 +347,15 @@ pub fn render_list(rows: &[TaskRow], now: DateTime<Utc>) -> String {
             .unwrap_or_default();
         // Keys, types and errors are stored text: shown escaped.
         let error: String = escape(&row.last_error).chars().take(80).collect();
-        // A running task's last reported progress joins its state ("running 40%").
-        let state = match row.progress {
+        // A running task's last reported progress joins its state ("running 40%"), and a
+        // split queue's task its shard ("pending @3").
+        let mut state = match row.progress {
             Some(p) => format!("{} {:.0}%", row.state, p * 100.0),
             None => row.state.clone(),
         };
+        if let Some(shard) = row.shard {
+            state.push_str(&format!(" @{shard}"));
+        }
         out.push_str(&format!(
             "{:<10} {:<40} {:<20} {:>10} {:>10} {:>8}  {:<28} {}\n",
             state,

@@ -172,6 +172,7 @@ mod tests {
             attempts: 0,
             last_error: String::new(),
             progress: None,
+            shard: None,
         }
     }
 

@@ -201,7 +201,7 @@ impl Queue {
             finished: !work.finished.is_empty(),
             unsure: work.finished.iter().any(|done| done.sent_under.is_some()),
             single: work.single,
-            held: !work.memory.held_groups.is_empty(),
+            held: !work.memory.held_groups.is_empty() || !work.memory.held_kinds.is_empty(),
         }
     }
 

@@ -196,6 +196,44 @@ pub struct Queue {
     pub term: Term,
     /// What the lease allows: when a claim may start, when an orphan may be requeued.
     pub lease_rules: LeaseRules,
+    /// The shard this queue leads, if the queue is split (`Sharding::default()`: all of it).
+    pub sharding: Sharding,
+}
+
+/// The part of a split queue one leadership leads (`election.shards`), and how the replica
+/// asks it to hand that shard over to another.
+#[derive(Clone, Debug, Default)]
+pub struct Sharding {
+    /// The shard whose tasks this queue claims; `None`: every task.
+    pub shard: Option<crate::task::shard::Shard>,
+    /// Becomes `true` when the replica leads more shards than its share: the term ends as
+    /// a rotation does (runs finished, claims put back), and another replica takes it.
+    pub handover: Option<tokio::sync::watch::Receiver<bool>>,
+}
+
+impl Sharding {
+    /// Whether the term is asked to hand its shard over now.
+    fn handing_over(&self) -> bool {
+        self.handover.as_ref().is_some_and(|asked| *asked.borrow())
+    }
+
+    /// Resolves once the term is asked to hand its shard over (never, unsplit).
+    async fn handover_asked(&self) {
+        match self.handover.clone() {
+            Some(mut asked) => {
+                if asked.wait_for(|asked| *asked).await.is_err() {
+                    std::future::pending::<()>().await;
+                }
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Whether this queue does what is done once for the whole queue (history pruning):
+    /// unsplit, or shard 0.
+    pub fn leads_the_common_work(&self) -> bool {
+        self.shard.is_none_or(|shard| shard.index == 0)
+    }
 }
 
 /// The leader's rules against runs it cannot see: a run of an earlier holder that may
@@ -244,8 +282,11 @@ impl Queue {
             unrecorded: Vec::new(),
         };
         self.term.begin();
-        // Pruned beside the claims for as long as this term lasts.
-        let _history = self.keep_history();
+        // Pruned beside the claims for as long as this term lasts, by one shard's leader.
+        let _history = self
+            .sharding
+            .leads_the_common_work()
+            .then(|| self.keep_history());
         loop {
             match self.turn(lead, &mut between).await {
                 Ok(()) | Err(None) => continue,
@@ -440,19 +481,27 @@ impl Queue {
 
     /// Whether rotate mode ends this term now.
     fn rotation_due(&self) -> bool {
-        self.rotation
-            .is_some_and(|rotation| rotation.due(self.term.led_for(), self.term.runs()))
+        self.sharding.handing_over()
+            || self
+                .rotation
+                .is_some_and(|rotation| rotation.due(self.term.led_for(), self.term.runs()))
     }
 
     /// Resolves when time alone ends this term (never in latch mode, or with no time
     /// limit), so an idle leader does not wait out a whole listing first.
     async fn term_over(&self) {
-        match self
-            .rotation
-            .and_then(|rotation| rotation.time_left(self.term.led_for()))
-        {
-            Some(left) => tokio::time::sleep(left).await,
-            None => std::future::pending().await,
+        let by_time = async {
+            match self
+                .rotation
+                .and_then(|rotation| rotation.time_left(self.term.led_for()))
+            {
+                Some(left) => tokio::time::sleep(left).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = by_time => {}
+            () = self.sharding.handover_asked() => {}
         }
     }
 

@@ -179,10 +179,13 @@ impl Queue {
         memory.set_aside = sorted.paused;
         let scheduled = backlog::scheduled_count(&sorted.delayed);
         self.metrics.queue_depth(
-            sorted.pending.len(),
-            sorted.in_flight,
-            sorted.delayed.len() - scheduled,
-            scheduled,
+            self.sharding.shard.map(|shard| shard.index),
+            [
+                sorted.pending.len(),
+                sorted.in_flight,
+                sorted.delayed.len() - scheduled,
+                scheduled,
+            ],
         );
         if self.settings.concurrency <= 1 && (sorted.in_flight > 0 || sorted.fenced_until.is_some())
         {
@@ -442,8 +445,9 @@ impl Queue {
         match listed_in_flight {
             Some(in_flight) => {
                 let (pending, delayed, scheduled) = backlog.depth();
+                let shard = self.sharding.shard.map(|shard| shard.index);
                 self.metrics
-                    .queue_depth(pending, in_flight, delayed, scheduled);
+                    .queue_depth(shard, [pending, in_flight, delayed, scheduled]);
             }
             None => backlog.look_took(read_in + clock.since(merging)),
         }
@@ -494,6 +498,24 @@ impl Intake<'_> {
         let registry = &self.queue.registry;
         let has_handler = |task_type: &str| registry.get(task_type).is_some();
         let mut entry = classify(entry, &self.rules, remembered, has_handler, now);
+        // Another shard's task is known, so that no look reads it again, and its run counts
+        // against its type's cap; nothing else: its shard's leader claims, settles and
+        // dead-letters it.
+        if let Some(shard) = self.queue.sharding.shard {
+            if let Some((key, group)) = shard_name(&entry) {
+                if !shard.owns(key, group) {
+                    if let Entry::Held { task } | Entry::Fenced { task, .. } = &entry {
+                        *self
+                            .memory
+                            .held_kinds
+                            .entry(task.task_type.clone())
+                            .or_default() += 1;
+                    }
+                    self.sorted.keys.insert(key.into());
+                    return;
+                }
+            }
+        }
         if let Entry::Pending { task, .. } | Entry::Waiting { task, .. } = &mut entry {
             if task.priority.is_none() && self.by_type {
                 task.priority = registry.policy(&task.task_type).priority;
@@ -525,6 +547,23 @@ impl Intake<'_> {
         }
         sorted.pending.finish_line();
         Ok(sorted)
+    }
+}
+
+/// What decides the entry's shard (`task/shard.rs`): its key and its group (empty:
+/// none; a value that is not a task has none). `None`: an entry with no usable key.
+fn shard_name(entry: &Entry) -> Option<(&str, &str)> {
+    match entry {
+        Entry::Pending { task, .. }
+        | Entry::Waiting { task, .. }
+        | Entry::Held { task }
+        | Entry::Fenced { task, .. }
+        | Entry::Requeue { task, .. }
+        | Entry::Unanswered { task, .. }
+        | Entry::Foreign { task } => Some((&task.key, task.group())),
+        Entry::DeadLetter { entry, .. } => Some((&entry.key, "")),
+        Entry::HeldUnreadable { key } => Some((key, "")),
+        Entry::HeldUnaddressable => None,
     }
 }
 

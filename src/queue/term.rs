@@ -49,7 +49,8 @@ pub(super) struct Seen {
     pub(super) unsure: bool,
     /// The coordinator refused a claim as too large: one task per write.
     pub(super) single: bool,
-    /// Another lease holds tasks of some groups (a previous leader's runs).
+    /// Another lease holds tasks of some groups or capped types (a previous leader's runs,
+    /// another shard's).
     pub(super) held: bool,
 }
 

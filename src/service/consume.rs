@@ -95,6 +95,8 @@ struct Consume<'a> {
     /// This replica's record of itself, for `status`.
     standing: tokio::sync::watch::Sender<crate::leader::replicas::Standing>,
     shutdown: &'a CancellationToken,
+    /// The shard count the deployment records (one shard: this replica's count).
+    moves: super::shards::Moves,
 }
 
 impl Work for Consume<'_> {
@@ -104,6 +106,17 @@ impl Work for Consume<'_> {
         self.queue.release_previous(lease).await;
     }
 
+    async fn may_contend(&mut self, shutdown: &CancellationToken) -> Option<CancellationToken> {
+        self.moves
+            .wait_for_count(shutdown)
+            .await
+            .then(|| shutdown.clone())
+    }
+
+    async fn before_term(&mut self, _leadership: &Leadership) -> Option<TermEnd> {
+        (!self.moves.still_recorded().await).then_some(TermEnd::Done { stand_back: true })
+    }
+
     async fn lead(&mut self, leadership: &Leadership) -> (TermEnd, String) {
         let metrics = &self.queue.metrics;
         metrics.leading(Some(leadership.fencing_token));
@@ -111,6 +124,7 @@ impl Work for Consume<'_> {
         self.standing
             .send_replace(crate::leader::replicas::Standing {
                 leading: Some(leadership.fencing_token),
+                shards: Vec::new(),
             });
         let end = lead_watched(
             self.queue,
@@ -124,22 +138,28 @@ impl Work for Consume<'_> {
         metrics.leading(None);
         self.role.send_replace(Role::Standby);
         self.standing
-            .send_replace(crate::leader::replicas::Standing { leading: None });
-        let said = term_ended(&end);
-        let end = match end {
-            LeadEnd::Shutdown => TermEnd::Shutdown { code: 0 },
-            LeadEnd::Rotate => TermEnd::Done { stand_back: true },
-            LeadEnd::StepDown(reason) => TermEnd::StepDown { reason, stop: None },
-        };
-        (end, said)
+            .send_replace(crate::leader::replicas::Standing::default());
+        term_end(end)
     }
+}
+
+/// How a term of `consume` ended, for the lifecycle and the timeline.
+pub(super) fn term_end(end: LeadEnd) -> (TermEnd, String) {
+    let said = term_ended(&end);
+    let end = match end {
+        LeadEnd::Shutdown => TermEnd::Shutdown { code: 0 },
+        LeadEnd::Rotate => TermEnd::Done { stand_back: true },
+        LeadEnd::StepDown(reason) => TermEnd::StepDown { reason, stop: None },
+    };
+    (end, said)
 }
 
 /// Leads one term while watching the leadership record and ticking the queue's schedules:
 /// a loss seen at the coordinator deposes the lease at once, which stops the runs
 /// (SIGTERM, then SIGKILL after the kill grace) and ends the term, instead of waiting for
-/// the next renewal to fail. The ticker stops with the term.
-async fn lead_watched(
+/// the next renewal to fail. The ticker stops with the term; a split queue's schedules
+/// tick on shard 0's leader.
+pub(super) async fn lead_watched(
     queue: &Queue,
     coord: &dyn crate::coord::Coordinator,
     leadership: &Leadership,
@@ -159,7 +179,7 @@ async fn lead_watched(
         wait,
     );
     tokio::pin!(lead, watch, ticker);
-    let (mut watching, mut ticking) = (true, true);
+    let (mut watching, mut ticking) = (true, queue.sharding.leads_the_common_work());
     loop {
         tokio::select! {
             end = &mut lead => return end,
@@ -202,25 +222,52 @@ pub async fn run(
         .await
         .map_err(ConsumerError::PreviousHandlers)?;
         let metrics = Arc::new(Metrics::new(registry.task_types()));
-        let mut replica = Replica::new(
-            coord.clone(),
-            &settings.election,
-            &node_id,
-            data_dir.path(),
-            metrics.clone(),
-            settings.watch_wait(),
-        );
-        let queue = Queue {
-            coord: coord.clone(),
-            settings: settings.queue.clone(),
-            registry: registry.clone(),
-            node_id: node_id.clone(),
-            wait: settings.watch_wait(),
-            metrics: metrics.clone(),
-            rotation: crate::leader::rotation::Rotation::from_settings(&settings.election),
-            term: Default::default(),
-            lease_rules: crate::queue::LeaseRules::from_settings(&settings),
-        };
+        // One life per shard (one: the queue whole, under the leader key itself), each with
+        // its election, lease, data dir and queue.
+        let shard_count = settings.election.shards;
+        let mut lives = Vec::new();
+        for index in 0..shard_count {
+            let (own, dir, shard_coord) = if shard_count == 1 {
+                (settings.clone(), data_dir.path().to_path_buf(), coord.clone())
+            } else {
+                let own = super::shards::shard_settings(&settings, index);
+                let dir = super::shards::shard_dir(data_dir.path(), index, shard_count).map_err(
+                    |err| ConsumerError::Settings(format!("data.dir: cannot make the shard's directory: {err}")),
+                )?;
+                let shard_coord = crate::service::connect::connect(&own)?;
+                (own, dir, shard_coord)
+            };
+            let replica = Replica::new(
+                shard_coord.clone(),
+                &own.election,
+                &node_id,
+                &dir,
+                metrics.clone(),
+                settings.watch_wait(),
+            );
+            let queue = Queue {
+                coord: shard_coord,
+                settings: settings.queue.clone(),
+                registry: registry.clone(),
+                node_id: node_id.clone(),
+                wait: settings.watch_wait(),
+                metrics: metrics.clone(),
+                rotation: crate::leader::rotation::Rotation::from_settings(&settings.election),
+                term: Default::default(),
+                lease_rules: crate::queue::LeaseRules::from_settings(&settings),
+                sharding: crate::queue::Sharding {
+                    shard: (shard_count > 1).then_some(crate::task::shard::Shard {
+                        index,
+                        count: shard_count,
+                    }),
+                    handover: None,
+                },
+            };
+            lives.push((replica, queue));
+        }
+        // What the replica shows of itself (health, catalog, record) is its first shard's lease.
+        let lease = lives[0].0.election.lease();
+        let observed_coord = lives[0].1.coord.clone();
         let task_types: Vec<&str> = registry.task_types().collect();
         tracing::info!(node = %node_id, coordinator = %coord.describe(), prefix = %settings.queue.prefix, ?task_types, "consumer starting");
 
@@ -228,9 +275,20 @@ pub async fn run(
         let stop_renewer = CancellationToken::new();
         let observed = Arc::new(Observed {
             metrics: metrics.clone(),
-            lease: replica.election.lease(),
-            coord: coord.clone(),
+            lease: lease.clone(),
+            coord: observed_coord,
             alive: std::sync::atomic::AtomicBool::new(true),
+            shards: if shard_count > 1 {
+                lives
+                    .iter()
+                    .map(|(replica, queue)| {
+                        let lease: Arc<dyn crate::observe::LeaseView> = replica.election.lease();
+                        (queue.coord.clone(), lease)
+                    })
+                    .collect()
+            } else {
+                Vec::new()
+            },
         });
         let mut observe_address = None;
         if settings.observe.enabled {
@@ -262,7 +320,9 @@ pub async fn run(
                 }
             }.in_current_span());
         }
-        replica.renew(settings.election.lease_ttl, &tracker, stop_renewer.clone());
+        for (replica, _) in &lives {
+            replica.renew(settings.election.lease_ttl, &tracker, stop_renewer.clone());
+        }
         // In the coordinator's service catalog (Consul's; the others have none) with its
         // role as tag, taken out after `leave` below.
         let (role, role_changes) = tokio::sync::watch::channel(Role::Standby);
@@ -288,12 +348,13 @@ pub async fn run(
                 prefix,
                 every: settings.election.lease_ttl / 3,
                 started_at: crate::task::rfc3339(chrono::Utc::now()),
+                shards: shard_count,
             };
             tracker.spawn(
                 crate::leader::replicas::keep_present(
                     coord.clone(),
                     me,
-                    replica.election.lease(),
+                    lease.clone(),
                     standing_changes,
                     stop_renewer.clone(),
                 )
@@ -302,14 +363,28 @@ pub async fn run(
         }
         tracker.close();
 
-        let mut work = Consume {
-            queue: &queue,
-            lease: replica.election.lease(),
-            role,
-            standing,
-            shutdown: &shutdown,
+        let ended = if shard_count == 1 {
+            let (mut replica, queue) = lives.pop().expect("one life per shard");
+            let mut work = Consume {
+                queue: &queue,
+                lease,
+                role,
+                standing,
+                shutdown: &shutdown,
+                moves: super::shards::Moves::new(&settings, coord.clone(), &node_id),
+            };
+            replica.live(&mut work, &shutdown).await
+        } else {
+            let board = super::shards::Board::new(
+                &settings,
+                &node_id,
+                coord.clone(),
+                standing,
+                role,
+                metrics.clone(),
+            );
+            super::shards::live_all(lives, &board, &settings, &shutdown).await
         };
-        let ended = replica.live(&mut work, &shutdown).await;
         observed
             .alive
             .store(false, std::sync::atomic::Ordering::Relaxed);

@@ -8,6 +8,7 @@ pub mod connect;
 pub mod consume;
 pub mod dev;
 pub mod run;
+pub mod shards;
 
 /// Resolves on SIGTERM or Ctrl-C.
 pub async fn shutdown_signal() {

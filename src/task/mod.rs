@@ -26,6 +26,7 @@ mod known;
 pub mod output;
 pub mod progress;
 mod rewrite;
+pub mod shard;
 
 use std::time::Duration;
 

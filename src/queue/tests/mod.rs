@@ -29,6 +29,7 @@ mod priority;
 mod rates;
 mod retries;
 mod scheduled;
+mod shards;
 mod stopped;
 mod term;
 mod ticker;
@@ -202,6 +203,7 @@ async fn rotate_mode_ends_the_term_after_its_runs_with_nothing_held() {
         }),
         term: Default::default(),
         lease_rules: LeaseRules::from_settings(&settings),
+        sharding: Default::default(),
     };
     let shutdown = CancellationToken::new();
     let end = tokio::time::timeout(
@@ -282,6 +284,7 @@ fn queue_on(
         rotation: None,
         term: Default::default(),
         lease_rules: LeaseRules::from_settings(settings),
+        sharding: Default::default(),
     }
 }
 
