@@ -138,6 +138,10 @@ pub struct ElectionSettings {
     /// How many shards the queue is split into, each with its own leadership
     /// (`task/shard.rs`, `service/shards.rs`); 1: one leader for the whole queue.
     pub shards: u32,
+    /// Which shard these settings elect for (`for_shard`); `None`: the queue's own
+    /// election. Never read from a file.
+    #[serde(skip)]
+    pub shard: Option<u32>,
 }
 
 /// The most shards a queue may be split into: each is a lease and a leadership on every
@@ -167,6 +171,7 @@ impl ElectionSettings {
     pub fn for_shard(&self, index: u32) -> ElectionSettings {
         ElectionSettings {
             leader_key: self.shard_key_of(index, self.shards),
+            shard: Some(index),
             ..self.clone()
         }
     }

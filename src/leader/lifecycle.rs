@@ -102,15 +102,16 @@ pub trait Work {
         async {}
     }
 
-    /// Called before each campaign: waits until this replica may contend (`None`: it is
-    /// shutting down), and answers what ends a campaign it should no longer pursue (a
-    /// token cancelled on shutdown, or sooner). By default it contends at once, until shutdown.
+    /// Called before each campaign: waits until this replica may contend (`Ok(None)`: it
+    /// is shutting down; `Err`: the coordinator refuses it, and the life ends with the
+    /// reason), and answers what ends a campaign it should no longer pursue (a token
+    /// cancelled on shutdown, or sooner). By default it contends at once, until shutdown.
     fn may_contend(
         &mut self,
         shutdown: &CancellationToken,
-    ) -> impl Future<Output = Option<CancellationToken>> + Send {
+    ) -> impl Future<Output = Result<Option<CancellationToken>, String>> + Send {
         let until = (!shutdown.is_cancelled()).then(|| shutdown.clone());
-        async { until }
+        async { Ok(until) }
     }
 
     /// Called once leadership is won, before the term is recorded in the timeline: `Some`
@@ -197,13 +198,27 @@ impl Replica {
             }
             // A lease taken up from before a restart may still hold what the previous
             // process left: the work undoes it before this replica stands by.
-            if self.election.ensure_lease().await.is_ok() {
-                if let Some(lease) = self.election.take_reused() {
-                    work.taken_up(&lease).await;
+            // A coordinator that refuses this replica (its certificates, its TTL) ends the
+            // life here with the reason, before the work asks anything of it.
+            match self.election.ensure_lease().await {
+                Ok(_) => {
+                    if let Some(lease) = self.election.take_reused() {
+                        work.taken_up(&lease).await;
+                    }
                 }
+                Err(ElectionError::Coord(CoordError::Refused(reason))) => {
+                    ended = Err(reason);
+                    break;
+                }
+                Err(_) => {}
             }
-            let Some(until) = work.may_contend(shutdown).await else {
-                break;
+            let until = match work.may_contend(shutdown).await {
+                Ok(Some(until)) => until,
+                Ok(None) => break,
+                Err(reason) => {
+                    ended = Err(reason);
+                    break;
+                }
             };
             let leadership = match self.election.campaign(self.wait, &until).await {
                 Ok(None) if shutdown.is_cancelled() => break,

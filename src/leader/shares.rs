@@ -84,6 +84,13 @@ pub fn to_give(led: &BTreeSet<u32>) -> Option<u32> {
     led.last().copied()
 }
 
+/// The slots (runs at once) of the `rank`-th of the `led` shards a replica leads, so that
+/// they add up to the replica's `concurrency` (each at least one).
+pub fn slots(concurrency: usize, rank: usize, led: usize) -> usize {
+    let led = led.max(1);
+    (concurrency / led + usize::from(rank < concurrency % led)).max(1)
+}
+
 /// What a replica running with `mine` shards does about the recorded count.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Move {
@@ -158,6 +165,20 @@ mod tests {
         assert!(!hands_over("sa", &[("sa", 6)], 6));
         assert_eq!(to_give(&[0, 4, 5].into()), Some(5));
         assert_eq!(to_give(&BTreeSet::new()), None);
+    }
+
+    /// A replica's slots are spread over the shards it leads, the first ones taking the
+    /// remainder; every shard has one at least.
+    #[test]
+    fn a_replicas_slots_are_spread_over_its_shards() {
+        let spread = |concurrency, led| -> Vec<usize> {
+            (0..led).map(|rank| slots(concurrency, rank, led)).collect()
+        };
+        assert_eq!(spread(8, 6), [2, 2, 1, 1, 1, 1]);
+        assert_eq!(spread(8, 3), [3, 3, 2]);
+        assert_eq!(spread(8, 2), [4, 4]);
+        assert_eq!(spread(1, 3), [1, 1, 1]);
+        assert!(spread(8, 0).is_empty());
     }
 
     /// A replica contends under its own count; under another it stands by while the old

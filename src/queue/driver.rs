@@ -155,7 +155,13 @@ impl Queue {
             kinds: HashMap::new(),
             rates: None,
         };
-        let mut term = Term::new(self.settings.concurrency, self.settings.claim_batch);
+        let slots = self.sharding.slots(self.settings.concurrency);
+        let mut term = Term::new(slots, self.settings.claim_batch);
+        if slots <= 1 && self.settings.concurrency > 1 {
+            // A shard with one of the replica's several slots still keeps the groups' and
+            // caps' rules, as several slots do.
+            term = term.without_claims_ahead();
+        }
         let rated = |kind: &str| self.registry.has_rate(kind);
         if self.registry.rates().next().is_some() && shell.work.backlog.has_pending_of(rated) {
             // A type's rate is decided task by task, as the slots choose them. Without a

@@ -252,7 +252,7 @@ mod tests {
     #[test]
     fn the_planned_cost_covers_the_write() {
         let settings = crate::config::Settings::load(None, crate::config::Env::default()).unwrap();
-        let consul = crate::coord::consul::connect(&settings.consul, "leader", false).unwrap();
+        let consul = crate::coord::consul::connect(&settings.consul, "leader", false, "").unwrap();
         the_planned_cost_covers_the_write_on(&memory());
         the_planned_cost_covers_the_write_on(consul.as_ref());
     }

@@ -209,6 +209,9 @@ pub struct Sharding {
     /// Becomes `true` when the replica leads more shards than its share: the term ends as
     /// a rotation does (runs finished, claims put back), and another replica takes it.
     pub handover: Option<tokio::sync::watch::Receiver<bool>>,
+    /// This shard's share of the replica's `queue.concurrency`, as the replica spreads it
+    /// over the shards it leads (read at each listing); `None`: all of it.
+    pub slots: Option<Arc<std::sync::atomic::AtomicUsize>>,
 }
 
 impl Sharding {
@@ -227,6 +230,15 @@ impl Sharding {
             }
             None => std::future::pending().await,
         }
+    }
+
+    /// How many runs at once this queue's term has, of the replica's `concurrency`.
+    fn slots(&self, concurrency: usize) -> usize {
+        self.slots.as_ref().map_or(concurrency, |slots| {
+            slots
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .clamp(1, concurrency.max(1))
+        })
     }
 
     /// Whether this queue does what is done once for the whole queue (history pruning):

@@ -15,7 +15,14 @@ pub fn connect(settings: &Settings) -> Result<Arc<dyn Coordinator>, CoordError> 
     let leader_key = &settings.election.leader_key;
     match settings.coordinator.backend {
         Backend::Consul => {
-            consul::connect(&settings.consul, leader_key, settings.election.health_check)
+            // A split queue's shards after the first bind their sessions to checks of their
+            // own (`ConsulCoordSettings::check_suffix`).
+            let suffix = match settings.election.shard {
+                Some(index) if index > 0 => format!("-shard-{index}"),
+                _ => String::new(),
+            };
+            let health_check = settings.election.health_check;
+            consul::connect(&settings.consul, leader_key, health_check, &suffix)
         }
         Backend::Etcd => etcd::connect(&settings.etcd, leader_key),
         Backend::Zookeeper => zookeeper::connect(&settings.zookeeper, leader_key),

@@ -106,11 +106,12 @@ impl Work for Consume<'_> {
         self.queue.release_previous(lease).await;
     }
 
-    async fn may_contend(&mut self, shutdown: &CancellationToken) -> Option<CancellationToken> {
-        self.moves
-            .wait_for_count(shutdown)
-            .await
-            .then(|| shutdown.clone())
+    async fn may_contend(
+        &mut self,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<CancellationToken>, String> {
+        let may = self.moves.wait_for_count(shutdown).await?;
+        Ok(may.then(|| shutdown.clone()))
     }
 
     async fn before_term(&mut self, _leadership: &Leadership) -> Option<TermEnd> {
@@ -261,6 +262,7 @@ pub async fn run(
                         count: shard_count,
                     }),
                     handover: None,
+                    slots: None,
                 },
             };
             lives.push((replica, queue));

@@ -20,7 +20,9 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Settings;
-use crate::coord::{Coordinator, Edit, FencingToken, Leadership, LeaseId, Role, Version};
+use crate::coord::{
+    CoordError, Coordinator, Edit, FencingToken, Leadership, LeaseId, Role, Version,
+};
 use crate::leader::lifecycle::{TermEnd, Work};
 use crate::leader::replicas::{LedShard, ReplicaView, Standing};
 use crate::leader::shares::{self, Move, ShardsRecord};
@@ -70,13 +72,9 @@ impl Moves {
     }
 
     /// The recorded count (`None`: not a record) and its version (0: absent).
-    async fn recorded(&self) -> Result<(Option<ShardsRecordRead>, Version), String> {
+    async fn recorded(&self) -> Result<(Option<ShardsRecordRead>, Version), CoordError> {
         let key = shares::record_key(&self.settings.election.leader_key);
-        let read = self
-            .base
-            .get(std::slice::from_ref(&key))
-            .await
-            .map_err(|err| err.to_string())?;
+        let read = self.base.get(std::slice::from_ref(&key)).await?;
         Ok(match read.into_iter().next() {
             None => (
                 Some(ShardsRecordRead {
@@ -93,16 +91,12 @@ impl Moves {
     }
 
     /// Whether every leader key of a `count` is free now.
-    async fn keys_free(&self, count: u32) -> Result<bool, String> {
+    async fn keys_free(&self, count: u32) -> Result<bool, CoordError> {
         for index in 0..count.max(1) {
             let mut settings = self.settings.clone();
             settings.election.leader_key = self.settings.election.shard_key_of(index, count);
-            let coord =
-                crate::service::connect::connect(&settings).map_err(|err| err.to_string())?;
-            let (holder, _) = coord
-                .observe(Version::default(), Duration::ZERO)
-                .await
-                .map_err(|err| err.to_string())?;
+            let coord = crate::service::connect::connect(&settings)?;
+            let (holder, _) = coord.observe(Version::default(), Duration::ZERO).await?;
             if holder.lease.is_some() {
                 return Ok(false);
             }
@@ -111,7 +105,7 @@ impl Moves {
     }
 
     /// How many live replicas other than this one run with `count`.
-    async fn others_on(&self, count: u32) -> Result<usize, String> {
+    async fn others_on(&self, count: u32) -> Result<usize, CoordError> {
         let views = live_replicas(self.base.as_ref(), &self.settings.election.leader_key).await?;
         Ok(views
             .iter()
@@ -120,28 +114,35 @@ impl Moves {
     }
 
     /// Waits until this replica may contend under the recorded count, recording its own
-    /// when the move to it may be made; `false` on shutdown.
-    pub async fn wait_for_count(&mut self, shutdown: &CancellationToken) -> bool {
+    /// when the move to it may be made: `Ok(false)` on shutdown, `Err` with the reason when
+    /// the coordinator refuses this replica (its settings can never work).
+    pub async fn wait_for_count(&mut self, shutdown: &CancellationToken) -> Result<bool, String> {
+        let mut pause = LOOK_AGAIN;
         loop {
             if shutdown.is_cancelled() {
-                return false;
+                return Ok(false);
             }
             match self.step().await {
-                Ok(true) => return true,
-                Ok(false) => {}
+                Ok(true) => return Ok(true),
+                Ok(false) => pause = LOOK_AGAIN,
+                Err(CoordError::Refused(reason)) => return Err(reason),
                 Err(err) => {
-                    tracing::warn!(error = %err, "cannot read the recorded shard count; trying again")
+                    // Said once, and asked again less and less often while it lasts.
+                    self.say(format!(
+                        "cannot read the recorded shard count ({err}); trying again"
+                    ));
+                    pause = (pause * 2).min(LOOK_AGAIN * 20);
                 }
             }
             tokio::select! {
-                _ = shutdown.cancelled() => return false,
-                _ = tokio::time::sleep(LOOK_AGAIN) => {}
+                _ = shutdown.cancelled() => return Ok(false),
+                _ = tokio::time::sleep(pause) => {}
             }
         }
     }
 
     /// One look at the record: `true` when this replica may contend.
-    async fn step(&mut self) -> Result<bool, String> {
+    async fn step(&mut self) -> Result<bool, CoordError> {
         let mine = self.mine();
         let (record, version) = self.recorded().await?;
         let recorded = record.as_ref().map(|record| record.shards);
@@ -182,7 +183,7 @@ impl Moves {
                     shards: mine,
                     previous: recorded,
                 })
-                .map_err(|err| err.to_string())?;
+                .expect("a record serializes");
                 let edit = if version == Version(0) {
                     Edit::Create { key, value }
                 } else {
@@ -192,11 +193,7 @@ impl Moves {
                         value,
                     }
                 };
-                let edited = self
-                    .base
-                    .edit(&[edit])
-                    .await
-                    .map_err(|err| err.to_string())?;
+                let edited = self.base.edit(&[edit]).await?;
                 if edited == crate::coord::Edited::Done {
                     tracing::warn!(from = ?recorded, to = mine, "recorded the move to election.shards = {mine}");
                 }
@@ -221,7 +218,7 @@ impl Moves {
 
     fn say(&mut self, why: String) {
         if self.said.as_ref() != Some(&why) {
-            tracing::warn!("standing by: {why}");
+            tracing::warn!("not contending: {why}");
             self.said = Some(why);
         }
     }
@@ -249,12 +246,9 @@ impl ShardsRecordRead {
 async fn live_replicas(
     coord: &dyn Coordinator,
     leader_key: &str,
-) -> Result<Vec<ReplicaView>, String> {
+) -> Result<Vec<ReplicaView>, CoordError> {
     let prefix = crate::leader::replicas::prefix(leader_key);
-    let (stored, _) = coord
-        .list(&prefix, Version(0), Duration::ZERO)
-        .await
-        .map_err(|err| err.to_string())?;
+    let (stored, _) = coord.list(&prefix, Version(0), Duration::ZERO).await?;
     Ok(crate::leader::replicas::view(&stored, chrono::Utc::now())
         .into_iter()
         .filter(|view| view.status != "gone")
@@ -274,6 +268,9 @@ pub struct Board {
     /// Whether this replica hands a shard over now (`shares::hands_over`).
     donor: watch::Sender<bool>,
     handovers: Vec<watch::Sender<bool>>,
+    /// Each shard's share of `queue.concurrency`, while this replica leads it.
+    slots: Vec<Arc<std::sync::atomic::AtomicUsize>>,
+    concurrency: usize,
     /// Campaigns that end when this replica reaches its share, and those that end at a
     /// deadline (a shard contended for at the share, once free for a while).
     campaigns: Mutex<Vec<(CancellationToken, Option<tokio::time::Instant>)>>,
@@ -301,6 +298,14 @@ impl Board {
             live: watch::Sender::new(1),
             donor: watch::Sender::new(false),
             handovers: (0..shards).map(|_| watch::Sender::new(false)).collect(),
+            slots: (0..shards)
+                .map(|_| {
+                    Arc::new(std::sync::atomic::AtomicUsize::new(
+                        settings.queue.concurrency,
+                    ))
+                })
+                .collect(),
+            concurrency: settings.queue.concurrency,
             campaigns: Mutex::new(Vec::new()),
             standing,
             role,
@@ -311,6 +316,11 @@ impl Board {
     /// The receiver a shard's queue watches for a handover.
     pub fn handover(&self, index: u32) -> watch::Receiver<bool> {
         self.handovers[index as usize].subscribe()
+    }
+
+    /// A shard's share of the replica's slots, which its queue reads at each listing.
+    pub fn slots(&self, index: u32) -> Arc<std::sync::atomic::AtomicUsize> {
+        self.slots[index as usize].clone()
     }
 
     fn share(&self) -> usize {
@@ -457,6 +467,10 @@ impl Board {
             };
         });
         let led = self.led.borrow().clone();
+        for (rank, shard) in led.keys().enumerate() {
+            let slots = shares::slots(self.concurrency, rank, led.len());
+            self.slots[*shard as usize].store(slots, std::sync::atomic::Ordering::Relaxed);
+        }
         let first = led.values().next().copied();
         self.metrics.leading(first);
         self.metrics.shard_leading(index, token);
@@ -494,13 +508,17 @@ impl Work for ShardWork<'_> {
         self.queue.release_previous(lease).await;
     }
 
-    async fn may_contend(&mut self, shutdown: &CancellationToken) -> Option<CancellationToken> {
-        if !self.moves.wait_for_count(shutdown).await {
-            return None;
+    async fn may_contend(
+        &mut self,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<CancellationToken>, String> {
+        if !self.moves.wait_for_count(shutdown).await? {
+            return Ok(None);
         }
-        self.board
+        Ok(self
+            .board
             .may_contend(self.queue.coord.as_ref(), shutdown)
-            .await
+            .await)
     }
 
     async fn before_term(&mut self, leadership: &Leadership) -> Option<TermEnd> {
@@ -549,6 +567,7 @@ pub async fn live_all(
         .zip(0u32..)
         .map(|((mut replica, mut queue), index)| {
             queue.sharding.handover = Some(board.handover(index));
+            queue.sharding.slots = Some(board.slots(index));
             let moves = Moves::new(settings, board.base.clone(), &board.node);
             async move {
                 let lease = replica.election.lease();

@@ -149,17 +149,29 @@ pub async fn timeline(coord: &dyn Coordinator, election: &ElectionSettings) -> R
 }
 
 /// The replicas that do not lead: the standbys with their last heartbeat, then the gone
-/// (the leader is the overview's own card).
+/// (the leader is the overview's own card). A split queue's: every replica, with the shards
+/// it leads and their fencing tokens.
 pub async fn standbys(coord: &dyn Coordinator, election: &ElectionSettings) -> Recorded {
-    let others = status::replicas(coord, election)
-        .await
-        .map(|views| views.into_iter().filter(|v| v.status != "leader").collect());
+    let split = election.shards > 1;
+    let others = status::replicas(coord, election).await.map(|views| {
+        views
+            .into_iter()
+            .filter(|v| split || v.status != "leader")
+            .collect()
+    });
     rows_or_why(others, |view: crate::leader::replicas::ReplicaView| {
+        let shards: Vec<String> = view
+            .record
+            .led_shards
+            .iter()
+            .map(|led| format!("{} (token {})", led.shard, led.fencing_token))
+            .collect();
         json!({
             "node": view.record.node,
             "status": view.status,
             "seen": format!("{} s ago", view.last_seen_seconds),
             "host": view.record.host,
+            "shards": shards.join(", "),
         })
     })
 }

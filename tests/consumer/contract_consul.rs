@@ -71,6 +71,7 @@ async fn the_consul_backend_keeps_the_coordinator_contract() {
                     leader_key: leader_key.clone(),
                     health_check: false,
                     txn_max_ops: 128,
+                    check_suffix: String::new(),
                 },
             );
             Subject {

@@ -35,6 +35,7 @@ fn coordinator(server: &ServerProcess, health_check: bool) -> ConsulCoordinator 
             leader_key: LEADER_KEY.into(),
             health_check,
             txn_max_ops: 128,
+            check_suffix: String::new(),
         },
     )
 }

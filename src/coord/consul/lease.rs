@@ -28,12 +28,10 @@ const CHECK_NOTES: &str =
     "passed by a leaderq replica while its loop is alive; its session dies with it";
 
 /// The session a replica creates: named after its node, released (not deleted) when it
-/// dies, bound to `serfHealth` and, with `health_check`, to the node's TTL check.
-pub fn session_request(spec: &LeaseSpec, health_check: bool) -> SessionRequest {
+/// dies, bound to `serfHealth` and, given one, to the node's TTL `check`.
+pub fn session_request(spec: &LeaseSpec, check: Option<&str>) -> SessionRequest {
     let mut node_checks = vec!["serfHealth".to_string()];
-    if health_check {
-        node_checks.push(check_id(&spec.node_id));
-    }
+    node_checks.extend(check.map(str::to_string));
     SessionRequest {
         name: check_id(&spec.node_id),
         ttl: duration::format(spec.ttl),
@@ -52,7 +50,7 @@ impl Leases for ConsulCoordinator {
     /// check (passing, so a session can be bound to it at once); takes up `spec.previous`
     /// if it is still this node's own; otherwise creates a session.
     async fn open_lease(&self, spec: &LeaseSpec) -> Result<Grant, CoordError> {
-        let own_check = check_id(&spec.node_id);
+        let own_check = format!("{}{}", check_id(&spec.node_id), self.settings.check_suffix);
         if !self.stale_checks_looked_at.swap(true, Ordering::Relaxed) {
             self.remove_stale_checks(&own_check).await;
         }
@@ -68,7 +66,7 @@ impl Leases for ConsulCoordinator {
                 .await?;
             self.tied().checks.insert(check.clone());
         }
-        let request = session_request(spec, self.settings.health_check);
+        let request = session_request(spec, check.as_deref());
         if let Some(previous) = spec.previous.as_ref().filter(|p| !p.0.trim().is_empty()) {
             if self.take_up(previous, &request).await? {
                 self.tied().leases.insert(previous.clone(), check);
@@ -322,13 +320,13 @@ mod tests {
     /// plus the node's check only when health checks are on.
     #[test]
     fn session_request_names_the_node_and_binds_its_check() {
-        let with = session_request(&spec(), true);
+        let with = session_request(&spec(), Some(&check_id(&spec().node_id)));
         assert_eq!(with.name, "leaderq:web-1");
         assert_eq!(with.ttl, "15s");
         assert_eq!(with.lock_delay, "15s");
         assert_eq!(with.behavior, "release");
         assert_eq!(with.node_checks, ["serfHealth", "leaderq:web-1"]);
-        let without = session_request(&spec(), false);
+        let without = session_request(&spec(), None);
         assert_eq!(without.node_checks, ["serfHealth"]);
     }
 }

@@ -112,7 +112,7 @@ mod tests {
             takeover_delay: Duration::from_secs(15),
             previous: None,
         };
-        session_request(&spec, true)
+        session_request(&spec, Some(&crate::coord::consul::check_id(&spec.node_id)))
     }
 
     fn info(name: &str, ttl: &str, node_checks: &[&str]) -> SessionInfo {

@@ -99,6 +99,10 @@ pub struct ConsulCoordSettings {
     /// Operations one transaction may carry (`consul.txn_max_ops`: 128 since Consul 1.6,
     /// 64 before).
     pub txn_max_ops: usize,
+    /// Appended to the node's check id (`layout::check_id`): each shard of a split queue has
+    /// a coordinator and leases of its own, and its own check, so that one shard's lease
+    /// ending deregisters no check another shard's session is bound to.
+    pub check_suffix: String,
 }
 
 /// The Consul backend of the coordinator seam. One per replica; it may hold several leases
@@ -134,6 +138,7 @@ pub fn connect(
     section: &ConsulSettings,
     leader_key: &str,
     health_check: bool,
+    check_suffix: &str,
 ) -> Result<Arc<dyn Coordinator>, CoordError> {
     let client = client_for(section)?;
     Ok(Arc::new(ConsulCoordinator::new(
@@ -142,6 +147,7 @@ pub fn connect(
             leader_key: leader_key.to_string(),
             health_check,
             txn_max_ops: section.txn_max_ops,
+            check_suffix: check_suffix.to_string(),
         },
     )))
 }

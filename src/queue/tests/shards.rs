@@ -59,6 +59,7 @@ async fn a_shard_leader_claims_only_its_shards_tasks_and_hands_over_on_request()
     queue.sharding = Sharding {
         shard: Some(Shard { index: 0, count: 2 }),
         handover: Some(handover),
+        slots: None,
     };
     let shutdown = CancellationToken::new();
     let term = lead_in_background(queue, &leadership, &lease, &shutdown);
@@ -150,6 +151,7 @@ async fn another_shards_run_counts_against_a_types_cap() {
     queue.sharding = Sharding {
         shard: Some(Shard { index: 0, count: 2 }),
         handover: None,
+        slots: None,
     };
     let shutdown = CancellationToken::new();
     let term = lead_in_background(queue, &leadership, &lease, &shutdown);

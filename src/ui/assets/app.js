@@ -288,7 +288,7 @@ function drawChart(chart) {
 }
 
 async function loadStandbys() {
-  recordedPane($("standbys"), await api("/ui/api/standbys"), [["node", "Node"], ["status", "Status"], ["seen", "Last heartbeat"], ["host", "Host"]], "no standbys: only the leader runs");
+  recordedPane($("standbys"), await api("/ui/api/standbys"), [["node", "Node"], ["status", "Status"], ["seen", "Last heartbeat"], ["host", "Host"], ["shards", "Shards led"]], "no standbys: only the leader runs");
 }
 
 // ---- list panes ----

@@ -5,7 +5,8 @@
 //!
 //! `server.rs` measures the embedded server, `consumer.rs` the consumer, `failover.rs`
 //! handover and failover of replica processes, `run.rs` the takeover of `leaderq run`,
-//! `groups.rs` drains at several `queue.concurrency` settings, `exec.rs` what supervising
+//! `groups.rs` drains at several `queue.concurrency` settings, `shards.rs` drains and
+//! failovers of a split queue against one leader's, `exec.rs` what supervising
 //! an exec handler costs a run and drains of exec tasks, `schedules.rs` the accuracy
 //! of schedule ticks and what a task waiting for its `runAt` costs the server.
 //! Numbers only: nothing here fails on a missed target; people judge.
@@ -28,6 +29,7 @@ mod reports;
 mod run;
 mod schedules;
 mod server;
+mod shards;
 
 pub use backlog::{DEFAULT_BACKLOGS, DEFAULT_CHART};
 pub use exec::DEFAULT_EXEC_BACKLOGS;
@@ -56,7 +58,7 @@ pub struct Options {
     /// SIGTERM handovers measured.
     pub handovers: usize,
     /// Run only this section ("server", "contention", "consumer", "backlog", "exec",
-    /// "failover", "run", "groups", "schedules", "reports" or "gateway").
+    /// "failover", "run", "groups", "shards", "schedules", "reports" or "gateway").
     pub only: Option<String>,
     /// Blocked queries parked for the wake measurement among many watchers.
     pub watchers: usize,
@@ -287,6 +289,9 @@ pub async fn run(options: Options, as_json: bool) -> anyhow::Result<()> {
     }
     if wants("groups") {
         groups::section(&options, &mut report).await?;
+    }
+    if wants("shards") {
+        shards::section(&options, &mut report).await?;
     }
     if wants("schedules") {
         schedules::section(&options, &mut report).await?;
