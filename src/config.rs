@@ -553,37 +553,25 @@ impl Settings {
                 ));
             }
         }
-        if let Err(reason) = crate::task::key::check(&self.election.leader_key) {
-            return invalid(format!(
-                "election.leader_key {:?} is not a valid key: {reason}",
-                self.election.leader_key
-            ));
-        }
-        if [
-            &self.queue.prefix,
-            &self.queue.dead_prefix,
-            &self.queue.done_prefix,
-        ]
-        .iter()
-        .any(|prefix| self.election.leader_key.starts_with(prefix.as_str()))
-        {
-            return invalid(format!(
-                "election.leader_key {:?} lies under queue.prefix, queue.dead_prefix or queue.done_prefix, where it would be taken for a task",
-                self.election.leader_key
-            ));
-        }
         if !(1..=MAX_SHARDS).contains(&self.election.shards) {
             return invalid(format!(
                 "election.shards = {} is out of range: use 1 (one leader for the whole queue) to {MAX_SHARDS}",
                 self.election.shards
             ));
         }
-        for key in self.election.shard_keys(self.election.shards) {
+        // The leader key, and with shards each key it makes: valid keys, none of them where
+        // it would be taken for a task.
+        let leader_key = &self.election.leader_key;
+        let mut keys = vec![leader_key.clone()];
+        keys.extend(self.election.shard_keys(self.election.shards));
+        for key in keys {
+            let what = if key == *leader_key {
+                format!("election.leader_key {key:?}")
+            } else {
+                format!("election.leader_key {leader_key:?} makes the shard key {key:?}, which")
+            };
             if let Err(reason) = crate::task::key::check(&key) {
-                return invalid(format!(
-                    "election.leader_key {:?} makes the shard key {key:?}, which is not a valid key: {reason}",
-                    self.election.leader_key
-                ));
+                return invalid(format!("{what} is not a valid key: {reason}"));
             }
             if [
                 &self.queue.prefix,
@@ -594,8 +582,7 @@ impl Settings {
             .any(|prefix| key.starts_with(prefix.as_str()))
             {
                 return invalid(format!(
-                    "election.leader_key {:?} makes the shard key {key:?}, which lies under queue.prefix, queue.dead_prefix or queue.done_prefix, where it would be taken for a task",
-                    self.election.leader_key
+                    "{what} lies under queue.prefix, queue.dead_prefix or queue.done_prefix, where it would be taken for a task"
                 ));
             }
         }
@@ -1214,6 +1201,44 @@ mod key_settings {
                 .to_string();
             assert!(err.contains(named), "{value:?}: {err}");
         }
+    }
+
+    /// A shard count out of range, or shard keys that would be tasks, stop the start; the
+    /// shard keys are siblings of the leader key, one set per count.
+    #[test]
+    fn shard_settings_are_checked_and_keys_made_per_count() {
+        let env = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        for shards in ["0", "65"] {
+            let err = Settings::load(None, env(&[("LEADERQ__ELECTION__SHARDS", shards)]))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("election.shards"), "{shards}: {err}");
+        }
+        let err = Settings::load(
+            None,
+            env(&[
+                ("LEADERQ__ELECTION__SHARDS", "4"),
+                ("LEADERQ__QUEUE__PREFIX", "consumerLeader-shard/"),
+                ("LEADERQ__QUEUE__DEAD_PREFIX", "consumerLeader-shard-"),
+            ]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("makes the shard key"), "{err}");
+        let settings = Settings::load(None, env(&[("LEADERQ__ELECTION__SHARDS", "4")])).unwrap();
+        let election = &settings.election;
+        assert_eq!(election.shard_keys(1), ["consumerLeader"]);
+        assert_eq!(
+            election.for_shard(2).leader_key,
+            "consumerLeader-shard-2-of-4"
+        );
+        assert_eq!(election.for_shard(2).shard, Some(2));
+        assert_eq!(election.shard_key_of(2, 8), "consumerLeader-shard-2-of-8");
     }
 
     /// `election.lease_ttl`, the old name, still sets the lease TTL from a file or the

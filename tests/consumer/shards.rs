@@ -30,7 +30,7 @@ on_every_backend! {
 const SHARDS: u32 = 6;
 const GROUPS: u64 = 60;
 
-/// The bed's settings with `shards` shards, two slots per shard, and a `Sharded` handler
+/// The bed's settings with `shards` shards, two slots per replica, and a `Sharded` handler
 /// journaling `start <taskId> <ns> <node> <pid> <token>`, sleeping `run_for`, then
 /// `end <taskId> <ns> <node> <pid>`.
 fn sharded(bed: &TestBed, shards: u32, run_for: &str) -> TestSettings {
@@ -169,15 +169,20 @@ fn check_runs(text: &str, count: u64, shards: &[u32], gone: &HashMap<u32, u128>)
     runs
 }
 
+/// Starts the replicas `sa`, `sb` and `sc` with `settings`; once each leads two shards.
+async fn three_sharing(bed: &mut TestBed, settings: &TestSettings) {
+    for node in ["sa", "sb", "sc"] {
+        bed.start_replica_with(node, &settings.toml(node));
+    }
+    wait_for_shares(bed, &[2, 2, 2], Duration::from_secs(60)).await;
+}
+
 async fn three_replicas_lead_two_shards_each(backend: &str) {
     let Some(mut bed) = TestBed::on(backend) else {
         return;
     };
     let settings = sharded(&bed, SHARDS, "0.2");
-    for node in ["sa", "sb", "sc"] {
-        bed.start_replica_with(node, &settings.toml(node));
-    }
-    wait_for_shares(&bed, &[2, 2, 2], Duration::from_secs(60)).await;
+    three_sharing(&mut bed, &settings).await;
     enqueue(&bed, 0, 120).await;
     bed.wait_until_empty("oracleTask/", Duration::from_secs(120))
         .await;
@@ -198,10 +203,7 @@ async fn a_killed_and_a_frozen_replica_lose_their_shards(backend: &str) {
     };
     bed.own_group = true;
     let settings = sharded(&bed, SHARDS, "0.3");
-    for node in ["sa", "sb", "sc"] {
-        bed.start_replica_with(node, &settings.toml(node));
-    }
-    wait_for_shares(&bed, &[2, 2, 2], Duration::from_secs(60)).await;
+    three_sharing(&mut bed, &settings).await;
     enqueue(&bed, 0, 120).await;
     wait_until(Duration::from_secs(30), "runs on every node", async || {
         let text = std::fs::read_to_string(&bed.journal).unwrap();
@@ -258,10 +260,7 @@ async fn a_joining_replica_takes_shards_by_handover(backend: &str) {
         return;
     };
     let settings = sharded(&bed, SHARDS, "0.2");
-    for node in ["sa", "sb", "sc"] {
-        bed.start_replica_with(node, &settings.toml(node));
-    }
-    wait_for_shares(&bed, &[2, 2, 2], Duration::from_secs(60)).await;
+    three_sharing(&mut bed, &settings).await;
     enqueue(&bed, 0, 240).await;
     bed.start_replica_with("sd", &settings.toml("sd"));
     wait_for_shares(&bed, &[1, 1, 2, 2], Duration::from_secs(60)).await;

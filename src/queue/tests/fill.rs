@@ -9,10 +9,9 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use super::counting::Counting;
-use super::{default_settings, lead_in_background, lone_leader, queue_on, until, Recorder};
+use super::{default_settings, lead_in_background, lone_leader, queue_on, until};
 use crate::coord::memory::MemoryCoordinator;
 use crate::coord::Coordinator;
-use crate::handler::Registry;
 use crate::observe::Metrics;
 use crate::queue::sort::VALUES_HELD;
 
@@ -40,16 +39,7 @@ async fn drain_beyond_the_values_held(fail_gets: usize) -> (Vec<String>, usize, 
         memory.put(&key, value.to_string().as_bytes()).unwrap();
     }
     let ran = Arc::new(Mutex::new(Vec::new()));
-    let mut registry = Registry::default();
-    registry.register(
-        "Work",
-        Recorder {
-            ran: ran.clone(),
-            coord: memory.clone(),
-            rewrite_on: "",
-            rewrite: (String::new(), Vec::new()),
-        },
-    );
+    let registry = super::recording(&ran, &memory);
     let metrics = Arc::new(Metrics::new(["Work"]));
     let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
     let queue = queue_on(&coord, &settings, registry, metrics);

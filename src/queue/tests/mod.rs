@@ -62,6 +62,21 @@ impl Handler for Recorder {
     }
 }
 
+/// A registry whose `Work` handler records the ids it runs in `ran`, rewriting nothing.
+fn recording(ran: &Arc<Mutex<Vec<String>>>, memory: &Arc<MemoryCoordinator>) -> Registry {
+    let mut registry = Registry::default();
+    registry.register(
+        "Work",
+        Recorder {
+            ran: ran.clone(),
+            coord: memory.clone(),
+            rewrite_on: "",
+            rewrite: (String::new(), Vec::new()),
+        },
+    );
+    registry
+}
+
 fn task(id: &str, time: u64) -> Vec<u8> {
     json!({"taskId": id, "taskTime": time, "taskType": "Work"})
         .to_string()
@@ -178,16 +193,7 @@ async fn rotate_mode_ends_the_term_after_its_runs_with_nothing_held() {
             .unwrap();
     }
     let ran = Arc::new(Mutex::new(Vec::new()));
-    let mut registry = Registry::default();
-    registry.register(
-        "Work",
-        Recorder {
-            ran: ran.clone(),
-            coord: memory.clone(),
-            rewrite_on: "none",
-            rewrite: (String::new(), Vec::new()),
-        },
-    );
+    let registry = recording(&ran, &memory);
     let metrics = Arc::new(Metrics::new(["Work"]));
     let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
     let mut queue = Queue {

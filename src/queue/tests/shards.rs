@@ -9,12 +9,9 @@ use std::time::Duration;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    default_settings, lead_in_background, lone_leader, queue_on, until, LeadEnd, Recorder,
-};
+use super::{default_settings, lead_in_background, lone_leader, queue_on, until, LeadEnd};
 use crate::coord::memory::MemoryCoordinator;
 use crate::coord::{Coordinator, Edit, Edited, TaskOp, Version, Written};
-use crate::handler::Registry;
 use crate::observe::Metrics;
 use crate::queue::Sharding;
 use crate::task::shard::{shard_of, Shard};
@@ -42,16 +39,7 @@ async fn a_shard_leader_claims_only_its_shards_tasks_and_hands_over_on_request()
         "both shards have tasks"
     );
     let ran = Arc::new(Mutex::new(Vec::new()));
-    let mut registry = Registry::default();
-    registry.register(
-        "Work",
-        Recorder {
-            ran: ran.clone(),
-            coord: memory.clone(),
-            rewrite_on: "none",
-            rewrite: (String::new(), Vec::new()),
-        },
-    );
+    let registry = super::recording(&ran, &memory);
     let metrics = Arc::new(Metrics::new(["Work"]));
     let (leadership, lease, stop) = lone_leader(&coord, &metrics).await;
     let (asked, handover) = tokio::sync::watch::channel(false);
@@ -133,16 +121,7 @@ async fn another_shards_run_counts_against_a_types_cap() {
     coord.resign(&other.lease).await.unwrap();
 
     let ran = Arc::new(Mutex::new(Vec::new()));
-    let mut registry = Registry::default();
-    registry.register(
-        "Work",
-        Recorder {
-            ran: ran.clone(),
-            coord: memory.clone(),
-            rewrite_on: "none",
-            rewrite: (String::new(), Vec::new()),
-        },
-    );
+    let mut registry = super::recording(&ran, &memory);
     let mut policy = registry.policy("Work");
     policy.concurrency = Some(1);
     registry.set_policy("Work", policy);

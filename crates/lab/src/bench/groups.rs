@@ -17,7 +17,7 @@ use leaderq::handler::{Handler, HandlerFuture, Registry, TaskContext};
 
 const TASK_TYPE: &str = "BenchGroup";
 /// What each run takes.
-const HANDLER_TIME: Duration = Duration::from_millis(100);
+pub(super) const HANDLER_TIME: Duration = Duration::from_millis(100);
 /// The concurrency settings measured.
 const CONCURRENCIES: [usize; 3] = [1, 8, 32];
 /// Groups the tasks are spread over (round-robin).
@@ -28,7 +28,7 @@ const TASKS_PER_SLOT: usize = 20;
 const LIMIT: Duration = Duration::from_secs(120);
 
 /// Sleeps HANDLER_TIME, then reports when it ended.
-struct Sleeper(mpsc::UnboundedSender<Instant>);
+pub(super) struct Sleeper(pub(super) mpsc::UnboundedSender<Instant>);
 
 impl Handler for Sleeper {
     fn handle<'a>(&'a self, _ctx: &'a TaskContext) -> HandlerFuture<'a> {
@@ -70,6 +70,18 @@ async fn drain(backend: &str, concurrency: usize) -> anyhow::Result<(usize, f64)
             tracing::error!(error = %err, "bench replica failed");
         }
     });
+    let timed = ends(&mut ended, count).await;
+    stop.cancel();
+    let _ = replica.await;
+    timed
+}
+
+/// Waits for `count` runs of HANDLER_TIME to end (or LIMIT): how many did, and their rate
+/// from the first run's start to the last run's end, in tasks/s.
+pub(super) async fn ends(
+    ended: &mut mpsc::UnboundedReceiver<Instant>,
+    count: usize,
+) -> anyhow::Result<(usize, f64)> {
     let started = Instant::now();
     let first = tokio::time::timeout(LIMIT, ended.recv())
         .await
@@ -77,8 +89,7 @@ async fn drain(backend: &str, concurrency: usize) -> anyhow::Result<(usize, f64)
         .context("replica stopped")?;
     // The first run began one handler time before it ended.
     let began = first.checked_sub(HANDLER_TIME).unwrap_or(first);
-    let mut last = first;
-    let mut seen = 1;
+    let (mut last, mut seen) = (first, 1);
     while seen < count {
         let left = LIMIT.saturating_sub(started.elapsed());
         match tokio::time::timeout(left, ended.recv()).await {
@@ -90,8 +101,6 @@ async fn drain(backend: &str, concurrency: usize) -> anyhow::Result<(usize, f64)
             Err(_) => break,
         }
     }
-    stop.cancel();
-    let _ = replica.await;
     let rate = seen as f64 / last.duration_since(began).as_secs_f64().max(1e-9);
     Ok((seen, rate))
 }

@@ -17,13 +17,15 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::consumer::{settings, Target};
+use super::groups::Sleeper;
 use super::{progress, summarize, Options, Report, TempDir};
 use crate::chaos::{self, signal_group, start_replica_with};
 use leaderq::coord::{Coordinator, Edit, Edited, Version};
-use leaderq::handler::{Handler, HandlerFuture, Registry, TaskContext};
+use leaderq::handler::Registry;
 
 const TASK_TYPE: &str = "BenchShard";
-const HANDLER_TIME: Duration = Duration::from_millis(100);
+/// What each run takes: the groups' bench's handler time, whose rate it measures with.
+const HANDLER_TIME: Duration = super::groups::HANDLER_TIME;
 const CONCURRENCY: usize = 8;
 const SHARDS: u32 = 6;
 const GROUPS: usize = 64;
@@ -32,19 +34,6 @@ const TASKS_PER_REPLICA: usize = 160;
 const LIMIT: Duration = Duration::from_secs(120);
 /// Failovers measured per setup.
 const FAILOVERS: usize = 3;
-
-/// Sleeps HANDLER_TIME, then reports when it ended.
-struct Sleeper(mpsc::UnboundedSender<Instant>);
-
-impl Handler for Sleeper {
-    fn handle<'a>(&'a self, _ctx: &'a TaskContext) -> HandlerFuture<'a> {
-        Box::pin(async move {
-            tokio::time::sleep(HANDLER_TIME).await;
-            let _ = self.0.send(Instant::now());
-            Ok(())
-        })
-    }
-}
 
 /// The shards each live replica leads, by node.
 async fn led(coord: &dyn Coordinator, leader_key: &str) -> BTreeMap<String, usize> {
@@ -118,30 +107,12 @@ async fn drain(backend: &str, shards: u32, replicas: usize) -> anyhow::Result<(u
             bail!("enqueue: {keys:?} exist");
         }
     }
-    let started = Instant::now();
-    let first = tokio::time::timeout(LIMIT, ended.recv())
-        .await
-        .context("no task ended within the limit")?
-        .context("replicas stopped")?;
-    let began = first.checked_sub(HANDLER_TIME).unwrap_or(first);
-    let (mut last, mut seen) = (first, 1);
-    while seen < count {
-        let left = LIMIT.saturating_sub(started.elapsed());
-        match tokio::time::timeout(left, ended.recv()).await {
-            Ok(Some(at)) => {
-                last = at;
-                seen += 1;
-            }
-            Ok(None) => bail!("replicas stopped"),
-            Err(_) => break,
-        }
-    }
+    let timed = super::groups::ends(&mut ended, count).await;
     stop.cancel();
     for replica in running {
         let _ = replica.await;
     }
-    let rate = seen as f64 / last.duration_since(began).as_secs_f64().max(1e-9);
-    Ok((seen, rate))
+    timed
 }
 
 /// The coordinator of the cluster's replicas, electing on `leader_key`.
