@@ -9,6 +9,7 @@ pub mod consume;
 pub mod dev;
 pub mod run;
 pub mod shards;
+mod term;
 
 /// Resolves on SIGTERM or Ctrl-C.
 pub async fn shutdown_signal() {

@@ -536,7 +536,7 @@ impl Work for ShardWork<'_> {
             fencing_token = leadership.fencing_token.0,
             "leading shard"
         );
-        let end = super::consume::lead_watched(
+        let end = super::term::lead_watched(
             &self.queue,
             self.queue.coord.as_ref(),
             leadership,
@@ -546,7 +546,7 @@ impl Work for ShardWork<'_> {
         )
         .await;
         self.board.set(self.index, None);
-        super::consume::term_end(end)
+        super::term::term_end(end)
     }
 }
 
