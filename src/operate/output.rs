@@ -225,7 +225,6 @@ async fn attempt_keys(coord: &dyn Coordinator, prefix: &str) -> Result<Vec<Strin
     Ok(keys
         .iter()
         .filter(|key| attempt_of(prefix, key).is_some())
-        .map(str::to_string)
         .collect())
 }
 
@@ -273,7 +272,7 @@ mod tests {
         let forgotten = forget(&coord, &queue, &letter, Utc::now()).await.unwrap();
         assert_eq!(forgotten, 1);
         let (left, _) = coord.keys("leaderq/output/").await.unwrap();
-        let left: Vec<&str> = left.iter().collect();
+        let left: Vec<String> = left.iter().collect();
         assert_eq!(
             left,
             [

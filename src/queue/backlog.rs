@@ -200,7 +200,7 @@ fn task_of(key: &str, order: Order, version: TaskVersion, value: Vec<u8>) -> Tas
 /// A pending task read out of the set, parsed again.
 fn task_out(out: Out<'_>) -> Task {
     let value = out.value.expect("a pending task's value is held").to_vec();
-    task_of(out.key, out.order, out.version, value)
+    task_of(&out.key, out.order, out.version, value)
 }
 
 /// A pending task taken out of the set, parsed again.
@@ -470,7 +470,7 @@ impl Backlog {
             pending.order.priority,
             pending.order.time,
             pending.order.created,
-            pending.key,
+            pending.key.as_str(),
         );
         self.delayed.iter().any(|(at, delayed)| {
             delayed.group() == pending.group
@@ -546,33 +546,28 @@ impl Backlog {
         let forgotten = self.forgotten.take().unwrap_or_default();
         let mut still = 0;
         let mut new = Vec::new();
-        for key in keys.iter() {
+        keys.each(|key| {
             if self.is_known(key) {
                 still += 1;
             } else if !forgotten.contains(key) {
                 new.push(key.to_string());
             }
-        }
+        });
         if still < self.known_count() {
-            self.drop_missing(keys.iter().collect());
+            let present = keys.set();
+            self.drop_missing(|key| present.contains(key));
         }
         new
     }
 
     /// Drops every task and known key not `present` under the prefix.
-    fn drop_missing(&mut self, present: HashSet<&str, KeyHash>) {
-        let gone: Vec<String> = self
-            .pending
-            .keys()
-            .filter(|key| !present.contains(key))
-            .map(str::to_string)
-            .collect();
+    fn drop_missing(&mut self, present: impl Fn(&str) -> bool) {
+        let gone = self.pending.keys_but(&present);
         for key in gone {
             self.remove(&key);
         }
-        self.delayed
-            .retain(|(_, task)| present.contains(task.key.as_str()));
-        self.known.retain(|key| present.contains(&**key));
+        self.delayed.retain(|(_, task)| present(task.key.as_str()));
+        self.known.retain(|key| present(key));
     }
 
     /// Records a listing read while the leader claimed (started with `look_started`), at
@@ -617,7 +612,8 @@ impl Backlog {
             }
         }
         if still < self.known_count() {
-            self.drop_missing(listed.iter().map(|entry| &*entry.key).collect());
+            let present: HashSet<&str, KeyHash> = listed.iter().map(|entry| &*entry.key).collect();
+            self.drop_missing(|key| present.contains(key));
         }
         drop(listed);
         for key in rewritten {

@@ -105,11 +105,10 @@ pub fn paused_types_prefix(queue_prefix: &str) -> String {
 /// prefix continues this one's), not a type of this one.
 pub fn paused_type_names<'a>(
     prefix: &'a str,
-    keys: impl Iterator<Item = &'a str> + 'a,
+    keys: impl Iterator<Item = String> + 'a,
 ) -> impl Iterator<Item = String> + 'a {
-    keys.filter_map(move |key| key.strip_prefix(prefix))
+    keys.filter_map(move |key| key.strip_prefix(prefix).map(str::to_string))
         .filter(|name| !name.is_empty() && !name.contains('/'))
-        .map(str::to_string)
 }
 
 /// The key of `task_type`'s pause flag in the queue under `queue_prefix`. A type that is not

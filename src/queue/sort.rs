@@ -254,6 +254,7 @@ impl Queue {
             now,
             begun: false,
             sorted: Sorted {
+                pending: PendingSet::under(&self.settings.prefix),
                 values_budget: if now.is_none() {
                     VALUES_HELD
                 } else {

@@ -164,7 +164,6 @@ async fn keys_and_listings_page_through_a_queue_larger_than_a_page() {
                 .unwrap()
                 .0
                 .iter()
-                .map(str::to_string)
                 .collect()
         } else {
             let (listed, _) = coord.list("", Version(0), Duration::ZERO).await.unwrap();

@@ -66,7 +66,7 @@ fn short(answer: &Value) -> String {
 /// Every key under the queue prefix, sorted.
 async fn queued(coord: &dyn leaderq::coord::Coordinator) -> Vec<String> {
     let (names, _) = coord.keys(PREFIX).await.unwrap();
-    let mut keys: Vec<String> = names.iter().map(str::to_string).collect();
+    let mut keys: Vec<String> = names.iter().collect();
     keys.sort();
     keys
 }
@@ -290,7 +290,7 @@ async fn front_door(backend: &str) {
     bed.start_replica_with("g1", &settings.toml("g1"));
     bed.wait_until_empty(PREFIX, Duration::from_secs(120)).await;
     let (dead, _) = coord.keys("oracleTaskDead/").await.unwrap();
-    let dead: Vec<&str> = dead.iter().collect();
+    let dead: Vec<String> = dead.iter().collect();
     assert!(dead.is_empty(), "dead letters: {dead:?}");
 }
 

@@ -101,7 +101,7 @@ async fn each_attempts_output_is_kept_and_capped(backend: &str) {
         .await
         .unwrap()
         .0;
-    let left: Vec<&str> = left.iter().collect();
+    let left: Vec<String> = left.iter().collect();
     assert!(left.iter().all(|key| !key.contains("doomed")), "{left:?}");
 }
 

@@ -150,7 +150,7 @@ impl Tasks for EtcdCoordinator {
         let response = self.client.range(&range).await?;
         let revision = response.header.revision;
         let mut more = response.more;
-        let mut keys = Names::new();
+        let mut keys = Names::under(prefix);
         let mut page = response.kvs;
         loop {
             let next = page.last().map(|kv| key_after(&kv.key));

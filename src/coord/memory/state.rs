@@ -299,7 +299,8 @@ impl State {
 
     /// The keys under `prefix` in order, with the tasks' version.
     pub fn keys(&self, prefix: &str) -> (Names, Version) {
-        let keys = self.under(prefix).map(|(key, _)| key.clone()).collect();
+        let mut keys = Names::under(prefix);
+        keys.extend(self.under(prefix).map(|(key, _)| key));
         (keys, Version(self.tasks_version))
     }
 

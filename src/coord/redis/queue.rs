@@ -85,11 +85,30 @@ impl Tasks for RedisCoordinator {
         self.wait_for(after, wait, ReadTasks(prefix, behind)).await
     }
 
+    /// A single read (from `Version(0)`, or without a wait) hands each task on as its part
+    /// of the listing arrives; a wait reads as [`Tasks::list`] does, since whether a read
+    /// is the answer is known only once it is whole (its version), and a read handed on
+    /// cannot be taken back.
+    async fn list_each(
+        &self,
+        prefix: &str,
+        after: Version,
+        wait: Duration,
+        each: &mut (dyn FnMut(StoredTask) + Send),
+    ) -> Result<Version, CoordError> {
+        if after == Version(0) || wait.is_zero() {
+            return Ok(self.read_tasks_each(prefix, each).await?.version);
+        }
+        let (tasks, version) = self.list(prefix, after, wait).await?;
+        tasks.into_iter().for_each(each);
+        Ok(version)
+    }
+
     /// The keys under `prefix`, `KEYS_PAGE` at a time, packed as they come; the version
     /// is the lowest a page saw, as a listing's.
     async fn keys(&self, prefix: &str) -> Result<(Names, Version), CoordError> {
         let page_size = KEYS_PAGE.to_string();
-        let mut keys = Names::new();
+        let mut keys = Names::under(prefix);
         let mut lowest = u64::MAX;
         let mut after = String::new();
         let mut rebuilt = false;

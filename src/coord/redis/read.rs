@@ -51,22 +51,48 @@ impl RedisCoordinator {
     ) -> Result<TaskRows, CoordError> {
         let mut connection = self.connection().await?;
         let (page, mark) = self.first_page(&mut connection, prefix, true).await?;
-        if whole(mark) {
-            return self.read_pages(&mut connection, prefix, page).await;
-        }
-        if behind {
+        let mut tasks = Vec::new();
+        let mut keep = |task| tasks.push(task);
+        let read = if whole(mark) {
+            self.read_pages(&mut connection, prefix, page, &mut keep)
+                .await
+        } else if behind {
             self.rebuild_index_behind();
-            return self.read_pages(&mut connection, prefix, page).await;
+            self.read_pages(&mut connection, prefix, page, &mut keep)
+                .await
+        } else {
+            let (added, read) = tokio::join!(
+                self.rebuild_index(),
+                self.read_pages(&mut connection, prefix, page, &mut keep)
+            );
+            if added == 0 {
+                read
+            } else {
+                tasks.clear();
+                let mut keep = |task| tasks.push(task);
+                let (page, _) = self.first_page(&mut connection, prefix, false).await?;
+                self.read_pages(&mut connection, prefix, page, &mut keep)
+                    .await
+            }
+        };
+        Ok(TaskRows { tasks, ..read? })
+    }
+
+    /// [`Self::read_tasks`] of a single read, each task handed to `each` as its part
+    /// arrives rather than all held together (a leader's listing of a large backlog). An
+    /// index found wanting is rebuilt first, then read: a read handed on is never taken
+    /// back. The answer holds no tasks.
+    pub(super) async fn read_tasks_each(
+        &self,
+        prefix: &str,
+        each: &mut (dyn FnMut(StoredTask) + Send),
+    ) -> Result<TaskRows, CoordError> {
+        let mut connection = self.connection().await?;
+        let (mut page, mark) = self.first_page(&mut connection, prefix, true).await?;
+        if !whole(mark) && self.rebuild_index().await > 0 {
+            (page, _) = self.first_page(&mut connection, prefix, false).await?;
         }
-        let (added, rows) = tokio::join!(
-            self.rebuild_index(),
-            self.read_pages(&mut connection, prefix, page)
-        );
-        if added == 0 {
-            return rows;
-        }
-        let (page, _) = self.first_page(&mut connection, prefix, false).await?;
-        self.read_pages(&mut connection, prefix, page).await
+        self.read_pages(&mut connection, prefix, page, each).await
     }
 
     /// The first page of keys under `prefix`, and (`with_mark`) the index's mark as
@@ -96,12 +122,14 @@ impl RedisCoordinator {
         Ok((page, mark))
     }
 
-    /// [`Self::read_tasks`] from its first `page` of keys on.
+    /// [`Self::read_tasks`] from its first `page` of keys on, each task handed to `each`;
+    /// the answer holds no tasks.
     async fn read_pages(
         &self,
         connection: &mut Connection,
         prefix: &str,
         mut page: Page,
+        each: &mut (dyn FnMut(StoredTask) + Send),
     ) -> Result<TaskRows, CoordError> {
         // The answers to the next page of keys, read with the last tasks of a page.
         let mut next_page: Vec<redis::Value> = Vec::new();
@@ -139,7 +167,7 @@ impl RedisCoordinator {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
                 };
-                rows.tasks.extend(part.tasks);
+                part.tasks.into_iter().for_each(&mut *each);
             }
             if !full {
                 // A page of no keys read at `counter`, when it is the only one.

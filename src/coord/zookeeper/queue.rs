@@ -603,7 +603,8 @@ impl ZkCoordinator {
         prefix: &str,
     ) -> Result<(Vec<StoredTask>, Version), CoordError> {
         let (keys, dir_version) = self.read_keys(client, prefix).await?;
-        let tasks = read_tasks(client, keys.iter()).await?;
+        let keys: Vec<String> = keys.iter().collect();
+        let tasks = read_tasks(client, keys.iter().map(String::as_str)).await?;
         let newest = tasks.iter().map(|t| t.version.0).max().unwrap_or(0);
         Ok((tasks, Version(dir_version.0.max(newest))))
     }
@@ -628,7 +629,7 @@ impl ZkCoordinator {
         names.sort_unstable();
         let base = layout::child_key(&dir, "").len();
         let bytes = names.iter().map(|name| base + name.len()).sum();
-        let mut keys = Names::with_capacity(names.len(), bytes);
+        let mut keys = Names::with_capacity(prefix, names.len(), bytes);
         for name in &names {
             keys.push(&layout::child_key(&dir, name));
         }

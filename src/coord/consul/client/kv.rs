@@ -91,7 +91,7 @@ async fn decode_entries<T>(
     response: reqwest::Response,
     mut each: impl FnMut(KvPair) -> T,
 ) -> Result<Vec<T>, Error> {
-    decode_array(response, |element| {
+    decode_array(response, Vec::new(), |element| {
         let wire: WireEntry = parse(element)?;
         Ok(each(KvPair::try_from(wire)?))
     })
@@ -99,13 +99,14 @@ async fn decode_entries<T>(
 }
 
 /// Reads a JSON array as the body arrives, each element handed to `each` (which parses it
-/// and answers what the caller keeps) as soon as it is whole; the body is never held whole.
-async fn decode_array<T, C: Default + Extend<T>>(
+/// and answers what the caller keeps, added to `kept`) as soon as it is whole; the body is
+/// never held whole.
+async fn decode_array<T, C: Extend<T>>(
     mut response: reqwest::Response,
+    mut kept: C,
     mut each: impl FnMut(&[u8]) -> Result<T, Error>,
 ) -> Result<C, Error> {
     let mut elements = Elements::default();
-    let mut kept = C::default();
     let mut decode = |element: &[u8]| -> Result<(), Error> {
         kept.extend([each(element)?]);
         Ok(())
@@ -322,7 +323,7 @@ impl Client {
             // The names of a large queue (100k of them) are decoded as they arrive, not
             // after the whole body, and packed.
             StatusCode::OK => Ok((
-                decode_array(response, |name| parse::<String>(name)).await?,
+                decode_array(response, Names::under(prefix), |name| parse::<String>(name)).await?,
                 index,
             )),
             _ => Err(status_error(response).await),
