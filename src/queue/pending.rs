@@ -3,12 +3,12 @@
 //!
 //! A pending task is held as its place in claim order (priority, `taskTime` to the
 //! microsecond, creation: a [`Place`] of 24 bytes in one vector), and beside it a [`Slot`]
-//! of 32 bytes (its version, its type and group as small numbers, where its place is); its
+//! of 28 bytes (its version, its type and group as small numbers, where its place is); its
 //! key is kept once, after the prefix all keys share (kept once too), in one buffer of keys
 //! ([`Arena`]), and found again through a table of slot numbers hashed by key (4 bytes and
 //! a control byte each, at most 7/8 full); its value, while it is held (a large backlog
 //! holds its front's), in a map by slot. A million waiting tasks with keys of 18 bytes under
-//! an 11-byte prefix take about 24 + 32 + 7 + 10 = 73 bytes each: 73 MB.
+//! an 11-byte prefix take about 24 + 28 + 7 + 10 = 69 bytes each: 69 MB.
 //! The listing's tasks are sorted once, in place, into the line, which claims consume from
 //! its front; tasks added later (a look's new keys, tasks put back, retries falling due) go
 //! into a small ordered map beside it, and the two are read merged. A task dropped from the
@@ -90,23 +90,59 @@ fn join_time(micros: i64, nanos: u32) -> DateTime<Utc> {
 
 const EMPTY: u32 = u32::MAX;
 
-/// What is kept of a pending task beside its place.
+/// What is kept of a pending task beside its place: 28 bytes, nothing wider than four
+/// (a million of them are held).
 #[derive(Debug)]
 struct Slot {
     key: Span,
-    version: TaskVersion,
+    /// Its version, in halves.
+    version: [u32; 2],
     kind: u32,
     group: u32,
-    /// Where its place is: in the line (at this index), or among the later arrivals.
-    at: At,
+    /// Where its place is ([`At`], packed).
+    at: u32,
 }
 
+impl Slot {
+    fn version(&self) -> TaskVersion {
+        TaskVersion(u64::from(self.version[0]) << 32 | u64::from(self.version[1]))
+    }
+
+    fn at(&self) -> At {
+        match self.at {
+            AT_FREE => At::Free,
+            AT_LATER => At::Later,
+            line => At::Line(line),
+        }
+    }
+
+    fn set_at(&mut self, at: At) {
+        self.at = match at {
+            At::Line(line) => {
+                assert!(line < AT_LATER, "a line under 4 billion places");
+                line
+            }
+            At::Later => AT_LATER,
+            At::Free => AT_FREE,
+        };
+    }
+}
+
+/// Where a slot's place is: in the line (at this index), or among the later arrivals.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum At {
     Line(u32),
     Later,
     /// A slot free for reuse.
     Free,
+}
+
+const AT_LATER: u32 = u32::MAX - 1;
+const AT_FREE: u32 = u32::MAX;
+
+/// Halves of `version`, as a slot keeps it.
+fn halves(version: TaskVersion) -> [u32; 2] {
+    [(version.0 >> 32) as u32, version.0 as u32]
 }
 
 /// A key in the arena: its offset and length.
@@ -283,7 +319,7 @@ impl PendingSet {
         });
         self.line.shrink_to_fit();
         for (n, place) in self.line.iter().enumerate() {
-            self.slots[place.slot as usize].at = At::Line(n as u32);
+            self.slots[place.slot as usize].set_at(At::Line(n as u32));
         }
         // Grown by doubling while the listing came: the room left is given back.
         self.slots.shrink_to_fit();
@@ -306,13 +342,14 @@ impl PendingSet {
         if !task.key.starts_with(self.keys.prefix.as_str()) {
             self.share_less(task.key);
         }
-        let slot = Slot {
+        let mut slot = Slot {
             key: self.keys.push(task.key),
-            version: task.version,
+            version: halves(task.version),
             kind: self.kinds.number(task.kind, &self.hash),
             group: self.groups.number(task.group, &self.hash),
-            at,
+            at: AT_FREE,
         };
+        slot.set_at(at);
         let n = match self.free.pop() {
             Some(n) => {
                 self.slots[n as usize] = slot;
@@ -354,7 +391,7 @@ impl PendingSet {
         self.rewrite_keys(&given_back);
         self.index.clear();
         let (slots, keys, hash) = (&self.slots, &self.keys, &self.hash);
-        for (n, slot) in slots.iter().enumerate().filter(|(_, s)| s.at != At::Free) {
+        for (n, slot) in slots.iter().enumerate().filter(|(_, s)| s.at() != At::Free) {
             self.index
                 .insert_unique(keys.hash(slot.key, hash), n as u32, |&m| {
                     keys.hash(slots[m as usize].key, hash)
@@ -367,7 +404,7 @@ impl PendingSet {
     fn rewrite_keys(&mut self, given_back: &str) {
         let live = self.keys.bytes.len() - self.keys.garbage;
         let mut bytes = String::with_capacity(live + self.live * given_back.len());
-        for slot in self.slots.iter_mut().filter(|s| s.at != At::Free) {
+        for slot in self.slots.iter_mut().filter(|s| s.at() != At::Free) {
             let start = u32::try_from(bytes.len()).expect("keys under 4 GiB");
             bytes.push_str(given_back);
             bytes.push_str(self.keys.rest(slot.key));
@@ -395,7 +432,7 @@ impl PendingSet {
 
     /// The version of the pending task of `key`.
     pub fn version(&self, key: &str) -> Option<TaskVersion> {
-        self.find(key).map(|n| self.slots[n as usize].version)
+        self.find(key).map(|n| self.slots[n as usize].version())
     }
 
     fn find(&self, key: &str) -> Option<u32> {
@@ -429,7 +466,7 @@ impl PendingSet {
     fn drop_slot(&mut self, n: u32) -> Option<Box<[u8]>> {
         let slot = &self.slots[n as usize];
         let key_hash = self.keys.hash(slot.key, &self.hash);
-        match slot.at {
+        match slot.at() {
             At::Line(at) => self.line[at as usize].slot = EMPTY,
             At::Later => {
                 let key: Box<str> = self.keys.key(slot.key).into();
@@ -444,7 +481,7 @@ impl PendingSet {
         }
         let slot = &mut self.slots[n as usize];
         self.keys.garbage += slot.key.len as usize;
-        slot.at = At::Free;
+        slot.set_at(At::Free);
         if !self.fine.is_empty() {
             self.fine.remove(&n);
         }
@@ -467,7 +504,7 @@ impl PendingSet {
             self.line.shrink_to_fit();
             for (n, place) in self.line.iter().enumerate() {
                 if place.slot != EMPTY {
-                    self.slots[place.slot as usize].at = At::Line(n as u32);
+                    self.slots[place.slot as usize].set_at(At::Line(n as u32));
                 }
             }
         }
@@ -487,7 +524,7 @@ impl PendingSet {
         Out {
             key: self.keys.key(slot.key),
             order,
-            version: slot.version,
+            version: slot.version(),
             value: self.values.get(&n).map(|value| &**value),
             kind: self.kinds.name(slot.kind),
             group: self.groups.name(slot.group),
@@ -533,12 +570,12 @@ impl PendingSet {
     pub fn take(&mut self, key: &str) -> Option<Popped> {
         let n = self.find(key)?;
         let slot = &self.slots[n as usize];
-        let order = match slot.at {
+        let order = match slot.at() {
             At::Line(at) => self.order_of(&self.line[at as usize]),
             At::Later => *self.later_orders.get(&n)?,
             At::Free => return None,
         };
-        let (version, at) = (slot.version, slot.at);
+        let (version, at) = (slot.version(), slot.at());
         let kind = self.kinds.name(slot.kind).to_string();
         let group = self.groups.name(slot.group).to_string();
         if let At::Line(at) = at {
@@ -576,7 +613,7 @@ impl PendingSet {
     /// answer is false: the task is another now, or gone).
     pub fn fill(&mut self, key: &str, version: TaskVersion, value: Box<[u8]>) -> bool {
         match self.find(key) {
-            Some(n) if self.slots[n as usize].version == version => {
+            Some(n) if self.slots[n as usize].version() == version => {
                 if self.values.insert(n, value).is_none() {
                     self.unfilled -= 1;
                 }
@@ -595,7 +632,7 @@ impl PendingSet {
             && self
                 .slots
                 .iter()
-                .any(|slot| slot.at != At::Free && wanted.contains(&slot.kind))
+                .any(|slot| slot.at() != At::Free && wanted.contains(&slot.kind))
     }
 
     /// The pending tasks, taken out in claim order.
@@ -608,7 +645,7 @@ impl PendingSet {
     pub fn keys_but(&self, keep: impl Fn(&str) -> bool) -> Vec<String> {
         let mut key = self.keys.prefix.clone();
         let mut answer = Vec::new();
-        for slot in self.slots.iter().filter(|slot| slot.at != At::Free) {
+        for slot in self.slots.iter().filter(|slot| slot.at() != At::Free) {
             key.truncate(self.keys.prefix.len());
             key.push_str(self.keys.rest(slot.key));
             if !keep(&key) {
@@ -667,6 +704,21 @@ mod tests {
 
     fn keys(set: &PendingSet) -> Vec<String> {
         set.iter().map(|out| out.key).collect()
+    }
+
+    /// What a waiting task costs beside its key: a place of 24 bytes and a slot of 28, its
+    /// version kept whole in halves.
+    #[test]
+    fn a_place_and_a_slot_stay_small() {
+        assert_eq!(std::mem::size_of::<super::Place>(), 24);
+        assert_eq!(std::mem::size_of::<super::Slot>(), 28);
+        for version in [0, 1, u64::from(u32::MAX) + 7, u64::MAX] {
+            let mut set = PendingSet::default();
+            let mut task = incoming("q/a", 0, "");
+            task.version = TaskVersion(version);
+            set.push_line(task);
+            assert_eq!(set.version("q/a"), Some(TaskVersion(version)));
+        }
     }
 
     /// A line keeps times to the nanosecond, before the epoch and in a leap second too, and

@@ -158,13 +158,7 @@ async fn keys_and_listings_page_through_a_queue_larger_than_a_page() {
             server.cli(&[b"DEL", b"paging/tasks"]).unwrap();
         }
         let read: Vec<String> = if how == "keys" {
-            coord
-                .keys("")
-                .await
-                .unwrap()
-                .0
-                .iter()
-                .collect()
+            coord.keys("").await.unwrap().0.iter().collect()
         } else {
             let (listed, _) = coord.list("", Version(0), Duration::ZERO).await.unwrap();
             listed.into_iter().map(|task| task.key).collect()

@@ -128,7 +128,9 @@ pub async fn section(options: &Options, report: &mut Report) -> anyhow::Result<(
         } else {
             format!("{:.0}, {:.1} MiB", d.rate, mib(d.peak_rss))
         };
-        let target = if d.backlog >= 100_000 {
+        let target = if d.backlog >= 1_000_000 {
+            ">= 5000 and >= 80% of the first; <= 128 MiB"
+        } else if d.backlog >= 100_000 {
             ">= 5000 and >= 80% of the first; <= 64 MiB"
         } else {
             ""
