@@ -60,7 +60,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use names::Names;
+pub use names::{shared_len, Names};
 pub use op::{Effect, Expected, HeldBy, Holding, Record, Requirement, TaskOp};
 
 /// The lease half of a backend: a replica's proof of life, which its leadership and its

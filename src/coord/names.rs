@@ -59,16 +59,7 @@ impl Names {
     /// Shrinks the shared prefix to what it shares with `name`, putting the rest of it
     /// back in front of every key held (once per character given back, at most).
     fn share_less(&mut self, name: &str) {
-        let mut keep = self
-            .prefix
-            .bytes()
-            .zip(name.bytes())
-            .take_while(|(a, b)| a == b)
-            .count();
-        while !name.is_char_boundary(keep) {
-            keep -= 1;
-        }
-        let given_back = self.prefix.split_off(keep);
+        let given_back = self.prefix.split_off(shared_len(&self.prefix, name));
         let old = std::mem::take(self);
         let mut names = Names {
             prefix: old.prefix.clone(),
@@ -152,6 +143,20 @@ impl Names {
                     .is_some_and(|rest| rest == &self.text[start..end])
             })
     }
+}
+
+/// How much of `prefix` starts `key` too, cut to whole characters: what a shared prefix
+/// shrinks to for a key outside it (here, and the pending set's keys).
+pub fn shared_len(prefix: &str, key: &str) -> usize {
+    let mut keep = prefix
+        .bytes()
+        .zip(key.bytes())
+        .take_while(|(a, b)| a == b)
+        .count();
+    while !key.is_char_boundary(keep) {
+        keep -= 1;
+    }
+    keep
 }
 
 /// The hash of a [`NameSet`]: seeded per process, fast on short keys.

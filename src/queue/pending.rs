@@ -378,15 +378,7 @@ impl PendingSet {
     /// queue's prefix: none are, but nothing here relies on it), writing the held keys and
     /// their table again.
     fn share_less(&mut self, key: &str) {
-        let prefix = &self.keys.prefix;
-        let mut keep = prefix
-            .bytes()
-            .zip(key.bytes())
-            .take_while(|(a, b)| a == b)
-            .count();
-        while !key.is_char_boundary(keep) {
-            keep -= 1;
-        }
+        let keep = crate::coord::shared_len(&self.keys.prefix, key);
         let given_back = self.keys.prefix.split_off(keep);
         self.rewrite_keys(&given_back);
         self.index.clear();
