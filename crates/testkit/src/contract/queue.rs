@@ -11,7 +11,7 @@ use super::Subject;
 use leaderq::coord::{Edit, Edited, TaskOp, Version, Written};
 
 /// `list` gives the tasks under the prefix in key order with their values, versions and
-/// creation order (kept across rewrites); `keys` and `get` agree with it.
+/// creation order (kept across rewrites); `list_each`, `keys` and `get` agree with it.
 pub async fn list_gives_versions_and_creation_order(s: Subject) -> Result<(), String> {
     let kb = put(&s, "b", b"{\"n\":\"b\"}").await?;
     let ka = put(&s, "a", b"{\"n\":\"a\"}").await?;
@@ -25,6 +25,20 @@ pub async fn list_gives_versions_and_creation_order(s: Subject) -> Result<(), St
         .await
         .ctx("put")?;
     let (tasks, version) = list_now(&s).await?;
+    let mut handed = Vec::new();
+    let handed_at = s
+        .coord
+        .list_each(&s.queue_prefix, Version(0), Duration::ZERO, &mut |task| {
+            handed.push(task)
+        })
+        .await
+        .ctx("list_each")?;
+    let handed = seen(handed);
+    // Other writes to the coordinator (another check's, on a shared one) may move the
+    // version between the two reads; these tasks were not written meanwhile.
+    ensure(handed == tasks && handed_at >= version, || {
+        format!("list_each gave {handed:?} at {handed_at:?}; list gave {tasks:?} at {version:?}")
+    })?;
     let keys: Vec<&str> = tasks.iter().map(|t| t.key.as_str()).collect();
     ensure(keys == [ka.as_str(), kb.as_str(), kc.as_str()], || {
         format!("list gave the keys {keys:?}, not a, b, c under the prefix")
