@@ -523,8 +523,10 @@ impl PendingSet {
         }
     }
 
-    /// The pending tasks, front (next to claim) first.
-    pub fn iter(&self) -> impl Iterator<Item = Out<'_>> + '_ {
+    /// The pending tasks' slots, front (next to claim) first, each with its order: the
+    /// line's (its order made only when a later arrival is compared with it) merged with the
+    /// later arrivals'.
+    fn in_order(&self) -> impl Iterator<Item = (Spot<'_>, u32)> + '_ {
         let mut line = self.head;
         let mut later = self.later.iter().peekable();
         std::iter::from_fn(move || {
@@ -544,23 +546,39 @@ impl PendingSet {
             if take_line {
                 let (at, place) = next_line?;
                 line = at + 1;
-                Some(self.out(self.order_of(place), place.slot))
+                Some((Spot::Line(place), place.slot))
             } else {
                 let ((order, _), &n) = later.next()?;
-                Some(self.out(*order, n))
+                Some((Spot::Later(*order), n))
             }
+        })
+    }
+
+    /// The pending tasks, front (next to claim) first.
+    pub fn iter(&self) -> impl Iterator<Item = Out<'_>> + '_ {
+        self.in_order().map(|(spot, n)| {
+            let order = match spot {
+                Spot::Line(place) => self.order_of(place),
+                Spot::Later(order) => order,
+            };
+            self.out(order, n)
         })
     }
 
     /// The first pending task, out of the set: its key, order, version and value.
     pub fn pop_first(&mut self) -> Option<Popped> {
-        let first = self.iter().next().map(|out| out.key)?;
-        self.take(&first)
+        let (_, n) = self.in_order().next()?;
+        self.take_slot(n)
     }
 
     /// The pending task of `key`, out of the set.
     pub fn take(&mut self, key: &str) -> Option<Popped> {
         let n = self.find(key)?;
+        self.take_slot(n)
+    }
+
+    /// The pending task of slot `n`, out of the set.
+    fn take_slot(&mut self, n: u32) -> Option<Popped> {
         let slot = &self.slots[n as usize];
         let order = match slot.at() {
             At::Line(at) => self.order_of(&self.line[at as usize]),
@@ -568,6 +586,7 @@ impl PendingSet {
             At::Free => return None,
         };
         let (version, at) = (slot.version(), slot.at());
+        let key = self.keys.key(slot.key);
         let kind = self.kinds.name(slot.kind).to_string();
         let group = self.groups.name(slot.group).to_string();
         if let At::Line(at) = at {
@@ -576,7 +595,7 @@ impl PendingSet {
             }
         }
         let popped = Popped {
-            key: key.to_string(),
+            key,
             order,
             version,
             value: self.drop_slot(n),
@@ -594,10 +613,10 @@ impl PendingSet {
         if self.unfilled == 0 {
             return Vec::new();
         }
-        self.iter()
+        self.in_order()
             .take(n)
-            .filter(|out| out.value.is_none())
-            .map(|out| out.key)
+            .filter(|(_, slot)| !self.values.contains_key(slot))
+            .map(|(_, slot)| self.keys.key(self.slots[slot as usize].key))
             .collect()
     }
 
@@ -656,6 +675,13 @@ fn nanos_of(fine: &HashMap<u32, u32, KeyHash>, slot: u32) -> u32 {
     fine.get(&slot).copied().unwrap_or(0)
 }
 
+/// Where a pending task stands in claim order: a place in the line, or a later arrival of
+/// this order.
+enum Spot<'a> {
+    Line(&'a Place),
+    Later(Order),
+}
+
 /// A pending task taken out of the set.
 #[derive(Debug, PartialEq, Eq)]
 pub struct Popped {
@@ -711,6 +737,44 @@ mod tests {
             set.push_line(task);
             assert_eq!(set.version("q/a"), Some(TaskVersion(version)));
         }
+    }
+
+    /// The tasks held without their value among the first n in claim order are named in
+    /// that order, a later arrival among them in its place; a value given takes its task
+    /// off the list, and a fill at another version is refused.
+    #[test]
+    fn the_front_held_without_values_is_named_in_claim_order() {
+        let mut set = PendingSet::under("q/");
+        for (key, time) in [("q/a", 1), ("q/b", 2), ("q/c", 3), ("q/d", 4)] {
+            set.push_line(Incoming {
+                value: (key == "q/a").then(|| key.as_bytes().into()),
+                ..incoming(key, time, "")
+            });
+        }
+        set.finish_line();
+        assert_eq!(set.unfilled_front(4), ["q/b", "q/c", "q/d"]);
+        set.insert(Incoming {
+            value: None,
+            ..incoming("q/bb", 2, "")
+        });
+        assert_eq!(set.unfilled_front(3), ["q/b", "q/bb"]);
+        assert!(set.fill("q/b", TaskVersion(2), b"b".to_vec().into()));
+        assert!(!set.fill("q/c", TaskVersion(9), b"c".to_vec().into()));
+        assert_eq!(set.unfilled_front(5), ["q/bb", "q/c", "q/d"]);
+        let popped: Vec<(String, Option<Box<[u8]>>)> = set
+            .into_pending()
+            .map(|task| (task.key, task.value))
+            .collect();
+        assert_eq!(
+            popped,
+            [
+                ("q/a".to_string(), Some(b"q/a".to_vec().into())),
+                ("q/b".to_string(), Some(b"b".to_vec().into())),
+                ("q/bb".to_string(), None),
+                ("q/c".to_string(), None),
+                ("q/d".to_string(), None),
+            ]
+        );
     }
 
     /// A line keeps times to the nanosecond, before the epoch and in a leap second too, and

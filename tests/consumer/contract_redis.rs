@@ -146,8 +146,8 @@ async fn keys_and_listings_page_through_a_queue_larger_than_a_page() {
     // at the head of a full page (the prefix "").
     let mut every: Vec<String> = keys.clone();
     every.push("queue0".into());
-    for how in ["keys", "list", "cut short"] {
-        if how == "cut short" {
+    for how in ["keys", "list", "keys cut short", "list cut short"] {
+        if how.ends_with("cut short") {
             // A rebuild stopped halfway (its process killed) leaves the mark above 0, and
             // the index wanting: the next read rebuilds again.
             server.cli(&[b"ZADD", b"paging/tasks", b"1", b""]).unwrap();
@@ -157,7 +157,7 @@ async fn keys_and_listings_page_through_a_queue_larger_than_a_page() {
         } else {
             server.cli(&[b"DEL", b"paging/tasks"]).unwrap();
         }
-        let read: Vec<String> = if how == "keys" {
+        let read: Vec<String> = if how.starts_with("keys") {
             coord.keys("").await.unwrap().0.iter().collect()
         } else {
             let (listed, _) = coord.list("", Version(0), Duration::ZERO).await.unwrap();

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::layout::{self, number, scope, text, text_in, INDEXED};
+use super::layout::scope;
 use super::scripts::PRODUCE;
 use super::wait::ReadTasks;
 use super::{bad_answer, plan, unavailable, RedisCoordinator};
@@ -104,42 +104,8 @@ impl Tasks for RedisCoordinator {
         Ok(version)
     }
 
-    /// The keys under `prefix`, `KEYS_PAGE` at a time, packed as they come; the version
-    /// is the lowest a page saw, as a listing's.
     async fn keys(&self, prefix: &str) -> Result<(Names, Version), CoordError> {
-        let page_size = KEYS_PAGE.to_string();
-        let mut keys = Names::under(prefix);
-        let mut lowest = u64::MAX;
-        let mut after = String::new();
-        let mut rebuilt = false;
-        loop {
-            let reply = self
-                .fields(
-                    &self.scripts.keys,
-                    &[prefix.as_bytes(), after.as_bytes(), page_size.as_bytes()],
-                )
-                .await?;
-            let [counter, marked, page @ ..] = reply.as_slice() else {
-                return Err(bad_answer("keys answered nothing"));
-            };
-            if after.is_empty() && marked.as_slice() != b"1" && !rebuilt {
-                // The index lacks its mark: rebuilt, then read again (once).
-                self.rebuild_index().await;
-                rebuilt = true;
-                continue;
-            }
-            lowest = lowest.min(number(counter).map_err(bad_answer)?);
-            for key in page
-                .iter()
-                .filter(|key| key.as_slice() != INDEXED.as_bytes())
-            {
-                keys.push(text_in(key).map_err(bad_answer)?);
-            }
-            match page.last() {
-                Some(last) if page.len() >= KEYS_PAGE => after = text(last).map_err(bad_answer)?,
-                _ => return Ok((keys, Version(layout::encode(lowest, false)))),
-            }
-        }
+        self.keys_under(prefix).await
     }
 
     async fn get(&self, keys: &[String]) -> Result<Vec<StoredTask>, CoordError> {

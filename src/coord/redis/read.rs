@@ -1,7 +1,8 @@
-//! The Redis coordinator's reads of tasks (a listing, page by page, and a get of named
-//! keys): plain commands, pipelined, not a script. A script reads each task with a call
-//! from Lua, several times the server's time of the same command sent by a client, and a
-//! listing reads every task of the backlog.
+//! The Redis coordinator's reads of tasks (a listing, page by page, a look at the keys, and
+//! a get of named keys): plain commands, pipelined, not a script. A script reads each task
+//! with a call from Lua, several times the server's time of the same command sent by a
+//! client, and a listing reads every task of the backlog (a look every key: a script built
+//! a table of each page before answering it).
 //!
 //! A read needs no snapshot. The counter is read first, then the keys and then each
 //! task's fields (one `HMGET` each: a task reads whole), then the PTTL of each lease that
@@ -12,9 +13,11 @@
 use super::client::Connection;
 
 use super::index::whole;
-use super::layout::{encode, holders, number, task_rows, text, TaskFields, TaskRows, INDEXED};
+use super::layout::{
+    encode, holders, number, task_rows, text, text_in, TaskFields, TaskRows, INDEXED,
+};
 use super::{bad_answer, unavailable, RedisCoordinator, KEYS_PAGE};
-use crate::coord::{CoordError, StoredTask, Version};
+use crate::coord::{CoordError, Names, StoredTask, Version};
 
 /// Tasks read by one round trip of a listing, at first: 256 tasks of 20 KB are a 5 MB
 /// answer.
@@ -93,6 +96,52 @@ impl RedisCoordinator {
             (page, _) = self.first_page(&mut connection, prefix, false).await?;
         }
         self.read_pages(&mut connection, prefix, page, each).await
+    }
+
+    /// The keys under `prefix`, a page of [`KEYS_PAGE`] at a time, each packed into the
+    /// answer as its page is read (none held as a string of its own); the version is the
+    /// lowest counter a page was read with. An index found wanting is rebuilt first, then
+    /// read.
+    pub(super) async fn keys_under(&self, prefix: &str) -> Result<(Names, Version), CoordError> {
+        let mut connection = self.connection().await?;
+        let mut pipe = redis::pipe();
+        pipe.cmd("ZSCORE").arg(self.key("tasks")).arg(INDEXED);
+        self.page_of_keys(&mut pipe, prefix, "");
+        let mut answers = query(&mut connection, &pipe).await?;
+        let mark = answers.remove(0);
+        let mark: Option<f64> = redis::from_redis_value(mark).map_err(bad_answer)?;
+        if !whole(mark) && self.rebuild_index().await > 0 {
+            let mut pipe = redis::pipe();
+            self.page_of_keys(&mut pipe, prefix, "");
+            answers = query(&mut connection, &pipe).await?;
+        }
+        let mut keys = Names::under(prefix);
+        let mut lowest = u64::MAX;
+        loop {
+            let page = answers.pop();
+            let counter = answers.pop();
+            let (Some(page), Some(counter)) = (page, counter) else {
+                return Err(bad_answer("a page of keys answered nothing"));
+            };
+            lowest = lowest.min(counter_in(counter)?);
+            let redis::Value::Array(page) = page else {
+                return Err(bad_answer("a page of keys is not a list"));
+            };
+            for key in &page {
+                let key = key_in(key)?;
+                if key != INDEXED {
+                    keys.push(key);
+                }
+            }
+            match page.last() {
+                Some(last) if page.len() >= KEYS_PAGE => {
+                    let mut pipe = redis::pipe();
+                    self.page_of_keys(&mut pipe, prefix, key_in(last)?);
+                    answers = query(&mut connection, &pipe).await?;
+                }
+                _ => return Ok((keys, Version(encode(lowest, false)))),
+            }
+        }
     }
 
     /// The first page of keys under `prefix`, and (`with_mark`) the index's mark as
@@ -281,6 +330,24 @@ fn page_read(answers: &mut Vec<redis::Value>) -> Result<Page, CoordError> {
             .map_err(bad_answer)?,
         full,
     ))
+}
+
+/// The answers of `pipe`.
+async fn query(
+    connection: &mut Connection,
+    pipe: &redis::Pipeline,
+) -> Result<Vec<redis::Value>, CoordError> {
+    pipe.query_async(connection)
+        .await
+        .map_err(|err| unavailable(&err))
+}
+
+/// A key as a page of keys holds it.
+fn key_in(key: &redis::Value) -> Result<&str, CoordError> {
+    match key {
+        redis::Value::BulkString(key) => text_in(key).map_err(bad_answer),
+        _ => Err(bad_answer("a key that is not a string")),
+    }
 }
 
 /// The counter as a `GET` of it answered (none yet: 0).

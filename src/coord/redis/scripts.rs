@@ -144,21 +144,6 @@ local h = redis.call('HMGET', P .. 'holder/' .. L, 'lease', 'token', 'record', '
 return {leader, tostring(left), h[1] or '', h[2] or '0', h[3] or '', h[4] or '0'}
 "#;
 
-/// `A = [prefix, after, limit]`: `[counter, marked, keys…]`, at most `limit` keys under
-/// the prefix that come after `after` ("" for the first page), in key order (the index's
-/// mark among them under the prefix ""); `marked` is `1` when the index has its mark at 0
-/// (whole: `REINDEX`).
-const KEYS: &str = r#"
-local low = '[' .. A[1]
-if A[2] ~= '' then low = '(' .. A[2] end
-local out = {redis.call('GET', P .. 'version') or '0', '0'}
-if redis.call('ZSCORE', P .. 'tasks', '') == '0' then out[2] = '1' end
-for _, key in ipairs(redis.call('ZRANGEBYLEX', P .. 'tasks', low, '(' .. A[1] .. '\255', 'LIMIT', 0, tonumber(A[3]))) do
-  out[#out + 1] = key
-end
-return out
-"#;
-
 /// One step of a rebuild of the task index (`index.rs`), by `A[1]`:
 /// - `start` (`A = [start, run]`): the mark in, at `run` (a number above 0 of this rebuild
 ///   alone): a rebuild runs (a deletion of the index takes it away);
@@ -388,7 +373,6 @@ pub struct Scripts {
     pub resign: redis::Script,
     pub campaign: redis::Script,
     pub observe: redis::Script,
-    pub keys: redis::Script,
     pub reindex: redis::Script,
     pub write: redis::Script,
     pub edit: redis::Script,
@@ -404,7 +388,6 @@ impl Scripts {
             resign: with_prelude(RESIGN),
             campaign: with_prelude(CAMPAIGN),
             observe: with_prelude(OBSERVE),
-            keys: with_prelude(KEYS),
             reindex: with_prelude(REINDEX),
             write: with_prelude(WRITE),
             edit: with_prelude(EDIT),

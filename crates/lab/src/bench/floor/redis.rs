@@ -40,9 +40,17 @@ return out
 /// Tasks read per pipelined round of the listing.
 const LIST_PIPELINE: usize = 1_000;
 
+/// How long one answer may take: the listing's keys, every one in a single answer.
+const LIST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 pub(super) async fn drain(url: &str, prefix: &str) -> anyhow::Result<Floor> {
     let client = redis::Client::open(url)?;
-    let mut connection = client.get_multiplexed_async_connection().await?;
+    // The listing of a 1M backlog is one answer that takes Redis over a second: past the
+    // client's default response timeout (500 ms).
+    let patient = redis::AsyncConnectionConfig::new().set_response_timeout(Some(LIST_TIMEOUT));
+    let mut connection = client
+        .get_multiplexed_async_connection_with_config(&patient)
+        .await?;
     let lease = uuid::Uuid::new_v4().to_string();
     let ttl_ms = LEASE_TTL_SECS * 1000;
     let _: () = redis::cmd("SET")
