@@ -3,7 +3,9 @@
 //! two of one task or one group at once, each once; a replica SIGKILLed and another frozen
 //! past its lease lose their shards to the third; a fourth replica that joins while the
 //! queue drains takes shards by handover; a deployment moved from 2 shards to 4 by a
-//! rolling restart while tasks flow runs nothing twice at once and loses nothing.
+//! rolling restart while tasks flow runs nothing twice at once and loses nothing; an
+//! operator who deletes one shard's leader record, or revokes its lease, stops that shard's
+//! runs before its next leader starts any, under a higher token, and loses nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -25,6 +27,12 @@ on_every_backend! {
     /// From 2 shards to 4 by a rolling restart, tasks flowing: no overlap, no loss.
     #[tokio::test]
     fn a_rolling_restart_moves_two_shards_to_four => a_rolling_restart_moves_two_shards_to_four();
+    /// An operator deletes one shard's leader record: its run ends before the next starts.
+    #[tokio::test]
+    fn a_shards_leader_record_deleted_by_hand_stops_its_runs_first => lose_a_shard(Loss::DeleteRecord);
+    /// An operator revokes one shard's lease: its run ends before the next starts.
+    #[tokio::test]
+    fn a_shards_lease_revoked_by_hand_stops_its_runs_first => lose_a_shard(Loss::RevokeLease);
 }
 
 const SHARDS: u32 = 6;
@@ -316,4 +324,91 @@ async fn a_rolling_restart_moves_two_shards_to_four(backend: &str) {
     let runs = std::panic::catch_unwind(|| check_runs(&text, next, &[2, 4], &HashMap::new()))
         .unwrap_or_else(|_| panic!("the runs above broke a rule; the replicas' logs:\n{logs}"));
     assert_eq!(runs.len() as u64, next, "nothing ran twice: {text}\n{logs}");
+}
+
+/// How an operator takes one shard's leadership away.
+#[derive(Clone, Copy, Debug)]
+enum Loss {
+    DeleteRecord,
+    RevokeLease,
+}
+
+/// Two replicas, two shards, one each; 5-second tasks. Once shard 0's leader runs one, an
+/// operator takes that shard's leadership away by `loss`: the run is gone before that
+/// shard's next run starts (it was cut, not let run to its end), which runs under a higher
+/// token; every task runs to its end, none is dead-lettered, no group overlaps.
+async fn lose_a_shard(backend: &str, loss: Loss) {
+    let Some(mut bed) = TestBed::on(backend) else {
+        return;
+    };
+    bed.own_group = true;
+    let settings = sharded(&bed, 2, "5");
+    for node in ["sa", "sb"] {
+        bed.start_replica_with(node, &settings.toml(node));
+    }
+    wait_for_shares(&bed, &[1, 1], Duration::from_secs(60)).await;
+    let reaper = Reaper::start(&bed.journal);
+    enqueue(&bed, 0, 12).await;
+    let shard_of = |run: &Run| {
+        let n: u64 = run.id.trim_start_matches('t').parse().unwrap();
+        let key = format!("oracleTask/task_{n:04}");
+        leaderq::task::shard::shard_of(&key, &group_of(&run.id), 2)
+    };
+    let first = wait_until(Duration::from_secs(30), "a run in shard 0", async || {
+        let text = std::fs::read_to_string(&bed.journal).unwrap();
+        runs_in(&text)
+            .into_iter()
+            .find(|run| shard_of(run) == 0)
+            .ok_or(text)
+    })
+    .await;
+    let lost_at = common::now_ns();
+    let key = "consumerLeader-shard-0-of-2";
+    let done = match loss {
+        Loss::DeleteRecord => bed.cluster.delete_leader_record(key).map(|_| true),
+        Loss::RevokeLease => bed.cluster.revoke_leader_lease(key),
+    };
+    if !done.unwrap_or_else(|e| panic!("{loss:?}: {e}")) {
+        eprintln!("{backend}: {loss:?} has no operator's tool; nothing to test");
+        return;
+    }
+    wait_until(
+        Duration::from_secs(20),
+        &format!("{loss:?}: the run in shard 0 gone"),
+        async || reaper.gone(first.pid).ok_or_else(|| bed.logs()),
+    )
+    .await;
+    bed.wait_until_empty("oracleTask/", Duration::from_secs(120))
+        .await;
+    let gone = reaper.stop();
+    let journal = std::fs::read_to_string(&bed.journal).unwrap();
+    let text = format!("{journal}\n----\n{}", bed.logs());
+    let (dead, _) = bed.coord.keys("oracleTaskDead/").await.expect("keys");
+    assert!(
+        dead.is_empty(),
+        "{loss:?}: a lost leadership counted as a failure, {dead:?} dead-lettered: {text}"
+    );
+    assert!(
+        !journal
+            .lines()
+            .any(|line| line.starts_with("end ") && line.ends_with(&format!(" {}", first.pid))),
+        "{loss:?}: the run in shard 0 was not cut, it ran to its end: {text}"
+    );
+    let runs = check_runs(&journal, 12, &[2], &gone);
+    let shard_0: Vec<&Run> = runs.iter().filter(|run| shard_of(run) == 0).collect();
+    let cut_at = gone[&first.pid];
+    for run in shard_0.iter().filter(|run| run.started > lost_at) {
+        assert!(
+            run.started >= cut_at,
+            "{loss:?}: {} started in shard 0 before the cut run was gone: {text}",
+            run.id
+        );
+        assert!(
+            run.token > first.token,
+            "{loss:?}: {} ran under token {}, not above the lost leadership's {}: {text}",
+            run.id,
+            run.token,
+            first.token
+        );
+    }
 }
