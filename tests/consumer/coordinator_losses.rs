@@ -10,7 +10,7 @@
 //! without using an attempt, and the next leader runs it; nothing is dead-lettered.
 
 use super::*;
-use toolbox::{first_run, runs_in, Reaper};
+use toolbox::{assert_tokens_above, first_run, runs_in, Reaper};
 
 on_every_backend! {
     /// A deleted leader record stops the run before the next leader starts one.
@@ -214,15 +214,7 @@ async fn lose_leadership(backend: &str, loss: Loss) {
             "{loss:?}: a run that ended cleanly ran again: {text}"
         );
     }
-    for run in runs.iter().filter(|r| r.started > lost_at) {
-        assert!(
-            run.token > first.token,
-            "{loss:?}: {} ran under token {}, not above the lost leadership's {}: {text}",
-            run.id,
-            run.token,
-            first.token
-        );
-    }
+    assert_tokens_above(&runs, &first, lost_at, &format!("{loss:?}"), &text);
 }
 
 mod restart {

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use leaderq::coord::{Edit, Edited, Version};
 
 use super::*;
-use toolbox::{runs_in, Reaper, Run};
+use toolbox::{assert_tokens_above, runs_in, Reaper, Run};
 
 on_every_backend! {
     /// Three replicas, six shards: two each; every task once, no group twice at once.
@@ -403,12 +403,6 @@ async fn lose_a_shard(backend: &str, loss: Loss) {
             "{loss:?}: {} started in shard 0 before the cut run was gone: {text}",
             run.id
         );
-        assert!(
-            run.token > first.token,
-            "{loss:?}: {} ran under token {}, not above the lost leadership's {}: {text}",
-            run.id,
-            run.token,
-            first.token
-        );
     }
+    assert_tokens_above(shard_0, &first, lost_at, &format!("{loss:?}"), &text);
 }

@@ -382,6 +382,26 @@ pub struct Run {
     pub token: u64,
 }
 
+/// Asserts that every run of `runs` that started after `lost_at` holds a token above the
+/// lost leadership's, the one `first` ran under (`what`: the loss, for the message).
+pub fn assert_tokens_above<'a>(
+    runs: impl IntoIterator<Item = &'a Run>,
+    first: &Run,
+    lost_at: u128,
+    what: &str,
+    text: &str,
+) {
+    for run in runs.into_iter().filter(|run| run.started > lost_at) {
+        assert!(
+            run.token > first.token,
+            "{what}: {} ran under token {}, not above the lost leadership's {}: {text}",
+            run.id,
+            run.token,
+            first.token
+        );
+    }
+}
+
 /// The runs a journal of such lines shows, in the order they started.
 pub fn runs_in(text: &str) -> Vec<Run> {
     let mut runs: Vec<Run> = Vec::new();
