@@ -103,8 +103,9 @@ async fn the_redis_backend_keeps_the_coordinator_contract() {
 
 /// A queue larger than a page of keys (4,096) and of tasks (256): a look reads every key
 /// once, in order, page after page, and a listing every task; nothing is read twice or
-/// left out where one page ends and the next begins. The same after the index of task keys
-/// was deleted by hand, or a rebuild of it was cut short: the next read rebuilds it.
+/// left out where one page ends and the next begins, a key that is not UTF-8 ending a page
+/// included (it alone is left out). The same after the index of task keys was deleted by
+/// hand, or a rebuild of it was cut short: the next read rebuilds it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_and_listings_page_through_a_queue_larger_than_a_page() {
     let Some(server) = RedisServer::start() else {
@@ -140,6 +141,32 @@ async fn keys_and_listings_page_through_a_queue_larger_than_a_page() {
         .unwrap();
     let listed: Vec<String> = listed.into_iter().map(|task| task.key).collect();
     assert_eq!(listed, keys);
+
+    // A producer's key that is not UTF-8, the last member of the first full page: left out
+    // of looks and listings, and the next page still begins right after it.
+    let bad: &[u8] = b"queue/t04094\xff";
+    server
+        .cli(&[
+            b"EVAL",
+            leaderq::coord::redis::PRODUCE.as_bytes(),
+            b"0",
+            b"paging/",
+            bad,
+            br#"{"taskType":"Work","taskTime":"1"}"#,
+        ])
+        .unwrap();
+    let (names, _) = coord.keys("queue/").await.unwrap();
+    assert_eq!(names, keys, "a look leaves the key it cannot name out");
+    let (listed, _) = coord
+        .list("queue/", Version(0), Duration::ZERO)
+        .await
+        .unwrap();
+    let listed: Vec<String> = listed.into_iter().map(|task| task.key).collect();
+    assert_eq!(listed, keys, "a listing leaves the key it cannot name out");
+    server.cli(&[b"ZREM", b"paging/tasks", bad]).unwrap();
+    server
+        .cli(&[b"DEL", &[&b"paging/task/"[..], bad].concat()])
+        .unwrap();
 
     // The index deleted by hand is rebuilt from the task hashes (more than a page of them,
     // in several SCAN steps) by the next read, whichever; its mark is never a key, even

@@ -457,3 +457,56 @@ async fn a_version_counter_deleted_by_hand_delays_no_task() {
     })
     .await;
 }
+
+/// A producer's key that is not UTF-8 (`redis-cli EVAL` of the producers' script with raw
+/// bytes) stops nothing: leaderq cannot name it, so its listings and looks leave it out, with
+/// a warning that says what to do, and the tasks around it run. It stays where it is (no
+/// task is lost): the operator renames or deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_key_that_is_not_utf8_stops_no_listing() {
+    let Some(mut bed) = redis_bed("3s") else {
+        return;
+    };
+    let bad: &[u8] = b"oracleTask/task_\xff\xfe";
+    let value = work(9, 1_445_599_880).to_string();
+    bed.cluster
+        .cli(&[
+            b"EVAL",
+            leaderq::coord::redis::PRODUCE.as_bytes(),
+            b"0",
+            PREFIX.as_bytes(),
+            bad,
+            value.as_bytes(),
+        ])
+        .unwrap();
+    for n in 0..3u64 {
+        bed.produce(&format!("task_{n}"), &work(n, 1_445_599_887 + n))
+            .unwrap();
+    }
+    bed.start_replica("r1");
+    bed.wait_journal(Duration::from_secs(30), "t0..t2 run", |journal| {
+        runs(journal).len() == 3
+    })
+    .await;
+    // Tasks that come while it leads are seen too (a look, a listing).
+    for n in 3..5u64 {
+        bed.produce(&format!("task_{n}"), &work(n, 1_445_599_887 + n))
+            .unwrap();
+    }
+    bed.wait_journal(Duration::from_secs(30), "t3 and t4 run", |journal| {
+        runs(journal).len() == 5
+    })
+    .await;
+    let mut hash = format!("{PREFIX}task/").into_bytes();
+    hash.extend_from_slice(bad);
+    assert_eq!(
+        bed.cluster.cli(&[b"EXISTS", &hash]).unwrap(),
+        "1",
+        "the task that cannot be named is left where it is"
+    );
+    let log = bed.replica("r1").log_text();
+    assert!(
+        log.contains("not UTF-8"),
+        "the replica says why a task is left alone: {log}"
+    );
+}

@@ -13,9 +13,7 @@
 use super::client::Connection;
 
 use super::index::whole;
-use super::layout::{
-    encode, holders, number, task_rows, text, text_in, TaskFields, TaskRows, INDEXED,
-};
+use super::layout::{encode, holders, number, task_rows, TaskFields, TaskRows, INDEXED};
 use super::{bad_answer, unavailable, RedisCoordinator, KEYS_PAGE};
 use crate::coord::{CoordError, Names, StoredTask, Version};
 
@@ -106,13 +104,13 @@ impl RedisCoordinator {
         let mut connection = self.connection().await?;
         let mut pipe = redis::pipe();
         pipe.cmd("ZSCORE").arg(self.key("tasks")).arg(INDEXED);
-        self.page_of_keys(&mut pipe, prefix, "");
+        self.page_of_keys(&mut pipe, prefix, b"");
         let mut answers = query(&mut connection, &pipe).await?;
         let mark = answers.remove(0);
         let mark: Option<f64> = redis::from_redis_value(mark).map_err(bad_answer)?;
         if !whole(mark) && self.rebuild_index().await > 0 {
             let mut pipe = redis::pipe();
-            self.page_of_keys(&mut pipe, prefix, "");
+            self.page_of_keys(&mut pipe, prefix, b"");
             answers = query(&mut connection, &pipe).await?;
         }
         let mut keys = Names::under(prefix);
@@ -128,15 +126,16 @@ impl RedisCoordinator {
                 return Err(bad_answer("a page of keys is not a list"));
             };
             for key in &page {
-                let key = key_in(key)?;
-                if key != INDEXED {
-                    keys.push(key);
+                // A key that is not UTF-8 cannot be named: left out (a listing says so).
+                match key_in(key)? {
+                    Some(key) if key != INDEXED => keys.push(key),
+                    _ => {}
                 }
             }
             match page.last() {
-                Some(last) if page.len() >= KEYS_PAGE => {
+                Some(redis::Value::BulkString(last)) if page.len() >= KEYS_PAGE => {
                     let mut pipe = redis::pipe();
-                    self.page_of_keys(&mut pipe, prefix, key_in(last)?);
+                    self.page_of_keys(&mut pipe, prefix, last);
                     answers = query(&mut connection, &pipe).await?;
                 }
                 _ => return Ok((keys, Version(encode(lowest, false)))),
@@ -156,7 +155,7 @@ impl RedisCoordinator {
         if with_mark {
             pipe.cmd("ZSCORE").arg(self.key("tasks")).arg(INDEXED);
         }
-        self.page_of_keys(&mut pipe, prefix, "");
+        self.page_of_keys(&mut pipe, prefix, b"");
         let mut answers: Vec<redis::Value> = pipe
             .query_async(connection)
             .await
@@ -186,21 +185,34 @@ impl RedisCoordinator {
         let mut version: Option<Version> = None;
         let (mut bytes, mut read) = (0, 0);
         loop {
-            let (counter, keys, full) = page;
+            let Page {
+                counter,
+                keys,
+                more_after,
+            } = page;
             let mut keys = keys.into_iter().peekable();
+            if keys.peek().is_none() {
+                if let Some(after) = &more_after {
+                    // A full page of keys none of which can be named: on to the next.
+                    let mut pipe = redis::pipe();
+                    self.page_of_keys(&mut pipe, prefix, after);
+                    next_page = query(connection, &pipe).await?;
+                }
+            }
             while keys.peek().is_some() {
                 let part: Vec<String> = keys.by_ref().take(tasks_per_read(bytes, read)).collect();
-                let last = keys.peek().is_none();
+                let next = keys
+                    .peek()
+                    .is_none()
+                    .then_some(more_after.as_ref())
+                    .flatten();
                 let mut pipe = redis::pipe();
                 self.fields_of(&mut pipe, &part);
-                if last && full {
-                    self.page_of_keys(&mut pipe, prefix, &part[part.len() - 1]);
+                if let Some(after) = next {
+                    self.page_of_keys(&mut pipe, prefix, after);
                 }
-                let mut answers: Vec<redis::Value> = pipe
-                    .query_async(connection)
-                    .await
-                    .map_err(|err| unavailable(&err))?;
-                if last && full {
+                let mut answers = query(connection, &pipe).await?;
+                if next.is_some() {
                     next_page = answers.split_off(answers.len().saturating_sub(2));
                 }
                 let fields = fields_in(answers)?;
@@ -218,7 +230,7 @@ impl RedisCoordinator {
                 };
                 part.tasks.into_iter().for_each(&mut *each);
             }
-            if !full {
+            if more_after.is_none() {
                 // A page of no keys read at `counter`, when it is the only one.
                 rows.version = version.unwrap_or(Version(encode(counter, false)));
                 return Ok(rows);
@@ -275,11 +287,11 @@ impl RedisCoordinator {
 
     /// Adds to `pipe` the counter and the first [`KEYS_PAGE`] keys under `prefix` after
     /// `after` (from the first when empty), in key order.
-    fn page_of_keys(&self, pipe: &mut redis::Pipeline, prefix: &str, after: &str) {
+    fn page_of_keys(&self, pipe: &mut redis::Pipeline, prefix: &str, after: &[u8]) {
         let low = if after.is_empty() {
-            format!("[{prefix}")
+            [b"[", prefix.as_bytes()].concat()
         } else {
-            format!("({after}")
+            [b"(", after].concat()
         };
         let mut high = format!("({prefix}").into_bytes();
         high.push(0xff);
@@ -306,30 +318,47 @@ impl RedisCoordinator {
     }
 }
 
-/// A page of keys as read: the counter read with it, the keys, and whether the page was
-/// full (more may follow).
-type Page = (u64, Vec<String>, bool);
+/// A page of keys as read: the counter read with it, the keys that can be named, and the
+/// page's last member when the page was full (more may follow it).
+struct Page {
+    counter: u64,
+    keys: Vec<String>,
+    more_after: Option<Vec<u8>>,
+}
 
-/// The page of keys at the end of `answers`, taken out. The index's mark is no key: left
-/// out.
+/// The page of keys at the end of `answers`, taken out. The index's mark is no key, and a
+/// member that is not UTF-8 cannot be named: both left out, the second with a warning.
 fn page_read(answers: &mut Vec<redis::Value>) -> Result<Page, CoordError> {
-    let keys = answers
+    let members = answers
         .pop()
         .ok_or_else(|| bad_answer("a page of keys answered nothing"))?;
     let counter = answers
         .pop()
         .ok_or_else(|| bad_answer("a page of keys answered nothing"))?;
-    let keys: Vec<Vec<u8>> = redis::from_redis_value(keys).map_err(bad_answer)?;
-    let full = keys.len() >= KEYS_PAGE;
-    Ok((
-        counter_in(counter)?,
-        keys.iter()
-            .filter(|key| key.as_slice() != INDEXED.as_bytes())
-            .map(|key| text(key))
-            .collect::<Result<_, _>>()
-            .map_err(bad_answer)?,
-        full,
-    ))
+    let mut members: Vec<Vec<u8>> = redis::from_redis_value(members).map_err(bad_answer)?;
+    let mut keys = Vec::with_capacity(members.len());
+    let mut unnamed = Vec::new();
+    for member in &members {
+        match std::str::from_utf8(member) {
+            Ok(key) if key != INDEXED => keys.push(key.to_string()),
+            Ok(_) => {}
+            Err(_) => unnamed.push(String::from_utf8_lossy(member).into_owned()),
+        }
+    }
+    if !unnamed.is_empty() {
+        tracing::warn!(
+            keys = ?unnamed,
+            "task keys in the index that are not UTF-8 (a producer wrote raw bytes): leaderq cannot name them, so it leaves them where they are; rename or delete them with redis-cli (their hashes are under task/)"
+        );
+    }
+    let more_after = (members.len() >= KEYS_PAGE)
+        .then(|| members.pop())
+        .flatten();
+    Ok(Page {
+        counter: counter_in(counter)?,
+        keys,
+        more_after,
+    })
 }
 
 /// The answers of `pipe`.
@@ -342,10 +371,10 @@ async fn query(
         .map_err(|err| unavailable(&err))
 }
 
-/// A key as a page of keys holds it.
-fn key_in(key: &redis::Value) -> Result<&str, CoordError> {
+/// A key as a page of keys holds it; `None`: not UTF-8, so it cannot be named.
+fn key_in(key: &redis::Value) -> Result<Option<&str>, CoordError> {
     match key {
-        redis::Value::BulkString(key) => text_in(key).map_err(bad_answer),
+        redis::Value::BulkString(key) => Ok(std::str::from_utf8(key).ok()),
         _ => Err(bad_answer("a key that is not a string")),
     }
 }
