@@ -374,3 +374,34 @@ async fn a_frozen_etcd_member_loses_nothing() {
     assert_eq!(bed.ended_once(), expected, "{:?}", bed.journal());
     assert_eq!(bed.overlaps(), Vec::<Vec<String>>::new(), "runs overlapped");
 }
+
+/// A producer's key that is not UTF-8 (raw bytes in an etcd put), first in claim order,
+/// stops nothing: the tasks after it run, each once, and it never runs under a key that is
+/// not its own (Redis: `redis_queue::a_task_key_that_is_not_utf8_stops_no_listing`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_key_that_is_not_utf8_stops_nothing() {
+    let Some(mut bed) = etcd_bed() else {
+        return;
+    };
+    let client = etcd_client(bed.cluster.endpoints());
+    let bad = task("bad", 1_445_599_880).to_string();
+    client
+        .put(b"oracleTask/task_\xff\xfe", bad.as_bytes())
+        .await
+        .expect("put a key of raw bytes");
+    for n in 0..3u64 {
+        bed.put(
+            &format!("task_{n}"),
+            task(&format!("t{n}"), 1_445_599_887 + n),
+        );
+    }
+    bed.start_runner("r1", "0");
+    bed.wait_for_line(Duration::from_secs(30), |l| l[0] == "end" && l[1] == "t2")
+        .await;
+    assert_eq!(bed.ended_once(), ["t0", "t1", "t2"], "{:?}", bed.journal());
+    assert!(
+        bed.journal().iter().all(|line| line[1] != "bad"),
+        "the task whose key cannot be named ran: {:?}",
+        bed.journal()
+    );
+}
