@@ -192,6 +192,9 @@ impl RedisCoordinator {
             } = page;
             let mut keys = keys.into_iter().peekable();
             if keys.peek().is_none() {
+                // Read at `counter` too: the listing's version is no higher.
+                let empty = Version(encode(counter, false));
+                version = Some(version.map_or(empty, |v| v.min(empty)));
                 if let Some(after) = &more_after {
                     // A full page of keys none of which can be named: on to the next.
                     let mut pipe = redis::pipe();
@@ -231,7 +234,6 @@ impl RedisCoordinator {
                 part.tasks.into_iter().for_each(&mut *each);
             }
             if more_after.is_none() {
-                // A page of no keys read at `counter`, when it is the only one.
                 rows.version = version.unwrap_or(Version(encode(counter, false)));
                 return Ok(rows);
             }
