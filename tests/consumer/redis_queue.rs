@@ -61,6 +61,22 @@ fn work(n: u64, seconds: u64) -> Value {
     json!({"taskId": format!("t{n}"), "taskTime": seconds, "taskTaken": false, "taskType": "Work", "taskPara": {"n": n}})
 }
 
+/// Writes task `t<n>` under `task_<n>` for each `n` of `numbers`, at times in that order.
+fn produce_work(bed: &RedisBed, numbers: std::ops::Range<u64>) {
+    for n in numbers {
+        bed.produce(&format!("task_{n}"), &work(n, 1_445_599_887 + n))
+            .unwrap();
+    }
+}
+
+/// Waits until `count` tasks have run (`what` names them).
+async fn wait_runs(bed: &RedisBed, count: usize, what: &str) {
+    bed.wait_journal(Duration::from_secs(30), what, |journal| {
+        runs(journal).len() == count
+    })
+    .await;
+}
+
 /// Writes the task `slow` (a second of work) and waits until its run has started.
 async fn slow_task_started(bed: &RedisBed) {
     let slow = json!({"taskId": "slow", "taskTime": 1, "taskType": "Slow"});
@@ -390,16 +406,10 @@ async fn a_task_index_deleted_by_hand_is_rebuilt_and_no_task_is_lost() {
         let deleted = bed.cluster.cli(&[b"DEL", index.as_bytes()]).unwrap();
         assert_eq!(deleted, "1", "the index was there to delete");
     };
-    for n in 0..3u64 {
-        bed.produce(&format!("task_{n}"), &work(n, 1_445_599_887 + n))
-            .unwrap();
-    }
+    produce_work(&bed, 0..3);
     delete_index(&bed);
     bed.start_replica("r1");
-    bed.wait_journal(Duration::from_secs(30), "t0..t2 run", |journal| {
-        runs(journal).len() == 3
-    })
-    .await;
+    wait_runs(&bed, 3, "t0..t2 run").await;
 
     slow_task_started(&bed).await;
     for n in 3..5u64 {
@@ -441,15 +451,9 @@ async fn a_version_counter_deleted_by_hand_delays_no_task() {
     bed.cluster
         .cli(&[b"INCRBY", counter.as_bytes(), b"1000000"])
         .unwrap();
-    for n in 0..3u64 {
-        bed.produce(&format!("task_{n}"), &work(n, 1_445_599_887 + n))
-            .unwrap();
-    }
+    produce_work(&bed, 0..3);
     bed.start_replica("r1");
-    bed.wait_journal(Duration::from_secs(30), "t0..t2 run", |journal| {
-        runs(journal).len() == 3
-    })
-    .await;
+    wait_runs(&bed, 3, "t0..t2 run").await;
     assert_eq!(bed.cluster.cli(&[b"DEL", counter.as_bytes()]).unwrap(), "1");
     bed.produce("task_3", &work(3, 1_445_599_890)).unwrap();
     bed.wait_journal(Duration::from_secs(20), "t3 runs", |journal| {
@@ -479,24 +483,12 @@ async fn a_task_key_that_is_not_utf8_stops_no_listing() {
             value.as_bytes(),
         ])
         .unwrap();
-    for n in 0..3u64 {
-        bed.produce(&format!("task_{n}"), &work(n, 1_445_599_887 + n))
-            .unwrap();
-    }
+    produce_work(&bed, 0..3);
     bed.start_replica("r1");
-    bed.wait_journal(Duration::from_secs(30), "t0..t2 run", |journal| {
-        runs(journal).len() == 3
-    })
-    .await;
+    wait_runs(&bed, 3, "t0..t2 run").await;
     // Tasks that come while it leads are seen too (a look, a listing).
-    for n in 3..5u64 {
-        bed.produce(&format!("task_{n}"), &work(n, 1_445_599_887 + n))
-            .unwrap();
-    }
-    bed.wait_journal(Duration::from_secs(30), "t3 and t4 run", |journal| {
-        runs(journal).len() == 5
-    })
-    .await;
+    produce_work(&bed, 3..5);
+    wait_runs(&bed, 5, "t3 and t4 run").await;
     let mut hash = format!("{PREFIX}task/").into_bytes();
     hash.extend_from_slice(bad);
     assert_eq!(
